@@ -1,0 +1,45 @@
+// Graph passes: reverse-mode autodiff, dead-code elimination, verification,
+// buffer-reuse memory planning, and JSON / Graphviz DOT dumps. Each pass
+// edits or reads one Graph; not thread-safe for the same graph.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shoal/graph/graph.h"
+
+namespace shoal::graph {
+
+// Appends gradient nodes computing d(loss)/d(w) for each w in wrt; returns
+// one Value per w (a zero constant where w does not reach loss). loss must be
+// a floating tensor; its seed gradient is ones. Errors name the node whose op
+// has no gradient rule.
+Result<std::vector<Value>> autodiff(Graph& g, Value loss, const std::vector<Value>& wrt);
+
+// Marks nodes that no graph output depends on as dead; returns how many.
+int eliminate_dead_code(Graph& g);
+
+// Checks every alive node: known op, inputs alive, attrs allowed, stored
+// types equal to re-inferred ones, no cycle. Errors name the node and shapes.
+Status verify(const Graph& g);
+
+// Buffer-reuse plan over one arena: each planned value gets an offset; two
+// values share bytes only when their lifetimes in `order` do not overlap.
+struct MemoryPlan {
+  std::map<Value, std::size_t> offset;
+  std::size_t arena_bytes = 0;  // peak
+  std::size_t naive_bytes = 0;  // sum of all planned buffers, for comparison
+};
+// Values of "input" and "constant" nodes live outside the arena. Graph
+// outputs live to the end. `extend_until` lets a caller keep a value alive
+// until a later position (e.g. inputs of async nodes until their wait).
+MemoryPlan plan_memory(const Graph& g, const std::vector<int>& order,
+                       const std::map<Value, int>& extend_until = {},
+                       std::size_t alignment = 64);
+
+std::string to_json(const Graph& g);
+std::string to_dot(const Graph& g);
+
+}  // namespace shoal::graph

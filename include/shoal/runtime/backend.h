@@ -1,0 +1,86 @@
+// Backend / Executable / Executor: a Backend compiles a verified Graph into
+// an Executable (kernels chosen, memory planned into one arena); an Executor
+// runs it with feeds and collects trace events. Graph code never sees a
+// backend, so a GPU backend can come later. An Executable is not thread-safe:
+// one run at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shoal/core/deadline.h"
+#include "shoal/core/status.h"
+#include "shoal/graph/graph.h"
+#include "shoal/tensor/tensor.h"
+
+namespace shoal::runtime {
+
+struct CompileOptions {
+  bool fuse = true;            // fold activations into matmul/conv post-ops
+  bool constant_fold = true;
+  double async_wait_seconds = 300.0;  // deadline for async kernels
+};
+
+struct TraceEvent {
+  const char* name;  // op name (static in the graph's lifetime)
+  int node;
+  int lane;  // 0 compute, 1 comm (async)
+  double start_us, dur_us;
+};
+
+class Executable {
+ public:
+  virtual ~Executable() = default;
+  // Binds a graph input by name; the tensor is used (not copied) until rebound.
+  virtual Status bind(const std::string& name, const Tensor& t) = 0;
+  virtual Status run() = 0;
+  // Graph output i: a view into the arena, valid until the next run.
+  virtual const Tensor& output(int i) const = 0;
+  virtual int num_outputs() const = 0;
+  virtual std::size_t arena_bytes() const = 0;   // peak planned bytes
+  virtual std::size_t naive_bytes() const = 0;   // without reuse
+  virtual const graph::Graph& graph() const = 0;  // after backend passes
+  virtual void enable_trace(bool on) = 0;
+  virtual const std::vector<TraceEvent>& trace() const = 0;
+  virtual std::uint64_t steps() const = 0;
+  virtual void set_step(std::uint64_t step) = 0;  // e.g. on resume
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual Result<std::unique_ptr<Executable>> compile(graph::Graph g, const CompileOptions& o) = 0;
+};
+
+Result<std::unique_ptr<Backend>> make_backend(const std::string& name);  // "cpu"
+
+// Runs an executable with named feeds and returns copies of its outputs.
+class Executor {
+ public:
+  explicit Executor(Executable& exe) : exe_(exe) {}
+  Result<std::vector<Tensor>> run(const std::map<std::string, Tensor>& feeds);
+  // Chrome trace JSON (chrome://tracing, Perfetto) of the events so far.
+  Status write_trace(const std::string& path, int pid = 0) const;
+
+ private:
+  Executable& exe_;
+};
+
+// Folds nodes whose inputs are all constants into constants (runs them on
+// the CPU kernels). Returns how many were folded.
+Result<int> constant_fold(graph::Graph& g);
+// Rewrites relu(linear|conv2d(...)) into the producer's "activation" attr
+// when the pre-activation has no other use. Returns how many were fused.
+int fuse_activations(graph::Graph& g);
+
+}  // namespace shoal::runtime
+
+namespace shoal::runtime {
+// Versions and settings of the CPU runtime (oneDNN, BLAS, threads, ISA) for
+// `shoal info` and benchmark headers.
+std::vector<std::pair<std::string, std::string>> runtime_info();
+}  // namespace shoal::runtime

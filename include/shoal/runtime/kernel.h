@@ -1,0 +1,56 @@
+// Kernels: the code that runs one node on one backend. A factory makes one
+// Kernel per node at compile time (where it may build and cache oneDNN
+// primitives and scratch), so a steady-state run allocates nothing. Async
+// kernels (collectives) start in run() and finish in wait(); the executor
+// waits before the first consumer of their outputs. The registry is filled
+// at static init or before compile; lookups are thread-safe afterwards.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shoal/core/deadline.h"
+#include "shoal/core/status.h"
+#include "shoal/graph/graph.h"
+#include "shoal/tensor/tensor.h"
+
+namespace shoal::runtime {
+
+struct KernelContext {
+  const graph::Node& node;
+  std::uint64_t step = 0;  // run counter: keys dropout masks
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual Status run(const KernelContext& ctx, std::span<const Tensor> in, std::span<Tensor> out) = 0;
+  virtual bool is_async() const { return false; }
+  virtual Status wait(Deadline) { return ok_status(); }
+  // "onednn", "blas", "ref"... shown in traces and `shoal info`.
+  virtual const char* impl() const { return "ref"; }
+};
+
+using KernelFactory = std::function<Result<std::unique_ptr<Kernel>>(
+    const graph::Node& node, const std::vector<graph::TensorType>& inputs)>;
+
+class KernelRegistry {
+ public:
+  static KernelRegistry& cpu();
+  void add(const std::string& op, KernelFactory f);
+  const KernelFactory* find(const std::string& op) const;
+  bool has(const std::string& op) const { return find(op) != nullptr; }
+
+ private:
+  std::map<std::string, KernelFactory> f_;
+};
+
+// Sets the thread count of the CPU kernels (OpenMP and oneDNN); 0 = all cores.
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace shoal::runtime

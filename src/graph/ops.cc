@@ -1,0 +1,827 @@
+// Shape/dtype inference and gradient rules of every built-in op.
+#include <algorithm>
+#include <mutex>
+#include <numeric>
+
+#include "shoal/graph/builder.h"
+#include "shoal/graph/op_registry.h"
+
+namespace shoal::graph {
+namespace {
+
+using Types = std::vector<TensorType>;
+using InferResult = Result<Types>;
+
+Status need_float(const TensorType& t, int i) {
+  if (t.dtype != DType::kF32 && t.dtype != DType::kF64)
+    return invalid_argument("input {} must be f32 or f64, got {}", i, t.str());
+  return ok_status();
+}
+
+Status need_same_float(const Types& in) {
+  for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(need_float(in[i], static_cast<int>(i)));
+  for (std::size_t i = 1; i < in.size(); ++i)
+    if (in[i].dtype != in[0].dtype)
+      return invalid_argument("dtype mismatch: input 0 is {}, input {} is {}", in[0].str(), i, in[i].str());
+  return ok_status();
+}
+
+Result<std::int64_t> norm_axis(std::int64_t axis, std::size_t rank) {
+  auto r = static_cast<std::int64_t>(rank);
+  if (axis < -r || axis >= std::max<std::int64_t>(r, 1))
+    return invalid_argument("axis {} out of range for rank {}", axis, rank);
+  return axis < 0 ? axis + r : axis;
+}
+
+Result<std::vector<std::int64_t>> norm_axes(const std::vector<std::int64_t>& axes, std::size_t rank) {
+  std::vector<std::int64_t> out;
+  if (axes.empty()) {
+    for (std::size_t i = 0; i < rank; ++i) out.push_back(static_cast<std::int64_t>(i));
+    return out;
+  }
+  for (auto a : axes) {
+    SHOAL_ASSIGN_OR_RETURN(auto n, norm_axis(a, rank));
+    if (std::find(out.begin(), out.end(), n) != out.end())
+      return invalid_argument("axis {} listed twice", a);
+    out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Gradient helpers.
+Value reduce_to(Builder& b, Value v, const Shape& shape) {
+  if (!v.valid() || b.shape(v) == shape) return v;
+  return b.sum_to(v, shape);
+}
+
+Shape keepdims_shape(const Shape& in, const std::vector<std::int64_t>& axes) {
+  Shape s = in;
+  for (auto a : axes) s[static_cast<std::size_t>(a)] = 1;
+  return s;
+}
+
+// dy of a reduction, broadcast back to the input's shape.
+Value expand_back(Builder& b, Value dy, const Shape& in, const Node& n) {
+  auto axes = norm_axes(n.attrs.get_ints_or("axes", {}), in.size());
+  Value r = b.reshape(dy, keepdims_shape(in, *axes));
+  return b.broadcast(r, in);
+}
+
+OpDef unary(const std::string& name, std::function<std::vector<Value>(GradInputs&)> grad) {
+  OpDef d;
+  d.name = name;
+  d.infer = [](const Node&, const Types& in) -> InferResult {
+    SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+    return Types{in[0]};
+  };
+  d.grad = std::move(grad);
+  return d;
+}
+
+OpDef binary(const std::string& name, std::function<std::vector<Value>(GradInputs&)> grad) {
+  OpDef d;
+  d.name = name;
+  d.min_inputs = d.max_inputs = 2;
+  d.infer = [](const Node&, const Types& in) -> InferResult {
+    SHOAL_RETURN_IF_ERROR(need_same_float(in));
+    SHOAL_ASSIGN_OR_RETURN(Shape s, broadcast_shapes(in[0].shape, in[1].shape));
+    return Types{{in[0].dtype, s}};
+  };
+  d.grad = std::move(grad);
+  return d;
+}
+
+#define GRAD [](GradInputs & g) -> std::vector<Value>
+#define X(i) g.node.inputs[i]
+#define Y(i) g.outputs[i]
+#define DY g.output_grads[0]
+#define SHAPE_OF(i) g.b.shape(g.node.inputs[i])
+
+Result<Shape> conv_out_shape(const Node& n, const Shape& x, const Shape& w) {
+  if (x.size() != 4) return invalid_argument("input must be NCHW (rank 4)");
+  if (w.size() != 4) return invalid_argument("weight must be [O, I/groups, kH, kW] (rank 4)");
+  auto st = n.attrs.get_ints_or("stride", {1, 1});
+  auto pd = n.attrs.get_ints_or("padding", {0, 0});
+  auto dl = n.attrs.get_ints_or("dilation", {1, 1});
+  std::int64_t groups = n.attrs.get_int_or("groups", 1);
+  if (st.size() != 2 || pd.size() != 2 || dl.size() != 2)
+    return invalid_argument("stride, padding and dilation must have 2 entries");
+  for (int i = 0; i < 2; ++i)
+    if (st[i] < 1 || pd[i] < 0 || dl[i] < 1)
+      return invalid_argument("stride and dilation must be >= 1 and padding >= 0");
+  if (groups < 1 || x[1] % groups != 0 || w[0] % groups != 0)
+    return invalid_argument("groups {} must divide input channels {} and output channels {}", groups,
+                            x[1], w[0]);
+  if (w[1] * groups != x[1])
+    return invalid_argument("weight expects {} input channels per group, input has {} in {} groups",
+                            w[1], x[1], groups);
+  Shape out = {x[0], w[0], 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    std::int64_t eff = dl[i] * (w[2 + i] - 1) + 1;
+    std::int64_t span = x[2 + i] + 2 * pd[i] - eff;
+    if (span < 0) return invalid_argument("kernel extent {} exceeds padded input {}", eff, x[2 + i] + 2 * pd[i]);
+    out[2 + i] = span / st[i] + 1;
+  }
+  return out;
+}
+
+Result<Shape> pool_out_shape(const Node& n, const Shape& x) {
+  if (x.size() != 4) return invalid_argument("input must be NCHW (rank 4)");
+  auto k = n.attrs.get_ints_or("kernel", {});
+  auto st = n.attrs.get_ints_or("stride", k);
+  auto pd = n.attrs.get_ints_or("padding", {0, 0});
+  if (k.size() != 2 || st.size() != 2 || pd.size() != 2)
+    return invalid_argument("kernel, stride and padding must have 2 entries");
+  Shape out = {x[0], x[1], 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    if (k[i] < 1 || st[i] < 1 || pd[i] < 0 || pd[i] * 2 > k[i])
+      return invalid_argument("need kernel >= 1, stride >= 1, 0 <= padding <= kernel/2");
+    std::int64_t span = x[2 + i] + 2 * pd[i] - k[i];
+    if (span < 0) return invalid_argument("kernel {} exceeds padded input {}", k[i], x[2 + i] + 2 * pd[i]);
+    out[2 + i] = span / st[i] + 1;
+  }
+  return out;
+}
+
+Result<Shape> matmul_shape(const Node& n, const TensorType& a, const TensorType& b) {
+  if (a.shape.size() < 2 || b.shape.size() < 2) return invalid_argument("matmul needs rank >= 2 inputs");
+  bool ta = n.attrs.get_int_or("transpose_a", 0) != 0, tb = n.attrs.get_int_or("transpose_b", 0) != 0;
+  std::size_t ra = a.shape.size(), rb = b.shape.size();
+  std::int64_t m = ta ? a.shape[ra - 1] : a.shape[ra - 2];
+  std::int64_t ka = ta ? a.shape[ra - 2] : a.shape[ra - 1];
+  std::int64_t kb = tb ? b.shape[rb - 1] : b.shape[rb - 2];
+  std::int64_t nn = tb ? b.shape[rb - 2] : b.shape[rb - 1];
+  if (ka != kb) return invalid_argument("inner dimensions differ: {} vs {}", ka, kb);
+  Shape ba(a.shape.begin(), a.shape.end() - 2), bb(b.shape.begin(), b.shape.end() - 2);
+  SHOAL_ASSIGN_OR_RETURN(Shape batch, broadcast_shapes(ba, bb));
+  batch.push_back(m);
+  batch.push_back(nn);
+  return batch;
+}
+
+Value post_act_grad(Builder& b, const Node& n, Value y, Value dy) {
+  if (n.attrs.get_string_or("activation", "") == "relu") return b.mul(dy, b.op("step", {y}));
+  return dy;
+}
+
+void register_all(OpRegistry& r) {
+  OpDef in;
+  in.name = "input";
+  in.min_inputs = in.max_inputs = 0;
+  in.infer = [](const Node& n, const Types&) -> InferResult { return n.outputs; };
+  r.add(in);
+  in.name = "constant";
+  r.add(in);
+
+  r.add(unary("neg", GRAD { return {g.b.neg(DY)}; }));
+  r.add(unary("exp", GRAD { return {g.b.mul(DY, Y(0))}; }));
+  r.add(unary("log", GRAD { return {g.b.div(DY, X(0))}; }));
+  r.add(unary("sqrt", GRAD { return {g.b.div(g.b.mul(DY, g.b.scalar_like(0.5, DY)), Y(0))}; }));
+  r.add(unary("rsqrt", GRAD {
+    Value y3 = g.b.mul(g.b.mul(Y(0), Y(0)), Y(0));
+    return {g.b.mul(g.b.mul(DY, g.b.scalar_like(-0.5, DY)), y3)};
+  }));
+  r.add(unary("abs", GRAD { return {g.b.mul(DY, g.b.op("sign", {X(0)}))}; }));
+  r.add(unary("relu", GRAD { return {g.b.mul(DY, g.b.op("step", {Y(0)}))}; }));
+  r.add(unary("gelu", GRAD { return {g.b.op("gelu_grad", {X(0), DY})}; }));
+  r.add(unary("tanh", GRAD {
+    Value one = g.b.scalar_like(1.0, DY);
+    return {g.b.mul(DY, g.b.sub(one, g.b.mul(Y(0), Y(0))))};
+  }));
+  r.add(unary("sigmoid", GRAD {
+    Value one = g.b.scalar_like(1.0, DY);
+    return {g.b.mul(DY, g.b.mul(Y(0), g.b.sub(one, Y(0))))};
+  }));
+  r.add(unary("step", nullptr));  // 1 where x > 0, else 0
+  r.add(unary("sign", nullptr));
+  {
+    OpDef d = binary("gelu_grad", nullptr);
+    r.add(d);
+  }
+
+  r.add(binary("add", GRAD { return {reduce_to(g.b, DY, SHAPE_OF(0)), reduce_to(g.b, DY, SHAPE_OF(1))}; }));
+  r.add(binary("sub", GRAD {
+    return {reduce_to(g.b, DY, SHAPE_OF(0)), reduce_to(g.b, g.b.neg(DY), SHAPE_OF(1))};
+  }));
+  r.add(binary("mul", GRAD {
+    return {reduce_to(g.b, g.b.mul(DY, X(1)), SHAPE_OF(0)), reduce_to(g.b, g.b.mul(DY, X(0)), SHAPE_OF(1))};
+  }));
+  r.add(binary("div", GRAD {
+    Value da = g.b.div(DY, X(1));
+    Value db = g.b.neg(g.b.div(g.b.mul(DY, Y(0)), X(1)));
+    return {reduce_to(g.b, da, SHAPE_OF(0)), reduce_to(g.b, db, SHAPE_OF(1))};
+  }));
+  r.add(binary("pow", GRAD {
+    Value one = g.b.scalar_like(1.0, DY);
+    Value da = g.b.mul(DY, g.b.mul(X(1), g.b.pow(X(0), g.b.sub(X(1), one))));
+    Value db = g.b.mul(DY, g.b.mul(g.b.log(X(0)), Y(0)));
+    return {reduce_to(g.b, da, SHAPE_OF(0)), reduce_to(g.b, db, SHAPE_OF(1))};
+  }));
+  r.add(binary("equal", nullptr));  // 1 where a == b, else 0
+
+  {
+    OpDef d;
+    d.name = "where";
+    d.min_inputs = d.max_inputs = 3;
+    d.infer = [](const Node&, const Types& in) -> InferResult {
+      Types ab = {in[1], in[2]};
+      SHOAL_RETURN_IF_ERROR(need_same_float(ab));
+      SHOAL_ASSIGN_OR_RETURN(Shape s, broadcast_shapes(in[1].shape, in[2].shape));
+      SHOAL_ASSIGN_OR_RETURN(s, broadcast_shapes(in[0].shape, s));
+      return Types{{in[1].dtype, s}};
+    };
+    d.grad = GRAD {
+      Value z = g.b.scalar_like(0.0, DY);
+      return {Value{}, reduce_to(g.b, g.b.where(X(0), DY, z), SHAPE_OF(1)),
+              reduce_to(g.b, g.b.where(X(0), z, DY), SHAPE_OF(2))};
+    };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "cast";
+    d.attrs = {"dtype"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(std::string s, n.attrs.get_string("dtype"));
+      SHOAL_ASSIGN_OR_RETURN(DType t, parse_dtype(s));
+      return Types{{t, in[0].shape}};
+    };
+    d.grad = GRAD {
+      DType from = g.b.dtype_of(X(0));
+      if (!is_floating(from) || !is_floating(g.b.dtype_of(DY))) return {Value{}};
+      return {g.b.cast(DY, from)};
+    };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "matmul";
+    d.min_inputs = d.max_inputs = 2;
+    d.attrs = {"transpose_a", "transpose_b"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(Shape s, matmul_shape(n, in[0], in[1]));
+      return Types{{in[0].dtype, s}};
+    };
+    d.grad = GRAD {
+      bool ta = g.node.attrs.get_int_or("transpose_a", 0) != 0;
+      bool tb = g.node.attrs.get_int_or("transpose_b", 0) != 0;
+      Value a = X(0), b = X(1), dy = DY, da, db;
+      if (!ta && !tb) { da = g.b.matmul(dy, b, false, true); db = g.b.matmul(a, dy, true, false); }
+      if (ta && !tb) { da = g.b.matmul(b, dy, false, true); db = g.b.matmul(a, dy); }
+      if (!ta && tb) { da = g.b.matmul(dy, b); db = g.b.matmul(dy, a, true, false); }
+      if (ta && tb) { da = g.b.matmul(b, dy, true, true); db = g.b.matmul(dy, a, true, true); }
+      return {reduce_to(g.b, da, SHAPE_OF(0)), reduce_to(g.b, db, SHAPE_OF(1))};
+    };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "linear";
+    d.min_inputs = 2;
+    d.max_inputs = 3;
+    d.attrs = {"activation"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      if (in[0].shape.size() != 2) return invalid_argument("linear input must be [N, in]");
+      if (in[1].shape.size() != 2 || in[1].shape[1] != in[0].shape[1])
+        return invalid_argument("weight must be [out, {}]", in[0].shape[1]);
+      if (in.size() == 3 && in[2].shape != Shape{in[1].shape[0]})
+        return invalid_argument("bias must be [{}]", in[1].shape[0]);
+      auto act = n.attrs.get_string_or("activation", "");
+      if (!act.empty() && act != "relu") return invalid_argument("unknown activation '{}'", act);
+      return Types{{in[0].dtype, {in[0].shape[0], in[1].shape[0]}}};
+    };
+    d.grad = GRAD {
+      Value dy = post_act_grad(g.b, g.node, Y(0), DY);
+      std::vector<Value> out = {g.b.matmul(dy, X(1)), g.b.matmul(dy, X(0), true, false)};
+      if (g.node.inputs.size() == 3) out.push_back(g.b.reduce_sum(dy, {0}));
+      return out;
+    };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "conv2d";
+    d.min_inputs = 2;
+    d.max_inputs = 3;
+    d.attrs = {"stride", "padding", "dilation", "groups", "activation"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(Shape s, conv_out_shape(n, in[0].shape, in[1].shape));
+      if (in.size() == 3 && in[2].shape != Shape{in[1].shape[0]})
+        return invalid_argument("bias must be [{}]", in[1].shape[0]);
+      auto act = n.attrs.get_string_or("activation", "");
+      if (!act.empty() && act != "relu") return invalid_argument("unknown activation '{}'", act);
+      return Types{{in[0].dtype, s}};
+    };
+    d.grad = GRAD {
+      Value dy = post_act_grad(g.b, g.node, Y(0), DY);
+      Attrs a;
+      for (const char* k : {"stride", "padding", "dilation", "groups"})
+        if (g.node.attrs.has(k)) a.set(k, g.node.attrs.all().at(k));
+      Attrs ai = a, aw = a;
+      ai.set("input_shape", SHAPE_OF(0));
+      aw.set("weight_shape", SHAPE_OF(1));
+      std::vector<Value> out = {g.b.op("conv2d_grad_input", {dy, X(1)}, ai),
+                                g.b.op("conv2d_grad_weight", {X(0), dy}, aw)};
+      if (g.node.inputs.size() == 3) out.push_back(g.b.reduce_sum(dy, {0, 2, 3}));
+      return out;
+    };
+    r.add(d);
+    OpDef gi;
+    gi.name = "conv2d_grad_input";
+    gi.min_inputs = gi.max_inputs = 2;
+    gi.attrs = {"stride", "padding", "dilation", "groups", "input_shape"};
+    gi.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(Shape xs, n.attrs.get_ints("input_shape"));
+      SHOAL_ASSIGN_OR_RETURN(Shape ys, conv_out_shape(n, xs, in[1].shape));
+      if (ys != in[0].shape) return invalid_argument("dy must be {}", shape_str(ys));
+      return Types{{in[0].dtype, xs}};
+    };
+    r.add(gi);
+    OpDef gw;
+    gw.name = "conv2d_grad_weight";
+    gw.min_inputs = gw.max_inputs = 2;
+    gw.attrs = {"stride", "padding", "dilation", "groups", "weight_shape"};
+    gw.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(Shape ws, n.attrs.get_ints("weight_shape"));
+      SHOAL_ASSIGN_OR_RETURN(Shape ys, conv_out_shape(n, in[0].shape, ws));
+      if (ys != in[1].shape) return invalid_argument("dy must be {}", shape_str(ys));
+      return Types{{in[0].dtype, ws}};
+    };
+    r.add(gw);
+  }
+  for (std::string kind : {"max", "avg"}) {
+    OpDef d;
+    d.name = kind + "_pool2d";
+    d.attrs = {"kernel", "stride", "padding"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      SHOAL_ASSIGN_OR_RETURN(Shape s, pool_out_shape(n, in[0].shape));
+      return Types{{in[0].dtype, s}};
+    };
+    if (kind == "max") {
+      d.grad = GRAD { return {g.b.op("max_pool2d_grad", {X(0), DY}, g.node.attrs)}; };
+    } else {
+      d.grad = GRAD {
+        Attrs a = g.node.attrs;
+        a.set("input_shape", SHAPE_OF(0));
+        return {g.b.op("avg_pool2d_grad", {DY}, a)};
+      };
+    }
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "max_pool2d_grad";
+    d.min_inputs = d.max_inputs = 2;
+    d.attrs = {"kernel", "stride", "padding"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(Shape s, pool_out_shape(n, in[0].shape));
+      if (s != in[1].shape) return invalid_argument("dy must be {}", shape_str(s));
+      return Types{in[0]};
+    };
+    r.add(d);
+    d.name = "avg_pool2d_grad";
+    d.min_inputs = d.max_inputs = 1;
+    d.attrs = {"kernel", "stride", "padding", "input_shape"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      SHOAL_ASSIGN_OR_RETURN(Shape xs, n.attrs.get_ints("input_shape"));
+      SHOAL_ASSIGN_OR_RETURN(Shape s, pool_out_shape(n, xs));
+      if (s != in[0].shape) return invalid_argument("dy must be {}", shape_str(s));
+      return Types{{in[0].dtype, xs}};
+    };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "global_avg_pool";
+    d.infer = [](const Node&, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      if (in[0].shape.size() != 4) return invalid_argument("input must be NCHW (rank 4)");
+      return Types{{in[0].dtype, {in[0].shape[0], in[0].shape[1]}}};
+    };
+    d.grad = GRAD {
+      const Shape& s = SHAPE_OF(0);
+      Value r4 = g.b.reshape(DY, {s[0], s[1], 1, 1});
+      Value scale = g.b.scalar_like(1.0 / static_cast<double>(s[2] * s[3]), DY);
+      return {g.b.mul(g.b.broadcast(r4, s), scale)};
+    };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "batch_norm";
+    d.min_inputs = d.max_inputs = 5;
+    d.attrs = {"training", "eps"};
+    d.infer = [](const Node&, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      if (in[0].shape.size() < 2) return invalid_argument("input must be [N, C, ...]");
+      Shape c = {in[0].shape[1]};
+      for (int i = 1; i < 5; ++i)
+        if (in[i].shape != c) return invalid_argument("input {} must be [{}]", i, c[0]);
+      return Types{in[0], {in[0].dtype, c}, {in[0].dtype, c}};
+    };
+    d.grad = GRAD {
+      auto outs = g.b.op_multi("batch_norm_grad", {X(0), X(1), Y(1), Y(2), DY}, g.node.attrs);
+      if (outs.size() != 3) return {Value{}, Value{}, Value{}, Value{}, Value{}};
+      return {outs[0], outs[1], outs[2], Value{}, Value{}};
+    };
+    r.add(d);
+    OpDef gd;
+    gd.name = "batch_norm_grad";  // (x, gamma, mean, var, dy) -> dx, dgamma, dbeta
+    gd.min_inputs = gd.max_inputs = 5;
+    gd.attrs = {"training", "eps"};
+    gd.infer = [](const Node&, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      if (in[4].shape != in[0].shape) return invalid_argument("dy must match x");
+      return Types{in[0], in[1], in[1]};
+    };
+    r.add(gd);
+  }
+  {
+    OpDef d;
+    d.name = "layer_norm";
+    d.min_inputs = d.max_inputs = 3;
+    d.attrs = {"eps"};
+    d.infer = [](const Node&, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      if (in[0].shape.empty()) return invalid_argument("input must have rank >= 1");
+      Shape c = {in[0].shape.back()};
+      if (in[1].shape != c || in[2].shape != c)
+        return invalid_argument("gamma and beta must be [{}]", c[0]);
+      return Types{in[0]};
+    };
+    d.grad = GRAD {
+      auto outs = g.b.op_multi("layer_norm_grad", {X(0), X(1), DY}, g.node.attrs);
+      if (outs.size() != 3) return {Value{}, Value{}, Value{}};
+      return outs;
+    };
+    r.add(d);
+    OpDef gd;
+    gd.name = "layer_norm_grad";  // (x, gamma, dy) -> dx, dgamma, dbeta
+    gd.min_inputs = gd.max_inputs = 3;
+    gd.attrs = {"eps"};
+    gd.infer = [](const Node&, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      return Types{in[0], in[1], in[1]};
+    };
+    r.add(gd);
+  }
+  {
+    OpDef d;
+    d.name = "dropout";
+    d.attrs = {"p", "seed", "stream"};
+    d.random = true;
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      double p = n.attrs.get_float_or("p", 0.5);
+      if (!(p >= 0.0 && p < 1.0)) return invalid_argument("p must be in [0, 1), got {}", p);
+      return Types{in[0]};
+    };
+    // Same (seed, stream, step) gives the same mask, so the gradient is the
+    // same dropout applied to dy.
+    d.grad = GRAD { return {g.b.op("dropout", {DY}, g.node.attrs)}; };
+    r.add(d);
+  }
+  for (std::string name : {"softmax", "log_softmax"}) {
+    OpDef d;
+    d.name = name;
+    d.attrs = {"axis"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      SHOAL_RETURN_IF_ERROR(norm_axis(n.attrs.get_int_or("axis", -1), in[0].shape.size()).status());
+      return Types{in[0]};
+    };
+    if (name == "softmax") {
+      d.grad = GRAD {
+        std::int64_t ax = *norm_axis(g.node.attrs.get_int_or("axis", -1), SHAPE_OF(0).size());
+        Value s = g.b.reduce_sum(g.b.mul(DY, Y(0)), {ax}, true);
+        return {g.b.mul(Y(0), g.b.sub(DY, s))};
+      };
+    } else {
+      d.grad = GRAD {
+        std::int64_t ax = *norm_axis(g.node.attrs.get_int_or("axis", -1), SHAPE_OF(0).size());
+        Value s = g.b.reduce_sum(DY, {ax}, true);
+        return {g.b.sub(DY, g.b.mul(g.b.exp(Y(0)), s))};
+      };
+    }
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "one_hot";
+    d.attrs = {"depth", "dtype"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      if (in[0].dtype != DType::kI32 && in[0].dtype != DType::kI64)
+        return invalid_argument("indices must be i32 or i64");
+      SHOAL_ASSIGN_OR_RETURN(std::int64_t depth, n.attrs.get_int("depth"));
+      SHOAL_ASSIGN_OR_RETURN(DType t, parse_dtype(n.attrs.get_string_or("dtype", "f32")));
+      Shape s = in[0].shape;
+      s.push_back(depth);
+      return Types{{t, s}};
+    };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "cross_entropy";  // mean over the batch of -log softmax(logits)[label]
+    d.min_inputs = d.max_inputs = 2;
+    d.infer = [](const Node&, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      if (in[0].shape.size() != 2) return invalid_argument("logits must be [N, C]");
+      if (in[1].dtype != DType::kI32 && in[1].dtype != DType::kI64)
+        return invalid_argument("labels must be i32 or i64");
+      if (in[1].shape != Shape{in[0].shape[0]}) return invalid_argument("labels must be [{}]", in[0].shape[0]);
+      return Types{{in[0].dtype, {}}};
+    };
+    d.grad = GRAD {
+      const Shape& s = SHAPE_OF(0);
+      DType t = g.b.dtype_of(X(0));
+      Value oh = g.b.op("one_hot", {X(1)}, {{"depth", s[1]}, {"dtype", std::string(dtype_name(t))}});
+      Value p = g.b.softmax(X(0), 1);
+      Value scale = g.b.mul(DY, g.b.scalar(1.0 / static_cast<double>(std::max<std::int64_t>(s[0], 1)), t));
+      return {g.b.mul(g.b.sub(p, oh), scale), Value{}};
+    };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "mse";  // mean((a - b)^2)
+    d.min_inputs = d.max_inputs = 2;
+    d.infer = [](const Node&, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      if (in[0].shape != in[1].shape) return invalid_argument("shapes must match");
+      return Types{{in[0].dtype, {}}};
+    };
+    d.grad = GRAD {
+      double n = static_cast<double>(std::max<std::int64_t>(num_elements(SHAPE_OF(0)), 1));
+      Value ga = g.b.mul(g.b.sub(X(0), X(1)), g.b.mul(DY, g.b.scalar_like(2.0 / n, DY)));
+      return {ga, g.b.neg(ga)};
+    };
+    r.add(d);
+  }
+  for (std::string name : {"reduce_sum", "reduce_mean", "reduce_max"}) {
+    OpDef d;
+    d.name = name;
+    d.attrs = {"axes", "keepdims"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      SHOAL_ASSIGN_OR_RETURN(auto axes, norm_axes(n.attrs.get_ints_or("axes", {}), in[0].shape.size()));
+      bool keep = n.attrs.get_int_or("keepdims", 0) != 0;
+      Shape s;
+      for (std::size_t i = 0; i < in[0].shape.size(); ++i) {
+        bool red = std::find(axes.begin(), axes.end(), static_cast<std::int64_t>(i)) != axes.end();
+        if (!red) s.push_back(in[0].shape[i]);
+        else if (keep) s.push_back(1);
+      }
+      return Types{{in[0].dtype, s}};
+    };
+    if (name == "reduce_sum") {
+      d.grad = GRAD { return {expand_back(g.b, DY, SHAPE_OF(0), g.node)}; };
+    } else if (name == "reduce_mean") {
+      d.grad = GRAD {
+        double cnt = static_cast<double>(num_elements(SHAPE_OF(0))) /
+                     static_cast<double>(std::max<std::int64_t>(num_elements(g.b.shape(Y(0))), 1));
+        return {g.b.mul(expand_back(g.b, DY, SHAPE_OF(0), g.node), g.b.scalar_like(1.0 / cnt, DY))};
+      };
+    } else {
+      d.grad = GRAD {
+        // Ties share the gradient equally.
+        Value yb = expand_back(g.b, Y(0), SHAPE_OF(0), g.node);
+        Value mask = g.b.op("equal", {X(0), yb});
+        Attrs ra = g.node.attrs;
+        Value cnt = g.b.op("reduce_sum", {mask}, ra);
+        Value share = g.b.div(DY, cnt);
+        return {g.b.mul(mask, expand_back(g.b, share, SHAPE_OF(0), g.node))};
+      };
+    }
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "broadcast";
+    d.attrs = {"shape"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(Shape s, n.attrs.get_ints("shape"));
+      auto bs = broadcast_shapes(in[0].shape, s);
+      if (!bs.ok() || *bs != s) return invalid_argument("cannot broadcast to {}", shape_str(s));
+      return Types{{in[0].dtype, s}};
+    };
+    d.grad = GRAD { return {reduce_to(g.b, DY, SHAPE_OF(0))}; };
+    r.add(d);
+    d.name = "sum_to";
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      SHOAL_ASSIGN_OR_RETURN(Shape s, n.attrs.get_ints("shape"));
+      auto bs = broadcast_shapes(s, in[0].shape);
+      if (!bs.ok() || *bs != in[0].shape || s.size() > in[0].shape.size())
+        return invalid_argument("cannot sum to {}", shape_str(s));
+      return Types{{in[0].dtype, s}};
+    };
+    d.grad = GRAD { return {g.b.broadcast(DY, SHAPE_OF(0))}; };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "reshape";
+    d.attrs = {"shape"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(Shape s, n.attrs.get_ints("shape"));
+      std::int64_t known = 1;
+      int infer = -1;
+      for (std::size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == -1 && infer < 0) infer = static_cast<int>(i);
+        else if (s[i] < 0) return invalid_argument("bad target shape {}", shape_str(s));
+        else known *= s[i];
+      }
+      std::int64_t total = num_elements(in[0].shape);
+      if (infer >= 0) {
+        if (known == 0 || total % known != 0) return invalid_argument("cannot infer -1 in {}", shape_str(s));
+        s[infer] = total / known;
+      }
+      if (num_elements(s) != total)
+        return invalid_argument("{} elements cannot be viewed as {}", total, shape_str(s));
+      return Types{{in[0].dtype, s}};
+    };
+    d.grad = GRAD { return {g.b.reshape(DY, SHAPE_OF(0))}; };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "flatten";
+    d.attrs = {"start_dim"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(auto sd, norm_axis(n.attrs.get_int_or("start_dim", 1), in[0].shape.size()));
+      Shape s(in[0].shape.begin(), in[0].shape.begin() + sd);
+      std::int64_t rest = 1;
+      for (std::size_t i = static_cast<std::size_t>(sd); i < in[0].shape.size(); ++i) rest *= in[0].shape[i];
+      s.push_back(rest);
+      return Types{{in[0].dtype, s}};
+    };
+    d.grad = GRAD { return {g.b.reshape(DY, SHAPE_OF(0))}; };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "transpose";
+    d.attrs = {"perm"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(auto perm, n.attrs.get_ints("perm"));
+      if (perm.size() != in[0].shape.size()) return invalid_argument("perm has {} entries", perm.size());
+      std::vector<bool> seen(perm.size());
+      Shape s;
+      for (auto p : perm) {
+        if (p < 0 || p >= static_cast<std::int64_t>(perm.size()) || seen[p])
+          return invalid_argument("perm is not a permutation");
+        seen[p] = true;
+        s.push_back(in[0].shape[p]);
+      }
+      return Types{{in[0].dtype, s}};
+    };
+    d.grad = GRAD {
+      auto perm = *g.node.attrs.get_ints("perm");
+      std::vector<std::int64_t> inv(perm.size());
+      for (std::size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<std::int64_t>(i);
+      return {g.b.transpose(DY, inv)};
+    };
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "concat";
+    d.max_inputs = -1;
+    d.attrs = {"axis"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(auto ax, norm_axis(n.attrs.get_int_or("axis", 0), in[0].shape.size()));
+      Shape s = in[0].shape;
+      for (std::size_t i = 1; i < in.size(); ++i) {
+        if (in[i].dtype != in[0].dtype || in[i].shape.size() != s.size())
+          return invalid_argument("input {} ({}) does not match input 0", i, in[i].str());
+        for (std::size_t k = 0; k < s.size(); ++k)
+          if (static_cast<std::int64_t>(k) != ax && in[i].shape[k] != s[k])
+            return invalid_argument("input {} differs in dim {}", i, k);
+        s[ax] += in[i].shape[ax];
+      }
+      return Types{{in[0].dtype, s}};
+    };
+    d.grad = GRAD {
+      std::int64_t ax = *norm_axis(g.node.attrs.get_int_or("axis", 0), SHAPE_OF(0).size());
+      std::vector<Value> out;
+      std::int64_t start = 0;
+      for (std::size_t i = 0; i < g.node.inputs.size(); ++i) {
+        std::int64_t len = g.b.shape(X(i))[ax];
+        out.push_back(g.b.slice(DY, ax, start, start + len));
+        start += len;
+      }
+      return out;
+    };
+    r.add(d);
+  }
+  {
+    auto slice_shape = [](const Node& n, const Shape& in) -> Result<Shape> {
+      SHOAL_ASSIGN_OR_RETURN(auto ax, norm_axis(n.attrs.get_int_or("axis", 0), in.size()));
+      std::int64_t start = n.attrs.get_int_or("start", 0), end = n.attrs.get_int_or("end", in[ax]);
+      std::int64_t step = n.attrs.get_int_or("step", 1);
+      if (step < 1 || start < 0 || end > in[ax] || start > end)
+        return invalid_argument("need 0 <= start ({}) <= end ({}) <= {} and step >= 1", start, end, in[ax]);
+      Shape s = in;
+      s[ax] = (end - start + step - 1) / step;
+      return s;
+    };
+    OpDef d;
+    d.name = "slice";
+    d.attrs = {"axis", "start", "end", "step"};
+    d.infer = [slice_shape](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(Shape s, slice_shape(n, in[0].shape));
+      return Types{{in[0].dtype, s}};
+    };
+    d.grad = GRAD {
+      Attrs a = g.node.attrs;
+      a.set("shape", SHAPE_OF(0));
+      return {g.b.op("slice_scatter", {DY}, a)};
+    };
+    r.add(d);
+    OpDef sc;
+    sc.name = "slice_scatter";  // zeros of `shape` with the input placed at the slice
+    sc.attrs = {"axis", "start", "end", "step", "shape"};
+    sc.infer = [slice_shape](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(Shape full, n.attrs.get_ints("shape"));
+      SHOAL_ASSIGN_OR_RETURN(Shape s, slice_shape(n, full));
+      if (s != in[0].shape) return invalid_argument("input must be {}", shape_str(s));
+      return Types{{in[0].dtype, full}};
+    };
+    sc.grad = GRAD {
+      Attrs a = g.node.attrs;
+      Attrs sa;
+      for (const char* k : {"axis", "start", "end", "step"})
+        if (a.has(k)) sa.set(k, a.all().at(k));
+      return {g.b.op("slice", {DY}, sa)};
+    };
+    r.add(sc);
+  }
+  {
+    OpDef d;
+    d.name = "embedding";
+    d.min_inputs = d.max_inputs = 2;
+    d.infer = [](const Node&, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      if (in[0].shape.size() != 2) return invalid_argument("table must be [rows, dim]");
+      if (in[1].dtype != DType::kI32 && in[1].dtype != DType::kI64)
+        return invalid_argument("ids must be i32 or i64");
+      Shape s = in[1].shape;
+      s.push_back(in[0].shape[1]);
+      return Types{{in[0].dtype, s}};
+    };
+    d.grad = GRAD {
+      return {g.b.op("embedding_grad", {X(1), DY}, {{"rows", SHAPE_OF(0)[0]}}), Value{}};
+    };
+    r.add(d);
+    OpDef gd;
+    gd.name = "embedding_grad";  // scatter-add dy rows into a [rows, dim] table
+    gd.min_inputs = gd.max_inputs = 2;
+    gd.attrs = {"rows"};
+    gd.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(std::int64_t rows, n.attrs.get_int("rows"));
+      SHOAL_RETURN_IF_ERROR(need_float(in[1], 1));
+      if (in[1].shape.empty()) return invalid_argument("dy must have rank >= 1");
+      return Types{{in[1].dtype, {rows, in[1].shape.back()}}};
+    };
+    r.add(gd);
+  }
+}
+
+}  // namespace
+
+OpRegistry& OpRegistry::global() {
+  static OpRegistry* reg = [] {
+    auto* r = new OpRegistry();  // NOLINT(cppcoreguidelines-owning-memory): lives for the process
+    register_all(*r);
+    return r;
+  }();
+  return *reg;
+}
+
+void OpRegistry::add(OpDef def) {
+  std::string n = def.name;
+  ops_[n] = std::move(def);
+}
+
+const OpDef* OpRegistry::find(const std::string& name) const {
+  auto it = ops_.find(name);
+  return it == ops_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> OpRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : ops_) out.push_back(k);
+  return out;
+}
+
+}  // namespace shoal::graph

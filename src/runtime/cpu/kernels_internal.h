@@ -1,0 +1,64 @@
+// Helpers shared by the CPU kernel files: a function-backed Kernel, float
+// dtype dispatch, and broadcast index arithmetic. Internal to runtime.
+#pragma once
+
+#include <omp.h>
+
+#include <functional>
+
+#include "shoal/runtime/kernel.h"
+
+namespace shoal::runtime::cpu {
+
+using graph::Node;
+using graph::TensorType;
+using Inputs = std::vector<TensorType>;
+using KernelFn = std::function<Status(const KernelContext&, std::span<const Tensor>, std::span<Tensor>)>;
+
+class FnKernel final : public Kernel {
+ public:
+  FnKernel(KernelFn fn, const char* impl) : fn_(std::move(fn)), impl_(impl) {}
+  Status run(const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) override {
+    return fn_(c, in, out);
+  }
+  const char* impl() const override { return impl_; }
+
+ private:
+  KernelFn fn_;
+  const char* impl_;
+};
+
+inline Result<std::unique_ptr<Kernel>> make_fn(KernelFn fn, const char* impl = "ref") {
+  return std::unique_ptr<Kernel>(std::make_unique<FnKernel>(std::move(fn), impl));
+}
+
+// Calls f(T{}) for T in {float, double}; other dtypes are an internal error
+// (shape inference has already refused them).
+template <typename F>
+Status dispatch_float(DType t, F&& f) {
+  if (t == DType::kF32) return f(float{});
+  if (t == DType::kF64) return f(double{});
+  return internal_error("kernel called with dtype {}", dtype_name(t));
+}
+
+// Strides of `in` broadcast against the output shape `out` (0 where the
+// input dimension is 1 or missing).
+inline Shape broadcast_strides(const Shape& in, const Shape& out) {
+  Shape st(out.size(), 0);
+  Shape cs = contiguous_strides(in);
+  std::size_t lead = out.size() - in.size();
+  for (std::size_t i = 0; i < in.size(); ++i) st[lead + i] = in[i] == 1 ? 0 : cs[i];
+  return st;
+}
+
+// Grain under which a loop stays on one thread.
+inline constexpr std::int64_t kParallelGrain = 1 << 15;
+
+void register_elementwise(KernelRegistry& r);
+void register_reduce(KernelRegistry& r);
+void register_shape_ops(KernelRegistry& r);
+void register_nn(KernelRegistry& r);
+void register_onednn(KernelRegistry& r);
+std::string onednn_version();
+
+}  // namespace shoal::runtime::cpu

@@ -1,0 +1,355 @@
+// f32 kernels on oneDNN: matmul, linear (bias and ReLU as post-ops),
+// conv2d forward with bias/ReLU, its data and weight gradients, and
+// max/avg pooling. Primitives, reorders, scratch buffers and memory objects
+// are created once per node at compile time; a run only swaps data handles.
+// oneDNN throws: every call stays inside this file, and a primitive oneDNN
+// cannot build falls back to the reference kernel.
+#include <dnnl.hpp>
+
+#include <array>
+#include <optional>
+#include <unordered_map>
+
+#include "runtime/cpu/kernels_internal.h"
+#include "shoal/core/logging.h"
+
+namespace shoal::runtime::cpu {
+namespace {
+
+using dnnl::memory;
+using dt = memory::data_type;
+using tag = memory::format_tag;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+dnnl::stream& stream() {
+  static dnnl::stream s(engine());
+  return s;
+}
+
+memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
+
+// An operand in the primitive's preferred layout. When it differs from the
+// plain layout a scratch buffer and a reorder are kept.
+struct Operand {
+  memory user;     // plain, points into the arena at run time
+  memory inner;    // what the primitive reads/writes
+  std::shared_ptr<Storage> buf;
+  std::optional<dnnl::reorder> to_inner, to_user;
+
+  void init(const memory::desc& plain, const memory::desc& want, bool is_output) {
+    user = memory(plain, engine(), DNNL_MEMORY_NONE);
+    if (want == plain) {
+      inner = user;
+      return;
+    }
+    buf = Storage::allocate(want.get_size());
+    inner = memory(want, engine(), buf->data());
+    if (is_output) to_user = dnnl::reorder(inner, user);
+    else to_inner = dnnl::reorder(user, inner);
+  }
+  void bind(const void* p) { user.set_data_handle(const_cast<void*>(p)); }
+  void pre() {
+    if (to_inner) to_inner->execute(stream(), user, inner);
+  }
+  void post() {
+    if (to_user) to_user->execute(stream(), inner, user);
+  }
+};
+
+class DnnlKernel : public Kernel {
+ public:
+  const char* impl() const override { return "onednn"; }
+
+ protected:
+  void init_scratch(const dnnl::primitive_desc_base& pd) {
+    auto md = pd.scratchpad_desc();
+    scratch_buf_ = Storage::allocate(md.get_size());
+    scratch_ = memory(md, engine(), scratch_buf_->data());
+  }
+  static dnnl::primitive_attr attr(bool relu) {
+    dnnl::primitive_attr a;
+    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (relu) {
+      dnnl::post_ops po;
+      po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+      a.set_post_ops(po);
+    }
+    return a;
+  }
+  std::shared_ptr<Storage> scratch_buf_;
+  memory scratch_;
+};
+
+// y = op(A) op(B) (+ bias) (relu), batched when both share one batch shape.
+class MatmulKernel final : public DnnlKernel {
+ public:
+  MatmulKernel(const Shape& as, const Shape& /*bs*/, const Shape& ys, bool ta, bool tb, bool has_bias,
+               bool relu, bool linear) {
+    // Linear: x [N, in] times w [out, in]^T.
+    std::size_t r = ys.size();
+    memory::dims batch(ys.begin(), ys.end() - 2);
+    memory::dim m = ys[r - 2], n = ys[r - 1];
+    memory::dim k = linear ? as[1] : (ta ? as[as.size() - 2] : as[as.size() - 1]);
+    auto md = [&](memory::dim rows, memory::dim cols, bool trans) {
+      memory::dims d = batch, st;
+      d.push_back(rows);
+      d.push_back(cols);
+      memory::dims s(d.size());
+      memory::dim mat = rows * cols;
+      for (std::size_t i = batch.size(); i-- > 0;) s[i] = (i + 1 < batch.size() ? s[i + 1] * d[i + 1] : mat);
+      s[d.size() - 2] = trans ? 1 : cols;
+      s[d.size() - 1] = trans ? rows : 1;
+      return memory::desc(d, dt::f32, s);
+    };
+    memory::desc a_md = md(m, k, ta), b_md = md(k, n, tb || linear), y_md = md(m, n, false);
+    memory::desc bias_md;
+    if (has_bias) {
+      memory::dims bd(r, 1);
+      bd[r - 1] = n;
+      bias_md = memory::desc(bd, dt::f32, tag::ab);
+    }
+    dnnl::matmul::desc d = has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, y_md)
+                                    : dnnl::matmul::desc(a_md, b_md, y_md);
+    dnnl::matmul::primitive_desc pd(d, attr(relu), engine());
+    prim_ = dnnl::matmul(pd);
+    init_scratch(pd);
+    a_ = memory(a_md, engine(), DNNL_MEMORY_NONE);
+    b_ = memory(b_md, engine(), DNNL_MEMORY_NONE);
+    y_ = memory(y_md, engine(), DNNL_MEMORY_NONE);
+    if (has_bias) bias_ = memory(bias_md, engine(), DNNL_MEMORY_NONE);
+    has_bias_ = has_bias;
+  }
+  Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
+    a_.set_data_handle(in[0].raw_data());
+    b_.set_data_handle(in[1].raw_data());
+    y_.set_data_handle(out[0].raw_data());
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}, {DNNL_ARG_SCRATCHPAD, scratch_}};
+    if (has_bias_) {
+      bias_.set_data_handle(in[2].raw_data());
+      args[DNNL_ARG_BIAS] = bias_;
+    }
+    prim_.execute(stream(), args);
+    stream().wait();
+    return ok_status();
+  }
+
+ private:
+  dnnl::matmul prim_;
+  memory a_, b_, y_, bias_;
+  bool has_bias_ = false;
+};
+
+struct ConvParams {
+  memory::dims strides, dilates, pad_l, pad_r;
+  static ConvParams make(const Node& n, const Shape& x, const Shape& w, const Shape& y) {
+    auto st = n.attrs.get_ints_or("stride", {1, 1});
+    auto pd = n.attrs.get_ints_or("padding", {0, 0});
+    auto dl = n.attrs.get_ints_or("dilation", {1, 1});
+    ConvParams p;
+    p.strides = {st[0], st[1]};
+    p.dilates = {dl[0] - 1, dl[1] - 1};
+    p.pad_l = {pd[0], pd[1]};
+    for (int i = 0; i < 2; ++i)
+      p.pad_r.push_back((y[2 + i] - 1) * st[i] + (w[2 + i] - 1) * dl[i] + 1 - x[2 + i] - pd[i]);
+    return p;
+  }
+};
+
+memory::desc weights_plain(const Shape& w, std::int64_t groups) {
+  if (groups == 1) return memory::desc(dims_of(w), dt::f32, tag::oihw);
+  return memory::desc({groups, w[0] / groups, w[1], w[2], w[3]}, dt::f32, tag::goihw);
+}
+memory::desc weights_any(const Shape& w, std::int64_t groups) {
+  if (groups == 1) return memory::desc(dims_of(w), dt::f32, tag::any);
+  return memory::desc({groups, w[0] / groups, w[1], w[2], w[3]}, dt::f32, tag::any);
+}
+
+dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvParams& p, const Shape& x, const Shape& w,
+                                                      const Shape& y, std::int64_t groups, bool bias,
+                                                      const dnnl::primitive_attr& a) {
+  memory::desc xa(dims_of(x), dt::f32, tag::any), ya(dims_of(y), dt::f32, tag::any);
+  memory::desc wa = weights_any(w, groups);
+  if (bias) {
+    memory::desc ba({w[0]}, dt::f32, tag::x);
+    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, xa,
+                                      wa, ba, ya, p.strides, p.dilates, p.pad_l, p.pad_r);
+    return {d, a, engine()};
+  }
+  dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, xa, wa,
+                                    ya, p.strides, p.dilates, p.pad_l, p.pad_r);
+  return {d, a, engine()};
+}
+
+// mode 0 forward (x, w[, b]) -> y; 1 grad input (dy, w) -> dx; 2 grad weight (x, dy) -> dw.
+class ConvKernel final : public DnnlKernel {
+ public:
+  ConvKernel(int mode, const Node& n, const Shape& x, const Shape& w, const Shape& y, bool bias, bool relu)
+      : mode_(mode), bias_(bias) {
+    std::int64_t groups = n.attrs.get_int_or("groups", 1);
+    ConvParams p = ConvParams::make(n, x, w, y);
+    memory::desc xp(dims_of(x), dt::f32, tag::nchw), yp(dims_of(y), dt::f32, tag::nchw);
+    memory::desc wp = weights_plain(w, groups);
+    auto fwd = conv_fwd_pd(p, x, w, y, groups, bias && mode == 0, attr(mode == 0 && relu));
+    if (mode == 0) {
+      prim_ = dnnl::convolution_forward(fwd);
+      init_scratch(fwd);
+      ops_[0].init(xp, fwd.src_desc(), false);
+      ops_[1].init(wp, fwd.weights_desc(), false);
+      ops_[2].init(yp, fwd.dst_desc(), true);
+      if (bias) bias_mem_ = memory({{w[0]}, dt::f32, tag::x}, engine(), DNNL_MEMORY_NONE);
+      args_ = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+    } else if (mode == 1) {
+      memory::desc xa(dims_of(x), dt::f32, tag::any), ya(dims_of(y), dt::f32, tag::any);
+      dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, xa, weights_any(w, groups), ya,
+                                              p.strides, p.dilates, p.pad_l, p.pad_r);
+      dnnl::convolution_backward_data::primitive_desc pd(d, attr(false), engine(), fwd);
+      prim_ = dnnl::convolution_backward_data(pd);
+      init_scratch(pd);
+      ops_[0].init(yp, pd.diff_dst_desc(), false);
+      ops_[1].init(wp, pd.weights_desc(), false);
+      ops_[2].init(xp, pd.diff_src_desc(), true);
+      args_ = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
+    } else {
+      memory::desc xa(dims_of(x), dt::f32, tag::any), ya(dims_of(y), dt::f32, tag::any);
+      dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, xa, weights_any(w, groups),
+                                                 ya, p.strides, p.dilates, p.pad_l, p.pad_r);
+      dnnl::convolution_backward_weights::primitive_desc pd(d, attr(false), engine(), fwd);
+      prim_ = dnnl::convolution_backward_weights(pd);
+      init_scratch(pd);
+      ops_[0].init(xp, pd.src_desc(), false);
+      ops_[1].init(yp, pd.diff_dst_desc(), false);
+      ops_[2].init(wp, pd.diff_weights_desc(), true);
+      args_ = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
+    }
+  }
+  Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
+    ops_[0].bind(in[0].raw_data());
+    ops_[1].bind(in[1].raw_data());
+    ops_[2].bind(out[0].raw_data());
+    ops_[0].pre();
+    ops_[1].pre();
+    std::unordered_map<int, memory> args = {{args_[0], ops_[0].inner},
+                                            {args_[1], ops_[1].inner},
+                                            {args_[2], ops_[2].inner},
+                                            {DNNL_ARG_SCRATCHPAD, scratch_}};
+    if (mode_ == 0 && bias_) {
+      bias_mem_.set_data_handle(in[2].raw_data());
+      args[DNNL_ARG_BIAS] = bias_mem_;
+    }
+    prim_.execute(stream(), args);
+    ops_[2].post();
+    stream().wait();
+    return ok_status();
+  }
+
+ private:
+  int mode_;
+  bool bias_;
+  dnnl::primitive prim_;
+  Operand ops_[3];
+  memory bias_mem_;
+  std::array<int, 3> args_ = {0, 0, 0};
+};
+
+class PoolKernel final : public DnnlKernel {
+ public:
+  PoolKernel(const Node& n, const Shape& x, const Shape& y, bool is_max) {
+    auto k = n.attrs.get_ints_or("kernel", {1, 1});
+    auto st = n.attrs.get_ints_or("stride", k);
+    auto pd = n.attrs.get_ints_or("padding", {0, 0});
+    memory::dims pr;
+    for (int i = 0; i < 2; ++i) pr.push_back((y[2 + i] - 1) * st[i] + k[i] - x[2 + i] - pd[i]);
+    memory::desc xp(dims_of(x), dt::f32, tag::nchw), yp(dims_of(y), dt::f32, tag::nchw);
+    dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference,
+                                  is_max ? dnnl::algorithm::pooling_max
+                                         : dnnl::algorithm::pooling_avg_include_padding,
+                                  xp, yp, {st[0], st[1]}, {k[0], k[1]}, {pd[0], pd[1]}, pr);
+    dnnl::pooling_forward::primitive_desc p(d, attr(false), engine());
+    prim_ = dnnl::pooling_forward(p);
+    init_scratch(p);
+    x_ = memory(xp, engine(), DNNL_MEMORY_NONE);
+    y_ = memory(yp, engine(), DNNL_MEMORY_NONE);
+  }
+  Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
+    x_.set_data_handle(in[0].raw_data());
+    y_.set_data_handle(out[0].raw_data());
+    prim_.execute(stream(), {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+    stream().wait();
+    return ok_status();
+  }
+
+ private:
+  dnnl::pooling_forward prim_;
+  memory x_, y_;
+};
+
+// Wraps the reference factory: f32 nodes get a oneDNN kernel when oneDNN can
+// build one, everything else keeps the reference kernel.
+void override_f32(KernelRegistry& r, const std::string& op,
+                  std::function<std::unique_ptr<Kernel>(const Node&, const Inputs&, const TensorType&)> make) {
+  const KernelFactory* prev = r.find(op);
+  SHOAL_CHECK(prev != nullptr, "no reference kernel for {}", op);
+  KernelFactory fallback = *prev;
+  r.add(op, [fallback, make](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
+    if (in[0].dtype == DType::kF32) {
+      try {
+        // Output type is re-derived by the caller; kernels take it from the node.
+        std::unique_ptr<Kernel> k = make(n, in, n.outputs[0]);
+        if (k) return k;
+      } catch (const dnnl::error& e) {
+        SHOAL_LOG_DEBUG("{}: oneDNN declined ({}); using the reference kernel", n.label(), e.what());
+      }
+    }
+    return fallback(n, in);
+  });
+}
+
+}  // namespace
+
+void register_onednn(KernelRegistry& r) {
+  override_f32(r, "matmul", [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
+    Shape ab(in[0].shape.begin(), in[0].shape.end() - 2), bb(in[1].shape.begin(), in[1].shape.end() - 2);
+    if (ab != bb || num_elements(y.shape) == 0 || in[0].shape.back() == 0) return nullptr;
+    return std::make_unique<MatmulKernel>(in[0].shape, in[1].shape, y.shape,
+                                          n.attrs.get_int_or("transpose_a", 0) != 0,
+                                          n.attrs.get_int_or("transpose_b", 0) != 0, false, false, false);
+  });
+  override_f32(r, "linear", [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
+    if (num_elements(y.shape) == 0 || in[0].shape[1] == 0) return nullptr;
+    return std::make_unique<MatmulKernel>(in[0].shape, in[1].shape, y.shape, false, true, in.size() == 3,
+                                          n.attrs.get_string_or("activation", "") == "relu", true);
+  });
+  override_f32(r, "conv2d", [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
+    if (num_elements(y.shape) == 0) return nullptr;
+    return std::make_unique<ConvKernel>(0, n, in[0].shape, in[1].shape, y.shape, in.size() == 3,
+                                        n.attrs.get_string_or("activation", "") == "relu");
+  });
+  override_f32(r, "conv2d_grad_input",
+               [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
+                 if (num_elements(in[0].shape) == 0) return nullptr;
+                 return std::make_unique<ConvKernel>(1, n, y.shape, in[1].shape, in[0].shape, false, false);
+               });
+  override_f32(r, "conv2d_grad_weight",
+               [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
+                 if (num_elements(in[1].shape) == 0) return nullptr;
+                 return std::make_unique<ConvKernel>(2, n, in[0].shape, y.shape, in[1].shape, false, false);
+               });
+  for (bool is_max : {true, false}) {
+    override_f32(r, is_max ? "max_pool2d" : "avg_pool2d",
+                 [is_max](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
+                   if (num_elements(y.shape) == 0) return nullptr;
+                   return std::make_unique<PoolKernel>(n, in[0].shape, y.shape, is_max);
+                 });
+  }
+}
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return fmt::format("{}.{}.{} ({})", v->major, v->minor, v->patch, v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other");
+}
+
+}  // namespace shoal::runtime::cpu

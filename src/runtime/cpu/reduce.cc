@@ -1,0 +1,245 @@
+// Reductions, broadcast, softmax family and losses.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "runtime/cpu/kernels_internal.h"
+
+namespace shoal::runtime::cpu {
+namespace {
+
+// y[map(i)] = op(y[map(i)], x[i]) for every element of contiguous x, where
+// ostride[d] is the output stride of input dim d (0 for reduced dims).
+template <typename T, typename Op>
+void reduce_into(const T* x, const Shape& xs, const Shape& ostride, T* y, Op op) {
+  std::int64_t n = num_elements(xs);
+  if (n == 0) return;
+  if (xs.empty()) {
+    y[0] = op(y[0], x[0]);
+    return;
+  }
+  int r = static_cast<int>(xs.size());
+  std::int64_t inner = xs[r - 1], outer = n / inner, ist = ostride[r - 1];
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(r), 0);
+  std::int64_t off = 0;
+  for (std::int64_t o = 0; o < outer; ++o) {
+    const T* src = x + o * inner;
+    if (ist == 0) {
+      T acc = y[off];
+      for (std::int64_t i = 0; i < inner; ++i) acc = op(acc, src[i]);
+      y[off] = acc;
+    } else {
+      T* dst = y + off;
+#pragma omp simd
+      for (std::int64_t i = 0; i < inner; ++i) dst[i] = op(dst[i], src[i]);
+    }
+    for (int d = r - 2; d >= 0; --d) {
+      ++idx[d];
+      off += ostride[d];
+      if (idx[d] < xs[d]) break;
+      off -= ostride[d] * xs[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+// Output strides for reducing xs over `red` dims into a contiguous output of
+// the kept dims.
+Shape reduce_ostrides(const Shape& xs, const std::vector<bool>& red) {
+  Shape st(xs.size(), 0);
+  std::int64_t acc = 1;
+  for (std::size_t i = xs.size(); i-- > 0;) {
+    if (red[i]) continue;
+    st[i] = acc;
+    acc *= xs[i];
+  }
+  return st;
+}
+
+std::vector<bool> reduced_dims(const Node& n, std::size_t rank) {
+  auto axes = n.attrs.get_ints_or("axes", {});
+  std::vector<bool> red(rank, axes.empty());
+  for (auto a : axes) red[static_cast<std::size_t>(a < 0 ? a + static_cast<std::int64_t>(rank) : a)] = true;
+  return red;
+}
+
+void add_reduce(KernelRegistry& r, const std::string& op) {
+  r.add(op, [op](const Node& n, const Inputs& in) {
+    std::vector<bool> red = reduced_dims(n, in[0].shape.size());
+    Shape ost = reduce_ostrides(in[0].shape, red);
+    return make_fn([op, ost](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+      return dispatch_float(x[0].dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        T* py = y[0].data<T>();
+        std::int64_t m = y[0].numel();
+        if (op == "reduce_max") {
+          std::fill(py, py + m, -std::numeric_limits<T>::infinity());
+          reduce_into(x[0].data<T>(), x[0].shape(), ost, py, [](T a, T b) { return a > b ? a : b; });
+        } else {
+          std::fill(py, py + m, T(0));
+          reduce_into(x[0].data<T>(), x[0].shape(), ost, py, [](T a, T b) { return a + b; });
+          if (op == "reduce_mean" && m > 0) {
+            T inv = T(static_cast<double>(m) / static_cast<double>(std::max<std::int64_t>(x[0].numel(), 1)));
+            for (std::int64_t i = 0; i < m; ++i) py[i] *= inv;
+          }
+        }
+        return ok_status();
+      });
+    });
+  });
+}
+
+// (outer, len, inner) view of a tensor around `axis`.
+struct AxisView {
+  std::int64_t outer = 1, len = 1, inner = 1;
+};
+AxisView axis_view(const Shape& s, std::int64_t axis) {
+  AxisView v;
+  if (axis < 0) axis += static_cast<std::int64_t>(s.size());
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(s.size()); ++i) {
+    if (i < axis) v.outer *= s[i];
+    else if (i == axis) v.len = s[i];
+    else v.inner *= s[i];
+  }
+  return v;
+}
+
+template <typename T>
+void softmax_rows(const T* x, T* y, AxisView v, bool log) {
+  std::int64_t rows = v.outer * v.inner;
+#pragma omp parallel for if (rows * v.len > kParallelGrain) schedule(static)
+  for (std::int64_t rr = 0; rr < rows; ++rr) {
+    std::int64_t o = rr / v.inner, in = rr % v.inner;
+    const T* xr = x + o * v.len * v.inner + in;
+    T* yr = y + o * v.len * v.inner + in;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (std::int64_t i = 0; i < v.len; ++i) mx = std::max(mx, xr[i * v.inner]);
+    T sum = 0;
+    for (std::int64_t i = 0; i < v.len; ++i) sum += std::exp(xr[i * v.inner] - mx);
+    if (log) {
+      T lse = mx + std::log(sum);
+      for (std::int64_t i = 0; i < v.len; ++i) yr[i * v.inner] = xr[i * v.inner] - lse;
+    } else {
+      T inv = T(1) / sum;
+      for (std::int64_t i = 0; i < v.len; ++i) yr[i * v.inner] = std::exp(xr[i * v.inner] - mx) * inv;
+    }
+  }
+}
+
+template <typename I>
+Result<std::int64_t> read_label(const Tensor& t, std::int64_t i, std::int64_t depth, const Node& n) {
+  std::int64_t v = static_cast<std::int64_t>(t.data<I>()[i]);
+  if (v < 0 || v >= depth)
+    return out_of_range("{}: label/index {} at position {} is outside [0, {})", n.label(), v, i, depth);
+  return v;
+}
+
+Result<std::int64_t> label_at(const Tensor& t, std::int64_t i, std::int64_t depth, const Node& n) {
+  if (t.dtype() == DType::kI32) return read_label<std::int32_t>(t, i, depth, n);
+  return read_label<std::int64_t>(t, i, depth, n);
+}
+
+}  // namespace
+
+void register_reduce(KernelRegistry& r) {
+  add_reduce(r, "reduce_sum");
+  add_reduce(r, "reduce_mean");
+  add_reduce(r, "reduce_max");
+
+  r.add("sum_to", [](const Node&, const Inputs& in) {
+    return make_fn([](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+      const Shape& xs = x[0].shape();
+      const Shape& ys = y[0].shape();
+      std::size_t lead = xs.size() - ys.size();
+      Shape ycs = contiguous_strides(ys);
+      Shape ost(xs.size(), 0);
+      for (std::size_t d = lead; d < xs.size(); ++d)
+        ost[d] = (ys[d - lead] == 1 && xs[d] != 1) ? 0 : ycs[d - lead];
+      return dispatch_float(x[0].dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        std::fill(y[0].data<T>(), y[0].data<T>() + y[0].numel(), T(0));
+        reduce_into(x[0].data<T>(), xs, ost, y[0].data<T>(), [](T a, T b) { return a + b; });
+        return ok_status();
+      });
+    });
+    (void)in;
+  });
+
+  r.add("broadcast", [](const Node&, const Inputs&) {
+    return make_fn([](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+      auto v = x[0].broadcast_to(y[0].shape());
+      if (!v.ok()) return v.status();
+      return y[0].copy_from(*v);
+    });
+  });
+
+  for (std::string op : {"softmax", "log_softmax"}) {
+    r.add(op, [op](const Node& n, const Inputs& in) {
+      AxisView v = axis_view(in[0].shape, n.attrs.get_int_or("axis", -1));
+      bool log = op == "log_softmax";
+      return make_fn([v, log](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+        return dispatch_float(x[0].dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          softmax_rows(x[0].data<T>(), y[0].data<T>(), v, log);
+          return ok_status();
+        });
+      });
+    });
+  }
+
+  r.add("cross_entropy", [](const Node&, const Inputs&) {
+    return make_fn([](const KernelContext& c, std::span<const Tensor> x, std::span<Tensor> y) {
+      return dispatch_float(x[0].dtype(), [&](auto tag) -> Status {
+        using T = decltype(tag);
+        std::int64_t n = x[0].dim(0), k = x[0].dim(1);
+        const T* p = x[0].data<T>();
+        double total = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          SHOAL_ASSIGN_OR_RETURN(std::int64_t lab, label_at(x[1], i, k, c.node));
+          const T* row = p + i * k;
+          T mx = *std::max_element(row, row + k);
+          double s = 0;
+          for (std::int64_t j = 0; j < k; ++j) s += std::exp(static_cast<double>(row[j] - mx));
+          total += static_cast<double>(mx) + std::log(s) - static_cast<double>(row[lab]);
+        }
+        y[0].data<T>()[0] = static_cast<T>(n > 0 ? total / static_cast<double>(n) : 0.0);
+        return ok_status();
+      });
+    });
+  });
+
+  r.add("mse", [](const Node&, const Inputs&) {
+    return make_fn([](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+      return dispatch_float(x[0].dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        std::int64_t n = x[0].numel();
+        const T* a = x[0].data<T>();
+        const T* b = x[1].data<T>();
+        double s = 0;
+#pragma omp parallel for reduction(+ : s) if (n > kParallelGrain)
+        for (std::int64_t i = 0; i < n; ++i) {
+          double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+          s += d * d;
+        }
+        y[0].data<T>()[0] = static_cast<T>(n > 0 ? s / static_cast<double>(n) : 0.0);
+        return ok_status();
+      });
+    });
+  });
+
+  r.add("one_hot", [](const Node& n, const Inputs&) {
+    std::int64_t depth = n.attrs.get_int_or("depth", 0);
+    return make_fn([depth](const KernelContext& c, std::span<const Tensor> x, std::span<Tensor> y) -> Status {
+      std::int64_t m = x[0].numel();
+      Tensor& out = y[0];
+      std::memset(out.raw_data(), 0, out.nbytes());
+      for (std::int64_t i = 0; i < m; ++i) {
+        SHOAL_ASSIGN_OR_RETURN(std::int64_t lab, label_at(x[0], i, depth, c.node));
+        out.set(i * depth + lab, 1.0);
+      }
+      return ok_status();
+    });
+  });
+}
+
+}  // namespace shoal::runtime::cpu

@@ -1,0 +1,355 @@
+// The CPU backend: compiles a graph (fusion, constant folding, DCE), makes
+// one kernel per node, plans all intermediate buffers into one arena and
+// runs nodes in topological order. Async kernels are waited on before their
+// first consumer. Steady-state runs allocate nothing.
+#include <cblas.h>
+#include <omp.h>
+
+#include <chrono>
+#include <fstream>
+#include <set>
+
+#include "runtime/cpu/kernels_internal.h"
+#include "shoal/core/logging.h"
+#include "shoal/graph/op_registry.h"
+#include "shoal/graph/passes.h"
+#include "shoal/runtime/backend.h"
+
+namespace shoal::runtime {
+
+using graph::Graph;
+using graph::Node;
+using graph::Value;
+
+KernelRegistry& KernelRegistry::cpu() {
+  static KernelRegistry* reg = [] {
+    auto* r = new KernelRegistry();  // NOLINT(cppcoreguidelines-owning-memory): process lifetime
+    cpu::register_elementwise(*r);
+    cpu::register_reduce(*r);
+    cpu::register_shape_ops(*r);
+    cpu::register_nn(*r);
+    cpu::register_onednn(*r);
+    return r;
+  }();
+  return *reg;
+}
+
+void KernelRegistry::add(const std::string& op, KernelFactory f) { f_[op] = std::move(f); }
+const KernelFactory* KernelRegistry::find(const std::string& op) const {
+  auto it = f_.find(op);
+  return it == f_.end() ? nullptr : &it->second;
+}
+
+void set_num_threads(int n) {
+  if (n <= 0) n = omp_get_num_procs();
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+int num_threads() { return omp_get_max_threads(); }
+
+namespace {
+
+double now_us() {
+  static const auto t0 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Step {
+  int node;
+  std::unique_ptr<Kernel> kernel;
+  std::vector<Tensor> in, out;
+  std::vector<int> wait_for;  // indices into steps_ of async producers
+  const char* op_name;
+};
+
+class CpuExecutable final : public Executable {
+ public:
+  static Result<std::unique_ptr<Executable>> create(Graph g, const CompileOptions& o) {
+    auto exe = std::unique_ptr<CpuExecutable>(new CpuExecutable());
+    exe->opts_ = o;
+    SHOAL_RETURN_IF_ERROR(exe->compile(std::move(g)));
+    return std::unique_ptr<Executable>(std::move(exe));
+  }
+
+  Status bind(const std::string& name, const Tensor& t) override {
+    auto it = input_ids_.find(name);
+    if (it == input_ids_.end()) return not_found("bind: graph has no input named '{}'", name);
+    const Node& n = g_.node(it->second);
+    const graph::TensorType& want = n.outputs[0];
+    if (!t.defined() || t.dtype() != want.dtype || t.shape() != want.shape)
+      return invalid_argument("bind: input '{}' expects {} but got {}{}", name, want.str(),
+                              t.defined() ? dtype_name(t.dtype()) : "undefined",
+                              t.defined() ? shape_str(t.shape()) : "");
+    Tensor c = t.contiguous();
+    values_[Value{n.id, 0}] = c;
+    for (auto [s, slot] : input_uses_[n.id]) steps_[s].in[slot] = c;
+    for (auto [i, _] : output_of_input_[n.id]) outputs_[i] = c;
+    bound_.insert(n.id);
+    return ok_status();
+  }
+
+  Status run() override {
+    if (bound_.size() != input_ids_.size()) {
+      for (const auto& [name, id] : input_ids_)
+        if (!bound_.count(id)) return failed_precondition("run: input '{}' is not bound", name);
+    }
+    std::fill(pending_.begin(), pending_.end(), false);
+    Deadline dl = Deadline::after_seconds(opts_.async_wait_seconds);
+    for (std::size_t i = 0; i < steps_.size(); ++i) {
+      Step& s = steps_[i];
+      for (int p : s.wait_for) SHOAL_RETURN_IF_ERROR(finish(p, dl));
+      const Node& n = g_.node(s.node);
+      double t0 = tracing_ ? now_us() : 0;
+      KernelContext ctx{n, step_};
+      Status st = s.kernel->run(ctx, s.in, s.out);
+      if (!st.ok()) return st.with_context(fmt::format("running {}", n.label()));
+      if (s.kernel->is_async()) pending_[i] = true;
+      if (tracing_)
+        trace_.push_back(TraceEvent{s.op_name, s.node, s.kernel->is_async() ? 1 : 0, t0, now_us() - t0});
+    }
+    for (std::size_t i = 0; i < steps_.size(); ++i)
+      if (pending_[i]) SHOAL_RETURN_IF_ERROR(finish(static_cast<int>(i), dl));
+    ++step_;
+    return ok_status();
+  }
+
+  const Tensor& output(int i) const override { return outputs_.at(static_cast<std::size_t>(i)); }
+  int num_outputs() const override { return static_cast<int>(outputs_.size()); }
+  std::size_t arena_bytes() const override { return plan_.arena_bytes; }
+  std::size_t naive_bytes() const override { return plan_.naive_bytes; }
+  const Graph& graph() const override { return g_; }
+  void enable_trace(bool on) override {
+    tracing_ = on;
+    if (on) trace_.reserve(steps_.size() * 64);
+  }
+  const std::vector<TraceEvent>& trace() const override { return trace_; }
+  std::uint64_t steps() const override { return step_; }
+  void set_step(std::uint64_t s) override { step_ = s; }
+
+ private:
+  Status finish(int i, Deadline dl) {
+    if (!pending_[i]) return ok_status();
+    pending_[i] = false;
+    double t0 = tracing_ ? now_us() : 0;
+    Status st = steps_[i].kernel->wait(dl);
+    if (tracing_) trace_.push_back(TraceEvent{"wait", steps_[i].node, 1, t0, now_us() - t0});
+    return st.with_context(fmt::format("waiting for {}", g_.node(steps_[i].node).label()));
+  }
+
+  Status compile(Graph g) {
+    if (g.outputs().empty()) return invalid_argument("compile: graph has no outputs");
+    SHOAL_RETURN_IF_ERROR(graph::verify(g));
+    if (opts_.fuse) fuse_activations(g);
+    if (opts_.constant_fold) SHOAL_RETURN_IF_ERROR(constant_fold(g).status());
+    graph::eliminate_dead_code(g);
+    SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
+    g_ = std::move(g);
+
+    // Kernels first: async ones change lifetimes.
+    std::map<int, int> step_of;
+    for (int id : order) {
+      const Node& n = g_.node(id);
+      if (n.op == "input") {
+        input_ids_[n.name] = id;
+        continue;
+      }
+      if (n.op == "constant") {
+        values_[Value{id, 0}] = n.constant;
+        continue;
+      }
+      const KernelFactory* f = KernelRegistry::cpu().find(n.op);
+      if (f == nullptr) return unimplemented("compile: no CPU kernel for {}", n.label());
+      std::vector<graph::TensorType> in;
+      for (const Value& v : n.inputs) in.push_back(g_.type(v));
+      auto k = (*f)(n, in);
+      if (!k.ok()) return k.status().with_context(fmt::format("compile: {}", n.label()));
+      Step s;
+      s.node = id;
+      s.kernel = std::move(k).value();
+      s.op_name = n.op.c_str();
+      step_of[id] = static_cast<int>(steps_.size());
+      steps_.push_back(std::move(s));
+    }
+    // Positions in `order` for lifetime extension of async inputs/outputs.
+    std::map<int, int> pos;
+    for (std::size_t i = 0; i < order.size(); ++i) pos[order[i]] = static_cast<int>(i);
+    std::map<Value, int> extend;
+    for (Step& s : steps_) {
+      const Node& n = g_.node(s.node);
+      for (const Value& v : n.inputs) {
+        auto it = step_of.find(v.node);
+        if (it == step_of.end() || !steps_[it->second].kernel->is_async()) continue;
+        if (std::find(s.wait_for.begin(), s.wait_for.end(), it->second) == s.wait_for.end())
+          s.wait_for.push_back(it->second);
+      }
+    }
+    for (Step& s : steps_) {
+      if (!s.kernel->is_async()) continue;
+      // Inputs stay untouched until the first consumer has waited.
+      int first_wait = static_cast<int>(order.size());
+      for (Step& t : steps_)
+        if (std::find(t.wait_for.begin(), t.wait_for.end(), step_of[s.node]) != t.wait_for.end())
+          first_wait = std::min(first_wait, pos[t.node]);
+      for (const Value& v : g_.node(s.node).inputs) extend[v] = std::max(extend[v], first_wait);
+      for (std::size_t i = 0; i < g_.node(s.node).outputs.size(); ++i)
+        extend[Value{s.node, static_cast<int>(i)}] = std::max(extend[Value{s.node, static_cast<int>(i)}], first_wait);
+    }
+    plan_ = graph::plan_memory(g_, order, extend);
+    arena_ = Storage::allocate(plan_.arena_bytes);
+    for (const auto& [v, off] : plan_.offset) {
+      const graph::TensorType& t = g_.type(v);
+      values_[v] = Tensor::from_storage(arena_, t.shape, t.dtype,
+                                        static_cast<std::int64_t>(off / dtype_size(t.dtype)));
+    }
+    for (std::size_t si = 0; si < steps_.size(); ++si) {
+      Step& s = steps_[si];
+      const Node& n = g_.node(s.node);
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        const Value& v = n.inputs[i];
+        if (g_.node(v.node).op == "input") {
+          input_uses_[v.node].emplace_back(static_cast<int>(si), static_cast<int>(i));
+          s.in.emplace_back();
+        } else {
+          s.in.push_back(values_.at(v));
+        }
+      }
+      for (std::size_t i = 0; i < n.outputs.size(); ++i) s.out.push_back(values_.at(Value{s.node, static_cast<int>(i)}));
+    }
+    for (std::size_t i = 0; i < g_.outputs().size(); ++i) {
+      Value v = g_.outputs()[i];
+      if (g_.node(v.node).op == "input") {
+        output_of_input_[v.node].emplace_back(static_cast<int>(i), 0);
+        outputs_.emplace_back();
+      } else {
+        outputs_.push_back(values_.at(v));
+      }
+    }
+    pending_.assign(steps_.size(), false);
+    SHOAL_LOG_DEBUG("compiled {} nodes, arena {} bytes (without reuse {})", steps_.size(), plan_.arena_bytes,
+                    plan_.naive_bytes);
+    return ok_status();
+  }
+
+  CompileOptions opts_;
+  Graph g_;
+  std::vector<Step> steps_;
+  std::map<std::string, int> input_ids_;
+  std::map<int, std::vector<std::pair<int, int>>> input_uses_;
+  std::map<int, std::vector<std::pair<int, int>>> output_of_input_;
+  std::set<int> bound_;
+  std::map<Value, Tensor> values_;
+  std::vector<Tensor> outputs_;
+  graph::MemoryPlan plan_;
+  std::shared_ptr<Storage> arena_;
+  std::vector<bool> pending_;
+  bool tracing_ = false;
+  std::vector<TraceEvent> trace_;
+  std::uint64_t step_ = 0;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  Result<std::unique_ptr<Executable>> compile(Graph g, const CompileOptions& o) override {
+    return CpuExecutable::create(std::move(g), o);
+  }
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_backend(const std::string& name) {
+  if (name == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+  return invalid_argument("unknown backend '{}' (available: cpu)", name);
+}
+
+Result<std::vector<Tensor>> Executor::run(const std::map<std::string, Tensor>& feeds) {
+  for (const auto& [name, t] : feeds) SHOAL_RETURN_IF_ERROR(exe_.bind(name, t));
+  SHOAL_RETURN_IF_ERROR(exe_.run());
+  std::vector<Tensor> out;
+  for (int i = 0; i < exe_.num_outputs(); ++i) out.push_back(exe_.output(i).clone());
+  return out;
+}
+
+Status Executor::write_trace(const std::string& path, int pid) const {
+  std::string s = "{\"traceEvents\":[\n";
+  bool first = true;
+  for (const TraceEvent& e : exe_.trace()) {
+    const Node& n = exe_.graph().node(e.node);
+    s += fmt::format("{}{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},"
+                     "\"dur\":{:.3f},\"args\":{{\"node\":{}}}}}",
+                     first ? "" : ",\n", n.name.empty() ? e.name : n.name, e.name, pid, e.lane,
+                     e.start_us, e.dur_us, e.node);
+    first = false;
+  }
+  s += "\n],\"displayTimeUnit\":\"ms\"}\n";
+  std::ofstream f(path + ".tmp");
+  if (!f) return unavailable("{}: cannot write trace", path);
+  f << s;
+  f.close();
+  if (!f) return unavailable("{}: write failed", path);
+  if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0) return unavailable("{}: rename failed", path);
+  return ok_status();
+}
+
+Result<int> constant_fold(Graph& g) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
+  int folded = 0;
+  for (int id : order) {
+    Node& n = g.mutable_node(id);
+    if (n.op == "input" || n.op == "constant" || n.outputs.size() != 1 || n.inputs.empty()) continue;
+    const graph::OpDef* def = graph::OpRegistry::global().find(n.op);
+    if (def == nullptr || def->random) continue;
+    bool all_const = true;
+    for (const Value& v : n.inputs) all_const = all_const && g.node(v.node).op == "constant";
+    if (!all_const) continue;
+    const KernelFactory* f = KernelRegistry::cpu().find(n.op);
+    if (f == nullptr) continue;
+    std::vector<graph::TensorType> in_types;
+    std::vector<Tensor> ins;
+    for (const Value& v : n.inputs) {
+      in_types.push_back(g.type(v));
+      ins.push_back(g.node(v.node).constant);
+    }
+    SHOAL_ASSIGN_OR_RETURN(auto k, (*f)(n, in_types));
+    if (k->is_async()) continue;
+    std::vector<Tensor> outs = {Tensor::empty(n.outputs[0].shape, n.outputs[0].dtype)};
+    Status st = k->run(KernelContext{n, 0}, ins, outs);
+    if (!st.ok()) return st.with_context(fmt::format("constant folding {}", n.label()));
+    n.op = "constant";
+    n.inputs.clear();
+    n.attrs = {};
+    n.constant = outs[0];
+    ++folded;
+  }
+  return folded;
+}
+
+int fuse_activations(Graph& g) {
+  auto order = g.topo_order();
+  if (!order.ok()) return 0;
+  auto uses = g.use_counts();
+  int fused = 0;
+  for (int id : *order) {
+    Node& r = g.mutable_node(id);
+    if (!r.alive || r.op != "relu") continue;
+    Value v = r.inputs[0];
+    Node& p = g.mutable_node(v.node);
+    if ((p.op != "linear" && p.op != "conv2d") || p.attrs.has("activation") || uses[v] != 1) continue;
+    p.attrs.set("activation", std::string("relu"));
+    r.alive = false;
+    g.replace_all_uses(Value{id, 0}, v);
+    ++fused;
+  }
+  return fused;
+}
+
+std::vector<std::pair<std::string, std::string>> runtime_info() {
+  std::vector<std::pair<std::string, std::string>> out;
+  out.emplace_back("onednn", cpu::onednn_version());
+  out.emplace_back("blas", fmt::format("OpenBLAS ({})", openblas_get_config()));
+  out.emplace_back("threads", std::to_string(num_threads()));
+  out.emplace_back("cores", std::to_string(omp_get_num_procs()));
+  return out;
+}
+
+}  // namespace shoal::runtime

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs Shoal's Debian build, test and benchmark dependencies. Idempotent:
+# when every package is present it returns without touching apt.
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build ccache git pkg-config
+  libdnnl-dev libopenblas-dev libopenblas0
+  libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libsodium-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist
+)
+if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
+  pkgs+=(python3-torch)
+fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+$SUDO apt-get update
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
