@@ -417,7 +417,7 @@ void register_all(OpRegistry& r) {
   }
   {
     OpDef d;
-    d.name = "batch_norm";
+    d.name = "batch_norm";  // running mean/var (inputs 3, 4) are buffers: no gradient
     d.min_inputs = d.max_inputs = 5;
     d.attrs = {"training", "eps"};
     d.infer = [](const Node&, const Types& in) -> InferResult {
