@@ -125,6 +125,15 @@ class CpuExecutable final : public Executable {
   const std::vector<TraceEvent>& trace() const override { return trace_; }
   std::uint64_t steps() const override { return step_; }
   void set_step(std::uint64_t s) override { step_ = s; }
+  std::map<std::string, std::string> kernel_impls() const override {
+    std::map<std::string, std::string> m;
+    for (const Step& s : steps_) {
+      std::string& v = m[s.op_name];
+      std::string impl = s.kernel->impl();
+      if (v.find(impl) == std::string::npos) v += v.empty() ? impl : "+" + impl;
+    }
+    return m;
+  }
 
  private:
   Status finish(int i, Deadline dl) {

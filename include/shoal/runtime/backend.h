@@ -47,6 +47,8 @@ class Executable {
   virtual const std::vector<TraceEvent>& trace() const = 0;
   virtual std::uint64_t steps() const = 0;
   virtual void set_step(std::uint64_t step) = 0;  // e.g. on resume
+  // Which implementation runs each op ("onednn", "ref"), keyed by op name.
+  virtual std::map<std::string, std::string> kernel_impls() const = 0;
 };
 
 class Backend {
