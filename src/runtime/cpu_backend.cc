@@ -142,6 +142,7 @@ class CpuExecutable final : public Executable {
     double t0 = tracing_ ? now_us() : 0;
     Status st = steps_[i].kernel->wait(dl);
     if (tracing_) trace_.push_back(TraceEvent{"wait", steps_[i].node, 1, t0, now_us() - t0});
+    if (st.ok()) return st;
     return st.with_context(fmt::format("waiting for {}", g_.node(steps_[i].node).label()));
   }
 

@@ -51,6 +51,17 @@ inline Shape broadcast_strides(const Shape& in, const Shape& out) {
   return st;
 }
 
+// A strided copy whose geometry is fixed at compile time, so a run does
+// not allocate: dst[dst_off + sum(i*dst_st)] = src[src_off + sum(i*src_st)]
+// for every index i of `shape` (strides in elements). Not thread-safe.
+struct StridedCopy {
+  Shape shape, src_st, dst_st;
+  std::int64_t src_off = 0, dst_off = 0;
+  std::size_t elem = 4;
+  mutable std::vector<std::int64_t> idx;
+  void run(const void* src, void* dst) const;
+};
+
 // Grain under which a loop stays on one thread.
 inline constexpr std::int64_t kParallelGrain = 1 << 15;
 

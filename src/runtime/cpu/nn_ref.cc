@@ -6,6 +6,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -118,11 +119,22 @@ void conv_ref(const ConvGeom& g, T* x, T* w, T* y, int mode) {
     }
 }
 
+// Pooling window geometry, read from the node's attributes at compile time.
+struct PoolGeom {
+  std::array<std::int64_t, 2> k{}, st{}, pd{};
+  static PoolGeom make(const Node& node) {
+    auto k = node.attrs.get_ints_or("kernel", {1, 1});
+    auto st = node.attrs.get_ints_or("stride", k);
+    auto pd = node.attrs.get_ints_or("padding", {0, 0});
+    return PoolGeom{{k[0], k[1]}, {st[0], st[1]}, {pd[0], pd[1]}};
+  }
+};
+
 template <typename T>
-void pool_ref(const Node& node, const Tensor& x, const Tensor* dy, Tensor& out, bool is_max, bool backward) {
-  auto k = node.attrs.get_ints_or("kernel", {1, 1});
-  auto st = node.attrs.get_ints_or("stride", k);
-  auto pd = node.attrs.get_ints_or("padding", {0, 0});
+void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& out, bool is_max, bool backward) {
+  const auto& k = geo.k;
+  const auto& st = geo.st;
+  const auto& pd = geo.pd;
   const Shape& xs = x.shape();
   std::int64_t nc = xs[0] * xs[1], h = xs[2], w = xs[3];
   std::int64_t oh = (h + 2 * pd[0] - k[0]) / st[0] + 1, ow = (w + 2 * pd[1] - k[1]) / st[1] + 1;
@@ -319,10 +331,10 @@ void register_nn(KernelRegistry& r) {
   });
   r.add("conv2d", [](const Node& n, const Inputs& ins) {
     bool relu = n.attrs.get_string_or("activation", "") == "relu";
-    return make_fn([relu](const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) {
+    ConvGeom g = ConvGeom::make(n, ins[0].shape, ins[1].shape, n.outputs[0].shape);
+    return make_fn([relu, g](const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) {
       return dispatch_float(out[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
-        ConvGeom g = ConvGeom::make(c.node, in[0].shape(), in[1].shape(), out[0].shape());
         conv_ref<T>(g, in[0].data<T>(), in[1].data<T>(), out[0].data<T>(), 0);
         std::int64_t sp = g.oh * g.ow;
         T* y = out[0].data<T>();
@@ -334,42 +346,45 @@ void register_nn(KernelRegistry& r) {
         return ok_status();
       });
     });
-    (void)ins;
   });
-  r.add("conv2d_grad_input", [](const Node&, const Inputs&) {
-    return make_fn([](const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) {
+  r.add("conv2d_grad_input", [](const Node& n, const Inputs& ins) {
+    ConvGeom g = ConvGeom::make(n, n.outputs[0].shape, ins[1].shape, ins[0].shape);
+    return make_fn([g](const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) {
       return dispatch_float(out[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
-        ConvGeom g = ConvGeom::make(c.node, out[0].shape(), in[1].shape(), in[0].shape());
         std::fill(out[0].data<T>(), out[0].data<T>() + out[0].numel(), T(0));
         conv_ref<T>(g, out[0].data<T>(), in[1].data<T>(), in[0].data<T>(), 1);
         return ok_status();
       });
     });
   });
-  r.add("conv2d_grad_weight", [](const Node&, const Inputs&) {
-    return make_fn([](const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) {
+  r.add("conv2d_grad_weight", [](const Node& n, const Inputs& ins) {
+    ConvGeom g = ConvGeom::make(n, ins[0].shape, n.outputs[0].shape, ins[1].shape);
+    return make_fn([g](const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) {
       return dispatch_float(out[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
-        ConvGeom g = ConvGeom::make(c.node, in[0].shape(), out[0].shape(), in[1].shape());
         std::fill(out[0].data<T>(), out[0].data<T>() + out[0].numel(), T(0));
         conv_ref<T>(g, in[0].data<T>(), out[0].data<T>(), in[1].data<T>(), 2);
         return ok_status();
       });
     });
   });
-  r.add("max_pool2d", [](const Node&, const Inputs&) {
-    return FLOAT_KERNEL(pool_ref<T>(c.node, in[0], nullptr, out[0], true, false));
+  r.add("max_pool2d", [](const Node& n, const Inputs&) {
+    PoolGeom geo = PoolGeom::make(n);
+    return FLOAT_KERNEL(pool_ref<T>(geo, in[0], nullptr, out[0], true, false));
   });
-  r.add("avg_pool2d", [](const Node&, const Inputs&) {
-    return FLOAT_KERNEL(pool_ref<T>(c.node, in[0], nullptr, out[0], false, false));
+  r.add("avg_pool2d", [](const Node& n, const Inputs&) {
+    PoolGeom geo = PoolGeom::make(n);
+    return FLOAT_KERNEL(pool_ref<T>(geo, in[0], nullptr, out[0], false, false));
   });
-  r.add("max_pool2d_grad", [](const Node&, const Inputs&) {
-    return FLOAT_KERNEL(pool_ref<T>(c.node, in[0], &in[1], out[0], true, true));
+  r.add("max_pool2d_grad", [](const Node& n, const Inputs&) {
+    PoolGeom geo = PoolGeom::make(n);
+    return FLOAT_KERNEL(pool_ref<T>(geo, in[0], &in[1], out[0], true, true));
   });
-  r.add("avg_pool2d_grad", [](const Node&, const Inputs&) {
+  r.add("avg_pool2d_grad", [](const Node& n, const Inputs&) {
+    PoolGeom geo = PoolGeom::make(n);
     // x is only used for its shape: out has it.
-    return FLOAT_KERNEL(pool_ref<T>(c.node, out[0], &in[0], out[0], false, true));
+    return FLOAT_KERNEL(pool_ref<T>(geo, out[0], &in[0], out[0], false, true));
   });
   r.add("global_avg_pool", [](const Node&, const Inputs&) {
     return FLOAT_KERNEL({

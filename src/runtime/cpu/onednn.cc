@@ -29,6 +29,24 @@ dnnl::stream& stream() {
   return s;
 }
 
+// Execution arguments as the C API takes them, built once per kernel: the
+// C++ execute() converts its map to a fresh vector on every call.
+class ExecArgs {
+ public:
+  ExecArgs() = default;
+  ExecArgs(std::initializer_list<std::pair<int, const memory*>> args) {
+    for (const auto& [k, m] : args) add(k, *m);
+  }
+  void add(int k, const memory& m) { v_.push_back(dnnl_exec_arg_t{k, m.get()}); }
+  void execute(const dnnl::primitive& p) const {
+    dnnl_status_t st = dnnl_primitive_execute(p.get(), stream().get(), static_cast<int>(v_.size()), v_.data());
+    if (st != dnnl_success) throw dnnl::error(st, "dnnl_primitive_execute");
+  }
+
+ private:
+  std::vector<dnnl_exec_arg_t> v_;
+};
+
 memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
 
 // An operand in the primitive's preferred layout. When it differs from the
@@ -38,6 +56,8 @@ struct Operand {
   memory inner;    // what the primitive reads/writes
   std::shared_ptr<Storage> buf;
   std::optional<dnnl::reorder> to_inner, to_user;
+  // reorder::execute(stream, src, dst) builds a map per call; ours is built once.
+  ExecArgs reorder_args;
 
   void init(const memory::desc& plain, const memory::desc& want, bool is_output) {
     user = memory(plain, engine(), DNNL_MEMORY_NONE);
@@ -47,15 +67,20 @@ struct Operand {
     }
     buf = Storage::allocate(want.get_size());
     inner = memory(want, engine(), buf->data());
-    if (is_output) to_user = dnnl::reorder(inner, user);
-    else to_inner = dnnl::reorder(user, inner);
+    if (is_output) {
+      to_user = dnnl::reorder(inner, user);
+      reorder_args = {{DNNL_ARG_FROM, &inner}, {DNNL_ARG_TO, &user}};
+    } else {
+      to_inner = dnnl::reorder(user, inner);
+      reorder_args = {{DNNL_ARG_FROM, &user}, {DNNL_ARG_TO, &inner}};
+    }
   }
   void bind(const void* p) { user.set_data_handle(const_cast<void*>(p)); }
   void pre() {
-    if (to_inner) to_inner->execute(stream(), user, inner);
+    if (to_inner) reorder_args.execute(*to_inner);
   }
   void post() {
-    if (to_user) to_user->execute(stream(), inner, user);
+    if (to_user) reorder_args.execute(*to_user);
   }
 };
 
@@ -121,18 +146,16 @@ class MatmulKernel final : public DnnlKernel {
     y_ = memory(y_md, engine(), DNNL_MEMORY_NONE);
     if (has_bias) bias_ = memory(bias_md, engine(), DNNL_MEMORY_NONE);
     has_bias_ = has_bias;
+    // memory objects are handles: the args are built once, run() swaps pointers.
+    exec_args_ = {{DNNL_ARG_SRC, &a_}, {DNNL_ARG_WEIGHTS, &b_}, {DNNL_ARG_DST, &y_}, {DNNL_ARG_SCRATCHPAD, &scratch_}};
+    if (has_bias) exec_args_.add(DNNL_ARG_BIAS, bias_);
   }
   Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
     a_.set_data_handle(in[0].raw_data());
     b_.set_data_handle(in[1].raw_data());
     y_.set_data_handle(out[0].raw_data());
-    std::unordered_map<int, memory> args = {
-        {DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}, {DNNL_ARG_SCRATCHPAD, scratch_}};
-    if (has_bias_) {
-      bias_.set_data_handle(in[2].raw_data());
-      args[DNNL_ARG_BIAS] = bias_;
-    }
-    prim_.execute(stream(), args);
+    if (has_bias_) bias_.set_data_handle(in[2].raw_data());
+    exec_args_.execute(prim_);
     stream().wait();
     return ok_status();
   }
@@ -141,6 +164,7 @@ class MatmulKernel final : public DnnlKernel {
   dnnl::matmul prim_;
   memory a_, b_, y_, bias_;
   bool has_bias_ = false;
+  ExecArgs exec_args_;
 };
 
 struct ConvParams {
@@ -225,6 +249,9 @@ class ConvKernel final : public DnnlKernel {
       ops_[2].init(wp, pd.diff_weights_desc(), true);
       args_ = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
     }
+    exec_args_ = {{args_[0], &ops_[0].inner}, {args_[1], &ops_[1].inner}, {args_[2], &ops_[2].inner},
+                  {DNNL_ARG_SCRATCHPAD, &scratch_}};
+    if (mode_ == 0 && bias_) exec_args_.add(DNNL_ARG_BIAS, bias_mem_);
   }
   Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
     ops_[0].bind(in[0].raw_data());
@@ -232,15 +259,8 @@ class ConvKernel final : public DnnlKernel {
     ops_[2].bind(out[0].raw_data());
     ops_[0].pre();
     ops_[1].pre();
-    std::unordered_map<int, memory> args = {{args_[0], ops_[0].inner},
-                                            {args_[1], ops_[1].inner},
-                                            {args_[2], ops_[2].inner},
-                                            {DNNL_ARG_SCRATCHPAD, scratch_}};
-    if (mode_ == 0 && bias_) {
-      bias_mem_.set_data_handle(in[2].raw_data());
-      args[DNNL_ARG_BIAS] = bias_mem_;
-    }
-    prim_.execute(stream(), args);
+    if (mode_ == 0 && bias_) bias_mem_.set_data_handle(in[2].raw_data());
+    exec_args_.execute(prim_);
     ops_[2].post();
     stream().wait();
     return ok_status();
@@ -253,6 +273,7 @@ class ConvKernel final : public DnnlKernel {
   Operand ops_[3];
   memory bias_mem_;
   std::array<int, 3> args_ = {0, 0, 0};
+  ExecArgs exec_args_;
 };
 
 class PoolKernel final : public DnnlKernel {
@@ -273,11 +294,12 @@ class PoolKernel final : public DnnlKernel {
     init_scratch(p);
     x_ = memory(xp, engine(), DNNL_MEMORY_NONE);
     y_ = memory(yp, engine(), DNNL_MEMORY_NONE);
+    exec_args_ = {{DNNL_ARG_SRC, &x_}, {DNNL_ARG_DST, &y_}, {DNNL_ARG_SCRATCHPAD, &scratch_}};
   }
   Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
     x_.set_data_handle(in[0].raw_data());
     y_.set_data_handle(out[0].raw_data());
-    prim_.execute(stream(), {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+    exec_args_.execute(prim_);
     stream().wait();
     return ok_status();
   }
@@ -285,6 +307,7 @@ class PoolKernel final : public DnnlKernel {
  private:
   dnnl::pooling_forward prim_;
   memory x_, y_;
+  ExecArgs exec_args_;
 };
 
 // Wraps the reference factory: f32 nodes get a oneDNN kernel when oneDNN can

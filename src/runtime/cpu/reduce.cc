@@ -1,5 +1,6 @@
 // Reductions, broadcast, softmax family and losses.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -20,7 +21,14 @@ void reduce_into(const T* x, const Shape& xs, const Shape& ostride, T* y, Op op)
   }
   int r = static_cast<int>(xs.size());
   std::int64_t inner = xs[r - 1], outer = n / inner, ist = ostride[r - 1];
-  std::vector<std::int64_t> idx(static_cast<std::size_t>(r), 0);
+  // Odometer on the stack for common ranks, so a step does not allocate.
+  std::array<std::int64_t, 8> small{};
+  std::vector<std::int64_t> big;
+  std::int64_t* idx = small.data();
+  if (r > static_cast<int>(small.size())) {
+    big.assign(static_cast<std::size_t>(r), 0);
+    idx = big.data();
+  }
   std::int64_t off = 0;
   for (std::int64_t o = 0; o < outer; ++o) {
     const T* src = x + o * inner;
@@ -146,15 +154,14 @@ void register_reduce(KernelRegistry& r) {
   add_reduce(r, "reduce_mean");
   add_reduce(r, "reduce_max");
 
-  r.add("sum_to", [](const Node&, const Inputs& in) {
-    return make_fn([](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
-      const Shape& xs = x[0].shape();
-      const Shape& ys = y[0].shape();
-      std::size_t lead = xs.size() - ys.size();
-      Shape ycs = contiguous_strides(ys);
-      Shape ost(xs.size(), 0);
-      for (std::size_t d = lead; d < xs.size(); ++d)
-        ost[d] = (ys[d - lead] == 1 && xs[d] != 1) ? 0 : ycs[d - lead];
+  r.add("sum_to", [](const Node& n, const Inputs& in) {
+    const Shape& xs = in[0].shape;
+    const Shape& ys = n.outputs[0].shape;
+    std::size_t lead = xs.size() - ys.size();
+    Shape ycs = contiguous_strides(ys);
+    Shape ost(xs.size(), 0);
+    for (std::size_t d = lead; d < xs.size(); ++d) ost[d] = (ys[d - lead] == 1 && xs[d] != 1) ? 0 : ycs[d - lead];
+    return make_fn([xs, ost](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
       return dispatch_float(x[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
         std::fill(y[0].data<T>(), y[0].data<T>() + y[0].numel(), T(0));
@@ -162,14 +169,15 @@ void register_reduce(KernelRegistry& r) {
         return ok_status();
       });
     });
-    (void)in;
   });
 
-  r.add("broadcast", [](const Node&, const Inputs&) {
-    return make_fn([](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
-      auto v = x[0].broadcast_to(y[0].shape());
-      if (!v.ok()) return v.status();
-      return y[0].copy_from(*v);
+  r.add("broadcast", [](const Node& n, const Inputs& in) {
+    const Shape& os = n.outputs[0].shape;
+    StridedCopy c{os, broadcast_strides(in[0].shape, os), contiguous_strides(os), 0, 0, dtype_size(in[0].dtype), {}};
+    c.idx.reserve(os.size());
+    return make_fn([c](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+      c.run(x[0].raw_data(), y[0].raw_data());
+      return ok_status();
     });
   });
 

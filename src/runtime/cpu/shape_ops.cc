@@ -51,6 +51,50 @@ Status scatter_rows(const Tensor& ids, const Tensor& dy, Tensor& out, const Node
 
 }  // namespace
 
+void StridedCopy::run(const void* src, void* dst) const {
+  std::int64_t n = num_elements(shape);
+  if (n == 0) return;
+  const char* s = static_cast<const char*>(src) + src_off * static_cast<std::int64_t>(elem);
+  char* d = static_cast<char*>(dst) + dst_off * static_cast<std::int64_t>(elem);
+  int r = static_cast<int>(shape.size());
+  if (r == 0) {
+    std::memcpy(d, s, elem);
+    return;
+  }
+  idx.assign(static_cast<std::size_t>(r), 0);
+  std::int64_t inner = shape[r - 1], outer = n / inner;
+  std::int64_t so = 0, dof = 0;
+  const auto e = static_cast<std::int64_t>(elem);
+  bool dense = src_st[r - 1] == 1 && dst_st[r - 1] == 1;
+  for (std::int64_t o = 0; o < outer; ++o) {
+    if (dense) {
+      std::memcpy(d + dof * e, s + so * e, static_cast<std::size_t>(inner * e));
+    } else {
+      for (std::int64_t i = 0; i < inner; ++i)
+        std::memcpy(d + (dof + i * dst_st[r - 1]) * e, s + (so + i * src_st[r - 1]) * e, elem);
+    }
+    for (int k = r - 2; k >= 0; --k) {
+      ++idx[k];
+      so += src_st[k];
+      dof += dst_st[k];
+      if (idx[k] < shape[k]) break;
+      so -= src_st[k] * shape[k];
+      dof -= dst_st[k] * shape[k];
+      idx[k] = 0;
+    }
+  }
+}
+
+namespace {
+Result<std::unique_ptr<Kernel>> copy_kernel(StridedCopy c) {
+  c.idx.reserve(c.shape.size());
+  return make_fn([c](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+    c.run(x[0].raw_data(), y[0].raw_data());
+    return ok_status();
+  });
+}
+}  // namespace
+
 void register_shape_ops(KernelRegistry& r) {
   for (const char* op : {"reshape", "flatten"}) {
     r.add(op, [](const Node&, const Inputs&) {
@@ -59,25 +103,25 @@ void register_shape_ops(KernelRegistry& r) {
       });
     });
   }
-  r.add("transpose", [](const Node& n, const Inputs&) {
-    auto p = n.attrs.get_ints_or("perm", {});
-    std::vector<int> perm(p.begin(), p.end());
-    return make_fn([perm](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
-      auto v = x[0].transpose(perm);
-      if (!v.ok()) return v.status();
-      return y[0].copy_from(*v);
-    });
+  r.add("transpose", [](const Node& n, const Inputs& in) {
+    auto perm = n.attrs.get_ints_or("perm", {});
+    Shape cs = contiguous_strides(in[0].shape);
+    StridedCopy c{n.outputs[0].shape, {}, contiguous_strides(n.outputs[0].shape), 0, 0, dtype_size(in[0].dtype), {}};
+    for (auto p : perm) c.src_st.push_back(cs[static_cast<std::size_t>(p)]);
+    return copy_kernel(std::move(c));
   });
   r.add("concat", [](const Node& n, const Inputs& in) {
-    std::int64_t ax = slice_axis(n, in[0].shape.size());
-    return make_fn([ax](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
-      std::int64_t start = 0;
-      for (const Tensor& t : x) {
-        auto dst = y[0].slice(static_cast<int>(ax), start, start + t.dim(static_cast<int>(ax)));
-        if (!dst.ok()) return dst.status();
-        SHOAL_RETURN_IF_ERROR(dst->copy_from(t));
-        start += t.dim(static_cast<int>(ax));
-      }
+    auto ax = static_cast<std::size_t>(slice_axis(n, in[0].shape.size()));
+    Shape os = contiguous_strides(n.outputs[0].shape);
+    std::vector<StridedCopy> parts;
+    std::int64_t start = 0;
+    for (const TensorType& t : in) {
+      parts.push_back({t.shape, contiguous_strides(t.shape), os, 0, start * os[ax], dtype_size(t.dtype), {}});
+      parts.back().idx.reserve(t.shape.size());
+      start += t.shape[ax];
+    }
+    return make_fn([parts](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+      for (std::size_t i = 0; i < parts.size(); ++i) parts[i].run(x[i].raw_data(), y[0].raw_data());
       return ok_status();
     });
   });
@@ -85,23 +129,27 @@ void register_shape_ops(KernelRegistry& r) {
     int ax = static_cast<int>(slice_axis(n, in[0].shape.size()));
     std::int64_t s = n.attrs.get_int_or("start", 0), e = n.attrs.get_int_or("end", in[0].shape[ax]);
     std::int64_t st = n.attrs.get_int_or("step", 1);
-    return make_fn([=](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
-      auto v = x[0].slice(ax, s, e, st);
-      if (!v.ok()) return v.status();
-      return y[0].copy_from(*v);
-    });
+    (void)e;
+    Shape cs = contiguous_strides(in[0].shape);
+    StridedCopy c{n.outputs[0].shape, cs, contiguous_strides(n.outputs[0].shape), s * cs[ax], 0,
+                  dtype_size(in[0].dtype), {}};
+    c.src_st[ax] *= st;
+    return copy_kernel(std::move(c));
   });
   r.add("slice_scatter", [](const Node& n, const Inputs& in) {
     Shape full = n.attrs.get_ints_or("shape", {});
     int ax = static_cast<int>(slice_axis(n, full.size()));
     std::int64_t s = n.attrs.get_int_or("start", 0), e = n.attrs.get_int_or("end", full[ax]);
     std::int64_t st = n.attrs.get_int_or("step", 1);
-    (void)in;
-    return make_fn([=](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+    (void)e;
+    Shape fs = contiguous_strides(full);
+    StridedCopy c{in[0].shape, contiguous_strides(in[0].shape), fs, 0, s * fs[ax], dtype_size(in[0].dtype), {}};
+    c.dst_st[ax] *= st;
+    c.idx.reserve(full.size());
+    return make_fn([c](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
       std::memset(y[0].raw_data(), 0, y[0].nbytes());
-      auto v = y[0].slice(ax, s, e, st);
-      if (!v.ok()) return v.status();
-      return v->copy_from(x[0]);
+      c.run(x[0].raw_data(), y[0].raw_data());
+      return ok_status();
     });
   });
   r.add("embedding", [](const Node&, const Inputs&) {
