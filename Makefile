@@ -25,7 +25,7 @@ asan: deps
 
 bench: build
 	SHOAL_WITH_PEERS=1 bash tools/install-deps.sh
-	./$(BUILD)/bench_ops
+	./$(BUILD)/bench_ops 2 10
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')
