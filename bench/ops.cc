@@ -27,7 +27,8 @@ double median_ms(runtime::Executable& exe, int reps) {
     auto t0 = std::chrono::steady_clock::now();
     Status st = exe.run();
     SHOAL_CHECK(st.ok(), "{}", st.to_string());
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    t.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
@@ -48,7 +49,8 @@ double time_graph(Graph& g, int reps) {
 }
 
 std::string run_peer(int threads, int reps) {
-  std::string cmd = "/usr/bin/python3 tools/peer_ops_torch.py " + std::to_string(threads) + " " + std::to_string(reps) + " 2>&1";
+  std::string cmd = "/usr/bin/python3 tools/peer_ops_torch.py " + std::to_string(threads) + " " +
+                    std::to_string(reps) + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return "";
   std::string out;
@@ -73,7 +75,8 @@ int main(int argc, char** argv) {
   {
     Graph g;
     Builder b(g);
-    g.mark_output(b.matmul(b.input("a", DType::kF32, {1024, 1024}), b.input("b", DType::kF32, {1024, 1024})));
+    g.mark_output(
+        b.matmul(b.input("a", DType::kF32, {1024, 1024}), b.input("b", DType::kF32, {1024, 1024})));
     ms[0] = time_graph(g, reps);
   }
   {
@@ -86,18 +89,22 @@ int main(int argc, char** argv) {
     ms[1] = time_graph(g, reps);
   }
   const Shape xs = {64, 32, 28, 28}, ws = {64, 32, 3, 3}, ys = {64, 64, 28, 28};
-  graph::Attrs ca{{"stride", std::vector<std::int64_t>{1, 1}}, {"padding", std::vector<std::int64_t>{1, 1}},
-                  {"dilation", std::vector<std::int64_t>{1, 1}}, {"groups", std::int64_t{1}}};
+  graph::Attrs ca{{"stride", std::vector<std::int64_t>{1, 1}},
+                  {"padding", std::vector<std::int64_t>{1, 1}},
+                  {"dilation", std::vector<std::int64_t>{1, 1}},
+                  {"groups", std::int64_t{1}}};
   {
     Graph g;
     Builder b(g);
-    g.mark_output(b.op("conv2d", {b.input("x", DType::kF32, xs), b.input("w", DType::kF32, ws)}, ca));
+    g.mark_output(
+        b.op("conv2d", {b.input("x", DType::kF32, xs), b.input("w", DType::kF32, ws)}, ca));
     ms[2] = time_graph(g, reps);
   }
   {
     Graph g;
     Builder b(g);
-    Value x = b.input("x", DType::kF32, xs), w = b.input("w", DType::kF32, ws), dy = b.input("dy", DType::kF32, ys);
+    Value x = b.input("x", DType::kF32, xs), w = b.input("w", DType::kF32, ws),
+          dy = b.input("dy", DType::kF32, ys);
     graph::Attrs ai = ca, aw = ca;
     ai.set("input_shape", xs);
     aw.set("weight_shape", ws);
@@ -110,16 +117,19 @@ int main(int argc, char** argv) {
   bool have_peer = !pj.is_discarded() && pj.contains("conv_bwd_ms");
   std::printf("# bench/ops: %d threads, median of %d runs", threads, reps);
   if (have_peer)
-    std::printf("; peer PyTorch %s, %d threads, libblas.so.3 -> %s\n", pj["torch"].get<std::string>().c_str(),
-                pj["threads"].get<int>(), pj["blas"].get<std::string>().c_str());
+    std::printf("; peer PyTorch %s, %d threads, libblas.so.3 -> %s\n",
+                pj["torch"].get<std::string>().c_str(), pj["threads"].get<int>(),
+                pj["blas"].get<std::string>().c_str());
   else
     std::printf("; peer unavailable (%s)\n", peer_out.c_str());
-  const char* names[4] = {"matmul 1024^3 fwd", "matmul 1024^3 bwd", "conv2d 64x32x28x28 3x3->64 fwd",
-                          "conv2d 64x32x28x28 3x3->64 bwd"};
+  const char* names[4] = {"matmul 1024^3 fwd", "matmul 1024^3 bwd",
+                          "conv2d 64x32x28x28 3x3->64 fwd", "conv2d 64x32x28x28 3x3->64 bwd"};
   const char* keys[4] = {"matmul_fwd_ms", "matmul_bwd_ms", "conv_fwd_ms", "conv_bwd_ms"};
-  double flops[4] = {2.0 * 1024 * 1024 * 1024, 4.0 * 1024 * 1024 * 1024, 2.0 * 64 * 64 * 28 * 28 * 32 * 9,
-                     4.0 * 64 * 64 * 28 * 28 * 32 * 9};
-  std::printf("| op | shoal ms | shoal GFLOP/s | pytorch ms | ratio (pytorch/shoal) |\n|---|---|---|---|---|\n");
+  double flops[4] = {2.0 * 1024 * 1024 * 1024, 4.0 * 1024 * 1024 * 1024,
+                     2.0 * 64 * 64 * 28 * 28 * 32 * 9, 4.0 * 64 * 64 * 28 * 28 * 32 * 9};
+  std::printf(
+      "| op | shoal ms | shoal GFLOP/s | pytorch ms | ratio (pytorch/shoal) "
+      "|\n|---|---|---|---|---|\n");
   for (int i = 0; i < 4; ++i) {
     double peer = have_peer ? pj[keys[i]].get<double>() : 0;
     std::printf("| %s | %.2f | %.1f | %s | %s |\n", names[i], ms[i], flops[i] / ms[i] / 1e6,

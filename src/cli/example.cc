@@ -53,7 +53,8 @@ int run_example_mlp(int threads, int steps, std::uint64_t seed, const std::strin
   Tensor xt = Tensor::empty({n, in}, DType::kF32);
   rng.fill_normal(xt, 0, 1);
   Tensor yt = Tensor::empty({n}, DType::kI32);
-  for (std::int64_t i = 0; i < n; ++i) yt.set(i, static_cast<double>(rng.next_block()[0] % classes));
+  for (std::int64_t i = 0; i < n; ++i)
+    yt.set(i, static_cast<double>(rng.next_block()[0] % classes));
   feeds["x"] = xt;
   feeds["labels"] = yt;
   for (std::size_t i = 0; i < pshapes.size(); ++i) {
@@ -64,9 +65,11 @@ int run_example_mlp(int threads, int steps, std::uint64_t seed, const std::strin
     }
     feeds[pshapes[i].first] = p;
   }
-  fmt::print("MLP {}-{}-{} on a random batch of {}: {} threads, arena {:.1f} KiB (without reuse {:.1f} KiB)\n",
-             in, hidden, classes, n, runtime::num_threads(), (*exe)->arena_bytes() / 1024.0,
-             (*exe)->naive_bytes() / 1024.0);
+  fmt::print(
+      "MLP {}-{}-{} on a random batch of {}: {} threads, arena {:.1f} KiB (without reuse {:.1f} "
+      "KiB)\n",
+      in, hidden, classes, n, runtime::num_threads(), (*exe)->arena_bytes() / 1024.0,
+      (*exe)->naive_bytes() / 1024.0);
   runtime::Executor ex(**exe);
   const float lr = 0.1f;
   auto t0 = std::chrono::steady_clock::now();

@@ -22,8 +22,8 @@ std::string cpu_features() {
     }
   }
   std::string isa;
-  for (const char* k : {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni",
-                        "avx512_bf16", "amx_tile"})
+  for (const char* k : {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
+                        "avx512_vnni", "avx512_bf16", "amx_tile"})
     if (flags.count(k)) isa += std::string(isa.empty() ? "" : " ") + k;
   return fmt::format("{} [{}]", model.empty() ? "unknown CPU" : model, isa);
 }

@@ -11,7 +11,8 @@ Result<std::vector<Value>> autodiff(Graph& g, Value loss, const std::vector<Valu
   if (!loss.valid() || loss.node >= g.num_nodes())
     return invalid_argument("autodiff: loss is not a value of this graph");
   const TensorType lt = g.type(loss);
-  if (!is_floating(lt.dtype)) return invalid_argument("autodiff: loss must be floating, got {}", lt.str());
+  if (!is_floating(lt.dtype))
+    return invalid_argument("autodiff: loss must be floating, got {}", lt.str());
   SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
 
   // Nodes on a path from some wrt to loss.
@@ -34,8 +35,10 @@ Result<std::vector<Value>> autodiff(Graph& g, Value loss, const std::vector<Valu
   grads[loss] = b.constant(Tensor::full(lt.shape, lt.dtype, 1.0));
   auto accumulate = [&](Value v, Value gv) {
     auto it = grads.find(v);
-    if (it == grads.end()) grads[v] = gv;
-    else it->second = b.add(it->second, gv);
+    if (it == grads.end())
+      grads[v] = gv;
+    else
+      it->second = b.add(it->second, gv);
   };
 
   // Only nodes in the original graph are differentiated.
@@ -57,7 +60,8 @@ Result<std::vector<Value>> autodiff(Graph& g, Value loss, const std::vector<Valu
     }
     if (!any) continue;
     bool needs = false;
-    for (const Value& v : node.inputs) needs = needs || (fwd[v.node] && is_floating(g.type(v).dtype));
+    for (const Value& v : node.inputs)
+      needs = needs || (fwd[v.node] && is_floating(g.type(v).dtype));
     if (!needs) continue;
     const OpDef* def = OpRegistry::global().find(node.op);
     if (def == nullptr || !def->grad)

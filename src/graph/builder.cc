@@ -47,13 +47,13 @@ Value Builder::conv2d(Value x, Value w, Value bias, std::vector<std::int64_t> st
   return op("conv2d", {x, w}, a);
 }
 
-Value Builder::max_pool2d(Value x, std::vector<std::int64_t> kernel, std::vector<std::int64_t> stride,
-                          std::vector<std::int64_t> padding) {
+Value Builder::max_pool2d(Value x, std::vector<std::int64_t> kernel,
+                          std::vector<std::int64_t> stride, std::vector<std::int64_t> padding) {
   return op("max_pool2d", {x}, {{"kernel", kernel}, {"stride", stride}, {"padding", padding}});
 }
 
-Value Builder::avg_pool2d(Value x, std::vector<std::int64_t> kernel, std::vector<std::int64_t> stride,
-                          std::vector<std::int64_t> padding) {
+Value Builder::avg_pool2d(Value x, std::vector<std::int64_t> kernel,
+                          std::vector<std::int64_t> stride, std::vector<std::int64_t> padding) {
   return op("avg_pool2d", {x}, {{"kernel", kernel}, {"stride", stride}, {"padding", padding}});
 }
 

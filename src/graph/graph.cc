@@ -7,15 +7,21 @@
 
 namespace shoal::graph {
 
-std::string TensorType::str() const { return fmt::format("{}{}", dtype_name(dtype), shape_str(shape)); }
+std::string TensorType::str() const {
+  return fmt::format("{}{}", dtype_name(dtype), shape_str(shape));
+}
 
 namespace {
 template <typename T>
 const char* kind_name() {
-  if constexpr (std::is_same_v<T, std::int64_t>) return "int";
-  else if constexpr (std::is_same_v<T, double>) return "float";
-  else if constexpr (std::is_same_v<T, std::string>) return "string";
-  else return "int list";
+  if constexpr (std::is_same_v<T, std::int64_t>)
+    return "int";
+  else if constexpr (std::is_same_v<T, double>)
+    return "float";
+  else if constexpr (std::is_same_v<T, std::string>)
+    return "string";
+  else
+    return "int list";
 }
 template <typename T>
 Result<T> get_as(const std::map<std::string, AttrValue>& m, const std::string& k) {
@@ -29,7 +35,9 @@ Result<T> get_as(const std::map<std::string, AttrValue>& m, const std::string& k
 }
 }  // namespace
 
-Result<std::int64_t> Attrs::get_int(const std::string& k) const { return get_as<std::int64_t>(m_, k); }
+Result<std::int64_t> Attrs::get_int(const std::string& k) const {
+  return get_as<std::int64_t>(m_, k);
+}
 std::int64_t Attrs::get_int_or(const std::string& k, std::int64_t d) const {
   auto r = get_int(k);
   return r.ok() ? *r : d;
@@ -42,11 +50,14 @@ double Attrs::get_float_or(const std::string& k, double d) const {
 Result<std::vector<std::int64_t>> Attrs::get_ints(const std::string& k) const {
   return get_as<std::vector<std::int64_t>>(m_, k);
 }
-std::vector<std::int64_t> Attrs::get_ints_or(const std::string& k, std::vector<std::int64_t> d) const {
+std::vector<std::int64_t> Attrs::get_ints_or(const std::string& k,
+                                             std::vector<std::int64_t> d) const {
   auto r = get_ints(k);
   return r.ok() ? *r : d;
 }
-Result<std::string> Attrs::get_string(const std::string& k) const { return get_as<std::string>(m_, k); }
+Result<std::string> Attrs::get_string(const std::string& k) const {
+  return get_as<std::string>(m_, k);
+}
 std::string Attrs::get_string_or(const std::string& k, std::string d) const {
   auto r = get_string(k);
   return r.ok() ? *r : d;
@@ -60,8 +71,8 @@ std::string Node::label() const {
 const TensorType& Graph::type(Value v) const {
   SHOAL_CHECK(v.node >= 0 && v.node < num_nodes(), "value of node {} not in graph", v.node);
   const Node& n = nodes_[static_cast<std::size_t>(v.node)];
-  SHOAL_CHECK(v.index >= 0 && v.index < static_cast<int>(n.outputs.size()),
-              "{} has no output {}", n.label(), v.index);
+  SHOAL_CHECK(v.index >= 0 && v.index < static_cast<int>(n.outputs.size()), "{} has no output {}",
+              n.label(), v.index);
   return n.outputs[static_cast<std::size_t>(v.index)];
 }
 
@@ -72,9 +83,9 @@ static Result<std::vector<TensorType>> infer_node(const Graph& g, const Node& n)
   if (def == nullptr) return invalid_argument("{}: unknown op '{}'", n.label(), n.op);
   int ni = static_cast<int>(n.inputs.size());
   if (ni < def->min_inputs || (def->max_inputs >= 0 && ni > def->max_inputs))
-    return invalid_argument("{}: takes {}..{} inputs, got {}", n.label(), def->min_inputs,
-                            def->max_inputs < 0 ? std::string("n") : std::to_string(def->max_inputs),
-                            ni);
+    return invalid_argument(
+        "{}: takes {}..{} inputs, got {}", n.label(), def->min_inputs,
+        def->max_inputs < 0 ? std::string("n") : std::to_string(def->max_inputs), ni);
   for (const auto& [k, v] : n.attrs.all())
     if (std::find(def->attrs.begin(), def->attrs.end(), k) == def->attrs.end())
       return invalid_argument("{}: unknown attribute '{}'", n.label(), k);
@@ -84,7 +95,8 @@ static Result<std::vector<TensorType>> infer_node(const Graph& g, const Node& n)
     if (v.node < 0 || v.node >= g.num_nodes() || (n.id >= 0 && v.node == n.id))
       return invalid_argument("{}: input {} refers to missing node {}", n.label(), i, v.node);
     const Node& src = g.node(v.node);
-    if (!src.alive) return invalid_argument("{}: input {} comes from dead {}", n.label(), i, src.label());
+    if (!src.alive)
+      return invalid_argument("{}: input {} comes from dead {}", n.label(), i, src.label());
     if (v.index < 0 || v.index >= static_cast<int>(src.outputs.size()))
       return invalid_argument("{}: input {} refers to output {} of {}, which has {}", n.label(), i,
                               v.index, src.label(), src.outputs.size());
@@ -93,7 +105,8 @@ static Result<std::vector<TensorType>> infer_node(const Graph& g, const Node& n)
   auto r = def->infer(n, in);
   if (!r.ok()) {
     std::string shapes;
-    for (std::size_t i = 0; i < in.size(); ++i) shapes += fmt::format("{}{}", i ? ", " : "", in[i].str());
+    for (std::size_t i = 0; i < in.size(); ++i)
+      shapes += fmt::format("{}{}", i ? ", " : "", in[i].str());
     return Status(r.status().code(),
                   fmt::format("{}: {} (inputs: {})", n.label(), r.status().message(), shapes));
   }
@@ -118,7 +131,8 @@ Result<std::vector<Value>> Graph::add_node(const std::string& op, std::vector<Va
 
 Result<Value> Graph::add(const std::string& op, std::vector<Value> inputs, Attrs attrs,
                          std::string name) {
-  SHOAL_ASSIGN_OR_RETURN(auto outs, add_node(op, std::move(inputs), std::move(attrs), std::move(name)));
+  SHOAL_ASSIGN_OR_RETURN(auto outs,
+                         add_node(op, std::move(inputs), std::move(attrs), std::move(name)));
   if (outs.empty()) return internal_error("op {} has no outputs", op);
   return outs[0];
 }

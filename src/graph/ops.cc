@@ -19,10 +19,12 @@ Status need_float(const TensorType& t, int i) {
 }
 
 Status need_same_float(const Types& in) {
-  for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(need_float(in[i], static_cast<int>(i)));
+  for (std::size_t i = 0; i < in.size(); ++i)
+    SHOAL_RETURN_IF_ERROR(need_float(in[i], static_cast<int>(i)));
   for (std::size_t i = 1; i < in.size(); ++i)
     if (in[i].dtype != in[0].dtype)
-      return invalid_argument("dtype mismatch: input 0 is {}, input {} is {}", in[0].str(), i, in[i].str());
+      return invalid_argument("dtype mismatch: input 0 is {}, input {} is {}", in[0].str(), i,
+                              in[i].str());
   return ok_status();
 }
 
@@ -33,7 +35,8 @@ Result<std::int64_t> norm_axis(std::int64_t axis, std::size_t rank) {
   return axis < 0 ? axis + r : axis;
 }
 
-Result<std::vector<std::int64_t>> norm_axes(const std::vector<std::int64_t>& axes, std::size_t rank) {
+Result<std::vector<std::int64_t>> norm_axes(const std::vector<std::int64_t>& axes,
+                                            std::size_t rank) {
   std::vector<std::int64_t> out;
   if (axes.empty()) {
     for (std::size_t i = 0; i < rank; ++i) out.push_back(static_cast<std::int64_t>(i));
@@ -111,8 +114,8 @@ Result<Shape> conv_out_shape(const Node& n, const Shape& x, const Shape& w) {
     if (st[i] < 1 || pd[i] < 0 || dl[i] < 1)
       return invalid_argument("stride and dilation must be >= 1 and padding >= 0");
   if (groups < 1 || x[1] % groups != 0 || w[0] % groups != 0)
-    return invalid_argument("groups {} must divide input channels {} and output channels {}", groups,
-                            x[1], w[0]);
+    return invalid_argument("groups {} must divide input channels {} and output channels {}",
+                            groups, x[1], w[0]);
   if (w[1] * groups != x[1])
     return invalid_argument("weight expects {} input channels per group, input has {} in {} groups",
                             w[1], x[1], groups);
@@ -120,7 +123,9 @@ Result<Shape> conv_out_shape(const Node& n, const Shape& x, const Shape& w) {
   for (int i = 0; i < 2; ++i) {
     std::int64_t eff = dl[i] * (w[2 + i] - 1) + 1;
     std::int64_t span = x[2 + i] + 2 * pd[i] - eff;
-    if (span < 0) return invalid_argument("kernel extent {} exceeds padded input {}", eff, x[2 + i] + 2 * pd[i]);
+    if (span < 0)
+      return invalid_argument("kernel extent {} exceeds padded input {}", eff,
+                              x[2 + i] + 2 * pd[i]);
     out[2 + i] = span / st[i] + 1;
   }
   return out;
@@ -138,15 +143,18 @@ Result<Shape> pool_out_shape(const Node& n, const Shape& x) {
     if (k[i] < 1 || st[i] < 1 || pd[i] < 0 || pd[i] * 2 > k[i])
       return invalid_argument("need kernel >= 1, stride >= 1, 0 <= padding <= kernel/2");
     std::int64_t span = x[2 + i] + 2 * pd[i] - k[i];
-    if (span < 0) return invalid_argument("kernel {} exceeds padded input {}", k[i], x[2 + i] + 2 * pd[i]);
+    if (span < 0)
+      return invalid_argument("kernel {} exceeds padded input {}", k[i], x[2 + i] + 2 * pd[i]);
     out[2 + i] = span / st[i] + 1;
   }
   return out;
 }
 
 Result<Shape> matmul_shape(const Node& n, const TensorType& a, const TensorType& b) {
-  if (a.shape.size() < 2 || b.shape.size() < 2) return invalid_argument("matmul needs rank >= 2 inputs");
-  bool ta = n.attrs.get_int_or("transpose_a", 0) != 0, tb = n.attrs.get_int_or("transpose_b", 0) != 0;
+  if (a.shape.size() < 2 || b.shape.size() < 2)
+    return invalid_argument("matmul needs rank >= 2 inputs");
+  bool ta = n.attrs.get_int_or("transpose_a", 0) != 0,
+       tb = n.attrs.get_int_or("transpose_b", 0) != 0;
   std::size_t ra = a.shape.size(), rb = b.shape.size();
   std::int64_t m = ta ? a.shape[ra - 1] : a.shape[ra - 2];
   std::int64_t ka = ta ? a.shape[ra - 2] : a.shape[ra - 1];
@@ -174,25 +182,37 @@ void register_all(OpRegistry& r) {
   in.name = "constant";
   r.add(in);
 
-  r.add(unary("neg", GRAD { return {g.b.neg(DY)}; }));
-  r.add(unary("exp", GRAD { return {g.b.mul(DY, Y(0))}; }));
-  r.add(unary("log", GRAD { return {g.b.div(DY, X(0))}; }));
-  r.add(unary("sqrt", GRAD { return {g.b.div(g.b.mul(DY, g.b.scalar_like(0.5, DY)), Y(0))}; }));
-  r.add(unary("rsqrt", GRAD {
-    Value y3 = g.b.mul(g.b.mul(Y(0), Y(0)), Y(0));
-    return {g.b.mul(g.b.mul(DY, g.b.scalar_like(-0.5, DY)), y3)};
-  }));
-  r.add(unary("abs", GRAD { return {g.b.mul(DY, g.b.op("sign", {X(0)}))}; }));
-  r.add(unary("relu", GRAD { return {g.b.mul(DY, g.b.op("step", {Y(0)}))}; }));
-  r.add(unary("gelu", GRAD { return {g.b.op("gelu_grad", {X(0), DY})}; }));
-  r.add(unary("tanh", GRAD {
-    Value one = g.b.scalar_like(1.0, DY);
-    return {g.b.mul(DY, g.b.sub(one, g.b.mul(Y(0), Y(0))))};
-  }));
-  r.add(unary("sigmoid", GRAD {
-    Value one = g.b.scalar_like(1.0, DY);
-    return {g.b.mul(DY, g.b.mul(Y(0), g.b.sub(one, Y(0))))};
-  }));
+  r.add(unary(
+      "neg", GRAD { return {g.b.neg(DY)}; }));
+  r.add(unary(
+      "exp", GRAD { return {g.b.mul(DY, Y(0))}; }));
+  r.add(unary(
+      "log", GRAD { return {g.b.div(DY, X(0))}; }));
+  r.add(unary(
+      "sqrt", GRAD { return {g.b.div(g.b.mul(DY, g.b.scalar_like(0.5, DY)), Y(0))}; }));
+  r.add(unary(
+      "rsqrt", GRAD {
+        Value y3 = g.b.mul(g.b.mul(Y(0), Y(0)), Y(0));
+        return {g.b.mul(g.b.mul(DY, g.b.scalar_like(-0.5, DY)), y3)};
+      }));
+  r.add(unary(
+      "abs", GRAD { return {g.b.mul(DY, g.b.op("sign", {X(0)}))}; }));
+  r.add(unary(
+      "relu", GRAD { return {g.b.mul(DY, g.b.op("step", {Y(0)}))}; }));
+  r.add(unary(
+      "gelu", GRAD {
+        return {g.b.op("gelu_grad", {X(0), DY})};
+      }));
+  r.add(unary(
+      "tanh", GRAD {
+        Value one = g.b.scalar_like(1.0, DY);
+        return {g.b.mul(DY, g.b.sub(one, g.b.mul(Y(0), Y(0))))};
+      }));
+  r.add(unary(
+      "sigmoid", GRAD {
+        Value one = g.b.scalar_like(1.0, DY);
+        return {g.b.mul(DY, g.b.mul(Y(0), g.b.sub(one, Y(0))))};
+      }));
   r.add(unary("step", nullptr));  // 1 where x > 0, else 0
   r.add(unary("sign", nullptr));
   {
@@ -200,24 +220,32 @@ void register_all(OpRegistry& r) {
     r.add(d);
   }
 
-  r.add(binary("add", GRAD { return {reduce_to(g.b, DY, SHAPE_OF(0)), reduce_to(g.b, DY, SHAPE_OF(1))}; }));
-  r.add(binary("sub", GRAD {
-    return {reduce_to(g.b, DY, SHAPE_OF(0)), reduce_to(g.b, g.b.neg(DY), SHAPE_OF(1))};
-  }));
-  r.add(binary("mul", GRAD {
-    return {reduce_to(g.b, g.b.mul(DY, X(1)), SHAPE_OF(0)), reduce_to(g.b, g.b.mul(DY, X(0)), SHAPE_OF(1))};
-  }));
-  r.add(binary("div", GRAD {
-    Value da = g.b.div(DY, X(1));
-    Value db = g.b.neg(g.b.div(g.b.mul(DY, Y(0)), X(1)));
-    return {reduce_to(g.b, da, SHAPE_OF(0)), reduce_to(g.b, db, SHAPE_OF(1))};
-  }));
-  r.add(binary("pow", GRAD {
-    Value one = g.b.scalar_like(1.0, DY);
-    Value da = g.b.mul(DY, g.b.mul(X(1), g.b.pow(X(0), g.b.sub(X(1), one))));
-    Value db = g.b.mul(DY, g.b.mul(g.b.log(X(0)), Y(0)));
-    return {reduce_to(g.b, da, SHAPE_OF(0)), reduce_to(g.b, db, SHAPE_OF(1))};
-  }));
+  r.add(binary(
+      "add", GRAD {
+        return {reduce_to(g.b, DY, SHAPE_OF(0)), reduce_to(g.b, DY, SHAPE_OF(1))};
+      }));
+  r.add(binary(
+      "sub", GRAD {
+        return {reduce_to(g.b, DY, SHAPE_OF(0)), reduce_to(g.b, g.b.neg(DY), SHAPE_OF(1))};
+      }));
+  r.add(binary(
+      "mul", GRAD {
+        return {reduce_to(g.b, g.b.mul(DY, X(1)), SHAPE_OF(0)),
+                reduce_to(g.b, g.b.mul(DY, X(0)), SHAPE_OF(1))};
+      }));
+  r.add(binary(
+      "div", GRAD {
+        Value da = g.b.div(DY, X(1));
+        Value db = g.b.neg(g.b.div(g.b.mul(DY, Y(0)), X(1)));
+        return {reduce_to(g.b, da, SHAPE_OF(0)), reduce_to(g.b, db, SHAPE_OF(1))};
+      }));
+  r.add(binary(
+      "pow", GRAD {
+        Value one = g.b.scalar_like(1.0, DY);
+        Value da = g.b.mul(DY, g.b.mul(X(1), g.b.pow(X(0), g.b.sub(X(1), one))));
+        Value db = g.b.mul(DY, g.b.mul(g.b.log(X(0)), Y(0)));
+        return {reduce_to(g.b, da, SHAPE_OF(0)), reduce_to(g.b, db, SHAPE_OF(1))};
+      }));
   r.add(binary("equal", nullptr));  // 1 where a == b, else 0
 
   {
@@ -268,10 +296,22 @@ void register_all(OpRegistry& r) {
       bool ta = g.node.attrs.get_int_or("transpose_a", 0) != 0;
       bool tb = g.node.attrs.get_int_or("transpose_b", 0) != 0;
       Value a = X(0), b = X(1), dy = DY, da, db;
-      if (!ta && !tb) { da = g.b.matmul(dy, b, false, true); db = g.b.matmul(a, dy, true, false); }
-      if (ta && !tb) { da = g.b.matmul(b, dy, false, true); db = g.b.matmul(a, dy); }
-      if (!ta && tb) { da = g.b.matmul(dy, b); db = g.b.matmul(dy, a, true, false); }
-      if (ta && tb) { da = g.b.matmul(b, dy, true, true); db = g.b.matmul(dy, a, true, true); }
+      if (!ta && !tb) {
+        da = g.b.matmul(dy, b, false, true);
+        db = g.b.matmul(a, dy, true, false);
+      }
+      if (ta && !tb) {
+        da = g.b.matmul(b, dy, false, true);
+        db = g.b.matmul(a, dy);
+      }
+      if (!ta && tb) {
+        da = g.b.matmul(dy, b);
+        db = g.b.matmul(dy, a, true, false);
+      }
+      if (ta && tb) {
+        da = g.b.matmul(b, dy, true, true);
+        db = g.b.matmul(dy, a, true, true);
+      }
       return {reduce_to(g.b, da, SHAPE_OF(0)), reduce_to(g.b, db, SHAPE_OF(1))};
     };
     r.add(d);
@@ -538,15 +578,18 @@ void register_all(OpRegistry& r) {
       if (in[0].shape.size() != 2) return invalid_argument("logits must be [N, C]");
       if (in[1].dtype != DType::kI32 && in[1].dtype != DType::kI64)
         return invalid_argument("labels must be i32 or i64");
-      if (in[1].shape != Shape{in[0].shape[0]}) return invalid_argument("labels must be [{}]", in[0].shape[0]);
+      if (in[1].shape != Shape{in[0].shape[0]})
+        return invalid_argument("labels must be [{}]", in[0].shape[0]);
       return Types{{in[0].dtype, {}}};
     };
     d.grad = GRAD {
       const Shape& s = SHAPE_OF(0);
       DType t = g.b.dtype_of(X(0));
-      Value oh = g.b.op("one_hot", {X(1)}, {{"depth", s[1]}, {"dtype", std::string(dtype_name(t))}});
+      Value oh =
+          g.b.op("one_hot", {X(1)}, {{"depth", s[1]}, {"dtype", std::string(dtype_name(t))}});
       Value p = g.b.softmax(X(0), 1);
-      Value scale = g.b.mul(DY, g.b.scalar(1.0 / static_cast<double>(std::max<std::int64_t>(s[0], 1)), t));
+      Value scale =
+          g.b.mul(DY, g.b.scalar(1.0 / static_cast<double>(std::max<std::int64_t>(s[0], 1)), t));
       return {g.b.mul(g.b.sub(p, oh), scale), Value{}};
     };
     r.add(d);
@@ -573,13 +616,16 @@ void register_all(OpRegistry& r) {
     d.attrs = {"axes", "keepdims"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
-      SHOAL_ASSIGN_OR_RETURN(auto axes, norm_axes(n.attrs.get_ints_or("axes", {}), in[0].shape.size()));
+      SHOAL_ASSIGN_OR_RETURN(auto axes,
+                             norm_axes(n.attrs.get_ints_or("axes", {}), in[0].shape.size()));
       bool keep = n.attrs.get_int_or("keepdims", 0) != 0;
       Shape s;
       for (std::size_t i = 0; i < in[0].shape.size(); ++i) {
         bool red = std::find(axes.begin(), axes.end(), static_cast<std::int64_t>(i)) != axes.end();
-        if (!red) s.push_back(in[0].shape[i]);
-        else if (keep) s.push_back(1);
+        if (!red)
+          s.push_back(in[0].shape[i]);
+        else if (keep)
+          s.push_back(1);
       }
       return Types{{in[0].dtype, s}};
     };
@@ -637,13 +683,17 @@ void register_all(OpRegistry& r) {
       std::int64_t known = 1;
       int infer = -1;
       for (std::size_t i = 0; i < s.size(); ++i) {
-        if (s[i] == -1 && infer < 0) infer = static_cast<int>(i);
-        else if (s[i] < 0) return invalid_argument("bad target shape {}", shape_str(s));
-        else known *= s[i];
+        if (s[i] == -1 && infer < 0)
+          infer = static_cast<int>(i);
+        else if (s[i] < 0)
+          return invalid_argument("bad target shape {}", shape_str(s));
+        else
+          known *= s[i];
       }
       std::int64_t total = num_elements(in[0].shape);
       if (infer >= 0) {
-        if (known == 0 || total % known != 0) return invalid_argument("cannot infer -1 in {}", shape_str(s));
+        if (known == 0 || total % known != 0)
+          return invalid_argument("cannot infer -1 in {}", shape_str(s));
         s[infer] = total / known;
       }
       if (num_elements(s) != total)
@@ -658,10 +708,12 @@ void register_all(OpRegistry& r) {
     d.name = "flatten";
     d.attrs = {"start_dim"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_ASSIGN_OR_RETURN(auto sd, norm_axis(n.attrs.get_int_or("start_dim", 1), in[0].shape.size()));
+      SHOAL_ASSIGN_OR_RETURN(auto sd,
+                             norm_axis(n.attrs.get_int_or("start_dim", 1), in[0].shape.size()));
       Shape s(in[0].shape.begin(), in[0].shape.begin() + sd);
       std::int64_t rest = 1;
-      for (std::size_t i = static_cast<std::size_t>(sd); i < in[0].shape.size(); ++i) rest *= in[0].shape[i];
+      for (std::size_t i = static_cast<std::size_t>(sd); i < in[0].shape.size(); ++i)
+        rest *= in[0].shape[i];
       s.push_back(rest);
       return Types{{in[0].dtype, s}};
     };
@@ -674,7 +726,8 @@ void register_all(OpRegistry& r) {
     d.attrs = {"perm"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_ASSIGN_OR_RETURN(auto perm, n.attrs.get_ints("perm"));
-      if (perm.size() != in[0].shape.size()) return invalid_argument("perm has {} entries", perm.size());
+      if (perm.size() != in[0].shape.size())
+        return invalid_argument("perm has {} entries", perm.size());
       std::vector<bool> seen(perm.size());
       Shape s;
       for (auto p : perm) {
@@ -730,7 +783,8 @@ void register_all(OpRegistry& r) {
       std::int64_t start = n.attrs.get_int_or("start", 0), end = n.attrs.get_int_or("end", in[ax]);
       std::int64_t step = n.attrs.get_int_or("step", 1);
       if (step < 1 || start < 0 || end > in[ax] || start > end)
-        return invalid_argument("need 0 <= start ({}) <= end ({}) <= {} and step >= 1", start, end, in[ax]);
+        return invalid_argument("need 0 <= start ({}) <= end ({}) <= {} and step >= 1", start, end,
+                                in[ax]);
       Shape s = in;
       s[ax] = (end - start + step - 1) / step;
       return s;

@@ -1,8 +1,9 @@
+#include "shoal/graph/passes.h"
+
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "shoal/graph/op_registry.h"
-#include "shoal/graph/passes.h"
 
 namespace shoal::graph {
 
@@ -38,13 +39,15 @@ Status verify(const Graph& g) {
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
       Value v = n.inputs[i];
       if (v.node < 0 || v.node >= g.num_nodes())
-        return invalid_argument("verify: {}: input {} refers to missing node {}", n.label(), i, v.node);
+        return invalid_argument("verify: {}: input {} refers to missing node {}", n.label(), i,
+                                v.node);
       const Node& src = g.node(v.node);
       if (!src.alive)
-        return invalid_argument("verify: {}: input {} comes from dead {}", n.label(), i, src.label());
-      if (v.index < 0 || v.index >= static_cast<int>(src.outputs.size()))
-        return invalid_argument("verify: {}: input {} refers to output {} of {}", n.label(), i, v.index,
+        return invalid_argument("verify: {}: input {} comes from dead {}", n.label(), i,
                                 src.label());
+      if (v.index < 0 || v.index >= static_cast<int>(src.outputs.size()))
+        return invalid_argument("verify: {}: input {} refers to output {} of {}", n.label(), i,
+                                v.index, src.label());
       in.push_back(src.outputs[static_cast<std::size_t>(v.index)]);
     }
     for (const auto& [k, v] : n.attrs.all())
@@ -53,15 +56,17 @@ Status verify(const Graph& g) {
     auto r = def->infer(n, in);
     if (!r.ok()) {
       std::string shapes;
-      for (std::size_t i = 0; i < in.size(); ++i) shapes += fmt::format("{}{}", i ? ", " : "", in[i].str());
-      return invalid_argument("verify: {}: {} (inputs: {})", n.label(), r.status().message(), shapes);
+      for (std::size_t i = 0; i < in.size(); ++i)
+        shapes += fmt::format("{}{}", i ? ", " : "", in[i].str());
+      return invalid_argument("verify: {}: {} (inputs: {})", n.label(), r.status().message(),
+                              shapes);
     }
     if (*r != n.outputs) {
       std::string want, have;
       for (const auto& t : *r) want += t.str() + " ";
       for (const auto& t : n.outputs) have += t.str() + " ";
-      return invalid_argument("verify: {}: stored output types {}differ from inferred {}", n.label(), have,
-                              want);
+      return invalid_argument("verify: {}: stored output types {}differ from inferred {}",
+                              n.label(), have, want);
     }
   }
   for (const Value& v : g.outputs())
@@ -169,7 +174,9 @@ std::string to_dot(const Graph& g) {
     if (!n.alive) continue;
     std::string types;
     for (const TensorType& t : n.outputs) types += "\\n" + t.str();
-    std::string shape = n.op == "input" ? ", shape=ellipse" : n.op == "constant" ? ", shape=note" : "";
+    std::string shape = n.op == "input"      ? ", shape=ellipse"
+                        : n.op == "constant" ? ", shape=note"
+                                             : "";
     out += fmt::format("  n{} [label=\"{}{}{}\"{}];\n", n.id, n.op,
                        n.name.empty() ? "" : " " + n.name, types, shape);
     for (const Value& v : n.inputs)

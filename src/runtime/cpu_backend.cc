@@ -105,7 +105,8 @@ class CpuExecutable final : public Executable {
       if (!st.ok()) return st.with_context(fmt::format("running {}", n.label()));
       if (s.kernel->is_async()) pending_[i] = true;
       if (tracing_)
-        trace_.push_back(TraceEvent{s.op_name, s.node, s.kernel->is_async() ? 1 : 0, t0, now_us() - t0});
+        trace_.push_back(
+            TraceEvent{s.op_name, s.node, s.kernel->is_async() ? 1 : 0, t0, now_us() - t0});
     }
     for (std::size_t i = 0; i < steps_.size(); ++i)
       if (pending_[i]) SHOAL_RETURN_IF_ERROR(finish(static_cast<int>(i), dl));
@@ -202,7 +203,8 @@ class CpuExecutable final : public Executable {
           first_wait = std::min(first_wait, pos[t.node]);
       for (const Value& v : g_.node(s.node).inputs) extend[v] = std::max(extend[v], first_wait);
       for (std::size_t i = 0; i < g_.node(s.node).outputs.size(); ++i)
-        extend[Value{s.node, static_cast<int>(i)}] = std::max(extend[Value{s.node, static_cast<int>(i)}], first_wait);
+        extend[Value{s.node, static_cast<int>(i)}] =
+            std::max(extend[Value{s.node, static_cast<int>(i)}], first_wait);
     }
     plan_ = graph::plan_memory(g_, order, extend);
     arena_ = Storage::allocate(plan_.arena_bytes);
@@ -223,7 +225,8 @@ class CpuExecutable final : public Executable {
           s.in.push_back(values_.at(v));
         }
       }
-      for (std::size_t i = 0; i < n.outputs.size(); ++i) s.out.push_back(values_.at(Value{s.node, static_cast<int>(i)}));
+      for (std::size_t i = 0; i < n.outputs.size(); ++i)
+        s.out.push_back(values_.at(Value{s.node, static_cast<int>(i)}));
     }
     for (std::size_t i = 0; i < g_.outputs().size(); ++i) {
       Value v = g_.outputs()[i];
@@ -235,8 +238,8 @@ class CpuExecutable final : public Executable {
       }
     }
     pending_.assign(steps_.size(), false);
-    SHOAL_LOG_DEBUG("compiled {} nodes, arena {} bytes (without reuse {})", steps_.size(), plan_.arena_bytes,
-                    plan_.naive_bytes);
+    SHOAL_LOG_DEBUG("compiled {} nodes, arena {} bytes (without reuse {})", steps_.size(),
+                    plan_.arena_bytes, plan_.naive_bytes);
     return ok_status();
   }
 
@@ -285,10 +288,11 @@ Status Executor::write_trace(const std::string& path, int pid) const {
   bool first = true;
   for (const TraceEvent& e : exe_.trace()) {
     const Node& n = exe_.graph().node(e.node);
-    s += fmt::format("{}{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},"
-                     "\"dur\":{:.3f},\"args\":{{\"node\":{}}}}}",
-                     first ? "" : ",\n", n.name.empty() ? e.name : n.name, e.name, pid, e.lane,
-                     e.start_us, e.dur_us, e.node);
+    s += fmt::format(
+        "{}{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},"
+        "\"dur\":{:.3f},\"args\":{{\"node\":{}}}}}",
+        first ? "" : ",\n", n.name.empty() ? e.name : n.name, e.name, pid, e.lane, e.start_us,
+        e.dur_us, e.node);
     first = false;
   }
   s += "\n],\"displayTimeUnit\":\"ms\"}\n";
@@ -297,7 +301,8 @@ Status Executor::write_trace(const std::string& path, int pid) const {
   f << s;
   f.close();
   if (!f) return unavailable("{}: write failed", path);
-  if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0) return unavailable("{}: rename failed", path);
+  if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0)
+    return unavailable("{}: rename failed", path);
   return ok_status();
 }
 
@@ -306,7 +311,8 @@ Result<int> constant_fold(Graph& g) {
   int folded = 0;
   for (int id : order) {
     Node& n = g.mutable_node(id);
-    if (n.op == "input" || n.op == "constant" || n.outputs.size() != 1 || n.inputs.empty()) continue;
+    if (n.op == "input" || n.op == "constant" || n.outputs.size() != 1 || n.inputs.empty())
+      continue;
     const graph::OpDef* def = graph::OpRegistry::global().find(n.op);
     if (def == nullptr || def->random) continue;
     bool all_const = true;
@@ -344,7 +350,8 @@ int fuse_activations(Graph& g) {
     if (!r.alive || r.op != "relu") continue;
     Value v = r.inputs[0];
     Node& p = g.mutable_node(v.node);
-    if ((p.op != "linear" && p.op != "conv2d") || p.attrs.has("activation") || uses[v] != 1) continue;
+    if ((p.op != "linear" && p.op != "conv2d") || p.attrs.has("activation") || uses[v] != 1)
+      continue;
     p.attrs.set("activation", std::string("relu"));
     r.alive = false;
     g.replace_all_uses(Value{id, 0}, v);

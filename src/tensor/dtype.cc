@@ -4,24 +4,40 @@ namespace shoal {
 
 std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kF64: case DType::kI64: return 8;
-    case DType::kF16: case DType::kBF16: return 2;
-    case DType::kU8: case DType::kBool: return 1;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kU8:
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
-    case DType::kBool: return "bool";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
+    case DType::kBool:
+      return "bool";
   }
   return "?";
 }
@@ -43,7 +59,7 @@ F16 float_to_f16(float f) {
   std::uint32_t x = float_to_bits(f);
   std::uint32_t sign = (x >> 16) & 0x8000u;
   std::uint32_t absx = x & 0x7fffffffu;
-  if (absx > 0x7f800000u) return F16{static_cast<std::uint16_t>(sign | 0x7e00u)};  // NaN
+  if (absx > 0x7f800000u) return F16{static_cast<std::uint16_t>(sign | 0x7e00u)};   // NaN
   if (absx >= 0x477ff000u) return F16{static_cast<std::uint16_t>(sign | 0x7c00u)};  // overflow/inf
   if (absx < 0x38800000u) {
     // Subnormal half (or zero): value = m * 2^-24.

@@ -17,14 +17,22 @@ namespace {
 // safetensors dtype names <-> ours.
 const char* st_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF64: return "F64";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kU8: return "U8";
-    case DType::kBool: return "BOOL";
+    case DType::kF32:
+      return "F32";
+    case DType::kF64:
+      return "F64";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kU8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
@@ -55,13 +63,15 @@ Result<SafetensorsFile> parse_safetensors(std::string_view bytes, std::string_vi
   std::uint64_t hlen = 0;
   for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | static_cast<unsigned char>(bytes[i]);
   if (hlen > kMaxHeaderBytes)
-    return data_loss("{}: header length {} exceeds the {}-byte limit", where, hlen, kMaxHeaderBytes);
+    return data_loss("{}: header length {} exceeds the {}-byte limit", where, hlen,
+                     kMaxHeaderBytes);
   if (hlen > bytes.size() - 8)
     return data_loss("{}: header length {} runs past the end of the {}-byte file", where, hlen,
                      bytes.size());
   std::string_view header = bytes.substr(8, hlen);
   nlohmann::json j = nlohmann::json::parse(header.begin(), header.end(), nullptr, false);
-  if (j.is_discarded()) return data_loss("{}: header (bytes 8..{}) is not valid JSON", where, 8 + hlen);
+  if (j.is_discarded())
+    return data_loss("{}: header (bytes 8..{}) is not valid JSON", where, 8 + hlen);
   if (!j.is_object()) return data_loss("{}: header is not a JSON object", where);
   std::string_view data = bytes.substr(8 + hlen);
   const std::uint64_t data_size = data.size();
@@ -103,15 +113,16 @@ Result<SafetensorsFile> parse_safetensors(std::string_view bytes, std::string_vi
     bool overflow = false;
     for (const auto& d : v["shape"]) {
       if (!d.is_number_integer() || d.get<std::int64_t>() < 0)
-        return data_loss("{}: tensor '{}': field 'shape' has a non-integer or negative entry", where,
-                         name);
+        return data_loss("{}: tensor '{}': field 'shape' has a non-integer or negative entry",
+                         where, name);
       auto dim = d.get<std::uint64_t>();
       e.shape.push_back(static_cast<std::int64_t>(dim));
       if (dim != 0 && numel > std::numeric_limits<std::uint64_t>::max() / 16 / dim) overflow = true;
       numel *= dim;
     }
     if (overflow)
-      return data_loss("{}: tensor '{}': field 'shape' {} overflows", where, name, shape_str(e.shape));
+      return data_loss("{}: tensor '{}': field 'shape' {} overflows", where, name,
+                       shape_str(e.shape));
     const auto& off = v.contains("data_offsets") ? v["data_offsets"] : nlohmann::json();
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_integer() ||
         !off[1].is_number_integer() || off[0].get<std::int64_t>() < 0 ||
@@ -121,21 +132,24 @@ Result<SafetensorsFile> parse_safetensors(std::string_view bytes, std::string_vi
     e.begin = off[0].get<std::uint64_t>();
     e.end = off[1].get<std::uint64_t>();
     if (e.begin > e.end || e.end > data_size)
-      return data_loss("{}: tensor '{}': field 'data_offsets' [{}, {}) outside the {}-byte data area",
-                       where, name, e.begin, e.end, data_size);
+      return data_loss(
+          "{}: tensor '{}': field 'data_offsets' [{}, {}) outside the {}-byte data area", where,
+          name, e.begin, e.end, data_size);
     std::uint64_t want = numel * dtype_size(e.dtype);
     if (e.end - e.begin != want)
       return data_loss("{}: tensor '{}': field 'data_offsets' spans {} bytes but {} {} needs {}",
                        where, name, e.end - e.begin, st_name(e.dtype), shape_str(e.shape), want);
     entries.push_back(std::move(e));
   }
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+  });
   std::uint64_t cursor = 0;
   for (const Entry& e : entries) {
     if (e.begin < cursor)
-      return data_loss("{}: tensor '{}': field 'data_offsets' [{}, {}) overlaps the previous tensor",
-                       where, e.name, e.begin, e.end);
+      return data_loss(
+          "{}: tensor '{}': field 'data_offsets' [{}, {}) overlaps the previous tensor", where,
+          e.name, e.begin, e.end);
     if (e.begin > cursor)
       return data_loss("{}: tensor '{}': gap of {} bytes before it in the data area", where, e.name,
                        e.begin - cursor);
@@ -150,7 +164,8 @@ Result<SafetensorsFile> parse_safetensors(std::string_view bytes, std::string_vi
       for (std::int64_t i = 0; i < t.numel(); ++i) {
         auto b = static_cast<const unsigned char*>(t.raw_data())[i];
         if (b > 1)
-          return data_loss("{}: tensor '{}': bool element {} has byte value {}", where, e.name, i, b);
+          return data_loss("{}: tensor '{}': bool element {} has byte value {}", where, e.name, i,
+                           b);
       }
     }
     file.tensors.emplace_back(e.name, std::move(t));
@@ -189,7 +204,8 @@ Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata) {
   for (const auto& [name, t] : tensors)
-    if (name == "__metadata__") return invalid_argument("{}: tensor name '__metadata__' is reserved", path);
+    if (name == "__metadata__")
+      return invalid_argument("{}: tensor name '__metadata__' is reserved", path);
   return write_file_atomic(path, serialize_safetensors(tensors, metadata));
 }
 
@@ -256,7 +272,8 @@ Result<std::string> read_file(const std::string& path) {
     if (r <= 0) {
       int e = errno;
       ::close(fd);
-      return unavailable("{}: read failed at byte {}: {}", path, done, r == 0 ? "unexpected EOF" : std::strerror(e));
+      return unavailable("{}: read failed at byte {}: {}", path, done,
+                         r == 0 ? "unexpected EOF" : std::strerror(e));
     }
     done += static_cast<std::size_t>(r);
   }

@@ -111,7 +111,8 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::raw_data() const {
   if (!storage_) return nullptr;
-  return static_cast<char*>(storage_->data()) + offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
+  return static_cast<char*>(storage_->data()) +
+         offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
 }
 
 std::int64_t Tensor::element_offset(std::int64_t flat) const {
@@ -124,7 +125,8 @@ std::int64_t Tensor::element_offset(std::int64_t flat) const {
   return off;
 }
 
-Result<Tensor> Tensor::slice(int dim, std::int64_t start, std::int64_t end, std::int64_t step) const {
+Result<Tensor> Tensor::slice(int dim, std::int64_t start, std::int64_t end,
+                             std::int64_t step) const {
   if (dim < 0) dim += rank();
   if (dim < 0 || dim >= rank())
     return invalid_argument("slice: dim {} out of range for shape {}", dim, shape_str(shape_));
@@ -189,8 +191,8 @@ Result<Tensor> Tensor::transpose(const std::vector<int>& perm) const {
 
 Result<Tensor> Tensor::broadcast_to(const Shape& shape) const {
   if (shape.size() < shape_.size())
-    return invalid_argument("broadcast_to: cannot broadcast {} to smaller rank {}", shape_str(shape_),
-                            shape_str(shape));
+    return invalid_argument("broadcast_to: cannot broadcast {} to smaller rank {}",
+                            shape_str(shape_), shape_str(shape));
   Tensor t = *this;
   std::size_t lead = shape.size() - shape_.size();
   t.shape_ = shape;
@@ -221,16 +223,20 @@ void strided_convert(const Tensor& src, Tensor& dst) {
   int r = dst.rank();
   if (src.is_contiguous() && dst.is_contiguous()) {
     for (std::int64_t i = 0; i < n; ++i) {
-      if constexpr (std::is_same_v<S, D>) dp[i] = sp[i];
-      else dp[i] = from_double<D>(to_double(sp[i]));
+      if constexpr (std::is_same_v<S, D>)
+        dp[i] = sp[i];
+      else
+        dp[i] = from_double<D>(to_double(sp[i]));
     }
     return;
   }
   std::vector<std::int64_t> idx(static_cast<std::size_t>(r), 0);
   std::int64_t so = 0, doff = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<S, D>) dp[doff] = sp[so];
-    else dp[doff] = from_double<D>(to_double(sp[so]));
+    if constexpr (std::is_same_v<S, D>)
+      dp[doff] = sp[so];
+    else
+      dp[doff] = from_double<D>(to_double(sp[so]));
     for (int d = r - 1; d >= 0; --d) {
       ++idx[d];
       so += src.strides()[d];
@@ -247,7 +253,8 @@ void strided_convert(const Tensor& src, Tensor& dst) {
 
 Status Tensor::copy_from(const Tensor& src) {
   if (src.shape_ != shape_)
-    return invalid_argument("copy_from: shape {} into {}", shape_str(src.shape_), shape_str(shape_));
+    return invalid_argument("copy_from: shape {} into {}", shape_str(src.shape_),
+                            shape_str(shape_));
   dispatch_dtype(src.dtype_, [&](auto s) {
     dispatch_dtype(dtype_, [&](auto d) { strided_convert<decltype(s), decltype(d)>(src, *this); });
   });

@@ -10,7 +10,8 @@ namespace {
 
 void expect_msg(const Status& st, std::initializer_list<const char*> needles) {
   ASSERT_FALSE(st.ok());
-  for (const char* n : needles) EXPECT_NE(st.message().find(n), std::string::npos) << st.message() << " lacks " << n;
+  for (const char* n : needles)
+    EXPECT_NE(st.message().find(n), std::string::npos) << st.message() << " lacks " << n;
 }
 
 TEST(Graph, ShapeMismatchNamesNodeAndShapes) {

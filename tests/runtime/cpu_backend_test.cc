@@ -1,15 +1,14 @@
 // The CPU executable: binding, arena reuse, async nodes, trace output,
 // constant folding, activation fusion and run-time errors that name nodes.
-#include <gtest/gtest.h>
-
-#include <chrono>
-#include <fstream>
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstring>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <future>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -18,9 +17,9 @@
 #include "shoal/graph/builder.h"
 #include "shoal/graph/op_registry.h"
 #include "shoal/graph/passes.h"
-#include "shoal/tensor/philox.h"
 #include "shoal/runtime/backend.h"
 #include "shoal/runtime/kernel.h"
+#include "shoal/tensor/philox.h"
 
 // The replacement operator new below is malloc-backed, so free() in the
 // matching delete is correct; GCC cannot see that across the replacement.
@@ -38,7 +37,8 @@ static bool called_from_onednn() {
   int k = backtrace(bt, 10);
   for (int i = 1; i < k; ++i) {
     Dl_info info;
-    if (dladdr(bt[i], &info) != 0 && info.dli_fname != nullptr && std::strstr(info.dli_fname, "libdnnl") != nullptr)
+    if (dladdr(bt[i], &info) != 0 && info.dli_fname != nullptr &&
+        std::strstr(info.dli_fname, "libdnnl") != nullptr)
       return true;
   }
   return false;
@@ -118,7 +118,8 @@ TEST(CpuBackend, ConstantFoldingAndFusion) {
   EXPECT_EQ(impls.count("mul"), 0u) << "constant mul was not folded";
   EXPECT_EQ(impls.count("relu"), 0u) << "relu was not fused into linear";
   Executor ex(*exe);
-  auto out = ex.run({{"x", Tensor::from_vector<float>({1, 1, 1, -1, -1, -1, 2, 0, 0, 0, 0, 0}, {4, 3})}});
+  auto out =
+      ex.run({{"x", Tensor::from_vector<float>({1, 1, 1, -1, -1, -1, 2, 0, 0, 0, 0, 0}, {4, 3})}});
   ASSERT_TRUE(out.ok());
   EXPECT_EQ((*out)[0].to_vector<float>(), (std::vector<float>{3, 3, 0, 0, 2, 2, 0, 0}));
 }
@@ -154,7 +155,8 @@ class AsyncDouble final : public Kernel {
   }
   bool is_async() const override { return true; }
   Status wait(Deadline d) override {
-    if (fut_.wait_for(d.remaining()) != std::future_status::ready) return deadline_exceeded("async_double");
+    if (fut_.wait_for(d.remaining()) != std::future_status::ready)
+      return deadline_exceeded("async_double");
     fut_.get();
     return ok_status();
   }
@@ -171,9 +173,10 @@ TEST(CpuBackend, AsyncNodeOverlapsAndConsumersWait) {
       return Result<std::vector<graph::TensorType>>(in);
     };
     graph::OpRegistry::global().add(d);
-    KernelRegistry::cpu().add("test_async_double", [](const graph::Node&, const std::vector<graph::TensorType>&) {
-      return Result<std::unique_ptr<Kernel>>(std::make_unique<AsyncDouble>());
-    });
+    KernelRegistry::cpu().add(
+        "test_async_double", [](const graph::Node&, const std::vector<graph::TensorType>&) {
+          return Result<std::unique_ptr<Kernel>>(std::make_unique<AsyncDouble>());
+        });
     return true;
   }();
   ASSERT_TRUE(registered);
@@ -193,7 +196,8 @@ TEST(CpuBackend, AsyncNodeOverlapsAndConsumersWait) {
     EXPECT_FLOAT_EQ((*out)[0].get(999), 2.0f + std::exp(1.0f));
   }
   bool saw_wait = false;
-  for (const TraceEvent& e : exe->trace()) saw_wait = saw_wait || (std::string(e.name) == "wait" && e.lane == 1);
+  for (const TraceEvent& e : exe->trace())
+    saw_wait = saw_wait || (std::string(e.name) == "wait" && e.lane == 1);
   EXPECT_TRUE(saw_wait);
   std::string path = testing::TempDir() + "/trace.json";
   ASSERT_TRUE(ex.write_trace(path).ok());
@@ -240,11 +244,13 @@ TEST(CpuBackend, SteadyStateTrainingStepDoesNotAllocate) {
   Builder b(g);
   Value x = b.input("x", DType::kF32, {8, 3, 12, 12});
   Value labels = b.input("labels", DType::kI32, {8});
-  std::vector<std::pair<std::string, Shape>> ps = {{"cw", {16, 3, 3, 3}}, {"cb", {16}}, {"g", {16}},
-                                                   {"beta", {16}}, {"fw", {10, 16}}, {"fb", {10}}};
+  std::vector<std::pair<std::string, Shape>> ps = {{"cw", {16, 3, 3, 3}}, {"cb", {16}},
+                                                   {"g", {16}},           {"beta", {16}},
+                                                   {"fw", {10, 16}},      {"fb", {10}}};
   std::vector<Value> params;
   for (const auto& [n, s] : ps) params.push_back(b.input(n, DType::kF32, s));
-  Value rm = b.constant(Tensor::zeros({16}, DType::kF32)), rv = b.constant(Tensor::full({16}, DType::kF32, 1));
+  Value rm = b.constant(Tensor::zeros({16}, DType::kF32)),
+        rv = b.constant(Tensor::full({16}, DType::kF32, 1));
   Value h = b.relu(b.conv2d(x, params[0], params[1], {1, 1}, {1, 1}));
   h = b.max_pool2d(h, {2, 2}, {2, 2});
   h = b.batch_norm(h, params[2], params[3], rm, rv, true)[0];

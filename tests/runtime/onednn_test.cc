@@ -18,8 +18,8 @@ using graph::Value;
 using Fn = std::function<std::vector<Value>(Builder&, const std::vector<Value>&)>;
 
 // Runs fn in f32 (oneDNN) and f64 (reference) and compares all outputs.
-void compare(const std::string& what, const std::vector<Shape>& shapes, const Fn& fn, bool fuse = true,
-             std::map<std::string, std::string> expect_impl = {}) {
+void compare(const std::string& what, const std::vector<Shape>& shapes, const Fn& fn,
+             bool fuse = true, std::map<std::string, std::string> expect_impl = {}) {
   SCOPED_TRACE(what);
   PhiloxRng rng(99, 3);
   std::vector<Tensor> data;
@@ -33,7 +33,8 @@ void compare(const std::string& what, const std::vector<Shape>& shapes, const Fn
     Graph g;
     Builder b(g);
     std::vector<Value> xs;
-    for (std::size_t i = 0; i < shapes.size(); ++i) xs.push_back(b.input("in" + std::to_string(i), dt, shapes[i]));
+    for (std::size_t i = 0; i < shapes.size(); ++i)
+      xs.push_back(b.input("in" + std::to_string(i), dt, shapes[i]));
     for (Value v : fn(b, xs)) g.mark_output(v);
     ASSERT_TRUE(b.ok()) << b.status().to_string();
     CompileOptions o;
@@ -45,7 +46,8 @@ void compare(const std::string& what, const std::vector<Shape>& shapes, const Fn
     }
     Executor ex(**exe);
     std::map<std::string, Tensor> feeds;
-    for (std::size_t i = 0; i < shapes.size(); ++i) feeds["in" + std::to_string(i)] = data[i].cast(dt);
+    for (std::size_t i = 0; i < shapes.size(); ++i)
+      feeds["in" + std::to_string(i)] = data[i].cast(dt);
     auto out = ex.run(feeds);
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     results.push_back(*out);
@@ -57,25 +59,29 @@ void compare(const std::string& what, const std::vector<Shape>& shapes, const Fn
     double scale = 1e-30;
     for (std::int64_t i = 0; i < r.numel(); ++i) scale = std::max(scale, std::abs(r.get(i)));
     for (std::int64_t i = 0; i < r.numel(); ++i)
-      ASSERT_NEAR(a.get(i), r.get(i), 1e-4 * scale + 1e-5) << what << " output " << k << " element " << i;
+      ASSERT_NEAR(a.get(i), r.get(i), 1e-4 * scale + 1e-5)
+          << what << " output " << k << " element " << i;
   }
 }
 
 TEST(OneDnn, Matmul) {
-  compare("2d", {{33, 17}, {17, 9}}, [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1])}; },
-          true, {{"matmul", "onednn"}});
+  compare("2d", {{33, 17}, {17, 9}},
+          [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1])}; }, true,
+          {{"matmul", "onednn"}});
   compare("transposed", {{17, 33}, {9, 17}},
           [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1], true, true)}; });
-  compare("batched", {{3, 5, 7}, {3, 7, 2}}, [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1])}; });
+  compare("batched", {{3, 5, 7}, {3, 7, 2}},
+          [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1])}; });
   compare("broadcast batch (reference path)", {{2, 1, 5, 7}, {3, 7, 2}},
           [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1])}; });
 }
 
 TEST(OneDnn, LinearWithFusedBiasAndRelu) {
   compare("linear", {{31, 13}, {11, 13}, {11}},
-          [](Builder& b, auto x) { return std::vector<Value>{b.relu(b.linear(x[0], x[1], x[2]))}; }, true,
-          {{"linear", "onednn"}, {"relu", ""}});  // relu fused into linear's post-op
-  compare("linear no bias", {{1, 3}, {5, 3}}, [](Builder& b, auto x) { return std::vector<Value>{b.linear(x[0], x[1])}; });
+          [](Builder& b, auto x) { return std::vector<Value>{b.relu(b.linear(x[0], x[1], x[2]))}; },
+          true, {{"linear", "onednn"}, {"relu", ""}});  // relu fused into linear's post-op
+  compare("linear no bias", {{1, 3}, {5, 3}},
+          [](Builder& b, auto x) { return std::vector<Value>{b.linear(x[0], x[1])}; });
 }
 
 TEST(OneDnn, ConvForwardAndGradients) {
@@ -89,23 +95,36 @@ TEST(OneDnn, ConvForwardAndGradients) {
               C{{2, 6, 10, 7}, {9, 2, 3, 3}, {1, 2}, {1, 0}, {2, 1}, 3},
               C{{3, 1, 28, 28}, {32, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1}}) {
     Shape ys = {c.x[0], c.w[0], 0, 0};
-    compare("conv " + shape_str(c.x) + shape_str(c.w), {c.x, c.w, {c.w[0]}}, [&](Builder& b, auto x) {
-      Value y = b.relu(b.conv2d(x[0], x[1], x[2], c.st, c.pd, c.dl, c.groups));
-      graph::Attrs a{{"stride", c.st}, {"padding", c.pd}, {"dilation", c.dl}, {"groups", c.groups}};
-      Value dy = b.mul(y, y);  // any tensor of y's shape
-      graph::Attrs ai = a, aw = a;
-      ai.set("input_shape", c.x);
-      aw.set("weight_shape", c.w);
-      return std::vector<Value>{y, b.op("conv2d_grad_input", {dy, x[1]}, ai), b.op("conv2d_grad_weight", {x[0], dy}, aw)};
-    }, true, {{"conv2d", "onednn"}, {"conv2d_grad_input", "onednn"}, {"conv2d_grad_weight", "onednn"}});
+    compare(
+        "conv " + shape_str(c.x) + shape_str(c.w), {c.x, c.w, {c.w[0]}},
+        [&](Builder& b, auto x) {
+          Value y = b.relu(b.conv2d(x[0], x[1], x[2], c.st, c.pd, c.dl, c.groups));
+          graph::Attrs a{
+              {"stride", c.st}, {"padding", c.pd}, {"dilation", c.dl}, {"groups", c.groups}};
+          Value dy = b.mul(y, y);  // any tensor of y's shape
+          graph::Attrs ai = a, aw = a;
+          ai.set("input_shape", c.x);
+          aw.set("weight_shape", c.w);
+          return std::vector<Value>{y, b.op("conv2d_grad_input", {dy, x[1]}, ai),
+                                    b.op("conv2d_grad_weight", {x[0], dy}, aw)};
+        },
+        true,
+        {{"conv2d", "onednn"}, {"conv2d_grad_input", "onednn"}, {"conv2d_grad_weight", "onednn"}});
   }
 }
 
 TEST(OneDnn, Pooling) {
-  compare("max", {{2, 3, 9, 8}}, [](Builder& b, auto x) { return std::vector<Value>{b.max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1})}; },
+  compare("max", {{2, 3, 9, 8}},
+          [](Builder& b, auto x) {
+            return std::vector<Value>{b.max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1})};
+          },
           true, {{"max_pool2d", "onednn"}});
-  compare("max uneven", {{2, 3, 5, 5}}, [](Builder& b, auto x) { return std::vector<Value>{b.max_pool2d(x[0], {2, 2}, {2, 2})}; });
-  compare("avg", {{2, 3, 9, 8}}, [](Builder& b, auto x) { return std::vector<Value>{b.avg_pool2d(x[0], {3, 2}, {2, 1}, {1, 1})}; });
+  compare("max uneven", {{2, 3, 5, 5}}, [](Builder& b, auto x) {
+    return std::vector<Value>{b.max_pool2d(x[0], {2, 2}, {2, 2})};
+  });
+  compare("avg", {{2, 3, 9, 8}}, [](Builder& b, auto x) {
+    return std::vector<Value>{b.avg_pool2d(x[0], {3, 2}, {2, 1}, {1, 1})};
+  });
 }
 
 }  // namespace

@@ -23,9 +23,9 @@ TEST(DType, F16KnownValues) {
   EXPECT_EQ(float_to_f16(1.0f).bits, 0x3c00);
   EXPECT_EQ(float_to_f16(-2.0f).bits, 0xc000);
   EXPECT_EQ(float_to_f16(65504.0f).bits, 0x7bff);
-  EXPECT_EQ(float_to_f16(65520.0f).bits, 0x7c00);  // rounds to inf
+  EXPECT_EQ(float_to_f16(65520.0f).bits, 0x7c00);                // rounds to inf
   EXPECT_EQ(float_to_f16(5.960464477539063e-08f).bits, 0x0001);  // smallest subnormal
-  EXPECT_EQ(float_to_f16(2.98e-08f).bits, 0x0000);  // below half of it
+  EXPECT_EQ(float_to_f16(2.98e-08f).bits, 0x0000);               // below half of it
   EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(std::nanf("")))));
   // Ties to even: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10.
   EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);

@@ -58,7 +58,9 @@ TEST(Safetensors, ReadsAFileWrittenByTheReferenceLayout) {
   float v[2] = {1.5f, -2.0f};
   std::string data(reinterpret_cast<const char*>(v), 8);
   auto r = parse_safetensors(
-      with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"format":"pt"}})", data),
+      with_header(
+          R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"format":"pt"}})",
+          data),
       "x");
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->find("w")->get(1), -2.0);
@@ -71,29 +73,40 @@ TEST(Safetensors, RefusesMalformedFiles) {
   expect_error(with_header("{}", "").substr(0, 9), "runs past the end");
   expect_error(with_header("{not json", ""), "not valid JSON");
   expect_error(with_header("[1]", ""), "not a JSON object");
-  expect_error(with_header(R"({"w":{"dtype":"F99","shape":[2],"data_offsets":[0,8]}})", d8), "'w': field 'dtype'");
-  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", d8), "'w': field 'shape'");
+  expect_error(with_header(R"({"w":{"dtype":"F99","shape":[2],"data_offsets":[0,8]}})", d8),
+               "'w': field 'dtype'");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", d8),
+               "'w': field 'shape'");
   expect_error(with_header(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8),
                "'w': field 'data_offsets' spans 8 bytes");
-  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", d8), "outside");
-  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", d8), "outside");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", d8),
+               "outside");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", d8),
+               "outside");
   expect_error(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                            R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                            d8),
                "overlaps");
   expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8), "gap");
-  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", d8), "cover");
-  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", d8.substr(0, 4)),
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", d8),
+               "cover");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})",
+                           d8.substr(0, 4)),
                "unknown field 'x'");
-  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})", d8),
-               "overflows");
-  expect_error(with_header(R"({"w":{"dtype":"BOOL","shape":[1],"data_offsets":[0,1]}})", "\x07"), "byte value 7");
+  expect_error(
+      with_header(
+          R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})", d8),
+      "overflows");
+  expect_error(with_header(R"({"w":{"dtype":"BOOL","shape":[1],"data_offsets":[0,1]}})", "\x07"),
+               "byte value 7");
   expect_error(with_header(R"({"__metadata__":{"k":1}})", ""), "not a string");
 }
 
 TEST(Safetensors, TruncationAtEveryByteIsRefused) {
-  std::string bytes = serialize_safetensors({{"a", Tensor::full({3, 3}, DType::kF32, 1.0)}}, {{"k", "v"}});
-  for (std::size_t n = 0; n < bytes.size(); ++n) EXPECT_FALSE(parse_safetensors(bytes.substr(0, n), "t").ok()) << n;
+  std::string bytes =
+      serialize_safetensors({{"a", Tensor::full({3, 3}, DType::kF32, 1.0)}}, {{"k", "v"}});
+  for (std::size_t n = 0; n < bytes.size(); ++n)
+    EXPECT_FALSE(parse_safetensors(bytes.substr(0, n), "t").ok()) << n;
 }
 
 TEST(Safetensors, AtomicWriteLeavesNoTemporaryAndReplaces) {

@@ -12,8 +12,8 @@ class Deadline {
 
   static Deadline after(std::chrono::milliseconds d) { return Deadline(Clock::now() + d); }
   static Deadline after_seconds(double s) {
-    return Deadline(Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(s)));
+    return Deadline(Clock::now() +
+                    std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)));
   }
   Clock::time_point when() const { return when_; }
   bool expired() const { return Clock::now() >= when_; }

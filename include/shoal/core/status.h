@@ -50,9 +50,9 @@ class [[nodiscard]] Status {
 
 inline Status ok_status() { return Status(); }
 
-#define SHOAL_DEFINE_ERROR_FN(name, code)                                          \
-  template <typename... Args>                                                      \
-  Status name(fmt::format_string<Args...> f, Args&&... args) {                     \
+#define SHOAL_DEFINE_ERROR_FN(name, code)                                         \
+  template <typename... Args>                                                     \
+  Status name(fmt::format_string<Args...> f, Args&&... args) {                    \
     return Status(StatusCode::code, fmt::format(f, std::forward<Args>(args)...)); \
   }
 SHOAL_DEFINE_ERROR_FN(invalid_argument, kInvalidArgument)
@@ -71,9 +71,10 @@ SHOAL_DEFINE_ERROR_FN(failed_precondition, kFailedPrecondition)
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
-    if (std::get<Status>(v_).ok()) v_ = Status(StatusCode::kInternal, "Result built from ok Status");
+    if (std::get<Status>(v_).ok())
+      v_ = Status(StatusCode::kInternal, "Result built from ok Status");
   }
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -95,7 +96,8 @@ class [[nodiscard]] Result {
   std::variant<T, Status> v_;
 };
 
-[[noreturn]] void check_failed(const char* file, int line, const char* expr, const std::string& msg);
+[[noreturn]] void check_failed(const char* file, int line, const char* expr,
+                               const std::string& msg);
 
 template <typename T>
 T& Result<T>::checked() {
@@ -105,18 +107,18 @@ T& Result<T>::checked() {
 
 }  // namespace shoal
 
-#define SHOAL_CHECK(cond, ...)                                                           \
-  do {                                                                                   \
+#define SHOAL_CHECK(cond, ...)                                                                  \
+  do {                                                                                          \
     if (!(cond)) ::shoal::check_failed(__FILE__, __LINE__, #cond, fmt::format("" __VA_ARGS__)); \
   } while (0)
 
 #define SHOAL_CONCAT_INNER(a, b) a##b
 #define SHOAL_CONCAT(a, b) SHOAL_CONCAT_INNER(a, b)
 
-#define SHOAL_RETURN_IF_ERROR(expr)            \
-  do {                                         \
-    ::shoal::Status _shoal_st = (expr);        \
-    if (!_shoal_st.ok()) return _shoal_st;     \
+#define SHOAL_RETURN_IF_ERROR(expr)        \
+  do {                                     \
+    ::shoal::Status _shoal_st = (expr);    \
+    if (!_shoal_st.ok()) return _shoal_st; \
   } while (0)
 
 #define SHOAL_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

@@ -19,11 +19,14 @@ class Builder {
   const TensorType& type(Value v) const { return g_.type(v); }
   const Shape& shape(Value v) const { return g_.type(v).shape; }
 
-  Value op(const std::string& op, std::vector<Value> inputs, Attrs attrs = {}, std::string name = "");
+  Value op(const std::string& op, std::vector<Value> inputs, Attrs attrs = {},
+           std::string name = "");
   std::vector<Value> op_multi(const std::string& op, std::vector<Value> inputs, Attrs attrs = {},
                               std::string name = "");
 
-  Value input(const std::string& name, DType dt, Shape shape) { return g_.input(name, {dt, shape}); }
+  Value input(const std::string& name, DType dt, Shape shape) {
+    return g_.input(name, {dt, shape});
+  }
   Value constant(Tensor t) { return g_.constant(std::move(t)); }
   Value scalar(double v, DType dt = DType::kF32);
   Value scalar_like(double v, Value like) { return scalar(v, dtype_of(like)); }
@@ -47,7 +50,9 @@ class Builder {
   Value tanh(Value a) { return op("tanh", {a}); }
   Value sigmoid(Value a) { return op("sigmoid", {a}); }
   Value where(Value c, Value a, Value b) { return op("where", {c, a, b}); }
-  Value cast(Value a, DType to) { return op("cast", {a}, {{"dtype", std::string(dtype_name(to))}}); }
+  Value cast(Value a, DType to) {
+    return op("cast", {a}, {{"dtype", std::string(dtype_name(to))}});
+  }
 
   // Linear algebra and NN.
   Value matmul(Value a, Value b, bool ta = false, bool tb = false);
@@ -83,8 +88,11 @@ class Builder {
   Value transpose(Value x, std::vector<std::int64_t> perm) {
     return op("transpose", {x}, {{"perm", perm}});
   }
-  Value concat(std::vector<Value> xs, std::int64_t axis) { return op("concat", xs, {{"axis", axis}}); }
-  Value slice(Value x, std::int64_t axis, std::int64_t start, std::int64_t end, std::int64_t step = 1);
+  Value concat(std::vector<Value> xs, std::int64_t axis) {
+    return op("concat", xs, {{"axis", axis}});
+  }
+  Value slice(Value x, std::int64_t axis, std::int64_t start, std::int64_t end,
+              std::int64_t step = 1);
   Value flatten(Value x, std::int64_t start_dim = 1) {
     return op("flatten", {x}, {{"start_dim", start_dim}});
   }

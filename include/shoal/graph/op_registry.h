@@ -24,7 +24,7 @@ struct GradInputs {
 struct OpDef {
   std::string name;
   int min_inputs = 1;
-  int max_inputs = 1;  // -1: variadic
+  int max_inputs = 1;              // -1: variadic
   std::vector<std::string> attrs;  // allowed attribute names
   std::function<Result<std::vector<TensorType>>(const Node&, const std::vector<TensorType>&)> infer;
   // Returns one Value per input (invalid = no gradient); null if the op is

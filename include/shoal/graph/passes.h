@@ -36,8 +36,7 @@ struct MemoryPlan {
 // outputs live to the end. `extend_until` lets a caller keep a value alive
 // until a later position (e.g. inputs of async nodes until their wait).
 MemoryPlan plan_memory(const Graph& g, const std::vector<int>& order,
-                       const std::map<Value, int>& extend_until = {},
-                       std::size_t alignment = 64);
+                       const std::map<Value, int>& extend_until = {}, std::size_t alignment = 64);
 
 std::string to_json(const Graph& g);
 std::string to_dot(const Graph& g);

@@ -19,7 +19,7 @@
 namespace shoal::runtime {
 
 struct CompileOptions {
-  bool fuse = true;            // fold activations into matmul/conv post-ops
+  bool fuse = true;  // fold activations into matmul/conv post-ops
   bool constant_fold = true;
   double async_wait_seconds = 300.0;  // deadline for async kernels
 };
@@ -40,8 +40,8 @@ class Executable {
   // Graph output i: a view into the arena, valid until the next run.
   virtual const Tensor& output(int i) const = 0;
   virtual int num_outputs() const = 0;
-  virtual std::size_t arena_bytes() const = 0;   // peak planned bytes
-  virtual std::size_t naive_bytes() const = 0;   // without reuse
+  virtual std::size_t arena_bytes() const = 0;    // peak planned bytes
+  virtual std::size_t naive_bytes() const = 0;    // without reuse
   virtual const graph::Graph& graph() const = 0;  // after backend passes
   virtual void enable_trace(bool on) = 0;
   virtual const std::vector<TraceEvent>& trace() const = 0;

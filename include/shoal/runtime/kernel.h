@@ -28,7 +28,8 @@ struct KernelContext {
 class Kernel {
  public:
   virtual ~Kernel() = default;
-  virtual Status run(const KernelContext& ctx, std::span<const Tensor> in, std::span<Tensor> out) = 0;
+  virtual Status run(const KernelContext& ctx, std::span<const Tensor> in,
+                     std::span<Tensor> out) = 0;
   virtual bool is_async() const { return false; }
   virtual Status wait(Deadline) { return ok_status(); }
   // "onednn", "blas", "ref"... shown in traces and `shoal info`.

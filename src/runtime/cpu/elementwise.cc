@@ -147,31 +147,32 @@ void register_elementwise(KernelRegistry& r) {
     const Shape& os = n.outputs[0].shape;
     Shape sc = broadcast_strides(in[0].shape, os), sa = broadcast_strides(in[1].shape, os),
           sb = broadcast_strides(in[2].shape, os);
-    return make_fn([os, sc, sa, sb](const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) {
-      return dispatch_float(out[0].dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        dispatch_dtype(in[0].dtype(), [&](auto ctag) {
-          using C = decltype(ctag);
-          const C* pc = static_cast<const C*>(in[0].raw_data());
-          const T* pa = in[1].data<T>();
-          const T* pb = in[2].data<T>();
-          T* po = out[0].data<T>();
-          std::int64_t n = out[0].numel();
-          for (std::int64_t i = 0; i < n; ++i) {
-            std::int64_t rem = i, oc = 0, oa = 0, ob = 0;
-            for (int d = static_cast<int>(os.size()) - 1; d >= 0; --d) {
-              std::int64_t idx = rem % os[d];
-              rem /= os[d];
-              oc += idx * sc[d];
-              oa += idx * sa[d];
-              ob += idx * sb[d];
-            }
-            po[i] = to_double(pc[oc]) != 0.0 ? pa[oa] : pb[ob];
-          }
+    return make_fn(
+        [os, sc, sa, sb](const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) {
+          return dispatch_float(out[0].dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            dispatch_dtype(in[0].dtype(), [&](auto ctag) {
+              using C = decltype(ctag);
+              const C* pc = static_cast<const C*>(in[0].raw_data());
+              const T* pa = in[1].data<T>();
+              const T* pb = in[2].data<T>();
+              T* po = out[0].data<T>();
+              std::int64_t n = out[0].numel();
+              for (std::int64_t i = 0; i < n; ++i) {
+                std::int64_t rem = i, oc = 0, oa = 0, ob = 0;
+                for (int d = static_cast<int>(os.size()) - 1; d >= 0; --d) {
+                  std::int64_t idx = rem % os[d];
+                  rem /= os[d];
+                  oc += idx * sc[d];
+                  oa += idx * sa[d];
+                  ob += idx * sb[d];
+                }
+                po[i] = to_double(pc[oc]) != 0.0 ? pa[oa] : pb[ob];
+              }
+            });
+            return ok_status();
+          });
         });
-        return ok_status();
-      });
-    });
   });
 
   r.add("cast", [](const Node&, const Inputs&) {

@@ -13,7 +13,8 @@ namespace shoal::runtime::cpu {
 using graph::Node;
 using graph::TensorType;
 using Inputs = std::vector<TensorType>;
-using KernelFn = std::function<Status(const KernelContext&, std::span<const Tensor>, std::span<Tensor>)>;
+using KernelFn =
+    std::function<Status(const KernelContext&, std::span<const Tensor>, std::span<Tensor>)>;
 
 class FnKernel final : public Kernel {
  public:

@@ -17,15 +17,15 @@ namespace {
 
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-              beta, c, static_cast<int>(n));
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(n));
 }
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const double* a,
           std::int64_t lda, const double* b, std::int64_t ldb, double beta, double* c) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), 1.0, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-              beta, c, static_cast<int>(n));
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(n));
 }
 
 template <typename T>
@@ -62,8 +62,10 @@ template <typename T>
 void linear_ref(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, bool relu) {
   std::int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
   T* py = y.data<T>();
-  if (in == 0) std::fill(py, py + n * out, T(0));
-  else if (n > 0 && out > 0) gemm(false, true, n, out, in, x.data<T>(), in, w.data<T>(), in, T(0), py);
+  if (in == 0)
+    std::fill(py, py + n * out, T(0));
+  else if (n > 0 && out > 0)
+    gemm(false, true, n, out, in, x.data<T>(), in, w.data<T>(), in, T(0), py);
   for (std::int64_t i = 0; i < n; ++i)
     for (std::int64_t j = 0; j < out; ++j) {
       T v = py[i * out + j] + (bias ? bias->data<T>()[j] : T(0));
@@ -77,8 +79,9 @@ struct ConvGeom {
     auto st = node.attrs.get_ints_or("stride", {1, 1});
     auto pd = node.attrs.get_ints_or("padding", {0, 0});
     auto dl = node.attrs.get_ints_or("dilation", {1, 1});
-    return ConvGeom{x[0], x[1], x[2], x[3], wt[0], wt[2], wt[3], y[2], y[3], st[0], st[1],
-                    pd[0], pd[1], dl[0], dl[1], node.attrs.get_int_or("groups", 1)};
+    return ConvGeom{
+        x[0], x[1],  x[2],  x[3],  wt[0], wt[2], wt[3], y[2],
+        y[3], st[0], st[1], pd[0], pd[1], dl[0], dl[1], node.attrs.get_int_or("groups", 1)};
   }
 };
 
@@ -104,7 +107,8 @@ void conv_ref(const ConvGeom& g, T* x, T* w, T* y, int mode) {
                 if (ix < 0 || ix >= g.w) continue;
                 T* xp = x + ((ni * g.c + cc) * g.h + iy) * g.w + ix;
                 T* wp = w + ((oc * cpg + ic) * g.kh + ky) * g.kw + kx;
-                if (mode == 0) acc += *xp * *wp;
+                if (mode == 0)
+                  acc += *xp * *wp;
                 else if (mode == 1) {
 #pragma omp atomic
                   *xp += *yp * *wp;
@@ -131,7 +135,8 @@ struct PoolGeom {
 };
 
 template <typename T>
-void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& out, bool is_max, bool backward) {
+void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& out, bool is_max,
+              bool backward) {
   const auto& k = geo.k;
   const auto& st = geo.st;
   const auto& pd = geo.pd;
@@ -157,7 +162,10 @@ void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& ou
             if (ix < 0 || ix >= w) continue;
             std::int64_t off = (p * h + iy) * w + ix;
             if (is_max) {
-              if (px[off] > acc || best < 0) { acc = px[off]; best = off; }
+              if (px[off] > acc || best < 0) {
+                acc = px[off];
+                best = off;
+              }
             } else if (backward) {
               po[off] += g * inv;
             } else {
@@ -224,7 +232,8 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
   T* dx = out[0].data<T>();
 #pragma omp parallel for schedule(static)
   for (std::int64_t ch = 0; ch < c; ++ch) {
-    double m = in[2].data<T>()[ch], rstd = 1.0 / std::sqrt(static_cast<double>(in[3].data<T>()[ch]) + eps);
+    double m = in[2].data<T>()[ch],
+           rstd = 1.0 / std::sqrt(static_cast<double>(in[3].data<T>()[ch]) + eps);
     double sdy = 0, sdyx = 0;
     for (std::int64_t i = 0; i < n; ++i) {
       const T* p = x + (i * c + ch) * sp;
@@ -268,7 +277,8 @@ void layer_norm_fwd(double eps, std::span<const Tensor> in, std::span<Tensor> ou
     m /= static_cast<double>(d);
     for (std::int64_t i = 0; i < d; ++i) v += (p[i] - m) * (p[i] - m);
     double rstd = 1.0 / std::sqrt(v / static_cast<double>(d) + eps);
-    for (std::int64_t i = 0; i < d; ++i) y[r * d + i] = static_cast<T>((p[i] - m) * rstd * g[i] + b[i]);
+    for (std::int64_t i = 0; i < d; ++i)
+      y[r * d + i] = static_cast<T>((p[i] - m) * rstd * g[i] + b[i]);
   }
 }
 
@@ -299,7 +309,8 @@ void layer_norm_bwd(double eps, std::span<const Tensor> in, std::span<Tensor> ou
     }
     for (std::int64_t i = 0; i < d; ++i) {
       double xh = (p[i] - m) * rstd, dxh = gy[i] * g[i];
-      dx[r * d + i] = static_cast<T>(rstd * (dxh - s1 / static_cast<double>(d) - xh * s2 / static_cast<double>(d)));
+      dx[r * d + i] = static_cast<T>(
+          rstd * (dxh - s1 / static_cast<double>(d) - xh * s2 / static_cast<double>(d)));
     }
   }
   for (std::int64_t i = 0; i < d; ++i) {
@@ -308,44 +319,47 @@ void layer_norm_bwd(double eps, std::span<const Tensor> in, std::span<Tensor> ou
   }
 }
 
-#define FLOAT_KERNEL(...)                                                                   \
-  make_fn([=](const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) {   \
-    (void)c;                                                                                 \
-    return dispatch_float(out[0].dtype(), [&](auto tag) {                                    \
-      using T = decltype(tag);                                                               \
-      __VA_ARGS__;                                                                           \
-      return ok_status();                                                                    \
-    });                                                                                      \
+#define FLOAT_KERNEL(...)                                                                  \
+  make_fn([=](const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) { \
+    (void)c;                                                                               \
+    return dispatch_float(out[0].dtype(), [&](auto tag) {                                  \
+      using T = decltype(tag);                                                             \
+      __VA_ARGS__;                                                                         \
+      return ok_status();                                                                  \
+    });                                                                                    \
   })
 
 }  // namespace
 
 void register_nn(KernelRegistry& r) {
   r.add("matmul", [](const Node& n, const Inputs&) {
-    bool ta = n.attrs.get_int_or("transpose_a", 0) != 0, tb = n.attrs.get_int_or("transpose_b", 0) != 0;
+    bool ta = n.attrs.get_int_or("transpose_a", 0) != 0,
+         tb = n.attrs.get_int_or("transpose_b", 0) != 0;
     return FLOAT_KERNEL(matmul_ref<T>(in[0], in[1], out[0], ta, tb));
   });
   r.add("linear", [](const Node& n, const Inputs&) {
     bool relu = n.attrs.get_string_or("activation", "") == "relu";
-    return FLOAT_KERNEL(linear_ref<T>(in[0], in[1], in.size() > 2 ? &in[2] : nullptr, out[0], relu));
+    return FLOAT_KERNEL(
+        linear_ref<T>(in[0], in[1], in.size() > 2 ? &in[2] : nullptr, out[0], relu));
   });
   r.add("conv2d", [](const Node& n, const Inputs& ins) {
     bool relu = n.attrs.get_string_or("activation", "") == "relu";
     ConvGeom g = ConvGeom::make(n, ins[0].shape, ins[1].shape, n.outputs[0].shape);
-    return make_fn([relu, g](const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) {
-      return dispatch_float(out[0].dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        conv_ref<T>(g, in[0].data<T>(), in[1].data<T>(), out[0].data<T>(), 0);
-        std::int64_t sp = g.oh * g.ow;
-        T* y = out[0].data<T>();
-        for (std::int64_t i = 0; i < g.n * g.o; ++i)
-          for (std::int64_t s = 0; s < sp; ++s) {
-            T v = y[i * sp + s] + (in.size() > 2 ? in[2].data<T>()[i % g.o] : T(0));
-            y[i * sp + s] = relu && v < 0 ? T(0) : v;
-          }
-        return ok_status();
-      });
-    });
+    return make_fn(
+        [relu, g](const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) {
+          return dispatch_float(out[0].dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            conv_ref<T>(g, in[0].data<T>(), in[1].data<T>(), out[0].data<T>(), 0);
+            std::int64_t sp = g.oh * g.ow;
+            T* y = out[0].data<T>();
+            for (std::int64_t i = 0; i < g.n * g.o; ++i)
+              for (std::int64_t s = 0; s < sp; ++s) {
+                T v = y[i * sp + s] + (in.size() > 2 ? in[2].data<T>()[i % g.o] : T(0));
+                y[i * sp + s] = relu && v < 0 ? T(0) : v;
+              }
+            return ok_status();
+          });
+        });
   });
   r.add("conv2d_grad_input", [](const Node& n, const Inputs& ins) {
     ConvGeom g = ConvGeom::make(n, n.outputs[0].shape, ins[1].shape, ins[0].shape);
@@ -397,8 +411,12 @@ void register_nn(KernelRegistry& r) {
       }
     });
   });
-  r.add("batch_norm", [](const Node&, const Inputs&) { return FLOAT_KERNEL(batch_norm_fwd<T>(c.node, in, out)); });
-  r.add("batch_norm_grad", [](const Node&, const Inputs&) { return FLOAT_KERNEL(batch_norm_bwd<T>(c.node, in, out)); });
+  r.add("batch_norm", [](const Node&, const Inputs&) {
+    return FLOAT_KERNEL(batch_norm_fwd<T>(c.node, in, out));
+  });
+  r.add("batch_norm_grad", [](const Node&, const Inputs&) {
+    return FLOAT_KERNEL(batch_norm_bwd<T>(c.node, in, out));
+  });
   r.add("layer_norm", [](const Node& n, const Inputs&) {
     double eps = n.attrs.get_float_or("eps", 1e-5);
     return FLOAT_KERNEL(layer_norm_fwd<T>(eps, in, out));

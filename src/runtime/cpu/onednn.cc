@@ -4,9 +4,8 @@
 // are created once per node at compile time; a run only swaps data handles.
 // oneDNN throws: every call stays inside this file, and a primitive oneDNN
 // cannot build falls back to the reference kernel.
-#include <dnnl.hpp>
-
 #include <array>
+#include <dnnl.hpp>
 #include <optional>
 #include <unordered_map>
 
@@ -39,7 +38,8 @@ class ExecArgs {
   }
   void add(int k, const memory& m) { v_.push_back(dnnl_exec_arg_t{k, m.get()}); }
   void execute(const dnnl::primitive& p) const {
-    dnnl_status_t st = dnnl_primitive_execute(p.get(), stream().get(), static_cast<int>(v_.size()), v_.data());
+    dnnl_status_t st =
+        dnnl_primitive_execute(p.get(), stream().get(), static_cast<int>(v_.size()), v_.data());
     if (st != dnnl_success) throw dnnl::error(st, "dnnl_primitive_execute");
   }
 
@@ -52,8 +52,8 @@ memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); 
 // An operand in the primitive's preferred layout. When it differs from the
 // plain layout a scratch buffer and a reorder are kept.
 struct Operand {
-  memory user;     // plain, points into the arena at run time
-  memory inner;    // what the primitive reads/writes
+  memory user;   // plain, points into the arena at run time
+  memory inner;  // what the primitive reads/writes
   std::shared_ptr<Storage> buf;
   std::optional<dnnl::reorder> to_inner, to_user;
   // reorder::execute(stream, src, dst) builds a map per call; ours is built once.
@@ -111,8 +111,8 @@ class DnnlKernel : public Kernel {
 // y = op(A) op(B) (+ bias) (relu), batched when both share one batch shape.
 class MatmulKernel final : public DnnlKernel {
  public:
-  MatmulKernel(const Shape& as, const Shape& /*bs*/, const Shape& ys, bool ta, bool tb, bool has_bias,
-               bool relu, bool linear) {
+  MatmulKernel(const Shape& as, const Shape& /*bs*/, const Shape& ys, bool ta, bool tb,
+               bool has_bias, bool relu, bool linear) {
     // Linear: x [N, in] times w [out, in]^T.
     std::size_t r = ys.size();
     memory::dims batch(ys.begin(), ys.end() - 2);
@@ -124,7 +124,8 @@ class MatmulKernel final : public DnnlKernel {
       d.push_back(cols);
       memory::dims s(d.size());
       memory::dim mat = rows * cols;
-      for (std::size_t i = batch.size(); i-- > 0;) s[i] = (i + 1 < batch.size() ? s[i + 1] * d[i + 1] : mat);
+      for (std::size_t i = batch.size(); i-- > 0;)
+        s[i] = (i + 1 < batch.size() ? s[i + 1] * d[i + 1] : mat);
       s[d.size() - 2] = trans ? 1 : cols;
       s[d.size() - 1] = trans ? rows : 1;
       return memory::desc(d, dt::f32, s);
@@ -147,7 +148,10 @@ class MatmulKernel final : public DnnlKernel {
     if (has_bias) bias_ = memory(bias_md, engine(), DNNL_MEMORY_NONE);
     has_bias_ = has_bias;
     // memory objects are handles: the args are built once, run() swaps pointers.
-    exec_args_ = {{DNNL_ARG_SRC, &a_}, {DNNL_ARG_WEIGHTS, &b_}, {DNNL_ARG_DST, &y_}, {DNNL_ARG_SCRATCHPAD, &scratch_}};
+    exec_args_ = {{DNNL_ARG_SRC, &a_},
+                  {DNNL_ARG_WEIGHTS, &b_},
+                  {DNNL_ARG_DST, &y_},
+                  {DNNL_ARG_SCRATCHPAD, &scratch_}};
     if (has_bias) exec_args_.add(DNNL_ARG_BIAS, bias_);
   }
   Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
@@ -192,26 +196,30 @@ memory::desc weights_any(const Shape& w, std::int64_t groups) {
   return memory::desc({groups, w[0] / groups, w[1], w[2], w[3]}, dt::f32, tag::any);
 }
 
-dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvParams& p, const Shape& x, const Shape& w,
-                                                      const Shape& y, std::int64_t groups, bool bias,
+dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvParams& p, const Shape& x,
+                                                      const Shape& w, const Shape& y,
+                                                      std::int64_t groups, bool bias,
                                                       const dnnl::primitive_attr& a) {
   memory::desc xa(dims_of(x), dt::f32, tag::any), ya(dims_of(y), dt::f32, tag::any);
   memory::desc wa = weights_any(w, groups);
   if (bias) {
     memory::desc ba({w[0]}, dt::f32, tag::x);
-    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, xa,
-                                      wa, ba, ya, p.strides, p.dilates, p.pad_l, p.pad_r);
+    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training,
+                                      dnnl::algorithm::convolution_direct, xa, wa, ba, ya,
+                                      p.strides, p.dilates, p.pad_l, p.pad_r);
     return {d, a, engine()};
   }
-  dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, xa, wa,
-                                    ya, p.strides, p.dilates, p.pad_l, p.pad_r);
+  dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training,
+                                    dnnl::algorithm::convolution_direct, xa, wa, ya, p.strides,
+                                    p.dilates, p.pad_l, p.pad_r);
   return {d, a, engine()};
 }
 
 // mode 0 forward (x, w[, b]) -> y; 1 grad input (dy, w) -> dx; 2 grad weight (x, dy) -> dw.
 class ConvKernel final : public DnnlKernel {
  public:
-  ConvKernel(int mode, const Node& n, const Shape& x, const Shape& w, const Shape& y, bool bias, bool relu)
+  ConvKernel(int mode, const Node& n, const Shape& x, const Shape& w, const Shape& y, bool bias,
+             bool relu)
       : mode_(mode), bias_(bias) {
     std::int64_t groups = n.attrs.get_int_or("groups", 1);
     ConvParams p = ConvParams::make(n, x, w, y);
@@ -228,8 +236,9 @@ class ConvKernel final : public DnnlKernel {
       args_ = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
     } else if (mode == 1) {
       memory::desc xa(dims_of(x), dt::f32, tag::any), ya(dims_of(y), dt::f32, tag::any);
-      dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, xa, weights_any(w, groups), ya,
-                                              p.strides, p.dilates, p.pad_l, p.pad_r);
+      dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, xa,
+                                              weights_any(w, groups), ya, p.strides, p.dilates,
+                                              p.pad_l, p.pad_r);
       dnnl::convolution_backward_data::primitive_desc pd(d, attr(false), engine(), fwd);
       prim_ = dnnl::convolution_backward_data(pd);
       init_scratch(pd);
@@ -239,8 +248,9 @@ class ConvKernel final : public DnnlKernel {
       args_ = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
     } else {
       memory::desc xa(dims_of(x), dt::f32, tag::any), ya(dims_of(y), dt::f32, tag::any);
-      dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, xa, weights_any(w, groups),
-                                                 ya, p.strides, p.dilates, p.pad_l, p.pad_r);
+      dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, xa,
+                                                 weights_any(w, groups), ya, p.strides, p.dilates,
+                                                 p.pad_l, p.pad_r);
       dnnl::convolution_backward_weights::primitive_desc pd(d, attr(false), engine(), fwd);
       prim_ = dnnl::convolution_backward_weights(pd);
       init_scratch(pd);
@@ -249,7 +259,9 @@ class ConvKernel final : public DnnlKernel {
       ops_[2].init(wp, pd.diff_weights_desc(), true);
       args_ = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
     }
-    exec_args_ = {{args_[0], &ops_[0].inner}, {args_[1], &ops_[1].inner}, {args_[2], &ops_[2].inner},
+    exec_args_ = {{args_[0], &ops_[0].inner},
+                  {args_[1], &ops_[1].inner},
+                  {args_[2], &ops_[2].inner},
                   {DNNL_ARG_SCRATCHPAD, &scratch_}};
     if (mode_ == 0 && bias_) exec_args_.add(DNNL_ARG_BIAS, bias_mem_);
   }
@@ -285,10 +297,10 @@ class PoolKernel final : public DnnlKernel {
     memory::dims pr;
     for (int i = 0; i < 2; ++i) pr.push_back((y[2 + i] - 1) * st[i] + k[i] - x[2 + i] - pd[i]);
     memory::desc xp(dims_of(x), dt::f32, tag::nchw), yp(dims_of(y), dt::f32, tag::nchw);
-    dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference,
-                                  is_max ? dnnl::algorithm::pooling_max
-                                         : dnnl::algorithm::pooling_avg_include_padding,
-                                  xp, yp, {st[0], st[1]}, {k[0], k[1]}, {pd[0], pd[1]}, pr);
+    dnnl::pooling_forward::desc d(
+        dnnl::prop_kind::forward_inference,
+        is_max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_include_padding, xp,
+        yp, {st[0], st[1]}, {k[0], k[1]}, {pd[0], pd[1]}, pr);
     dnnl::pooling_forward::primitive_desc p(d, attr(false), engine());
     prim_ = dnnl::pooling_forward(p);
     init_scratch(p);
@@ -312,8 +324,9 @@ class PoolKernel final : public DnnlKernel {
 
 // Wraps the reference factory: f32 nodes get a oneDNN kernel when oneDNN can
 // build one, everything else keeps the reference kernel.
-void override_f32(KernelRegistry& r, const std::string& op,
-                  std::function<std::unique_ptr<Kernel>(const Node&, const Inputs&, const TensorType&)> make) {
+void override_f32(
+    KernelRegistry& r, const std::string& op,
+    std::function<std::unique_ptr<Kernel>(const Node&, const Inputs&, const TensorType&)> make) {
   const KernelFactory* prev = r.find(op);
   SHOAL_CHECK(prev != nullptr, "no reference kernel for {}", op);
   KernelFactory fallback = *prev;
@@ -324,7 +337,8 @@ void override_f32(KernelRegistry& r, const std::string& op,
         std::unique_ptr<Kernel> k = make(n, in, n.outputs[0]);
         if (k) return k;
       } catch (const dnnl::error& e) {
-        SHOAL_LOG_DEBUG("{}: oneDNN declined ({}); using the reference kernel", n.label(), e.what());
+        SHOAL_LOG_DEBUG("{}: oneDNN declined ({}); using the reference kernel", n.label(),
+                        e.what());
       }
     }
     return fallback(n, in);
@@ -334,45 +348,56 @@ void override_f32(KernelRegistry& r, const std::string& op,
 }  // namespace
 
 void register_onednn(KernelRegistry& r) {
-  override_f32(r, "matmul", [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
-    Shape ab(in[0].shape.begin(), in[0].shape.end() - 2), bb(in[1].shape.begin(), in[1].shape.end() - 2);
-    if (ab != bb || num_elements(y.shape) == 0 || in[0].shape.back() == 0) return nullptr;
-    return std::make_unique<MatmulKernel>(in[0].shape, in[1].shape, y.shape,
-                                          n.attrs.get_int_or("transpose_a", 0) != 0,
-                                          n.attrs.get_int_or("transpose_b", 0) != 0, false, false, false);
-  });
-  override_f32(r, "linear", [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
-    if (num_elements(y.shape) == 0 || in[0].shape[1] == 0) return nullptr;
-    return std::make_unique<MatmulKernel>(in[0].shape, in[1].shape, y.shape, false, true, in.size() == 3,
-                                          n.attrs.get_string_or("activation", "") == "relu", true);
-  });
-  override_f32(r, "conv2d", [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
-    if (num_elements(y.shape) == 0) return nullptr;
-    return std::make_unique<ConvKernel>(0, n, in[0].shape, in[1].shape, y.shape, in.size() == 3,
-                                        n.attrs.get_string_or("activation", "") == "relu");
-  });
+  override_f32(r, "matmul",
+               [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
+                 Shape ab(in[0].shape.begin(), in[0].shape.end() - 2),
+                     bb(in[1].shape.begin(), in[1].shape.end() - 2);
+                 if (ab != bb || num_elements(y.shape) == 0 || in[0].shape.back() == 0)
+                   return nullptr;
+                 return std::make_unique<MatmulKernel>(
+                     in[0].shape, in[1].shape, y.shape, n.attrs.get_int_or("transpose_a", 0) != 0,
+                     n.attrs.get_int_or("transpose_b", 0) != 0, false, false, false);
+               });
+  override_f32(r, "linear",
+               [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
+                 if (num_elements(y.shape) == 0 || in[0].shape[1] == 0) return nullptr;
+                 return std::make_unique<MatmulKernel>(
+                     in[0].shape, in[1].shape, y.shape, false, true, in.size() == 3,
+                     n.attrs.get_string_or("activation", "") == "relu", true);
+               });
+  override_f32(r, "conv2d",
+               [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
+                 if (num_elements(y.shape) == 0) return nullptr;
+                 return std::make_unique<ConvKernel>(
+                     0, n, in[0].shape, in[1].shape, y.shape, in.size() == 3,
+                     n.attrs.get_string_or("activation", "") == "relu");
+               });
   override_f32(r, "conv2d_grad_input",
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
                  if (num_elements(in[0].shape) == 0) return nullptr;
-                 return std::make_unique<ConvKernel>(1, n, y.shape, in[1].shape, in[0].shape, false, false);
+                 return std::make_unique<ConvKernel>(1, n, y.shape, in[1].shape, in[0].shape, false,
+                                                     false);
                });
   override_f32(r, "conv2d_grad_weight",
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
                  if (num_elements(in[1].shape) == 0) return nullptr;
-                 return std::make_unique<ConvKernel>(2, n, in[0].shape, y.shape, in[1].shape, false, false);
+                 return std::make_unique<ConvKernel>(2, n, in[0].shape, y.shape, in[1].shape, false,
+                                                     false);
                });
   for (bool is_max : {true, false}) {
-    override_f32(r, is_max ? "max_pool2d" : "avg_pool2d",
-                 [is_max](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
-                   if (num_elements(y.shape) == 0) return nullptr;
-                   return std::make_unique<PoolKernel>(n, in[0].shape, y.shape, is_max);
-                 });
+    override_f32(
+        r, is_max ? "max_pool2d" : "avg_pool2d",
+        [is_max](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
+          if (num_elements(y.shape) == 0) return nullptr;
+          return std::make_unique<PoolKernel>(n, in[0].shape, y.shape, is_max);
+        });
   }
 }
 
 std::string onednn_version() {
   const dnnl_version_t* v = dnnl_version();
-  return fmt::format("{}.{}.{} ({})", v->major, v->minor, v->patch, v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other");
+  return fmt::format("{}.{}.{} ({})", v->major, v->minor, v->patch,
+                     v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other");
 }
 
 }  // namespace shoal::runtime::cpu

@@ -67,7 +67,8 @@ Shape reduce_ostrides(const Shape& xs, const std::vector<bool>& red) {
 std::vector<bool> reduced_dims(const Node& n, std::size_t rank) {
   auto axes = n.attrs.get_ints_or("axes", {});
   std::vector<bool> red(rank, axes.empty());
-  for (auto a : axes) red[static_cast<std::size_t>(a < 0 ? a + static_cast<std::int64_t>(rank) : a)] = true;
+  for (auto a : axes)
+    red[static_cast<std::size_t>(a < 0 ? a + static_cast<std::int64_t>(rank) : a)] = true;
   return red;
 }
 
@@ -82,12 +83,14 @@ void add_reduce(KernelRegistry& r, const std::string& op) {
         std::int64_t m = y[0].numel();
         if (op == "reduce_max") {
           std::fill(py, py + m, -std::numeric_limits<T>::infinity());
-          reduce_into(x[0].data<T>(), x[0].shape(), ost, py, [](T a, T b) { return a > b ? a : b; });
+          reduce_into(x[0].data<T>(), x[0].shape(), ost, py,
+                      [](T a, T b) { return a > b ? a : b; });
         } else {
           std::fill(py, py + m, T(0));
           reduce_into(x[0].data<T>(), x[0].shape(), ost, py, [](T a, T b) { return a + b; });
           if (op == "reduce_mean" && m > 0) {
-            T inv = T(static_cast<double>(m) / static_cast<double>(std::max<std::int64_t>(x[0].numel(), 1)));
+            T inv = T(static_cast<double>(m) /
+                      static_cast<double>(std::max<std::int64_t>(x[0].numel(), 1)));
             for (std::int64_t i = 0; i < m; ++i) py[i] *= inv;
           }
         }
@@ -105,9 +108,12 @@ AxisView axis_view(const Shape& s, std::int64_t axis) {
   AxisView v;
   if (axis < 0) axis += static_cast<std::int64_t>(s.size());
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(s.size()); ++i) {
-    if (i < axis) v.outer *= s[i];
-    else if (i == axis) v.len = s[i];
-    else v.inner *= s[i];
+    if (i < axis)
+      v.outer *= s[i];
+    else if (i == axis)
+      v.len = s[i];
+    else
+      v.inner *= s[i];
   }
   return v;
 }
@@ -129,16 +135,19 @@ void softmax_rows(const T* x, T* y, AxisView v, bool log) {
       for (std::int64_t i = 0; i < v.len; ++i) yr[i * v.inner] = xr[i * v.inner] - lse;
     } else {
       T inv = T(1) / sum;
-      for (std::int64_t i = 0; i < v.len; ++i) yr[i * v.inner] = std::exp(xr[i * v.inner] - mx) * inv;
+      for (std::int64_t i = 0; i < v.len; ++i)
+        yr[i * v.inner] = std::exp(xr[i * v.inner] - mx) * inv;
     }
   }
 }
 
 template <typename I>
-Result<std::int64_t> read_label(const Tensor& t, std::int64_t i, std::int64_t depth, const Node& n) {
+Result<std::int64_t> read_label(const Tensor& t, std::int64_t i, std::int64_t depth,
+                                const Node& n) {
   std::int64_t v = static_cast<std::int64_t>(t.data<I>()[i]);
   if (v < 0 || v >= depth)
-    return out_of_range("{}: label/index {} at position {} is outside [0, {})", n.label(), v, i, depth);
+    return out_of_range("{}: label/index {} at position {} is outside [0, {})", n.label(), v, i,
+                        depth);
   return v;
 }
 
@@ -160,7 +169,8 @@ void register_reduce(KernelRegistry& r) {
     std::size_t lead = xs.size() - ys.size();
     Shape ycs = contiguous_strides(ys);
     Shape ost(xs.size(), 0);
-    for (std::size_t d = lead; d < xs.size(); ++d) ost[d] = (ys[d - lead] == 1 && xs[d] != 1) ? 0 : ycs[d - lead];
+    for (std::size_t d = lead; d < xs.size(); ++d)
+      ost[d] = (ys[d - lead] == 1 && xs[d] != 1) ? 0 : ycs[d - lead];
     return make_fn([xs, ost](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
       return dispatch_float(x[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
@@ -173,7 +183,13 @@ void register_reduce(KernelRegistry& r) {
 
   r.add("broadcast", [](const Node& n, const Inputs& in) {
     const Shape& os = n.outputs[0].shape;
-    StridedCopy c{os, broadcast_strides(in[0].shape, os), contiguous_strides(os), 0, 0, dtype_size(in[0].dtype), {}};
+    StridedCopy c{os,
+                  broadcast_strides(in[0].shape, os),
+                  contiguous_strides(os),
+                  0,
+                  0,
+                  dtype_size(in[0].dtype),
+                  {}};
     c.idx.reserve(os.size());
     return make_fn([c](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
       c.run(x[0].raw_data(), y[0].raw_data());
@@ -185,13 +201,14 @@ void register_reduce(KernelRegistry& r) {
     r.add(op, [op](const Node& n, const Inputs& in) {
       AxisView v = axis_view(in[0].shape, n.attrs.get_int_or("axis", -1));
       bool log = op == "log_softmax";
-      return make_fn([v, log](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
-        return dispatch_float(x[0].dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          softmax_rows(x[0].data<T>(), y[0].data<T>(), v, log);
-          return ok_status();
-        });
-      });
+      return make_fn(
+          [v, log](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+            return dispatch_float(x[0].dtype(), [&](auto tag) {
+              using T = decltype(tag);
+              softmax_rows(x[0].data<T>(), y[0].data<T>(), v, log);
+              return ok_status();
+            });
+          });
     });
   }
 
@@ -237,16 +254,17 @@ void register_reduce(KernelRegistry& r) {
 
   r.add("one_hot", [](const Node& n, const Inputs&) {
     std::int64_t depth = n.attrs.get_int_or("depth", 0);
-    return make_fn([depth](const KernelContext& c, std::span<const Tensor> x, std::span<Tensor> y) -> Status {
-      std::int64_t m = x[0].numel();
-      Tensor& out = y[0];
-      std::memset(out.raw_data(), 0, out.nbytes());
-      for (std::int64_t i = 0; i < m; ++i) {
-        SHOAL_ASSIGN_OR_RETURN(std::int64_t lab, label_at(x[0], i, depth, c.node));
-        out.set(i * depth + lab, 1.0);
-      }
-      return ok_status();
-    });
+    return make_fn(
+        [depth](const KernelContext& c, std::span<const Tensor> x, std::span<Tensor> y) -> Status {
+          std::int64_t m = x[0].numel();
+          Tensor& out = y[0];
+          std::memset(out.raw_data(), 0, out.nbytes());
+          for (std::int64_t i = 0; i < m; ++i) {
+            SHOAL_ASSIGN_OR_RETURN(std::int64_t lab, label_at(x[0], i, depth, c.node));
+            out.set(i * depth + lab, 1.0);
+          }
+          return ok_status();
+        });
   });
 }
 

@@ -8,7 +8,8 @@ namespace shoal::runtime::cpu {
 namespace {
 
 Status copy_bytes(const Tensor& from, Tensor& to) {
-  if (from.nbytes() != to.nbytes()) return internal_error("copy of {} bytes into {}", from.nbytes(), to.nbytes());
+  if (from.nbytes() != to.nbytes())
+    return internal_error("copy of {} bytes into {}", from.nbytes(), to.nbytes());
   if (from.nbytes() > 0) std::memcpy(to.raw_data(), from.raw_data(), from.nbytes());
   return ok_status();
 }
@@ -26,9 +27,12 @@ Status gather_rows(const Tensor& table, const Tensor& ids, Tensor& out, const No
   for (std::int64_t i = 0; i < m; ++i) {
     auto k = static_cast<std::int64_t>(id[i]);
     if (k < 0 || k >= rows)
-      return out_of_range("{}: id {} at position {} is outside the table's {} rows", node.label(), k, i, rows);
-    std::memcpy(static_cast<char*>(out.raw_data()) + static_cast<std::size_t>(i) * row_bytes,
-                static_cast<const char*>(table.raw_data()) + static_cast<std::size_t>(k) * row_bytes, row_bytes);
+      return out_of_range("{}: id {} at position {} is outside the table's {} rows", node.label(),
+                          k, i, rows);
+    std::memcpy(
+        static_cast<char*>(out.raw_data()) + static_cast<std::size_t>(i) * row_bytes,
+        static_cast<const char*>(table.raw_data()) + static_cast<std::size_t>(k) * row_bytes,
+        row_bytes);
   }
   return ok_status();
 }
@@ -43,7 +47,8 @@ Status scatter_rows(const Tensor& ids, const Tensor& dy, Tensor& out, const Node
   for (std::int64_t i = 0; i < m; ++i) {
     auto k = static_cast<std::int64_t>(id[i]);
     if (k < 0 || k >= rows)
-      return out_of_range("{}: id {} at position {} is outside the table's {} rows", node.label(), k, i, rows);
+      return out_of_range("{}: id {} at position {} is outside the table's {} rows", node.label(),
+                          k, i, rows);
     for (std::int64_t j = 0; j < d; ++j) po[k * d + j] += pd[i * d + j];
   }
   return ok_status();
@@ -106,7 +111,8 @@ void register_shape_ops(KernelRegistry& r) {
   r.add("transpose", [](const Node& n, const Inputs& in) {
     auto perm = n.attrs.get_ints_or("perm", {});
     Shape cs = contiguous_strides(in[0].shape);
-    StridedCopy c{n.outputs[0].shape, {}, contiguous_strides(n.outputs[0].shape), 0, 0, dtype_size(in[0].dtype), {}};
+    StridedCopy c{n.outputs[0].shape,      {}, contiguous_strides(n.outputs[0].shape), 0, 0,
+                  dtype_size(in[0].dtype), {}};
     for (auto p : perm) c.src_st.push_back(cs[static_cast<std::size_t>(p)]);
     return copy_kernel(std::move(c));
   });
@@ -116,7 +122,8 @@ void register_shape_ops(KernelRegistry& r) {
     std::vector<StridedCopy> parts;
     std::int64_t start = 0;
     for (const TensorType& t : in) {
-      parts.push_back({t.shape, contiguous_strides(t.shape), os, 0, start * os[ax], dtype_size(t.dtype), {}});
+      parts.push_back(
+          {t.shape, contiguous_strides(t.shape), os, 0, start * os[ax], dtype_size(t.dtype), {}});
       parts.back().idx.reserve(t.shape.size());
       start += t.shape[ax];
     }
@@ -131,8 +138,9 @@ void register_shape_ops(KernelRegistry& r) {
     std::int64_t st = n.attrs.get_int_or("step", 1);
     (void)e;
     Shape cs = contiguous_strides(in[0].shape);
-    StridedCopy c{n.outputs[0].shape, cs, contiguous_strides(n.outputs[0].shape), s * cs[ax], 0,
-                  dtype_size(in[0].dtype), {}};
+    StridedCopy c{
+        n.outputs[0].shape,      cs, contiguous_strides(n.outputs[0].shape), s * cs[ax], 0,
+        dtype_size(in[0].dtype), {}};
     c.src_st[ax] *= st;
     return copy_kernel(std::move(c));
   });
@@ -143,7 +151,8 @@ void register_shape_ops(KernelRegistry& r) {
     std::int64_t st = n.attrs.get_int_or("step", 1);
     (void)e;
     Shape fs = contiguous_strides(full);
-    StridedCopy c{in[0].shape, contiguous_strides(in[0].shape), fs, 0, s * fs[ax], dtype_size(in[0].dtype), {}};
+    StridedCopy c{in[0].shape, contiguous_strides(in[0].shape), fs, 0,
+                  s * fs[ax],  dtype_size(in[0].dtype),         {}};
     c.dst_st[ax] *= st;
     c.idx.reserve(full.size());
     return make_fn([c](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
@@ -162,7 +171,8 @@ void register_shape_ops(KernelRegistry& r) {
     return make_fn([](const KernelContext& c, std::span<const Tensor> x, std::span<Tensor> y) {
       return dispatch_float(x[1].dtype(), [&](auto tag) {
         using T = decltype(tag);
-        if (x[0].dtype() == DType::kI32) return scatter_rows<std::int32_t, T>(x[0], x[1], y[0], c.node);
+        if (x[0].dtype() == DType::kI32)
+          return scatter_rows<std::int32_t, T>(x[0], x[1], y[0], c.node);
         return scatter_rows<std::int64_t, T>(x[0], x[1], y[0], c.node);
       });
     });
