@@ -76,10 +76,9 @@ const TensorType& Graph::type(Value v) const {
   return n.outputs[static_cast<std::size_t>(v.index)];
 }
 
-static Result<std::vector<TensorType>> infer_node(const Graph& g, const Node& n) {
+Result<std::vector<TensorType>> Graph::infer_types(const Node& n) const {
+  const Graph& g = *this;
   const OpDef* def = OpRegistry::global().find(n.op);
-  std::string where = fmt::format("{} (new node)", n.label());
-  if (n.id >= 0 && n.id < g.num_nodes()) where = n.label();
   if (def == nullptr) return invalid_argument("{}: unknown op '{}'", n.label(), n.op);
   int ni = static_cast<int>(n.inputs.size());
   if (ni < def->min_inputs || (def->max_inputs >= 0 && ni > def->max_inputs))
@@ -121,7 +120,7 @@ Result<std::vector<Value>> Graph::add_node(const std::string& op, std::vector<Va
   n.name = std::move(name);
   n.attrs = std::move(attrs);
   n.inputs = std::move(inputs);
-  SHOAL_ASSIGN_OR_RETURN(n.outputs, infer_node(*this, n));
+  SHOAL_ASSIGN_OR_RETURN(n.outputs, infer_types(n));
   nodes_.push_back(std::move(n));
   std::vector<Value> outs;
   for (std::size_t i = 0; i < nodes_.back().outputs.size(); ++i)
@@ -182,7 +181,7 @@ void Graph::replace_all_uses(Value from, Value to) {
 Status Graph::reinfer(int id) {
   Node& n = mutable_node(id);
   if (n.op == "input" || n.op == "constant") return ok_status();
-  SHOAL_ASSIGN_OR_RETURN(auto outs, infer_node(*this, n));
+  SHOAL_ASSIGN_OR_RETURN(auto outs, infer_types(n));
   n.outputs = std::move(outs);
   return ok_status();
 }

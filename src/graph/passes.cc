@@ -33,34 +33,8 @@ int eliminate_dead_code(Graph& g) {
 Status verify(const Graph& g) {
   for (const Node& n : g.nodes()) {
     if (!n.alive || n.op == "input" || n.op == "constant") continue;
-    const OpDef* def = OpRegistry::global().find(n.op);
-    if (def == nullptr) return invalid_argument("verify: {}: unknown op '{}'", n.label(), n.op);
-    std::vector<TensorType> in;
-    for (std::size_t i = 0; i < n.inputs.size(); ++i) {
-      Value v = n.inputs[i];
-      if (v.node < 0 || v.node >= g.num_nodes())
-        return invalid_argument("verify: {}: input {} refers to missing node {}", n.label(), i,
-                                v.node);
-      const Node& src = g.node(v.node);
-      if (!src.alive)
-        return invalid_argument("verify: {}: input {} comes from dead {}", n.label(), i,
-                                src.label());
-      if (v.index < 0 || v.index >= static_cast<int>(src.outputs.size()))
-        return invalid_argument("verify: {}: input {} refers to output {} of {}", n.label(), i,
-                                v.index, src.label());
-      in.push_back(src.outputs[static_cast<std::size_t>(v.index)]);
-    }
-    for (const auto& [k, v] : n.attrs.all())
-      if (std::find(def->attrs.begin(), def->attrs.end(), k) == def->attrs.end())
-        return invalid_argument("verify: {}: unknown attribute '{}'", n.label(), k);
-    auto r = def->infer(n, in);
-    if (!r.ok()) {
-      std::string shapes;
-      for (std::size_t i = 0; i < in.size(); ++i)
-        shapes += fmt::format("{}{}", i ? ", " : "", in[i].str());
-      return invalid_argument("verify: {}: {} (inputs: {})", n.label(), r.status().message(),
-                              shapes);
-    }
+    auto r = g.infer_types(n);
+    if (!r.ok()) return r.status().with_context("verify");
     if (*r != n.outputs) {
       std::string want, have;
       for (const auto& t : *r) want += t.str() + " ";

@@ -92,6 +92,9 @@ class Graph {
 
   // Redirects every use of `from` (node inputs and graph outputs) to `to`.
   void replace_all_uses(Value from, Value to);
+  // Checks a node's op, arity, attributes and inputs against this graph and
+  // infers its output types; errors name the node and the input types.
+  Result<std::vector<TensorType>> infer_types(const Node& n) const;
   // Re-runs type inference on one node (after a pass edits it).
   Status reinfer(int id);
 
