@@ -1,0 +1,115 @@
+// Datasets and the loader. IDX files (the MNIST / Fashion-MNIST format,
+// optionally gzip-compressed) are read whole and checked: magic, type code,
+// dimensions and sizes, with errors that name the file and the field. The
+// Loader turns a Dataset into normalized f32 batches: a per-epoch
+// permutation drawn from a seed, optional crop/flip augmentation keyed by
+// (seed, epoch, sample) so results do not depend on threads, a prefetch
+// thread, and a (rank, world) shard of one shared permutation for data
+// parallelism. A Loader is used by one consumer thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shoal/core/status.h"
+#include "shoal/tensor/tensor.h"
+
+namespace shoal::train {
+
+// One IDX file: element type u8 (the only one the datasets use; others are
+// refused by name) and its dimensions.
+struct IdxArray {
+  Shape dims;
+  std::vector<std::uint8_t> data;
+};
+Result<IdxArray> read_idx(const std::string& path);
+// Parses an IDX image already in memory (decompressed); `where` names it.
+Result<IdxArray> parse_idx(std::string_view bytes, std::string_view where);
+
+struct Dataset {
+  std::string name;     // "fashion-mnist:train"
+  Tensor images;        // u8 [N, H, W]
+  Tensor labels;        // u8 [N]
+  int num_classes = 10;
+  std::int64_t size() const { return labels.numel(); }
+  std::int64_t height() const { return images.shape()[1]; }
+  std::int64_t width() const { return images.shape()[2]; }
+};
+
+// Finds the directory for `data`: an existing directory is used as given;
+// "fashion-mnist" and "mnist" are looked up under $SHOAL_DATA_DIR and
+// /usr/share/datasets (Debian's dataset-fashion-mnist). The error lists
+// where it looked and how to install the package.
+Result<std::string> resolve_data_dir(const std::string& data);
+// Loads split "train" or "t10k" from dir ({split}-images-idx3-ubyte[.gz]
+// and {split}-labels-idx1-ubyte[.gz], or the dotted MNIST names).
+Result<Dataset> load_idx_dataset(const std::string& dir, const std::string& split);
+
+struct LoaderOptions {
+  std::int64_t batch = 64;
+  bool shuffle = true;
+  std::uint64_t seed = 0;
+  bool augment = false;    // random crop (pad 2) and horizontal flip
+  int prefetch = 2;        // batches prepared ahead by the worker thread; 0 = none
+  int rank = 0, world = 1; // shard of each global batch (batch * world samples)
+  float mean = 0.f, stddev = 1.f;  // x = (pixel/255 - mean) / stddev
+  bool drop_last = true;   // false: a final smaller batch (eval)
+};
+
+// Mean and standard deviation of pixel/255 over a dataset.
+std::pair<float, float> pixel_stats(const Dataset& d);
+
+struct Batch {
+  Tensor images;  // f32 [b, 1, H, W]
+  Tensor labels;  // i32 [b]
+  std::int64_t epoch = 0, index = 0;  // batch `index` of `epoch`
+};
+
+class Loader {
+ public:
+  Loader(const Dataset& d, LoaderOptions o);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Batches per epoch for this rank (the same on every rank: the tail that
+  // does not fill a global batch is dropped when drop_last).
+  std::int64_t batches_per_epoch() const;
+  // Positions the loader at batch `index` of `epoch` (resume); the next
+  // call to next() returns it.
+  void seek(std::int64_t epoch, std::int64_t index);
+  // The next batch, valid until the following call. Crosses epochs.
+  const Batch& next();
+  // Sample indices (into the dataset) of batch `index` of `epoch` for this
+  // rank; a pure function of (seed, epoch, rank, world).
+  std::vector<std::int64_t> batch_indices(std::int64_t epoch, std::int64_t index) const;
+
+ private:
+  void fill(Batch& b, std::int64_t epoch, std::int64_t index) const;
+  const std::vector<std::int64_t>& permutation(std::int64_t epoch) const;
+  void start_worker();
+  void stop_worker();
+  void worker();
+
+  const Dataset& d_;
+  LoaderOptions o_;
+  mutable std::int64_t perm_epoch_ = -1;
+  mutable std::vector<std::int64_t> perm_;
+  mutable std::mutex perm_mu_;
+  // Ring of prepared batches: the worker fills slots [head, head+prefetch).
+  std::vector<Batch> ring_;
+  std::int64_t next_epoch_ = 0, next_index_ = 0;  // what next() returns next
+  std::int64_t consumed_ = 0, produced_ = 0;      // ring counters
+  std::int64_t base_epoch_ = 0, base_index_ = 0;  // position of counter 0
+  bool stop_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread thread_;
+  Batch current_;
+};
+
+}  // namespace shoal::train
