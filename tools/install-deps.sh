@@ -5,7 +5,8 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build ccache git pkg-config
   libdnnl-dev libopenblas-dev libopenblas0
-  libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libsodium-dev
+  libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libsodium-dev libyaml-cpp-dev
+  gnuplot-nox
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
 )

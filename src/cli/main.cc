@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "shoal/train/trainer.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Shoal: distributed deep-learning training"};
@@ -18,7 +19,9 @@ int main(int argc, char** argv) {
   example->add_option("--steps", steps, "SGD steps")->check(CLI::PositiveNumber);
   example->add_option("--seed", seed, "Random seed");
   example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
+  auto train = shoal::cli::add_train_command(app);
   CLI11_PARSE(app, argc, argv);
+  if (train.app->parsed()) return shoal::cli::run_train(*train.opts);
   if (info->parsed()) return shoal::cli::run_info();
   if (example->parsed()) return shoal::cli::run_example_mlp(threads, steps, seed, trace);
   return 1;

@@ -5,6 +5,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <xmmintrin.h>
+
 #include <chrono>
 #include <fstream>
 #include <set>
@@ -44,6 +46,13 @@ void set_num_threads(int n) {
   if (n <= 0) n = omp_get_num_procs();
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
+  // Flush denormals to zero (FTZ) and read them as zero (DAZ) on every
+  // OpenMP thread: gradients decay into the denormal range late in
+  // training, where each x86 operation on one costs ~100 cycles (measured:
+  // a CNN epoch ran 1.45x slower in epoch 2 than in epoch 1 without this).
+  // oneDNN and TensorFlow run with the same setting.
+#pragma omp parallel num_threads(n)
+  _mm_setcsr(_mm_getcsr() | 0x8040);
 }
 int num_threads() { return omp_get_max_threads(); }
 

@@ -145,6 +145,55 @@ void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& ou
   std::int64_t oh = (h + 2 * pd[0] - k[0]) / st[0] + 1, ow = (w + 2 * pd[1] - k[1]) / st[1] + 1;
   const T* px = x.data<T>();
   T* po = out.data<T>();
+  if (backward && is_max && st == k && pd[0] == 0 && pd[1] == 0) {
+    // Non-overlapping windows (the usual 2x2/2): each input cell gets at
+    // most one gradient, so a plane is zeroed and scattered by one thread.
+    const T* pdy = dy->data<T>();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t p = 0; p < nc; ++p) {
+      T* plane = po + p * h * w;
+      const T* xin = px + p * h * w;
+      if (k[0] == 2 && k[1] == 2) {
+        // Branch-free 2x2: every covered cell is written once (g or 0), so
+        // no separate zeroing pass; uncovered edge cells are zeroed after.
+        const T* gy = pdy + p * oh * ow;
+        for (std::int64_t oy = 0; oy < oh; ++oy) {
+          const T* r0 = xin + 2 * oy * w;
+          const T* r1 = r0 + w;
+          T* q0 = plane + 2 * oy * w;
+          T* q1 = q0 + w;
+#pragma omp simd
+          for (std::int64_t ox = 0; ox < ow; ++ox) {
+            std::int64_t i = 2 * ox;
+            T a = r0[i], b = r0[i + 1], c2 = r1[i], d = r1[i + 1];
+            // First maximum in window order (a, b, c, d), as the forward.
+            T mab = b > a ? b : a, mcd = d > c2 ? d : c2;
+            bool right = mcd > mab;
+            T g = gy[oy * ow + ox], z = T(0);
+            q0[i] = (!right && !(b > a)) ? g : z;
+            q0[i + 1] = (!right && (b > a)) ? g : z;
+            q1[i] = (right && !(d > c2)) ? g : z;
+            q1[i + 1] = (right && (d > c2)) ? g : z;
+          }
+          for (std::int64_t c0 = 2 * ow; c0 < w; ++c0) q0[c0] = q1[c0] = T(0);
+        }
+        std::fill(plane + 2 * oh * w, plane + h * w, T(0));
+        continue;
+      }
+      std::fill(plane, plane + h * w, T(0));
+      for (std::int64_t oy = 0; oy < oh; ++oy)
+        for (std::int64_t ox = 0; ox < ow; ++ox) {
+          std::int64_t best = (oy * k[0]) * w + ox * k[1];
+          for (std::int64_t ky = 0; ky < k[0]; ++ky)
+            for (std::int64_t kx = 0; kx < k[1]; ++kx) {
+              std::int64_t off = (oy * k[0] + ky) * w + ox * k[1] + kx;
+              if (xin[off] > xin[best]) best = off;
+            }
+          plane[best] = pdy[(p * oh + oy) * ow + ox];
+        }
+    }
+    return;
+  }
   if (backward) std::fill(po, po + out.numel(), T(0));
   T inv = T(1) / static_cast<T>(k[0] * k[1]);
 #pragma omp parallel for schedule(static)
@@ -192,16 +241,26 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
   for (std::int64_t ch = 0; ch < c; ++ch) {
     double m = 0, v = 0;
     if (training) {
+      // One pass, shifted by the channel's first value K against
+      // cancellation: vectorized partial sums per row in T, rows summed in
+      // double. var = E[(x-K)^2] - (E[x-K])^2.
+      const T k0 = n * sp > 0 ? x[ch * sp] : T(0);
+      double s1 = 0, s2 = 0;
       for (std::int64_t i = 0; i < n; ++i) {
         const T* p = x + (i * c + ch) * sp;
-        for (std::int64_t s = 0; s < sp; ++s) m += p[s];
+        T a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+        for (std::int64_t s = 0; s < sp; ++s) {
+          T d = p[s] - k0;
+          a += d;
+          b += d * d;
+        }
+        s1 += a;
+        s2 += b;
       }
-      m /= static_cast<double>(std::max<std::int64_t>(n * sp, 1));
-      for (std::int64_t i = 0; i < n; ++i) {
-        const T* p = x + (i * c + ch) * sp;
-        for (std::int64_t s = 0; s < sp; ++s) v += (p[s] - m) * (p[s] - m);
-      }
-      v /= static_cast<double>(std::max<std::int64_t>(n * sp, 1));
+      double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
+      m = k0 + s1 / cnt;
+      v = std::max(0.0, s2 / cnt - (s1 / cnt) * (s1 / cnt));
     } else {
       m = in[3].data<T>()[ch];
       v = in[4].data<T>()[ch];
@@ -234,30 +293,34 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
   for (std::int64_t ch = 0; ch < c; ++ch) {
     double m = in[2].data<T>()[ch],
            rstd = 1.0 / std::sqrt(static_cast<double>(in[3].data<T>()[ch]) + eps);
-    double sdy = 0, sdyx = 0;
+    const T mt = static_cast<T>(m);
+    double sdy = 0, sdyx = 0;  // sum(dy), sum(dy * (x - m)); rows in T, vectorized
     for (std::int64_t i = 0; i < n; ++i) {
       const T* p = x + (i * c + ch) * sp;
       const T* g = dy + (i * c + ch) * sp;
+      T a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
       for (std::int64_t s = 0; s < sp; ++s) {
-        sdy += g[s];
-        sdyx += g[s] * (p[s] - m) * rstd;
+        a += g[s];
+        b += g[s] * (p[s] - mt);
       }
+      sdy += a;
+      sdyx += b;
     }
+    sdyx *= rstd;
     out[1].data<T>()[ch] = static_cast<T>(sdyx);
     out[2].data<T>()[ch] = static_cast<T>(sdy);
+    // dx = gr (dy - sdy/cnt - xh sdyx/cnt) = A dy + B x + C.
     double gr = in[1].data<T>()[ch] * rstd;
+    const T A = static_cast<T>(gr);
+    const T B = static_cast<T>(training ? -gr * rstd * sdyx / cnt : 0.0);
+    const T C = static_cast<T>(training ? -gr * sdy / cnt + gr * rstd * sdyx / cnt * m : 0.0);
     for (std::int64_t i = 0; i < n; ++i) {
       const T* p = x + (i * c + ch) * sp;
       const T* g = dy + (i * c + ch) * sp;
       T* q = dx + (i * c + ch) * sp;
-      for (std::int64_t s = 0; s < sp; ++s) {
-        if (training) {
-          double xh = (p[s] - m) * rstd;
-          q[s] = static_cast<T>(gr * (g[s] - sdy / cnt - xh * sdyx / cnt));
-        } else {
-          q[s] = static_cast<T>(gr * g[s]);
-        }
-      }
+#pragma omp simd
+      for (std::int64_t s = 0; s < sp; ++s) q[s] = A * g[s] + B * p[s] + C;
     }
   }
 }

@@ -1,0 +1,86 @@
+// The model zoo: MLP, CNN (conv-BN-ReLU-pool blocks, then linear layers)
+// and a ResNet-20-style small ResNet, written against the graph Builder.
+// A model's forward function is run once per graph (train, eval) through a
+// ModelContext that turns each parameter and buffer into a named graph
+// input ("param/<name>", "buf/<name>"), so every graph binds the same
+// tensors. Initialization (Kaiming normal for ReLU layers, Xavier uniform
+// for the classifier, zero biases) draws from Philox streams keyed by the
+// parameter's position, so a seed fixes every weight.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shoal/core/status.h"
+#include "shoal/graph/builder.h"
+
+namespace shoal::train {
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  std::string init;  // kaiming, xavier, zeros, ones
+  double fan_in = 1, fan_out = 1;
+};
+
+struct BufferSpec {
+  std::string name;
+  Shape shape;
+  double init = 0;
+};
+
+class ModelContext {
+ public:
+  ModelContext(graph::Builder& b, bool training) : b_(b), training_(training) {}
+  graph::Builder& b() { return b_; }
+  bool training() const { return training_; }
+
+  graph::Value param(const std::string& name, Shape shape, const std::string& init, double fan_in,
+                     double fan_out);
+  graph::Value buffer(const std::string& name, Shape shape, double init);
+
+  // Layers. Names are prefixes ("conv1" makes "conv1.weight", ...).
+  graph::Value conv(graph::Value x, std::int64_t cin, std::int64_t cout, std::int64_t k,
+                    std::int64_t stride, std::int64_t pad, const std::string& name, bool bias);
+  // Batch norm: batch statistics in training (and running-stat updates as
+  // graph values), running statistics in eval.
+  graph::Value batch_norm(graph::Value x, std::int64_t c, const std::string& name);
+  graph::Value dense(graph::Value x, std::int64_t in, std::int64_t out, const std::string& name,
+                     const std::string& init = "kaiming");
+
+  const std::vector<ParamSpec>& params() const { return params_; }
+  const std::vector<BufferSpec>& buffers() const { return buffers_; }
+  const std::map<std::string, graph::Value>& param_values() const { return pvals_; }
+  // New running statistics ("buf/<name>" -> value), training graphs only.
+  const std::vector<std::pair<std::string, graph::Value>>& buffer_updates() const {
+    return updates_;
+  }
+
+  double bn_momentum = 0.1;
+
+ private:
+  graph::Builder& b_;
+  bool training_;
+  std::vector<ParamSpec> params_;
+  std::vector<BufferSpec> buffers_;
+  std::map<std::string, graph::Value> pvals_;
+  std::vector<std::pair<std::string, graph::Value>> updates_;
+};
+
+struct Model {
+  std::string name;
+  // Input x is f32 [N, 1, H, W]; returns logits [N, classes].
+  std::function<graph::Value(ModelContext&, graph::Value x)> forward;
+};
+
+// "mlp", "cnn", "resnet" (ResNet-20). The error lists the known names.
+Result<Model> make_model(const std::string& name, int classes);
+std::vector<std::string> model_names();
+
+// Initial values for params (by spec) and buffers, from Philox(seed).
+std::map<std::string, Tensor> init_params(const std::vector<ParamSpec>& specs, std::uint64_t seed);
+std::map<std::string, Tensor> init_buffers(const std::vector<BufferSpec>& specs);
+
+}  // namespace shoal::train

@@ -1,0 +1,103 @@
+// The trainer: builds the step graph (model forward, cross-entropy,
+// autodiff, an optional gradient pass, optimizer update nodes), compiles it
+// and an eval graph on the CPU backend over the same parameter tensors, and
+// runs epochs with a progress line, per-epoch test accuracy, JSONL metrics,
+// a PNG plot and atomic checkpoints. Resuming restores params, buffers,
+// optimizer state, step, and data position, so a deterministic run resumes
+// to bit-identical weights. One Trainer per process (it sets the CPU thread
+// count); not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shoal/core/status.h"
+#include "shoal/graph/graph.h"
+#include "shoal/train/optim.h"
+
+namespace shoal::train {
+
+struct TrainOptions {
+  std::string model = "cnn";
+  std::string data = "fashion-mnist";  // a dataset name or a directory of IDX files
+  int epochs = 5;
+  std::int64_t batch = 64;
+  std::string optimizer = "sgd";
+  double lr = 0.02;
+  double momentum = 0.9, weight_decay = 0.0;
+  double trust = 0.001;                // LARS eta
+  std::string schedule = "constant";   // constant, step, cosine
+  double warmup_epochs = 0;
+  double step_epochs = 1, gamma = 0.1; // step schedule
+  bool linear_scaling = false;         // lr *= global batch / 256
+  int threads = 0;                     // 0 = all cores
+  std::uint64_t seed = 0;
+  std::string out;                     // run directory ("" = runs/<model>)
+  bool augment = false;
+  bool deterministic = false;          // refuse to resume with a different thread count
+  int keep_checkpoints = 3;
+  std::int64_t checkpoint_every = 0;   // steps; 0 = at the end of each epoch
+  bool checkpoints = true;
+  bool resume = false;
+  std::int64_t max_steps = 0;          // stop after this many steps in all (0 = no limit)
+  std::int64_t limit_train = 0, limit_test = 0;  // use the first N samples (0 = all)
+  std::int64_t eval_batch = 500;
+  bool plot = true;
+  bool quiet = false;                  // no progress output (tests)
+  std::string trace;                   // Chrome trace of the last training step
+  int rank = 0, world = 1;             // data-parallel shard (set by the dp issue)
+  // Runs between autodiff and the optimizer (the data-parallel pass): may
+  // rewrite gradients in `params` (each ParamRef.grad).
+  std::function<Status(graph::Graph&, std::vector<ParamRef>&)> grad_pass;
+};
+// Checks ranges and names (model, optimizer, schedule); the error names the option.
+Status validate(const TrainOptions& o);
+
+struct EpochMetrics {
+  int epoch = 0;
+  double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
+  double images_per_s = 0, train_seconds = 0, wall_seconds = 0;
+};
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  std::int64_t samples = 0;
+};
+
+class Trainer {
+ public:
+  static Result<std::unique_ptr<Trainer>> create(const TrainOptions& o);
+  ~Trainer();
+
+  // Trains until `epochs` (or max_steps), evaluating after each epoch.
+  Status run();
+  Result<EvalResult> evaluate();
+  Status checkpoint();  // saves now (rank 0 only)
+  Status resume_latest();
+
+  std::int64_t global_step() const { return step_; }
+  std::int64_t steps_per_epoch() const;
+  const std::map<std::string, Tensor>& params() const { return params_; }
+  const std::vector<EpochMetrics>& history() const { return history_; }
+  const std::string& run_dir() const { return dir_; }
+
+ private:
+  Trainer() = default;
+  struct Impl;
+  Status init(const TrainOptions& o);
+  Status train_step(double* loss, std::int64_t* correct);
+  Status write_plot() const;
+  TrainOptions o_;
+  std::string dir_;
+  std::unique_ptr<Impl> impl_;
+  std::map<std::string, Tensor> params_, buffers_, state_;
+  std::int64_t step_ = 0;
+  std::vector<EpochMetrics> history_;
+};
+
+}  // namespace shoal::train

@@ -1,0 +1,528 @@
+#include "shoal/train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "shoal/core/logging.h"
+#include "shoal/graph/builder.h"
+#include "shoal/graph/passes.h"
+#include "shoal/runtime/backend.h"
+#include "shoal/runtime/kernel.h"
+#include "shoal/tensor/safetensors.h"
+#include "shoal/train/checkpoint.h"
+#include "shoal/train/data.h"
+#include "shoal/train/model.h"
+
+namespace shoal::train {
+namespace fs = std::filesystem;
+using graph::Builder;
+using graph::Graph;
+using graph::Value;
+using Clock = std::chrono::steady_clock;
+
+Status validate(const TrainOptions& o) {
+  auto names = model_names();
+  if (std::find(names.begin(), names.end(), o.model) == names.end() && o.model != "resnet20")
+    return invalid_argument("--model '{}' is not one of {}", o.model, fmt::join(names, ", "));
+  if (o.epochs < 1) return invalid_argument("--epochs {} must be >= 1", o.epochs);
+  if (o.batch < 1) return invalid_argument("--batch {} must be >= 1", o.batch);
+  if (o.threads < 0) return invalid_argument("--threads {} must be >= 0", o.threads);
+  if (o.eval_batch < 1) return invalid_argument("--eval-batch {} must be >= 1", o.eval_batch);
+  if (o.keep_checkpoints < 1)
+    return invalid_argument("--keep-checkpoints {} must be >= 1", o.keep_checkpoints);
+  if (o.checkpoint_every < 0 || o.max_steps < 0 || o.limit_train < 0 || o.limit_test < 0)
+    return invalid_argument("--checkpoint-every, --max-steps and --limit-* must be >= 0");
+  if (o.warmup_epochs < 0) return invalid_argument("--warmup-epochs {} must be >= 0", o.warmup_epochs);
+  if (o.step_epochs <= 0) return invalid_argument("--step-epochs {} must be > 0", o.step_epochs);
+  if (o.rank < 0 || o.world < 1 || o.rank >= o.world)
+    return invalid_argument("rank {} / world {} out of range", o.rank, o.world);
+  OptimizerOptions oo;
+  oo.name = o.optimizer;
+  oo.momentum = o.momentum;
+  oo.weight_decay = o.weight_decay;
+  oo.trust = o.trust;
+  SHOAL_RETURN_IF_ERROR(validate(oo).with_context("--optimizer"));
+  LrSchedule s;
+  s.kind = o.schedule;
+  s.base = o.lr;
+  s.gamma = o.gamma;
+  return validate(s);
+}
+
+namespace {
+
+// A progress line that redraws in place on a terminal and prints plain
+// lines (about ten per epoch) otherwise.
+class Progress {
+ public:
+  Progress(bool quiet) : quiet_(quiet), tty_(isatty(STDOUT_FILENO) != 0) {}
+  void update(int epoch, int epochs, std::int64_t i, std::int64_t n, double loss, double ips,
+              double eta_s) {
+    if (quiet_) return;
+    auto now = Clock::now();
+    bool last = i == n;
+    if (tty_) {
+      if (!last && now - last_ < std::chrono::milliseconds(200)) return;
+      last_ = now;
+      int width = 24, fill = n ? static_cast<int>(width * i / n) : width;
+      std::string bar(static_cast<std::size_t>(fill), '#');
+      bar.resize(static_cast<std::size_t>(width), '.');
+      fmt::print("\repoch {}/{} [{}] {}/{} loss {:.4f} {:.0f} img/s ETA {}   ", epoch, epochs, bar,
+                 i, n, loss, ips, eta(eta_s));
+      if (last) fmt::print("\n");
+      std::fflush(stdout);
+    } else {
+      std::int64_t every = std::max<std::int64_t>(n / 10, 1);
+      if (i % every != 0 && !last) return;
+      fmt::print("epoch {}/{} step {}/{} loss {:.4f} {:.0f} img/s ETA {}\n", epoch, epochs, i, n,
+                 loss, ips, eta(eta_s));
+      std::fflush(stdout);
+    }
+  }
+
+ private:
+  static std::string eta(double s) {
+    auto t = static_cast<std::int64_t>(std::max(0.0, s));
+    return fmt::format("{}:{:02d}:{:02d}", t / 3600, (t / 60) % 60, t % 60);
+  }
+  bool quiet_, tty_;
+  Clock::time_point last_{};
+};
+
+std::int64_t argmax_row(const float* row, std::int64_t c) {
+  std::int64_t best = 0;
+  for (std::int64_t j = 1; j < c; ++j)
+    if (row[j] > row[best]) best = j;
+  return best;
+}
+
+void copy_into(Tensor& dst, const Tensor& src) {
+  std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  Dataset train, test;
+  std::unique_ptr<Loader> loader;
+  Model model;
+  std::vector<ParamSpec> specs;
+  std::vector<BufferSpec> bspecs;
+  std::unique_ptr<runtime::Executable> exe;
+  std::map<std::int64_t, std::unique_ptr<runtime::Executable>> eval_exes;
+  // Output index -> persistent tensor it is copied back into after a step.
+  std::vector<std::pair<int, Tensor*>> writeback;
+  Tensor lr, opt_step;
+  LrSchedule sched;
+  float mean = 0, stddev = 1;
+  std::ofstream metrics;
+  Progress progress{false};
+};
+
+Trainer::~Trainer() = default;
+
+std::int64_t Trainer::steps_per_epoch() const { return impl_->loader->batches_per_epoch(); }
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
+  SHOAL_RETURN_IF_ERROR(validate(o));
+  std::unique_ptr<Trainer> t(new Trainer());
+  SHOAL_RETURN_IF_ERROR(t->init(o));
+  return t;
+}
+
+namespace {
+Dataset take_first(const Dataset& d, std::int64_t n) {
+  if (n <= 0 || n >= d.size()) return d;
+  Dataset s = d;
+  s.images = Tensor::empty({n, d.height(), d.width()}, DType::kU8);
+  std::memcpy(s.images.raw_data(), d.images.raw_data(), s.images.nbytes());
+  s.labels = Tensor::empty({n}, DType::kU8);
+  std::memcpy(s.labels.raw_data(), d.labels.raw_data(), s.labels.nbytes());
+  return s;
+}
+}  // namespace
+
+Status Trainer::init(const TrainOptions& o) {
+  o_ = o;
+  impl_ = std::make_unique<Impl>();
+  Impl& m = *impl_;
+  m.progress = Progress(o.quiet || o.rank != 0);
+  runtime::set_num_threads(o.threads);
+  dir_ = o.out.empty() ? "runs/" + o.model : o.out;
+
+  SHOAL_ASSIGN_OR_RETURN(std::string data_dir, resolve_data_dir(o.data));
+  SHOAL_ASSIGN_OR_RETURN(Dataset tr, load_idx_dataset(data_dir, "train"));
+  SHOAL_ASSIGN_OR_RETURN(Dataset te, load_idx_dataset(data_dir, "t10k"));
+  m.train = take_first(tr, o.limit_train);
+  m.test = take_first(te, o.limit_test);
+  std::tie(m.mean, m.stddev) = pixel_stats(m.train);
+  LoaderOptions lo;
+  lo.batch = o.batch;
+  lo.seed = o.seed;
+  lo.augment = o.augment;
+  lo.rank = o.rank;
+  lo.world = o.world;
+  lo.mean = m.mean;
+  lo.stddev = m.stddev;
+  m.loader = std::make_unique<Loader>(m.train, lo);
+  if (m.loader->batches_per_epoch() < 1)
+    return invalid_argument("--batch {} x {} ranks is larger than the {} training samples",
+                            o.batch, o.world, m.train.size());
+
+  SHOAL_ASSIGN_OR_RETURN(m.model, make_model(o.model, m.train.num_classes));
+
+  // The step graph: forward, loss, autodiff, [grad pass], update.
+  Graph g;
+  Builder b(g);
+  const Shape xshape = {o.batch, 1, m.train.height(), m.train.width()};
+  Value x = b.input("x", DType::kF32, xshape);
+  Value y = b.input("labels", DType::kI32, {o.batch});
+  ModelContext mc(b, true);
+  Value logits = m.model.forward(mc, x);
+  Value loss = b.cross_entropy(logits, y);
+  if (!b.ok()) return b.status().with_context(fmt::format("building model '{}'", o.model));
+  m.specs = mc.params();
+  m.bspecs = mc.buffers();
+  std::vector<Value> wrt;
+  for (const auto& s : m.specs) wrt.push_back(mc.param_values().at(s.name));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<Value> grads, graph::autodiff(g, loss, wrt));
+  std::vector<ParamRef> refs;
+  for (std::size_t i = 0; i < wrt.size(); ++i) refs.push_back({m.specs[i].name, wrt[i], grads[i]});
+  if (o.grad_pass) SHOAL_RETURN_IF_ERROR(o.grad_pass(g, refs));
+  OptimizerOptions oo;
+  oo.name = o.optimizer;
+  oo.momentum = o.momentum;
+  oo.weight_decay = o.weight_decay;
+  oo.trust = o.trust;
+  SHOAL_ASSIGN_OR_RETURN(OptimizerGraph og, append_optimizer(b, oo, refs));
+
+  params_ = init_params(m.specs, o.seed);
+  buffers_ = init_buffers(m.bspecs);
+  g.mark_output(loss);
+  g.mark_output(logits);
+  int out = 2;
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    g.mark_output(og.new_params[i]);
+    m.writeback.push_back({out++, &params_[refs[i].name]});
+  }
+  for (const auto& s : og.state) {
+    state_[s.name] = Tensor::zeros(g.type(s.input).shape, DType::kF32);
+    g.mark_output(s.output);
+  }
+  for (const auto& s : og.state) m.writeback.push_back({out++, &state_[s.name]});
+  for (const auto& [name, v] : mc.buffer_updates()) {
+    g.mark_output(v);
+    m.writeback.push_back({out++, &buffers_[name]});
+  }
+
+  auto backend = runtime::make_backend("cpu");
+  if (!backend.ok()) return backend.status();
+  SHOAL_ASSIGN_OR_RETURN(m.exe, (*backend)->compile(std::move(g), {}));
+  for (auto& [name, t] : params_) SHOAL_RETURN_IF_ERROR(m.exe->bind("param/" + name, t));
+  for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(m.exe->bind("buf/" + name, t));
+  for (auto& [name, t] : state_) SHOAL_RETURN_IF_ERROR(m.exe->bind(name, t));
+  m.lr = Tensor::scalar(0.0);
+  SHOAL_RETURN_IF_ERROR(m.exe->bind("lr", m.lr));
+  if (og.step.valid()) {
+    m.opt_step = Tensor::scalar(0.0);
+    SHOAL_RETURN_IF_ERROR(m.exe->bind("opt_step", m.opt_step));
+  }
+  m.exe->enable_trace(!o.trace.empty());
+
+  const std::int64_t spe = m.loader->batches_per_epoch();
+  double base = o.lr * (o.linear_scaling ? static_cast<double>(o.batch * o.world) / 256.0 : 1.0);
+  m.sched.kind = o.schedule;
+  m.sched.base = base;
+  m.sched.warmup = static_cast<std::int64_t>(std::llround(o.warmup_epochs * static_cast<double>(spe)));
+  m.sched.total = spe * o.epochs;
+  m.sched.step_size = std::max<std::int64_t>(1, std::llround(o.step_epochs * static_cast<double>(spe)));
+  m.sched.gamma = o.gamma;
+  SHOAL_RETURN_IF_ERROR(validate(m.sched));
+  if (o.resume) SHOAL_RETURN_IF_ERROR(resume_latest());
+  return ok_status();
+}
+
+Status Trainer::train_step(double* loss, std::int64_t* correct) {
+  Impl& m = *impl_;
+  const Batch& b = m.loader->next();
+  SHOAL_RETURN_IF_ERROR(m.exe->bind("x", b.images));
+  SHOAL_RETURN_IF_ERROR(m.exe->bind("labels", b.labels));
+  m.lr.data<float>()[0] = static_cast<float>(m.sched.at(step_));
+  if (m.opt_step.defined()) m.opt_step.data<float>()[0] = static_cast<float>(step_ + 1);
+  SHOAL_RETURN_IF_ERROR(m.exe->run().with_context(fmt::format("training step {}", step_)));
+  for (auto& [idx, dst] : m.writeback) copy_into(*dst, m.exe->output(idx));
+  *loss = m.exe->output(0).data<float>()[0];
+  const Tensor& lg = m.exe->output(1);
+  std::int64_t n = lg.shape()[0], c = lg.shape()[1], ok = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    ok += argmax_row(lg.data<float>() + i * c, c) == b.labels.data<std::int32_t>()[i];
+  *correct = ok;
+  ++step_;
+  return ok_status();
+}
+
+Result<EvalResult> Trainer::evaluate() {
+  Impl& m = *impl_;
+  LoaderOptions lo;
+  lo.batch = o_.eval_batch;
+  lo.shuffle = false;
+  lo.drop_last = false;
+  lo.prefetch = 1;
+  lo.mean = m.mean;
+  lo.stddev = m.stddev;
+  Loader ld(m.test, lo);
+  EvalResult r;
+  double loss_sum = 0;
+  std::int64_t ok = 0;
+  for (std::int64_t bi = 0; bi < ld.batches_per_epoch(); ++bi) {
+    const Batch& b = ld.next();
+    std::int64_t n = b.images.shape()[0];
+    auto& exe = m.eval_exes[n];
+    if (!exe) {  // one eval graph per batch size (the tail gets its own)
+      Graph g;
+      Builder bl(g);
+      Value x = bl.input("x", DType::kF32, b.images.shape());
+      ModelContext mc(bl, false);
+      Value logits = m.model.forward(mc, x);
+      if (!bl.ok()) return bl.status().with_context("building the eval graph");
+      g.mark_output(logits);
+      auto backend = runtime::make_backend("cpu");
+      if (!backend.ok()) return backend.status();
+      SHOAL_ASSIGN_OR_RETURN(exe, (*backend)->compile(std::move(g), {}));
+      for (auto& [name, t] : params_) SHOAL_RETURN_IF_ERROR(exe->bind("param/" + name, t));
+      for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(exe->bind("buf/" + name, t));
+    }
+    SHOAL_RETURN_IF_ERROR(exe->bind("x", b.images));
+    SHOAL_RETURN_IF_ERROR(exe->run().with_context("evaluating"));
+    const Tensor& lg = exe->output(0);
+    std::int64_t c = lg.shape()[1];
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float* row = lg.data<float>() + i * c;
+      int label = b.labels.data<std::int32_t>()[i];
+      ok += argmax_row(row, c) == label;
+      double mx = row[argmax_row(row, c)], se = 0;
+      for (std::int64_t j = 0; j < c; ++j) se += std::exp(static_cast<double>(row[j]) - mx);
+      loss_sum += mx + std::log(se) - row[label];
+    }
+    r.samples += n;
+  }
+  r.accuracy = r.samples ? static_cast<double>(ok) / static_cast<double>(r.samples) : 0;
+  r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0;
+  return r;
+}
+
+Status Trainer::checkpoint() {
+  if (o_.rank != 0 || !o_.checkpoints) return ok_status();
+  CheckpointState s;
+  for (auto& [n, t] : params_) s.tensors["param/" + n] = t;
+  for (auto& [n, t] : buffers_) s.tensors["buf/" + n] = t;
+  for (auto& [n, t] : state_) s.tensors[n] = t;
+  const std::int64_t spe = steps_per_epoch();
+  s.meta["step"] = std::to_string(step_);
+  s.meta["epoch"] = std::to_string(step_ / spe);
+  s.meta["batch_in_epoch"] = std::to_string(step_ % spe);
+  s.meta["seed"] = std::to_string(o_.seed);
+  s.meta["model"] = o_.model;
+  s.meta["optimizer"] = o_.optimizer;
+  s.meta["batch"] = std::to_string(o_.batch);
+  s.meta["world"] = std::to_string(o_.world);
+  s.meta["threads"] = std::to_string(runtime::num_threads());
+  s.meta["executable_step"] = std::to_string(impl_->exe->steps());
+  CheckpointDir cd((fs::path(dir_) / "checkpoints").string(), o_.keep_checkpoints);
+  SHOAL_ASSIGN_OR_RETURN(std::string path, cd.save(step_, s));
+  SHOAL_LOG_DEBUG("checkpoint {} (step {})", path, step_);
+  return ok_status();
+}
+
+Status Trainer::resume_latest() {
+  CheckpointDir cd((fs::path(dir_) / "checkpoints").string(), o_.keep_checkpoints);
+  std::vector<std::string> refused;
+  auto got = cd.load_latest(&refused);
+  for (const auto& r : refused) SHOAL_LOG_WARN("resume: refused checkpoint: {}", r);
+  if (!got.ok()) {
+    if (cd.list().empty()) {
+      SHOAL_LOG_INFO("resume: no checkpoint in {}; starting from step 0", cd.dir());
+      return ok_status();
+    }
+    return got.status();
+  }
+  const auto& [path, s] = *got;
+  auto want = [&](const char* key, const std::string& mine) -> Status {
+    auto it = s.meta.find(key);
+    std::string theirs = it == s.meta.end() ? "" : it->second;
+    if (theirs != mine)
+      return failed_precondition("resume: {} was written with {} '{}', this run has '{}'", path,
+                                 key, theirs, mine);
+    return ok_status();
+  };
+  SHOAL_RETURN_IF_ERROR(want("model", o_.model));
+  SHOAL_RETURN_IF_ERROR(want("optimizer", o_.optimizer));
+  SHOAL_RETURN_IF_ERROR(want("batch", std::to_string(o_.batch)));
+  SHOAL_RETURN_IF_ERROR(want("seed", std::to_string(o_.seed)));
+  if (o_.deterministic)
+    SHOAL_RETURN_IF_ERROR(want("threads", std::to_string(runtime::num_threads())));
+  auto restore = [&](const std::string& key, Tensor& dst) -> Status {
+    auto it = s.tensors.find(key);
+    if (it == s.tensors.end()) return data_loss("resume: {} has no tensor '{}'", path, key);
+    if (it->second.shape() != dst.shape() || it->second.dtype() != dst.dtype())
+      return data_loss("resume: {} tensor '{}' is {} {}, the model needs {} {}", path, key,
+                       dtype_name(it->second.dtype()), shape_str(it->second.shape()),
+                       dtype_name(dst.dtype()), shape_str(dst.shape()));
+    copy_into(dst, it->second);
+    return ok_status();
+  };
+  for (auto& [n, t] : params_) SHOAL_RETURN_IF_ERROR(restore("param/" + n, t));
+  for (auto& [n, t] : buffers_) SHOAL_RETURN_IF_ERROR(restore("buf/" + n, t));
+  for (auto& [n, t] : state_) SHOAL_RETURN_IF_ERROR(restore(n, t));
+  step_ = s.get_int("step", 0);
+  const std::int64_t spe = steps_per_epoch();
+  impl_->loader->seek(step_ / spe, step_ % spe);
+  impl_->exe->set_step(static_cast<std::uint64_t>(s.get_int("executable_step", step_)));
+  SHOAL_LOG_INFO("resumed from {} at step {} (epoch {}, batch {})", path, step_, step_ / spe,
+                 step_ % spe);
+  return ok_status();
+}
+
+Status Trainer::run() {
+  Impl& m = *impl_;
+  const std::int64_t spe = steps_per_epoch();
+  const bool lead = o_.rank == 0;
+  if (lead) {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) return unavailable("creating run directory {}: {}", dir_, ec.message());
+    m.metrics.open(fs::path(dir_) / "metrics.jsonl", std::ios::app);
+    if (!m.metrics) return unavailable("opening {}/metrics.jsonl for append", dir_);
+  }
+  const std::int64_t limit = o_.max_steps > 0 ? std::min(o_.max_steps, spe * o_.epochs)
+                                              : spe * o_.epochs;
+  auto wall0 = Clock::now();
+  while (step_ < limit) {
+    const int epoch = static_cast<int>(step_ / spe);
+    double loss_sum = 0, train_s = 0;
+    std::int64_t correct = 0, seen = 0, steps = 0;
+    auto e0 = Clock::now();
+    while (step_ < limit && step_ / spe == epoch) {
+      auto t0 = Clock::now();
+      double loss = 0;
+      std::int64_t ok = 0;
+      SHOAL_RETURN_IF_ERROR(train_step(&loss, &ok));
+      train_s += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (!std::isfinite(loss))
+        return aborted("training diverged: loss is {} at step {} (epoch {}); lower --lr", loss,
+                       step_ - 1, epoch + 1);
+      loss_sum += loss;
+      correct += ok;
+      seen += o_.batch;
+      ++steps;
+      double ips = static_cast<double>(seen * o_.world) / std::max(train_s, 1e-9);
+      std::int64_t in_epoch = (step_ - 1) % spe + 1;
+      double eta = static_cast<double>(limit - step_) * train_s / static_cast<double>(steps);
+      m.progress.update(epoch + 1, o_.epochs, in_epoch, spe, loss_sum / static_cast<double>(steps),
+                        ips, eta);
+      if (lead && (in_epoch % std::max<std::int64_t>(spe / 10, 1) == 0)) {
+        nlohmann::json j = {{"kind", "train"},  {"epoch", epoch + 1},
+                            {"step", step_},    {"loss", loss_sum / static_cast<double>(steps)},
+                            {"lr", m.lr.data<float>()[0]}, {"images_per_s", ips}};
+        m.metrics << j.dump() << "\n" << std::flush;
+      }
+      if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0)
+        SHOAL_RETURN_IF_ERROR(checkpoint());
+    }
+    if (!o_.trace.empty() && lead) {
+      runtime::Executor ex(*m.exe);
+      SHOAL_RETURN_IF_ERROR(ex.write_trace(o_.trace, o_.rank));
+    }
+    bool epoch_done = step_ % spe == 0;
+    if (o_.checkpoint_every == 0 || step_ == limit) SHOAL_RETURN_IF_ERROR(checkpoint());
+    if (!epoch_done) break;  // max_steps stopped inside the epoch
+    EpochMetrics em;
+    em.epoch = epoch + 1;
+    em.train_loss = steps ? loss_sum / static_cast<double>(steps) : 0;
+    em.train_acc = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0;
+    em.train_seconds = train_s;
+    em.images_per_s = static_cast<double>(seen * o_.world) / std::max(train_s, 1e-9);
+    SHOAL_ASSIGN_OR_RETURN(EvalResult ev, evaluate());
+    em.test_loss = ev.loss;
+    em.test_acc = ev.accuracy;
+    em.wall_seconds = std::chrono::duration<double>(Clock::now() - e0).count();
+    history_.push_back(em);
+    if (lead) {
+      nlohmann::json j = {{"kind", "epoch"},
+                          {"epoch", em.epoch},
+                          {"step", step_},
+                          {"train_loss", em.train_loss},
+                          {"train_acc", em.train_acc},
+                          {"test_loss", em.test_loss},
+                          {"test_acc", em.test_acc},
+                          {"images_per_s", em.images_per_s},
+                          {"train_seconds", em.train_seconds},
+                          {"elapsed_seconds",
+                           std::chrono::duration<double>(Clock::now() - wall0).count()}};
+      m.metrics << j.dump() << "\n" << std::flush;
+      if (!o_.quiet)
+        fmt::print("epoch {}/{}: train loss {:.4f} acc {:.2f}%  test loss {:.4f} acc {:.2f}%  "
+                   "{:.0f} img/s  {:.1f} s\n",
+                   em.epoch, o_.epochs, em.train_loss, 100 * em.train_acc, em.test_loss,
+                   100 * em.test_acc, em.images_per_s, em.wall_seconds);
+      if (o_.plot) {
+        Status st = write_plot();
+        if (!st.ok()) SHOAL_LOG_WARN("plot skipped: {}", st.to_string());
+      }
+    }
+  }
+  return ok_status();
+}
+
+Status Trainer::write_plot() const {
+  // gnuplot reads metrics.jsonl through a small TSV it is given.
+  std::string tsv_train, tsv_epoch;
+  std::ifstream in(fs::path(dir_) / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;
+    if (j.value("kind", "") == "train")
+      tsv_train += fmt::format("{}\t{}\n", j.value("step", 0), j.value("loss", 0.0));
+    else if (j.value("kind", "") == "epoch")
+      tsv_epoch += fmt::format("{}\t{}\t{}\n", j.value("step", 0), 100 * j.value("test_acc", 0.0),
+                               100 * j.value("train_acc", 0.0));
+  }
+  if (access("/usr/bin/gnuplot", X_OK) != 0)
+    return not_found("gnuplot not found (apt-get install gnuplot-nox)");
+  std::string base = (fs::path(dir_) / ".plot").string();
+  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".train.tsv", tsv_train));
+  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".epoch.tsv", tsv_epoch));
+  std::string png = (fs::path(dir_) / "metrics.png").string();
+  std::string script = fmt::format(
+      "set terminal pngcairo size 1000,420 noenhanced\n"
+      "set output '{0}.tmp'\n"
+      "set multiplot layout 1,2 title 'shoal train: {1} ({2})'\n"
+      "set xlabel 'step'; set ylabel 'train loss'; set grid\n"
+      "plot '{3}.train.tsv' using 1:2 with lines lw 2 title 'train loss'\n"
+      "set ylabel 'accuracy (%)'; set key bottom right\n"
+      "plot '{3}.epoch.tsv' using 1:2 with linespoints lw 2 title 'test', "
+      "'{3}.epoch.tsv' using 1:3 with linespoints lw 2 title 'train'\n"
+      "unset multiplot\n",
+      png, o_.model, o_.optimizer, base);
+  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".gp", script));
+  std::string cmd = fmt::format("/usr/bin/gnuplot '{}.gp' 2>'{}.err'", base, base);
+  int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    auto err = read_file(base + ".err");
+    return unavailable("gnuplot exited with {}: {}", rc, err.ok() ? *err : "");
+  }
+  std::error_code ec;
+  fs::rename(png + ".tmp", png, ec);
+  if (ec) return unavailable("renaming {}.tmp: {}", png, ec.message());
+  return ok_status();
+}
+
+}  // namespace shoal::train
