@@ -2,6 +2,9 @@
 #pragma once
 
 #include <memory>
+#include <vector>
+
+#include "shoal/core/status.h"
 #include <set>
 #include <string>
 
@@ -20,7 +23,12 @@ std::string cpu_features();
 struct TrainCommand {
   CLI::App* app = nullptr;
   std::shared_ptr<train::TrainOptions> opts;
+  std::shared_ptr<std::string> config;
 };
 TrainCommand add_train_command(CLI::App& app);
+// Flag tokens from a --config file for the train subcommand `t`; `cli` is
+// the command line (its flags win).
+Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,
+                                             const std::vector<std::string>& cli);
 int run_train(const train::TrainOptions& o);
 }  // namespace shoal::cli

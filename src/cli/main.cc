@@ -2,27 +2,67 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "shoal/core/logging.h"
 #include "shoal/train/trainer.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+struct Cli {
   CLI::App app{"Shoal: distributed deep-learning training"};
-  app.require_subcommand(1);
-  auto* info =
-      app.add_subcommand("info", "Print version, build, oneDNN/BLAS versions and CPU features");
-  auto* example = app.add_subcommand("example", "Run a built-in example");
+  CLI::App* info = nullptr;
+  CLI::App* example = nullptr;
   std::string which = "mlp", trace;
   int threads = 0, steps = 10;
   std::uint64_t seed = 1;
-  example->add_option("name", which, "Example to run")->check(CLI::IsMember({"mlp"}));
-  example->add_option("--threads", threads, "CPU threads (0 = all cores)")
-      ->check(CLI::NonNegativeNumber);
-  example->add_option("--steps", steps, "SGD steps")->check(CLI::PositiveNumber);
-  example->add_option("--seed", seed, "Random seed");
-  example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
-  auto train = shoal::cli::add_train_command(app);
-  CLI11_PARSE(app, argc, argv);
-  if (train.app->parsed()) return shoal::cli::run_train(*train.opts);
-  if (info->parsed()) return shoal::cli::run_info();
-  if (example->parsed()) return shoal::cli::run_example_mlp(threads, steps, seed, trace);
+  shoal::cli::TrainCommand train;
+
+  Cli() {
+    app.require_subcommand(1);
+    info = app.add_subcommand("info", "Print version, build, oneDNN/BLAS versions and CPU features");
+    example = app.add_subcommand("example", "Run a built-in example");
+    example->add_option("name", which, "Example to run")->check(CLI::IsMember({"mlp"}));
+    example->add_option("--threads", threads, "CPU threads (0 = all cores)")
+        ->check(CLI::NonNegativeNumber);
+    example->add_option("--steps", steps, "SGD steps")->check(CLI::PositiveNumber);
+    example->add_option("--seed", seed, "Random seed");
+    example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
+    train = shoal::cli::add_train_command(app);
+  }
+  // CLI11 wants the arguments reversed, without the program name.
+  int parse(std::vector<std::string> args) {
+    std::reverse(args.begin(), args.end());
+    try {
+      app.parse(args);
+    } catch (const CLI::ParseError& e) {
+      int rc = app.exit(e);
+      return rc == 0 ? -1 : rc;
+    }
+    return 0;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto cli = std::make_unique<Cli>();
+  if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
+  if (cli->train.app->parsed() && !cli->train.config->empty()) {
+    // Options from the config file go in front of the command line's, and
+    // the whole line is parsed again so every value meets the same checks.
+    auto extra = shoal::cli::config_args(*cli->train.config, *cli->train.app, args);
+    if (!extra.ok()) {
+      SHOAL_LOG_ERROR("shoal train: {}", extra.status().to_string());
+      return 2;
+    }
+    auto pos = std::find(args.begin(), args.end(), "train");
+    args.insert(pos + 1, extra->begin(), extra->end());
+    cli = std::make_unique<Cli>();
+    if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
+  }
+  if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts);
+  if (cli->info->parsed()) return shoal::cli::run_info();
+  if (cli->example->parsed())
+    return shoal::cli::run_example_mlp(cli->threads, cli->steps, cli->seed, cli->trace);
   return 1;
 }

@@ -4,61 +4,102 @@
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
-#include <fstream>
+#include <algorithm>
+#include <cmath>
 
 #include "cli/commands.h"
 #include "shoal/core/logging.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
-namespace {
 
-// CLI11 config formatter over yaml-cpp (YAML is a superset of JSON, so one
-// parser reads both). A config is a flat mapping of option names (with '-'
-// or '_') to scalars or lists.
-class YamlConfig final : public CLI::Config {
- public:
-  std::string to_config(const CLI::App*, bool, bool, std::string) const override { return ""; }
-  std::vector<CLI::ConfigItem> from_config(std::istream& in) const override {
-    YAML::Node root;
-    try {
-      root = YAML::Load(in);
-    } catch (const YAML::Exception& e) {
-      throw CLI::ConfigError(fmt::format("--config: not valid YAML/JSON at line {}, column {}: {}",
-                                         e.mark.line + 1, e.mark.column + 1, e.msg));
-    }
-    std::vector<CLI::ConfigItem> items;
-    if (root.IsNull()) return items;
-    if (!root.IsMap())
-      throw CLI::ConfigError("--config: the file must hold a mapping of option: value");
-    for (const auto& kv : root) {
-      CLI::ConfigItem it;
-      it.name = kv.first.as<std::string>();
-      std::replace(it.name.begin(), it.name.end(), '_', '-');
-      const YAML::Node& v = kv.second;
-      if (v.IsScalar()) {
-        it.inputs.push_back(v.as<std::string>());
-      } else if (v.IsSequence()) {
-        for (const auto& e : v) {
-          if (!e.IsScalar())
-            throw CLI::ConfigError(
-                fmt::format("--config: option '{}' holds a nested value", it.name));
-          it.inputs.push_back(e.as<std::string>());
-        }
-      } else {
-        throw CLI::ConfigError(fmt::format("--config: option '{}' must be a scalar or a list",
-                                           it.name));
-      }
-      items.push_back(std::move(it));
-    }
-    return items;
+// Reads --config FILE (YAML, or JSON, which YAML contains) into flag
+// tokens: "key: value" -> "--key value", lists -> repeated values, a true
+// flag -> "--key". Keys may use '-' or '_'. A key the command line also
+// sets is skipped (the command line wins); an unknown key is an error.
+Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,
+                                             const std::vector<std::string>& cli) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    return not_found("--config {}: cannot open the file", path);
+  } catch (const YAML::Exception& e) {
+    return invalid_argument("--config {}: not valid YAML/JSON at line {}, column {}: {}", path,
+                            e.mark.line + 1, e.mark.column + 1, e.msg);
   }
-};
+  std::vector<std::string> out;
+  if (root.IsNull()) return out;
+  if (!root.IsMap())
+    return invalid_argument("--config {}: the file must hold a mapping of option: value", path);
+  for (const auto& kv : root) {
+    std::string key = kv.first.as<std::string>();
+    std::string name = key;
+    std::replace(name.begin(), name.end(), '_', '-');
+    CLI::Option* opt = t.get_option_no_throw("--" + name);
+    if (opt == nullptr || name == "config")
+      return invalid_argument("--config {}: unknown option '{}' (see `shoal train --help`)", path,
+                              key);
+    bool on_cli = false;
+    for (const auto& a : cli) on_cli |= a == "--" + name || a.rfind("--" + name + "=", 0) == 0;
+    if (on_cli) continue;
+    const YAML::Node& v = kv.second;
+    std::vector<std::string> vals;
+    if (v.IsScalar()) {
+      vals.push_back(v.as<std::string>());
+    } else if (v.IsSequence()) {
+      for (const auto& e : v) {
+        if (!e.IsScalar())
+          return invalid_argument("--config {}: option '{}' holds a nested value", path, key);
+        vals.push_back(e.as<std::string>());
+      }
+    } else {
+      return invalid_argument("--config {}: option '{}' must be a scalar or a list", path, key);
+    }
+    if (opt->get_expected_min() == 0) {  // a flag
+      bool on = false;
+      if (vals.size() != 1 || !YAML::convert<bool>::decode(v, on))
+        return invalid_argument("--config {}: option '{}' is a flag and needs true or false",
+                                path, key);
+      if (on) out.push_back("--" + name);
+      continue;
+    }
+    for (const auto& val : vals) {
+      out.push_back("--" + name);
+      out.push_back(val);
+    }
+  }
+  return out;
+}
 
+namespace {
+// Number validators whose messages say what was wrong (CLI11's own print
+// the whole double range).
+CLI::Validator number_check(bool strictly_positive) {
+  return CLI::Validator(
+      [strictly_positive](std::string& s) -> std::string {
+        std::size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != s.size() || !std::isfinite(v))
+          return fmt::format("expects a number, got '{}'", s);
+        if (strictly_positive ? !(v > 0) : !(v >= 0))
+          return fmt::format("must be {} 0, got {}", strictly_positive ? ">" : ">=", s);
+        return "";
+      },
+      strictly_positive ? "POSITIVE" : "NONNEGATIVE");
+}
+const CLI::Validator kPositive = number_check(true);
+const CLI::Validator kNonNegative = number_check(false);
 }  // namespace
 
 TrainCommand add_train_command(CLI::App& app) {
   TrainCommand c;
+  c.config = std::make_shared<std::string>();
   c.opts = std::make_shared<train::TrainOptions>();
   auto& o = *c.opts;
   CLI::App* t = app.add_subcommand("train", "Train a model on an IDX dataset (Fashion-MNIST)");
@@ -68,58 +109,56 @@ TrainCommand add_train_command(CLI::App& app) {
       ->capture_default_str();
   t->add_option("--data", o.data, "fashion-mnist, mnist, or a directory of IDX files")
       ->capture_default_str();
-  t->add_option("--epochs", o.epochs, "Epochs")->check(CLI::PositiveNumber)->capture_default_str();
+  t->add_option("--epochs", o.epochs, "Epochs")->check(kPositive)->capture_default_str();
   t->add_option("--batch", o.batch, "Batch size per rank")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   t->add_option("--optimizer", o.optimizer, "sgd, momentum, nesterov, adam, adamw, lars, lamb")
       ->check(CLI::IsMember({"sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"}))
       ->capture_default_str();
-  t->add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  t->add_option("--lr", o.lr, "Learning rate")->check(kPositive)->capture_default_str();
   t->add_option("--momentum", o.momentum, "Momentum (momentum, nesterov, lars)")
       ->check(CLI::Range(0.0, 0.999999))
       ->capture_default_str();
   t->add_option("--weight-decay", o.weight_decay, "Weight decay")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   t->add_option("--trust", o.trust, "LARS trust coefficient (eta)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   t->add_option("--schedule", o.schedule, "LR schedule: constant, step, cosine")
       ->check(CLI::IsMember({"constant", "step", "cosine"}))
       ->capture_default_str();
   t->add_option("--warmup-epochs", o.warmup_epochs, "Linear LR warmup (epochs, may be fractional)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   t->add_option("--step-epochs", o.step_epochs, "Step schedule: epochs between decays")
-      ->check(CLI::PositiveNumber);
-  t->add_option("--gamma", o.gamma, "Step schedule: decay factor")->check(CLI::PositiveNumber);
+      ->check(kPositive);
+  t->add_option("--gamma", o.gamma, "Step schedule: decay factor")->check(kPositive);
   t->add_flag("--linear-scaling", o.linear_scaling, "lr *= global batch / 256 (Goyal et al.)");
   t->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   t->add_option("--seed", o.seed, "Random seed (weights, shuffling, augmentation)");
   t->add_option("--out", o.out, "Run directory (default runs/<model>)");
   t->add_flag("--augment", o.augment, "Random crop (pad 2) and horizontal flip");
   t->add_flag("--deterministic", o.deterministic,
               "Bit-identical reruns: refuse to resume with a different thread count");
   t->add_option("--keep-checkpoints", o.keep_checkpoints, "Checkpoints kept in <out>/checkpoints")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   t->add_option("--checkpoint-every", o.checkpoint_every, "Steps between checkpoints (0 = epoch)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   t->add_flag("!--no-checkpoints", o.checkpoints, "Write no checkpoints");
   t->add_flag("--resume", o.resume, "Continue from the newest loadable checkpoint in <out>");
   t->add_option("--max-steps", o.max_steps, "Stop after this many steps in all")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   t->add_option("--limit-train", o.limit_train, "Use only the first N training samples")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   t->add_option("--limit-test", o.limit_test, "Use only the first N test samples")
-      ->check(CLI::NonNegativeNumber);
-  t->add_option("--eval-batch", o.eval_batch, "Evaluation batch")->check(CLI::PositiveNumber);
+      ->check(kNonNegative);
+  t->add_option("--eval-batch", o.eval_batch, "Evaluation batch")->check(kPositive);
   t->add_flag("!--no-plot", o.plot, "Do not write metrics.png");
   t->add_flag("--quiet", o.quiet, "No progress output");
   t->add_option("--trace", o.trace, "Write a Chrome trace of the last step of each epoch");
-  t->set_config("--config", "", "YAML or JSON file with the same options (flags win)");
-  t->config_formatter(std::make_shared<YamlConfig>());
-  t->allow_config_extras(CLI::config_extras_mode::error);
+  t->add_option("--config", *c.config, "YAML or JSON file with the same options (flags win)");
   return c;
 }
 
