@@ -13,7 +13,7 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	./$(BUILD)/shoal example mlp
+	./$(BUILD)/shoal train --model cnn --data fashion-mnist --epochs 1
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
@@ -26,6 +26,7 @@ asan: deps
 bench: build
 	SHOAL_WITH_PEERS=1 bash tools/install-deps.sh
 	./$(BUILD)/bench_ops 2 10
+	/usr/bin/python3 bench/train.py
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')

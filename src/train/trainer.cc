@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -155,7 +156,23 @@ Status Trainer::init(const TrainOptions& o) {
   Impl& m = *impl_;
   m.progress = Progress(o.quiet || o.rank != 0);
   runtime::set_num_threads(o.threads);
-  dir_ = o.out.empty() ? "runs/" + o.model : o.out;
+  if (o.out.empty()) {
+    if (o.resume) return invalid_argument("--resume needs --out DIR (the run to continue)");
+    std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    dir_ = fmt::format("runs/{}-{}", o.model, stamp);
+  } else {
+    dir_ = o.out;
+  }
+  if (!o.resume && o.checkpoints && o.rank == 0 &&
+      !CheckpointDir((fs::path(dir_) / "checkpoints").string(), 1).list().empty())
+    return already_exists(
+        "{} holds checkpoints of an earlier run; pass --resume to continue it or choose "
+        "another --out",
+        dir_);
 
   SHOAL_ASSIGN_OR_RETURN(std::string data_dir, resolve_data_dir(o.data));
   SHOAL_ASSIGN_OR_RETURN(Dataset tr, load_idx_dataset(data_dir, "train"));
@@ -398,7 +415,8 @@ Status Trainer::run() {
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec) return unavailable("creating run directory {}: {}", dir_, ec.message());
-    m.metrics.open(fs::path(dir_) / "metrics.jsonl", std::ios::app);
+    // A resumed run appends to its metrics; a fresh one starts them.
+    m.metrics.open(fs::path(dir_) / "metrics.jsonl", o_.resume ? std::ios::app : std::ios::trunc);
     if (!m.metrics) return unavailable("opening {}/metrics.jsonl for append", dir_);
   }
   const std::int64_t limit = o_.max_steps > 0 ? std::min(o_.max_steps, spe * o_.epochs)

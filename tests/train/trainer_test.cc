@@ -140,6 +140,10 @@ TEST(Trainer, CorruptNewestCheckpointIsRefusedAndPreviousLoads) {
 TEST(Trainer, ResumeRefusesAnotherConfiguration) {
   std::string d = tmpdir("mismatch");
   train_to(small("mlp", "momentum", d), 5);
+  // A fresh run into a directory with checkpoints would mix two runs.
+  auto again = Trainer::create(small("mlp", "momentum", d));
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("--resume"), std::string::npos);
   TrainOptions r = small("mlp", "adam", d);
   r.resume = true;
   auto t = Trainer::create(r);
@@ -175,6 +179,30 @@ TEST(Trainer, WritesMetricsAndRejectsBadOptions) {
   bad.limit_train = 100;
   EXPECT_NE(Trainer::create(bad).status().message().find("larger than"), std::string::npos);
   fs::remove_all(d);
+}
+
+// Every zoo model builds, trains and lowers its loss with every optimizer
+// family (a short run on 512 samples).
+TEST(Trainer, EveryModelLearns) {
+  for (auto [model, opt] : {std::pair{"mlp", "nesterov"}, std::pair{"cnn", "lamb"},
+                            std::pair{"resnet", "momentum"}, std::pair{"mlp", "sgd"}}) {
+    SCOPED_TRACE(std::string(model) + "/" + opt);
+    std::string d = tmpdir("zoo");
+    TrainOptions o = small(model, opt, d);
+    o.limit_train = 512;
+    o.limit_test = 200;
+    o.epochs = 3;
+    o.augment = false;
+    o.checkpoints = false;
+    auto t = Trainer::create(o);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_TRUE((*t)->run().ok());
+    const auto& h = (*t)->history();
+    ASSERT_EQ(h.size(), 3u);
+    EXPECT_LT(h[2].train_loss, 0.8 * h[0].train_loss);
+    EXPECT_GT(h[2].test_acc, 0.3);
+    fs::remove_all(d);
+  }
 }
 
 TEST(Trainer, DivergenceIsReported) {

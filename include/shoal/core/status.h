@@ -57,6 +57,7 @@ inline Status ok_status() { return Status(); }
   }
 SHOAL_DEFINE_ERROR_FN(invalid_argument, kInvalidArgument)
 SHOAL_DEFINE_ERROR_FN(not_found, kNotFound)
+SHOAL_DEFINE_ERROR_FN(already_exists, kAlreadyExists)
 SHOAL_DEFINE_ERROR_FN(out_of_range, kOutOfRange)
 SHOAL_DEFINE_ERROR_FN(unimplemented, kUnimplemented)
 SHOAL_DEFINE_ERROR_FN(internal_error, kInternal)
