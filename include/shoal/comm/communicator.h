@@ -1,0 +1,186 @@
+// Collectives over a full mesh of TCP connections between the ranks of a
+// job. Rendezvous goes through a Store (each rank publishes its listening
+// address); every connection is authenticated with an HMAC-SHA256
+// challenge over the job token. Every call is queued on one progress
+// thread per communicator, so calls run in program order; the blocking
+// forms wait for their Work. Each frame carries the collective's sequence
+// number and a fingerprint (op, dtype, reduce op, root, count) that the
+// receiver checks, so ranks that disagree on the call get an error naming
+// both calls instead of corrupted data. Every wait has a deadline
+// (SHOAL_COMM_TIMEOUT, default 300 s); a peer that dies or aborts is named
+// (rank, address, collective and sequence number) on every rank that
+// talks to it or watches it while waiting.
+//
+// Buffers are raw pointers with a count and dtype; send == recv means in
+// place. f16/bf16 reductions accumulate in f32. Thread-safe: calls from
+// several threads are serialized in submission order (which must then be
+// the same on every rank).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shoal/core/deadline.h"
+#include "shoal/core/status.h"
+#include "shoal/net/socket.h"
+#include "shoal/net/store.h"
+#include "shoal/tensor/dtype.h"
+
+namespace shoal::comm {
+
+enum class ReduceOp : std::uint8_t { kSum, kProd, kMin, kMax, kAvg };
+const char* reduce_op_name(ReduceOp op);
+
+enum class Algorithm : std::uint8_t { kAuto, kRing, kRecursiveDoubling, kTree };
+Result<Algorithm> parse_algorithm(const std::string& s);  // auto, ring, rd, tree
+
+struct CommOptions {
+  double timeout_seconds = 300;       // SHOAL_COMM_TIMEOUT
+  Algorithm allreduce = Algorithm::kAuto;  // SHOAL_ALLREDUCE_ALGO
+  std::size_t small_bytes = 64 << 10; // auto: recursive doubling below, ring above
+  std::string host;                   // address to listen on ("" = loopback)
+  std::string token;                  // job token (SHOAL_JOB_TOKEN); "" = none
+  std::string prefix = "shoal";       // store key prefix (sub-communicators)
+  // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR.
+  static Result<CommOptions> from_env();
+};
+
+class Work {
+ public:
+  Status wait(Deadline dl);
+  bool test();
+
+ private:
+  friend class Communicator;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// Where a rank finds its rank, world size and store: SHOAL_* first, then
+// torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), OpenMPI
+// (OMPI_COMM_WORLD_*), PMI/PMIx, Slurm (SLURM_PROCID/SLURM_NTASKS).
+struct EnvInfo {
+  int rank = 0, world = 1, local_rank = 0;
+  std::string store;  // host:port of the TCP store ("" when none is set)
+  std::string source; // which variables were used
+};
+Result<EnvInfo> env_info();
+
+class Communicator {
+ public:
+  // Connects rank `rank` of `world` through `store`, which must outlive
+  // the communicator (split() uses it again).
+  static Result<std::unique_ptr<Communicator>> create(int rank, int world, net::Store& store,
+                                                      CommOptions o);
+  // Rank, world and store from the environment (see env_info); rank 0
+  // starts the TCP store when SHOAL_STORE/MASTER_ADDR names this host and
+  // nobody serves it yet (SHOAL_STORE_SERVE=1 forces it).
+  static Result<std::unique_ptr<Communicator>> from_env();
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return world_; }
+
+  // Blocking collectives (each = the async form + wait with the timeout).
+  Status allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
+  Status reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op, int root);
+  Status broadcast(void* buf, std::size_t count, DType dt, int root);
+  Status allgather(const void* send, void* recv, std::size_t count, DType dt);
+  Status allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dt);
+  Status reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                        DType dt, ReduceOp op);
+  Status gather(const void* send, void* recv, std::size_t count, DType dt, int root);
+  Status scatter(const void* send, void* recv, std::size_t count, DType dt, int root);
+  Status all_to_all(const void* send, void* recv, std::size_t count, DType dt);
+  Status all_to_allv(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                     const std::vector<std::size_t>& recv_counts, DType dt);
+  Status barrier();
+  Status send(const void* buf, std::size_t count, DType dt, int dst, int tag = 0);
+  Status recv(void* buf, std::size_t count, DType dt, int src, int tag = 0);
+
+  // Async forms: the call is queued; buffers must stay valid until wait().
+  WorkPtr allreduce_async(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
+  WorkPtr submit(std::function<Status()> fn);
+
+  // Sub-communicator of the ranks with the same color, ordered by (key, rank).
+  // Collective over this communicator. color < 0: this rank is in none (nullptr).
+  Result<std::unique_ptr<Communicator>> split(int color, int key);
+
+  const char* last_algorithm() const { return last_algo_; }
+  std::uint64_t sequence() const { return seq_; }
+  Deadline deadline() const { return Deadline::after_seconds(o_.timeout_seconds); }
+
+  // Internal: one transfer in an exchange (see comm.cc).
+  struct Xfer {
+    int peer;
+    bool is_send;
+    void* buf;
+    std::size_t bytes;
+    std::size_t done = 0;
+    bool header_done = false;
+    std::uint8_t hdr[net::kHeaderBytes] = {};
+  };
+
+ private:
+  Communicator() = default;
+  Status connect_mesh(net::Store& store);
+  void progress_loop();
+  Status exchange(std::vector<Xfer>& xs, std::uint64_t fp, const char* what);
+  Status sendrecv(int to, const void* s, std::size_t sb, int from, void* r, std::size_t rb,
+                  std::uint64_t fp, const char* what);
+  Status send_to(int to, const void* s, std::size_t sb, std::uint64_t fp, const char* what);
+  Status recv_from(int from, void* r, std::size_t rb, std::uint64_t fp, const char* what);
+  void abort_peers(const Status& why);
+
+  Status do_allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
+  Status ring_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
+  Status rd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
+  Status do_reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op,
+                   int root, std::uint64_t fp);
+  Status do_broadcast(void* buf, std::size_t bytes, int root, std::uint64_t fp);
+  Status do_allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                       DType dt, std::uint64_t fp);
+  Status do_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                           DType dt, ReduceOp op, std::uint64_t fp);
+
+  int rank_ = 0, world_ = 1;
+  CommOptions o_;
+  std::vector<net::Socket> peers_;  // peers_[r] for r != rank_
+  std::vector<std::string> hosts_;  // listening address of each rank
+  std::uint64_t seq_ = 0;
+  const char* current_ = "";        // name of the running collective
+  const char* last_algo_ = "";
+  std::vector<std::uint8_t> scratch_;
+  bool aborted_ = false;
+  Status abort_status_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::function<Status()>, WorkPtr>> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+  net::Store* store_ = nullptr;
+  std::unique_ptr<net::TcpStoreServer> own_store_;
+  std::unique_ptr<net::Store> own_client_;
+};
+
+// Fingerprint of a call: op, dtype, reduce op, root and the low 24 bits of
+// the count, packed so a mismatch can be described from the number alone.
+std::uint64_t fingerprint(std::uint8_t op, DType dt, std::uint8_t rop, int root,
+                          std::size_t count);
+std::string describe_fingerprint(std::uint64_t fp);
+
+// dst[i] = dst[i] (op) src[i] for n elements (f16/bf16 through f32).
+void reduce_into(void* dst, const void* src, std::size_t n, DType dt, ReduceOp op);
+
+}  // namespace shoal::comm

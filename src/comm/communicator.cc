@@ -1,0 +1,1008 @@
+#include "shoal/comm/communicator.h"
+
+#include <poll.h>
+#include <sodium.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "shoal/core/env.h"
+#include "shoal/core/logging.h"
+
+namespace shoal::comm {
+
+namespace {
+
+enum Op : std::uint8_t {
+  kAllreduce = 1,
+  kReduce,
+  kBroadcast,
+  kAllgather,
+  kReduceScatter,
+  kGather,
+  kScatter,
+  kAllToAll,
+  kBarrier,
+  kSendRecv,
+  kSplit
+};
+
+constexpr std::uint64_t kP2pSeq = ~std::uint64_t{0};
+constexpr std::size_t kNonceBytes = 16;
+
+std::uint8_t* bytes(void* p) { return static_cast<std::uint8_t*>(p); }
+const std::uint8_t* bytes(const void* p) { return static_cast<const std::uint8_t*>(p); }
+
+void put32(std::string& s, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
+}
+std::uint32_t get32(const std::string& s, std::size_t at) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<std::size_t>(i)]);
+  return v;
+}
+
+// HMAC-SHA256 keyed by SHA-256(token) over a role tag, both nonces, both
+// ranks and the world size.
+std::string proof(const std::string& token, char role, const std::string& nc,
+                  const std::string& ns, int client, int server, int world) {
+  unsigned char key[crypto_auth_hmacsha256_KEYBYTES];
+  crypto_hash_sha256(key, reinterpret_cast<const unsigned char*>(token.data()), token.size());
+  std::string msg(1, role);
+  msg += nc + ns;
+  put32(msg, static_cast<std::uint32_t>(client));
+  put32(msg, static_cast<std::uint32_t>(server));
+  put32(msg, static_cast<std::uint32_t>(world));
+  std::string mac(crypto_auth_hmacsha256_BYTES, '\0');
+  crypto_auth_hmacsha256(reinterpret_cast<unsigned char*>(mac.data()),
+                         reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), key);
+  return mac;
+}
+
+Status send_msg(net::Socket& s, net::FrameType t, const std::string& payload, Deadline dl) {
+  net::FrameHeader h;
+  h.type = static_cast<std::uint16_t>(t);
+  h.length = payload.size();
+  return s.send_frame(h, payload.data(), dl);
+}
+
+Result<std::string> recv_msg(net::Socket& s, net::FrameType want, std::size_t max, Deadline dl) {
+  SHOAL_ASSIGN_OR_RETURN(net::FrameHeader h, s.recv_header(max, dl));
+  std::string p(h.length, '\0');
+  SHOAL_RETURN_IF_ERROR(s.recv_all(p.data(), p.size(), dl));
+  if (h.type == static_cast<std::uint16_t>(net::FrameType::kAbort))
+    return aborted("{} refused the connection: {}", s.peer(), p);
+  if (h.type != static_cast<std::uint16_t>(want))
+    return invalid_argument("handshake with {}: expected frame type {}, got {}", s.peer(),
+                            static_cast<int>(want), h.type);
+  return p;
+}
+
+std::string random_nonce() {
+  std::string n(kNonceBytes, '\0');
+  randombytes_buf(n.data(), n.size());
+  return n;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Work
+
+Status Work::wait(Deadline dl) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!cv_.wait_until(lk, dl.when(), [&] { return done_; }))
+    return deadline_exceeded("collective did not finish before the deadline");
+  return status_;
+}
+
+bool Work::test() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_;
+}
+
+// ---------------------------------------------------------------- options / env
+
+Result<Algorithm> parse_algorithm(const std::string& s) {
+  if (s == "auto" || s.empty()) return Algorithm::kAuto;
+  if (s == "ring") return Algorithm::kRing;
+  if (s == "rd" || s == "recursive-doubling") return Algorithm::kRecursiveDoubling;
+  if (s == "tree") return Algorithm::kTree;
+  return invalid_argument("allreduce algorithm '{}' is not one of auto, ring, rd, tree", s);
+}
+
+Result<CommOptions> CommOptions::from_env() {
+  CommOptions o;
+  SHOAL_ASSIGN_OR_RETURN(o.timeout_seconds, env::get_double("SHOAL_COMM_TIMEOUT", 300.0));
+  if (!(o.timeout_seconds > 0))
+    return invalid_argument("SHOAL_COMM_TIMEOUT={} must be > 0", o.timeout_seconds);
+  if (auto a = env::get("SHOAL_ALLREDUCE_ALGO")) {
+    auto alg = parse_algorithm(*a);
+    if (!alg.ok()) return alg.status().with_context("SHOAL_ALLREDUCE_ALGO");
+    o.allreduce = *alg;
+  }
+  if (auto t = env::get("SHOAL_JOB_TOKEN")) o.token = *t;
+  if (auto h = env::get("SHOAL_IFACE_ADDR")) o.host = *h;
+  return o;
+}
+
+Result<EnvInfo> env_info() {
+  EnvInfo e;
+  auto pick = [&](const char* r, const char* w, const char* lr, const char* src) -> Result<bool> {
+    auto rv = env::get(r);
+    auto wv = env::get(w);
+    if (!rv || !wv) return false;
+    SHOAL_ASSIGN_OR_RETURN(std::int64_t rank, env::parse_int(*rv, r));
+    SHOAL_ASSIGN_OR_RETURN(std::int64_t world, env::parse_int(*wv, w));
+    if (world < 1 || rank < 0 || rank >= world)
+      return invalid_argument("{}={} / {}={}: rank must be in [0, world size)", r, rank, w, world);
+    e.rank = static_cast<int>(rank);
+    e.world = static_cast<int>(world);
+    if (lr) {
+      SHOAL_ASSIGN_OR_RETURN(std::int64_t l, env::get_int(lr, 0));
+      e.local_rank = static_cast<int>(l);
+    }
+    e.source = src;
+    return true;
+  };
+  struct Src {
+    const char *r, *w, *lr, *name;
+  } srcs[] = {
+      {"SHOAL_RANK", "SHOAL_WORLD_SIZE", "SHOAL_LOCAL_RANK", "SHOAL_*"},
+      {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun (RANK/WORLD_SIZE)"},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OpenMPI"},
+      {"PMIX_RANK", "PMI_SIZE", nullptr, "PMIx"},
+      {"PMI_RANK", "PMI_SIZE", nullptr, "PMI"},
+      {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "Slurm"},
+  };
+  bool found = false;
+  for (const auto& s : srcs) {
+    SHOAL_ASSIGN_OR_RETURN(found, pick(s.r, s.w, s.lr, s.name));
+    if (found) break;
+  }
+  if (!found) e.source = "none (single process)";
+  if (auto st = env::get("SHOAL_STORE")) {
+    e.store = *st;
+  } else if (auto ma = env::get("MASTER_ADDR")) {
+    auto mp = env::get("MASTER_PORT");
+    if (!mp) return invalid_argument("MASTER_ADDR is set but MASTER_PORT is not");
+    e.store = (ma->find(':') != std::string::npos ? "[" + *ma + "]" : *ma) + ":" + *mp;
+  }
+  return e;
+}
+
+// ---------------------------------------------------------------- set-up
+
+Result<std::unique_ptr<Communicator>> Communicator::create(int rank, int world, net::Store& store,
+                                                           CommOptions o) {
+  if (world < 1 || rank < 0 || rank >= world)
+    return invalid_argument("communicator: rank {} of world {} is out of range", rank, world);
+  if (world > 65535) return invalid_argument("communicator: world {} > 65535", world);
+  if (sodium_init() < 0) return internal_error("libsodium failed to initialize");
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->rank_ = rank;
+  c->world_ = world;
+  c->o_ = std::move(o);
+  c->store_ = &store;
+  if (world > 1) SHOAL_RETURN_IF_ERROR(c->connect_mesh(store));
+  c->worker_ = std::thread([p = c.get()] { p->progress_loop(); });
+  return c;
+}
+
+Status Communicator::connect_mesh(net::Store& store) {
+  Deadline dl = deadline();
+  SHOAL_ASSIGN_OR_RETURN(net::Socket listener, net::Socket::listen(o_.host, 0));
+  SHOAL_ASSIGN_OR_RETURN(int port, listener.local_port());
+  SHOAL_ASSIGN_OR_RETURN(std::string host, listener.local_host());
+  std::string me = host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
+                                                       : fmt::format("{}:{}", host, port);
+  const std::string& px = o_.prefix;
+  SHOAL_RETURN_IF_ERROR(store.set(fmt::format("{}/addr/{}", px, rank_), me));
+  peers_.resize(static_cast<std::size_t>(world_));
+  hosts_.resize(static_cast<std::size_t>(world_));
+  hosts_[static_cast<std::size_t>(rank_)] = me;
+  // Lower ranks: we connect and prove the token second.
+  for (int j = 0; j < rank_; ++j) {
+    auto addr = store.get(fmt::format("{}/addr/{}", px, j), dl);
+    if (!addr.ok())
+      return addr.status().with_context(fmt::format("rendezvous: waiting for rank {}", j));
+    hosts_[static_cast<std::size_t>(j)] = *addr;
+    SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(*addr, "peer address"));
+    SHOAL_ASSIGN_OR_RETURN(net::Socket s, net::Socket::connect(hp.first, hp.second, dl));
+    s.set_peer(fmt::format("rank {} ({})", j, *addr));
+    std::string nc = random_nonce(), hello;
+    put32(hello, static_cast<std::uint32_t>(rank_));
+    put32(hello, static_cast<std::uint32_t>(world_));
+    hello += nc;
+    SHOAL_RETURN_IF_ERROR(send_msg(s, net::FrameType::kHello, hello, dl));
+    SHOAL_ASSIGN_OR_RETURN(std::string ch, recv_msg(s, net::FrameType::kChallenge, 256, dl));
+    if (ch.size() != 4 + kNonceBytes + crypto_auth_hmacsha256_BYTES)
+      return invalid_argument("handshake with {}: challenge of {} bytes", s.peer(), ch.size());
+    if (static_cast<int>(get32(ch, 0)) != j)
+      return failed_precondition("handshake: {} answered as rank {}", s.peer(), get32(ch, 0));
+    std::string ns = ch.substr(4, kNonceBytes);
+    if (sodium_memcmp(ch.data() + 4 + kNonceBytes,
+                      proof(o_.token, 'S', nc, ns, rank_, j, world_).data(),
+                      crypto_auth_hmacsha256_BYTES) != 0)
+      return failed_precondition(
+          "handshake: {} does not hold this job's token (SHOAL_JOB_TOKEN differs)", s.peer());
+    SHOAL_RETURN_IF_ERROR(
+        send_msg(s, net::FrameType::kProof, proof(o_.token, 'C', nc, ns, rank_, j, world_), dl));
+    SHOAL_RETURN_IF_ERROR(recv_msg(s, net::FrameType::kProof, 0, dl).status());
+    peers_[static_cast<std::size_t>(j)] = std::move(s);
+  }
+  // Higher ranks connect to us.
+  for (int got = 0; got < world_ - 1 - rank_; ++got) {
+    auto acc = listener.accept(dl);
+    if (!acc.ok())
+      return acc.status().with_context(fmt::format(
+          "rendezvous: rank {} waited for {} higher ranks to connect", rank_, world_ - 1 - rank_));
+    net::Socket s = std::move(acc).value();
+    std::string from = s.peer();
+    SHOAL_ASSIGN_OR_RETURN(std::string hello, recv_msg(s, net::FrameType::kHello, 64, dl));
+    if (hello.size() != 8 + kNonceBytes)
+      return invalid_argument("handshake from {}: hello of {} bytes", from, hello.size());
+    int r = static_cast<int>(get32(hello, 0)), w = static_cast<int>(get32(hello, 4));
+    if (w != world_ || r <= rank_ || r >= world_ || peers_[static_cast<std::size_t>(r)].valid()) {
+      (void)send_msg(s, net::FrameType::kAbort, "bad rank or world size", dl);
+      return failed_precondition("handshake from {}: claims rank {} of world {}, expected a "
+                                 "rank in ({}, {}) of world {}",
+                                 from, r, w, rank_, world_, world_);
+    }
+    std::string nc = hello.substr(8), ns = random_nonce(), ch;
+    put32(ch, static_cast<std::uint32_t>(rank_));
+    ch += ns + proof(o_.token, 'S', nc, ns, r, rank_, world_);
+    SHOAL_RETURN_IF_ERROR(send_msg(s, net::FrameType::kChallenge, ch, dl));
+    SHOAL_ASSIGN_OR_RETURN(std::string pr, recv_msg(s, net::FrameType::kProof, 64, dl));
+    if (pr.size() != crypto_auth_hmacsha256_BYTES ||
+        sodium_memcmp(pr.data(), proof(o_.token, 'C', nc, ns, r, rank_, world_).data(),
+                      crypto_auth_hmacsha256_BYTES) != 0) {
+      (void)send_msg(s, net::FrameType::kAbort, "wrong job token", dl);
+      return failed_precondition(
+          "handshake: connection from {} claiming rank {} failed the job-token proof "
+          "(SHOAL_JOB_TOKEN differs)",
+          from, r);
+    }
+    SHOAL_RETURN_IF_ERROR(send_msg(s, net::FrameType::kProof, "", dl));
+    auto addr = store.get(fmt::format("{}/addr/{}", px, r), dl);
+    hosts_[static_cast<std::size_t>(r)] = addr.ok() ? *addr : from;
+    s.set_peer(fmt::format("rank {} ({})", r, hosts_[static_cast<std::size_t>(r)]));
+    peers_[static_cast<std::size_t>(r)] = std::move(s);
+  }
+  return ok_status();
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::from_env() {
+  SHOAL_ASSIGN_OR_RETURN(EnvInfo e, env_info());
+  SHOAL_ASSIGN_OR_RETURN(CommOptions o, CommOptions::from_env());
+  log::set_identity(e.rank, e.world, "comm");
+  std::unique_ptr<net::TcpStoreServer> server;
+  std::unique_ptr<net::Store> store;
+  if (e.world > 1) {
+    if (auto dir = env::get("SHOAL_STORE_DIR")) {
+      store = std::make_unique<net::FileStore>(*dir);
+    } else {
+      if (e.store.empty())
+        return failed_precondition(
+            "{} ranks but no store: set SHOAL_STORE=host:port (or MASTER_ADDR/MASTER_PORT, or "
+            "SHOAL_STORE_DIR on a shared file system); `shoal run` sets them",
+            e.world);
+      SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(e.store, "SHOAL_STORE"));
+      SHOAL_ASSIGN_OR_RETURN(bool serve, env::get_bool("SHOAL_STORE_SERVE", false));
+      if (!env::get("SHOAL_STORE") && env::get("MASTER_ADDR")) serve = true;  // torchrun-style
+      if (serve && e.rank == 0) {
+        auto s = net::TcpStoreServer::start(hp.first, hp.second);
+        if (!s.ok())
+          return s.status().with_context(
+              fmt::format("rank 0 serving the store at {} (port in use?)", e.store));
+        server = std::move(s).value();
+      }
+      SHOAL_ASSIGN_OR_RETURN(store, net::TcpStore::connect(hp.first, hp.second,
+                                                           Deadline::after_seconds(o.timeout_seconds)));
+    }
+  }
+  if (!store) store = std::make_unique<net::FileStore>("/nonexistent");  // world 1: never used
+  SHOAL_ASSIGN_OR_RETURN(auto c, create(e.rank, e.world, *store, o));
+  c->own_store_ = std::move(server);
+  c->own_client_ = std::move(store);
+  return c;
+}
+
+Communicator::~Communicator() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  // Tell peers this close is a clean shutdown, not a death.
+  for (auto& p : peers_) {
+    if (!p.valid()) continue;
+    net::FrameHeader h;
+    h.type = static_cast<std::uint16_t>(net::FrameType::kGoodbye);
+    (void)p.send_frame(h, nullptr, Deadline::after(std::chrono::milliseconds(200)));
+  }
+}
+
+// ---------------------------------------------------------------- progress thread
+
+void Communicator::progress_loop() {
+  while (true) {
+    std::pair<std::function<Status()>, WorkPtr> item;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Status st = aborted_ ? abort_status_ : item.first();
+    if (!st.ok() && !aborted_) {
+      aborted_ = true;
+      abort_status_ = st;
+      abort_peers(st);
+    }
+    {
+      std::lock_guard<std::mutex> lk(item.second->mu_);
+      item.second->done_ = true;
+      item.second->status_ = st;
+    }
+    item.second->cv_.notify_all();
+  }
+}
+
+WorkPtr Communicator::submit(std::function<Status()> fn) {
+  auto w = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.emplace_back(std::move(fn), w);
+  }
+  cv_.notify_all();
+  return w;
+}
+
+void Communicator::abort_peers(const Status& why) {
+  std::string msg = fmt::format("rank {} aborted: {}", rank_, why.message());
+  for (auto& p : peers_) {
+    if (!p.valid()) continue;
+    net::FrameHeader h;
+    h.type = static_cast<std::uint16_t>(net::FrameType::kAbort);
+    h.length = msg.size();
+    (void)p.send_frame(h, msg.data(), Deadline::after(std::chrono::milliseconds(200)));
+  }
+}
+
+// ---------------------------------------------------------------- transport
+
+// Runs sends and receives on several peers at once, polling every other
+// peer too: an abort frame or a closed connection there fails the call
+// at once instead of at the deadline.
+Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const char* what) {
+  const std::uint64_t wseq = static_cast<std::uint8_t>(fp) == kSendRecv ? kP2pSeq : seq_;
+  Deadline dl = deadline();
+  for (auto& x : xs) {
+    x.done = 0;
+    x.header_done = false;
+    if (x.is_send) {
+      net::FrameHeader h;
+      h.type = static_cast<std::uint16_t>(net::FrameType::kData);
+      h.length = x.bytes;
+      h.seq = wseq;
+      h.fingerprint = fp;
+      net::encode_header(h, x.hdr);
+    }
+  }
+  std::vector<bool> watch(static_cast<std::size_t>(world_), true);
+  watch[static_cast<std::size_t>(rank_)] = false;
+  for (auto& x : xs) watch[static_cast<std::size_t>(x.peer)] = false;
+  auto fail_peer = [&](int peer, const std::string& why) {
+    return unavailable("{} #{}: {} {}", what, seq_, peers_[static_cast<std::size_t>(peer)].peer(),
+                       why);
+  };
+  std::vector<pollfd> fds;
+  std::vector<int> who;  // index into xs, or -1 - peer for watched ones
+  while (true) {
+    fds.clear();
+    who.clear();
+    bool pending = false;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const Xfer& x = xs[i];
+      if (x.done == x.bytes + net::kHeaderBytes) continue;
+      pending = true;
+      fds.push_back({peers_[static_cast<std::size_t>(x.peer)].fd(),
+                     static_cast<short>(x.is_send ? POLLOUT : POLLIN), 0});
+      who.push_back(static_cast<int>(i));
+    }
+    if (!pending) return ok_status();
+    for (int p = 0; p < world_; ++p)
+      if (watch[static_cast<std::size_t>(p)]) {
+        fds.push_back({peers_[static_cast<std::size_t>(p)].fd(), POLLIN, 0});
+        who.push_back(-1 - p);
+      }
+    int ms = static_cast<int>(std::min<long long>(dl.remaining().count(), 1000));
+    int rc = ::poll(fds.data(), fds.size(), ms);
+    if (rc < 0 && errno != EINTR) return unavailable("poll: {}", std::strerror(errno));
+    if (rc <= 0) {
+      if (dl.expired()) {
+        std::string waiting;
+        for (const auto& x : xs)
+          if (x.done < x.bytes + net::kHeaderBytes)
+            waiting += fmt::format("{}{} {}", waiting.empty() ? "" : ", ",
+                                   x.is_send ? "sending to" : "receiving from",
+                                   peers_[static_cast<std::size_t>(x.peer)].peer());
+        return deadline_exceeded("{} #{}: timed out after {:.0f} s {} (SHOAL_COMM_TIMEOUT)",
+                                 what, seq_, o_.timeout_seconds, waiting);
+      }
+      continue;
+    }
+    for (std::size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      if (who[k] < 0) {  // a watched peer: abort frame, or closed?
+        int p = -1 - who[k];
+        std::uint8_t hb[net::kHeaderBytes];
+        ssize_t n = ::recv(fds[k].fd, hb, sizeof hb, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0) return fail_peer(p, "closed the connection (process died?)");
+        if (n == static_cast<ssize_t>(sizeof hb)) {
+          auto h = net::decode_header(hb, 1 << 20, peers_[static_cast<std::size_t>(p)].peer());
+          if (h.ok() && h->type == static_cast<std::uint16_t>(net::FrameType::kAbort)) {
+            net::Socket& s = peers_[static_cast<std::size_t>(p)];
+            std::string m(h->length, '\0');
+            (void)s.recv_all(hb, sizeof hb, dl);
+            (void)s.recv_all(m.data(), m.size(), dl);
+            return aborted("{} #{}: {}", what, seq_, m);
+          }
+        }
+        // Data for a later step, or a clean goodbye: leave it for whoever reads it.
+        watch[static_cast<std::size_t>(p)] = false;
+        continue;
+      }
+      Xfer& x = xs[static_cast<std::size_t>(who[k])];
+      net::Socket& s = peers_[static_cast<std::size_t>(x.peer)];
+      if (x.is_send) {
+        iovec iov[2];
+        int cnt = 0;
+        if (x.done < net::kHeaderBytes) {
+          iov[cnt++] = {x.hdr + x.done, net::kHeaderBytes - x.done};
+          iov[cnt++] = {x.buf, x.bytes};
+        } else {
+          std::size_t off = x.done - net::kHeaderBytes;
+          iov[cnt++] = {bytes(x.buf) + off, x.bytes - off};
+        }
+        msghdr mh{};
+        mh.msg_iov = iov;
+        mh.msg_iovlen = static_cast<std::size_t>(cnt);
+        ssize_t n = ::sendmsg(s.fd(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+          return fail_peer(x.peer, fmt::format("send failed: {}", std::strerror(errno)));
+        }
+        x.done += static_cast<std::size_t>(n);
+        continue;
+      }
+      // Receive: the header first, checked, then the payload in place.
+      if (x.done < net::kHeaderBytes) {
+        ssize_t n = ::recv(s.fd(), x.hdr + x.done, net::kHeaderBytes - x.done, MSG_DONTWAIT);
+        if (n == 0) return fail_peer(x.peer, "closed the connection (process died?)");
+        if (n < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+          return fail_peer(x.peer, fmt::format("receive failed: {}", std::strerror(errno)));
+        }
+        x.done += static_cast<std::size_t>(n);
+        if (x.done < net::kHeaderBytes) continue;
+        auto h = net::decode_header(x.hdr, net::kMaxFrame, s.peer());
+        if (!h.ok()) return h.status().with_context(fmt::format("{} #{}", what, seq_));
+        if (h->type == static_cast<std::uint16_t>(net::FrameType::kAbort)) {
+          std::string m(std::min<std::uint64_t>(h->length, 1 << 20), '\0');
+          (void)s.recv_all(m.data(), m.size(), dl);
+          return aborted("{} #{}: {}", what, seq_, m);
+        }
+        if (h->type == static_cast<std::uint16_t>(net::FrameType::kGoodbye))
+          return fail_peer(x.peer, "shut down its communicator while this rank still waits for it "
+                                   "(the ranks' call sequences differ)");
+        if (h->type != static_cast<std::uint16_t>(net::FrameType::kData))
+          return fail_peer(x.peer, fmt::format("sent frame type {} during a collective", h->type));
+        if (h->fingerprint != fp || h->seq != wseq)
+          return failed_precondition(
+              "collective mismatch: rank {} called {} #{}, but {} called {} #{}", rank_,
+              describe_fingerprint(fp), wseq == kP2pSeq ? std::string("p2p") : std::to_string(wseq),
+              s.peer(), describe_fingerprint(h->fingerprint),
+              h->seq == kP2pSeq ? std::string("p2p") : std::to_string(h->seq));
+        if (h->length != x.bytes)
+          return failed_precondition("{} #{}: {} sent {} bytes, this rank expects {}", what, seq_,
+                                     s.peer(), h->length, x.bytes);
+        if (x.bytes > 0) continue;
+      }
+      std::size_t off = x.done - net::kHeaderBytes;
+      if (off == x.bytes) continue;
+      ssize_t n = ::recv(s.fd(), bytes(x.buf) + off, x.bytes - off, MSG_DONTWAIT);
+      if (n == 0) return fail_peer(x.peer, "closed the connection (process died?)");
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+        return fail_peer(x.peer, fmt::format("receive failed: {}", std::strerror(errno)));
+      }
+      x.done += static_cast<std::size_t>(n);
+    }
+  }
+}
+
+Status Communicator::sendrecv(int to, const void* s, std::size_t sb, int from, void* r,
+                              std::size_t rb, std::uint64_t fp, const char* what) {
+  std::vector<Xfer> xs;
+  xs.push_back(Xfer{to, true, const_cast<void*>(s), sb, 0, false, {}});
+  xs.push_back(Xfer{from, false, r, rb, 0, false, {}});
+  return exchange(xs, fp, what);
+}
+
+Status Communicator::send_to(int to, const void* s, std::size_t sb, std::uint64_t fp,
+                             const char* what) {
+  std::vector<Xfer> xs{Xfer{to, true, const_cast<void*>(s), sb, 0, false, {}}};
+  return exchange(xs, fp, what);
+}
+
+Status Communicator::recv_from(int from, void* r, std::size_t rb, std::uint64_t fp,
+                               const char* what) {
+  std::vector<Xfer> xs{Xfer{from, false, r, rb, 0, false, {}}};
+  return exchange(xs, fp, what);
+}
+
+// ---------------------------------------------------------------- algorithms
+
+namespace {
+void divide_by(void* buf, std::size_t n, DType dt, int world) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(buf);
+    if constexpr (std::is_same_v<T, bool>) {
+      return;
+    } else {
+      for (std::size_t i = 0; i < n; ++i)
+        p[i] = from_double<T>(std::is_integral_v<T>
+                                  ? static_cast<double>(static_cast<std::int64_t>(to_double(p[i])) /
+                                                        world)
+                                  : to_double(p[i]) / world);
+    }
+  });
+}
+
+// Block i of `count` split in `n` nearly equal parts.
+std::size_t block_begin(std::size_t count, int n, int i) {
+  std::size_t q = count / static_cast<std::size_t>(n), r = count % static_cast<std::size_t>(n);
+  auto ui = static_cast<std::size_t>(i);
+  return ui * q + std::min(ui, r);
+}
+}  // namespace
+
+Status Communicator::ring_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op,
+                                    std::uint64_t fp) {
+  const int n = world_;
+  const std::size_t es = dtype_size(dt);
+  std::vector<std::size_t> counts(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    counts[static_cast<std::size_t>(i)] = block_begin(count, n, i + 1) - block_begin(count, n, i);
+  const int right = (rank_ + 1) % n, left = (rank_ - 1 + n) % n;
+  scratch_.resize(counts[0] * es);
+  auto* base = bytes(buf);
+  auto blk = [&](int i) { return base + block_begin(count, n, (i % n + n) % n) * es; };
+  auto cnt = [&](int i) { return counts[static_cast<std::size_t>((i % n + n) % n)]; };
+  // Reduce-scatter: after n-1 steps this rank holds block `rank` reduced.
+  for (int s = 0; s < n - 1; ++s) {
+    int sb = rank_ - s - 1, rb = rank_ - s - 2;
+    SHOAL_RETURN_IF_ERROR(sendrecv(right, blk(sb), cnt(sb) * es, left, scratch_.data(),
+                                   cnt(rb) * es, fp, "allreduce (ring)"));
+    reduce_into(blk(rb), scratch_.data(), cnt(rb), dt, op);
+  }
+  // Allgather of the reduced blocks.
+  for (int s = 0; s < n - 1; ++s) {
+    int sb = rank_ - s, rb = rank_ - s - 1;
+    SHOAL_RETURN_IF_ERROR(
+        sendrecv(right, blk(sb), cnt(sb) * es, left, blk(rb), cnt(rb) * es, fp, "allreduce (ring)"));
+  }
+  return ok_status();
+}
+
+// Recursive doubling (MPICH's non-power-of-two fold): log2(n) exchanges of
+// the whole buffer; best for small messages.
+Status Communicator::rd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op,
+                                  std::uint64_t fp) {
+  const int n = world_;
+  const std::size_t bytes_n = count * dtype_size(dt);
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int rem = n - p2;
+  scratch_.resize(bytes_n);
+  int newrank;
+  if (rank_ < 2 * rem) {
+    if (rank_ % 2 == 0) {
+      SHOAL_RETURN_IF_ERROR(send_to(rank_ + 1, buf, bytes_n, fp, "allreduce (rd)"));
+      newrank = -1;
+    } else {
+      SHOAL_RETURN_IF_ERROR(recv_from(rank_ - 1, scratch_.data(), bytes_n, fp, "allreduce (rd)"));
+      reduce_into(buf, scratch_.data(), count, dt, op);
+      newrank = rank_ / 2;
+    }
+  } else {
+    newrank = rank_ - rem;
+  }
+  if (newrank >= 0) {
+    for (int mask = 1; mask < p2; mask <<= 1) {
+      int nd = newrank ^ mask;
+      int dst = nd < rem ? nd * 2 + 1 : nd + rem;
+      SHOAL_RETURN_IF_ERROR(
+          sendrecv(dst, buf, bytes_n, dst, scratch_.data(), bytes_n, fp, "allreduce (rd)"));
+      // Lower rank's data first: every rank then computes the same bits.
+      if (dst < rank_) {
+        std::vector<std::uint8_t> mine(bytes(buf), bytes(buf) + bytes_n);
+        std::memcpy(buf, scratch_.data(), bytes_n);
+        reduce_into(buf, mine.data(), count, dt, op);
+      } else {
+        reduce_into(buf, scratch_.data(), count, dt, op);
+      }
+    }
+  }
+  if (rank_ < 2 * rem) {
+    if (rank_ % 2 == 1)
+      SHOAL_RETURN_IF_ERROR(send_to(rank_ - 1, buf, bytes_n, fp, "allreduce (rd)"));
+    else
+      SHOAL_RETURN_IF_ERROR(recv_from(rank_ + 1, buf, bytes_n, fp, "allreduce (rd)"));
+  }
+  return ok_status();
+}
+
+Status Communicator::do_allreduce(const void* send, void* recv, std::size_t count, DType dt,
+                                  ReduceOp op) {
+  ++seq_;
+  const std::uint64_t fp = fingerprint(kAllreduce, dt, static_cast<std::uint8_t>(op), -1, count);
+  if (send != recv && count > 0) std::memcpy(recv, send, count * dtype_size(dt));
+  if (world_ == 1 || count == 0) {
+    last_algo_ = "local";
+    // Still exchange nothing; ranks agree trivially.
+    return ok_status();
+  }
+  if (dt == DType::kF16 || dt == DType::kBF16) {  // accumulate in f32
+    std::vector<float> tmp(count);
+    for (std::size_t i = 0; i < count; ++i)
+      tmp[i] = dt == DType::kF16 ? f16_to_float(static_cast<F16*>(recv)[i])
+                                 : bf16_to_float(static_cast<BF16*>(recv)[i]);
+    --seq_;
+    SHOAL_RETURN_IF_ERROR(do_allreduce(tmp.data(), tmp.data(), count, DType::kF32, op));
+    for (std::size_t i = 0; i < count; ++i) {
+      if (dt == DType::kF16)
+        static_cast<F16*>(recv)[i] = float_to_f16(tmp[i]);
+      else
+        static_cast<BF16*>(recv)[i] = float_to_bf16(tmp[i]);
+    }
+    return ok_status();
+  }
+  Algorithm a = o_.allreduce;
+  if (a == Algorithm::kAuto || a == Algorithm::kTree)
+    a = (count * dtype_size(dt) <= o_.small_bytes || count < static_cast<std::size_t>(world_))
+            ? Algorithm::kRecursiveDoubling
+            : Algorithm::kRing;
+  Status st;
+  if (a == Algorithm::kRing && count >= static_cast<std::size_t>(world_)) {
+    last_algo_ = "ring";
+    st = ring_allreduce(recv, count, dt, op, fp);
+  } else {
+    last_algo_ = "recursive-doubling";
+    st = rd_allreduce(recv, count, dt, op, fp);
+  }
+  SHOAL_RETURN_IF_ERROR(st);
+  if (op == ReduceOp::kAvg) divide_by(recv, count, dt, world_);
+  return ok_status();
+}
+
+Status Communicator::do_reduce(const void* send, void* recv, std::size_t count, DType dt,
+                               ReduceOp op, int root, std::uint64_t fp) {
+  const std::size_t nb = count * dtype_size(dt);
+  const int n = world_, vr = (rank_ - root + n) % n;
+  std::vector<std::uint8_t> acc(bytes(send), bytes(send) + nb), tmp(nb);
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (vr & mask) {
+      SHOAL_RETURN_IF_ERROR(send_to((vr - mask + root) % n, acc.data(), nb, fp, "reduce"));
+      break;
+    }
+    if (vr + mask < n) {
+      SHOAL_RETURN_IF_ERROR(recv_from((vr + mask + root) % n, tmp.data(), nb, fp, "reduce"));
+      reduce_into(acc.data(), tmp.data(), count, dt, op);
+    }
+  }
+  if (rank_ == root) {
+    if (nb) std::memcpy(recv, acc.data(), nb);
+    if (op == ReduceOp::kAvg) divide_by(recv, count, dt, world_);
+  }
+  return ok_status();
+}
+
+Status Communicator::do_broadcast(void* buf, std::size_t nb, int root, std::uint64_t fp) {
+  const int n = world_, vr = (rank_ - root + n) % n;
+  int mask = 1;
+  while (mask < n) {
+    if (vr & mask) {
+      SHOAL_RETURN_IF_ERROR(recv_from((vr - mask + root) % n, buf, nb, fp, "broadcast"));
+      break;
+    }
+    mask <<= 1;
+  }
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (vr + mask < n)
+      SHOAL_RETURN_IF_ERROR(send_to((vr + mask + root) % n, buf, nb, fp, "broadcast"));
+  return ok_status();
+}
+
+Status Communicator::do_allgatherv(const void* send, void* recv,
+                                   const std::vector<std::size_t>& counts, DType dt,
+                                   std::uint64_t fp) {
+  const int n = world_;
+  const std::size_t es = dtype_size(dt);
+  std::vector<std::size_t> off(static_cast<std::size_t>(n) + 1, 0);
+  for (int i = 0; i < n; ++i)
+    off[static_cast<std::size_t>(i) + 1] = off[static_cast<std::size_t>(i)] + counts[static_cast<std::size_t>(i)];
+  auto* base = bytes(recv);
+  auto idx = [&](int i) { return static_cast<std::size_t>((i % n + n) % n); };
+  std::size_t mine = counts[static_cast<std::size_t>(rank_)] * es;
+  if (mine && base + off[static_cast<std::size_t>(rank_)] * es != bytes(send))
+    std::memmove(base + off[static_cast<std::size_t>(rank_)] * es, send, mine);
+  const int right = (rank_ + 1) % n, left = (rank_ - 1 + n) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    std::size_t sb = idx(rank_ - s), rb = idx(rank_ - s - 1);
+    SHOAL_RETURN_IF_ERROR(sendrecv(right, base + off[sb] * es, counts[sb] * es, left,
+                                   base + off[rb] * es, counts[rb] * es, fp, "allgather"));
+  }
+  return ok_status();
+}
+
+Status Communicator::do_reduce_scatter(const void* send, void* recv,
+                                       const std::vector<std::size_t>& counts, DType dt,
+                                       ReduceOp op, std::uint64_t fp) {
+  const int n = world_;
+  const std::size_t es = dtype_size(dt);
+  std::vector<std::size_t> off(static_cast<std::size_t>(n) + 1, 0);
+  for (int i = 0; i < n; ++i)
+    off[static_cast<std::size_t>(i) + 1] = off[static_cast<std::size_t>(i)] + counts[static_cast<std::size_t>(i)];
+  std::vector<std::uint8_t> work(bytes(send), bytes(send) + off.back() * es);
+  std::size_t maxc = *std::max_element(counts.begin(), counts.end());
+  std::vector<std::uint8_t> tmp(maxc * es);
+  auto idx = [&](int i) { return static_cast<std::size_t>((i % n + n) % n); };
+  const int right = (rank_ + 1) % n, left = (rank_ - 1 + n) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    std::size_t sb = idx(rank_ - s - 1), rb = idx(rank_ - s - 2);
+    SHOAL_RETURN_IF_ERROR(sendrecv(right, work.data() + off[sb] * es, counts[sb] * es, left,
+                                   tmp.data(), counts[rb] * es, fp, "reduce_scatter"));
+    reduce_into(work.data() + off[rb] * es, tmp.data(), counts[rb], dt, op);
+  }
+  auto me = static_cast<std::size_t>(rank_);
+  if (counts[me]) std::memcpy(recv, work.data() + off[me] * es, counts[me] * es);
+  if (op == ReduceOp::kAvg) divide_by(recv, counts[me], dt, world_);
+  return ok_status();
+}
+
+// ---------------------------------------------------------------- public calls
+
+namespace {
+Status wait_work(const WorkPtr& w, Deadline dl) { return w->wait(dl); }
+}  // namespace
+
+WorkPtr Communicator::allreduce_async(const void* send, void* recv, std::size_t count, DType dt,
+                                      ReduceOp op) {
+  return submit([=, this] { return do_allreduce(send, recv, count, dt, op); });
+}
+
+Status Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dt,
+                               ReduceOp op) {
+  return wait_work(allreduce_async(send, recv, count, dt, op), deadline());
+}
+
+Status Communicator::reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op,
+                            int root) {
+  if (root < 0 || root >= world_) return invalid_argument("reduce: root {} out of range", root);
+  return wait_work(submit([=, this] {
+                     ++seq_;
+                     auto fp = fingerprint(kReduce, dt, static_cast<std::uint8_t>(op), root, count);
+                     if (dt == DType::kF16 || dt == DType::kBF16) {
+                       // f32 accumulation: widen, reduce, narrow.
+                       std::vector<float> a(count), b(count);
+                       for (std::size_t i = 0; i < count; ++i)
+                         a[i] = dt == DType::kF16 ? f16_to_float(static_cast<const F16*>(send)[i])
+                                                  : bf16_to_float(static_cast<const BF16*>(send)[i]);
+                       SHOAL_RETURN_IF_ERROR(
+                           do_reduce(a.data(), b.data(), count, DType::kF32, op, root, fp));
+                       if (rank_ == root)
+                         for (std::size_t i = 0; i < count; ++i) {
+                           if (dt == DType::kF16)
+                             static_cast<F16*>(recv)[i] = float_to_f16(b[i]);
+                           else
+                             static_cast<BF16*>(recv)[i] = float_to_bf16(b[i]);
+                         }
+                       return ok_status();
+                     }
+                     return do_reduce(send, recv, count, dt, op, root, fp);
+                   }),
+                   deadline());
+}
+
+Status Communicator::broadcast(void* buf, std::size_t count, DType dt, int root) {
+  if (root < 0 || root >= world_) return invalid_argument("broadcast: root {} out of range", root);
+  return wait_work(submit([=, this] {
+                     ++seq_;
+                     return do_broadcast(buf, count * dtype_size(dt), root,
+                                         fingerprint(kBroadcast, dt, 0, root, count));
+                   }),
+                   deadline());
+}
+
+Status Communicator::allgather(const void* send, void* recv, std::size_t count, DType dt) {
+  return allgatherv(send, recv, std::vector<std::size_t>(static_cast<std::size_t>(world_), count),
+                    dt);
+}
+
+Status Communicator::allgatherv(const void* send, void* recv,
+                                const std::vector<std::size_t>& counts, DType dt) {
+  if (counts.size() != static_cast<std::size_t>(world_))
+    return invalid_argument("allgatherv: {} counts for {} ranks", counts.size(), world_);
+  return wait_work(submit([=, this] {
+                     ++seq_;
+                     std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+                     return do_allgatherv(send, recv, counts, dt,
+                                          fingerprint(kAllgather, dt, 0, -1, total));
+                   }),
+                   deadline());
+}
+
+Status Communicator::reduce_scatter(const void* send, void* recv,
+                                    const std::vector<std::size_t>& counts, DType dt,
+                                    ReduceOp op) {
+  if (counts.size() != static_cast<std::size_t>(world_))
+    return invalid_argument("reduce_scatter: {} counts for {} ranks", counts.size(), world_);
+  return wait_work(
+      submit([=, this]() -> Status {
+        ++seq_;
+        std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+        auto fp = fingerprint(kReduceScatter, dt, static_cast<std::uint8_t>(op), -1, total);
+        if (dt == DType::kF16 || dt == DType::kBF16) {
+          std::vector<float> a(total), b(counts[static_cast<std::size_t>(rank_)]);
+          for (std::size_t i = 0; i < total; ++i)
+            a[i] = dt == DType::kF16 ? f16_to_float(static_cast<const F16*>(send)[i])
+                                     : bf16_to_float(static_cast<const BF16*>(send)[i]);
+          SHOAL_RETURN_IF_ERROR(do_reduce_scatter(a.data(), b.data(), counts, DType::kF32, op, fp));
+          for (std::size_t i = 0; i < b.size(); ++i) {
+            if (dt == DType::kF16)
+              static_cast<F16*>(recv)[i] = float_to_f16(b[i]);
+            else
+              static_cast<BF16*>(recv)[i] = float_to_bf16(b[i]);
+          }
+          return ok_status();
+        }
+        return do_reduce_scatter(send, recv, counts, dt, op, fp);
+      }),
+      deadline());
+}
+
+Status Communicator::gather(const void* send, void* recv, std::size_t count, DType dt, int root) {
+  if (root < 0 || root >= world_) return invalid_argument("gather: root {} out of range", root);
+  return wait_work(submit([=, this]() -> Status {
+                     ++seq_;
+                     auto fp = fingerprint(kGather, dt, 0, root, count);
+                     const std::size_t nb = count * dtype_size(dt);
+                     if (rank_ != root) return send_to(root, send, nb, fp, "gather");
+                     std::vector<Xfer> xs;
+                     for (int r = 0; r < world_; ++r)
+                       if (r != root) xs.push_back(Xfer{r, false, bytes(recv) + r * nb, nb, 0, false, {}});
+                     if (nb && bytes(recv) + root * nb != bytes(send))
+                       std::memmove(bytes(recv) + root * nb, send, nb);
+                     return exchange(xs, fp, "gather");
+                   }),
+                   deadline());
+}
+
+Status Communicator::scatter(const void* send, void* recv, std::size_t count, DType dt, int root) {
+  if (root < 0 || root >= world_) return invalid_argument("scatter: root {} out of range", root);
+  return wait_work(submit([=, this]() -> Status {
+                     ++seq_;
+                     auto fp = fingerprint(kScatter, dt, 0, root, count);
+                     const std::size_t nb = count * dtype_size(dt);
+                     if (rank_ != root) return recv_from(root, recv, nb, fp, "scatter");
+                     std::vector<Xfer> xs;
+                     for (int r = 0; r < world_; ++r)
+                       if (r != root)
+                         xs.push_back(Xfer{r, true, const_cast<std::uint8_t*>(bytes(send)) + r * nb, nb, 0, false, {}});
+                     if (nb && bytes(send) + root * nb != bytes(recv))
+                       std::memmove(recv, bytes(send) + root * nb, nb);
+                     return exchange(xs, fp, "scatter");
+                   }),
+                   deadline());
+}
+
+Status Communicator::all_to_all(const void* send, void* recv, std::size_t count, DType dt) {
+  std::vector<std::size_t> c(static_cast<std::size_t>(world_), count);
+  return all_to_allv(send, c, recv, c, dt);
+}
+
+Status Communicator::all_to_allv(const void* send, const std::vector<std::size_t>& sc, void* recv,
+                                 const std::vector<std::size_t>& rc, DType dt) {
+  if (sc.size() != static_cast<std::size_t>(world_) || rc.size() != sc.size())
+    return invalid_argument("all_to_allv: counts must have {} entries", world_);
+  return wait_work(
+      submit([=, this]() -> Status {
+        ++seq_;
+        const std::size_t es = dtype_size(dt);
+        std::vector<std::size_t> so(sc.size() + 1, 0), ro(rc.size() + 1, 0);
+        for (std::size_t i = 0; i < sc.size(); ++i) {
+          so[i + 1] = so[i] + sc[i];
+          ro[i + 1] = ro[i] + rc[i];
+        }
+        // The fingerprint carries this rank's receive total; each pair's
+        // sizes are checked by the frame length.
+        auto fp = fingerprint(kAllToAll, dt, 0, -1, 0);
+        auto me = static_cast<std::size_t>(rank_);
+        if (rc[me] != sc[me])
+          return invalid_argument("all_to_allv: sends {} to itself but expects {}", sc[me], rc[me]);
+        if (sc[me]) std::memmove(bytes(recv) + ro[me] * es, bytes(send) + so[me] * es, sc[me] * es);
+        for (int k = 1; k < world_; ++k) {  // pairwise exchange
+          auto to = static_cast<std::size_t>((rank_ + k) % world_);
+          auto from = static_cast<std::size_t>((rank_ - k + world_) % world_);
+          SHOAL_RETURN_IF_ERROR(sendrecv(static_cast<int>(to), bytes(send) + so[to] * es,
+                                         sc[to] * es, static_cast<int>(from),
+                                         bytes(recv) + ro[from] * es, rc[from] * es, fp,
+                                         "all_to_all"));
+        }
+        return ok_status();
+      }),
+      deadline());
+}
+
+Status Communicator::barrier() {
+  return wait_work(submit([this]() -> Status {
+                     ++seq_;
+                     auto fp = fingerprint(kBarrier, DType::kU8, 0, -1, 0);
+                     for (int k = 1; k < world_; k <<= 1)  // dissemination
+                       SHOAL_RETURN_IF_ERROR(sendrecv((rank_ + k) % world_, nullptr, 0,
+                                                      (rank_ - k + world_) % world_, nullptr, 0,
+                                                      fp, "barrier"));
+                     return ok_status();
+                   }),
+                   deadline());
+}
+
+Status Communicator::send(const void* buf, std::size_t count, DType dt, int dst, int tag) {
+  if (dst < 0 || dst >= world_ || dst == rank_)
+    return invalid_argument("send: destination {} is not another rank of {}", dst, world_);
+  return wait_work(submit([=, this] {
+                     return send_to(dst, buf, count * dtype_size(dt),
+                                    fingerprint(kSendRecv, dt, 0, tag, count), "send");
+                   }),
+                   deadline());
+}
+
+Status Communicator::recv(void* buf, std::size_t count, DType dt, int src, int tag) {
+  if (src < 0 || src >= world_ || src == rank_)
+    return invalid_argument("recv: source {} is not another rank of {}", src, world_);
+  return wait_work(submit([=, this] {
+                     return recv_from(src, buf, count * dtype_size(dt),
+                                      fingerprint(kSendRecv, dt, 0, tag, count), "recv");
+                   }),
+                   deadline());
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
+  if (store_ == nullptr) return failed_precondition("split: communicator has no store");
+  std::vector<std::int64_t> mine = {color, key}, all(2 * static_cast<std::size_t>(world_));
+  SHOAL_RETURN_IF_ERROR(allgather(mine.data(), all.data(), 2, DType::kI64));
+  const std::uint64_t gen = seq_;
+  if (color < 0) return std::unique_ptr<Communicator>();
+  std::vector<std::pair<std::int64_t, int>> members;  // (key, old rank)
+  for (int r = 0; r < world_; ++r)
+    if (all[2 * static_cast<std::size_t>(r)] == color)
+      members.push_back({all[2 * static_cast<std::size_t>(r) + 1], r});
+  std::sort(members.begin(), members.end());
+  int newrank = 0;
+  for (std::size_t i = 0; i < members.size(); ++i)
+    if (members[i].second == rank_) newrank = static_cast<int>(i);
+  CommOptions o = o_;
+  o.prefix = fmt::format("{}/split{}/{}", o_.prefix, gen, color);
+  return create(newrank, static_cast<int>(members.size()), *store_, o);
+}
+
+}  // namespace shoal::comm

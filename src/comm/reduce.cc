@@ -1,0 +1,127 @@
+// Elementwise reduction kernels for the collectives and the call
+// fingerprint. Loops are simple enough for GCC to vectorize per dtype.
+#include <algorithm>
+
+#include "shoal/comm/communicator.h"
+
+namespace shoal::comm {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kProd: return "prod";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kAvg: return "avg";
+  }
+  return "?";
+}
+
+namespace {
+
+template <typename T, typename F>
+void apply(T* d, const T* s, std::size_t n, F f) {
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i) d[i] = f(d[i], s[i]);
+}
+
+template <typename T>
+void reduce_typed(T* d, const T* s, std::size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:  // divided at the end
+      apply(d, s, n, [](T a, T b) { return static_cast<T>(a + b); });
+      break;
+    case ReduceOp::kProd:
+      apply(d, s, n, [](T a, T b) { return static_cast<T>(a * b); });
+      break;
+    case ReduceOp::kMin:
+      apply(d, s, n, [](T a, T b) { return b < a ? b : a; });
+      break;
+    case ReduceOp::kMax:
+      apply(d, s, n, [](T a, T b) { return b > a ? b : a; });
+      break;
+  }
+}
+
+}  // namespace
+
+void reduce_into(void* dst, const void* src, std::size_t n, DType dt, ReduceOp op) {
+  switch (dt) {
+    case DType::kF32:
+      return reduce_typed(static_cast<float*>(dst), static_cast<const float*>(src), n, op);
+    case DType::kF64:
+      return reduce_typed(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
+    case DType::kI32:
+      return reduce_typed(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(src),
+                          n, op);
+    case DType::kI64:
+      return reduce_typed(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src),
+                          n, op);
+    case DType::kU8:
+      return reduce_typed(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(src),
+                          n, op);
+    case DType::kBool: {  // sum/max = or, prod/min = and
+      auto* d = static_cast<std::uint8_t*>(dst);
+      const auto* s = static_cast<const std::uint8_t*>(src);
+      bool any = op == ReduceOp::kSum || op == ReduceOp::kMax || op == ReduceOp::kAvg;
+      for (std::size_t i = 0; i < n; ++i) d[i] = any ? (d[i] | s[i]) : (d[i] & s[i]);
+      return;
+    }
+    case DType::kF16: {
+      auto* d = static_cast<F16*>(dst);
+      const auto* s = static_cast<const F16*>(src);
+      for (std::size_t i = 0; i < n; ++i) {
+        float a = f16_to_float(d[i]), b = f16_to_float(s[i]);
+        float r = op == ReduceOp::kProd ? a * b
+                  : op == ReduceOp::kMin ? std::min(a, b)
+                  : op == ReduceOp::kMax ? std::max(a, b)
+                                         : a + b;
+        d[i] = float_to_f16(r);
+      }
+      return;
+    }
+    case DType::kBF16: {
+      auto* d = static_cast<BF16*>(dst);
+      const auto* s = static_cast<const BF16*>(src);
+      for (std::size_t i = 0; i < n; ++i) {
+        float a = bf16_to_float(d[i]), b = bf16_to_float(s[i]);
+        float r = op == ReduceOp::kProd ? a * b
+                  : op == ReduceOp::kMin ? std::min(a, b)
+                  : op == ReduceOp::kMax ? std::max(a, b)
+                                         : a + b;
+        d[i] = float_to_bf16(r);
+      }
+      return;
+    }
+  }
+}
+
+namespace {
+const char* kOpNames[] = {"?",      "allreduce", "reduce",  "broadcast",  "allgather",
+                          "reduce_scatter", "gather", "scatter", "all_to_all", "barrier",
+                          "send/recv", "split"};
+}
+
+std::uint64_t fingerprint(std::uint8_t op, DType dt, std::uint8_t rop, int root,
+                          std::size_t count) {
+  return std::uint64_t{op} | (std::uint64_t{static_cast<std::uint8_t>(dt)} << 8) |
+         (std::uint64_t{rop} << 16) | (std::uint64_t{static_cast<std::uint16_t>(root + 1)} << 24) |
+         ((static_cast<std::uint64_t>(count) & 0xffffffu) << 40);
+}
+
+std::string describe_fingerprint(std::uint64_t fp) {
+  auto op = static_cast<std::uint8_t>(fp & 0xff);
+  auto dt = static_cast<DType>((fp >> 8) & 0xff);
+  auto rop = static_cast<ReduceOp>((fp >> 16) & 0xff);
+  int root = static_cast<int>((fp >> 24) & 0xffff) - 1;
+  std::size_t count = (fp >> 40) & 0xffffff;
+  std::string name = op < std::size(kOpNames) ? kOpNames[op] : "?";
+  std::string s = fmt::format("{}({}, count {}", name,
+                              static_cast<int>(dt) <= 7 ? dtype_name(dt) : "?", count);
+  if (op == 1 || op == 2 || op == 5) s += fmt::format(", {}", reduce_op_name(rop));
+  if (root >= 0) s += fmt::format(", root {}", root);
+  return s + ")";
+}
+
+}  // namespace shoal::comm
