@@ -15,6 +15,11 @@ struct Cli {
   int threads = 0, steps = 10;
   std::uint64_t seed = 1;
   shoal::cli::TrainCommand train;
+  CLI::App* bench = nullptr;
+  CLI::App* bench_comm = nullptr;
+  int ranks = 2;
+  std::size_t max_bytes = std::size_t{256} << 20;
+  double seconds = 0.3;
 
   Cli() {
     app.require_subcommand(1);
@@ -27,6 +32,15 @@ struct Cli {
     example->add_option("--seed", seed, "Random seed");
     example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
     train = shoal::cli::add_train_command(app);
+    bench = app.add_subcommand("bench", "Benchmarks");
+    bench->require_subcommand(1);
+    bench_comm = bench->add_subcommand("comm", "Allreduce table, nccl-tests style");
+    bench_comm->add_option("-n,--ranks", ranks, "Local ranks to fork (ignored under a launcher)")
+        ->check(CLI::Range(1, 1024));
+    bench_comm->add_option("--max-bytes", max_bytes, "Largest message (bytes)")
+        ->check(CLI::Range(std::size_t{4}, std::size_t{1} << 34));
+    bench_comm->add_option("--seconds", seconds, "Timed seconds per size")
+        ->check(CLI::Range(0.001, 60.0));
   }
   // CLI11 wants the arguments reversed, without the program name.
   int parse(std::vector<std::string> args) {
@@ -62,6 +76,8 @@ int main(int argc, char** argv) {
   }
   if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts);
   if (cli->info->parsed()) return shoal::cli::run_info();
+  if (cli->bench_comm->parsed())
+    return shoal::cli::run_bench_comm(cli->ranks, cli->max_bytes, cli->seconds);
   if (cli->example->parsed())
     return shoal::cli::run_example_mlp(cli->threads, cli->steps, cli->seed, cli->trace);
   return 1;

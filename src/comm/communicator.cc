@@ -329,22 +329,53 @@ Communicator::~Communicator() {
 
 // ---------------------------------------------------------------- progress thread
 
+Status Communicator::run_one(const std::function<Status()>& fn) {
+  Status st = aborted_ ? abort_status_ : fn();
+  if (!st.ok() && !aborted_) {  // later calls fail fast; peers learn why
+    aborted_ = true;
+    abort_status_ = st;
+    abort_peers(st);
+  }
+  return st;
+}
+
+// A blocking call runs on the caller's thread when nothing is queued or
+// running (saves two thread hand-offs per call); otherwise it queues
+// behind the async work so the order of calls is kept.
+Status Communicator::run_blocking(std::function<Status()> fn) {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (queue_.empty() && !busy_) {
+      busy_ = true;
+      lk.unlock();
+      Status st = run_one(fn);
+      lk.lock();
+      busy_ = false;
+      lk.unlock();
+      cv_.notify_all();
+      return st;
+    }
+  }
+  return submit(std::move(fn))->wait(deadline());
+}
+
 void Communicator::progress_loop() {
   while (true) {
     std::pair<std::function<Status()>, WorkPtr> item;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      cv_.wait(lk, [&] { return stop_ || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
-    Status st = aborted_ ? abort_status_ : item.first();
-    if (!st.ok() && !aborted_) {
-      aborted_ = true;
-      abort_status_ = st;
-      abort_peers(st);
+    Status st = run_one(item.first);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      busy_ = false;
     }
+    cv_.notify_all();
     {
       std::lock_guard<std::mutex> lk(item.second->mu_);
       item.second->done_ = true;
@@ -782,7 +813,7 @@ Status Communicator::do_reduce_scatter(const void* send, void* recv,
 // ---------------------------------------------------------------- public calls
 
 namespace {
-Status wait_work(const WorkPtr& w, Deadline dl) { return w->wait(dl); }
+
 }  // namespace
 
 WorkPtr Communicator::allreduce_async(const void* send, void* recv, std::size_t count, DType dt,
@@ -792,13 +823,13 @@ WorkPtr Communicator::allreduce_async(const void* send, void* recv, std::size_t 
 
 Status Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dt,
                                ReduceOp op) {
-  return wait_work(allreduce_async(send, recv, count, dt, op), deadline());
+  return run_blocking([=, this] { return do_allreduce(send, recv, count, dt, op); });
 }
 
 Status Communicator::reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op,
                             int root) {
   if (root < 0 || root >= world_) return invalid_argument("reduce: root {} out of range", root);
-  return wait_work(submit([=, this] {
+  return run_blocking([=, this] {
                      ++seq_;
                      auto fp = fingerprint(kReduce, dt, static_cast<std::uint8_t>(op), root, count);
                      if (dt == DType::kF16 || dt == DType::kBF16) {
@@ -819,18 +850,16 @@ Status Communicator::reduce(const void* send, void* recv, std::size_t count, DTy
                        return ok_status();
                      }
                      return do_reduce(send, recv, count, dt, op, root, fp);
-                   }),
-                   deadline());
+                   });
 }
 
 Status Communicator::broadcast(void* buf, std::size_t count, DType dt, int root) {
   if (root < 0 || root >= world_) return invalid_argument("broadcast: root {} out of range", root);
-  return wait_work(submit([=, this] {
+  return run_blocking([=, this] {
                      ++seq_;
                      return do_broadcast(buf, count * dtype_size(dt), root,
                                          fingerprint(kBroadcast, dt, 0, root, count));
-                   }),
-                   deadline());
+                   });
 }
 
 Status Communicator::allgather(const void* send, void* recv, std::size_t count, DType dt) {
@@ -842,13 +871,12 @@ Status Communicator::allgatherv(const void* send, void* recv,
                                 const std::vector<std::size_t>& counts, DType dt) {
   if (counts.size() != static_cast<std::size_t>(world_))
     return invalid_argument("allgatherv: {} counts for {} ranks", counts.size(), world_);
-  return wait_work(submit([=, this] {
+  return run_blocking([=, this] {
                      ++seq_;
                      std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
                      return do_allgatherv(send, recv, counts, dt,
                                           fingerprint(kAllgather, dt, 0, -1, total));
-                   }),
-                   deadline());
+                   });
 }
 
 Status Communicator::reduce_scatter(const void* send, void* recv,
@@ -856,8 +884,7 @@ Status Communicator::reduce_scatter(const void* send, void* recv,
                                     ReduceOp op) {
   if (counts.size() != static_cast<std::size_t>(world_))
     return invalid_argument("reduce_scatter: {} counts for {} ranks", counts.size(), world_);
-  return wait_work(
-      submit([=, this]() -> Status {
+  return run_blocking([=, this]() -> Status {
         ++seq_;
         std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
         auto fp = fingerprint(kReduceScatter, dt, static_cast<std::uint8_t>(op), -1, total);
@@ -876,13 +903,12 @@ Status Communicator::reduce_scatter(const void* send, void* recv,
           return ok_status();
         }
         return do_reduce_scatter(send, recv, counts, dt, op, fp);
-      }),
-      deadline());
+      });
 }
 
 Status Communicator::gather(const void* send, void* recv, std::size_t count, DType dt, int root) {
   if (root < 0 || root >= world_) return invalid_argument("gather: root {} out of range", root);
-  return wait_work(submit([=, this]() -> Status {
+  return run_blocking([=, this]() -> Status {
                      ++seq_;
                      auto fp = fingerprint(kGather, dt, 0, root, count);
                      const std::size_t nb = count * dtype_size(dt);
@@ -893,13 +919,12 @@ Status Communicator::gather(const void* send, void* recv, std::size_t count, DTy
                      if (nb && bytes(recv) + root * nb != bytes(send))
                        std::memmove(bytes(recv) + root * nb, send, nb);
                      return exchange(xs, fp, "gather");
-                   }),
-                   deadline());
+                   });
 }
 
 Status Communicator::scatter(const void* send, void* recv, std::size_t count, DType dt, int root) {
   if (root < 0 || root >= world_) return invalid_argument("scatter: root {} out of range", root);
-  return wait_work(submit([=, this]() -> Status {
+  return run_blocking([=, this]() -> Status {
                      ++seq_;
                      auto fp = fingerprint(kScatter, dt, 0, root, count);
                      const std::size_t nb = count * dtype_size(dt);
@@ -911,8 +936,7 @@ Status Communicator::scatter(const void* send, void* recv, std::size_t count, DT
                      if (nb && bytes(send) + root * nb != bytes(recv))
                        std::memmove(recv, bytes(send) + root * nb, nb);
                      return exchange(xs, fp, "scatter");
-                   }),
-                   deadline());
+                   });
 }
 
 Status Communicator::all_to_all(const void* send, void* recv, std::size_t count, DType dt) {
@@ -924,8 +948,7 @@ Status Communicator::all_to_allv(const void* send, const std::vector<std::size_t
                                  const std::vector<std::size_t>& rc, DType dt) {
   if (sc.size() != static_cast<std::size_t>(world_) || rc.size() != sc.size())
     return invalid_argument("all_to_allv: counts must have {} entries", world_);
-  return wait_work(
-      submit([=, this]() -> Status {
+  return run_blocking([=, this]() -> Status {
         ++seq_;
         const std::size_t es = dtype_size(dt);
         std::vector<std::size_t> so(sc.size() + 1, 0), ro(rc.size() + 1, 0);
@@ -949,12 +972,11 @@ Status Communicator::all_to_allv(const void* send, const std::vector<std::size_t
                                          "all_to_all"));
         }
         return ok_status();
-      }),
-      deadline());
+      });
 }
 
 Status Communicator::barrier() {
-  return wait_work(submit([this]() -> Status {
+  return run_blocking([this]() -> Status {
                      ++seq_;
                      auto fp = fingerprint(kBarrier, DType::kU8, 0, -1, 0);
                      for (int k = 1; k < world_; k <<= 1)  // dissemination
@@ -962,28 +984,25 @@ Status Communicator::barrier() {
                                                       (rank_ - k + world_) % world_, nullptr, 0,
                                                       fp, "barrier"));
                      return ok_status();
-                   }),
-                   deadline());
+                   });
 }
 
 Status Communicator::send(const void* buf, std::size_t count, DType dt, int dst, int tag) {
   if (dst < 0 || dst >= world_ || dst == rank_)
     return invalid_argument("send: destination {} is not another rank of {}", dst, world_);
-  return wait_work(submit([=, this] {
+  return run_blocking([=, this] {
                      return send_to(dst, buf, count * dtype_size(dt),
                                     fingerprint(kSendRecv, dt, 0, tag, count), "send");
-                   }),
-                   deadline());
+                   });
 }
 
 Status Communicator::recv(void* buf, std::size_t count, DType dt, int src, int tag) {
   if (src < 0 || src >= world_ || src == rank_)
     return invalid_argument("recv: source {} is not another rank of {}", src, world_);
-  return wait_work(submit([=, this] {
+  return run_blocking([=, this] {
                      return recv_from(src, buf, count * dtype_size(dt),
                                       fingerprint(kSendRecv, dt, 0, tag, count), "recv");
-                   }),
-                   deadline());
+                   });
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <regex>
 
 #include "shoal/core/env.h"
 #include "shoal/tensor/safetensors.h"
@@ -80,9 +79,16 @@ std::vector<std::string> CheckpointDir::list() const {
   std::vector<std::string> out;
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) return out;
-  static const std::regex re(R"(ckpt-\d{10}\.safetensors)");
+  // ckpt-<10 digits>.safetensors (no <regex>: GCC 12 warns inside it under sanitizers)
+  auto is_ckpt = [](const std::string& f) {
+    const std::string pre = "ckpt-", suf = ".safetensors";
+    if (f.size() != pre.size() + 10 + suf.size() || f.rfind(pre, 0) != 0 ||
+        f.compare(pre.size() + 10, suf.size(), suf) != 0)
+      return false;
+    return std::all_of(f.begin() + 5, f.begin() + 15, [](char c) { return c >= '0' && c <= '9'; });
+  };
   for (const auto& e : fs::directory_iterator(dir_, ec))
-    if (std::regex_match(e.path().filename().string(), re)) out.push_back(e.path().string());
+    if (is_ckpt(e.path().filename().string())) out.push_back(e.path().string());
   std::sort(out.rbegin(), out.rend());  // zero-padded step: lexical order is step order
   return out;
 }

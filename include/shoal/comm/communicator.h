@@ -135,6 +135,8 @@ class Communicator {
   Communicator() = default;
   Status connect_mesh(net::Store& store);
   void progress_loop();
+  Status run_one(const std::function<Status()>& fn);
+  Status run_blocking(std::function<Status()> fn);
   Status exchange(std::vector<Xfer>& xs, std::uint64_t fp, const char* what);
   Status sendrecv(int to, const void* s, std::size_t sb, int from, void* r, std::size_t rb,
                   std::uint64_t fp, const char* what);
@@ -168,6 +170,7 @@ class Communicator {
   std::condition_variable cv_;
   std::deque<std::pair<std::function<Status()>, WorkPtr>> queue_;
   bool stop_ = false;
+  bool busy_ = false;  // a call is running (worker or inline)
   std::thread worker_;
   net::Store* store_ = nullptr;
   std::unique_ptr<net::TcpStoreServer> own_store_;
