@@ -27,6 +27,7 @@ bench: build
 	SHOAL_WITH_PEERS=1 bash tools/install-deps.sh
 	./$(BUILD)/bench_ops 2 10
 	/usr/bin/python3 bench/train.py
+	/usr/bin/python3 bench/comm.py -n 2
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')

@@ -11,7 +11,7 @@ pkgs=(
   dataset-fashion-mnist
 )
 if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
-  pkgs+=(python3-torch)
+  pkgs+=(python3-torch libopenmpi-dev openmpi-bin)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
