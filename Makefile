@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: deps build run test asan bench clean format
+.PHONY: deps build run test asan tsan fuzz bench clean format
 
 deps:
 	bash tools/install-deps.sh
@@ -23,6 +23,19 @@ asan: deps
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS) --timeout 900 -LE accuracy
 
+# ThreadSanitizer over the tests of the threaded modules (comm, net, the
+# prefetching loader). OpenMP kernels are left out: libgomp is not
+# instrumented, so TSan cannot see its barriers.
+tsan: deps
+	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHOAL_TSAN=ON -DSHOAL_NATIVE=OFF
+	cmake --build build-tsan -j $(JOBS) --target communicator_test store_test data_test
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --output-on-failure -j $(JOBS) --timeout 900 -R "^(Allreduce|Collectives|Faults|Frames|Env|Store|FileStore|Loader)\\."
+
+# libFuzzer over the network parsers (frames, store requests, handshake),
+# FUZZ_SECONDS long (default 60).
+fuzz: deps
+	bash tools/fuzz.sh
+
 bench: build
 	SHOAL_WITH_PEERS=1 bash tools/install-deps.sh
 	./$(BUILD)/bench_ops 2 10
@@ -33,4 +46,4 @@ format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

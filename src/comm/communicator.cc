@@ -12,6 +12,7 @@
 
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
+#include "shoal/comm/handshake.h"
 
 namespace shoal::comm {
 
@@ -32,36 +33,9 @@ enum Op : std::uint8_t {
 };
 
 constexpr std::uint64_t kP2pSeq = ~std::uint64_t{0};
-constexpr std::size_t kNonceBytes = 16;
 
 std::uint8_t* bytes(void* p) { return static_cast<std::uint8_t*>(p); }
 const std::uint8_t* bytes(const void* p) { return static_cast<const std::uint8_t*>(p); }
-
-void put32(std::string& s, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
-}
-std::uint32_t get32(const std::string& s, std::size_t at) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<std::size_t>(i)]);
-  return v;
-}
-
-// HMAC-SHA256 keyed by SHA-256(token) over a role tag, both nonces, both
-// ranks and the world size.
-std::string proof(const std::string& token, char role, const std::string& nc,
-                  const std::string& ns, int client, int server, int world) {
-  unsigned char key[crypto_auth_hmacsha256_KEYBYTES];
-  crypto_hash_sha256(key, reinterpret_cast<const unsigned char*>(token.data()), token.size());
-  std::string msg(1, role);
-  msg += nc + ns;
-  put32(msg, static_cast<std::uint32_t>(client));
-  put32(msg, static_cast<std::uint32_t>(server));
-  put32(msg, static_cast<std::uint32_t>(world));
-  std::string mac(crypto_auth_hmacsha256_BYTES, '\0');
-  crypto_auth_hmacsha256(reinterpret_cast<unsigned char*>(mac.data()),
-                         reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), key);
-  return mac;
-}
 
 Status send_msg(net::Socket& s, net::FrameType t, const std::string& payload, Deadline dl) {
   net::FrameHeader h;
@@ -80,12 +54,6 @@ Result<std::string> recv_msg(net::Socket& s, net::FrameType want, std::size_t ma
     return invalid_argument("handshake with {}: expected frame type {}, got {}", s.peer(),
                             static_cast<int>(want), h.type);
   return p;
-}
-
-std::string random_nonce() {
-  std::string n(kNonceBytes, '\0');
-  randombytes_buf(n.data(), n.size());
-  return n;
 }
 
 }  // namespace
@@ -213,24 +181,18 @@ Status Communicator::connect_mesh(net::Store& store) {
     SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(*addr, "peer address"));
     SHOAL_ASSIGN_OR_RETURN(net::Socket s, net::Socket::connect(hp.first, hp.second, dl));
     s.set_peer(fmt::format("rank {} ({})", j, *addr));
-    std::string nc = random_nonce(), hello;
-    put32(hello, static_cast<std::uint32_t>(rank_));
-    put32(hello, static_cast<std::uint32_t>(world_));
-    hello += nc;
-    SHOAL_RETURN_IF_ERROR(send_msg(s, net::FrameType::kHello, hello, dl));
-    SHOAL_ASSIGN_OR_RETURN(std::string ch, recv_msg(s, net::FrameType::kChallenge, 256, dl));
-    if (ch.size() != 4 + kNonceBytes + crypto_auth_hmacsha256_BYTES)
-      return invalid_argument("handshake with {}: challenge of {} bytes", s.peer(), ch.size());
-    if (static_cast<int>(get32(ch, 0)) != j)
-      return failed_precondition("handshake: {} answered as rank {}", s.peer(), get32(ch, 0));
-    std::string ns = ch.substr(4, kNonceBytes);
-    if (sodium_memcmp(ch.data() + 4 + kNonceBytes,
-                      proof(o_.token, 'S', nc, ns, rank_, j, world_).data(),
-                      crypto_auth_hmacsha256_BYTES) != 0)
+    std::string nc = make_nonce();
+    SHOAL_RETURN_IF_ERROR(
+        send_msg(s, net::FrameType::kHello, encode_hello(rank_, world_, nc), dl));
+    SHOAL_ASSIGN_OR_RETURN(std::string chb, recv_msg(s, net::FrameType::kChallenge, 256, dl));
+    SHOAL_ASSIGN_OR_RETURN(Challenge ch, parse_challenge(chb, s.peer()));
+    if (ch.rank != j)
+      return failed_precondition("handshake: {} answered as rank {}", s.peer(), ch.rank);
+    if (!proof_matches(ch.proof, make_proof(o_.token, 'S', nc, ch.nonce, rank_, j, world_)))
       return failed_precondition(
           "handshake: {} does not hold this job's token (SHOAL_JOB_TOKEN differs)", s.peer());
-    SHOAL_RETURN_IF_ERROR(
-        send_msg(s, net::FrameType::kProof, proof(o_.token, 'C', nc, ns, rank_, j, world_), dl));
+    SHOAL_RETURN_IF_ERROR(send_msg(s, net::FrameType::kProof,
+                                   make_proof(o_.token, 'C', nc, ch.nonce, rank_, j, world_), dl));
     SHOAL_RETURN_IF_ERROR(recv_msg(s, net::FrameType::kProof, 0, dl).status());
     peers_[static_cast<std::size_t>(j)] = std::move(s);
   }
@@ -242,24 +204,22 @@ Status Communicator::connect_mesh(net::Store& store) {
           "rendezvous: rank {} waited for {} higher ranks to connect", rank_, world_ - 1 - rank_));
     net::Socket s = std::move(acc).value();
     std::string from = s.peer();
-    SHOAL_ASSIGN_OR_RETURN(std::string hello, recv_msg(s, net::FrameType::kHello, 64, dl));
-    if (hello.size() != 8 + kNonceBytes)
-      return invalid_argument("handshake from {}: hello of {} bytes", from, hello.size());
-    int r = static_cast<int>(get32(hello, 0)), w = static_cast<int>(get32(hello, 4));
-    if (w != world_ || r <= rank_ || r >= world_ || peers_[static_cast<std::size_t>(r)].valid()) {
+    SHOAL_ASSIGN_OR_RETURN(std::string hb, recv_msg(s, net::FrameType::kHello, 64, dl));
+    SHOAL_ASSIGN_OR_RETURN(Hello hello, parse_hello(hb, from));
+    int r = hello.rank;
+    if (hello.world != world_ || r <= rank_ || peers_[static_cast<std::size_t>(r)].valid()) {
       (void)send_msg(s, net::FrameType::kAbort, "bad rank or world size", dl);
       return failed_precondition("handshake from {}: claims rank {} of world {}, expected a "
                                  "rank in ({}, {}) of world {}",
-                                 from, r, w, rank_, world_, world_);
+                                 from, r, hello.world, rank_, world_, world_);
     }
-    std::string nc = hello.substr(8), ns = random_nonce(), ch;
-    put32(ch, static_cast<std::uint32_t>(rank_));
-    ch += ns + proof(o_.token, 'S', nc, ns, r, rank_, world_);
-    SHOAL_RETURN_IF_ERROR(send_msg(s, net::FrameType::kChallenge, ch, dl));
+    std::string ns = make_nonce();
+    SHOAL_RETURN_IF_ERROR(send_msg(
+        s, net::FrameType::kChallenge,
+        encode_challenge(rank_, ns, make_proof(o_.token, 'S', hello.nonce, ns, r, rank_, world_)),
+        dl));
     SHOAL_ASSIGN_OR_RETURN(std::string pr, recv_msg(s, net::FrameType::kProof, 64, dl));
-    if (pr.size() != crypto_auth_hmacsha256_BYTES ||
-        sodium_memcmp(pr.data(), proof(o_.token, 'C', nc, ns, r, rank_, world_).data(),
-                      crypto_auth_hmacsha256_BYTES) != 0) {
+    if (!proof_matches(pr, make_proof(o_.token, 'C', hello.nonce, ns, r, rank_, world_))) {
       (void)send_msg(s, net::FrameType::kAbort, "wrong job token", dl);
       return failed_precondition(
           "handshake: connection from {} claiming rank {} failed the job-token proof "

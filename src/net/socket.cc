@@ -57,8 +57,13 @@ Status wait_fd(int fd, short events, Deadline dl, const char* what, const std::s
     auto ms = static_cast<int>(std::min<long long>(dl.remaining().count(), 1000));
     int rc = ::poll(&p, 1, ms);
     if (rc > 0) {
-      if (p.revents & (POLLERR | POLLNVAL))
-        return unavailable("{} {}: socket error", what, peer.empty() ? "peer" : peer);
+      if (p.revents & (POLLERR | POLLNVAL)) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        return unavailable("{} {}: {}", what, peer.empty() ? "peer" : peer,
+                           err ? std::strerror(err) : "socket error");
+      }
       return ok_status();
     }
     if (rc < 0 && errno != EINTR) return unavailable("poll: {}", std::strerror(errno));
@@ -297,6 +302,33 @@ Result<FrameHeader> Socket::recv_header(std::uint64_t max_length, Deadline dl) {
   std::uint8_t hb[kHeaderBytes];
   SHOAL_RETURN_IF_ERROR(recv_all(hb, kHeaderBytes, dl));
   return decode_header(hb, max_length, peer_);
+}
+
+// Store requests: cmd, then three length-prefixed strings (key, a, b).
+std::string pack_store_request(char cmd, const std::string& key, const std::string& a, const std::string& b) {
+  std::string out(1, cmd);
+  for (const std::string* s : {&key, &a, &b}) {
+    auto n = static_cast<std::uint32_t>(s->size());
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(n >> (8 * i)));
+    out += *s;
+  }
+  return out;
+}
+
+bool parse_store_request(std::string_view in, char* cmd, std::string* parts) {
+  if (in.empty()) return false;
+  *cmd = in[0];
+  std::size_t pos = 1;
+  for (int i = 0; i < 3; ++i) {
+    if (pos + 4 > in.size()) return false;
+    std::uint32_t n = 0;
+    for (int k = 3; k >= 0; --k) n = (n << 8) | static_cast<unsigned char>(in[pos + static_cast<std::size_t>(k)]);
+    pos += 4;
+    if (pos + n > in.size()) return false;
+    parts[i] = std::string(in.substr(pos, n));
+    pos += n;
+  }
+  return pos == in.size();
 }
 
 Result<std::pair<std::string, int>> split_host_port(std::string_view s, std::string_view what) {

@@ -20,32 +20,6 @@ namespace {
 constexpr std::uint64_t kMaxStoreFrame = 64 << 20;
 constexpr auto kIoTimeout = std::chrono::seconds(30);
 
-// Request payload: cmd, then three length-prefixed strings (key, a, b).
-std::string pack(char cmd, const std::string& key, const std::string& a, const std::string& b) {
-  std::string out(1, cmd);
-  for (const std::string* s : {&key, &a, &b}) {
-    auto n = static_cast<std::uint32_t>(s->size());
-    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(n >> (8 * i)));
-    out += *s;
-  }
-  return out;
-}
-
-bool unpack(const std::string& in, char* cmd, std::string* parts) {
-  if (in.empty()) return false;
-  *cmd = in[0];
-  std::size_t pos = 1;
-  for (int i = 0; i < 3; ++i) {
-    if (pos + 4 > in.size()) return false;
-    std::uint32_t n = 0;
-    for (int k = 3; k >= 0; --k) n = (n << 8) | static_cast<unsigned char>(in[pos + static_cast<std::size_t>(k)]);
-    pos += 4;
-    if (pos + n > in.size()) return false;
-    parts[i] = in.substr(pos, n);
-    pos += n;
-  }
-  return pos == in.size();
-}
 }  // namespace
 
 Status Store::wait(const std::vector<std::string>& keys, Deadline dl) {
@@ -115,7 +89,7 @@ void TcpStoreServer::serve() {
       }
       char cmd = 0;
       std::string parts[3];
-      if (st.ok() && !unpack(body, &cmd, parts)) st = invalid_argument("store: malformed request");
+      if (st.ok() && !parse_store_request(body, &cmd, parts)) st = invalid_argument("store: malformed request");
       if (!st.ok()) {
         if (st.code() != StatusCode::kUnavailable)
           SHOAL_LOG_WARN("store: dropping client {}: {}", c.peer(), st.to_string());
@@ -197,7 +171,7 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& host, int
 
 Result<std::string> TcpStore::call(char cmd, const std::string& key, const std::string& a,
                                    const std::string& b, Deadline dl) {
-  std::string req = pack(cmd, key, a, b);
+  std::string req = pack_store_request(cmd, key, a, b);
   FrameHeader h;
   h.type = static_cast<std::uint16_t>(FrameType::kStoreRequest);
   h.length = req.size();

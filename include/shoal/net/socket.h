@@ -84,6 +84,12 @@ class Socket {
   std::string peer_;
 };
 
+// Store request payload: a command byte and three length-prefixed strings.
+std::string pack_store_request(char cmd, const std::string& key, const std::string& a,
+                               const std::string& b);
+// False when the payload is not exactly that (lengths past the end, trailing bytes).
+bool parse_store_request(std::string_view in, char* cmd, std::string* parts3);
+
 // "host:port" / "[v6]:port" -> (host, port); the error names `what`.
 Result<std::pair<std::string, int>> split_host_port(std::string_view s, std::string_view what);
 
