@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sodium.h>
 #include <sys/socket.h>
+#include <sched.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -94,6 +95,11 @@ Result<CommOptions> CommOptions::from_env() {
   }
   if (auto t = env::get("SHOAL_JOB_TOKEN")) o.token = *t;
   if (auto h = env::get("SHOAL_IFACE_ADDR")) o.host = *h;
+  if (auto t = env::get("SHOAL_TRANSPORT")) {
+    if (*t != "auto" && *t != "tcp")
+      return invalid_argument("SHOAL_TRANSPORT={} is not one of auto, tcp", *t);
+    o.transport = *t;
+  }
   return o;
 }
 
@@ -231,6 +237,43 @@ Status Communicator::connect_mesh(net::Store& store) {
     hosts_[static_cast<std::size_t>(r)] = addr.ok() ? *addr : from;
     s.set_peer(fmt::format("rank {} ({})", r, hosts_[static_cast<std::size_t>(r)]));
     peers_[static_cast<std::size_t>(r)] = std::move(s);
+  }
+  return setup_shm(store, dl);
+}
+
+// Pairs on one host also get a shared-memory channel; their TCP connection
+// stays for fault detection (a closed socket is how a death is noticed).
+Status Communicator::setup_shm(net::Store& store, Deadline dl) {
+  shm_.resize(static_cast<std::size_t>(world_));
+  if (o_.transport == "tcp") return ok_status();
+  const std::string& px = o_.prefix;
+  std::string me = net::host_identity();
+  SHOAL_RETURN_IF_ERROR(store.set(fmt::format("{}/host/{}", px, rank_), me));
+  std::vector<bool> local(static_cast<std::size_t>(world_), false);
+  for (int j = 0; j < world_; ++j) {
+    if (j == rank_) continue;
+    SHOAL_ASSIGN_OR_RETURN(std::string h, store.get(fmt::format("{}/host/{}", px, j), dl));
+    local[static_cast<std::size_t>(j)] = h == me;
+  }
+  for (int j = rank_ + 1; j < world_; ++j) {  // lower rank creates
+    if (!local[static_cast<std::size_t>(j)]) continue;
+    auto ch = net::ShmChannel::create(o_.shm_bytes);
+    if (!ch.ok()) return ch.status().with_context(fmt::format("shared memory with rank {}", j));
+    SHOAL_RETURN_IF_ERROR(store.set(fmt::format("{}/shm/{}/{}", px, rank_, j), (*ch)->name()));
+    shm_[static_cast<std::size_t>(j)] = std::move(ch).value();
+  }
+  for (int j = 0; j < rank_; ++j) {
+    if (!local[static_cast<std::size_t>(j)]) continue;
+    SHOAL_ASSIGN_OR_RETURN(std::string name, store.get(fmt::format("{}/shm/{}/{}", px, j, rank_), dl));
+    auto ch = net::ShmChannel::open(name);
+    if (!ch.ok()) return ch.status().with_context(fmt::format("shared memory with rank {}", j));
+    shm_[static_cast<std::size_t>(j)] = std::move(ch).value();
+    SHOAL_RETURN_IF_ERROR(store.set(fmt::format("{}/shm/{}/{}/ok", px, j, rank_), "1"));
+  }
+  for (int j = rank_ + 1; j < world_; ++j) {
+    if (!shm_[static_cast<std::size_t>(j)]) continue;
+    SHOAL_RETURN_IF_ERROR(store.get(fmt::format("{}/shm/{}/{}/ok", px, rank_, j), dl).status());
+    shm_[static_cast<std::size_t>(j)]->unlink();  // both mapped: nothing left to leak
   }
   return ok_status();
 }
@@ -388,32 +431,104 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
   }
   std::vector<bool> watch(static_cast<std::size_t>(world_), true);
   watch[static_cast<std::size_t>(rank_)] = false;
-  for (auto& x : xs) watch[static_cast<std::size_t>(x.peer)] = false;
+  for (auto& x : xs)
+    if (!is_shm(x.peer)) watch[static_cast<std::size_t>(x.peer)] = false;
   auto fail_peer = [&](int peer, const std::string& why) {
     return unavailable("{} #{}: {} {}", what, seq_, peers_[static_cast<std::size_t>(peer)].peer(),
                        why);
   };
+  // A received header: abort, goodbye, or the data frame this call expects.
+  auto check_header = [&](Xfer& x) -> Status {
+    net::Socket& s = peers_[static_cast<std::size_t>(x.peer)];
+    auto h = net::decode_header(x.hdr, net::kMaxFrame, s.peer());
+    if (!h.ok()) return h.status().with_context(fmt::format("{} #{}", what, seq_));
+    if (h->type == static_cast<std::uint16_t>(net::FrameType::kAbort)) {
+      std::string m(std::min<std::uint64_t>(h->length, 1 << 20), '\0');
+      if (is_shm(x.peer)) {
+        std::size_t got = 0;
+        for (int spin = 0; got < m.size() && spin < 1000000 && !dl.expired(); ++spin)
+          got += shm_[static_cast<std::size_t>(x.peer)]->rx().read_some(m.data() + got, m.size() - got);
+        m.resize(got);
+      } else {
+        (void)s.recv_all(m.data(), m.size(), dl);
+      }
+      return aborted("{} #{}: {}", what, seq_, m);
+    }
+    if (h->type == static_cast<std::uint16_t>(net::FrameType::kGoodbye))
+      return fail_peer(x.peer, "shut down its communicator while this rank still waits for it "
+                               "(the ranks' call sequences differ)");
+    if (h->type != static_cast<std::uint16_t>(net::FrameType::kData))
+      return fail_peer(x.peer, fmt::format("sent frame type {} during a collective", h->type));
+    if (h->fingerprint != fp || h->seq != wseq)
+      return failed_precondition(
+          "collective mismatch: rank {} called {} #{}, but {} called {} #{}", rank_,
+          describe_fingerprint(fp), wseq == kP2pSeq ? std::string("p2p") : std::to_string(wseq),
+          s.peer(), describe_fingerprint(h->fingerprint),
+          h->seq == kP2pSeq ? std::string("p2p") : std::to_string(h->seq));
+    if (h->length != x.bytes)
+      return failed_precondition("{} #{}: {} sent {} bytes, this rank expects {}", what, seq_,
+                                 s.peer(), h->length, x.bytes);
+    return ok_status();
+  };
   std::vector<pollfd> fds;
   std::vector<int> who;  // index into xs, or -1 - peer for watched ones
+  std::vector<bool> gone(static_cast<std::size_t>(world_), false);
+  int idle = 0;
   while (true) {
+    // Shared-memory transfers: copy what the rings allow, no system call.
+    bool shm_pending = false, progressed = false;
+    for (auto& x : xs) {
+      if (!is_shm(x.peer) || x.done == x.bytes + net::kHeaderBytes) continue;
+      net::ShmChannel& ch = *shm_[static_cast<std::size_t>(x.peer)];
+      while (x.done < x.bytes + net::kHeaderBytes) {
+        std::size_t n;
+        bool in_hdr = x.done < net::kHeaderBytes;
+        if (x.is_send) {
+          n = in_hdr ? ch.tx().write_some(x.hdr + x.done, net::kHeaderBytes - x.done)
+                     : ch.tx().write_some(bytes(x.buf) + (x.done - net::kHeaderBytes),
+                                          x.bytes + net::kHeaderBytes - x.done);
+        } else {
+          n = in_hdr ? ch.rx().read_some(x.hdr + x.done, net::kHeaderBytes - x.done)
+                     : ch.rx().read_some(bytes(x.buf) + (x.done - net::kHeaderBytes),
+                                         x.bytes + net::kHeaderBytes - x.done);
+        }
+        if (n == 0) break;
+        progressed = true;
+        x.done += n;
+        if (!x.is_send && in_hdr && x.done == net::kHeaderBytes)
+          SHOAL_RETURN_IF_ERROR(check_header(x));
+      }
+      if (x.done < x.bytes + net::kHeaderBytes) {
+        if (gone[static_cast<std::size_t>(x.peer)] && !progressed)
+          return fail_peer(x.peer, "shut down its communicator while this rank still waits for "
+                                   "it (the ranks' call sequences differ)");
+        shm_pending = true;
+      }
+    }
     fds.clear();
     who.clear();
-    bool pending = false;
+    bool sock_pending = false;
     for (std::size_t i = 0; i < xs.size(); ++i) {
       const Xfer& x = xs[i];
-      if (x.done == x.bytes + net::kHeaderBytes) continue;
-      pending = true;
+      if (is_shm(x.peer) || x.done == x.bytes + net::kHeaderBytes) continue;
+      sock_pending = true;
       fds.push_back({peers_[static_cast<std::size_t>(x.peer)].fd(),
                      static_cast<short>(x.is_send ? POLLOUT : POLLIN), 0});
       who.push_back(static_cast<int>(i));
     }
-    if (!pending) return ok_status();
+    if (!sock_pending && !shm_pending) return ok_status();
+    idle = progressed ? 0 : idle + 1;
+    if (shm_pending && !sock_pending && idle < 64) continue;  // spin briefly on the rings
     for (int p = 0; p < world_; ++p)
       if (watch[static_cast<std::size_t>(p)]) {
         fds.push_back({peers_[static_cast<std::size_t>(p)].fd(), POLLIN, 0});
         who.push_back(-1 - p);
       }
     int ms = static_cast<int>(std::min<long long>(dl.remaining().count(), 1000));
+    if (shm_pending) {
+      ms = 0;
+      if (idle > 256) sched_yield();  // oversubscribed hosts: let the peer run
+    }
     int rc = ::poll(fds.data(), fds.size(), ms);
     if (rc < 0 && errno != EINTR) return unavailable("poll: {}", std::strerror(errno));
     if (rc <= 0) {
@@ -438,6 +553,13 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
         if (n == 0) return fail_peer(p, "closed the connection (process died?)");
         if (n == static_cast<ssize_t>(sizeof hb)) {
           auto h = net::decode_header(hb, 1 << 20, peers_[static_cast<std::size_t>(p)].peer());
+          bool involved = std::any_of(xs.begin(), xs.end(), [&](const Xfer& x) {
+            return x.peer == p && x.done < x.bytes + net::kHeaderBytes;
+          });
+          // A shared-memory peer that said goodbye may still have left our data
+          // in the ring: fail only once its ring stops moving (below).
+          if (h.ok() && involved && h->type == static_cast<std::uint16_t>(net::FrameType::kGoodbye))
+            gone[static_cast<std::size_t>(p)] = true;
           if (h.ok() && h->type == static_cast<std::uint16_t>(net::FrameType::kAbort)) {
             net::Socket& s = peers_[static_cast<std::size_t>(p)];
             std::string m(h->length, '\0');
@@ -483,27 +605,7 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
         }
         x.done += static_cast<std::size_t>(n);
         if (x.done < net::kHeaderBytes) continue;
-        auto h = net::decode_header(x.hdr, net::kMaxFrame, s.peer());
-        if (!h.ok()) return h.status().with_context(fmt::format("{} #{}", what, seq_));
-        if (h->type == static_cast<std::uint16_t>(net::FrameType::kAbort)) {
-          std::string m(std::min<std::uint64_t>(h->length, 1 << 20), '\0');
-          (void)s.recv_all(m.data(), m.size(), dl);
-          return aborted("{} #{}: {}", what, seq_, m);
-        }
-        if (h->type == static_cast<std::uint16_t>(net::FrameType::kGoodbye))
-          return fail_peer(x.peer, "shut down its communicator while this rank still waits for it "
-                                   "(the ranks' call sequences differ)");
-        if (h->type != static_cast<std::uint16_t>(net::FrameType::kData))
-          return fail_peer(x.peer, fmt::format("sent frame type {} during a collective", h->type));
-        if (h->fingerprint != fp || h->seq != wseq)
-          return failed_precondition(
-              "collective mismatch: rank {} called {} #{}, but {} called {} #{}", rank_,
-              describe_fingerprint(fp), wseq == kP2pSeq ? std::string("p2p") : std::to_string(wseq),
-              s.peer(), describe_fingerprint(h->fingerprint),
-              h->seq == kP2pSeq ? std::string("p2p") : std::to_string(h->seq));
-        if (h->length != x.bytes)
-          return failed_precondition("{} #{}: {} sent {} bytes, this rank expects {}", what, seq_,
-                                     s.peer(), h->length, x.bytes);
+        SHOAL_RETURN_IF_ERROR(check_header(x));
         if (x.bytes > 0) continue;
       }
       std::size_t off = x.done - net::kHeaderBytes;

@@ -110,7 +110,19 @@ Status check_result(const Tensor& t, int world, ReduceOp op, DType dt, const std
   return ok_status();
 }
 
-TEST(Allreduce, EveryDtypeOpCountWorldAndPlacement) {
+class Transports : public ::testing::TestWithParam<const char*> {
+ protected:
+  CommOptions opts() const {
+    CommOptions o;
+    o.transport = GetParam();
+    o.shm_bytes = 64 << 10;  // small rings: messages wrap around many times
+    return o;
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Comm, Transports, ::testing::Values("auto", "tcp"),
+                         [](const auto& info) { return std::string(info.param) == "auto" ? "shm" : "tcp"; });
+
+TEST_P(Transports, AllreduceEveryDtypeOpCountWorldAndPlacement) {
   const std::size_t kCounts[] = {0, 1, 7, 13, 1031, (1 << 18) + 3};  // last: 1 MiB + odd (f32)
   for (int world : {1, 2, 3, 4, 5, 8}) {
     SCOPED_TRACE("world " + std::to_string(world));
@@ -131,7 +143,7 @@ TEST(Allreduce, EveryDtypeOpCountWorldAndPlacement) {
             }
           }
       return ok_status();
-    });
+    }, opts());
     expect_all_ok(st);
   }
 }
@@ -206,7 +218,7 @@ TEST(Collectives, RootedCallsAtEveryRoot) {
   }
 }
 
-TEST(Collectives, AllgatherReduceScatterAllToAllUneven) {
+TEST_P(Transports, AllgatherReduceScatterAllToAllUneven) {
   for (int world : {1, 2, 3, 4, 5, 8}) {
     SCOPED_TRACE("world " + std::to_string(world));
     auto st = run_world(world, [&](Communicator& c) -> Status {
@@ -280,7 +292,7 @@ TEST(Collectives, AllgatherReduceScatterAllToAllUneven) {
         if (got[0] != from) return internal_error("recv got {} from {}", got[0], from);
       }
       return ok_status();
-    });
+    }, opts());
     expect_all_ok(st);
   }
 }

@@ -29,6 +29,7 @@
 
 #include "shoal/core/deadline.h"
 #include "shoal/core/status.h"
+#include "shoal/net/shm.h"
 #include "shoal/net/socket.h"
 #include "shoal/net/store.h"
 #include "shoal/tensor/dtype.h"
@@ -48,7 +49,10 @@ struct CommOptions {
   std::string host;                   // address to listen on ("" = loopback)
   std::string token;                  // job token (SHOAL_JOB_TOKEN); "" = none
   std::string prefix = "shoal";       // store key prefix (sub-communicators)
-  // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR.
+  std::string transport = "auto";     // SHOAL_TRANSPORT: auto (shm on one host) or tcp
+  std::size_t shm_bytes = 4 << 20;    // ring size per direction per pair
+  // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR,
+  // SHOAL_TRANSPORT.
   static Result<CommOptions> from_env();
 };
 
@@ -134,6 +138,8 @@ class Communicator {
  private:
   Communicator() = default;
   Status connect_mesh(net::Store& store);
+  Status setup_shm(net::Store& store, Deadline dl);
+  bool is_shm(int peer) const { return !shm_.empty() && shm_[static_cast<std::size_t>(peer)] != nullptr; }
   void progress_loop();
   Status run_one(const std::function<Status()>& fn);
   Status run_blocking(std::function<Status()> fn);
@@ -159,6 +165,7 @@ class Communicator {
   CommOptions o_;
   std::vector<net::Socket> peers_;  // peers_[r] for r != rank_
   std::vector<std::string> hosts_;  // listening address of each rank
+  std::vector<std::unique_ptr<net::ShmChannel>> shm_;  // same-host peers
   std::uint64_t seq_ = 0;
   const char* current_ = "";        // name of the running collective
   const char* last_algo_ = "";
