@@ -414,12 +414,26 @@ void Communicator::abort_peers(const Status& why) {
 // Runs sends and receives on several peers at once, polling every other
 // peer too: an abort frame or a closed connection there fails the call
 // at once instead of at the deadline.
+namespace {
+// Reduces bounce[0, n) (after the xfer's carried partial element) into the
+// xfer's buffer; keeps a trailing partial element for next time.
+void absorb(Communicator::Xfer& x, std::uint8_t* bounce, std::size_t n) {
+  const std::size_t es = dtype_size(x.dt);
+  std::size_t total = x.carry + n, whole = total - total % es;
+  reduce_into(static_cast<std::uint8_t*>(x.buf) + x.applied, bounce, whole / es, x.dt, x.op);
+  x.applied += whole;
+  x.carry = total - whole;
+  std::memcpy(x.carry_bytes, bounce + whole, x.carry);
+}
+}  // namespace
+
 Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const char* what) {
   const std::uint64_t wseq = static_cast<std::uint8_t>(fp) == kSendRecv ? kP2pSeq : seq_;
   Deadline dl = deadline();
   for (auto& x : xs) {
     x.done = 0;
     x.header_done = false;
+    x.applied = x.carry = 0;
     if (x.is_send) {
       net::FrameHeader h;
       h.type = static_cast<std::uint16_t>(net::FrameType::kData);
@@ -487,10 +501,16 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
           n = in_hdr ? ch.tx().write_some(x.hdr + x.done, net::kHeaderBytes - x.done)
                      : ch.tx().write_some(bytes(x.buf) + (x.done - net::kHeaderBytes),
                                           x.bytes + net::kHeaderBytes - x.done);
+        } else if (in_hdr) {
+          n = ch.rx().read_some(x.hdr + x.done, net::kHeaderBytes - x.done);
+        } else if (x.reduce) {
+          std::memcpy(bounce_.data(), x.carry_bytes, x.carry);
+          n = ch.rx().read_some(bounce_.data() + x.carry,
+                                std::min(bounce_.size() - 8, x.bytes + net::kHeaderBytes - x.done));
+          if (n) absorb(x, bounce_.data(), n);
         } else {
-          n = in_hdr ? ch.rx().read_some(x.hdr + x.done, net::kHeaderBytes - x.done)
-                     : ch.rx().read_some(bytes(x.buf) + (x.done - net::kHeaderBytes),
-                                         x.bytes + net::kHeaderBytes - x.done);
+          n = ch.rx().read_some(bytes(x.buf) + (x.done - net::kHeaderBytes),
+                                x.bytes + net::kHeaderBytes - x.done);
         }
         if (n == 0) break;
         progressed = true;
@@ -610,12 +630,16 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
       }
       std::size_t off = x.done - net::kHeaderBytes;
       if (off == x.bytes) continue;
-      ssize_t n = ::recv(s.fd(), bytes(x.buf) + off, x.bytes - off, MSG_DONTWAIT);
+      if (x.reduce) std::memcpy(bounce_.data(), x.carry_bytes, x.carry);
+      ssize_t n = x.reduce ? ::recv(s.fd(), bounce_.data() + x.carry,
+                                    std::min(bounce_.size() - 8, x.bytes - off), MSG_DONTWAIT)
+                           : ::recv(s.fd(), bytes(x.buf) + off, x.bytes - off, MSG_DONTWAIT);
       if (n == 0) return fail_peer(x.peer, "closed the connection (process died?)");
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
         return fail_peer(x.peer, fmt::format("receive failed: {}", std::strerror(errno)));
       }
+      if (x.reduce) absorb(x, bounce_.data(), static_cast<std::size_t>(n));
       x.done += static_cast<std::size_t>(n);
     }
   }
@@ -676,16 +700,21 @@ Status Communicator::ring_allreduce(void* buf, std::size_t count, DType dt, Redu
   for (int i = 0; i < n; ++i)
     counts[static_cast<std::size_t>(i)] = block_begin(count, n, i + 1) - block_begin(count, n, i);
   const int right = (rank_ + 1) % n, left = (rank_ - 1 + n) % n;
-  scratch_.resize(counts[0] * es);
   auto* base = bytes(buf);
   auto blk = [&](int i) { return base + block_begin(count, n, (i % n + n) % n) * es; };
   auto cnt = [&](int i) { return counts[static_cast<std::size_t>((i % n + n) % n)]; };
   // Reduce-scatter: after n-1 steps this rank holds block `rank` reduced.
   for (int s = 0; s < n - 1; ++s) {
     int sb = rank_ - s - 1, rb = rank_ - s - 2;
-    SHOAL_RETURN_IF_ERROR(sendrecv(right, blk(sb), cnt(sb) * es, left, scratch_.data(),
-                                   cnt(rb) * es, fp, "allreduce (ring)"));
-    reduce_into(blk(rb), scratch_.data(), cnt(rb), dt, op);
+    // The incoming block is reduced into ours as it arrives (no scratch pass).
+    std::vector<Xfer> xs;
+    xs.push_back(Xfer{right, true, blk(sb), cnt(sb) * es, 0, false, {}});
+    Xfer in{left, false, blk(rb), cnt(rb) * es, 0, false, {}};
+    in.reduce = true;
+    in.dt = dt;
+    in.op = op;
+    xs.push_back(in);
+    SHOAL_RETURN_IF_ERROR(exchange(xs, fp, "allreduce (ring)"));
   }
   // Allgather of the reduced blocks.
   for (int s = 0; s < n - 1; ++s) {

@@ -133,6 +133,13 @@ class Communicator {
     std::size_t done = 0;
     bool header_done = false;
     std::uint8_t hdr[net::kHeaderBytes] = {};
+    // Receive-and-reduce: payload is combined into buf (dt, op) as it
+    // arrives instead of copied; `carry` holds a split element.
+    bool reduce = false;
+    DType dt = DType::kF32;
+    ReduceOp op = ReduceOp::kSum;
+    std::size_t applied = 0, carry = 0;
+    std::uint8_t carry_bytes[8] = {};
   };
 
  private:
@@ -170,6 +177,7 @@ class Communicator {
   const char* current_ = "";        // name of the running collective
   const char* last_algo_ = "";
   std::vector<std::uint8_t> scratch_;
+  std::vector<std::uint8_t> bounce_ = std::vector<std::uint8_t>(256 << 10);
   bool aborted_ = false;
   Status abort_status_;
 
