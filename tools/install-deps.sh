@@ -6,12 +6,12 @@ pkgs=(
   build-essential cmake ninja-build ccache git pkg-config
   libdnnl-dev libopenblas-dev libopenblas0
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libsodium-dev libyaml-cpp-dev
-  gnuplot-nox clang-14 libclang-rt-14-dev libtsan2
+  gnuplot-nox clang-14 libclang-rt-14-dev libtsan2 libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
 )
 if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
-  pkgs+=(python3-torch libopenmpi-dev openmpi-bin)
+  pkgs+=(python3-torch)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

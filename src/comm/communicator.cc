@@ -14,6 +14,7 @@
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
 #include "shoal/comm/handshake.h"
+#include "comm/mpi_backend.h"
 
 namespace shoal::comm {
 
@@ -278,9 +279,28 @@ Status Communicator::setup_shm(net::Store& store, Deadline dl) {
   return ok_status();
 }
 
+Result<std::unique_ptr<Communicator>> Communicator::wrap_mpi(std::unique_ptr<MpiBackend> b,
+                                                             CommOptions o) {
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->rank_ = b->rank();
+  c->world_ = b->size();
+  c->o_ = std::move(o);
+  c->mpi_ = std::move(b);
+  c->last_algo_ = "mpi";
+  c->worker_ = std::thread([p = c.get()] { p->progress_loop(); });
+  return c;
+}
+
 Result<std::unique_ptr<Communicator>> Communicator::from_env() {
-  SHOAL_ASSIGN_OR_RETURN(EnvInfo e, env_info());
   SHOAL_ASSIGN_OR_RETURN(CommOptions o, CommOptions::from_env());
+  if (auto be = env::get("SHOAL_COMM_BACKEND"); be && *be != "native") {
+    if (*be != "mpi")
+      return invalid_argument("SHOAL_COMM_BACKEND={} is not one of native, mpi", *be);
+    SHOAL_ASSIGN_OR_RETURN(auto b, MpiBackend::init());
+    log::set_identity(b->rank(), b->size(), "comm");
+    return wrap_mpi(std::move(b), o);
+  }
+  SHOAL_ASSIGN_OR_RETURN(EnvInfo e, env_info());
   log::set_identity(e.rank, e.world, "comm");
   std::unique_ptr<net::TcpStoreServer> server;
   std::unique_ptr<net::Store> store;
@@ -909,17 +929,20 @@ namespace {
 
 WorkPtr Communicator::allreduce_async(const void* send, void* recv, std::size_t count, DType dt,
                                       ReduceOp op) {
+  if (mpi_) return submit([=, this] { return mpi_->allreduce(send, recv, count, dt, op); });
   return submit([=, this] { return do_allreduce(send, recv, count, dt, op); });
 }
 
 Status Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dt,
                                ReduceOp op) {
+  if (mpi_) return run_blocking([=, this] { return mpi_->allreduce(send, recv, count, dt, op); });
   return run_blocking([=, this] { return do_allreduce(send, recv, count, dt, op); });
 }
 
 Status Communicator::reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op,
                             int root) {
   if (root < 0 || root >= world_) return invalid_argument("reduce: root {} out of range", root);
+  if (mpi_) return run_blocking([=, this] { return mpi_->reduce(send, recv, count, dt, op, root); });
   return run_blocking([=, this] {
                      ++seq_;
                      auto fp = fingerprint(kReduce, dt, static_cast<std::uint8_t>(op), root, count);
@@ -946,6 +969,7 @@ Status Communicator::reduce(const void* send, void* recv, std::size_t count, DTy
 
 Status Communicator::broadcast(void* buf, std::size_t count, DType dt, int root) {
   if (root < 0 || root >= world_) return invalid_argument("broadcast: root {} out of range", root);
+  if (mpi_) return run_blocking([=, this] { return mpi_->broadcast(buf, count, dt, root); });
   return run_blocking([=, this] {
                      ++seq_;
                      return do_broadcast(buf, count * dtype_size(dt), root,
@@ -962,6 +986,7 @@ Status Communicator::allgatherv(const void* send, void* recv,
                                 const std::vector<std::size_t>& counts, DType dt) {
   if (counts.size() != static_cast<std::size_t>(world_))
     return invalid_argument("allgatherv: {} counts for {} ranks", counts.size(), world_);
+  if (mpi_) return run_blocking([=, this] { return mpi_->allgatherv(send, recv, counts, dt); });
   return run_blocking([=, this] {
                      ++seq_;
                      std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
@@ -975,6 +1000,7 @@ Status Communicator::reduce_scatter(const void* send, void* recv,
                                     ReduceOp op) {
   if (counts.size() != static_cast<std::size_t>(world_))
     return invalid_argument("reduce_scatter: {} counts for {} ranks", counts.size(), world_);
+  if (mpi_) return run_blocking([=, this] { return mpi_->reduce_scatter(send, recv, counts, dt, op); });
   return run_blocking([=, this]() -> Status {
         ++seq_;
         std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
@@ -999,6 +1025,7 @@ Status Communicator::reduce_scatter(const void* send, void* recv,
 
 Status Communicator::gather(const void* send, void* recv, std::size_t count, DType dt, int root) {
   if (root < 0 || root >= world_) return invalid_argument("gather: root {} out of range", root);
+  if (mpi_) return run_blocking([=, this] { return mpi_->gather(send, recv, count, dt, root); });
   return run_blocking([=, this]() -> Status {
                      ++seq_;
                      auto fp = fingerprint(kGather, dt, 0, root, count);
@@ -1015,6 +1042,7 @@ Status Communicator::gather(const void* send, void* recv, std::size_t count, DTy
 
 Status Communicator::scatter(const void* send, void* recv, std::size_t count, DType dt, int root) {
   if (root < 0 || root >= world_) return invalid_argument("scatter: root {} out of range", root);
+  if (mpi_) return run_blocking([=, this] { return mpi_->scatter(send, recv, count, dt, root); });
   return run_blocking([=, this]() -> Status {
                      ++seq_;
                      auto fp = fingerprint(kScatter, dt, 0, root, count);
@@ -1039,6 +1067,7 @@ Status Communicator::all_to_allv(const void* send, const std::vector<std::size_t
                                  const std::vector<std::size_t>& rc, DType dt) {
   if (sc.size() != static_cast<std::size_t>(world_) || rc.size() != sc.size())
     return invalid_argument("all_to_allv: counts must have {} entries", world_);
+  if (mpi_) return run_blocking([=, this] { return mpi_->all_to_allv(send, sc, recv, rc, dt); });
   return run_blocking([=, this]() -> Status {
         ++seq_;
         const std::size_t es = dtype_size(dt);
@@ -1067,6 +1096,7 @@ Status Communicator::all_to_allv(const void* send, const std::vector<std::size_t
 }
 
 Status Communicator::barrier() {
+  if (mpi_) return run_blocking([=, this] { return mpi_->barrier(); });
   return run_blocking([this]() -> Status {
                      ++seq_;
                      auto fp = fingerprint(kBarrier, DType::kU8, 0, -1, 0);
@@ -1081,6 +1111,7 @@ Status Communicator::barrier() {
 Status Communicator::send(const void* buf, std::size_t count, DType dt, int dst, int tag) {
   if (dst < 0 || dst >= world_ || dst == rank_)
     return invalid_argument("send: destination {} is not another rank of {}", dst, world_);
+  if (mpi_) return run_blocking([=, this] { return mpi_->send(buf, count, dt, dst, tag); });
   return run_blocking([=, this] {
                      return send_to(dst, buf, count * dtype_size(dt),
                                     fingerprint(kSendRecv, dt, 0, tag, count), "send");
@@ -1090,6 +1121,7 @@ Status Communicator::send(const void* buf, std::size_t count, DType dt, int dst,
 Status Communicator::recv(void* buf, std::size_t count, DType dt, int src, int tag) {
   if (src < 0 || src >= world_ || src == rank_)
     return invalid_argument("recv: source {} is not another rank of {}", src, world_);
+  if (mpi_) return run_blocking([=, this] { return mpi_->recv(buf, count, dt, src, tag); });
   return run_blocking([=, this] {
                      return recv_from(src, buf, count * dtype_size(dt),
                                       fingerprint(kSendRecv, dt, 0, tag, count), "recv");
@@ -1097,6 +1129,15 @@ Status Communicator::recv(void* buf, std::size_t count, DType dt, int src, int t
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
+  if (mpi_) {
+    std::unique_ptr<MpiBackend> b;
+    SHOAL_RETURN_IF_ERROR(run_blocking([&]() -> Status {
+      SHOAL_ASSIGN_OR_RETURN(b, mpi_->split(color, key));
+      return ok_status();
+    }));
+    if (!b) return std::unique_ptr<Communicator>();
+    return wrap_mpi(std::move(b), o_);
+  }
   if (store_ == nullptr) return failed_precondition("split: communicator has no store");
   std::vector<std::int64_t> mine = {color, key}, all(2 * static_cast<std::size_t>(world_));
   SHOAL_RETURN_IF_ERROR(allgather(mine.data(), all.data(), 2, DType::kI64));
@@ -1115,4 +1156,8 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
   return create(newrank, static_cast<int>(members.size()), *store_, o);
 }
 
+}  // namespace shoal::comm
+
+namespace shoal::comm {
+const char* Communicator::backend() const { return mpi_ ? "mpi" : "native"; }
 }  // namespace shoal::comm

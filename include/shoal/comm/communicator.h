@@ -56,6 +56,8 @@ struct CommOptions {
   static Result<CommOptions> from_env();
 };
 
+class MpiBackend;
+
 class Work {
  public:
   Status wait(Deadline dl);
@@ -91,6 +93,7 @@ class Communicator {
   // nobody serves it yet (SHOAL_STORE_SERVE=1 forces it).
   static Result<std::unique_ptr<Communicator>> from_env();
   ~Communicator();
+  const char* backend() const;  // "native" or "mpi"
 
   int rank() const { return rank_; }
   int size() const { return world_; }
@@ -144,6 +147,8 @@ class Communicator {
 
  private:
   Communicator() = default;
+  static Result<std::unique_ptr<Communicator>> wrap_mpi(std::unique_ptr<MpiBackend> b,
+                                                        CommOptions o);
   Status connect_mesh(net::Store& store);
   Status setup_shm(net::Store& store, Deadline dl);
   bool is_shm(int peer) const { return !shm_.empty() && shm_[static_cast<std::size_t>(peer)] != nullptr; }
@@ -188,6 +193,7 @@ class Communicator {
   bool busy_ = false;  // a call is running (worker or inline)
   std::thread worker_;
   net::Store* store_ = nullptr;
+  std::unique_ptr<MpiBackend> mpi_;  // SHOAL_COMM_BACKEND=mpi
   std::unique_ptr<net::TcpStoreServer> own_store_;
   std::unique_ptr<net::Store> own_client_;
 };
