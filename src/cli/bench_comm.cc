@@ -22,7 +22,9 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds)
   std::vector<float> buf(std::max<std::size_t>(max_bytes / 4, 1));
   for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i % 7);
   if (c.rank() == 0) {
-    fmt::print("# shoal allreduce f32 sum, {} ranks, TCP, in place\n", n);
+    fmt::print("# shoal allreduce f32 sum, {} ranks, in place; tuner alpha {:.2f} us, beta {:.3f} "
+               "ns/byte\n",
+               n, c.alpha() * 1e6, c.beta() * 1e9);
     fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9}  {}\n", "bytes", "count", "time(us)",
                "algbw", "busbw", "algorithm");
     fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9}\n", "", "", "", "(GB/s)", "(GB/s)");

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 
@@ -96,6 +97,7 @@ Result<CommOptions> CommOptions::from_env() {
   }
   if (auto t = env::get("SHOAL_JOB_TOKEN")) o.token = *t;
   if (auto h = env::get("SHOAL_IFACE_ADDR")) o.host = *h;
+  SHOAL_ASSIGN_OR_RETURN(o.deterministic, env::get_bool("SHOAL_DETERMINISTIC", false));
   if (auto t = env::get("SHOAL_TRANSPORT")) {
     if (*t != "auto" && *t != "tcp")
       return invalid_argument("SHOAL_TRANSPORT={} is not one of auto, tcp", *t);
@@ -163,6 +165,8 @@ Result<std::unique_ptr<Communicator>> Communicator::create(int rank, int world, 
   c->o_ = std::move(o);
   c->store_ = &store;
   if (world > 1) SHOAL_RETURN_IF_ERROR(c->connect_mesh(store));
+  if (world > 1 && c->o_.allreduce == Algorithm::kAuto && !c->o_.deterministic)
+    SHOAL_RETURN_IF_ERROR(c->calibrate());
   c->worker_ = std::thread([p = c.get()] { p->progress_loop(); });
   return c;
 }
@@ -793,6 +797,50 @@ Status Communicator::rd_allreduce(void* buf, std::size_t count, DType dt, Reduce
   return ok_status();
 }
 
+// α-β calibration: time small and 1 MiB exchanges around the ring, take
+// the max over ranks (every rank must pick the same algorithm), and fit
+// t(n) = α + β n per message.
+Status Communicator::calibrate() {
+  const int right = (rank_ + 1) % world_, left = (rank_ - 1 + world_) % world_;
+  std::vector<std::uint8_t> out(1 << 20, 1), in(1 << 20);
+  auto timed = [&](std::size_t bytes, int rounds) -> Result<double> {
+    ++seq_;
+    auto fp = fingerprint(kBarrier, DType::kU8, 1, -1, bytes);
+    SHOAL_RETURN_IF_ERROR(sendrecv(right, out.data(), bytes, left, in.data(), bytes, fp, "calibrate"));
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < rounds; ++i) {
+      ++seq_;
+      SHOAL_RETURN_IF_ERROR(
+          sendrecv(right, out.data(), bytes, left, in.data(), bytes, fp, "calibrate"));
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / rounds;
+  };
+  SHOAL_ASSIGN_OR_RETURN(double small, timed(8, 50));
+  SHOAL_ASSIGN_OR_RETURN(double big, timed(1 << 20, 4));
+  double v[2] = {small, std::max(big - small, 1e-12) / (1 << 20)};
+  Algorithm keep = o_.allreduce;
+  o_.allreduce = Algorithm::kRecursiveDoubling;
+  Status st = do_allreduce(v, v, 2, DType::kF64, ReduceOp::kMax);
+  o_.allreduce = keep;
+  SHOAL_RETURN_IF_ERROR(st);
+  alpha_ = v[0];
+  beta_ = v[1];
+  return ok_status();
+}
+
+Algorithm Communicator::choose_allreduce(std::size_t bytes) const {
+  const double p = world_, n = static_cast<double>(bytes);
+  if (alpha_ <= 0)  // not calibrated (SHOAL_DETERMINISTIC=1): fixed threshold
+    return bytes <= o_.small_bytes ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+  int p2 = 1, lg = 0;
+  while (p2 * 2 <= world_) p2 *= 2, ++lg;
+  // Recursive doubling moves the whole buffer each step and reduces from a
+  // scratch copy (a second pass over n bytes); the ring reduces on arrival.
+  double rd = (lg + (p2 != world_ ? 2 : 0)) * (alpha_ + 2 * n * beta_);
+  double ring = 2 * (p - 1) * (alpha_ + n / p * beta_);
+  return rd <= ring ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+}
+
 Status Communicator::do_allreduce(const void* send, void* recv, std::size_t count, DType dt,
                                   ReduceOp op) {
   ++seq_;
@@ -820,9 +868,8 @@ Status Communicator::do_allreduce(const void* send, void* recv, std::size_t coun
   }
   Algorithm a = o_.allreduce;
   if (a == Algorithm::kAuto || a == Algorithm::kTree)
-    a = (count * dtype_size(dt) <= o_.small_bytes || count < static_cast<std::size_t>(world_))
-            ? Algorithm::kRecursiveDoubling
-            : Algorithm::kRing;
+    a = count < static_cast<std::size_t>(world_) ? Algorithm::kRecursiveDoubling
+                                                 : choose_allreduce(count * dtype_size(dt));
   Status st;
   if (a == Algorithm::kRing && count >= static_cast<std::size_t>(world_)) {
     last_algo_ = "ring";

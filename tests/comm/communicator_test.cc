@@ -124,6 +124,34 @@ TEST(Collectives, AsyncWorkAndSplit) {
   expect_all_ok(st);
 }
 
+// The α-β tuner: calibrated at start-up, agreed on by every rank (so all
+// pick the same algorithm); off under SHOAL_DETERMINISTIC semantics.
+TEST(Tuner, CalibratedModelIsTheSameOnEveryRank) {
+  auto st = run_world(3, [](Communicator& c) -> Status {
+    if (!(c.alpha() > 0 && c.beta() > 0))
+      return internal_error("alpha {} beta {}", c.alpha(), c.beta());
+    double mine[2] = {c.alpha(), c.beta()}, all[6];
+    SHOAL_RETURN_IF_ERROR(c.allgather(mine, all, 2, DType::kF64));
+    for (int r = 0; r < 3; ++r)
+      if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1])
+        return internal_error("rank {} has a different model", r);
+    // Every rank reports the same choice for the same size.
+    std::vector<float> v(300000, 1.f);
+    SHOAL_RETURN_IF_ERROR(c.allreduce(v.data(), v.data(), v.size(), DType::kF32, ReduceOp::kSum));
+    std::int32_t ring = std::string(c.last_algorithm()) == "ring", any = ring;
+    SHOAL_RETURN_IF_ERROR(c.allreduce(&any, &any, 1, DType::kI32, ReduceOp::kSum));
+    if (any != 0 && any != 3) return internal_error("ranks chose different algorithms");
+    return ok_status();
+  });
+  expect_all_ok(st);
+  CommOptions det;
+  det.deterministic = true;
+  auto st2 = run_world(2, [](Communicator& c) -> Status {
+    return c.alpha() == 0 ? ok_status() : internal_error("deterministic run calibrated");
+  }, det);
+  expect_all_ok(st2);
+}
+
 TEST(Faults, MismatchedCallsAreReportedWithBothSides) {
   auto st = run_world(2, [&](Communicator& c) -> Status {
     std::vector<float> v(16, 1.f);

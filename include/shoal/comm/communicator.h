@@ -45,14 +45,17 @@ Result<Algorithm> parse_algorithm(const std::string& s);  // auto, ring, rd, tre
 struct CommOptions {
   double timeout_seconds = 300;       // SHOAL_COMM_TIMEOUT
   Algorithm allreduce = Algorithm::kAuto;  // SHOAL_ALLREDUCE_ALGO
-  std::size_t small_bytes = 64 << 10; // auto: recursive doubling below, ring above
+  std::size_t small_bytes = 64 << 10; // deterministic auto: recursive doubling below, ring above
+  // SHOAL_DETERMINISTIC=1: no timing-based choices (the α-β tuner is off and
+  // the fixed threshold above decides), so reduction order never varies.
+  bool deterministic = false;
   std::string host;                   // address to listen on ("" = loopback)
   std::string token;                  // job token (SHOAL_JOB_TOKEN); "" = none
   std::string prefix = "shoal";       // store key prefix (sub-communicators)
   std::string transport = "auto";     // SHOAL_TRANSPORT: auto (shm on one host) or tcp
   std::size_t shm_bytes = 4 << 20;    // ring size per direction per pair
   // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR,
-  // SHOAL_TRANSPORT.
+  // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC.
   static Result<CommOptions> from_env();
 };
 
@@ -124,6 +127,10 @@ class Communicator {
   Result<std::unique_ptr<Communicator>> split(int color, int key);
 
   const char* last_algorithm() const { return last_algo_; }
+  // The α-β model fitted at start-up (0 when not calibrated): seconds per
+  // message and per byte for one exchange around the ring.
+  double alpha() const { return alpha_; }
+  double beta() const { return beta_; }
   std::uint64_t sequence() const { return seq_; }
   Deadline deadline() const { return Deadline::after_seconds(o_.timeout_seconds); }
 
@@ -162,6 +169,8 @@ class Communicator {
   Status recv_from(int from, void* r, std::size_t rb, std::uint64_t fp, const char* what);
   void abort_peers(const Status& why);
 
+  Status calibrate();
+  Algorithm choose_allreduce(std::size_t bytes) const;
   Status do_allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
   Status ring_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
   Status rd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
@@ -179,6 +188,7 @@ class Communicator {
   std::vector<std::string> hosts_;  // listening address of each rank
   std::vector<std::unique_ptr<net::ShmChannel>> shm_;  // same-host peers
   std::uint64_t seq_ = 0;
+  double alpha_ = 0, beta_ = 0;
   const char* current_ = "";        // name of the running collective
   const char* last_algo_ = "";
   std::vector<std::uint8_t> scratch_;
