@@ -356,8 +356,17 @@ Communicator::~Communicator() {
 
 // ---------------------------------------------------------------- progress thread
 
+namespace {
+// The communicator whose call this thread is running (nested calls, e.g. an
+// async wrapper calling the blocking form, run directly).
+thread_local const Communicator* tl_running = nullptr;
+}  // namespace
+
 Status Communicator::run_one(const std::function<Status()>& fn) {
+  const Communicator* outer = tl_running;
+  tl_running = this;
   Status st = aborted_ ? abort_status_ : fn();
+  tl_running = outer;
   if (!st.ok() && !aborted_) {  // later calls fail fast; peers learn why
     aborted_ = true;
     abort_status_ = st;
@@ -370,6 +379,7 @@ Status Communicator::run_one(const std::function<Status()>& fn) {
 // running (saves two thread hand-offs per call); otherwise it queues
 // behind the async work so the order of calls is kept.
 Status Communicator::run_blocking(std::function<Status()> fn) {
+  if (tl_running == this) return fn();
   {
     std::unique_lock<std::mutex> lk(mu_);
     if (queue_.empty() && !busy_) {
@@ -1207,4 +1217,48 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
 
 namespace shoal::comm {
 const char* Communicator::backend() const { return mpi_ ? "mpi" : "native"; }
+}  // namespace shoal::comm
+
+namespace shoal::comm {
+// Async forms: the blocking call, queued. Buffers must stay valid until wait().
+WorkPtr Communicator::reduce_async(const void* send, void* recv, std::size_t count, DType dt,
+                                   ReduceOp op, int root) {
+  return submit([=, this] { return reduce(send, recv, count, dt, op, root); });
+}
+WorkPtr Communicator::broadcast_async(void* buf, std::size_t count, DType dt, int root) {
+  return submit([=, this] { return broadcast(buf, count, dt, root); });
+}
+WorkPtr Communicator::allgather_async(const void* send, void* recv, std::size_t count, DType dt) {
+  return submit([=, this] { return allgather(send, recv, count, dt); });
+}
+WorkPtr Communicator::allgatherv_async(const void* send, void* recv,
+                                       std::vector<std::size_t> counts, DType dt) {
+  return submit([=, this] { return allgatherv(send, recv, counts, dt); });
+}
+WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv,
+                                           std::vector<std::size_t> counts, DType dt,
+                                           ReduceOp op) {
+  return submit([=, this] { return reduce_scatter(send, recv, counts, dt, op); });
+}
+WorkPtr Communicator::gather_async(const void* send, void* recv, std::size_t count, DType dt,
+                                   int root) {
+  return submit([=, this] { return gather(send, recv, count, dt, root); });
+}
+WorkPtr Communicator::scatter_async(const void* send, void* recv, std::size_t count, DType dt,
+                                    int root) {
+  return submit([=, this] { return scatter(send, recv, count, dt, root); });
+}
+WorkPtr Communicator::all_to_all_async(const void* send, void* recv, std::size_t count,
+                                       DType dt) {
+  return submit([=, this] { return all_to_all(send, recv, count, dt); });
+}
+WorkPtr Communicator::barrier_async() {
+  return submit([this] { return barrier(); });
+}
+WorkPtr Communicator::send_async(const void* buf, std::size_t count, DType dt, int dst, int tag) {
+  return submit([=, this] { return send(buf, count, dt, dst, tag); });
+}
+WorkPtr Communicator::recv_async(void* buf, std::size_t count, DType dt, int src, int tag) {
+  return submit([=, this] { return recv(buf, count, dt, src, tag); });
+}
 }  // namespace shoal::comm

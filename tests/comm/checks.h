@@ -202,6 +202,18 @@ inline Status check_async_split(Communicator& c) {
     std::vector<float> a(1000, 1.f), b(7, 2.f);
     WorkPtr w1 = c.allreduce_async(a.data(), a.data(), a.size(), DType::kF32, ReduceOp::kSum);
     WorkPtr w2 = c.allreduce_async(b.data(), b.data(), b.size(), DType::kF32, ReduceOp::kMax);
+    std::int64_t root_val = c.rank() == 1 ? 42 : -1;
+    std::vector<std::int32_t> gathered(static_cast<std::size_t>(c.size()));
+    std::int32_t me32 = c.rank();
+    WorkPtr w3 = c.broadcast_async(&root_val, 1, DType::kI64, 1 % c.size());
+    WorkPtr w4 = c.allgather_async(&me32, gathered.data(), 1, DType::kI32);
+    WorkPtr w5 = c.barrier_async();
+    SHOAL_RETURN_IF_ERROR(w5->wait(c.deadline()));
+    SHOAL_RETURN_IF_ERROR(w4->wait(c.deadline()));
+    SHOAL_RETURN_IF_ERROR(w3->wait(c.deadline()));
+    if (c.size() > 1 && root_val != 42) return internal_error("broadcast_async got {}", root_val);
+    for (int q = 0; q < c.size(); ++q)
+      if (gathered[static_cast<std::size_t>(q)] != q) return internal_error("allgather_async slot {}", q);
     SHOAL_RETURN_IF_ERROR(w2->wait(c.deadline()));
     SHOAL_RETURN_IF_ERROR(w1->wait(c.deadline()));
     if (!w1->test() || a[999] != 5.f || b[0] != 2.f) return internal_error("async results");

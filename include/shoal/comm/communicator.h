@@ -120,6 +120,20 @@ class Communicator {
 
   // Async forms: the call is queued; buffers must stay valid until wait().
   WorkPtr allreduce_async(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
+  WorkPtr reduce_async(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op,
+                       int root);
+  WorkPtr broadcast_async(void* buf, std::size_t count, DType dt, int root);
+  WorkPtr allgather_async(const void* send, void* recv, std::size_t count, DType dt);
+  WorkPtr allgatherv_async(const void* send, void* recv, std::vector<std::size_t> counts, DType dt);
+  WorkPtr reduce_scatter_async(const void* send, void* recv, std::vector<std::size_t> counts,
+                               DType dt, ReduceOp op);
+  WorkPtr gather_async(const void* send, void* recv, std::size_t count, DType dt, int root);
+  WorkPtr scatter_async(const void* send, void* recv, std::size_t count, DType dt, int root);
+  WorkPtr all_to_all_async(const void* send, void* recv, std::size_t count, DType dt);
+  WorkPtr barrier_async();
+  WorkPtr send_async(const void* buf, std::size_t count, DType dt, int dst, int tag = 0);
+  WorkPtr recv_async(void* buf, std::size_t count, DType dt, int src, int tag = 0);
+  // Any callable, run in order with the other calls (it may call blocking ones).
   WorkPtr submit(std::function<Status()> fn);
 
   // Sub-communicator of the ranks with the same color, ordered by (key, rank).
