@@ -16,6 +16,7 @@
 #include "shoal/core/logging.h"
 #include "shoal/comm/handshake.h"
 #include "comm/mpi_backend.h"
+#include "comm/reduce_internal.h"
 
 namespace shoal::comm {
 
@@ -702,21 +703,6 @@ Status Communicator::recv_from(int from, void* r, std::size_t rb, std::uint64_t 
 // ---------------------------------------------------------------- algorithms
 
 namespace {
-void divide_by(void* buf, std::size_t n, DType dt, int world) {
-  dispatch_dtype(dt, [&](auto tag) {
-    using T = decltype(tag);
-    T* p = static_cast<T*>(buf);
-    if constexpr (std::is_same_v<T, bool>) {
-      return;
-    } else {
-      for (std::size_t i = 0; i < n; ++i)
-        p[i] = from_double<T>(std::is_integral_v<T>
-                                  ? static_cast<double>(static_cast<std::int64_t>(to_double(p[i])) /
-                                                        world)
-                                  : to_double(p[i]) / world);
-    }
-  });
-}
 
 // Block i of `count` split in `n` nearly equal parts.
 std::size_t block_begin(std::size_t count, int n, int i) {
@@ -862,18 +848,10 @@ Status Communicator::do_allreduce(const void* send, void* recv, std::size_t coun
     return ok_status();
   }
   if (dt == DType::kF16 || dt == DType::kBF16) {  // accumulate in f32
-    std::vector<float> tmp(count);
-    for (std::size_t i = 0; i < count; ++i)
-      tmp[i] = dt == DType::kF16 ? f16_to_float(static_cast<F16*>(recv)[i])
-                                 : bf16_to_float(static_cast<BF16*>(recv)[i]);
+    std::vector<float> tmp = widen_half(recv, count, dt);
     --seq_;
     SHOAL_RETURN_IF_ERROR(do_allreduce(tmp.data(), tmp.data(), count, DType::kF32, op));
-    for (std::size_t i = 0; i < count; ++i) {
-      if (dt == DType::kF16)
-        static_cast<F16*>(recv)[i] = float_to_f16(tmp[i]);
-      else
-        static_cast<BF16*>(recv)[i] = float_to_bf16(tmp[i]);
-    }
+    narrow_half(tmp, recv, dt);
     return ok_status();
   }
   Algorithm a = o_.allreduce;
@@ -889,7 +867,7 @@ Status Communicator::do_allreduce(const void* send, void* recv, std::size_t coun
     st = rd_allreduce(recv, count, dt, op, fp);
   }
   SHOAL_RETURN_IF_ERROR(st);
-  if (op == ReduceOp::kAvg) divide_by(recv, count, dt, world_);
+  if (op == ReduceOp::kAvg) divide_by_size(recv, count, dt, world_);
   return ok_status();
 }
 
@@ -910,7 +888,7 @@ Status Communicator::do_reduce(const void* send, void* recv, std::size_t count, 
   }
   if (rank_ == root) {
     if (nb) std::memcpy(recv, acc.data(), nb);
-    if (op == ReduceOp::kAvg) divide_by(recv, count, dt, world_);
+    if (op == ReduceOp::kAvg) divide_by_size(recv, count, dt, world_);
   }
   return ok_status();
 }
@@ -974,7 +952,7 @@ Status Communicator::do_reduce_scatter(const void* send, void* recv,
   }
   auto me = static_cast<std::size_t>(rank_);
   if (counts[me]) std::memcpy(recv, work.data() + off[me] * es, counts[me] * es);
-  if (op == ReduceOp::kAvg) divide_by(recv, counts[me], dt, world_);
+  if (op == ReduceOp::kAvg) divide_by_size(recv, counts[me], dt, world_);
   return ok_status();
 }
 
@@ -1005,19 +983,10 @@ Status Communicator::reduce(const void* send, void* recv, std::size_t count, DTy
                      auto fp = fingerprint(kReduce, dt, static_cast<std::uint8_t>(op), root, count);
                      if (dt == DType::kF16 || dt == DType::kBF16) {
                        // f32 accumulation: widen, reduce, narrow.
-                       std::vector<float> a(count), b(count);
-                       for (std::size_t i = 0; i < count; ++i)
-                         a[i] = dt == DType::kF16 ? f16_to_float(static_cast<const F16*>(send)[i])
-                                                  : bf16_to_float(static_cast<const BF16*>(send)[i]);
+                       std::vector<float> a = widen_half(send, count, dt), b(count);
                        SHOAL_RETURN_IF_ERROR(
                            do_reduce(a.data(), b.data(), count, DType::kF32, op, root, fp));
-                       if (rank_ == root)
-                         for (std::size_t i = 0; i < count; ++i) {
-                           if (dt == DType::kF16)
-                             static_cast<F16*>(recv)[i] = float_to_f16(b[i]);
-                           else
-                             static_cast<BF16*>(recv)[i] = float_to_bf16(b[i]);
-                         }
+                       if (rank_ == root) narrow_half(b, recv, dt);
                        return ok_status();
                      }
                      return do_reduce(send, recv, count, dt, op, root, fp);
@@ -1063,17 +1032,10 @@ Status Communicator::reduce_scatter(const void* send, void* recv,
         std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
         auto fp = fingerprint(kReduceScatter, dt, static_cast<std::uint8_t>(op), -1, total);
         if (dt == DType::kF16 || dt == DType::kBF16) {
-          std::vector<float> a(total), b(counts[static_cast<std::size_t>(rank_)]);
-          for (std::size_t i = 0; i < total; ++i)
-            a[i] = dt == DType::kF16 ? f16_to_float(static_cast<const F16*>(send)[i])
-                                     : bf16_to_float(static_cast<const BF16*>(send)[i]);
+          std::vector<float> a = widen_half(send, total, dt),
+                             b(counts[static_cast<std::size_t>(rank_)]);
           SHOAL_RETURN_IF_ERROR(do_reduce_scatter(a.data(), b.data(), counts, DType::kF32, op, fp));
-          for (std::size_t i = 0; i < b.size(); ++i) {
-            if (dt == DType::kF16)
-              static_cast<F16*>(recv)[i] = float_to_f16(b[i]);
-            else
-              static_cast<BF16*>(recv)[i] = float_to_bf16(b[i]);
-          }
+          narrow_half(b, recv, dt);
           return ok_status();
         }
         return do_reduce_scatter(send, recv, counts, dt, op, fp);

@@ -1,5 +1,7 @@
 #include "comm/mpi_backend.h"
 
+#include "comm/reduce_internal.h"
+
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -52,35 +54,6 @@ MPI_Op mpi_op(ReduceOp op, DType dt) {
 
 bool half(DType dt) { return dt == DType::kF16 || dt == DType::kBF16; }
 
-std::vector<float> widen(const void* p, std::size_t n, DType dt) {
-  std::vector<float> out(n);
-  for (std::size_t i = 0; i < n; ++i)
-    out[i] = dt == DType::kF16 ? f16_to_float(static_cast<const F16*>(p)[i])
-                               : bf16_to_float(static_cast<const BF16*>(p)[i]);
-  return out;
-}
-void narrow(const std::vector<float>& v, void* p, DType dt) {
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::kF16)
-      static_cast<F16*>(p)[i] = float_to_f16(v[i]);
-    else
-      static_cast<BF16*>(p)[i] = float_to_bf16(v[i]);
-  }
-}
-
-void divide(void* buf, std::size_t n, DType dt, int size) {
-  dispatch_dtype(dt, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (!std::is_same_v<T, bool>) {
-      T* p = static_cast<T*>(buf);
-      for (std::size_t i = 0; i < n; ++i)
-        p[i] = from_double<T>(std::is_integral_v<T>
-                                  ? static_cast<double>(static_cast<std::int64_t>(to_double(p[i])) / size)
-                                  : to_double(p[i]) / size);
-    }
-  });
-}
-
 std::vector<int> ints(const std::vector<std::size_t>& v) {
   return std::vector<int>(v.begin(), v.end());
 }
@@ -128,15 +101,15 @@ Status MpiBackend::allreduce(const void* send, void* recv, std::size_t count, DT
                              ReduceOp op) {
   SHOAL_ASSIGN_OR_RETURN(int n, to_int(count, "allreduce"));
   if (half(dt)) {
-    auto v = widen(send, count, dt);
+    auto v = widen_half(send, count, dt);
     SHOAL_RETURN_IF_ERROR(allreduce(v.data(), v.data(), count, DType::kF32, op));
-    narrow(v, recv, dt);
+    narrow_half(v, recv, dt);
     return ok_status();
   }
   const void* s = send == recv ? MPI_IN_PLACE : send;
   SHOAL_RETURN_IF_ERROR(
       check(MPI_Allreduce(s, recv, n, mpi_type(dt), mpi_op(op, dt), comm_), "allreduce"));
-  if (op == ReduceOp::kAvg) divide(recv, count, dt, size_);
+  if (op == ReduceOp::kAvg) divide_by_size(recv, count, dt, size_);
   return ok_status();
 }
 
@@ -144,16 +117,16 @@ Status MpiBackend::reduce(const void* send, void* recv, std::size_t count, DType
                           int root) {
   SHOAL_ASSIGN_OR_RETURN(int n, to_int(count, "reduce"));
   if (half(dt)) {
-    auto v = widen(send, count, dt);
+    auto v = widen_half(send, count, dt);
     std::vector<float> r(count);
     SHOAL_RETURN_IF_ERROR(reduce(v.data(), r.data(), count, DType::kF32, op, root));
-    if (rank_ == root) narrow(r, recv, dt);
+    if (rank_ == root) narrow_half(r, recv, dt);
     return ok_status();
   }
   const void* s = (send == recv && rank_ == root) ? MPI_IN_PLACE : send;
   SHOAL_RETURN_IF_ERROR(
       check(MPI_Reduce(s, recv, n, mpi_type(dt), mpi_op(op, dt), root, comm_), "reduce"));
-  if (op == ReduceOp::kAvg && rank_ == root) divide(recv, count, dt, size_);
+  if (op == ReduceOp::kAvg && rank_ == root) divide_by_size(recv, count, dt, size_);
   return ok_status();
 }
 
@@ -178,17 +151,17 @@ Status MpiBackend::reduce_scatter(const void* send, void* recv,
   SHOAL_RETURN_IF_ERROR(to_int(total, "reduce_scatter").status());
   std::size_t mine = counts[static_cast<std::size_t>(rank_)];
   if (half(dt)) {
-    auto v = widen(send, total, dt);
+    auto v = widen_half(send, total, dt);
     std::vector<float> r(mine);
     SHOAL_RETURN_IF_ERROR(reduce_scatter(v.data(), r.data(), counts, DType::kF32, op));
-    narrow(r, recv, dt);
+    narrow_half(r, recv, dt);
     return ok_status();
   }
   auto c = ints(counts);
   SHOAL_RETURN_IF_ERROR(check(
       MPI_Reduce_scatter(send, recv, c.data(), mpi_type(dt), mpi_op(op, dt), comm_),
       "reduce_scatter"));
-  if (op == ReduceOp::kAvg) divide(recv, mine, dt, size_);
+  if (op == ReduceOp::kAvg) divide_by_size(recv, mine, dt, size_);
   return ok_status();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shoal/comm/communicator.h"
+#include "comm/reduce_internal.h"
 
 namespace shoal::comm {
 
@@ -95,6 +96,37 @@ void reduce_into(void* dst, const void* src, std::size_t n, DType dt, ReduceOp o
       return;
     }
   }
+}
+
+std::vector<float> widen_half(const void* p, std::size_t n, DType dt) {
+  std::vector<float> out(n);
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = dt == DType::kF16 ? f16_to_float(static_cast<const F16*>(p)[i])
+                               : bf16_to_float(static_cast<const BF16*>(p)[i]);
+  return out;
+}
+
+void narrow_half(const std::vector<float>& v, void* p, DType dt) {
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::kF16)
+      static_cast<F16*>(p)[i] = float_to_f16(v[i]);
+    else
+      static_cast<BF16*>(p)[i] = float_to_bf16(v[i]);
+  }
+}
+
+void divide_by_size(void* buf, std::size_t n, DType dt, int size) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool>) {
+      T* p = static_cast<T*>(buf);
+      for (std::size_t i = 0; i < n; ++i)
+        p[i] = from_double<T>(std::is_integral_v<T>
+                                  ? static_cast<double>(
+                                        static_cast<std::int64_t>(to_double(p[i])) / size)
+                                  : to_double(p[i]) / size);
+    }
+  });
 }
 
 namespace {
