@@ -11,7 +11,7 @@ pkgs=(
   dataset-fashion-mnist
 )
 if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
-  pkgs+=(python3-torch)
+  pkgs+=(python3-torch iperf3)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
