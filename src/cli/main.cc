@@ -15,6 +15,10 @@ struct Cli {
   int threads = 0, steps = 10;
   std::uint64_t seed = 1;
   shoal::cli::TrainCommand train;
+  CLI::App* run = nullptr;
+  int run_n = 1;
+  double run_timeout = 0;
+  std::vector<std::string> run_cmd;
   CLI::App* bench = nullptr;
   CLI::App* bench_comm = nullptr;
   int ranks = 2;
@@ -32,6 +36,11 @@ struct Cli {
     example->add_option("--seed", seed, "Random seed");
     example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
     train = shoal::cli::add_train_command(app);
+    run = app.add_subcommand("run", "Launch N ranks of a command (gang: one fails, all stop)");
+    run->add_option("-n,--ranks", run_n, "Number of ranks")->required()->check(CLI::Range(1, 4096));
+    run->add_option("--timeout", run_timeout, "Stop all ranks after S seconds (0 = none)")
+        ->check(CLI::NonNegativeNumber);
+    run->add_option("cmd", run_cmd, "Command and its arguments (after --)")->required();
     bench = app.add_subcommand("bench", "Benchmarks");
     bench->require_subcommand(1);
     bench_comm = bench->add_subcommand("comm", "Allreduce table, nccl-tests style");
@@ -76,6 +85,7 @@ int main(int argc, char** argv) {
   }
   if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts);
   if (cli->info->parsed()) return shoal::cli::run_info();
+  if (cli->run->parsed()) return shoal::cli::run_launcher(cli->run_n, cli->run_timeout, cli->run_cmd);
   if (cli->bench_comm->parsed())
     return shoal::cli::run_bench_comm(cli->ranks, cli->max_bytes, cli->seconds);
   if (cli->example->parsed())
