@@ -22,11 +22,12 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds)
   std::vector<float> buf(std::max<std::size_t>(max_bytes / 4, 1));
   for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i % 7);
   if (c.rank() == 0) {
-    fmt::print("# shoal allreduce f32 sum, {} ranks, in place; tuner alpha {:.2f} us, beta {:.3f} "
-               "ns/byte\n",
-               n, c.alpha() * 1e6, c.beta() * 1e9);
-    fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9}  {}\n", "bytes", "count", "time(us)",
-               "algbw", "busbw", "algorithm");
+    fmt::print(
+        "# shoal allreduce f32 sum, {} ranks, in place; tuner alpha {:.2f} us, beta {:.3f} "
+        "ns/byte\n",
+        n, c.alpha() * 1e6, c.beta() * 1e9);
+    fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9}  {}\n", "bytes", "count", "time(us)", "algbw",
+               "busbw", "algorithm");
     fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9}\n", "", "", "", "(GB/s)", "(GB/s)");
   }
   for (std::size_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
@@ -42,7 +43,8 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds)
     auto t0 = std::chrono::steady_clock::now();
     (void)c.allreduce(buf.data(), buf.data(), count, DType::kF32, comm::ReduceOp::kSum);
     double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::int64_t iters = std::clamp<std::int64_t>(static_cast<std::int64_t>(min_seconds / std::max(one, 1e-7)), 5, 2000);
+    std::int64_t iters = std::clamp<std::int64_t>(
+        static_cast<std::int64_t>(min_seconds / std::max(one, 1e-7)), 5, 2000);
     if (!c.allreduce(&iters, &iters, 1, DType::kI64, comm::ReduceOp::kMax).ok()) return 1;
     if (!c.barrier().ok()) return 1;
     t0 = std::chrono::steady_clock::now();
@@ -53,8 +55,9 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds)
         return 1;
       }
     }
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-                static_cast<double>(iters);
+    double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        static_cast<double>(iters);
     const char* algo = c.last_algorithm();  // before the max-reduction below replaces it
     double tmax = us;
     if (!c.allreduce(&tmax, &tmax, 1, DType::kF64, comm::ReduceOp::kMax).ok()) return 1;

@@ -2,11 +2,11 @@
 #pragma once
 
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "shoal/core/status.h"
-#include <set>
-#include <string>
 
 namespace CLI {
 class App;

@@ -27,7 +27,8 @@ struct Cli {
 
   Cli() {
     app.require_subcommand(1);
-    info = app.add_subcommand("info", "Print version, build, oneDNN/BLAS versions and CPU features");
+    info =
+        app.add_subcommand("info", "Print version, build, oneDNN/BLAS versions and CPU features");
     example = app.add_subcommand("example", "Run a built-in example");
     example->add_option("name", which, "Example to run")->check(CLI::IsMember({"mlp"}));
     example->add_option("--threads", threads, "CPU threads (0 = all cores)")
@@ -85,7 +86,8 @@ int main(int argc, char** argv) {
   }
   if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts);
   if (cli->info->parsed()) return shoal::cli::run_info();
-  if (cli->run->parsed()) return shoal::cli::run_launcher(cli->run_n, cli->run_timeout, cli->run_cmd);
+  if (cli->run->parsed())
+    return shoal::cli::run_launcher(cli->run_n, cli->run_timeout, cli->run_cmd);
   if (cli->bench_comm->parsed())
     return shoal::cli::run_bench_comm(cli->ranks, cli->max_bytes, cli->seconds);
   if (cli->example->parsed())

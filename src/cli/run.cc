@@ -50,7 +50,8 @@ struct Rank {
 std::string describe(int status) {
   if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
   if (WIFSIGNALED(status))
-    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                       strsignal(WTERMSIG(status)));
   return "stopped";
 }
 
@@ -162,8 +163,8 @@ int run_launcher(int n, double timeout_s, const std::vector<std::string>& cmd) {
 
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  int failed = -1;            // first rank that failed
-  std::string why;            // for the report
+  int failed = -1;  // first rank that failed
+  std::string why;  // for the report
   bool stopping = false;
   Clock::time_point kill_at{};
   auto stop_all = [&](int sig) {

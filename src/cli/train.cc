@@ -59,8 +59,8 @@ Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& 
     if (opt->get_expected_min() == 0) {  // a flag
       bool on = false;
       if (vals.size() != 1 || !YAML::convert<bool>::decode(v, on))
-        return invalid_argument("--config {}: option '{}' is a flag and needs true or false",
-                                path, key);
+        return invalid_argument("--config {}: option '{}' is a flag and needs true or false", path,
+                                key);
       if (on) out.push_back("--" + name);
       continue;
     }
@@ -110,9 +110,7 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--data", o.data, "fashion-mnist, mnist, or a directory of IDX files")
       ->capture_default_str();
   t->add_option("--epochs", o.epochs, "Epochs")->check(kPositive)->capture_default_str();
-  t->add_option("--batch", o.batch, "Batch size per rank")
-      ->check(kPositive)
-      ->capture_default_str();
+  t->add_option("--batch", o.batch, "Batch size per rank")->check(kPositive)->capture_default_str();
   t->add_option("--optimizer", o.optimizer, "sgd, momentum, nesterov, adam, adamw, lars, lamb")
       ->check(CLI::IsMember({"sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"}))
       ->capture_default_str();
@@ -135,8 +133,7 @@ TrainCommand add_train_command(CLI::App& app) {
       ->check(kPositive);
   t->add_option("--gamma", o.gamma, "Step schedule: decay factor")->check(kPositive);
   t->add_flag("--linear-scaling", o.linear_scaling, "lr *= global batch / 256 (Goyal et al.)");
-  t->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
-      ->check(kNonNegative);
+  t->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->check(kNonNegative);
   t->add_option("--seed", o.seed, "Random seed (weights, shuffling, augmentation)");
   t->add_option("--out", o.out, "Run directory (default runs/<model>)");
   t->add_flag("--augment", o.augment, "Random crop (pad 2) and horizontal flip");

@@ -1,9 +1,9 @@
 #include "shoal/comm/communicator.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sodium.h>
 #include <sys/socket.h>
-#include <sched.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -12,11 +12,11 @@
 #include <cstring>
 #include <numeric>
 
-#include "shoal/core/env.h"
-#include "shoal/core/logging.h"
-#include "shoal/comm/handshake.h"
 #include "comm/mpi_backend.h"
 #include "comm/reduce_internal.h"
+#include "shoal/comm/handshake.h"
+#include "shoal/core/env.h"
+#include "shoal/core/logging.h"
 
 namespace shoal::comm {
 
@@ -194,8 +194,7 @@ Status Communicator::connect_mesh(net::Store& store) {
     SHOAL_ASSIGN_OR_RETURN(net::Socket s, net::Socket::connect(hp.first, hp.second, dl));
     s.set_peer(fmt::format("rank {} ({})", j, *addr));
     std::string nc = make_nonce();
-    SHOAL_RETURN_IF_ERROR(
-        send_msg(s, net::FrameType::kHello, encode_hello(rank_, world_, nc), dl));
+    SHOAL_RETURN_IF_ERROR(send_msg(s, net::FrameType::kHello, encode_hello(rank_, world_, nc), dl));
     SHOAL_ASSIGN_OR_RETURN(std::string chb, recv_msg(s, net::FrameType::kChallenge, 256, dl));
     SHOAL_ASSIGN_OR_RETURN(Challenge ch, parse_challenge(chb, s.peer()));
     if (ch.rank != j)
@@ -221,9 +220,10 @@ Status Communicator::connect_mesh(net::Store& store) {
     int r = hello.rank;
     if (hello.world != world_ || r <= rank_ || peers_[static_cast<std::size_t>(r)].valid()) {
       (void)send_msg(s, net::FrameType::kAbort, "bad rank or world size", dl);
-      return failed_precondition("handshake from {}: claims rank {} of world {}, expected a "
-                                 "rank in ({}, {}) of world {}",
-                                 from, r, hello.world, rank_, world_, world_);
+      return failed_precondition(
+          "handshake from {}: claims rank {} of world {}, expected a "
+          "rank in ({}, {}) of world {}",
+          from, r, hello.world, rank_, world_, world_);
     }
     std::string ns = make_nonce();
     SHOAL_RETURN_IF_ERROR(send_msg(
@@ -270,7 +270,8 @@ Status Communicator::setup_shm(net::Store& store, Deadline dl) {
   }
   for (int j = 0; j < rank_; ++j) {
     if (!local[static_cast<std::size_t>(j)]) continue;
-    SHOAL_ASSIGN_OR_RETURN(std::string name, store.get(fmt::format("{}/shm/{}/{}", px, j, rank_), dl));
+    SHOAL_ASSIGN_OR_RETURN(std::string name,
+                           store.get(fmt::format("{}/shm/{}/{}", px, j, rank_), dl));
     auto ch = net::ShmChannel::open(name);
     if (!ch.ok()) return ch.status().with_context(fmt::format("shared memory with rank {}", j));
     shm_[static_cast<std::size_t>(j)] = std::move(ch).value();
@@ -328,8 +329,9 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env() {
               fmt::format("rank 0 serving the store at {} (port in use?)", e.store));
         server = std::move(s).value();
       }
-      SHOAL_ASSIGN_OR_RETURN(store, net::TcpStore::connect(hp.first, hp.second,
-                                                           Deadline::after_seconds(o.timeout_seconds)));
+      SHOAL_ASSIGN_OR_RETURN(
+          store,
+          net::TcpStore::connect(hp.first, hp.second, Deadline::after_seconds(o.timeout_seconds)));
     }
   }
   if (!store) store = std::make_unique<net::FileStore>("/nonexistent");  // world 1: never used
@@ -496,7 +498,8 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
       if (is_shm(x.peer)) {
         std::size_t got = 0;
         for (int spin = 0; got < m.size() && spin < 1000000 && !dl.expired(); ++spin)
-          got += shm_[static_cast<std::size_t>(x.peer)]->rx().read_some(m.data() + got, m.size() - got);
+          got += shm_[static_cast<std::size_t>(x.peer)]->rx().read_some(m.data() + got,
+                                                                        m.size() - got);
         m.resize(got);
       } else {
         (void)s.recv_all(m.data(), m.size(), dl);
@@ -504,16 +507,17 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
       return aborted("{} #{}: {}", what, seq_, m);
     }
     if (h->type == static_cast<std::uint16_t>(net::FrameType::kGoodbye))
-      return fail_peer(x.peer, "shut down its communicator while this rank still waits for it "
-                               "(the ranks' call sequences differ)");
+      return fail_peer(x.peer,
+                       "shut down its communicator while this rank still waits for it "
+                       "(the ranks' call sequences differ)");
     if (h->type != static_cast<std::uint16_t>(net::FrameType::kData))
       return fail_peer(x.peer, fmt::format("sent frame type {} during a collective", h->type));
     if (h->fingerprint != fp || h->seq != wseq)
-      return failed_precondition(
-          "collective mismatch: rank {} called {} #{}, but {} called {} #{}", rank_,
-          describe_fingerprint(fp), wseq == kP2pSeq ? std::string("p2p") : std::to_string(wseq),
-          s.peer(), describe_fingerprint(h->fingerprint),
-          h->seq == kP2pSeq ? std::string("p2p") : std::to_string(h->seq));
+      return failed_precondition("collective mismatch: rank {} called {} #{}, but {} called {} #{}",
+                                 rank_, describe_fingerprint(fp),
+                                 wseq == kP2pSeq ? std::string("p2p") : std::to_string(wseq),
+                                 s.peer(), describe_fingerprint(h->fingerprint),
+                                 h->seq == kP2pSeq ? std::string("p2p") : std::to_string(h->seq));
     if (h->length != x.bytes)
       return failed_precondition("{} #{}: {} sent {} bytes, this rank expects {}", what, seq_,
                                  s.peer(), h->length, x.bytes);
@@ -555,8 +559,9 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
       }
       if (x.done < x.bytes + net::kHeaderBytes) {
         if (gone[static_cast<std::size_t>(x.peer)] && !progressed)
-          return fail_peer(x.peer, "shut down its communicator while this rank still waits for "
-                                   "it (the ranks' call sequences differ)");
+          return fail_peer(x.peer,
+                           "shut down its communicator while this rank still waits for "
+                           "it (the ranks' call sequences differ)");
         shm_pending = true;
       }
     }
@@ -594,8 +599,8 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
             waiting += fmt::format("{}{} {}", waiting.empty() ? "" : ", ",
                                    x.is_send ? "sending to" : "receiving from",
                                    peers_[static_cast<std::size_t>(x.peer)].peer());
-        return deadline_exceeded("{} #{}: timed out after {:.0f} s {} (SHOAL_COMM_TIMEOUT)",
-                                 what, seq_, o_.timeout_seconds, waiting);
+        return deadline_exceeded("{} #{}: timed out after {:.0f} s {} (SHOAL_COMM_TIMEOUT)", what,
+                                 seq_, o_.timeout_seconds, waiting);
       }
       continue;
     }
@@ -739,8 +744,8 @@ Status Communicator::ring_allreduce(void* buf, std::size_t count, DType dt, Redu
   // Allgather of the reduced blocks.
   for (int s = 0; s < n - 1; ++s) {
     int sb = rank_ - s, rb = rank_ - s - 1;
-    SHOAL_RETURN_IF_ERROR(
-        sendrecv(right, blk(sb), cnt(sb) * es, left, blk(rb), cnt(rb) * es, fp, "allreduce (ring)"));
+    SHOAL_RETURN_IF_ERROR(sendrecv(right, blk(sb), cnt(sb) * es, left, blk(rb), cnt(rb) * es, fp,
+                                   "allreduce (ring)"));
   }
   return ok_status();
 }
@@ -802,7 +807,8 @@ Status Communicator::calibrate() {
   auto timed = [&](std::size_t bytes, int rounds) -> Result<double> {
     ++seq_;
     auto fp = fingerprint(kBarrier, DType::kU8, 1, -1, bytes);
-    SHOAL_RETURN_IF_ERROR(sendrecv(right, out.data(), bytes, left, in.data(), bytes, fp, "calibrate"));
+    SHOAL_RETURN_IF_ERROR(
+        sendrecv(right, out.data(), bytes, left, in.data(), bytes, fp, "calibrate"));
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < rounds; ++i) {
       ++seq_;
@@ -916,7 +922,8 @@ Status Communicator::do_allgatherv(const void* send, void* recv,
   const std::size_t es = dtype_size(dt);
   std::vector<std::size_t> off(static_cast<std::size_t>(n) + 1, 0);
   for (int i = 0; i < n; ++i)
-    off[static_cast<std::size_t>(i) + 1] = off[static_cast<std::size_t>(i)] + counts[static_cast<std::size_t>(i)];
+    off[static_cast<std::size_t>(i) + 1] =
+        off[static_cast<std::size_t>(i)] + counts[static_cast<std::size_t>(i)];
   auto* base = bytes(recv);
   auto idx = [&](int i) { return static_cast<std::size_t>((i % n + n) % n); };
   std::size_t mine = counts[static_cast<std::size_t>(rank_)] * es;
@@ -938,7 +945,8 @@ Status Communicator::do_reduce_scatter(const void* send, void* recv,
   const std::size_t es = dtype_size(dt);
   std::vector<std::size_t> off(static_cast<std::size_t>(n) + 1, 0);
   for (int i = 0; i < n; ++i)
-    off[static_cast<std::size_t>(i) + 1] = off[static_cast<std::size_t>(i)] + counts[static_cast<std::size_t>(i)];
+    off[static_cast<std::size_t>(i) + 1] =
+        off[static_cast<std::size_t>(i)] + counts[static_cast<std::size_t>(i)];
   std::vector<std::uint8_t> work(bytes(send), bytes(send) + off.back() * es);
   std::size_t maxc = *std::max_element(counts.begin(), counts.end());
   std::vector<std::uint8_t> tmp(maxc * es);
@@ -958,9 +966,7 @@ Status Communicator::do_reduce_scatter(const void* send, void* recv,
 
 // ---------------------------------------------------------------- public calls
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 WorkPtr Communicator::allreduce_async(const void* send, void* recv, std::size_t count, DType dt,
                                       ReduceOp op) {
@@ -977,30 +983,30 @@ Status Communicator::allreduce(const void* send, void* recv, std::size_t count, 
 Status Communicator::reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op,
                             int root) {
   if (root < 0 || root >= world_) return invalid_argument("reduce: root {} out of range", root);
-  if (mpi_) return run_blocking([=, this] { return mpi_->reduce(send, recv, count, dt, op, root); });
+  if (mpi_)
+    return run_blocking([=, this] { return mpi_->reduce(send, recv, count, dt, op, root); });
   return run_blocking([=, this] {
-                     ++seq_;
-                     auto fp = fingerprint(kReduce, dt, static_cast<std::uint8_t>(op), root, count);
-                     if (dt == DType::kF16 || dt == DType::kBF16) {
-                       // f32 accumulation: widen, reduce, narrow.
-                       std::vector<float> a = widen_half(send, count, dt), b(count);
-                       SHOAL_RETURN_IF_ERROR(
-                           do_reduce(a.data(), b.data(), count, DType::kF32, op, root, fp));
-                       if (rank_ == root) narrow_half(b, recv, dt);
-                       return ok_status();
-                     }
-                     return do_reduce(send, recv, count, dt, op, root, fp);
-                   });
+    ++seq_;
+    auto fp = fingerprint(kReduce, dt, static_cast<std::uint8_t>(op), root, count);
+    if (dt == DType::kF16 || dt == DType::kBF16) {
+      // f32 accumulation: widen, reduce, narrow.
+      std::vector<float> a = widen_half(send, count, dt), b(count);
+      SHOAL_RETURN_IF_ERROR(do_reduce(a.data(), b.data(), count, DType::kF32, op, root, fp));
+      if (rank_ == root) narrow_half(b, recv, dt);
+      return ok_status();
+    }
+    return do_reduce(send, recv, count, dt, op, root, fp);
+  });
 }
 
 Status Communicator::broadcast(void* buf, std::size_t count, DType dt, int root) {
   if (root < 0 || root >= world_) return invalid_argument("broadcast: root {} out of range", root);
   if (mpi_) return run_blocking([=, this] { return mpi_->broadcast(buf, count, dt, root); });
   return run_blocking([=, this] {
-                     ++seq_;
-                     return do_broadcast(buf, count * dtype_size(dt), root,
-                                         fingerprint(kBroadcast, dt, 0, root, count));
-                   });
+    ++seq_;
+    return do_broadcast(buf, count * dtype_size(dt), root,
+                        fingerprint(kBroadcast, dt, 0, root, count));
+  });
 }
 
 Status Communicator::allgather(const void* send, void* recv, std::size_t count, DType dt) {
@@ -1014,67 +1020,67 @@ Status Communicator::allgatherv(const void* send, void* recv,
     return invalid_argument("allgatherv: {} counts for {} ranks", counts.size(), world_);
   if (mpi_) return run_blocking([=, this] { return mpi_->allgatherv(send, recv, counts, dt); });
   return run_blocking([=, this] {
-                     ++seq_;
-                     std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-                     return do_allgatherv(send, recv, counts, dt,
-                                          fingerprint(kAllgather, dt, 0, -1, total));
-                   });
+    ++seq_;
+    std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    return do_allgatherv(send, recv, counts, dt, fingerprint(kAllgather, dt, 0, -1, total));
+  });
 }
 
 Status Communicator::reduce_scatter(const void* send, void* recv,
-                                    const std::vector<std::size_t>& counts, DType dt,
-                                    ReduceOp op) {
+                                    const std::vector<std::size_t>& counts, DType dt, ReduceOp op) {
   if (counts.size() != static_cast<std::size_t>(world_))
     return invalid_argument("reduce_scatter: {} counts for {} ranks", counts.size(), world_);
-  if (mpi_) return run_blocking([=, this] { return mpi_->reduce_scatter(send, recv, counts, dt, op); });
+  if (mpi_)
+    return run_blocking([=, this] { return mpi_->reduce_scatter(send, recv, counts, dt, op); });
   return run_blocking([=, this]() -> Status {
-        ++seq_;
-        std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-        auto fp = fingerprint(kReduceScatter, dt, static_cast<std::uint8_t>(op), -1, total);
-        if (dt == DType::kF16 || dt == DType::kBF16) {
-          std::vector<float> a = widen_half(send, total, dt),
-                             b(counts[static_cast<std::size_t>(rank_)]);
-          SHOAL_RETURN_IF_ERROR(do_reduce_scatter(a.data(), b.data(), counts, DType::kF32, op, fp));
-          narrow_half(b, recv, dt);
-          return ok_status();
-        }
-        return do_reduce_scatter(send, recv, counts, dt, op, fp);
-      });
+    ++seq_;
+    std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    auto fp = fingerprint(kReduceScatter, dt, static_cast<std::uint8_t>(op), -1, total);
+    if (dt == DType::kF16 || dt == DType::kBF16) {
+      std::vector<float> a = widen_half(send, total, dt),
+                         b(counts[static_cast<std::size_t>(rank_)]);
+      SHOAL_RETURN_IF_ERROR(do_reduce_scatter(a.data(), b.data(), counts, DType::kF32, op, fp));
+      narrow_half(b, recv, dt);
+      return ok_status();
+    }
+    return do_reduce_scatter(send, recv, counts, dt, op, fp);
+  });
 }
 
 Status Communicator::gather(const void* send, void* recv, std::size_t count, DType dt, int root) {
   if (root < 0 || root >= world_) return invalid_argument("gather: root {} out of range", root);
   if (mpi_) return run_blocking([=, this] { return mpi_->gather(send, recv, count, dt, root); });
   return run_blocking([=, this]() -> Status {
-                     ++seq_;
-                     auto fp = fingerprint(kGather, dt, 0, root, count);
-                     const std::size_t nb = count * dtype_size(dt);
-                     if (rank_ != root) return send_to(root, send, nb, fp, "gather");
-                     std::vector<Xfer> xs;
-                     for (int r = 0; r < world_; ++r)
-                       if (r != root) xs.push_back(Xfer{r, false, bytes(recv) + r * nb, nb, 0, false, {}});
-                     if (nb && bytes(recv) + root * nb != bytes(send))
-                       std::memmove(bytes(recv) + root * nb, send, nb);
-                     return exchange(xs, fp, "gather");
-                   });
+    ++seq_;
+    auto fp = fingerprint(kGather, dt, 0, root, count);
+    const std::size_t nb = count * dtype_size(dt);
+    if (rank_ != root) return send_to(root, send, nb, fp, "gather");
+    std::vector<Xfer> xs;
+    for (int r = 0; r < world_; ++r)
+      if (r != root) xs.push_back(Xfer{r, false, bytes(recv) + r * nb, nb, 0, false, {}});
+    if (nb && bytes(recv) + root * nb != bytes(send))
+      std::memmove(bytes(recv) + root * nb, send, nb);
+    return exchange(xs, fp, "gather");
+  });
 }
 
 Status Communicator::scatter(const void* send, void* recv, std::size_t count, DType dt, int root) {
   if (root < 0 || root >= world_) return invalid_argument("scatter: root {} out of range", root);
   if (mpi_) return run_blocking([=, this] { return mpi_->scatter(send, recv, count, dt, root); });
   return run_blocking([=, this]() -> Status {
-                     ++seq_;
-                     auto fp = fingerprint(kScatter, dt, 0, root, count);
-                     const std::size_t nb = count * dtype_size(dt);
-                     if (rank_ != root) return recv_from(root, recv, nb, fp, "scatter");
-                     std::vector<Xfer> xs;
-                     for (int r = 0; r < world_; ++r)
-                       if (r != root)
-                         xs.push_back(Xfer{r, true, const_cast<std::uint8_t*>(bytes(send)) + r * nb, nb, 0, false, {}});
-                     if (nb && bytes(send) + root * nb != bytes(recv))
-                       std::memmove(recv, bytes(send) + root * nb, nb);
-                     return exchange(xs, fp, "scatter");
-                   });
+    ++seq_;
+    auto fp = fingerprint(kScatter, dt, 0, root, count);
+    const std::size_t nb = count * dtype_size(dt);
+    if (rank_ != root) return recv_from(root, recv, nb, fp, "scatter");
+    std::vector<Xfer> xs;
+    for (int r = 0; r < world_; ++r)
+      if (r != root)
+        xs.push_back(
+            Xfer{r, true, const_cast<std::uint8_t*>(bytes(send)) + r * nb, nb, 0, false, {}});
+    if (nb && bytes(send) + root * nb != bytes(recv))
+      std::memmove(recv, bytes(send) + root * nb, nb);
+    return exchange(xs, fp, "scatter");
+  });
 }
 
 Status Communicator::all_to_all(const void* send, void* recv, std::size_t count, DType dt) {
@@ -1088,43 +1094,41 @@ Status Communicator::all_to_allv(const void* send, const std::vector<std::size_t
     return invalid_argument("all_to_allv: counts must have {} entries", world_);
   if (mpi_) return run_blocking([=, this] { return mpi_->all_to_allv(send, sc, recv, rc, dt); });
   return run_blocking([=, this]() -> Status {
-        ++seq_;
-        const std::size_t es = dtype_size(dt);
-        std::vector<std::size_t> so(sc.size() + 1, 0), ro(rc.size() + 1, 0);
-        for (std::size_t i = 0; i < sc.size(); ++i) {
-          so[i + 1] = so[i] + sc[i];
-          ro[i + 1] = ro[i] + rc[i];
-        }
-        // The fingerprint carries this rank's receive total; each pair's
-        // sizes are checked by the frame length.
-        auto fp = fingerprint(kAllToAll, dt, 0, -1, 0);
-        auto me = static_cast<std::size_t>(rank_);
-        if (rc[me] != sc[me])
-          return invalid_argument("all_to_allv: sends {} to itself but expects {}", sc[me], rc[me]);
-        if (sc[me]) std::memmove(bytes(recv) + ro[me] * es, bytes(send) + so[me] * es, sc[me] * es);
-        for (int k = 1; k < world_; ++k) {  // pairwise exchange
-          auto to = static_cast<std::size_t>((rank_ + k) % world_);
-          auto from = static_cast<std::size_t>((rank_ - k + world_) % world_);
-          SHOAL_RETURN_IF_ERROR(sendrecv(static_cast<int>(to), bytes(send) + so[to] * es,
-                                         sc[to] * es, static_cast<int>(from),
-                                         bytes(recv) + ro[from] * es, rc[from] * es, fp,
-                                         "all_to_all"));
-        }
-        return ok_status();
-      });
+    ++seq_;
+    const std::size_t es = dtype_size(dt);
+    std::vector<std::size_t> so(sc.size() + 1, 0), ro(rc.size() + 1, 0);
+    for (std::size_t i = 0; i < sc.size(); ++i) {
+      so[i + 1] = so[i] + sc[i];
+      ro[i + 1] = ro[i] + rc[i];
+    }
+    // The fingerprint carries this rank's receive total; each pair's
+    // sizes are checked by the frame length.
+    auto fp = fingerprint(kAllToAll, dt, 0, -1, 0);
+    auto me = static_cast<std::size_t>(rank_);
+    if (rc[me] != sc[me])
+      return invalid_argument("all_to_allv: sends {} to itself but expects {}", sc[me], rc[me]);
+    if (sc[me]) std::memmove(bytes(recv) + ro[me] * es, bytes(send) + so[me] * es, sc[me] * es);
+    for (int k = 1; k < world_; ++k) {  // pairwise exchange
+      auto to = static_cast<std::size_t>((rank_ + k) % world_);
+      auto from = static_cast<std::size_t>((rank_ - k + world_) % world_);
+      SHOAL_RETURN_IF_ERROR(sendrecv(static_cast<int>(to), bytes(send) + so[to] * es, sc[to] * es,
+                                     static_cast<int>(from), bytes(recv) + ro[from] * es,
+                                     rc[from] * es, fp, "all_to_all"));
+    }
+    return ok_status();
+  });
 }
 
 Status Communicator::barrier() {
   if (mpi_) return run_blocking([=, this] { return mpi_->barrier(); });
   return run_blocking([this]() -> Status {
-                     ++seq_;
-                     auto fp = fingerprint(kBarrier, DType::kU8, 0, -1, 0);
-                     for (int k = 1; k < world_; k <<= 1)  // dissemination
-                       SHOAL_RETURN_IF_ERROR(sendrecv((rank_ + k) % world_, nullptr, 0,
-                                                      (rank_ - k + world_) % world_, nullptr, 0,
-                                                      fp, "barrier"));
-                     return ok_status();
-                   });
+    ++seq_;
+    auto fp = fingerprint(kBarrier, DType::kU8, 0, -1, 0);
+    for (int k = 1; k < world_; k <<= 1)  // dissemination
+      SHOAL_RETURN_IF_ERROR(sendrecv((rank_ + k) % world_, nullptr, 0,
+                                     (rank_ - k + world_) % world_, nullptr, 0, fp, "barrier"));
+    return ok_status();
+  });
 }
 
 Status Communicator::send(const void* buf, std::size_t count, DType dt, int dst, int tag) {
@@ -1132,9 +1136,9 @@ Status Communicator::send(const void* buf, std::size_t count, DType dt, int dst,
     return invalid_argument("send: destination {} is not another rank of {}", dst, world_);
   if (mpi_) return run_blocking([=, this] { return mpi_->send(buf, count, dt, dst, tag); });
   return run_blocking([=, this] {
-                     return send_to(dst, buf, count * dtype_size(dt),
-                                    fingerprint(kSendRecv, dt, 0, tag, count), "send");
-                   });
+    return send_to(dst, buf, count * dtype_size(dt), fingerprint(kSendRecv, dt, 0, tag, count),
+                   "send");
+  });
 }
 
 Status Communicator::recv(void* buf, std::size_t count, DType dt, int src, int tag) {
@@ -1142,9 +1146,9 @@ Status Communicator::recv(void* buf, std::size_t count, DType dt, int src, int t
     return invalid_argument("recv: source {} is not another rank of {}", src, world_);
   if (mpi_) return run_blocking([=, this] { return mpi_->recv(buf, count, dt, src, tag); });
   return run_blocking([=, this] {
-                     return recv_from(src, buf, count * dtype_size(dt),
-                                      fingerprint(kSendRecv, dt, 0, tag, count), "recv");
-                   });
+    return recv_from(src, buf, count * dtype_size(dt), fingerprint(kSendRecv, dt, 0, tag, count),
+                     "recv");
+  });
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
@@ -1198,8 +1202,7 @@ WorkPtr Communicator::allgatherv_async(const void* send, void* recv,
   return submit([=, this] { return allgatherv(send, recv, counts, dt); });
 }
 WorkPtr Communicator::reduce_scatter_async(const void* send, void* recv,
-                                           std::vector<std::size_t> counts, DType dt,
-                                           ReduceOp op) {
+                                           std::vector<std::size_t> counts, DType dt, ReduceOp op) {
   return submit([=, this] { return reduce_scatter(send, recv, counts, dt, op); });
 }
 WorkPtr Communicator::gather_async(const void* send, void* recv, std::size_t count, DType dt,
@@ -1210,8 +1213,7 @@ WorkPtr Communicator::scatter_async(const void* send, void* recv, std::size_t co
                                     int root) {
   return submit([=, this] { return scatter(send, recv, count, dt, root); });
 }
-WorkPtr Communicator::all_to_all_async(const void* send, void* recv, std::size_t count,
-                                       DType dt) {
+WorkPtr Communicator::all_to_all_async(const void* send, void* recv, std::size_t count, DType dt) {
   return submit([=, this] { return all_to_all(send, recv, count, dt); });
 }
 WorkPtr Communicator::barrier_async() {

@@ -1,11 +1,11 @@
 #include "comm/mpi_backend.h"
 
-#include "comm/reduce_internal.h"
-
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+
+#include "comm/reduce_internal.h"
 
 namespace shoal::comm {
 namespace {
@@ -26,14 +26,21 @@ Result<int> to_int(std::size_t n, const char* what) {
 
 MPI_Datatype mpi_type(DType dt) {
   switch (dt) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kF64: return MPI_DOUBLE;
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kI64: return MPI_INT64_T;
-    case DType::kU8: return MPI_UINT8_T;
-    case DType::kBool: return MPI_UINT8_T;
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kU8:
+      return MPI_UINT8_T;
+    case DType::kBool:
+      return MPI_UINT8_T;
     case DType::kF16:
-    case DType::kBF16: return MPI_UINT16_T;  // moved as bits; reduced through f32
+    case DType::kBF16:
+      return MPI_UINT16_T;  // moved as bits; reduced through f32
   }
   return MPI_BYTE;
 }
@@ -44,10 +51,14 @@ MPI_Op mpi_op(ReduceOp op, DType dt) {
   }
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return MPI_SUM;
-    case ReduceOp::kProd: return MPI_PROD;
-    case ReduceOp::kMin: return MPI_MIN;
-    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kAvg:
+      return MPI_SUM;
+    case ReduceOp::kProd:
+      return MPI_PROD;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    case ReduceOp::kMax:
+      return MPI_MAX;
   }
   return MPI_SUM;
 }
@@ -158,9 +169,9 @@ Status MpiBackend::reduce_scatter(const void* send, void* recv,
     return ok_status();
   }
   auto c = ints(counts);
-  SHOAL_RETURN_IF_ERROR(check(
-      MPI_Reduce_scatter(send, recv, c.data(), mpi_type(dt), mpi_op(op, dt), comm_),
-      "reduce_scatter"));
+  SHOAL_RETURN_IF_ERROR(
+      check(MPI_Reduce_scatter(send, recv, c.data(), mpi_type(dt), mpi_op(op, dt), comm_),
+            "reduce_scatter"));
   if (op == ReduceOp::kAvg) divide_by_size(recv, mine, dt, size_);
   return ok_status();
 }

@@ -2,18 +2,23 @@
 // fingerprint. Loops are simple enough for GCC to vectorize per dtype.
 #include <algorithm>
 
-#include "shoal/comm/communicator.h"
 #include "comm/reduce_internal.h"
+#include "shoal/comm/communicator.h"
 
 namespace shoal::comm {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kProd:
+      return "prod";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kAvg:
+      return "avg";
   }
   return "?";
 }
@@ -54,14 +59,14 @@ void reduce_into(void* dst, const void* src, std::size_t n, DType dt, ReduceOp o
     case DType::kF64:
       return reduce_typed(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
     case DType::kI32:
-      return reduce_typed(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(src),
-                          n, op);
+      return reduce_typed(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(src), n,
+                          op);
     case DType::kI64:
-      return reduce_typed(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src),
-                          n, op);
+      return reduce_typed(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src), n,
+                          op);
     case DType::kU8:
-      return reduce_typed(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(src),
-                          n, op);
+      return reduce_typed(static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(src), n,
+                          op);
     case DType::kBool: {  // sum/max = or, prod/min = and
       auto* d = static_cast<std::uint8_t*>(dst);
       const auto* s = static_cast<const std::uint8_t*>(src);
@@ -74,7 +79,7 @@ void reduce_into(void* dst, const void* src, std::size_t n, DType dt, ReduceOp o
       const auto* s = static_cast<const F16*>(src);
       for (std::size_t i = 0; i < n; ++i) {
         float a = f16_to_float(d[i]), b = f16_to_float(s[i]);
-        float r = op == ReduceOp::kProd ? a * b
+        float r = op == ReduceOp::kProd  ? a * b
                   : op == ReduceOp::kMin ? std::min(a, b)
                   : op == ReduceOp::kMax ? std::max(a, b)
                                          : a + b;
@@ -87,7 +92,7 @@ void reduce_into(void* dst, const void* src, std::size_t n, DType dt, ReduceOp o
       const auto* s = static_cast<const BF16*>(src);
       for (std::size_t i = 0; i < n; ++i) {
         float a = bf16_to_float(d[i]), b = bf16_to_float(s[i]);
-        float r = op == ReduceOp::kProd ? a * b
+        float r = op == ReduceOp::kProd  ? a * b
                   : op == ReduceOp::kMin ? std::min(a, b)
                   : op == ReduceOp::kMax ? std::max(a, b)
                                          : a + b;
@@ -121,18 +126,18 @@ void divide_by_size(void* buf, std::size_t n, DType dt, int size) {
     if constexpr (!std::is_same_v<T, bool>) {
       T* p = static_cast<T*>(buf);
       for (std::size_t i = 0; i < n; ++i)
-        p[i] = from_double<T>(std::is_integral_v<T>
-                                  ? static_cast<double>(
-                                        static_cast<std::int64_t>(to_double(p[i])) / size)
-                                  : to_double(p[i]) / size);
+        p[i] = from_double<T>(
+            std::is_integral_v<T>
+                ? static_cast<double>(static_cast<std::int64_t>(to_double(p[i])) / size)
+                : to_double(p[i]) / size);
     }
   });
 }
 
 namespace {
-const char* kOpNames[] = {"?",      "allreduce", "reduce",  "broadcast",  "allgather",
-                          "reduce_scatter", "gather", "scatter", "all_to_all", "barrier",
-                          "send/recv", "split"};
+const char* kOpNames[] = {"?",          "allreduce",      "reduce",    "broadcast",
+                          "allgather",  "reduce_scatter", "gather",    "scatter",
+                          "all_to_all", "barrier",        "send/recv", "split"};
 }
 
 std::uint64_t fingerprint(std::uint8_t op, DType dt, std::uint8_t rop, int root,
@@ -149,8 +154,8 @@ std::string describe_fingerprint(std::uint64_t fp) {
   int root = static_cast<int>((fp >> 24) & 0xffff) - 1;
   std::size_t count = (fp >> 40) & 0xffffff;
   std::string name = op < std::size(kOpNames) ? kOpNames[op] : "?";
-  std::string s = fmt::format("{}({}, count {}", name,
-                              static_cast<int>(dt) <= 7 ? dtype_name(dt) : "?", count);
+  std::string s =
+      fmt::format("{}({}, count {}", name, static_cast<int>(dt) <= 7 ? dtype_name(dt) : "?", count);
   if (op == 1 || op == 2 || op == 5) s += fmt::format(", {}", reduce_op_name(rop));
   if (root >= 0) s += fmt::format(", root {}", root);
   return s + ")";

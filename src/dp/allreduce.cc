@@ -62,8 +62,9 @@ void register_ops() {
     d.name = "allreduce";
     d.attrs = {"comm", "op"};
     d.random = true;  // never constant-folded: its value depends on other ranks
-    d.infer = [](const graph::Node& n, const std::vector<graph::TensorType>& in)
-        -> Result<std::vector<graph::TensorType>> {
+    d.infer =
+        [](const graph::Node& n,
+           const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
       std::string op = n.attrs.get_string_or("op", "avg");
       if (op != "avg" && op != "sum")
         return invalid_argument("allreduce: op '{}' is not avg or sum", op);
@@ -76,15 +77,15 @@ void register_ops() {
     graph::OpRegistry::global().add(d);
     runtime::KernelRegistry::cpu().add(
         "allreduce",
-        [](const graph::Node& n, const std::vector<graph::TensorType>&)
-            -> Result<std::unique_ptr<runtime::Kernel>> {
+        [](const graph::Node& n,
+           const std::vector<graph::TensorType>&) -> Result<std::unique_ptr<runtime::Kernel>> {
           std::int64_t id = n.attrs.get_int_or("comm", -1);
           comm::Communicator* c = lookup(id);
           if (c == nullptr)
             return failed_precondition("allreduce {}: no communicator registered as id {}",
                                        n.label(), id);
           auto op = n.attrs.get_string_or("op", "avg") == "sum" ? comm::ReduceOp::kSum
-                                                               : comm::ReduceOp::kAvg;
+                                                                : comm::ReduceOp::kAvg;
           return std::unique_ptr<runtime::Kernel>(std::make_unique<AllreduceKernel>(c, op));
         });
   });

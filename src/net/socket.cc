@@ -111,9 +111,10 @@ Result<FrameHeader> decode_header(std::span<const std::uint8_t> in, std::uint64_
   h.seq = get_le(in.data() + 16, 8);
   h.fingerprint = get_le(in.data() + 24, 8);
   if (h.magic != kMagic)
-    return invalid_argument("frame from {}: bad magic 0x{:08x} (expected 0x{:08x}): not a Shoal "
-                            "peer or a corrupted stream",
-                            peer, h.magic, kMagic);
+    return invalid_argument(
+        "frame from {}: bad magic 0x{:08x} (expected 0x{:08x}): not a Shoal "
+        "peer or a corrupted stream",
+        peer, h.magic, kMagic);
   if (h.version != kProtocolVersion)
     return failed_precondition("frame from {}: protocol version {}, this build speaks {}", peer,
                                h.version, kProtocolVersion);
@@ -305,7 +306,8 @@ Result<FrameHeader> Socket::recv_header(std::uint64_t max_length, Deadline dl) {
 }
 
 // Store requests: cmd, then three length-prefixed strings (key, a, b).
-std::string pack_store_request(char cmd, const std::string& key, const std::string& a, const std::string& b) {
+std::string pack_store_request(char cmd, const std::string& key, const std::string& a,
+                               const std::string& b) {
   std::string out(1, cmd);
   for (const std::string* s : {&key, &a, &b}) {
     auto n = static_cast<std::uint32_t>(s->size());
@@ -322,7 +324,8 @@ bool parse_store_request(std::string_view in, char* cmd, std::string* parts) {
   for (int i = 0; i < 3; ++i) {
     if (pos + 4 > in.size()) return false;
     std::uint32_t n = 0;
-    for (int k = 3; k >= 0; --k) n = (n << 8) | static_cast<unsigned char>(in[pos + static_cast<std::size_t>(k)]);
+    for (int k = 3; k >= 0; --k)
+      n = (n << 8) | static_cast<unsigned char>(in[pos + static_cast<std::size_t>(k)]);
     pos += 4;
     if (pos + n > in.size()) return false;
     parts[i] = std::string(in.substr(pos, n));

@@ -89,7 +89,8 @@ void TcpStoreServer::serve() {
       }
       char cmd = 0;
       std::string parts[3];
-      if (st.ok() && !parse_store_request(body, &cmd, parts)) st = invalid_argument("store: malformed request");
+      if (st.ok() && !parse_store_request(body, &cmd, parts))
+        st = invalid_argument("store: malformed request");
       if (!st.ok()) {
         if (st.code() != StatusCode::kUnavailable)
           SHOAL_LOG_WARN("store: dropping client {}: {}", c.peer(), st.to_string());

@@ -4,7 +4,6 @@
 // first consumer. Steady-state runs allocate nothing.
 #include <cblas.h>
 #include <omp.h>
-
 #include <xmmintrin.h>
 
 #include <chrono>

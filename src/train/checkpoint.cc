@@ -57,9 +57,10 @@ Result<CheckpointState> load_checkpoint(const std::string& path) {
   if (crc_it == s.meta.end()) return invalid_argument("{}: metadata has no crc32", path);
   std::string have = fmt::format("{:08x}", checkpoint_crc(s.tensors));
   if (have != crc_it->second)
-    return data_loss("{}: checksum mismatch (metadata crc32 {}, tensors hash to {}): the file "
-                     "is corrupted",
-                     path, crc_it->second, have);
+    return data_loss(
+        "{}: checksum mismatch (metadata crc32 {}, tensors hash to {}): the file "
+        "is corrupted",
+        path, crc_it->second, have);
   return s;
 }
 

@@ -57,13 +57,20 @@ Result<std::string> gunzip(std::string_view in, std::string_view where) {
 
 const char* idx_type_name(unsigned code) {
   switch (code) {
-    case 0x08: return "u8";
-    case 0x09: return "i8";
-    case 0x0B: return "i16";
-    case 0x0C: return "i32";
-    case 0x0D: return "f32";
-    case 0x0E: return "f64";
-    default: return "unknown";
+    case 0x08:
+      return "u8";
+    case 0x09:
+      return "i8";
+    case 0x0B:
+      return "i16";
+    case 0x0C:
+      return "i32";
+    case 0x0D:
+      return "f32";
+    case 0x0E:
+      return "f64";
+    default:
+      return "unknown";
   }
 }
 
@@ -80,9 +87,10 @@ Result<IdxArray> parse_idx(std::string_view b, std::string_view where) {
         u8(0), u8(1));
   unsigned type = u8(2), ndim = u8(3);
   if (type != 0x08)
-    return invalid_argument("{}: IDX type code 0x{:02x} ({}) is not supported; Shoal reads u8 "
-                            "(0x08) IDX files",
-                            where, type, idx_type_name(type));
+    return invalid_argument(
+        "{}: IDX type code 0x{:02x} ({}) is not supported; Shoal reads u8 "
+        "(0x08) IDX files",
+        where, type, idx_type_name(type));
   if (ndim < 1 || ndim > 4)
     return invalid_argument("{}: IDX dimension count {} is out of range 1..4", where, ndim);
   std::size_t header = 4 + 4 * static_cast<std::size_t>(ndim);
@@ -93,10 +101,9 @@ Result<IdxArray> parse_idx(std::string_view b, std::string_view where) {
   std::uint64_t total = 1;
   for (unsigned d = 0; d < ndim; ++d) {
     std::size_t o = 4 + 4 * d;
-    std::uint64_t v = (std::uint64_t{u8(o)} << 24) | (u8(o + 1) << 16) | (u8(o + 2) << 8) |
-                      u8(o + 3);
-    if (v == 0 && d > 0)
-      return invalid_argument("{}: IDX dimension {} is 0", where, d);
+    std::uint64_t v =
+        (std::uint64_t{u8(o)} << 24) | (u8(o + 1) << 16) | (u8(o + 2) << 8) | u8(o + 3);
+    if (v == 0 && d > 0) return invalid_argument("{}: IDX dimension {} is 0", where, d);
     total *= v;
     if (total > (std::uint64_t{1} << 34))
       return invalid_argument("{}: IDX dimensions multiply past 2^34 elements", where);
@@ -104,10 +111,11 @@ Result<IdxArray> parse_idx(std::string_view b, std::string_view where) {
   }
   std::size_t have = b.size() - header;
   if (have != total)
-    return invalid_argument("{}: IDX data: dimensions {} need {} bytes after the {}-byte header, "
-                            "file has {} ({})",
-                            where, shape_str(a.dims), total, header, have,
-                            have < total ? "truncated" : "trailing bytes");
+    return invalid_argument(
+        "{}: IDX data: dimensions {} need {} bytes after the {}-byte header, "
+        "file has {} ({})",
+        where, shape_str(a.dims), total, header, have,
+        have < total ? "truncated" : "trailing bytes");
   a.data.assign(b.begin() + static_cast<std::ptrdiff_t>(header), b.end());
   return a;
 }
@@ -140,9 +148,10 @@ Result<std::string> resolve_data_dir(const std::string& data) {
         "dataset-{}` or pass --data DIR with its IDX files",
         data, fmt::join(tried, ", "), data == "mnist" ? "mnist" : "fashion-mnist");
   }
-  return not_found("--data '{}': not a directory and not a known dataset name "
-                   "(fashion-mnist, mnist)",
-                   data);
+  return not_found(
+      "--data '{}': not a directory and not a known dataset name "
+      "(fashion-mnist, mnist)",
+      data);
 }
 
 namespace {
@@ -158,8 +167,7 @@ Result<std::string> find_idx(const std::string& dir, const std::string& split,
       std::string p = (fs::path(dir) / (n + ext)).string();
       if (fs::exists(p, ec)) return p;
     }
-  return not_found("{}: no {} file for split '{}' (expected {}[.gz])", dir, kind, split,
-                   names[0]);
+  return not_found("{}: no {} file for split '{}' (expected {}[.gz])", dir, kind, split, names[0]);
 }
 }  // namespace
 
@@ -172,8 +180,7 @@ Result<Dataset> load_idx_dataset(const std::string& dir, const std::string& spli
     return invalid_argument("{}: images must have 3 dimensions [N, H, W], got {}", ip,
                             shape_str(im.dims));
   if (lb.dims.size() != 1)
-    return invalid_argument("{}: labels must have 1 dimension [N], got {}", lp,
-                            shape_str(lb.dims));
+    return invalid_argument("{}: labels must have 1 dimension [N], got {}", lp, shape_str(lb.dims));
   if (im.dims[0] != lb.dims[0])
     return invalid_argument("{} has {} images but {} has {} labels", ip, im.dims[0], lp,
                             lb.dims[0]);
@@ -345,7 +352,8 @@ const Batch& Loader::next() {
   std::unique_lock<std::mutex> lk(mu_);
   // Taking batch consumed_ releases the one before it.
   cv_.wait(lk, [&] { return produced_ > consumed_; });
-  const Batch& b = ring_[static_cast<std::size_t>(consumed_ % static_cast<std::int64_t>(ring_.size()))];
+  const Batch& b =
+      ring_[static_cast<std::size_t>(consumed_ % static_cast<std::int64_t>(ring_.size()))];
   ++consumed_;
   lk.unlock();
   cv_.notify_all();

@@ -46,20 +46,20 @@ Value ModelContext::batch_norm(Value x, std::int64_t c, const std::string& name)
     double n = static_cast<double>(s[0] * (s.size() > 2 ? s[2] * s[3] : 1));
     double m = bn_momentum, unbias = n > 1 ? n / (n - 1) : 1.0;
     Value keep = b_.scalar(1.0 - m);
-    updates_.push_back({name + ".running_mean",
-                        b_.add(b_.mul(rm, keep), b_.mul(outs[1], b_.scalar(m)))});
-    updates_.push_back({name + ".running_var",
-                        b_.add(b_.mul(rv, keep), b_.mul(outs[2], b_.scalar(m * unbias)))});
+    updates_.push_back(
+        {name + ".running_mean", b_.add(b_.mul(rm, keep), b_.mul(outs[1], b_.scalar(m)))});
+    updates_.push_back(
+        {name + ".running_var", b_.add(b_.mul(rv, keep), b_.mul(outs[2], b_.scalar(m * unbias)))});
   }
   return outs[0];
 }
 
 Value ModelContext::dense(Value x, std::int64_t in, std::int64_t out, const std::string& name,
                           const std::string& init) {
-  Value w = param(name + ".weight", {out, in}, init, static_cast<double>(in),
-                  static_cast<double>(out));
-  Value bv = param(name + ".bias", {out}, "zeros", static_cast<double>(in),
-                   static_cast<double>(out));
+  Value w =
+      param(name + ".weight", {out, in}, init, static_cast<double>(in), static_cast<double>(out));
+  Value bv =
+      param(name + ".bias", {out}, "zeros", static_cast<double>(in), static_cast<double>(out));
   return b_.linear(x, w, bv);
 }
 
@@ -107,8 +107,8 @@ Value resnet(ModelContext& m, Value x, int classes) {
     for (int blk = 0; blk < 3; ++blk) {
       std::string n = "layer" + std::to_string(stage + 1) + "." + std::to_string(blk);
       std::int64_t stride = (blk == 0 && stage > 0) ? 2 : 1;
-      Value y = b.relu(m.batch_norm(m.conv(h, c, width, 3, stride, 1, n + ".conv1", false), width,
-                                    n + ".bn1"));
+      Value y = b.relu(
+          m.batch_norm(m.conv(h, c, width, 3, stride, 1, n + ".conv1", false), width, n + ".bn1"));
       y = m.batch_norm(m.conv(y, width, width, 3, 1, 1, n + ".conv2", false), width, n + ".bn2");
       Value sc = h;
       if (stride != 1 || c != width)
@@ -142,8 +142,7 @@ Result<Model> make_model(const std::string& name, int classes) {
   return m;
 }
 
-std::map<std::string, Tensor> init_params(const std::vector<ParamSpec>& specs,
-                                          std::uint64_t seed) {
+std::map<std::string, Tensor> init_params(const std::vector<ParamSpec>& specs, std::uint64_t seed) {
   std::map<std::string, Tensor> out;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const ParamSpec& s = specs[i];

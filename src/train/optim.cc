@@ -246,15 +246,18 @@ void register_optimizer_ops() {
 }
 
 Status validate(const OptimizerOptions& o) {
-  static const std::vector<std::string> names = {"sgd",  "momentum", "nesterov", "adam",
-                                                 "adamw", "lars",    "lamb"};
+  static const std::vector<std::string> names = {"sgd",   "momentum", "nesterov", "adam",
+                                                 "adamw", "lars",     "lamb"};
   if (std::find(names.begin(), names.end(), o.name) == names.end())
     return invalid_argument("optimizer '{}' is not one of {}", o.name, fmt::join(names, ", "));
   if (!(o.momentum >= 0 && o.momentum < 1))
     return invalid_argument("momentum {} must be in [0, 1)", o.momentum);
-  if (!(o.weight_decay >= 0)) return invalid_argument("weight_decay {} must be >= 0", o.weight_decay);
-  if (!(o.beta1 >= 0 && o.beta1 < 1)) return invalid_argument("beta1 {} must be in [0, 1)", o.beta1);
-  if (!(o.beta2 >= 0 && o.beta2 < 1)) return invalid_argument("beta2 {} must be in [0, 1)", o.beta2);
+  if (!(o.weight_decay >= 0))
+    return invalid_argument("weight_decay {} must be >= 0", o.weight_decay);
+  if (!(o.beta1 >= 0 && o.beta1 < 1))
+    return invalid_argument("beta1 {} must be in [0, 1)", o.beta1);
+  if (!(o.beta2 >= 0 && o.beta2 < 1))
+    return invalid_argument("beta2 {} must be in [0, 1)", o.beta2);
   if (!(o.eps > 0)) return invalid_argument("eps {} must be > 0", o.eps);
   if (!(o.trust > 0)) return invalid_argument("trust {} must be > 0", o.trust);
   return ok_status();
@@ -323,7 +326,8 @@ double LrSchedule::at(std::int64_t step) const {
   if (warmup > 0 && step < warmup)
     return base * static_cast<double>(step + 1) / static_cast<double>(warmup);
   std::int64_t s = step - warmup;
-  if (kind == "step") return base * std::pow(gamma, static_cast<double>(s / std::max<std::int64_t>(step_size, 1)));
+  if (kind == "step")
+    return base * std::pow(gamma, static_cast<double>(s / std::max<std::int64_t>(step_size, 1)));
   if (kind == "cosine") {
     std::int64_t span = std::max<std::int64_t>(total - warmup, 1);
     double f = std::min(1.0, static_cast<double>(s) / static_cast<double>(span));
@@ -339,7 +343,8 @@ Status validate(const LrSchedule& s) {
   if (s.warmup < 0) return invalid_argument("warmup {} must be >= 0", s.warmup);
   if (s.kind == "step" && s.step_size < 1)
     return invalid_argument("lr step size {} must be >= 1", s.step_size);
-  if (s.kind == "step" && !(s.gamma > 0)) return invalid_argument("lr gamma {} must be > 0", s.gamma);
+  if (s.kind == "step" && !(s.gamma > 0))
+    return invalid_argument("lr gamma {} must be > 0", s.gamma);
   return ok_status();
 }
 

@@ -40,7 +40,8 @@ Status validate(const TrainOptions& o) {
     return invalid_argument("--keep-checkpoints {} must be >= 1", o.keep_checkpoints);
   if (o.checkpoint_every < 0 || o.max_steps < 0 || o.limit_train < 0 || o.limit_test < 0)
     return invalid_argument("--checkpoint-every, --max-steps and --limit-* must be >= 0");
-  if (o.warmup_epochs < 0) return invalid_argument("--warmup-epochs {} must be >= 0", o.warmup_epochs);
+  if (o.warmup_epochs < 0)
+    return invalid_argument("--warmup-epochs {} must be >= 0", o.warmup_epochs);
   if (o.step_epochs <= 0) return invalid_argument("--step-epochs {} must be > 0", o.step_epochs);
   if (o.rank < 0 || o.world < 1 || o.rank >= o.world)
     return invalid_argument("rank {} / world {} out of range", o.rank, o.world);
@@ -190,8 +191,8 @@ Status Trainer::init(const TrainOptions& o) {
   lo.stddev = m.stddev;
   m.loader = std::make_unique<Loader>(m.train, lo);
   if (m.loader->batches_per_epoch() < 1)
-    return invalid_argument("--batch {} x {} ranks is larger than the {} training samples",
-                            o.batch, o.world, m.train.size());
+    return invalid_argument("--batch {} x {} ranks is larger than the {} training samples", o.batch,
+                            o.world, m.train.size());
 
   SHOAL_ASSIGN_OR_RETURN(m.model, make_model(o.model, m.train.num_classes));
 
@@ -257,9 +258,11 @@ Status Trainer::init(const TrainOptions& o) {
   double base = o.lr * (o.linear_scaling ? static_cast<double>(o.batch * o.world) / 256.0 : 1.0);
   m.sched.kind = o.schedule;
   m.sched.base = base;
-  m.sched.warmup = static_cast<std::int64_t>(std::llround(o.warmup_epochs * static_cast<double>(spe)));
+  m.sched.warmup =
+      static_cast<std::int64_t>(std::llround(o.warmup_epochs * static_cast<double>(spe)));
   m.sched.total = spe * o.epochs;
-  m.sched.step_size = std::max<std::int64_t>(1, std::llround(o.step_epochs * static_cast<double>(spe)));
+  m.sched.step_size =
+      std::max<std::int64_t>(1, std::llround(o.step_epochs * static_cast<double>(spe)));
   m.sched.gamma = o.gamma;
   SHOAL_RETURN_IF_ERROR(validate(m.sched));
   if (o.resume) SHOAL_RETURN_IF_ERROR(resume_latest());
@@ -419,8 +422,8 @@ Status Trainer::run() {
     m.metrics.open(fs::path(dir_) / "metrics.jsonl", o_.resume ? std::ios::app : std::ios::trunc);
     if (!m.metrics) return unavailable("opening {}/metrics.jsonl for append", dir_);
   }
-  const std::int64_t limit = o_.max_steps > 0 ? std::min(o_.max_steps, spe * o_.epochs)
-                                              : spe * o_.epochs;
+  const std::int64_t limit =
+      o_.max_steps > 0 ? std::min(o_.max_steps, spe * o_.epochs) : spe * o_.epochs;
   auto wall0 = Clock::now();
   while (step_ < limit) {
     const int epoch = static_cast<int>(step_ / spe);
@@ -446,9 +449,12 @@ Status Trainer::run() {
       m.progress.update(epoch + 1, o_.epochs, in_epoch, spe, loss_sum / static_cast<double>(steps),
                         ips, eta);
       if (lead && (in_epoch % std::max<std::int64_t>(spe / 10, 1) == 0)) {
-        nlohmann::json j = {{"kind", "train"},  {"epoch", epoch + 1},
-                            {"step", step_},    {"loss", loss_sum / static_cast<double>(steps)},
-                            {"lr", m.lr.data<float>()[0]}, {"images_per_s", ips}};
+        nlohmann::json j = {{"kind", "train"},
+                            {"epoch", epoch + 1},
+                            {"step", step_},
+                            {"loss", loss_sum / static_cast<double>(steps)},
+                            {"lr", m.lr.data<float>()[0]},
+                            {"images_per_s", ips}};
         m.metrics << j.dump() << "\n" << std::flush;
       }
       if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0)
@@ -473,23 +479,24 @@ Status Trainer::run() {
     em.wall_seconds = std::chrono::duration<double>(Clock::now() - e0).count();
     history_.push_back(em);
     if (lead) {
-      nlohmann::json j = {{"kind", "epoch"},
-                          {"epoch", em.epoch},
-                          {"step", step_},
-                          {"train_loss", em.train_loss},
-                          {"train_acc", em.train_acc},
-                          {"test_loss", em.test_loss},
-                          {"test_acc", em.test_acc},
-                          {"images_per_s", em.images_per_s},
-                          {"train_seconds", em.train_seconds},
-                          {"elapsed_seconds",
-                           std::chrono::duration<double>(Clock::now() - wall0).count()}};
+      nlohmann::json j = {
+          {"kind", "epoch"},
+          {"epoch", em.epoch},
+          {"step", step_},
+          {"train_loss", em.train_loss},
+          {"train_acc", em.train_acc},
+          {"test_loss", em.test_loss},
+          {"test_acc", em.test_acc},
+          {"images_per_s", em.images_per_s},
+          {"train_seconds", em.train_seconds},
+          {"elapsed_seconds", std::chrono::duration<double>(Clock::now() - wall0).count()}};
       m.metrics << j.dump() << "\n" << std::flush;
       if (!o_.quiet)
-        fmt::print("epoch {}/{}: train loss {:.4f} acc {:.2f}%  test loss {:.4f} acc {:.2f}%  "
-                   "{:.0f} img/s  {:.1f} s\n",
-                   em.epoch, o_.epochs, em.train_loss, 100 * em.train_acc, em.test_loss,
-                   100 * em.test_acc, em.images_per_s, em.wall_seconds);
+        fmt::print(
+            "epoch {}/{}: train loss {:.4f} acc {:.2f}%  test loss {:.4f} acc {:.2f}%  "
+            "{:.0f} img/s  {:.1f} s\n",
+            em.epoch, o_.epochs, em.train_loss, 100 * em.train_acc, em.test_loss, 100 * em.test_acc,
+            em.images_per_s, em.wall_seconds);
       if (o_.plot) {
         Status st = write_plot();
         if (!st.ok()) SHOAL_LOG_WARN("plot skipped: {}", st.to_string());

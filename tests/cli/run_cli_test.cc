@@ -32,8 +32,9 @@ Result shoal(const std::string& args) {
 bool has(const Result& r, const std::string& s) { return r.out.find(s) != std::string::npos; }
 
 TEST(Run, EveryRankGetsItsEnvironmentAndPrefix) {
-  Result r = shoal("run -n 3 -- sh -c 'echo rank=$SHOAL_RANK world=$SHOAL_WORLD_SIZE "
-                   "token=${#SHOAL_JOB_TOKEN} store=${SHOAL_STORE%%:*}'");
+  Result r = shoal(
+      "run -n 3 -- sh -c 'echo rank=$SHOAL_RANK world=$SHOAL_WORLD_SIZE "
+      "token=${#SHOAL_JOB_TOKEN} store=${SHOAL_STORE%%:*}'");
   ASSERT_EQ(r.code, 0) << r.out;
   for (int i = 0; i < 3; ++i)
     EXPECT_TRUE(has(r, "[rank " + std::to_string(i) + "] rank=" + std::to_string(i) +
@@ -42,8 +43,9 @@ TEST(Run, EveryRankGetsItsEnvironmentAndPrefix) {
 }
 
 TEST(Run, OneFailingRankStopsAllWithAReport) {
-  Result r = shoal("run -n 3 -- sh -c 'echo up $SHOAL_RANK; if [ $SHOAL_RANK = 1 ]; then "
-                   "echo last words; exit 7; fi; sleep 30'");
+  Result r = shoal(
+      "run -n 3 -- sh -c 'echo up $SHOAL_RANK; if [ $SHOAL_RANK = 1 ]; then "
+      "echo last words; exit 7; fi; sleep 30'");
   EXPECT_EQ(r.code, 7) << r.out;
   EXPECT_TRUE(has(r, "rank 1 exited with code 7; stopped all 3 ranks")) << r.out;
   EXPECT_TRUE(has(r, "  | last words")) << r.out;
@@ -51,8 +53,9 @@ TEST(Run, OneFailingRankStopsAllWithAReport) {
 }
 
 TEST(Run, KilledRankIsNamedAndNothingIsOrphaned) {
-  Result r = shoal("run -n 3 -- sh -c 'if [ $SHOAL_RANK = 2 ]; then sleep 0.2; kill -9 $$; fi; "
-                   "sleep 31.25 & wait'");
+  Result r = shoal(
+      "run -n 3 -- sh -c 'if [ $SHOAL_RANK = 2 ]; then sleep 0.2; kill -9 $$; fi; "
+      "sleep 31.25 & wait'");
   EXPECT_EQ(r.code, 128 + 9) << r.out;
   EXPECT_TRUE(has(r, "rank 2 was killed by signal 9")) << r.out;
   EXPECT_LT(r.seconds, 10.0);

@@ -50,8 +50,7 @@ TEST_F(TrainCli, YamlConfigTrainsAndFlagsWin) {
                              out + "\n");
   Result r = shoal("train --config " + cfg + " --epochs 1 --threads 1");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("mlp on fashion-mnist (16 steps/epoch, batch 32), adam"),
-            std::string::npos)
+  EXPECT_NE(r.out.find("mlp on fashion-mnist (16 steps/epoch, batch 32), adam"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("after 1 epochs"), std::string::npos) << r.out;  // --epochs 1 won
   EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));

@@ -13,12 +13,12 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
-
-#include "shoal/tensor/tensor.h"
-#include "comm/checks.h"
+#include <functional>
 #include <thread>
+
+#include "comm/checks.h"
+#include "shoal/tensor/tensor.h"
 
 namespace shoal::comm {
 namespace {
@@ -54,7 +54,8 @@ std::vector<Status> run_world(int world, const std::function<Status(Communicator
 }
 
 void expect_all_ok(const std::vector<Status>& st) {
-  for (std::size_t r = 0; r < st.size(); ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+  for (std::size_t r = 0; r < st.size(); ++r)
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
 }
 
 class Transports : public ::testing::TestWithParam<const char*> {
@@ -66,13 +67,15 @@ class Transports : public ::testing::TestWithParam<const char*> {
     return o;
   }
 };
-INSTANTIATE_TEST_SUITE_P(Comm, Transports, ::testing::Values("auto", "tcp"),
-                         [](const auto& info) { return std::string(info.param) == "auto" ? "shm" : "tcp"; });
+INSTANTIATE_TEST_SUITE_P(Comm, Transports, ::testing::Values("auto", "tcp"), [](const auto& info) {
+  return std::string(info.param) == "auto" ? "shm" : "tcp";
+});
 
 TEST_P(Transports, AllreduceEveryDtypeOpCountWorldAndPlacement) {
   for (int world : {1, 2, 3, 4, 5, 8}) {
     SCOPED_TRACE("world " + std::to_string(world));
-    auto st = run_world(world, [&](Communicator& c) -> Status { return check_allreduce_matrix(c); }, opts());
+    auto st = run_world(
+        world, [&](Communicator& c) -> Status { return check_allreduce_matrix(c); }, opts());
     expect_all_ok(st);
   }
 }
@@ -114,7 +117,8 @@ TEST(Collectives, RootedCallsAtEveryRoot) {
 TEST_P(Transports, AllgatherReduceScatterAllToAllUneven) {
   for (int world : {1, 2, 3, 4, 5, 8}) {
     SCOPED_TRACE("world " + std::to_string(world));
-    auto st = run_world(world, [&](Communicator& c) -> Status { return check_uneven(c); }, opts());
+    auto st = run_world(
+        world, [&](Communicator& c) -> Status { return check_uneven(c); }, opts());
     expect_all_ok(st);
   }
 }
@@ -146,9 +150,12 @@ TEST(Tuner, CalibratedModelIsTheSameOnEveryRank) {
   expect_all_ok(st);
   CommOptions det;
   det.deterministic = true;
-  auto st2 = run_world(2, [](Communicator& c) -> Status {
-    return c.alpha() == 0 ? ok_status() : internal_error("deterministic run calibrated");
-  }, det);
+  auto st2 = run_world(
+      2,
+      [](Communicator& c) -> Status {
+        return c.alpha() == 0 ? ok_status() : internal_error("deterministic run calibrated");
+      },
+      det);
   expect_all_ok(st2);
 }
 
@@ -171,7 +178,8 @@ TEST(Faults, WrongTokenIsRejected) {
   CommOptions o;
   o.token = "rank1-differs";
   o.timeout_seconds = 10;
-  auto st = run_world(3, [](Communicator&) { return ok_status(); }, o);
+  auto st = run_world(
+      3, [](Communicator&) { return ok_status(); }, o);
   ASSERT_FALSE(st[1].ok());
   std::string all = st[0].to_string() + st[1].to_string() + st[2].to_string();
   EXPECT_NE(all.find("token"), std::string::npos) << all;
@@ -188,13 +196,16 @@ TEST(Frames, BadHeadersAreRefused) {
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.status().message().find("exceeds the bound"), std::string::npos);
   hb[0] ^= 1;
-  EXPECT_NE(net::decode_header(hb, 100, "p").status().message().find("bad magic"), std::string::npos);
+  EXPECT_NE(net::decode_header(hb, 100, "p").status().message().find("bad magic"),
+            std::string::npos);
   hb[0] ^= 1;
   hb[4] = 9;
-  EXPECT_NE(net::decode_header(hb, 100, "p").status().message().find("protocol version 9"), std::string::npos);
+  EXPECT_NE(net::decode_header(hb, 100, "p").status().message().find("protocol version 9"),
+            std::string::npos);
   hb[4] = 1;
   hb[6] = 77;
-  EXPECT_NE(net::decode_header(hb, 100, "p").status().message().find("unknown frame type"), std::string::npos);
+  EXPECT_NE(net::decode_header(hb, 100, "p").status().message().find("unknown frame type"),
+            std::string::npos);
   EXPECT_FALSE(net::decode_header(std::span<const std::uint8_t>(hb, 10), 100, "p").ok());
 }
 
@@ -239,7 +250,8 @@ TEST(Faults, KilledRankIsNamedByEverySurvivor) {
       if (codes[static_cast<std::size_t>(r)] != -1) continue;
       int status = 0;
       if (waitpid(pids[static_cast<std::size_t>(r)], &status, WNOHANG) > 0) {
-        codes[static_cast<std::size_t>(r)] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        codes[static_cast<std::size_t>(r)] =
+            WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         --left;
       }
     }

@@ -39,6 +39,7 @@ int main() {
       bad = 1;
     }
   }
-  if (comm.rank() == 0 && !bad) std::printf("mpi_suite: all checks passed on %d ranks\n", comm.size());
+  if (comm.rank() == 0 && !bad)
+    std::printf("mpi_suite: all checks passed on %d ranks\n", comm.size());
   return bad;
 }

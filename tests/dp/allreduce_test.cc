@@ -86,7 +86,8 @@ TEST(DataParallel, NRanksEqualOneRankOnTheWholeBatch) {
     std::vector<std::thread> ts;
     for (int r = 0; r < world; ++r)
       ts.emplace_back([&, r] {
-        auto store = net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10));
+        auto store =
+            net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10));
         if (!store.ok()) {
           st[static_cast<std::size_t>(r)] = store.status();
           return;
@@ -107,7 +108,8 @@ TEST(DataParallel, NRanksEqualOneRankOnTheWholeBatch) {
       });
     for (auto& t : ts) t.join();
     for (int r = 0; r < world; ++r) {
-      ASSERT_TRUE(st[static_cast<std::size_t>(r)].ok()) << st[static_cast<std::size_t>(r)].to_string();
+      ASSERT_TRUE(st[static_cast<std::size_t>(r)].ok())
+          << st[static_cast<std::size_t>(r)].to_string();
       for (const auto& [n, t] : *ref) {
         const Tensor& u = got[static_cast<std::size_t>(r)].at(n);
         for (std::int64_t i = 0; i < t.numel(); ++i)

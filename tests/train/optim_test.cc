@@ -53,8 +53,7 @@ struct Ref {
         s1[i] = o.beta1 * s1[i] + (1 - o.beta1) * gi;
         s2[i] = o.beta2 * s2[i] + (1 - o.beta2) * gi * gi;
         double mh = s1[i] / (1 - std::pow(o.beta1, t)), vh = s2[i] / (1 - std::pow(o.beta2, t));
-        r[i] = mh / (std::sqrt(vh) + o.eps) +
-               ((dec || (lamb && adapt)) ? wd * p[i] : 0.0);
+        r[i] = mh / (std::sqrt(vh) + o.eps) + ((dec || (lamb && adapt)) ? wd * p[i] : 0.0);
       }
       double trust = 1;
       if (lamb && adapt && norm(p) > 0 && norm(r) > 0) trust = norm(p) / norm(r);
@@ -114,7 +113,7 @@ TEST(Optimizers, MatchReferenceOnMatrixAndVector) {
   for (const char* name : {"sgd", "momentum", "nesterov", "lars", "adam", "adamw", "lamb"}) {
     SCOPED_TRACE(name);
     check(name, {7, 13});
-    check(name, {5});  // 1-D: no trust ratio / decay for lars and lamb
+    check(name, {5});         // 1-D: no trust ratio / decay for lars and lamb
     check(name, {300, 301});  // large enough for the OpenMP path
   }
 }

@@ -71,8 +71,8 @@ void expect_bit_identical(const std::map<std::string, Tensor>& a,
 // uninterrupted one: params, BN buffers, optimizer state, lr schedule step
 // and the data position (mid-epoch, with augmentation) all restored.
 TEST(Trainer, ResumeIsBitIdentical) {
-  for (auto [model, opt] : {std::pair{"cnn", "momentum"}, std::pair{"mlp", "adamw"},
-                            std::pair{"mlp", "lars"}}) {
+  for (auto [model, opt] :
+       {std::pair{"cnn", "momentum"}, std::pair{"mlp", "adamw"}, std::pair{"mlp", "lars"}}) {
     SCOPED_TRACE(std::string(model) + "/" + opt);
     std::string d1 = tmpdir("full"), d2 = tmpdir("resumed");
     auto full = train_to(small(model, opt, d1), 80);

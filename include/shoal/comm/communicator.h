@@ -43,17 +43,17 @@ enum class Algorithm : std::uint8_t { kAuto, kRing, kRecursiveDoubling, kTree };
 Result<Algorithm> parse_algorithm(const std::string& s);  // auto, ring, rd, tree
 
 struct CommOptions {
-  double timeout_seconds = 300;       // SHOAL_COMM_TIMEOUT
+  double timeout_seconds = 300;            // SHOAL_COMM_TIMEOUT
   Algorithm allreduce = Algorithm::kAuto;  // SHOAL_ALLREDUCE_ALGO
-  std::size_t small_bytes = 64 << 10; // deterministic auto: recursive doubling below, ring above
+  std::size_t small_bytes = 64 << 10;  // deterministic auto: recursive doubling below, ring above
   // SHOAL_DETERMINISTIC=1: no timing-based choices (the α-β tuner is off and
   // the fixed threshold above decides), so reduction order never varies.
   bool deterministic = false;
-  std::string host;                   // address to listen on ("" = loopback)
-  std::string token;                  // job token (SHOAL_JOB_TOKEN); "" = none
-  std::string prefix = "shoal";       // store key prefix (sub-communicators)
-  std::string transport = "auto";     // SHOAL_TRANSPORT: auto (shm on one host) or tcp
-  std::size_t shm_bytes = 4 << 20;    // ring size per direction per pair
+  std::string host;                 // address to listen on ("" = loopback)
+  std::string token;                // job token (SHOAL_JOB_TOKEN); "" = none
+  std::string prefix = "shoal";     // store key prefix (sub-communicators)
+  std::string transport = "auto";   // SHOAL_TRANSPORT: auto (shm on one host) or tcp
+  std::size_t shm_bytes = 4 << 20;  // ring size per direction per pair
   // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR,
   // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC.
   static Result<CommOptions> from_env();
@@ -80,8 +80,8 @@ using WorkPtr = std::shared_ptr<Work>;
 // (OMPI_COMM_WORLD_*), PMI/PMIx, Slurm (SLURM_PROCID/SLURM_NTASKS).
 struct EnvInfo {
   int rank = 0, world = 1, local_rank = 0;
-  std::string store;  // host:port of the TCP store ("" when none is set)
-  std::string source; // which variables were used
+  std::string store;   // host:port of the TCP store ("" when none is set)
+  std::string source;  // which variables were used
 };
 Result<EnvInfo> env_info();
 
@@ -172,7 +172,9 @@ class Communicator {
                                                         CommOptions o);
   Status connect_mesh(net::Store& store);
   Status setup_shm(net::Store& store, Deadline dl);
-  bool is_shm(int peer) const { return !shm_.empty() && shm_[static_cast<std::size_t>(peer)] != nullptr; }
+  bool is_shm(int peer) const {
+    return !shm_.empty() && shm_[static_cast<std::size_t>(peer)] != nullptr;
+  }
   void progress_loop();
   Status run_one(const std::function<Status()>& fn);
   Status run_blocking(std::function<Status()> fn);
@@ -188,8 +190,8 @@ class Communicator {
   Status do_allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
   Status ring_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
   Status rd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
-  Status do_reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op,
-                   int root, std::uint64_t fp);
+  Status do_reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op, int root,
+                   std::uint64_t fp);
   Status do_broadcast(void* buf, std::size_t bytes, int root, std::uint64_t fp);
   Status do_allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts,
                        DType dt, std::uint64_t fp);
@@ -198,12 +200,12 @@ class Communicator {
 
   int rank_ = 0, world_ = 1;
   CommOptions o_;
-  std::vector<net::Socket> peers_;  // peers_[r] for r != rank_
-  std::vector<std::string> hosts_;  // listening address of each rank
+  std::vector<net::Socket> peers_;                     // peers_[r] for r != rank_
+  std::vector<std::string> hosts_;                     // listening address of each rank
   std::vector<std::unique_ptr<net::ShmChannel>> shm_;  // same-host peers
   std::uint64_t seq_ = 0;
   double alpha_ = 0, beta_ = 0;
-  const char* current_ = "";        // name of the running collective
+  const char* current_ = "";  // name of the running collective
   const char* last_algo_ = "";
   std::vector<std::uint8_t> scratch_;
   std::vector<std::uint8_t> bounce_ = std::vector<std::uint8_t>(256 << 10);
@@ -224,8 +226,7 @@ class Communicator {
 
 // Fingerprint of a call: op, dtype, reduce op, root and the low 24 bits of
 // the count, packed so a mismatch can be described from the number alone.
-std::uint64_t fingerprint(std::uint8_t op, DType dt, std::uint8_t rop, int root,
-                          std::size_t count);
+std::uint64_t fingerprint(std::uint8_t op, DType dt, std::uint8_t rop, int root, std::size_t count);
 std::string describe_fingerprint(std::uint64_t fp);
 
 // dst[i] = dst[i] (op) src[i] for n elements (f16/bf16 through f32).

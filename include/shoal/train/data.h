@@ -31,9 +31,9 @@ Result<IdxArray> read_idx(const std::string& path);
 Result<IdxArray> parse_idx(std::string_view bytes, std::string_view where);
 
 struct Dataset {
-  std::string name;     // "fashion-mnist:train"
-  Tensor images;        // u8 [N, H, W]
-  Tensor labels;        // u8 [N]
+  std::string name;  // "fashion-mnist:train"
+  Tensor images;     // u8 [N, H, W]
+  Tensor labels;     // u8 [N]
   int num_classes = 10;
   std::int64_t size() const { return labels.numel(); }
   std::int64_t height() const { return images.shape()[1]; }
@@ -53,19 +53,19 @@ struct LoaderOptions {
   std::int64_t batch = 64;
   bool shuffle = true;
   std::uint64_t seed = 0;
-  bool augment = false;    // random crop (pad 2) and horizontal flip
-  int prefetch = 2;        // batches prepared ahead by the worker thread; 0 = none
-  int rank = 0, world = 1; // shard of each global batch (batch * world samples)
+  bool augment = false;            // random crop (pad 2) and horizontal flip
+  int prefetch = 2;                // batches prepared ahead by the worker thread; 0 = none
+  int rank = 0, world = 1;         // shard of each global batch (batch * world samples)
   float mean = 0.f, stddev = 1.f;  // x = (pixel/255 - mean) / stddev
-  bool drop_last = true;   // false: a final smaller batch (eval)
+  bool drop_last = true;           // false: a final smaller batch (eval)
 };
 
 // Mean and standard deviation of pixel/255 over a dataset.
 std::pair<float, float> pixel_stats(const Dataset& d);
 
 struct Batch {
-  Tensor images;  // f32 [b, 1, H, W]
-  Tensor labels;  // i32 [b]
+  Tensor images;                      // f32 [b, 1, H, W]
+  Tensor labels;                      // i32 [b]
   std::int64_t epoch = 0, index = 0;  // batch `index` of `epoch`
 };
 

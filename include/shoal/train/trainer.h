@@ -30,27 +30,27 @@ struct TrainOptions {
   std::string optimizer = "sgd";
   double lr = 0.02;
   double momentum = 0.9, weight_decay = 0.0;
-  double trust = 0.001;                // LARS eta
-  std::string schedule = "constant";   // constant, step, cosine
+  double trust = 0.001;               // LARS eta
+  std::string schedule = "constant";  // constant, step, cosine
   double warmup_epochs = 0;
-  double step_epochs = 1, gamma = 0.1; // step schedule
-  bool linear_scaling = false;         // lr *= global batch / 256
-  int threads = 0;                     // 0 = all cores
+  double step_epochs = 1, gamma = 0.1;  // step schedule
+  bool linear_scaling = false;          // lr *= global batch / 256
+  int threads = 0;                      // 0 = all cores
   std::uint64_t seed = 0;
-  std::string out;                     // run directory ("" = runs/<model>)
+  std::string out;  // run directory ("" = runs/<model>)
   bool augment = false;
-  bool deterministic = false;          // refuse to resume with a different thread count
+  bool deterministic = false;  // refuse to resume with a different thread count
   int keep_checkpoints = 3;
-  std::int64_t checkpoint_every = 0;   // steps; 0 = at the end of each epoch
+  std::int64_t checkpoint_every = 0;  // steps; 0 = at the end of each epoch
   bool checkpoints = true;
   bool resume = false;
-  std::int64_t max_steps = 0;          // stop after this many steps in all (0 = no limit)
+  std::int64_t max_steps = 0;                    // stop after this many steps in all (0 = no limit)
   std::int64_t limit_train = 0, limit_test = 0;  // use the first N samples (0 = all)
   std::int64_t eval_batch = 500;
   bool plot = true;
-  bool quiet = false;                  // no progress output (tests)
-  std::string trace;                   // Chrome trace of the last training step
-  int rank = 0, world = 1;             // data-parallel shard (set by the dp issue)
+  bool quiet = false;       // no progress output (tests)
+  std::string trace;        // Chrome trace of the last training step
+  int rank = 0, world = 1;  // data-parallel shard (set by the dp issue)
   // Runs between autodiff and the optimizer (the data-parallel pass): may
   // rewrite gradients in `params` (each ParamRef.grad).
   std::function<Status(graph::Graph&, std::vector<ParamRef>&)> grad_pass;
