@@ -780,10 +780,9 @@ Status Communicator::rd_allreduce(void* buf, std::size_t count, DType dt, Reduce
       SHOAL_RETURN_IF_ERROR(
           sendrecv(dst, buf, bytes_n, dst, scratch_.data(), bytes_n, fp, "allreduce (rd)"));
       // Lower rank's data first: every rank then computes the same bits.
-      if (dst < rank_) {
-        std::vector<std::uint8_t> mine(bytes(buf), bytes(buf) + bytes_n);
+      if (dst < rank_) {  // theirs (op) mine, computed in scratch, then copied back
+        reduce_into(scratch_.data(), buf, count, dt, op);
         std::memcpy(buf, scratch_.data(), bytes_n);
-        reduce_into(buf, mine.data(), count, dt, op);
       } else {
         reduce_into(buf, scratch_.data(), count, dt, op);
       }

@@ -50,6 +50,20 @@ void reduce_typed(T* d, const T* s, std::size_t n, ReduceOp op) {
   }
 }
 
+// f16 / bf16: each pair combined in f32 and rounded once (dtype.h's
+// to_double/from_double convert exactly through float for these types).
+template <typename H>
+void reduce_half(H* d, const H* s, std::size_t n, ReduceOp op) {
+  for (std::size_t i = 0; i < n; ++i) {
+    auto a = static_cast<float>(to_double(d[i])), b = static_cast<float>(to_double(s[i]));
+    float r = op == ReduceOp::kProd  ? a * b
+              : op == ReduceOp::kMin ? std::min(a, b)
+              : op == ReduceOp::kMax ? std::max(a, b)
+                                     : a + b;
+    d[i] = from_double<H>(r);
+  }
+}
+
 }  // namespace
 
 void reduce_into(void* dst, const void* src, std::size_t n, DType dt, ReduceOp op) {
@@ -74,32 +88,10 @@ void reduce_into(void* dst, const void* src, std::size_t n, DType dt, ReduceOp o
       for (std::size_t i = 0; i < n; ++i) d[i] = any ? (d[i] | s[i]) : (d[i] & s[i]);
       return;
     }
-    case DType::kF16: {
-      auto* d = static_cast<F16*>(dst);
-      const auto* s = static_cast<const F16*>(src);
-      for (std::size_t i = 0; i < n; ++i) {
-        float a = f16_to_float(d[i]), b = f16_to_float(s[i]);
-        float r = op == ReduceOp::kProd  ? a * b
-                  : op == ReduceOp::kMin ? std::min(a, b)
-                  : op == ReduceOp::kMax ? std::max(a, b)
-                                         : a + b;
-        d[i] = float_to_f16(r);
-      }
-      return;
-    }
-    case DType::kBF16: {
-      auto* d = static_cast<BF16*>(dst);
-      const auto* s = static_cast<const BF16*>(src);
-      for (std::size_t i = 0; i < n; ++i) {
-        float a = bf16_to_float(d[i]), b = bf16_to_float(s[i]);
-        float r = op == ReduceOp::kProd  ? a * b
-                  : op == ReduceOp::kMin ? std::min(a, b)
-                  : op == ReduceOp::kMax ? std::max(a, b)
-                                         : a + b;
-        d[i] = float_to_bf16(r);
-      }
-      return;
-    }
+    case DType::kF16:
+      return reduce_half(static_cast<F16*>(dst), static_cast<const F16*>(src), n, op);
+    case DType::kBF16:
+      return reduce_half(static_cast<BF16*>(dst), static_cast<const BF16*>(src), n, op);
   }
 }
 
