@@ -2,32 +2,16 @@
 // stop with a report naming the failed rank, no orphans, clear refusals,
 // and real collectives through the launcher's store and job token.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <chrono>
 #include <cstdio>
 #include <string>
 
+#include "cli/run_shoal.h"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-  double seconds;
-};
-
-Result shoal(const std::string& args) {
-  auto t0 = std::chrono::steady_clock::now();
-  std::string cmd = std::string(SHOAL_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) out += buf.data();
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
-}
+using Result = shoal::testing::ShoalRun;
+Result shoal(const std::string& args) { return shoal::testing::run_shoal(args); }
 
 bool has(const Result& r, const std::string& s) { return r.out.find(s) != std::string::npos; }
 

@@ -1,31 +1,18 @@
 // The `shoal train` command line: --config files (YAML and JSON), flags
 // winning over the file, and clear refusals of unknown or invalid options.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
+
+#include "cli/run_shoal.h"
 
 namespace {
 namespace fs = std::filesystem;
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result shoal(const std::string& args) {
-  std::string cmd = std::string(SHOAL_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) out += buf.data();
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Result = shoal::testing::ShoalRun;
+Result shoal(const std::string& args) { return shoal::testing::run_shoal(args); }
 
 class TrainCli : public ::testing::Test {
  protected:

@@ -1,0 +1,33 @@
+// Runs the built `shoal` binary (SHOAL_BINARY) with arguments through the
+// shell and captures its exit code, merged stdout+stderr and wall time.
+// Shared by the command-line tests.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+namespace shoal::testing {
+
+struct ShoalRun {
+  int code;
+  std::string out;
+  double seconds;
+};
+
+inline ShoalRun run_shoal(const std::string& args) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string cmd = std::string(SHOAL_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) out += buf.data();
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+}  // namespace shoal::testing
