@@ -13,7 +13,7 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	./$(BUILD)/shoal train --model cnn --data fashion-mnist --epochs 1
+	./$(BUILD)/shoal run -n 2 -- ./$(BUILD)/shoal train --model cnn --data fashion-mnist --epochs 1
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600

@@ -20,9 +20,16 @@ int run_info();
 int run_example_mlp(int threads, int steps, std::uint64_t seed, const std::string& trace);
 std::string cpu_features();
 
+// Data-parallel flags of `shoal train` (used when the environment names
+// more than one rank: shoal run, mpirun, srun, torchrun).
+struct DistFlags {
+  std::string wire = "f32";
+  double bucket_mb = 25, first_bucket_mb = 1;
+};
 struct TrainCommand {
   CLI::App* app = nullptr;
   std::shared_ptr<train::TrainOptions> opts;
+  std::shared_ptr<DistFlags> dist;
   std::shared_ptr<std::string> config;
 };
 TrainCommand add_train_command(CLI::App& app);
@@ -30,7 +37,7 @@ TrainCommand add_train_command(CLI::App& app);
 // the command line (its flags win).
 Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,
                                              const std::vector<std::string>& cli);
-int run_train(const train::TrainOptions& o);
+int run_train(train::TrainOptions o, const DistFlags& d);
 int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds);
 int run_launcher(int n, double timeout_s, const std::vector<std::string>& cmd);
 }  // namespace shoal::cli

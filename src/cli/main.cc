@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     cli = std::make_unique<Cli>();
     if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
   }
-  if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts);
+  if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts, *cli->train.dist);
   if (cli->info->parsed()) return shoal::cli::run_info();
   if (cli->run->parsed())
     return shoal::cli::run_launcher(cli->run_n, cli->run_timeout, cli->run_cmd);

@@ -6,9 +6,12 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "cli/commands.h"
+#include "shoal/comm/communicator.h"
 #include "shoal/core/logging.h"
+#include "shoal/dp/data_parallel.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -101,6 +104,7 @@ TrainCommand add_train_command(CLI::App& app) {
   TrainCommand c;
   c.config = std::make_shared<std::string>();
   c.opts = std::make_shared<train::TrainOptions>();
+  c.dist = std::make_shared<DistFlags>();
   auto& o = *c.opts;
   CLI::App* t = app.add_subcommand("train", "Train a model on an IDX dataset (Fashion-MNIST)");
   c.app = t;
@@ -138,7 +142,8 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--out", o.out, "Run directory (default runs/<model>)");
   t->add_flag("--augment", o.augment, "Random crop (pad 2) and horizontal flip");
   t->add_flag("--deterministic", o.deterministic,
-              "Bit-identical reruns: refuse to resume with a different thread count");
+              "Bit-identical reruns: fixed all-reduce algorithms (SHOAL_DETERMINISTIC=1); refuse "
+              "to resume with a different thread count");
   t->add_option("--keep-checkpoints", o.keep_checkpoints, "Checkpoints kept in <out>/checkpoints")
       ->check(kPositive);
   t->add_option("--checkpoint-every", o.checkpoint_every, "Steps between checkpoints (0 = epoch)")
@@ -154,12 +159,78 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--eval-batch", o.eval_batch, "Evaluation batch")->check(kPositive);
   t->add_flag("!--no-plot", o.plot, "Do not write metrics.png");
   t->add_flag("--quiet", o.quiet, "No progress output");
-  t->add_option("--trace", o.trace, "Write a Chrome trace of the last step of each epoch");
+  t->add_option("--trace", o.trace,
+                "Write a Chrome trace of the last 10 steps (each epoch); with several ranks "
+                "each writes FILE.rank<r>.json");
+  auto& d = *c.dist;
+  t->add_option("--wire", d.wire, "Data parallel: gradient dtype on the wire (f32, f16, bf16)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+      ->capture_default_str();
+  t->add_option("--bucket-mb", d.bucket_mb, "Data parallel: gradient bucket cap (MiB)")
+      ->check(kPositive)
+      ->capture_default_str();
+  t->add_option("--first-bucket-mb", d.first_bucket_mb,
+                "Data parallel: cap of the first bucket (MiB), small so sending starts early")
+      ->check(kPositive)
+      ->capture_default_str();
   t->add_option("--config", *c.config, "YAML or JSON file with the same options (flags win)");
   return c;
 }
 
-int run_train(const train::TrainOptions& o) {
+namespace {
+// FILE.json -> FILE.rank<r>.json
+std::string rank_path(const std::string& path, int rank) {
+  std::string stem = path, ext;
+  if (auto dot = path.rfind('.');
+      dot != std::string::npos && path.find('/', dot) == std::string::npos) {
+    stem = path.substr(0, dot);
+    ext = path.substr(dot);
+  }
+  return fmt::format("{}.rank{}{}", stem, rank, ext.empty() ? ".json" : ext);
+}
+}  // namespace
+
+int run_train(train::TrainOptions o, const DistFlags& d) {
+  // Several ranks in the environment (shoal run, mpirun, srun, torchrun):
+  // join them and train data-parallel.
+  auto env = comm::env_info();
+  if (!env.ok()) {
+    SHOAL_LOG_ERROR("shoal train: {}", env.status().to_string());
+    return 2;
+  }
+  std::unique_ptr<comm::Communicator> comm;
+  if (env->world > 1) {
+    if (o.deterministic) setenv("SHOAL_DETERMINISTIC", "1", 1);
+    auto c = comm::Communicator::from_env();
+    if (!c.ok()) {
+      SHOAL_LOG_ERROR("shoal train: joining the job's ranks: {}", c.status().to_string());
+      return 2;
+    }
+    comm = std::move(c).value();
+    dp::DpOptions dpo;
+    dpo.wire = *parse_dtype(d.wire);
+    dpo.bucket_mb = d.bucket_mb;
+    dpo.first_bucket_mb = d.first_bucket_mb;
+    if (Status st = dp::attach(o, *comm, dpo); !st.ok()) {
+      SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
+      return 2;
+    }
+    // Ranks sharing this host split its cores unless --threads says otherwise.
+    if (o.threads == 0) {
+      for (const char* var :
+           {"SHOAL_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+        const char* v = std::getenv(var);
+        if (v == nullptr || std::atoi(v) < 1) continue;
+        o.threads =
+            std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::atoi(v));
+        break;
+      }
+    }
+    if (const char* t = std::getenv("SHOAL_TRACE"); t != nullptr && *t != '\0' && o.trace.empty())
+      o.trace = t;  // the launcher's per-rank path
+    else if (!o.trace.empty())
+      o.trace = rank_path(o.trace, o.rank);
+  }
   auto t = train::Trainer::create(o);
   if (!t.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", t.status().to_string());
@@ -167,8 +238,10 @@ int run_train(const train::TrainOptions& o) {
   }
   auto& tr = **t;
   if (o.rank == 0 && !o.quiet)
-    fmt::print("shoal train: {} on {} ({} steps/epoch, batch {}), {} lr {}, run dir {}\n", o.model,
-               o.data, tr.steps_per_epoch(), o.batch, o.optimizer, o.lr, tr.run_dir());
+    fmt::print("shoal train: {} on {} ({} steps/epoch, batch {}{}), {} lr {}, run dir {}\n",
+               o.model, o.data, tr.steps_per_epoch(), o.batch,
+               o.world > 1 ? fmt::format(" per rank x {} ranks", o.world) : "", o.optimizer, o.lr,
+               tr.run_dir());
   Status st = tr.run();
   if (!st.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", st.to_string());

@@ -89,6 +89,9 @@ Result<Algorithm> parse_algorithm(const std::string& s) {
 Result<CommOptions> CommOptions::from_env() {
   CommOptions o;
   SHOAL_ASSIGN_OR_RETURN(o.timeout_seconds, env::get_double("SHOAL_COMM_TIMEOUT", 300.0));
+  SHOAL_ASSIGN_OR_RETURN(double spin, env::get_double("SHOAL_SHM_SPIN_US", o.shm_spin_us));
+  if (!(spin >= 0)) return invalid_argument("SHOAL_SHM_SPIN_US={} must be >= 0", spin);
+  o.shm_spin_us = static_cast<long>(spin);
   if (!(o.timeout_seconds > 0))
     return invalid_argument("SHOAL_COMM_TIMEOUT={} must be > 0", o.timeout_seconds);
   if (auto a = env::get("SHOAL_ALLREDUCE_ALGO")) {
@@ -410,7 +413,9 @@ void Communicator::progress_loop() {
       queue_.pop_front();
       busy_ = true;
     }
+    item.second->started_ = std::chrono::steady_clock::now();
     Status st = run_one(item.first);
+    item.second->finished_ = std::chrono::steady_clock::now();
     {
       std::lock_guard<std::mutex> lk(mu_);
       busy_ = false;
@@ -527,12 +532,14 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
   std::vector<int> who;  // index into xs, or -1 - peer for watched ones
   std::vector<bool> gone(static_cast<std::size_t>(world_), false);
   int idle = 0;
+  auto idle_since = std::chrono::steady_clock::now();
   while (true) {
     // Shared-memory transfers: copy what the rings allow, no system call.
     bool shm_pending = false, progressed = false;
     for (auto& x : xs) {
       if (!is_shm(x.peer) || x.done == x.bytes + net::kHeaderBytes) continue;
       net::ShmChannel& ch = *shm_[static_cast<std::size_t>(x.peer)];
+      x.bell = (x.is_send ? ch.tx() : ch.rx()).bell();
       while (x.done < x.bytes + net::kHeaderBytes) {
         std::size_t n;
         bool in_hdr = x.done < net::kHeaderBytes;
@@ -578,6 +585,7 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
     }
     if (!sock_pending && !shm_pending) return ok_status();
     idle = progressed ? 0 : idle + 1;
+    if (idle <= 1) idle_since = std::chrono::steady_clock::now();
     if (shm_pending && !sock_pending && idle < 64) continue;  // spin briefly on the rings
     for (int p = 0; p < world_; ++p)
       if (watch[static_cast<std::size_t>(p)]) {
@@ -585,9 +593,13 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
         who.push_back(-1 - p);
       }
     int ms = static_cast<int>(std::min<long long>(dl.remaining().count(), 1000));
+    bool nap = false;
     if (shm_pending) {
       ms = 0;
-      if (idle > 256) sched_yield();  // oversubscribed hosts: let the peer run
+      // Nothing moved for a while: sleep on a ring's doorbell (below) instead
+      // of spinning, so the peer (or this rank's compute) gets the core.
+      nap = !sock_pending && std::chrono::steady_clock::now() - idle_since >
+                                 std::chrono::microseconds(o_.shm_spin_us);
     }
     int rc = ::poll(fds.data(), fds.size(), ms);
     if (rc < 0 && errno != EINTR) return unavailable("poll: {}", std::strerror(errno));
@@ -601,6 +613,19 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
                                    peers_[static_cast<std::size_t>(x.peer)].peer());
         return deadline_exceeded("{} #{}: timed out after {:.0f} s {} (SHOAL_COMM_TIMEOUT)", what,
                                  seq_, o_.timeout_seconds, waiting);
+      }
+      if (nap) {
+        // A pending receive's ring first: its peer's next write wakes us.
+        const Xfer* z = nullptr;
+        for (const auto& x : xs) {
+          if (!is_shm(x.peer) || x.done == x.bytes + net::kHeaderBytes) continue;
+          if (z == nullptr || (z->is_send && !x.is_send)) z = &x;
+        }
+        if (z != nullptr) {
+          net::ShmChannel& ch = *shm_[static_cast<std::size_t>(z->peer)];
+          // Bounded, so dead or aborting peers (sockets) are still noticed.
+          (z->is_send ? ch.tx() : ch.rx()).sleep(z->bell, 2000);
+        }
       }
       continue;
     }

@@ -1,5 +1,7 @@
 #include "shoal/dp/allreduce.h"
 
+#include <algorithm>
+#include <cstring>
 #include <mutex>
 
 #include "shoal/graph/builder.h"
@@ -21,30 +23,99 @@ comm::Communicator* lookup(std::int64_t id) {
   return comms()[static_cast<std::size_t>(id)];
 }
 
-class AllreduceKernel final : public runtime::Kernel {
+Result<comm::ReduceOp> reduce_op_attr(const graph::Node& n) {
+  std::string op = n.attrs.get_string_or("op", "avg");
+  if (op == "avg") return comm::ReduceOp::kAvg;
+  if (op == "sum") return comm::ReduceOp::kSum;
+  return invalid_argument("{}: op '{}' is not avg or sum", n.label(), op);
+}
+
+// Packs its inputs into one buffer of the wire dtype, all-reduces it on
+// the communicator's progress thread, and unpacks into its outputs when
+// the executor waits.
+class BucketKernel final : public runtime::Kernel {
  public:
-  AllreduceKernel(comm::Communicator* c, comm::ReduceOp op) : c_(c), op_(op) {}
+  BucketKernel(comm::Communicator* c, comm::ReduceOp op, DType wire, std::int64_t elements)
+      : c_(c), op_(op), wire_(wire) {
+    buf_.resize(static_cast<std::size_t>(elements) * dtype_size(wire));
+  }
+
   Status run(const runtime::KernelContext&, std::span<const Tensor> in,
              std::span<Tensor> out) override {
-    if (out[0].raw_data() != in[0].raw_data())
-      std::memcpy(out[0].raw_data(), in[0].raw_data(), out[0].nbytes());
-    work_ = c_->allreduce_async(out[0].raw_data(), out[0].raw_data(),
-                                static_cast<std::size_t>(out[0].numel()), out[0].dtype(), op_);
+    std::size_t off = 0;
+    for (const Tensor& t : in) {
+      const auto n = static_cast<std::size_t>(t.numel());
+      const float* src = t.data<float>();
+      switch (wire_) {
+        case DType::kF32:
+          std::memcpy(buf_.data() + off * 4, src, n * 4);
+          break;
+        case DType::kF16: {
+          auto* dst = reinterpret_cast<F16*>(buf_.data()) + off;
+          for (std::size_t i = 0; i < n; ++i) dst[i] = float_to_f16(src[i]);
+          break;
+        }
+        default: {
+          auto* dst = reinterpret_cast<BF16*>(buf_.data()) + off;
+          for (std::size_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+          break;
+        }
+      }
+      off += n;
+    }
+    out_.assign(out.begin(), out.end());
+    work_ = c_->allreduce_async(buf_.data(), buf_.data(), off, wire_, op_);
     return ok_status();
   }
   bool is_async() const override { return true; }
   Status wait(Deadline dl) override {
     if (!work_) return ok_status();
     Status st = work_->wait(dl);
+    if (!st.ok()) return st;
+    start_ = work_->started();
+    end_ = work_->finished();
     work_.reset();
-    return st;
+    std::size_t off = 0;
+    for (Tensor& t : out_) {
+      const auto n = static_cast<std::size_t>(t.numel());
+      float* dst = t.data<float>();
+      switch (wire_) {
+        case DType::kF32:
+          std::memcpy(dst, buf_.data() + off * 4, n * 4);
+          break;
+        case DType::kF16: {
+          const auto* src = reinterpret_cast<const F16*>(buf_.data()) + off;
+          for (std::size_t i = 0; i < n; ++i) dst[i] = f16_to_float(src[i]);
+          break;
+        }
+        default: {
+          const auto* src = reinterpret_cast<const BF16*>(buf_.data()) + off;
+          for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+          break;
+        }
+      }
+      off += n;
+    }
+    out_.clear();
+    return ok_status();
+  }
+  bool work_interval(std::chrono::steady_clock::time_point* s,
+                     std::chrono::steady_clock::time_point* e) const override {
+    if (start_ == std::chrono::steady_clock::time_point{}) return false;
+    *s = start_;
+    *e = end_;
+    return true;
   }
   const char* impl() const override { return "comm"; }
 
  private:
   comm::Communicator* c_;
   comm::ReduceOp op_;
+  DType wire_;
+  std::vector<std::uint8_t> buf_;
+  std::vector<Tensor> out_;
   comm::WorkPtr work_;
+  std::chrono::steady_clock::time_point start_{}, end_{};
 };
 
 }  // namespace
@@ -55,61 +126,115 @@ std::int64_t register_communicator(comm::Communicator* c) {
   return static_cast<std::int64_t>(comms().size()) - 1;
 }
 
+Status validate(const DpOptions& o) {
+  if (!(o.bucket_mb > 0)) return invalid_argument("--bucket-mb {} must be > 0", o.bucket_mb);
+  if (!(o.first_bucket_mb > 0))
+    return invalid_argument("--first-bucket-mb {} must be > 0", o.first_bucket_mb);
+  if (o.wire != DType::kF32 && o.wire != DType::kF16 && o.wire != DType::kBF16)
+    return invalid_argument("--wire {} is not one of f32, f16, bf16", dtype_name(o.wire));
+  return ok_status();
+}
+
+std::string BucketPlan::str() const {
+  std::string s;
+  for (std::size_t i = 0; i < buckets.size(); ++i)
+    s += fmt::format("{}bucket {}: {} tensors, {} elements ({})", i ? "\n" : "", i,
+                     buckets[i].params.size(), buckets[i].elements,
+                     fmt::join(buckets[i].params, " "));
+  return s;
+}
+
 void register_ops() {
   static std::once_flag once;
   std::call_once(once, [] {
     graph::OpDef d;
-    d.name = "allreduce";
-    d.attrs = {"comm", "op"};
+    d.name = "allreduce_bucket";
+    d.max_inputs = -1;
+    d.attrs = {"comm", "op", "wire"};
     d.random = true;  // never constant-folded: its value depends on other ranks
     d.infer =
         [](const graph::Node& n,
            const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
-      std::string op = n.attrs.get_string_or("op", "avg");
-      if (op != "avg" && op != "sum")
-        return invalid_argument("allreduce: op '{}' is not avg or sum", op);
-      return std::vector<graph::TensorType>{in[0]};
+      SHOAL_RETURN_IF_ERROR(reduce_op_attr(n).status());
+      SHOAL_ASSIGN_OR_RETURN(DType wire, parse_dtype(n.attrs.get_string_or("wire", "f32")));
+      if (wire != DType::kF32 && wire != DType::kF16 && wire != DType::kBF16)
+        return invalid_argument("{}: wire dtype {} is not f32, f16 or bf16", n.label(),
+                                dtype_name(wire));
+      if (in.empty()) return invalid_argument("{}: a bucket needs at least one tensor", n.label());
+      for (const auto& t : in)
+        if (t.dtype != DType::kF32)
+          return invalid_argument("{}: gradients must be f32, got {}", n.label(), t.str());
+      return in;
     };
-    // Linear in its input: the gradient is the same all-reduce of dy.
+    // Linear in each input: the gradient is the same all-reduce of dy.
     d.grad = [](graph::GradInputs& g) -> std::vector<graph::Value> {
-      return {g.b.op("allreduce", {g.output_grads[0]}, g.node.attrs)};
+      graph::Value v = g.b.op("allreduce_bucket", g.output_grads, g.node.attrs);
+      std::vector<graph::Value> r;
+      for (std::size_t i = 0; i < g.output_grads.size(); ++i)
+        r.push_back(graph::Value{v.node, static_cast<int>(i)});
+      return r;
     };
     graph::OpRegistry::global().add(d);
     runtime::KernelRegistry::cpu().add(
-        "allreduce",
+        "allreduce_bucket",
         [](const graph::Node& n,
-           const std::vector<graph::TensorType>&) -> Result<std::unique_ptr<runtime::Kernel>> {
+           const std::vector<graph::TensorType>& in) -> Result<std::unique_ptr<runtime::Kernel>> {
           std::int64_t id = n.attrs.get_int_or("comm", -1);
           comm::Communicator* c = lookup(id);
           if (c == nullptr)
-            return failed_precondition("allreduce {}: no communicator registered as id {}",
-                                       n.label(), id);
-          auto op = n.attrs.get_string_or("op", "avg") == "sum" ? comm::ReduceOp::kSum
-                                                                : comm::ReduceOp::kAvg;
-          return std::unique_ptr<runtime::Kernel>(std::make_unique<AllreduceKernel>(c, op));
+            return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
+          SHOAL_ASSIGN_OR_RETURN(comm::ReduceOp op, reduce_op_attr(n));
+          SHOAL_ASSIGN_OR_RETURN(DType wire, parse_dtype(n.attrs.get_string_or("wire", "f32")));
+          std::int64_t elements = 0;
+          for (const auto& t : in) elements += num_elements(t.shape);
+          return std::unique_ptr<runtime::Kernel>(
+              std::make_unique<BucketKernel>(c, op, wire, elements));
         });
   });
 }
 
-Status inject_allreduce(graph::Graph& g, std::vector<train::ParamRef>& params,
-                        std::int64_t comm_id) {
+Result<BucketPlan> inject_allreduce(graph::Graph& g, std::vector<train::ParamRef>& params,
+                                    std::int64_t comm_id, const DpOptions& o) {
   register_ops();
+  SHOAL_RETURN_IF_ERROR(validate(o));
   if (lookup(comm_id) == nullptr)
     return failed_precondition("inject_allreduce: no communicator registered as id {}", comm_id);
-  graph::Builder b(g);
-  // Latest-produced gradients first: their all-reduce can start earliest.
+  // The order the backward pass produces gradients: autodiff appends the
+  // last layers' gradients first, and the executor runs by node id.
   std::vector<std::size_t> order(params.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t c) {
-    return params[a].grad.node > params[c].grad.node;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t c) {
+    return params[a].grad.node < params[c].grad.node;
   });
+  BucketPlan plan;
+  std::vector<std::vector<std::size_t>> members;
+  std::int64_t cap = 0;
   for (std::size_t i : order) {
-    auto& p = params[i];
-    p.grad = b.op("allreduce", {p.grad}, {{"comm", comm_id}, {"op", std::string("avg")}},
-                  "allreduce/" + p.name);
-    if (!b.ok()) return b.status().with_context(fmt::format("allreduce of '{}'", p.name));
+    std::int64_t n = num_elements(g.type(params[i].grad).shape);
+    if (members.empty() ||
+        (plan.buckets.back().elements > 0 && plan.buckets.back().elements + n > cap)) {
+      double mb = members.empty() ? o.first_bucket_mb : o.bucket_mb;
+      cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * (1 << 20) / 4));
+      plan.buckets.emplace_back();
+      members.emplace_back();
+    }
+    plan.buckets.back().params.push_back(params[i].name);
+    plan.buckets.back().elements += n;
+    members.back().push_back(i);
   }
-  return ok_status();
+  graph::Builder b(g);
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    std::vector<graph::Value> in;
+    for (std::size_t i : members[k]) in.push_back(params[i].grad);
+    graph::Value v = b.op(
+        "allreduce_bucket", in,
+        {{"comm", comm_id}, {"op", std::string("avg")}, {"wire", std::string(dtype_name(o.wire))}},
+        fmt::format("allreduce/bucket{}", k));
+    if (!b.ok()) return b.status().with_context(fmt::format("all-reduce of bucket {}", k));
+    for (std::size_t j = 0; j < members[k].size(); ++j)
+      params[members[k][j]].grad = graph::Value{v.node, static_cast<int>(j)};
+  }
+  return plan;
 }
 
 }  // namespace shoal::dp

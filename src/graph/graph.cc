@@ -186,7 +186,7 @@ Status Graph::reinfer(int id) {
   return ok_status();
 }
 
-Result<std::vector<int>> Graph::topo_order() const {
+Result<std::vector<int>> Graph::topo_order(const std::set<int>& urgent) const {
   // Kahn's algorithm over alive nodes, stable by id so orders are reproducible.
   std::vector<int> indeg(nodes_.size(), 0);
   std::vector<std::vector<int>> users(nodes_.size());
@@ -199,16 +199,18 @@ Result<std::vector<int>> Graph::topo_order() const {
       users[v.node].push_back(n.id);
     }
   }
-  std::set<int> ready;
+  std::set<int> ready, ready_urgent;
+  auto make_ready = [&](int id) { (urgent.count(id) ? ready_urgent : ready).insert(id); };
   for (const Node& n : nodes_)
-    if (n.alive && indeg[n.id] == 0) ready.insert(n.id);
+    if (n.alive && indeg[n.id] == 0) make_ready(n.id);
   std::vector<int> order;
-  while (!ready.empty()) {
-    int id = *ready.begin();
-    ready.erase(ready.begin());
+  while (!ready.empty() || !ready_urgent.empty()) {
+    std::set<int>& from = ready_urgent.empty() ? ready : ready_urgent;
+    int id = *from.begin();
+    from.erase(from.begin());
     order.push_back(id);
     for (int u : users[id])
-      if (--indeg[u] == 0) ready.insert(u);
+      if (--indeg[u] == 0) make_ready(u);
   }
   std::size_t alive = 0;
   for (const Node& n : nodes_) alive += n.alive ? 1 : 0;

@@ -1,9 +1,11 @@
 #include "shoal/net/shm.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sodium.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +14,32 @@
 #include <new>
 
 namespace shoal::net {
+
+namespace {
+// A futex shared between processes (the word is in a MAP_SHARED segment,
+// so not FUTEX_PRIVATE).
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* ts) {
+  return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, val, ts, nullptr, 0);
+}
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+}  // namespace
+
+void ShmRing::ring_bell() {
+  // seq_cst pairs with sleep(): either the sleeper sees the new bell value
+  // (FUTEX_WAIT returns at once) or this side sees the sleeper and wakes it.
+  h_->bell.fetch_add(1, std::memory_order_seq_cst);
+  if (h_->sleepers.load(std::memory_order_seq_cst) != 0)
+    futex(&h_->bell, FUTEX_WAKE, INT32_MAX, nullptr);
+}
+
+void ShmRing::sleep(std::uint32_t seen, long timeout_us) {
+  h_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (h_->bell.load(std::memory_order_seq_cst) == seen) {
+    timespec ts{timeout_us / 1000000, (timeout_us % 1000000) * 1000};
+    futex(&h_->bell, FUTEX_WAIT, seen, &ts);
+  }
+  h_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
 
 std::size_t ShmRing::write_some(const void* p, std::size_t n) {
   const std::uint64_t cap = h_->capacity;
@@ -23,6 +51,7 @@ std::size_t ShmRing::write_some(const void* p, std::size_t n) {
   std::memcpy(data_ + at, p, first);
   if (k > first) std::memcpy(data_, static_cast<const std::uint8_t*>(p) + first, k - first);
   h_->head.store(head + k, std::memory_order_release);
+  ring_bell();
   return k;
 }
 
@@ -36,6 +65,7 @@ std::size_t ShmRing::read_some(void* p, std::size_t n) {
   std::memcpy(p, data_ + at, first);
   if (k > first) std::memcpy(static_cast<std::uint8_t*>(p) + first, data_, k - first);
   h_->tail.store(tail + k, std::memory_order_release);
+  ring_bell();
   return k;
 }
 

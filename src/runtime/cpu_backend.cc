@@ -15,6 +15,7 @@
 #include "shoal/graph/op_registry.h"
 #include "shoal/graph/passes.h"
 #include "shoal/runtime/backend.h"
+#include "shoal/tensor/safetensors.h"
 
 namespace shoal::runtime {
 
@@ -57,10 +58,7 @@ int num_threads() { return omp_get_max_threads(); }
 
 namespace {
 
-double now_us() {
-  static const auto t0 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-}
+double now_us() { return trace_clock_us(); }
 
 struct Step {
   int node;
@@ -102,6 +100,7 @@ class CpuExecutable final : public Executable {
         if (!bound_.count(id)) return failed_precondition("run: input '{}' is not bound", name);
     }
     std::fill(pending_.begin(), pending_.end(), false);
+    trace_.clear();
     Deadline dl = Deadline::after_seconds(opts_.async_wait_seconds);
     for (std::size_t i = 0; i < steps_.size(); ++i) {
       Step& s = steps_[i];
@@ -112,9 +111,7 @@ class CpuExecutable final : public Executable {
       Status st = s.kernel->run(ctx, s.in, s.out);
       if (!st.ok()) return st.with_context(fmt::format("running {}", n.label()));
       if (s.kernel->is_async()) pending_[i] = true;
-      if (tracing_)
-        trace_.push_back(
-            TraceEvent{s.op_name, s.node, s.kernel->is_async() ? 1 : 0, t0, now_us() - t0});
+      if (tracing_) trace_.push_back(TraceEvent{s.op_name, s.node, 0, t0, now_us() - t0});
     }
     for (std::size_t i = 0; i < steps_.size(); ++i)
       if (pending_[i]) SHOAL_RETURN_IF_ERROR(finish(static_cast<int>(i), dl));
@@ -150,7 +147,13 @@ class CpuExecutable final : public Executable {
     pending_[i] = false;
     double t0 = tracing_ ? now_us() : 0;
     Status st = steps_[i].kernel->wait(dl);
-    if (tracing_) trace_.push_back(TraceEvent{"wait", steps_[i].node, 1, t0, now_us() - t0});
+    if (tracing_) {
+      trace_.push_back(TraceEvent{"wait", steps_[i].node, 0, t0, now_us() - t0});
+      std::chrono::steady_clock::time_point ws, we;
+      if (steps_[i].kernel->work_interval(&ws, &we))
+        trace_.push_back(TraceEvent{steps_[i].op_name, steps_[i].node, 1, trace_clock_us(ws),
+                                    trace_clock_us(we) - trace_clock_us(ws)});
+    }
     if (st.ok()) return st;
     return st.with_context(fmt::format("waiting for {}", g_.node(steps_[i].node).label()));
   }
@@ -161,10 +164,27 @@ class CpuExecutable final : public Executable {
     if (opts_.fuse) fuse_activations(g);
     if (opts_.constant_fold) SHOAL_RETURN_IF_ERROR(constant_fold(g).status());
     graph::eliminate_dead_code(g);
-    SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
+    SHOAL_ASSIGN_OR_RETURN(std::vector<int> order0, g.topo_order());
     g_ = std::move(g);
 
-    // Kernels first: async ones change lifetimes.
+    // Kernels first: async ones change the order and lifetimes.
+    std::map<int, std::unique_ptr<Kernel>> kernels;
+    std::set<int> urgent;
+    for (int id : order0) {
+      const Node& n = g_.node(id);
+      if (n.op == "input" || n.op == "constant") continue;
+      const KernelFactory* f = KernelRegistry::cpu().find(n.op);
+      if (f == nullptr) return unimplemented("compile: no CPU kernel for {}", n.label());
+      std::vector<graph::TensorType> in;
+      for (const Value& v : n.inputs) in.push_back(g_.type(v));
+      auto k = (*f)(n, in);
+      if (!k.ok()) return k.status().with_context(fmt::format("compile: {}", n.label()));
+      if ((*k)->is_async()) urgent.insert(id);
+      kernels[id] = std::move(k).value();
+    }
+    // An async node (a collective) runs as soon as its inputs exist, ahead
+    // of independent compute, so its work overlaps the rest of the graph.
+    SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g_.topo_order(urgent));
     std::map<int, int> step_of;
     for (int id : order) {
       const Node& n = g_.node(id);
@@ -176,15 +196,9 @@ class CpuExecutable final : public Executable {
         values_[Value{id, 0}] = n.constant;
         continue;
       }
-      const KernelFactory* f = KernelRegistry::cpu().find(n.op);
-      if (f == nullptr) return unimplemented("compile: no CPU kernel for {}", n.label());
-      std::vector<graph::TensorType> in;
-      for (const Value& v : n.inputs) in.push_back(g_.type(v));
-      auto k = (*f)(n, in);
-      if (!k.ok()) return k.status().with_context(fmt::format("compile: {}", n.label()));
       Step s;
       s.node = id;
-      s.kernel = std::move(k).value();
+      s.kernel = std::move(kernels.at(id));
       s.op_name = n.op.c_str();
       step_of[id] = static_cast<int>(steps_.size());
       steps_.push_back(std::move(s));
@@ -291,27 +305,35 @@ Result<std::vector<Tensor>> Executor::run(const std::map<std::string, Tensor>& f
   return out;
 }
 
-Status Executor::write_trace(const std::string& path, int pid) const {
-  std::string s = "{\"traceEvents\":[\n";
-  bool first = true;
-  for (const TraceEvent& e : exe_.trace()) {
-    const Node& n = exe_.graph().node(e.node);
+double trace_clock_us(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
+}
+double trace_clock_us() { return trace_clock_us(std::chrono::steady_clock::now()); }
+
+Status write_chrome_trace(const std::string& path, const Graph& g,
+                          const std::vector<TraceEvent>& events, int pid) {
+  std::string s = fmt::format(
+      "{{\"traceEvents\":[\n"
+      "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{0},\"tid\":0,\"args\":{{\"name\":"
+      "\"compute\"}}}},\n"
+      "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{0},\"tid\":1,\"args\":{{\"name\":"
+      "\"comm\"}}}}",
+      pid);
+  for (const TraceEvent& e : events) {
+    std::string name = e.name;
+    if (e.node >= 0 && e.node < g.num_nodes() && !g.node(e.node).name.empty())
+      name = g.node(e.node).name;
     s += fmt::format(
-        "{}{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},"
+        ",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},"
         "\"dur\":{:.3f},\"args\":{{\"node\":{}}}}}",
-        first ? "" : ",\n", n.name.empty() ? e.name : n.name, e.name, pid, e.lane, e.start_us,
-        e.dur_us, e.node);
-    first = false;
+        name, e.name, pid, e.lane, e.start_us, e.dur_us, e.node);
   }
   s += "\n],\"displayTimeUnit\":\"ms\"}\n";
-  std::ofstream f(path + ".tmp");
-  if (!f) return unavailable("{}: cannot write trace", path);
-  f << s;
-  f.close();
-  if (!f) return unavailable("{}: write failed", path);
-  if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0)
-    return unavailable("{}: rename failed", path);
-  return ok_status();
+  return write_file_atomic(path, s).with_context("writing trace");
+}
+
+Status Executor::write_trace(const std::string& path, int pid) const {
+  return write_chrome_trace(path, exe_.graph(), exe_.trace(), pid);
 }
 
 Result<int> constant_fold(Graph& g) {

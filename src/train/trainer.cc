@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "shoal/core/logging.h"
+#include "shoal/core/version.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/passes.h"
 #include "shoal/runtime/backend.h"
@@ -126,7 +128,10 @@ struct Trainer::Impl {
   float mean = 0, stddev = 1;
   std::ofstream metrics;
   Progress progress{false};
+  bool tracing = false;
+  std::deque<std::vector<runtime::TraceEvent>> trace_steps;
 };
+constexpr std::size_t kTraceSteps = 10;
 
 Trainer::~Trainer() = default;
 
@@ -140,6 +145,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
 }
 
 namespace {
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
 Dataset take_first(const Dataset& d, std::int64_t n) {
   if (n <= 0 || n >= d.size()) return d;
   Dataset s = d;
@@ -213,6 +223,16 @@ Status Trainer::init(const TrainOptions& o) {
   SHOAL_ASSIGN_OR_RETURN(std::vector<Value> grads, graph::autodiff(g, loss, wrt));
   std::vector<ParamRef> refs;
   for (std::size_t i = 0; i < wrt.size(); ++i) refs.push_back({m.specs[i].name, wrt[i], grads[i]});
+  if (o.peers) {
+    // Same graph (model, batch, loss, autodiff) and same build on every rank,
+    // checked before any gradient travels.
+    SHOAL_RETURN_IF_ERROR(o.peers->agree("shoal build", fnv1a(build_id())));
+    std::string opts = fmt::format("{} {} {} {} {} {}", o.optimizer, o.momentum, o.weight_decay,
+                                   o.trust, o.seed, o.augment);
+    SHOAL_RETURN_IF_ERROR(
+        o.peers->agree("training graph (model, batch, options)",
+                       fnv1a(graph::to_json(g)) ^ (fnv1a(opts) * 0x9e3779b97f4a7c15ull)));
+  }
   if (o.grad_pass) SHOAL_RETURN_IF_ERROR(o.grad_pass(g, refs));
   OptimizerOptions oo;
   oo.name = o.optimizer;
@@ -252,7 +272,8 @@ Status Trainer::init(const TrainOptions& o) {
     m.opt_step = Tensor::scalar(0.0);
     SHOAL_RETURN_IF_ERROR(m.exe->bind("opt_step", m.opt_step));
   }
-  m.exe->enable_trace(!o.trace.empty());
+  m.tracing = !o.trace.empty();
+  m.exe->enable_trace(m.tracing);
 
   const std::int64_t spe = m.loader->batches_per_epoch();
   double base = o.lr * (o.linear_scaling ? static_cast<double>(o.batch * o.world) / 256.0 : 1.0);
@@ -265,7 +286,37 @@ Status Trainer::init(const TrainOptions& o) {
       std::max<std::int64_t>(1, std::llround(o.step_epochs * static_cast<double>(spe)));
   m.sched.gamma = o.gamma;
   SHOAL_RETURN_IF_ERROR(validate(m.sched));
-  if (o.resume) SHOAL_RETURN_IF_ERROR(resume_latest());
+  if (o.resume && o.rank == 0) SHOAL_RETURN_IF_ERROR(resume_latest());
+  if (o.peers) SHOAL_RETURN_IF_ERROR(sync_from_lead().with_context("start-up broadcast"));
+  return ok_status();
+}
+
+// Every rank continues from rank 0's state: its step (after a resume) and
+// its params, buffers and optimizer state (so ranks start identical even if
+// their initialization differed).
+Status Trainer::sync_from_lead() {
+  Impl& m = *impl_;
+  Tensor pos = Tensor::empty({2}, DType::kI64);
+  pos.data<std::int64_t>()[0] = step_;
+  pos.data<std::int64_t>()[1] = static_cast<std::int64_t>(m.exe->steps());
+  SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(pos));
+  for (auto* group : {&params_, &buffers_, &state_})
+    for (auto& [name, t] : *group) SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));
+  if (o_.rank != 0 && pos.data<std::int64_t>()[0] != step_) {
+    step_ = pos.data<std::int64_t>()[0];
+    const std::int64_t spe = steps_per_epoch();
+    m.loader->seek(step_ / spe, step_ % spe);
+    m.exe->set_step(static_cast<std::uint64_t>(pos.data<std::int64_t>()[1]));
+  }
+  return ok_status();
+}
+
+// Batch-norm running statistics differ per rank (each sees its own
+// shard); evaluation and checkpoints use their mean over ranks.
+Status Trainer::sync_buffers() {
+  if (!o_.peers || buffers_synced_at_ == step_) return ok_status();
+  for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(o_.peers->average(t));
+  buffers_synced_at_ = step_;
   return ok_status();
 }
 
@@ -276,7 +327,15 @@ Status Trainer::train_step(double* loss, std::int64_t* correct) {
   SHOAL_RETURN_IF_ERROR(m.exe->bind("labels", b.labels));
   m.lr.data<float>()[0] = static_cast<float>(m.sched.at(step_));
   if (m.opt_step.defined()) m.opt_step.data<float>()[0] = static_cast<float>(step_ + 1);
+  const double t0 = m.tracing ? runtime::trace_clock_us() : 0;
   SHOAL_RETURN_IF_ERROR(m.exe->run().with_context(fmt::format("training step {}", step_)));
+  if (m.tracing) {
+    // A "step" span around the step's events; the last kTraceSteps are kept.
+    auto& ev = m.trace_steps.emplace_back();
+    ev.push_back(runtime::TraceEvent{"step", -1, 0, t0, runtime::trace_clock_us() - t0});
+    ev.insert(ev.end(), m.exe->trace().begin(), m.exe->trace().end());
+    if (m.trace_steps.size() > kTraceSteps) m.trace_steps.pop_front();
+  }
   for (auto& [idx, dst] : m.writeback) copy_into(*dst, m.exe->output(idx));
   *loss = m.exe->output(0).data<float>()[0];
   const Tensor& lg = m.exe->output(1);
@@ -290,6 +349,7 @@ Status Trainer::train_step(double* loss, std::int64_t* correct) {
 
 Result<EvalResult> Trainer::evaluate() {
   Impl& m = *impl_;
+  SHOAL_RETURN_IF_ERROR(sync_buffers());
   LoaderOptions lo;
   lo.batch = o_.eval_batch;
   lo.shuffle = false;
@@ -303,6 +363,7 @@ Result<EvalResult> Trainer::evaluate() {
   std::int64_t ok = 0;
   for (std::int64_t bi = 0; bi < ld.batches_per_epoch(); ++bi) {
     const Batch& b = ld.next();
+    if (bi % o_.world != o_.rank) continue;  // each rank scores its share of the test set
     std::int64_t n = b.images.shape()[0];
     auto& exe = m.eval_exes[n];
     if (!exe) {  // one eval graph per batch size (the tail gets its own)
@@ -333,13 +394,22 @@ Result<EvalResult> Trainer::evaluate() {
     }
     r.samples += n;
   }
+  if (o_.peers) {
+    std::vector<double> v = {loss_sum, static_cast<double>(ok), static_cast<double>(r.samples)};
+    SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("summing evaluation over ranks"));
+    loss_sum = v[0];
+    ok = static_cast<std::int64_t>(v[1]);
+    r.samples = static_cast<std::int64_t>(v[2]);
+  }
   r.accuracy = r.samples ? static_cast<double>(ok) / static_cast<double>(r.samples) : 0;
   r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0;
   return r;
 }
 
 Status Trainer::checkpoint() {
-  if (o_.rank != 0 || !o_.checkpoints) return ok_status();
+  if (!o_.checkpoints) return ok_status();
+  SHOAL_RETURN_IF_ERROR(sync_buffers());
+  if (o_.rank != 0) return ok_status();
   CheckpointState s;
   for (auto& [n, t] : params_) s.tensors["param/" + n] = t;
   for (auto& [n, t] : buffers_) s.tensors["buf/" + n] = t;
@@ -460,19 +530,27 @@ Status Trainer::run() {
       if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0)
         SHOAL_RETURN_IF_ERROR(checkpoint());
     }
-    if (!o_.trace.empty() && lead) {
-      runtime::Executor ex(*m.exe);
-      SHOAL_RETURN_IF_ERROR(ex.write_trace(o_.trace, o_.rank));
+    if (m.tracing) {  // every rank writes its own (the launcher merges them)
+      std::vector<runtime::TraceEvent> all;
+      for (const auto& st : m.trace_steps) all.insert(all.end(), st.begin(), st.end());
+      SHOAL_RETURN_IF_ERROR(runtime::write_chrome_trace(o_.trace, m.exe->graph(), all, o_.rank));
     }
     bool epoch_done = step_ % spe == 0;
     if (o_.checkpoint_every == 0 || step_ == limit) SHOAL_RETURN_IF_ERROR(checkpoint());
     if (!epoch_done) break;  // max_steps stopped inside the epoch
+    if (o_.peers) {
+      std::vector<double> v = {loss_sum, static_cast<double>(correct), static_cast<double>(seen)};
+      SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("summing epoch metrics over ranks"));
+      loss_sum = v[0] / o_.world;  // a mean of per-rank mean losses
+      correct = static_cast<std::int64_t>(v[1]);
+      seen = static_cast<std::int64_t>(v[2]);
+    }
     EpochMetrics em;
     em.epoch = epoch + 1;
     em.train_loss = steps ? loss_sum / static_cast<double>(steps) : 0;
     em.train_acc = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0;
     em.train_seconds = train_s;
-    em.images_per_s = static_cast<double>(seen * o_.world) / std::max(train_s, 1e-9);
+    em.images_per_s = static_cast<double>(seen) / std::max(train_s, 1e-9);
     SHOAL_ASSIGN_OR_RETURN(EvalResult ev, evaluate());
     em.test_loss = ev.loss;
     em.test_acc = ev.accuracy;

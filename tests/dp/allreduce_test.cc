@@ -1,12 +1,13 @@
 // Data parallelism as a graph pass: N ranks (threads, real TCP/shm
-// communicators) each train on their shard of a global batch with
-// allreduce(avg) injected between autodiff and the SGD update; after k
+// communicators) each train on their shard of a global batch with bucketed
+// all-reduce(avg) injected between autodiff and the SGD update; after k
 // steps every rank's weights equal one process training on the whole batch.
 #include "shoal/dp/allreduce.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "shoal/graph/builder.h"
@@ -26,8 +27,15 @@ const std::vector<std::pair<std::string, Shape>> kParams = {
     {"w1", {kHidden, kIn}}, {"b1", {kHidden}}, {"w2", {kOut, kHidden}}, {"b2", {kOut}}};
 
 // Trains `steps` SGD steps on rows [first, first+rows) of a fixed global batch.
-Result<std::map<std::string, Tensor>> train(std::int64_t first, std::int64_t rows, int steps,
-                                            std::int64_t comm_id) {
+struct RankRun {
+  std::map<std::string, Tensor> params;
+  std::vector<std::string> trace;  // op names of the last step, in run order (lane 0)
+  BucketPlan plan;
+};
+
+Result<RankRun> train(std::int64_t first, std::int64_t rows, int steps, std::int64_t comm_id,
+                      const DpOptions& dpo = {}) {
+  RankRun res;
   Graph g;
   Builder b(g);
   Value x = b.input("x", DType::kF32, {rows, kIn});
@@ -38,7 +46,9 @@ Result<std::map<std::string, Tensor>> train(std::int64_t first, std::int64_t row
   SHOAL_ASSIGN_OR_RETURN(auto grads, graph::autodiff(g, loss, ps));
   std::vector<train::ParamRef> refs;
   for (std::size_t i = 0; i < ps.size(); ++i) refs.push_back({kParams[i].first, ps[i], grads[i]});
-  if (comm_id >= 0) SHOAL_RETURN_IF_ERROR(inject_allreduce(g, refs, comm_id));
+  if (comm_id >= 0) {
+    SHOAL_ASSIGN_OR_RETURN(res.plan, inject_allreduce(g, refs, comm_id, dpo));
+  }
   train::OptimizerOptions oo;
   oo.name = "sgd";
   SHOAL_ASSIGN_OR_RETURN(auto og, train::append_optimizer(b, oo, refs));
@@ -65,63 +75,139 @@ Result<std::map<std::string, Tensor>> train(std::int64_t first, std::int64_t row
     feeds[kParams[i].first] = t;
   }
   runtime::Executor ex(*exe);
+  exe->enable_trace(true);
   for (int s = 0; s < steps; ++s) {
     SHOAL_ASSIGN_OR_RETURN(auto out, ex.run(feeds));
     for (std::size_t i = 0; i < kParams.size(); ++i) feeds[kParams[i].first] = out[i];
   }
-  std::map<std::string, Tensor> res;
-  for (const auto& [n, s] : kParams) res[n] = feeds[n];
+  for (const auto& [n, s] : kParams) res.params[n] = feeds[n];
+  for (const auto& e : exe->trace())
+    if (e.lane == 0) res.trace.push_back(e.name);
   return res;
+}
+
+// Runs `world` ranks (threads) on equal shards of the 24-row batch.
+std::vector<Result<RankRun>> train_ranks(int world, const DpOptions& dpo, int steps = 4) {
+  std::vector<Result<RankRun>> got(static_cast<std::size_t>(world),
+                                   Result<RankRun>(internal_error("not run")));
+  auto srv = net::TcpStoreServer::start("127.0.0.1", 0);
+  if (!srv.ok()) {
+    got[0] = srv.status();
+    return got;
+  }
+  static int job = 0;
+  const int this_job = job++;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto& out = got[static_cast<std::size_t>(r)];
+      auto store = net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10));
+      if (!store.ok()) {
+        out = store.status();
+        return;
+      }
+      comm::CommOptions o;
+      o.timeout_seconds = 60;
+      o.deterministic = true;
+      o.prefix = "dp" + std::to_string(this_job);
+      auto c = comm::Communicator::create(r, world, **store, o);
+      if (!c.ok()) {
+        out = c.status();
+        return;
+      }
+      std::int64_t id = register_communicator(c->get());
+      std::int64_t rows = 24 / world;
+      out = train(r * rows, rows, steps, id, dpo);
+    });
+  for (auto& t : ts) t.join();
+  return got;
+}
+
+void expect_near(const RankRun& got, const RankRun& want, double tol, const std::string& what) {
+  for (const auto& [n, t] : want.params) {
+    const Tensor& u = got.params.at(n);
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      ASSERT_NEAR(u.data<float>()[i], t.data<float>()[i], tol)
+          << what << " param " << n << " element " << i;
+  }
 }
 
 TEST(DataParallel, NRanksEqualOneRankOnTheWholeBatch) {
   auto ref = train(0, 24, 4, -1);
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  // One bucket for everything, and a bucket per tensor (tiny caps).
+  DpOptions one, many;
+  many.bucket_mb = many.first_bucket_mb = 1e-6;
   for (int world : {2, 3, 4}) {
-    SCOPED_TRACE("world " + std::to_string(world));
-    auto srv = net::TcpStoreServer::start("127.0.0.1", 0);
-    ASSERT_TRUE(srv.ok());
-    std::vector<Status> st(static_cast<std::size_t>(world));
-    std::vector<std::map<std::string, Tensor>> got(static_cast<std::size_t>(world));
-    std::vector<std::thread> ts;
-    for (int r = 0; r < world; ++r)
-      ts.emplace_back([&, r] {
-        auto store =
-            net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10));
-        if (!store.ok()) {
-          st[static_cast<std::size_t>(r)] = store.status();
-          return;
-        }
-        comm::CommOptions o;
-        o.timeout_seconds = 60;
-        o.prefix = "dp" + std::to_string(world);
-        auto c = comm::Communicator::create(r, world, **store, o);
-        if (!c.ok()) {
-          st[static_cast<std::size_t>(r)] = c.status();
-          return;
-        }
-        std::int64_t id = register_communicator(c->get());
-        std::int64_t rows = 24 / world;
-        auto res = train(r * rows, rows, 4, id);
-        st[static_cast<std::size_t>(r)] = res.status();
-        if (res.ok()) got[static_cast<std::size_t>(r)] = *res;
-      });
-    for (auto& t : ts) t.join();
-    for (int r = 0; r < world; ++r) {
-      ASSERT_TRUE(st[static_cast<std::size_t>(r)].ok())
-          << st[static_cast<std::size_t>(r)].to_string();
-      for (const auto& [n, t] : *ref) {
-        const Tensor& u = got[static_cast<std::size_t>(r)].at(n);
-        for (std::int64_t i = 0; i < t.numel(); ++i)
-          ASSERT_NEAR(u.data<float>()[i], t.data<float>()[i], 1e-5)
-              << "rank " << r << " param " << n << " element " << i;
+    for (const DpOptions* dpo : {&one, &many}) {
+      std::string what = fmt::format("world {} bucket cap {} MiB", world, dpo->bucket_mb);
+      SCOPED_TRACE(what);
+      auto got = train_ranks(world, *dpo);
+      for (int r = 0; r < world; ++r) {
+        const auto& g = got[static_cast<std::size_t>(r)];
+        ASSERT_TRUE(g.ok()) << g.status().to_string();
+        EXPECT_EQ(g->plan.buckets.size(), dpo == &one ? 1u : kParams.size());
+        expect_near(*g, *ref, 1e-5, fmt::format("rank {}", r));
+        // Every rank holds bit-identical weights.
+        if (r == 0) continue;
+        for (const auto& [n, t] : g->params)
+          ASSERT_EQ(0, std::memcmp(t.raw_data(), got[0]->params.at(n).raw_data(), t.nbytes()))
+              << "rank " << r << " differs from rank 0 in " << n;
       }
     }
   }
 }
 
-// The op's gradient rule (allreduce of dy), checked on one rank where the
-// op is the identity: d/dx sum(allreduce(x) * c) = c.
+// The first bucket is small and starts before the backward pass ends: the
+// executor runs the all-reduce as soon as its gradients exist.
+TEST(DataParallel, FirstBucketStartsBeforeBackwardEnds) {
+  DpOptions dpo;
+  dpo.first_bucket_mb = 1e-6;  // just the first gradient
+  auto got = train_ranks(2, dpo, 1);
+  ASSERT_TRUE(got[0].ok()) << got[0].status().to_string();
+  const RankRun& r = *got[0];
+  ASSERT_GE(r.plan.buckets.size(), 2u);
+  EXPECT_EQ(r.plan.buckets[0].params.size(), 1u);
+  auto first = std::find(r.trace.begin(), r.trace.end(), "allreduce_bucket");
+  ASSERT_NE(first, r.trace.end());
+  // Some backward compute (not an update, not a wait, not another bucket) runs after it.
+  bool compute_after = false;
+  for (auto it = first + 1; it != r.trace.end(); ++it)
+    compute_after |=
+        *it != "wait" && *it != "allreduce_bucket" && it->find("_update") == std::string::npos;
+  EXPECT_TRUE(compute_after) << fmt::format("{}", fmt::join(r.trace, " "));
+}
+
+// Half-precision gradients on the wire: close to f32 (not equal: the wire
+// really is narrower).
+TEST(DataParallel, HalfPrecisionWire) {
+  auto ref = train(0, 24, 4, -1);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  for (auto [wire, tol] : {std::pair{DType::kF16, 2e-3}, std::pair{DType::kBF16, 1e-2}}) {
+    SCOPED_TRACE(dtype_name(wire));
+    DpOptions dpo;
+    dpo.wire = wire;
+    auto got = train_ranks(3, dpo);
+    ASSERT_TRUE(got[1].ok()) << got[1].status().to_string();
+    expect_near(*got[1], *ref, tol, "rank 1");
+    bool differs = false;
+    for (const auto& [n, t] : ref->params)
+      differs |= std::memcmp(t.raw_data(), got[1]->params.at(n).raw_data(), t.nbytes()) != 0;
+    EXPECT_TRUE(differs) << "the half-precision wire left no trace";
+  }
+}
+
+TEST(DataParallel, OptionsAreChecked) {
+  DpOptions o;
+  o.bucket_mb = 0;
+  EXPECT_NE(validate(o).message().find("--bucket-mb"), std::string::npos);
+  o = {};
+  o.wire = DType::kI32;
+  EXPECT_NE(validate(o).message().find("--wire"), std::string::npos);
+}
+
+// The op's gradient rule (all-reduce of dy), checked on one rank where the
+// op is the identity: d/dx sum(ar(x) * c) = c, d/dx2 sum(ar(x2)^2) = 2 x2.
 TEST(DataParallel, AllreduceGradientIsAllreduceOfDy) {
   register_ops();
   net::FileStore unused("/nonexistent");
@@ -132,18 +218,23 @@ TEST(DataParallel, AllreduceGradientIsAllreduceOfDy) {
   Builder b(g);
   Value x = b.input("x", DType::kF32, {5});
   Value cst = b.constant(Tensor::from_vector<float>({1, -2, 3, 0.5f, 7}, {5}));
-  Value ar = b.op("allreduce", {x}, {{"comm", id}, {"op", std::string("avg")}});
-  Value loss = b.reduce_sum(b.mul(ar, cst), {0});
-  auto grads = graph::autodiff(g, loss, {x});
+  Value x2 = b.input("x2", DType::kF32, {2});
+  Value ar = b.op("allreduce_bucket", {x, x2}, {{"comm", id}, {"op", std::string("avg")}});
+  Value ar2{ar.node, 1};
+  Value loss = b.add(b.reduce_sum(b.mul(ar, cst), {0}), b.reduce_sum(b.mul(ar2, ar2), {0}));
+  auto grads = graph::autodiff(g, loss, {x, x2});
   ASSERT_TRUE(grads.ok()) << grads.status().to_string();
   g.mark_output((*grads)[0]);
+  g.mark_output((*grads)[1]);
   auto be = runtime::make_backend("cpu");
   auto exe = (*be)->compile(std::move(g), {});
   ASSERT_TRUE(exe.ok()) << exe.status().to_string();
   runtime::Executor ex(**exe);
-  auto out = ex.run({{"x", Tensor::from_vector<float>({0, 1, 2, 3, 4}, {5})}});
+  auto out = ex.run({{"x", Tensor::from_vector<float>({0, 1, 2, 3, 4}, {5})},
+                     {"x2", Tensor::from_vector<float>({1.5f, -2}, {2})}});
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   EXPECT_EQ((*out)[0].to_vector<float>(), (std::vector<float>{1, -2, 3, 0.5f, 7}));
+  EXPECT_EQ((*out)[1].to_vector<float>(), (std::vector<float>{3, -4}));
 }
 
 TEST(DataParallel, UnknownCommunicatorIsRefused) {
@@ -151,7 +242,7 @@ TEST(DataParallel, UnknownCommunicatorIsRefused) {
   Builder b(g);
   Value p = b.input("p", DType::kF32, {3});
   std::vector<train::ParamRef> refs{{"p", p, p}};
-  Status st = inject_allreduce(g, refs, 999);
+  Status st = inject_allreduce(g, refs, 999).status();
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("999"), std::string::npos);
 }

@@ -17,6 +17,7 @@
 // the same on every rank).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -54,8 +55,11 @@ struct CommOptions {
   std::string prefix = "shoal";     // store key prefix (sub-communicators)
   std::string transport = "auto";   // SHOAL_TRANSPORT: auto (shm on one host) or tcp
   std::size_t shm_bytes = 4 << 20;  // ring size per direction per pair
+  // SHOAL_SHM_SPIN_US: how long a rank waiting on shared memory spins before
+  // it sleeps on the ring's futex (short: ranks often share cores).
+  long shm_spin_us = 50;
   // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR,
-  // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC.
+  // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC, SHOAL_SHM_SPIN_US.
   static Result<CommOptions> from_env();
 };
 
@@ -63,8 +67,13 @@ class MpiBackend;
 
 class Work {
  public:
+  using TimePoint = std::chrono::steady_clock::time_point;
   Status wait(Deadline dl);
   bool test();
+  // When the progress thread started and finished the call (valid once
+  // done): what a trace shows on the communication lane.
+  TimePoint started() const { return started_; }
+  TimePoint finished() const { return finished_; }
 
  private:
   friend class Communicator;
@@ -72,6 +81,7 @@ class Work {
   std::condition_variable cv_;
   bool done_ = false;
   Status status_;
+  TimePoint started_{}, finished_{};
 };
 using WorkPtr = std::shared_ptr<Work>;
 
@@ -164,6 +174,7 @@ class Communicator {
     ReduceOp op = ReduceOp::kSum;
     std::size_t applied = 0, carry = 0;
     std::uint8_t carry_bytes[8] = {};
+    std::uint32_t bell = 0;  // the shm ring's doorbell before the last look
   };
 
  private:

@@ -1,13 +1,25 @@
-// Data parallelism as a graph pass (first step): an "allreduce" graph op
-// whose CPU kernel is asynchronous (it starts Communicator::allreduce_async
-// in run() and the executor waits before the first consumer), and
-// inject_allreduce(), which rewrites each gradient between autodiff and the
-// optimizer update into allreduce(avg) of itself, latest gradient first so
-// communication starts while the rest of the backward pass runs. Buckets
-// (fusing small gradients into one buffer) are not done yet: one node per
-// gradient.
+// Data parallelism as a graph pass, the nGraph way. inject_allreduce() runs
+// between autodiff and the optimizer update: it groups the gradients into
+// buckets in the order the backward pass produces them (the last layers'
+// first), and replaces each bucket by one "allreduce_bucket" node whose
+// async kernel packs the bucket's gradients into one buffer, starts
+// Communicator::allreduce_async(avg) on it and, when the executor waits
+// (before the first update that reads a gradient of that bucket), unpacks
+// the averaged values. The executor starts async nodes as soon as their
+// inputs exist, so each bucket's all-reduce overlaps the rest of the
+// backward pass.
+//
+// Buckets: the first is small (first_bucket_mb) so communication starts
+// early; the others fill up to bucket_mb, as PyTorch DDP does. Gradients
+// are packed by a copy into a buffer the kernel owns; the memory planner
+// does not place gradients in it yet (one extra copy in and out per step).
+//
+// Wire dtype f16/bf16: each gradient is rounded to half precision when
+// packed, the collective accumulates every hop in f32 and rounds its
+// result to the wire type, and unpacking widens back to f32.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "shoal/comm/communicator.h"
@@ -16,15 +28,31 @@
 
 namespace shoal::dp {
 
-// Registers the op and its kernel (idempotent).
+// Registers the ops and their kernels (idempotent).
 void register_ops();
 // Makes `c` reachable from graph attributes; returns its id. The
 // communicator must outlive every executable that uses the id.
 std::int64_t register_communicator(comm::Communicator* c);
 
-// Replaces each ParamRef.grad with allreduce(grad, avg) over communicator
-// `comm_id`. Matches train::TrainOptions::grad_pass.
-Status inject_allreduce(graph::Graph& g, std::vector<train::ParamRef>& params,
-                        std::int64_t comm_id);
+struct DpOptions {
+  double bucket_mb = 25;       // cap per bucket (MiB of f32 gradient)
+  double first_bucket_mb = 1;  // cap of the first bucket
+  DType wire = DType::kF32;    // f32, f16 or bf16
+};
+Status validate(const DpOptions& o);
+
+struct Bucket {
+  std::vector<std::string> params;  // in packing order
+  std::int64_t elements = 0;
+};
+struct BucketPlan {
+  std::vector<Bucket> buckets;
+  std::string str() const;  // one line per bucket, for logs
+};
+
+// Replaces each ParamRef.grad with its averaged value from a bucket
+// all-reduce over communicator `comm_id`. Fits train::TrainOptions::grad_pass.
+Result<BucketPlan> inject_allreduce(graph::Graph& g, std::vector<train::ParamRef>& params,
+                                    std::int64_t comm_id, const DpOptions& o = {});
 
 }  // namespace shoal::dp

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -100,7 +101,9 @@ class Graph {
 
   // Alive nodes in a valid execution order (inputs before users); an error
   // names a node on a cycle.
-  Result<std::vector<int>> topo_order() const;
+  // Kahn's order, smallest ready id first; ready nodes in `urgent` go
+  // before any other ready node (collectives start as early as possible).
+  Result<std::vector<int>> topo_order(const std::set<int>& urgent = {}) const;
   // Per value: number of alive consumers (graph outputs count as one).
   std::map<Value, int> use_counts() const;
 

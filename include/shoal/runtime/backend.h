@@ -5,6 +5,7 @@
 // one run at a time.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -24,12 +25,17 @@ struct CompileOptions {
   double async_wait_seconds = 300.0;  // deadline for async kernels
 };
 
+// One span of a trace. Times are microseconds of the monotonic clock
+// (steady_clock), which every process on a host shares, so the traces of
+// the ranks of a job line up when merged.
 struct TraceEvent {
-  const char* name;  // op name (static in the graph's lifetime)
-  int node;
-  int lane;  // 0 compute, 1 comm (async)
+  const char* name;  // op name (static in the graph's lifetime), or "wait"
+  int node;          // graph node, or -1 (then name says what it is)
+  int lane;          // 0: the executing thread; 1: the communication thread
   double start_us, dur_us;
 };
+double trace_clock_us();  // now, on the trace clock
+double trace_clock_us(std::chrono::steady_clock::time_point t);
 
 class Executable {
  public:
@@ -44,6 +50,7 @@ class Executable {
   virtual std::size_t naive_bytes() const = 0;    // without reuse
   virtual const graph::Graph& graph() const = 0;  // after backend passes
   virtual void enable_trace(bool on) = 0;
+  // The events of the last run only (each run starts a fresh list).
   virtual const std::vector<TraceEvent>& trace() const = 0;
   virtual std::uint64_t steps() const = 0;
   virtual void set_step(std::uint64_t step) = 0;  // e.g. on resume
@@ -61,11 +68,16 @@ class Backend {
 Result<std::unique_ptr<Backend>> make_backend(const std::string& name);  // "cpu"
 
 // Runs an executable with named feeds and returns copies of its outputs.
+// Chrome trace JSON of `events` (of `g`'s nodes) as process `pid`, written
+// atomically. Lane 0 is thread "compute", lane 1 "comm".
+Status write_chrome_trace(const std::string& path, const graph::Graph& g,
+                          const std::vector<TraceEvent>& events, int pid);
+
 class Executor {
  public:
   explicit Executor(Executable& exe) : exe_(exe) {}
   Result<std::vector<Tensor>> run(const std::map<std::string, Tensor>& feeds);
-  // Chrome trace JSON (chrome://tracing, Perfetto) of the events so far.
+  // Chrome trace JSON (chrome://tracing, Perfetto) of the last run.
   Status write_trace(const std::string& path, int pid = 0) const;
 
  private:

@@ -6,6 +6,7 @@
 // at static init or before compile; lookups are thread-safe afterwards.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -32,6 +33,15 @@ class Kernel {
                      std::span<Tensor> out) = 0;
   virtual bool is_async() const { return false; }
   virtual Status wait(Deadline) { return ok_status(); }
+  // For an async kernel whose work ran elsewhere (a communication thread):
+  // when that work started and finished in the last run, for the trace's
+  // communication lane. False when it has nothing to report.
+  virtual bool work_interval(std::chrono::steady_clock::time_point* start,
+                             std::chrono::steady_clock::time_point* end) const {
+    (void)start;
+    (void)end;
+    return false;
+  }
   // "onednn", "blas", "ref"... shown in traces and `shoal info`.
   virtual const char* impl() const { return "ref"; }
 };

@@ -22,6 +22,20 @@
 
 namespace shoal::train {
 
+// What a trainer needs from the other ranks of a data-parallel job
+// (dp::attach implements it over a Communicator). Every call is collective:
+// all ranks make the same calls in the same order.
+class Peers {
+ public:
+  virtual ~Peers() = default;
+  // All ranks must hold the same `value` for `what`; otherwise the error
+  // names a rank that differs and both values.
+  virtual Status agree(const std::string& what, std::uint64_t value) = 0;
+  virtual Status broadcast(Tensor& t) = 0;         // rank 0's value, in place
+  virtual Status sum(std::vector<double>& v) = 0;  // element-wise over ranks, in place
+  virtual Status average(Tensor& t) = 0;           // f32, element-wise mean over ranks, in place
+};
+
 struct TrainOptions {
   std::string model = "cnn";
   std::string data = "fashion-mnist";  // a dataset name or a directory of IDX files
@@ -49,11 +63,14 @@ struct TrainOptions {
   std::int64_t eval_batch = 500;
   bool plot = true;
   bool quiet = false;       // no progress output (tests)
-  std::string trace;        // Chrome trace of the last training step
-  int rank = 0, world = 1;  // data-parallel shard (set by the dp issue)
+  std::string trace;        // Chrome trace of the last 10 steps, rewritten each epoch
+  int rank = 0, world = 1;  // data-parallel shard (set by dp::attach)
   // Runs between autodiff and the optimizer (the data-parallel pass): may
   // rewrite gradients in `params` (each ParamRef.grad).
   std::function<Status(graph::Graph&, std::vector<ParamRef>&)> grad_pass;
+  // The other ranks (null when world == 1): start-up agreement on the graph
+  // and build, rank 0's weights broadcast, metrics summed, buffers averaged.
+  std::shared_ptr<Peers> peers;
 };
 // Checks ranges and names (model, optimizer, schedule); the error names the option.
 Status validate(const TrainOptions& o);
@@ -92,11 +109,14 @@ class Trainer {
   Status init(const TrainOptions& o);
   Status train_step(double* loss, std::int64_t* correct);
   Status write_plot() const;
+  Status sync_from_lead();
+  Status sync_buffers();
   TrainOptions o_;
   std::string dir_;
   std::unique_ptr<Impl> impl_;
   std::map<std::string, Tensor> params_, buffers_, state_;
   std::int64_t step_ = 0;
+  std::int64_t buffers_synced_at_ = -1;
   std::vector<EpochMetrics> history_;
 };
 

@@ -1,0 +1,98 @@
+// Data-parallel training end to end: `shoal run -n N -- shoal train` on
+// real Fashion-MNIST, N ranks x batch B against one process x batch N*B
+// (same weights after k steps), run-to-run bit-identity in deterministic
+// mode, and ranks that disagree on the model refused at start-up.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "cli/run_shoal.h"
+#include "shoal/tensor/safetensors.h"
+
+namespace shoal {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_shoal;
+
+std::string tmpdir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "/shoal_dp_" + std::to_string(getpid()) + "_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+// The newest checkpoint of a run directory.
+Result<SafetensorsFile> last_checkpoint(const std::string& dir) {
+  std::string best;
+  for (const auto& e : fs::directory_iterator(dir + "/checkpoints"))
+    if (e.path().extension() == ".safetensors" && e.path().string() > best)
+      best = e.path().string();
+  if (best.empty()) return not_found("no checkpoint in {}", dir);
+  return read_safetensors(best);
+}
+
+// Trains `steps` steps of the MLP with `ranks` ranks of batch `batch`.
+std::string train(const std::string& name, int ranks, int batch, int steps,
+                  const std::string& extra = "") {
+  std::string out = tmpdir(name);
+  auto r = run_shoal(fmt::format(
+      "run -n {} --timeout 120 -- {} train --model mlp --batch {} --max-steps {} --limit-train "
+      "2048 --limit-test 256 --threads 1 --optimizer momentum --lr 0.05 --deterministic "
+      "--no-plot --quiet --out {} {}",
+      ranks, SHOAL_BINARY, batch, steps, out, extra));
+  EXPECT_EQ(r.code, 0) << r.out;
+  return out;
+}
+
+TEST(DataParallelCli, NRanksMatchOneRankOnTheWholeBatch) {
+  constexpr int kB = 16, kSteps = 8;
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(fmt::format("{} ranks", n));
+    auto one = last_checkpoint(train(fmt::format("one{}", n), 1, n * kB, kSteps));
+    auto many = last_checkpoint(train(fmt::format("many{}", n), n, kB, kSteps));
+    ASSERT_TRUE(one.ok()) << one.status().to_string();
+    ASSERT_TRUE(many.ok()) << many.status().to_string();
+    EXPECT_EQ(many->metadata.at("step"), std::to_string(kSteps));
+    EXPECT_EQ(many->metadata.at("world"), std::to_string(n));
+    int params = 0;
+    for (const auto& [name, t] : one->tensors) {
+      if (name.rfind("param/", 0) != 0) continue;
+      ++params;
+      const Tensor* u = many->find(name);
+      ASSERT_NE(u, nullptr) << name;
+      double worst = 0;
+      for (std::int64_t i = 0; i < t.numel(); ++i)
+        worst = std::max(worst, std::abs(static_cast<double>(u->data<float>()[i]) -
+                                         static_cast<double>(t.data<float>()[i])));
+      EXPECT_LE(worst, 1e-5) << name;
+    }
+    EXPECT_EQ(params, 6);
+  }
+}
+
+// Deterministic mode: two runs of the same 3-rank job give the same bits.
+TEST(DataParallelCli, DeterministicRunsAreBitIdentical) {
+  auto a = last_checkpoint(train("deta", 3, 16, 6));
+  auto b = last_checkpoint(train("detb", 3, 16, 6));
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (const auto& [name, t] : a->tensors) {
+    const Tensor* u = b->find(name);
+    ASSERT_NE(u, nullptr) << name;
+    EXPECT_EQ(0, std::memcmp(t.raw_data(), u->raw_data(), t.nbytes())) << name;
+  }
+}
+
+// Ranks built with different batches hold different graphs: refused before
+// any gradient travels, naming the disagreement.
+TEST(DataParallelCli, RanksWithDifferentModelsAreRefused) {
+  auto r = run_shoal(fmt::format(
+      "run -n 2 --timeout 60 -- sh -c '{} train --model mlp --batch $((16 + SHOAL_RANK)) "
+      "--max-steps 2 --limit-train 512 --limit-test 64 --threads 1 --no-plot --no-checkpoints "
+      "--quiet'",
+      SHOAL_BINARY));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("disagree on the training graph"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace shoal
