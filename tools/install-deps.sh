@@ -9,6 +9,7 @@ pkgs=(
   gnuplot-nox clang-14 libclang-rt-14-dev libtsan2 libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
+  slurm-wlm munge
 )
 if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
   pkgs+=(python3-torch iperf3)

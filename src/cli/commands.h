@@ -39,5 +39,4 @@ Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& 
                                              const std::vector<std::string>& cli);
 int run_train(train::TrainOptions o, const DistFlags& d);
 int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds);
-int run_launcher(int n, double timeout_s, const std::vector<std::string>& cmd);
 }  // namespace shoal::cli

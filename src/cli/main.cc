@@ -3,6 +3,7 @@
 
 #include "cli/commands.h"
 #include "shoal/core/logging.h"
+#include "shoal/launch/launcher.h"
 #include "shoal/train/trainer.h"
 
 namespace {
@@ -16,9 +17,9 @@ struct Cli {
   std::uint64_t seed = 1;
   shoal::cli::TrainCommand train;
   CLI::App* run = nullptr;
-  int run_n = 1;
-  double run_timeout = 0;
-  std::vector<std::string> run_cmd;
+  shoal::launch::LaunchOptions launch;
+  CLI::App* run_rank = nullptr;
+  std::vector<std::string> run_rank_cmd;
   CLI::App* bench = nullptr;
   CLI::App* bench_comm = nullptr;
   int ranks = 2;
@@ -38,10 +39,35 @@ struct Cli {
     example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
     train = shoal::cli::add_train_command(app);
     run = app.add_subcommand("run", "Launch N ranks of a command (gang: one fails, all stop)");
-    run->add_option("-n,--ranks", run_n, "Number of ranks")->required()->check(CLI::Range(1, 4096));
-    run->add_option("--timeout", run_timeout, "Stop all ranks after S seconds (0 = none)")
+    run->add_option("-n,--ranks", launch.ranks, "Number of ranks")
+        ->required()
+        ->check(CLI::Range(1, 4096));
+    run->add_option("--engine", launch.engine,
+                    "local (fork here), mpirun (OpenMPI) or srun (a Slurm job step)")
+        ->check(CLI::IsMember({"local", "mpirun", "srun"}))
+        ->capture_default_str();
+    run->add_option("--timeout", launch.timeout_s,
+                    "Stop all ranks after S seconds, per attempt (0 = none)")
         ->check(CLI::NonNegativeNumber);
-    run->add_option("cmd", run_cmd, "Command and its arguments (after --)")->required();
+    run->add_option("--max-restarts", launch.max_restarts,
+                    "After a rank fails, restart all ranks up to K times (shoal train resumes "
+                    "from its newest checkpoint)")
+        ->check(CLI::Range(0, 1000));
+    run->add_option("--trace", launch.trace,
+                    "Merge every rank's Chrome trace (shoal train) into FILE and print the "
+                    "exposed communication time per step");
+    run->add_option("--store-host", launch.store_host,
+                    "Address the rendezvous store listens on (ranks on other hosts need a "
+                    "routable one)")
+        ->capture_default_str();
+    run->add_option("--store-port", launch.store_port, "Store port (0 = any free port)")
+        ->check(CLI::Range(0, 65535));
+    run->add_option("--engine-arg", launch.engine_args,
+                    "Extra argument for mpirun or srun (repeatable), e.g. --engine-arg=-N2");
+    run->add_option("cmd", launch.cmd, "Command and its arguments (after --)")->required();
+    run_rank = app.add_subcommand("run-rank", "Run one rank of an mpirun job (used by shoal run)");
+    run_rank->group("");  // hidden
+    run_rank->add_option("cmd", run_rank_cmd, "Command")->required();
     bench = app.add_subcommand("bench", "Benchmarks");
     bench->require_subcommand(1);
     bench_comm = bench->add_subcommand("comm", "Allreduce table, nccl-tests style");
@@ -86,8 +112,8 @@ int main(int argc, char** argv) {
   }
   if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts, *cli->train.dist);
   if (cli->info->parsed()) return shoal::cli::run_info();
-  if (cli->run->parsed())
-    return shoal::cli::run_launcher(cli->run_n, cli->run_timeout, cli->run_cmd);
+  if (cli->run->parsed()) return shoal::launch::launch(cli->launch);
+  if (cli->run_rank->parsed()) return shoal::launch::exec_rank(cli->run_rank_cmd);
   if (cli->bench_comm->parsed())
     return shoal::cli::run_bench_comm(cli->ranks, cli->max_bytes, cli->seconds);
   if (cli->example->parsed())

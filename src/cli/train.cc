@@ -198,6 +198,21 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
     SHOAL_LOG_ERROR("shoal train: {}", env.status().to_string());
     return 2;
   }
+  // Started by `shoal run`: its job id names the default run directory (the
+  // same for every rank and every attempt), and a restarted attempt resumes
+  // from that directory's newest checkpoint.
+  if (const char* id = std::getenv("SHOAL_JOB_ID"); id != nullptr && *id && o.out.empty())
+    o.out = fmt::format("runs/{}-{}", o.model, id);
+  if (const char* rc = std::getenv("SHOAL_RESTART_COUNT"); rc != nullptr && std::atoi(rc) > 0) {
+    if (!o.resume && env->rank == 0)
+      SHOAL_LOG_INFO("restart {} of this job: resuming from the newest checkpoint in {}", rc,
+                     o.out);
+    o.resume = true;
+  }
+  if (const char* t = std::getenv("SHOAL_TRACE"); t != nullptr && *t != '\0' && o.trace.empty())
+    o.trace = rank_path(t, env->rank);  // the launcher merges these
+  else if (!o.trace.empty() && env->world > 1)
+    o.trace = rank_path(o.trace, env->rank);
   std::unique_ptr<comm::Communicator> comm;
   if (env->world > 1) {
     if (o.deterministic) setenv("SHOAL_DETERMINISTIC", "1", 1);
@@ -226,10 +241,6 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
         break;
       }
     }
-    if (const char* t = std::getenv("SHOAL_TRACE"); t != nullptr && *t != '\0' && o.trace.empty())
-      o.trace = t;  // the launcher's per-rank path
-    else if (!o.trace.empty())
-      o.trace = rank_path(o.trace, o.rank);
   }
   auto t = train::Trainer::create(o);
   if (!t.ok()) {

@@ -66,7 +66,11 @@ namespace {
 // lines (about ten per epoch) otherwise.
 class Progress {
  public:
-  Progress(bool quiet) : quiet_(quiet), tty_(isatty(STDOUT_FILENO) != 0) {}
+  // SHOAL_PLAIN_OUTPUT=1 (set by shoal run, whose rank prefixes break
+  // in-place redraws, even where mpirun gives ranks a terminal): lines.
+  Progress(bool quiet)
+      : quiet_(quiet),
+        tty_(isatty(STDOUT_FILENO) != 0 && std::getenv("SHOAL_PLAIN_OUTPUT") == nullptr) {}
   void update(int epoch, int epochs, std::int64_t i, std::int64_t n, double loss, double ips,
               double eta_s) {
     if (quiet_) return;
@@ -332,7 +336,7 @@ Status Trainer::train_step(double* loss, std::int64_t* correct) {
   if (m.tracing) {
     // A "step" span around the step's events; the last kTraceSteps are kept.
     auto& ev = m.trace_steps.emplace_back();
-    ev.push_back(runtime::TraceEvent{"step", -1, 0, t0, runtime::trace_clock_us() - t0});
+    ev.push_back(runtime::TraceEvent{"train_step", -1, 0, t0, runtime::trace_clock_us() - t0});
     ev.insert(ev.end(), m.exe->trace().begin(), m.exe->trace().end());
     if (m.trace_steps.size() > kTraceSteps) m.trace_steps.pop_front();
   }

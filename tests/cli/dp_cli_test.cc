@@ -94,5 +94,57 @@ TEST(DataParallelCli, RanksWithDifferentModelsAreRefused) {
   EXPECT_NE(r.out.find("disagree on the training graph"), std::string::npos) << r.out;
 }
 
+// A rank killed with SIGKILL mid-run: with --max-restarts 1 the launcher
+// restarts every rank, training resumes from the newest checkpoint, and the
+// final weights are bit-identical to a run that was never interrupted.
+TEST(DataParallelCli, RestartAfterKillResumesToTheSameWeights) {
+  const std::string flags =
+      "--model mlp --batch 16 --max-steps 60 --checkpoint-every 10 --limit-train 2048 "
+      "--limit-test 256 --threads 1 --optimizer momentum --lr 0.05 --deterministic --no-plot "
+      "--quiet";
+  std::string clean = train("clean", 2, 16, 60, "--checkpoint-every 10");
+  std::string out = tmpdir("killed");
+  // Rank 1 of the first attempt kills itself (kill -9) once a checkpoint exists.
+  auto r = run_shoal(fmt::format(
+      "run -n 2 --max-restarts 1 --timeout 120 -- sh -c '"
+      "if [ $SHOAL_RESTART_COUNT = 0 ] && [ $SHOAL_RANK = 1 ]; then "
+      "(i=0; while [ $i -lt 600 ] && ! ls {0}/checkpoints/*.safetensors >/dev/null 2>&1; do "
+      "sleep 0.02; i=$((i+1)); done; kill -9 $$) & fi; exec {1} train {2} --out {0}'",
+      out, SHOAL_BINARY, flags));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rank 1 was killed by signal 9"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("restarting all 2 ranks from the latest checkpoint (restart 1 of 1)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  auto a = last_checkpoint(clean);
+  auto b = last_checkpoint(out);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(b->metadata.at("step"), "60");
+  for (const auto& [name, t] : a->tensors) {
+    const Tensor* u = b->find(name);
+    ASSERT_NE(u, nullptr) << name;
+    EXPECT_EQ(0, std::memcmp(t.raw_data(), u->raw_data(), t.nbytes())) << name;
+  }
+}
+
+// --trace: every rank writes its trace, the launcher merges them (pid =
+// rank) and reports the exposed communication time.
+TEST(DataParallelCli, LauncherMergesTraces) {
+  std::string out = tmpdir("trace");
+  std::string merged = out + ".trace.json";
+  auto r = run_shoal(fmt::format(
+      "run -n 2 --timeout 120 --trace {} -- {} train --model mlp --batch 16 --max-steps 12 "
+      "--limit-train 2048 --limit-test 64 --threads 1 --no-plot --quiet --out {}",
+      merged, SHOAL_BINARY, out));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rank 1: 10 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("exposed (compute waiting for it)"), std::string::npos) << r.out;
+  auto text = read_file(merged);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("\"pid\":1"), std::string::npos);
+  EXPECT_NE(text->find("allreduce/bucket0"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace shoal

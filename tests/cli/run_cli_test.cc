@@ -1,9 +1,14 @@
 // `shoal run` (local engine): environment and output prefixing, gang
 // stop with a report naming the failed rank, no orphans, clear refusals,
 // and real collectives through the launcher's store and job token.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "cli/run_shoal.h"
@@ -70,6 +75,131 @@ TEST(Run, CollectivesRunThroughTheLaunchersStoreAndToken) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r, "[rank 0] # shoal allreduce f32 sum, 3 ranks")) << r.out;
   EXPECT_TRUE(has(r, "4096")) << r.out;
+}
+
+TEST(Run, PortInUseAndUnreachableStoreAreRefused) {
+  // Hold a port, then ask the launcher for it.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  Result busy = shoal("run -n 2 --store-port " + std::to_string(port) + " -- true");
+  close(fd);
+  EXPECT_EQ(busy.code, 2);
+  EXPECT_TRUE(has(busy, "cannot start the rendezvous store on 127.0.0.1:" + std::to_string(port)))
+      << busy.out;
+  EXPECT_TRUE(has(busy, "Address already in use")) << busy.out;
+  // A rank told to use a store nobody serves fails at once, naming it.
+  FILE* p =
+      popen(("SHOAL_RANK=1 SHOAL_WORLD_SIZE=2 SHOAL_STORE=127.0.0.1:" + std::to_string(port) + " " +
+             SHOAL_BINARY + " train --model mlp --max-steps 1 --no-checkpoints --no-plot 2>&1")
+                .c_str(),
+            "r");
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  int st = pclose(p);
+  EXPECT_NE(WEXITSTATUS(st), 0);
+  EXPECT_NE(out.find("store at 127.0.0.1:" + std::to_string(port) + " is unreachable"),
+            std::string::npos)
+      << out;
+}
+
+TEST(Run, MaxRestartsStartsEveryRankAgain) {
+  // Fails on the first attempt only.
+  Result r = shoal(
+      "run -n 2 --max-restarts 2 -- sh -c 'echo attempt $SHOAL_RESTART_COUNT job $SHOAL_JOB_ID; "
+      "[ $SHOAL_RESTART_COUNT -ge 1 ] || [ $SHOAL_RANK = 0 ] || exit 3'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "rank 1 exited with code 3")) << r.out;
+  EXPECT_TRUE(has(r, "restarting all 2 ranks from the latest checkpoint (restart 1 of 2)"))
+      << r.out;
+  EXPECT_TRUE(has(r, "[rank 1] attempt 1")) << r.out;
+  EXPECT_FALSE(has(r, "restart 2 of 2")) << r.out;
+  // Always failing: K restarts, then the failed rank's code.
+  Result bad = shoal("run -n 2 --max-restarts 2 -- sh -c '[ $SHOAL_RANK = 0 ] || exit 4'");
+  EXPECT_EQ(bad.code, 4) << bad.out;
+  EXPECT_TRUE(has(bad, "(restart 2 of 2)")) << bad.out;
+}
+
+TEST(Run, MpirunEngineNamesTheFailedRank) {
+  Result ok = shoal(
+      "run -n 2 --engine mpirun -- sh -c 'echo r=$OMPI_COMM_WORLD_RANK n=$OMPI_COMM_WORLD_SIZE "
+      "store=${SHOAL_STORE%%:*} token=${#SHOAL_JOB_TOKEN}'");
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  EXPECT_TRUE(has(ok, "[rank 1] r=1 n=2 store=127.0.0.1 token=32")) << ok.out;
+  Result r = shoal(
+      "run -n 3 --engine mpirun -- sh -c 'if [ $OMPI_COMM_WORLD_RANK = 1 ]; then echo last words; "
+      "kill -9 $$; fi; sleep 31.5'");
+  EXPECT_EQ(r.code, 128 + 9) << r.out;
+  EXPECT_TRUE(has(r, "rank 1 was killed by signal 9")) << r.out;
+  EXPECT_TRUE(has(r, "  | last words")) << r.out;
+  EXPECT_LT(r.seconds, 15.0);
+  FILE* p = popen("pgrep -f 'slee[p] 31.5' | wc -l", "r");
+  char buf[32] = {0};
+  ASSERT_NE(std::fgets(buf, sizeof buf, p), nullptr);
+  pclose(p);
+  EXPECT_EQ(std::stoi(buf), 0) << "orphaned processes remain";
+}
+
+// Against a real Slurm (munged, slurmctld, four slurmd on this host) that
+// tools/slurm-cluster.sh starts for this suite.
+class Srun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (std::system("command -v slurmctld >/dev/null") != 0) return;
+    std::string dir = ::testing::TempDir() + "/shoal-slurm-" + std::to_string(getpid());
+    setenv("SHOAL_SLURM_DIR", dir.c_str(), 1);
+    started_ =
+        std::system((std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh start").c_str()) == 0;
+    setenv("SLURM_CONF", (dir + "/slurm.conf").c_str(), 1);
+  }
+  static void TearDownTestSuite() {
+    if (started_)
+      (void)std::system((std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh stop").c_str());
+  }
+  void SetUp() override {
+    if (std::system("command -v slurmctld >/dev/null") != 0)
+      GTEST_SKIP() << "slurm-wlm is not installed (tools/install-deps.sh installs it)";
+    ASSERT_TRUE(started_) << "tools/slurm-cluster.sh start failed";
+  }
+  static bool started_;
+};
+bool Srun::started_ = false;
+
+TEST_F(Srun, RanksRunAsASlurmJobStep) {
+  Result r = shoal(
+      "run -n 4 --engine srun --timeout 60 -- sh -c 'echo id=$SLURM_PROCID of $SLURM_NTASKS "
+      "node=$SLURMD_NODENAME store=${SHOAL_STORE%%:*}'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(has(r, "[rank " + std::to_string(i) + "] id=" + std::to_string(i) + " of 4"))
+        << r.out;
+  EXPECT_TRUE(has(r, "node=n2")) << r.out;  // spread over the fake nodes
+}
+
+TEST_F(Srun, FailedRankStopsTheStepAndIsNamed) {
+  Result r = shoal(
+      "run -n 3 --engine srun --timeout 60 -- sh -c 'if [ $SLURM_PROCID = 2 ]; then "
+      "echo last words; exit 6; fi; sleep 30'");
+  EXPECT_EQ(r.code, 6) << r.out;
+  EXPECT_TRUE(has(r, "rank 2 exited with exit code 6 (under srun)")) << r.out;
+  EXPECT_TRUE(has(r, "  | last words")) << r.out;
+  EXPECT_LT(r.seconds, 15.0);
+}
+
+TEST_F(Srun, DataParallelTrainingUnderSrun) {
+  Result r = shoal("run -n 2 --engine srun --timeout 120 -- " + std::string(SHOAL_BINARY) +
+                   " train --model mlp --max-steps 20 --limit-train 2048 --limit-test 256 "
+                   "--threads 1 --no-checkpoints --no-plot");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
+  EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
 }
 
 }  // namespace

@@ -1,0 +1,64 @@
+// `shoal run`: starts the N ranks of a synchronous job and supervises them
+// as one (gang semantics). Engines:
+//   local   forks N ranks here, each in its own process group, with
+//           SHOAL_RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/STORE/JOB_TOKEN/
+//           JOB_ID set; prefixes each output line with "[rank r] ".
+//   mpirun  runs OpenMPI's mpirun -n N (ranks read OMPI_COMM_WORLD_*),
+//           exporting SHOAL_STORE/JOB_TOKEN/JOB_ID.
+//   srun    runs a Slurm job step, srun -n N --kill-on-bad-exit=1 (inside an
+//           allocation, or asking for one); ranks read SLURM_PROCID/NTASKS.
+// In every engine the launcher serves the rendezvous store and makes a
+// fresh random job token per attempt. When one rank exits non-zero or dies,
+// all are stopped (SIGTERM, SIGKILL after a grace period) and the launcher
+// reports the rank, its exit code or signal and its last lines, and exits
+// with that rank's code (128 + signal). With max_restarts > 0 it then starts
+// all ranks again with SHOAL_RESTART_COUNT=k, which `shoal train` turns
+// into a resume from the run's newest checkpoint. With `trace` set, every
+// rank writes its Chrome trace (SHOAL_TRACE) and the launcher merges them
+// into one file and prints the exposed communication time per step.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shoal/core/status.h"
+
+namespace shoal::launch {
+
+struct LaunchOptions {
+  int ranks = 1;
+  std::string engine = "local";  // local, mpirun, srun
+  double timeout_s = 0;          // per attempt; 0 = none
+  int max_restarts = 0;
+  std::string trace;                     // merged trace path ("" = no tracing)
+  std::string store_host = "127.0.0.1";  // where the store listens
+  int store_port = 0;                    // 0 = any free port
+  double grace_s = 5;                    // SIGTERM -> SIGKILL
+  std::vector<std::string> engine_args;  // extra arguments for mpirun/srun
+  std::vector<std::string> cmd;
+};
+Status validate(const LaunchOptions& o);
+
+// Runs the job; returns the process exit code for the launcher.
+int launch(const LaunchOptions& o);
+
+// `shoal run-rank -- CMD` (hidden; what the mpirun engine starts on each
+// rank): runs CMD as a child that dies with it, forwards SIGINT/SIGTERM,
+// and when CMD fails prints "shoal-rank-exit: rank R <how>" to stderr so
+// the launcher can name the rank (mpirun itself does not), then exits with
+// CMD's code (128 + signal).
+int exec_rank(const std::vector<std::string>& cmd);
+
+// Trace merging (exposed for tests): reads each rank's Chrome trace,
+// writes one file with pid = rank, and summarizes per rank the mean step
+// time and the mean time per step the compute thread waited for
+// communication (the part of it not hidden behind compute).
+struct TraceSummary {
+  int rank = 0;
+  int steps = 0;
+  double step_ms = 0, exposed_comm_ms = 0, comm_ms = 0;
+};
+Result<std::vector<TraceSummary>> merge_traces(const std::vector<std::string>& rank_files,
+                                               const std::string& out);
+
+}  // namespace shoal::launch

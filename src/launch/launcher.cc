@@ -1,0 +1,577 @@
+#include "shoal/launch/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sodium.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "shoal/net/store.h"
+#include "shoal/tensor/safetensors.h"
+
+extern char** environ;
+
+namespace shoal::launch {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+Status validate(const LaunchOptions& o) {
+  if (o.ranks < 1) return invalid_argument("-n {}: a job needs at least one rank", o.ranks);
+  if (o.engine != "local" && o.engine != "mpirun" && o.engine != "srun")
+    return invalid_argument("--engine '{}' is not one of local, mpirun, srun", o.engine);
+  if (o.max_restarts < 0) return invalid_argument("--max-restarts {} must be >= 0", o.max_restarts);
+  if (o.timeout_s < 0) return invalid_argument("--timeout {} must be >= 0", o.timeout_s);
+  if (o.store_port < 0 || o.store_port > 65535)
+    return invalid_argument("--store-port {} is not a port number", o.store_port);
+  if (o.cmd.empty()) return invalid_argument("no command given (usage: shoal run -n N -- CMD ...)");
+  return ok_status();
+}
+
+namespace {
+
+int g_sig_pipe[2] = {-1, -1};
+void on_signal(int sig) {
+  unsigned char b = static_cast<unsigned char>(sig);
+  (void)!write(g_sig_pipe[1], &b, 1);
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                       strsignal(WTERMSIG(status)));
+  return "stopped";
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string random_hex(std::size_t bytes) {
+  std::vector<unsigned char> b(bytes);
+  randombytes_buf(b.data(), b.size());
+  std::string s;
+  for (unsigned char c : b) s += fmt::format("{:02x}", c);
+  return s;
+}
+
+// One process the launcher started: a rank (local engine) or the engine's
+// own launcher (mpirun, srun), each leading its own process group.
+struct Proc {
+  pid_t pid = -1;
+  int out = -1;  // read end of its stdout+stderr
+  std::string partial;
+  bool exited = false;
+  int status = 0;
+};
+
+// Output of the job, per rank: lines are printed with "[rank r] " and the
+// last ones kept for the report. Engines tag lines with their rank
+// (mpirun --tag-output "[1,r]<stdout>:", srun --label "r: ").
+class Output {
+ public:
+  Output(int ranks, std::string engine)
+      : tails_(static_cast<std::size_t>(ranks)), engine_(std::move(engine)) {}
+  void line(int unit, const std::string& l) {
+    int rank = unit;
+    std::string text = l;
+    if (engine_ != "local") std::tie(rank, text) = untag(l);
+    if (rank >= 0 && rank < static_cast<int>(tails_.size())) {
+      fmt::print("[rank {}] {}\n", rank, text);
+      // The first rank `shoal run-rank` saw fail (the others follow it).
+      if (auto t = text.find("shoal-rank-exit: rank "); t != std::string::npos && !first_exit_) {
+        std::size_t sp = text.find(' ', t + 22);
+        if (sp != std::string::npos)
+          first_exit_ = std::pair{std::atoi(text.c_str() + t + 22), text.substr(sp + 1)};
+      }
+      keep(tails_[static_cast<std::size_t>(rank)], text);
+    } else {
+      fmt::print("[{}] {}\n", engine_, text);
+      keep(engine_tail_, text);
+    }
+  }
+  const std::deque<std::string>& tail(int rank) const {
+    return tails_.at(static_cast<std::size_t>(rank));
+  }
+  const std::deque<std::string>& engine_tail() const { return engine_tail_; }
+  const std::optional<std::pair<int, std::string>>& first_rank_exit() const { return first_exit_; }
+
+ private:
+  static void keep(std::deque<std::string>& t, const std::string& l) {
+    t.push_back(l);
+    if (t.size() > 10) t.pop_front();
+  }
+  std::pair<int, std::string> untag(const std::string& l) const {
+    if (engine_ == "mpirun" && l.rfind("[1,", 0) == 0) {
+      std::size_t close = l.find(']');
+      std::size_t colon = l.find(">:", close);
+      if (close != std::string::npos && colon != std::string::npos)
+        return {std::atoi(l.c_str() + 3), l.substr(colon + 2)};
+    }
+    if (engine_ == "srun") {
+      std::size_t i = l.find_first_not_of(' ');
+      std::size_t colon = l.find(": ");
+      if (i != std::string::npos && colon != std::string::npos && colon > i &&
+          l.find_first_not_of("0123456789", i) == colon)
+        return {std::atoi(l.c_str() + i), l.substr(colon + 2)};
+    }
+    return {-1, l};
+  }
+  std::vector<std::deque<std::string>> tails_;
+  std::deque<std::string> engine_tail_;
+  std::string engine_;
+  std::optional<std::pair<int, std::string>> first_exit_;
+};
+
+void drain(int unit, Proc& p, Output& out, bool final) {
+  char buf[65536];
+  while (p.out >= 0) {
+    ssize_t n = read(p.out, buf, sizeof buf);
+    if (n > 0) {
+      p.partial.append(buf, static_cast<std::size_t>(n));
+      std::size_t pos;
+      while ((pos = p.partial.find('\n')) != std::string::npos) {
+        out.line(unit, p.partial.substr(0, pos));
+        p.partial.erase(0, pos + 1);
+      }
+      continue;
+    }
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+      close(p.out);
+      p.out = -1;
+    }
+    break;
+  }
+  if ((final || p.out < 0) && !p.partial.empty()) {
+    out.line(unit, p.partial);
+    p.partial.clear();
+  }
+  std::fflush(stdout);
+}
+
+// Forks `argv` in a new process group with `env` added; its stdout and
+// stderr go to one pipe. exec failures come back through a CLOEXEC pipe.
+Result<Proc> spawn(const std::vector<std::string>& argv,
+                   const std::vector<std::pair<std::string, std::string>>& env) {
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return unavailable("pipe: {}", std::strerror(errno));
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]);
+    close(out[1]);
+    return unavailable("pipe: {}", std::strerror(errno));
+  }
+  std::vector<char*> av;
+  for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+  av.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return unavailable("fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(out[1], 1);
+    dup2(out[1], 2);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    execvp(av[0], av.data());
+    int e = errno;
+    (void)!write(err[1], &e, sizeof e);
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(out[1]);
+  close(err[1]);
+  int e = 0;
+  ssize_t got = read(err[0], &e, sizeof e);  // EOF on a successful exec
+  close(err[0]);
+  if (got == static_cast<ssize_t>(sizeof e)) {
+    waitpid(pid, nullptr, 0);
+    close(out[0]);
+    return not_found("cannot start '{}': {}", argv[0], std::strerror(e));
+  }
+  fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
+  Proc p;
+  p.pid = pid;
+  p.out = out[0];
+  return p;
+}
+
+struct Outcome {
+  int code = 0;
+  bool restartable = false;  // a rank failed (not a signal to us, not the timeout)
+};
+
+// For single-process engines: which rank the engine says failed, if any.
+std::optional<std::pair<int, std::string>> engine_failure(const Output& out) {
+  if (out.first_rank_exit()) return out.first_rank_exit();
+  for (const auto& l : out.engine_tail()) {
+    // srun: "srun: error: n1: task 1: Exited with exit code 3"
+    if (auto t = l.find("task ");
+        t != std::string::npos && l.find("srun: error:") != std::string::npos) {
+      std::size_t colon = l.find(": ", t);
+      if (colon != std::string::npos) {
+        std::string how = l.substr(colon + 2);
+        if (!how.empty()) how[0] = static_cast<char>(std::tolower(how[0]));
+        return std::pair{std::atoi(l.c_str() + t + 5), how};
+      }
+    }
+    // mpirun: "... process rank 1 with PID 123 on node h exited on signal 9 (Killed)."
+    if (auto t = l.find("process rank "); t != std::string::npos) {
+      std::size_t on = l.find(" exited ", t);
+      if (on != std::string::npos)
+        return std::pair{std::atoi(l.c_str() + t + 13), l.substr(on + 1)};
+    }
+  }
+  return std::nullopt;
+}
+
+Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_id,
+                    const std::string& trace_prefix) {
+  Outcome oc;
+  auto store = net::TcpStoreServer::start(o.store_host, o.store_port);
+  if (!store.ok()) {
+    fmt::print(stderr, "shoal run: cannot start the rendezvous store on {}:{}: {}{}\n",
+               o.store_host, o.store_port, store.status().message(),
+               o.store_port != 0 ? " (choose another --store-port, or 0 for any free port)" : "");
+    oc.code = 2;
+    return oc;
+  }
+  std::string host =
+      o.store_host.find(':') != std::string::npos ? "[" + o.store_host + "]" : o.store_host;
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"SHOAL_STORE", fmt::format("{}:{}", host, (*store)->port())},
+      {"SHOAL_JOB_TOKEN", random_hex(16)},
+      {"SHOAL_JOB_ID", job_id},
+      {"SHOAL_RESTART_COUNT", std::to_string(attempt)},
+      {"SHOAL_PLAIN_OUTPUT", "1"},
+  };
+  if (!trace_prefix.empty()) env.emplace_back("SHOAL_TRACE", trace_prefix);
+
+  std::vector<Proc> procs;
+  Output output(o.ranks, o.engine);
+  auto start = [&](const std::vector<std::string>& argv,
+                   std::vector<std::pair<std::string, std::string>> e) -> bool {
+    auto p = spawn(argv, e);
+    if (!p.ok()) {
+      fmt::print(stderr, "shoal run: {}\n", p.status().message());
+      for (auto& q : procs) {
+        kill(-q.pid, SIGKILL);
+        waitpid(q.pid, nullptr, 0);
+      }
+      oc.code = 127;
+      return false;
+    }
+    procs.push_back(*p);
+    return true;
+  };
+  if (o.engine == "local") {
+    for (int r = 0; r < o.ranks; ++r) {
+      auto e = env;
+      e.insert(e.end(), {{"SHOAL_RANK", std::to_string(r)},
+                         {"SHOAL_WORLD_SIZE", std::to_string(o.ranks)},
+                         {"SHOAL_LOCAL_RANK", std::to_string(r)},
+                         {"SHOAL_LOCAL_WORLD_SIZE", std::to_string(o.ranks)}});
+      if (!start(o.cmd, e)) return oc;
+    }
+  } else if (o.engine == "mpirun") {
+    std::vector<std::string> argv = {
+        "mpirun",    "-n",  std::to_string(o.ranks), "--tag-output", "--oversubscribe",
+        "--bind-to", "none"};
+    if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+    for (const auto& [k, v] : env) argv.insert(argv.end(), {"-x", k});
+    argv.insert(argv.end(), o.engine_args.begin(), o.engine_args.end());
+    // Each rank runs under `shoal run-rank`, which names it when it fails.
+    char self[4096] = {0};
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len > 0)
+      argv.insert(argv.end(), {std::string(self, static_cast<std::size_t>(len)), "run-rank", "--"});
+    argv.insert(argv.end(), o.cmd.begin(), o.cmd.end());
+    if (!start(argv, env)) return oc;
+  } else {
+    std::vector<std::string> argv = {
+        "srun", "-n", std::to_string(o.ranks), "--label", "--kill-on-bad-exit=1", "--export=ALL"};
+    argv.insert(argv.end(), o.engine_args.begin(), o.engine_args.end());
+    argv.insert(argv.end(), o.cmd.begin(), o.cmd.end());
+    if (!start(argv, env)) return oc;
+  }
+
+  const auto t0 = Clock::now();
+  const bool per_rank = o.engine == "local";
+  int failed = -1;  // first process that failed
+  std::string why;
+  bool stopping = false, interrupted = false;
+  Clock::time_point kill_at{};
+  auto stop_all = [&](int sig) {
+    for (auto& p : procs)
+      if (!p.exited) kill(-p.pid, sig);
+  };
+  auto begin_stop = [&](std::string reason) {
+    why = std::move(reason);
+    stopping = true;
+    stop_all(SIGTERM);
+    kill_at = Clock::now() +
+              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
+  };
+  while (true) {
+    std::vector<pollfd> fds{{g_sig_pipe[0], POLLIN, 0}};
+    std::vector<int> who{-1};
+    for (std::size_t i = 0; i < procs.size(); ++i)
+      if (procs[i].out >= 0) {
+        fds.push_back({procs[i].out, POLLIN, 0});
+        who.push_back(static_cast<int>(i));
+      }
+    poll(fds.data(), fds.size(), 100);
+    for (std::size_t k = 1; k < fds.size(); ++k)
+      if (fds[k].revents) drain(who[k], procs[static_cast<std::size_t>(who[k])], output, false);
+    if (fds[0].revents & POLLIN) {
+      unsigned char sig = 0;
+      while (read(g_sig_pipe[0], &sig, 1) == 1) {
+      }
+      interrupted = true;
+      if (!stopping)
+        begin_stop(fmt::format("launcher received signal {}", strsignal(sig)));
+      else
+        stop_all(SIGKILL);
+    }
+    int alive = 0;
+    for (std::size_t i = 0; i < procs.size(); ++i) {
+      Proc& p = procs[i];
+      if (p.exited) continue;
+      int st = 0;
+      if (waitpid(p.pid, &st, WNOHANG) == p.pid) {
+        p.exited = true;
+        p.status = st;
+        kill(-p.pid, SIGKILL);  // anything it left in its group
+        bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        if (!ok && failed < 0 && !stopping) {
+          failed = static_cast<int>(i);
+          begin_stop(per_rank ? fmt::format("rank {} {}", i, describe(st))
+                              : fmt::format("{} {}", o.engine, describe(st)));
+        }
+      } else {
+        ++alive;
+      }
+    }
+    if (!stopping && o.timeout_s > 0 &&
+        Clock::now() - t0 > std::chrono::duration<double>(o.timeout_s))
+      begin_stop(fmt::format("--timeout {} s passed", o.timeout_s));
+    if (stopping && alive > 0 && Clock::now() > kill_at) stop_all(SIGKILL);
+    if (alive == 0) break;
+  }
+  for (std::size_t i = 0; i < procs.size(); ++i) drain(static_cast<int>(i), procs[i], output, true);
+  if (why.empty()) return oc;
+
+  // The report.
+  int failed_rank = per_rank ? failed : -1;
+  int rank_code = 0;  // the failed rank's code, when the engine names it
+  if (!per_rank && failed >= 0) {
+    if (auto f = engine_failure(output)) {
+      failed_rank = f->first;
+      why = fmt::format("rank {} {} (under {})", f->first, f->second, o.engine);
+      if (auto c = f->second.find("xit code "); c != std::string::npos)
+        rank_code = std::atoi(f->second.c_str() + c + 9);
+      if (auto c = f->second.find("signal "); c != std::string::npos)
+        rank_code = 128 + std::atoi(f->second.c_str() + c + 7);
+    }
+  }
+  fmt::print(stderr, "shoal run: {}; stopped all {} ranks.\n", why, o.ranks);
+  if (failed_rank >= 0 && failed_rank < o.ranks) {
+    fmt::print(stderr, "shoal run: last lines of rank {}:\n", failed_rank);
+    for (const auto& l : output.tail(failed_rank)) fmt::print(stderr, "  | {}\n", l);
+  } else if (failed >= 0) {
+    fmt::print(stderr, "shoal run: last lines of {}:\n", o.engine);
+    for (const auto& l : output.engine_tail()) fmt::print(stderr, "  | {}\n", l);
+  }
+  if (per_rank)
+    for (int r = 0; r < o.ranks; ++r)
+      if (r != failed)
+        fmt::print(stderr, "shoal run:   rank {} {}\n", r,
+                   describe(procs[static_cast<std::size_t>(r)].status));
+  oc.code = failed >= 0 ? exit_code_of(procs[static_cast<std::size_t>(failed)].status) : 1;
+  if (rank_code > 0) oc.code = rank_code;
+  if (oc.code == 0) oc.code = 1;
+  oc.restartable = failed >= 0 && !interrupted;
+  return oc;
+}
+
+}  // namespace
+
+Result<std::vector<TraceSummary>> merge_traces(const std::vector<std::string>& rank_files,
+                                               const std::string& out) {
+  nlohmann::json merged = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
+  std::vector<TraceSummary> sums;
+  for (std::size_t r = 0; r < rank_files.size(); ++r) {
+    SHOAL_ASSIGN_OR_RETURN(std::string text, read_file(rank_files[r]));
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.contains("traceEvents") || !j["traceEvents"].is_array())
+      return data_loss("{}: not a Chrome trace (no traceEvents array)", rank_files[r]);
+    TraceSummary s;
+    s.rank = static_cast<int>(r);
+    struct Span {
+      double ts, dur;
+    };
+    std::vector<Span> steps, waits;
+    for (auto& e : j["traceEvents"]) {
+      if (!e.is_object()) continue;
+      e["pid"] = r;
+      merged["traceEvents"].push_back(e);
+      if (e.value("ph", "") != "X") continue;
+      double ts = e.value("ts", 0.0), dur = e.value("dur", 0.0);
+      int tid = e.value("tid", 0);
+      std::string cat = e.value("cat", "");
+      if (tid == 0 && cat == "train_step") steps.push_back({ts, dur});
+      if (tid == 0 && cat == "wait") waits.push_back({ts, dur});
+      if (tid == 1) s.comm_ms += dur / 1000;
+    }
+    merged["traceEvents"].push_back({{"name", "process_name"},
+                                     {"ph", "M"},
+                                     {"pid", r},
+                                     {"args", {{"name", fmt::format("rank {}", r)}}}});
+    s.steps = static_cast<int>(steps.size());
+    for (const auto& st : steps) {
+      s.step_ms += st.dur / 1000;
+      for (const auto& w : waits)
+        if (w.ts >= st.ts && w.ts < st.ts + st.dur) s.exposed_comm_ms += w.dur / 1000;
+    }
+    if (s.steps > 0) {
+      s.step_ms /= s.steps;
+      s.exposed_comm_ms /= s.steps;
+      s.comm_ms /= s.steps;
+    }
+    sums.push_back(s);
+  }
+  SHOAL_RETURN_IF_ERROR(write_file_atomic(out, merged.dump()));
+  return sums;
+}
+
+int exec_rank(const std::vector<std::string>& cmd) {
+  if (cmd.empty()) {
+    fmt::print(stderr, "shoal run-rank: no command given\n");
+    return 2;
+  }
+  const char* rank = nullptr;
+  for (const char* v :
+       {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "SHOAL_RANK"})
+    if ((rank = std::getenv(v)) != nullptr) break;
+  std::vector<char*> av;
+  for (const auto& a : cmd) av.push_back(const_cast<char*>(a.c_str()));
+  av.push_back(nullptr);
+  if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 2;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return 2;
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive this wrapper
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    execvp(av[0], av.data());
+    fmt::print(stderr, "shoal-rank-exit: rank {} cannot start '{}': {}\n", rank ? rank : "?",
+               cmd[0], std::strerror(errno));
+    _exit(127);
+  }
+  int st = 0;
+  while (true) {
+    pollfd pf{g_sig_pipe[0], POLLIN, 0};
+    poll(&pf, 1, 100);
+    unsigned char sig = 0;
+    while (read(g_sig_pipe[0], &sig, 1) == 1) kill(pid, sig);
+    pid_t w = waitpid(pid, &st, WNOHANG);
+    if (w == pid) break;
+    if (w < 0 && errno != EINTR) return 2;
+  }
+  int code = exit_code_of(st);
+  if (code != 0) {
+    fmt::print(stderr, "shoal-rank-exit: rank {} {}\n", rank ? rank : "?", describe(st));
+    std::fflush(stderr);
+  }
+  return code;
+}
+
+int launch(const LaunchOptions& o) {
+  if (Status st = validate(o); !st.ok()) {
+    fmt::print(stderr, "shoal run: {}\n", st.message());
+    return 2;
+  }
+  if (sodium_init() < 0) return 2;
+  if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 2;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  // One id for the whole job (all attempts): `shoal train` names its
+  // default run directory after it, so a restart finds its checkpoints.
+  char stamp[32];
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  const std::string job_id = fmt::format("{}-{}", stamp, random_hex(3));
+
+  std::string trace_dir, trace_prefix;
+  if (!o.trace.empty()) {
+    char tmpl[] = "/tmp/shoal-trace-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      fmt::print(stderr, "shoal run: mkdtemp for traces: {}\n", std::strerror(errno));
+      return 2;
+    }
+    trace_dir = tmpl;
+    trace_prefix = trace_dir + "/trace.json";
+  }
+  Outcome oc;
+  for (int attempt = 0; attempt <= o.max_restarts; ++attempt) {
+    if (attempt > 0)
+      fmt::print(stderr,
+                 "shoal run: restarting all {} ranks from the latest checkpoint (restart {} of "
+                 "{})\n",
+                 o.ranks, attempt, o.max_restarts);
+    oc = run_attempt(o, attempt, job_id, trace_prefix);
+    if (oc.code == 0 || !oc.restartable) break;
+  }
+  if (!trace_dir.empty()) {
+    std::vector<std::string> files;
+    for (int r = 0; r < o.ranks; ++r) {
+      std::string f = fmt::format("{}/trace.rank{}.json", trace_dir, r);
+      if (fs::exists(f)) files.push_back(f);
+    }
+    if (files.size() != static_cast<std::size_t>(o.ranks)) {
+      fmt::print(
+          stderr,
+          "shoal run: --trace: {} of {} ranks wrote a trace (is the command `shoal train`?)\n",
+          files.size(), o.ranks);
+    } else if (auto s = merge_traces(files, o.trace); !s.ok()) {
+      fmt::print(stderr, "shoal run: merging traces: {}\n", s.status().to_string());
+    } else {
+      fmt::print("shoal run: merged trace of {} ranks -> {}\n", o.ranks, o.trace);
+      for (const auto& t : *s)
+        fmt::print(
+            "shoal run:   rank {}: {} steps, {:.2f} ms/step, communication {:.2f} ms/step, "
+            "exposed (compute waiting for it) {:.2f} ms/step ({:.0f}% of the step)\n",
+            t.rank, t.steps, t.step_ms, t.comm_ms, t.exposed_comm_ms,
+            t.step_ms > 0 ? 100 * t.exposed_comm_ms / t.step_ms : 0.0);
+    }
+    std::error_code ec;
+    fs::remove_all(trace_dir, ec);
+  }
+  return oc.code;
+}
+
+}  // namespace shoal::launch
