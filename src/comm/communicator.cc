@@ -394,8 +394,12 @@ Status Communicator::run_blocking(std::function<Status()> fn) {
       Status st = run_one(fn);
       lk.lock();
       busy_ = false;
+      // Wake the progress thread only if work was queued meanwhile: a
+      // needless wake-up costs it two context switches per call, and on a
+      // busy host it takes the core from the ranks.
+      const bool queued = !queue_.empty();
       lk.unlock();
-      cv_.notify_all();
+      if (queued) cv_.notify_all();
       return st;
     }
   }

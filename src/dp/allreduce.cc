@@ -35,13 +35,22 @@ Result<comm::ReduceOp> reduce_op_attr(const graph::Node& n) {
 // the executor waits.
 class BucketKernel final : public runtime::Kernel {
  public:
-  BucketKernel(comm::Communicator* c, comm::ReduceOp op, DType wire, std::int64_t elements)
+  BucketKernel(comm::Communicator* c, comm::ReduceOp op, DType wire, std::int64_t elements,
+               bool direct)
       : c_(c), op_(op), wire_(wire) {
-    buf_.resize(static_cast<std::size_t>(elements) * dtype_size(wire));
+    if (!direct) buf_.resize(static_cast<std::size_t>(elements) * dtype_size(wire));
   }
 
   Status run(const runtime::KernelContext&, std::span<const Tensor> in,
              std::span<Tensor> out) override {
+    if (in.size() == 1 && wire_ == DType::kF32) {
+      // One f32 tensor: reduce straight from the gradient into the output,
+      // no packing (the executor keeps the input untouched until the wait).
+      out_.clear();
+      work_ = c_->allreduce_async(in[0].raw_data(), out[0].raw_data(),
+                                  static_cast<std::size_t>(in[0].numel()), wire_, op_);
+      return ok_status();
+    }
     std::size_t off = 0;
     for (const Tensor& t : in) {
       const auto n = static_cast<std::size_t>(t.numel());
@@ -187,8 +196,8 @@ void register_ops() {
           SHOAL_ASSIGN_OR_RETURN(DType wire, parse_dtype(n.attrs.get_string_or("wire", "f32")));
           std::int64_t elements = 0;
           for (const auto& t : in) elements += num_elements(t.shape);
-          return std::unique_ptr<runtime::Kernel>(
-              std::make_unique<BucketKernel>(c, op, wire, elements));
+          return std::unique_ptr<runtime::Kernel>(std::make_unique<BucketKernel>(
+              c, op, wire, elements, in.size() == 1 && wire == DType::kF32));
         });
   });
 }
@@ -208,19 +217,25 @@ Result<BucketPlan> inject_allreduce(graph::Graph& g, std::vector<train::ParamRef
   });
   BucketPlan plan;
   std::vector<std::vector<std::size_t>> members;
+  const auto mb_elems = [](double mb) {
+    return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * (1 << 20) / 4));
+  };
+  const std::int64_t big = mb_elems(o.first_bucket_mb);
   std::int64_t cap = 0;
+  bool closed = true;
   for (std::size_t i : order) {
     std::int64_t n = num_elements(g.type(params[i].grad).shape);
-    if (members.empty() ||
-        (plan.buckets.back().elements > 0 && plan.buckets.back().elements + n > cap)) {
-      double mb = members.empty() ? o.first_bucket_mb : o.bucket_mb;
-      cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * (1 << 20) / 4));
+    if (closed || plan.buckets.back().elements + n > cap) {
+      cap = mb_elems(members.empty() ? o.first_bucket_mb : o.bucket_mb);
       plan.buckets.emplace_back();
       members.emplace_back();
     }
     plan.buckets.back().params.push_back(params[i].name);
     plan.buckets.back().elements += n;
     members.back().push_back(i);
+    // A big gradient closes its bucket: the gradients after it come later
+    // in the backward pass, and waiting for them would delay sending it.
+    closed = n >= big;
   }
   graph::Builder b(g);
   for (std::size_t k = 0; k < members.size(); ++k) {

@@ -1,0 +1,123 @@
+#!/usr/bin/python3
+"""PyTorch DistributedDataParallel peer for bench/dp.py: the same MLP, CNN or
+ResNet-20 as `shoal train`, batch B per rank, SGD momentum 0.9, 1 thread per
+rank, gloo backend, each rank on its own shard of one shared permutation.
+Starts `--ranks` processes itself (torch.multiprocessing, MASTER_ADDR on
+loopback) and prints one JSON line: global training images/s over the timed
+steps (after warm-up), and the BLAS libtorch loaded."""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_train_torch import find, model as mlp_or_cnn, read_idx  # noqa: E402
+
+
+class Block(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, 0, bias=False),
+                                      nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        y = self.b2(self.c2(y))
+        return torch.relu(y + (x if self.down is None else self.down(x)))
+
+
+def resnet20(classes=10):
+    layers = [nn.Conv2d(1, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+    c = 16
+    for stage, width in enumerate((16, 32, 64)):
+        for blk in range(3):
+            layers.append(Block(c, width, 2 if (blk == 0 and stage > 0) else 1))
+            c = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, classes)]
+    return nn.Sequential(*layers)
+
+
+def worker(rank, a, port, q):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    torch.manual_seed(a.seed)
+    x = read_idx(find(a.data, "train", "images", 3)).astype(np.float32) / 255.0
+    y = read_idx(find(a.data, "train", "labels", 1)).astype(np.int64)
+    x = torch.from_numpy((x - x.mean()) / x.std()).unsqueeze(1)
+    y = torch.from_numpy(y)
+    net = resnet20() if a.model == "resnet" else mlp_or_cnn(a.model)
+    ddp = nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
+    lossf = nn.CrossEntropyLoss()
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(a.seed))
+    gb = a.batch * a.ranks
+
+    def step(i):
+        idx = perm[(i * gb + rank * a.batch) % (len(y) - gb):][:a.batch]
+        opt.zero_grad(set_to_none=True)
+        lossf(ddp(x[idx]), y[idx]).backward()
+        opt.step()
+
+    for i in range(a.warmup):
+        step(i)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for i in range(a.warmup, a.warmup + a.steps):
+        step(i)
+    dist.barrier()
+    dt = time.perf_counter() - t0
+    if rank == 0:
+        q.put(a.steps * gb / dt)
+    dist.destroy_process_group()
+
+
+def blas_in_use():
+    try:
+        with open(f"/proc/{os.getpid()}/maps") as f:
+            libs = {l.split()[-1] for l in f if "blas" in l.lower() and l.split()[-1].startswith("/")}
+        return ", ".join(sorted(os.path.realpath(p) for p in libs)) or "none mapped"
+    except OSError:
+        return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="cnn")
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=0.02)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    torch.zeros(64, 64) @ torch.zeros(64, 64)  # map the BLAS libtorch uses
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    mp.start_processes(worker, args=(a, port, q), nprocs=a.ranks, join=True, start_method="spawn")
+    print(json.dumps({"images_per_s": q.get(), "blas": blas_in_use(),
+                      "torch": torch.__version__}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
