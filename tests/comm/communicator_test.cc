@@ -80,6 +80,36 @@ TEST_P(Transports, AllreduceEveryDtypeOpCountWorldAndPlacement) {
   }
 }
 
+// Direct reads of peers' buffers (process_vm_readv) on every dtype, op,
+// count and placement; all ranks get the same bits.
+TEST(Allreduce, DirectOnEveryInput) {
+  for (int world : {2, 3, 4, 5}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    CommOptions o;
+    o.allreduce = Algorithm::kDirect;
+    std::vector<std::vector<float>> got(static_cast<std::size_t>(world));
+    auto st = run_world(
+        world,
+        [&](Communicator& c) -> Status {
+          SHOAL_RETURN_IF_ERROR(check_allreduce_matrix(c));
+          std::vector<float> v(100003);
+          for (std::size_t i = 0; i < v.size(); ++i)
+            v[i] = 1.0f / static_cast<float>(1 + i + static_cast<std::size_t>(c.rank()) * 7);
+          SHOAL_RETURN_IF_ERROR(
+              c.allreduce(v.data(), v.data(), v.size(), DType::kF32, ReduceOp::kSum));
+          if (std::string(c.last_algorithm()) != "direct")
+            return internal_error("used {}, not direct (is process_vm_readv allowed here?)",
+                                  c.last_algorithm());
+          got[static_cast<std::size_t>(c.rank())] = v;
+          return ok_status();
+        },
+        o);
+    expect_all_ok(st);
+    for (int r = 1; r < world; ++r)
+      EXPECT_EQ(got[static_cast<std::size_t>(r)], got[0]) << "rank " << r;
+  }
+}
+
 TEST(Allreduce, RingAndRecursiveDoublingAgreeBitwise) {
   for (int world : {3, 4, 5}) {
     for (const char* algo : {"ring", "rd"}) {

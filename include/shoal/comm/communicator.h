@@ -40,8 +40,8 @@ namespace shoal::comm {
 enum class ReduceOp : std::uint8_t { kSum, kProd, kMin, kMax, kAvg };
 const char* reduce_op_name(ReduceOp op);
 
-enum class Algorithm : std::uint8_t { kAuto, kRing, kRecursiveDoubling, kTree };
-Result<Algorithm> parse_algorithm(const std::string& s);  // auto, ring, rd, tree
+enum class Algorithm : std::uint8_t { kAuto, kRing, kRecursiveDoubling, kTree, kDirect };
+Result<Algorithm> parse_algorithm(const std::string& s);  // auto, ring, rd, tree, direct
 
 struct CommOptions {
   double timeout_seconds = 300;            // SHOAL_COMM_TIMEOUT
@@ -58,8 +58,15 @@ struct CommOptions {
   // SHOAL_SHM_SPIN_US: how long a rank waiting on shared memory spins before
   // it sleeps on the ring's futex (short: ranks often share cores).
   long shm_spin_us = 50;
+  // SHOAL_CMA=0 turns it off: when every rank is on this host and Linux
+  // cross-memory attach works between them (probed at start-up), large
+  // all-reduces read peers' buffers directly (process_vm_readv: one copy
+  // instead of two through a ring) from direct_bytes up. Its reduction
+  // order is fixed, so SHOAL_DETERMINISTIC=1 keeps it.
+  bool cma = true;
+  std::size_t direct_bytes = 0;  // 0: 2 MiB at 2 ranks, 256 KiB at more
   // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR,
-  // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC, SHOAL_SHM_SPIN_US.
+  // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC, SHOAL_SHM_SPIN_US, SHOAL_SHM_BYTES, SHOAL_CMA.
   static Result<CommOptions> from_env();
 };
 
@@ -201,6 +208,13 @@ class Communicator {
   Status do_allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
   Status ring_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
   Status rd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
+  Status direct_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
+  // Sends `bytes` of `mine` to every peer and receives each peer's into
+  // theirs + peer * bytes, all at once.
+  Status exchange_all(const void* mine, std::size_t bytes, void* theirs, std::uint64_t fp,
+                      const char* what);
+  Status probe_cma(net::Store& store, Deadline dl);
+  Status cma_read(int peer, std::uint64_t remote, void* local, std::size_t bytes, const char* what);
   Status do_reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op, int root,
                    std::uint64_t fp);
   Status do_broadcast(void* buf, std::size_t bytes, int root, std::uint64_t fp);
@@ -214,6 +228,9 @@ class Communicator {
   std::vector<net::Socket> peers_;                     // peers_[r] for r != rank_
   std::vector<std::string> hosts_;                     // listening address of each rank
   std::vector<std::unique_ptr<net::ShmChannel>> shm_;  // same-host peers
+  std::vector<int> cma_pid_;  // process ids of the peers, when direct reads work with all
+  bool cma_ = false;
+  std::uint64_t cma_probe_ = 0x414d434c414f4853ull;  // "SHOALCMA", read by peers' probes
   std::uint64_t seq_ = 0;
   double alpha_ = 0, beta_ = 0;
   const char* current_ = "";  // name of the running collective
