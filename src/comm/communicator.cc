@@ -651,6 +651,9 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
       // of spinning, so the peer (or this rank's compute) gets the core.
       nap = !sock_pending && std::chrono::steady_clock::now() - idle_since >
                                  std::chrono::microseconds(o_.shm_spin_us);
+      // Until then, offer the core to any other runnable rank (ranks
+      // outnumbering cores): returns at once when there is none.
+      if (!nap) sched_yield();
     }
     int rc = ::poll(fds.data(), fds.size(), ms);
     if (rc < 0 && errno != EINTR) return unavailable("poll: {}", std::strerror(errno));
