@@ -84,7 +84,11 @@ Result<Algorithm> parse_algorithm(const std::string& s) {
   if (s == "rd" || s == "recursive-doubling") return Algorithm::kRecursiveDoubling;
   if (s == "tree") return Algorithm::kTree;
   if (s == "direct") return Algorithm::kDirect;
-  return invalid_argument("allreduce algorithm '{}' is not one of auto, ring, rd, tree, direct", s);
+  if (s == "hd" || s == "halving-doubling" || s == "rabenseifner")
+    return Algorithm::kHalvingDoubling;
+  if (s == "hier" || s == "hierarchical") return Algorithm::kHierarchical;
+  return invalid_argument(
+      "allreduce algorithm '{}' is not one of auto, ring, rd, tree, direct, hd, hier", s);
 }
 
 Result<CommOptions> CommOptions::from_env() {
@@ -95,6 +99,7 @@ Result<CommOptions> CommOptions::from_env() {
   if (ring < 4096 || ring > (std::int64_t{1} << 30))
     return invalid_argument("SHOAL_SHM_BYTES={} must be in [4096, 1 GiB]", ring);
   o.shm_bytes = static_cast<std::size_t>(ring);
+  if (auto h = env::get("SHOAL_HOST_ID")) o.host_id = *h;
   SHOAL_ASSIGN_OR_RETURN(std::int64_t cma, env::get_int("SHOAL_CMA", 1));
   o.cma = cma != 0;
   SHOAL_ASSIGN_OR_RETURN(double spin, env::get_double("SHOAL_SHM_SPIN_US", o.shm_spin_us));
@@ -177,6 +182,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(int rank, int world, 
   c->o_ = std::move(o);
   c->store_ = &store;
   if (world > 1) SHOAL_RETURN_IF_ERROR(c->connect_mesh(store));
+  if (world > 1) SHOAL_RETURN_IF_ERROR(c->setup_hierarchy());
   if (world > 1 && c->o_.allreduce == Algorithm::kAuto && !c->o_.deterministic)
     SHOAL_RETURN_IF_ERROR(c->calibrate());
   c->worker_ = std::thread([p = c.get()] { p->progress_loop(); });
@@ -262,16 +268,18 @@ Status Communicator::connect_mesh(net::Store& store) {
 // stays for fault detection (a closed socket is how a death is noticed).
 Status Communicator::setup_shm(net::Store& store, Deadline dl) {
   shm_.resize(static_cast<std::size_t>(world_));
-  if (o_.transport == "tcp") return ok_status();
   const std::string& px = o_.prefix;
-  std::string me = net::host_identity();
+  std::string me = o_.host_id.empty() ? net::host_identity() : o_.host_id;
   SHOAL_RETURN_IF_ERROR(store.set(fmt::format("{}/host/{}", px, rank_), me));
+  host_of_.assign(static_cast<std::size_t>(world_), me);
   std::vector<bool> local(static_cast<std::size_t>(world_), false);
   for (int j = 0; j < world_; ++j) {
     if (j == rank_) continue;
     SHOAL_ASSIGN_OR_RETURN(std::string h, store.get(fmt::format("{}/host/{}", px, j), dl));
+    host_of_[static_cast<std::size_t>(j)] = h;
     local[static_cast<std::size_t>(j)] = h == me;
   }
+  if (o_.transport == "tcp") return ok_status();
   for (int j = rank_ + 1; j < world_; ++j) {  // lower rank creates
     if (!local[static_cast<std::size_t>(j)]) continue;
     auto ch = net::ShmChannel::create(o_.shm_bytes);
@@ -955,6 +963,113 @@ Status Communicator::direct_allreduce(void* buf, std::size_t count, DType dt, Re
   return exchange_all(&one, 1, flags.data(), fp, what);  // all copies made
 }
 
+// Recursive halving-doubling (Rabenseifner): a reduce-scatter by recursive
+// halving (log2 p exchanges of n/2, n/4, ... bytes) then an allgather by
+// recursive doubling in reverse; the ring's bandwidth with log2 p instead
+// of p - 1 latencies. Non-powers of two fold the extra ranks in first, as
+// rd_allreduce does. Each element is reduced once, lower rank's value
+// first, so every rank gets the same bits.
+Status Communicator::hd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op,
+                                  std::uint64_t fp) {
+  const char* what = "allreduce (halving-doubling)";
+  const int n = world_;
+  const std::size_t es = dtype_size(dt), bytes_n = count * es;
+  auto* base = bytes(buf);
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int rem = n - p2;
+  scratch_.resize(bytes_n);
+  int newrank;
+  if (rank_ < 2 * rem) {
+    if (rank_ % 2 == 0) {
+      SHOAL_RETURN_IF_ERROR(send_to(rank_ + 1, buf, bytes_n, fp, what));
+      newrank = -1;
+    } else {
+      SHOAL_RETURN_IF_ERROR(recv_from(rank_ - 1, scratch_.data(), bytes_n, fp, what));
+      reduce_into(scratch_.data(), buf, count, dt, op);  // lower rank first
+      std::memcpy(buf, scratch_.data(), bytes_n);
+      newrank = rank_ / 2;
+    }
+  } else {
+    newrank = rank_ - rem;
+  }
+  auto real = [&](int nr) { return nr < rem ? nr * 2 + 1 : nr + rem; };
+  if (newrank >= 0) {
+    struct Level {
+      int peer;
+      std::size_t keep_lo, keep_hi, give_lo, give_hi;  // element ranges
+    };
+    std::vector<Level> levels;
+    std::size_t lo = 0, hi = count;
+    for (int mask = p2 / 2; mask >= 1; mask /= 2) {
+      const int peer = real(newrank ^ mask);
+      const std::size_t mid = lo + (hi - lo) / 2;
+      Level l{peer, lo, mid, mid, hi};
+      if (newrank & mask) l = Level{peer, mid, hi, lo, mid};
+      const std::size_t kb = (l.keep_hi - l.keep_lo) * es;
+      SHOAL_RETURN_IF_ERROR(sendrecv(peer, base + l.give_lo * es, (l.give_hi - l.give_lo) * es,
+                                     peer, scratch_.data(), kb, fp, what));
+      std::uint8_t* mine = base + l.keep_lo * es;
+      if (peer < rank_) {  // theirs (op) mine
+        reduce_into(scratch_.data(), mine, l.keep_hi - l.keep_lo, dt, op);
+        if (kb) std::memcpy(mine, scratch_.data(), kb);
+      } else {
+        reduce_into(mine, scratch_.data(), l.keep_hi - l.keep_lo, dt, op);
+      }
+      levels.push_back(l);
+      lo = l.keep_lo;
+      hi = l.keep_hi;
+    }
+    for (auto it = levels.rbegin(); it != levels.rend(); ++it)
+      SHOAL_RETURN_IF_ERROR(
+          sendrecv(it->peer, base + it->keep_lo * es, (it->keep_hi - it->keep_lo) * es, it->peer,
+                   base + it->give_lo * es, (it->give_hi - it->give_lo) * es, fp, what));
+  }
+  if (rank_ < 2 * rem) {
+    if (rank_ % 2 == 1)
+      SHOAL_RETURN_IF_ERROR(send_to(rank_ - 1, buf, bytes_n, fp, what));
+    else
+      SHOAL_RETURN_IF_ERROR(recv_from(rank_ + 1, buf, bytes_n, fp, what));
+  }
+  return ok_status();
+}
+
+// The two-level layout, made once at start-up (split is collective): used
+// when the job spans several hosts and some host runs several ranks.
+Status Communicator::setup_hierarchy() {
+  std::vector<std::string> hosts;  // in order of first rank
+  for (const auto& h : host_of_)
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  if (hosts.size() < 2 || hosts.size() == static_cast<std::size_t>(world_)) return ok_status();
+  const int host = static_cast<int>(
+      std::find(hosts.begin(), hosts.end(), host_of_[static_cast<std::size_t>(rank_)]) -
+      hosts.begin());
+  bool leader = true;
+  for (int r = 0; r < rank_; ++r)
+    leader = leader &&
+             host_of_[static_cast<std::size_t>(r)] != host_of_[static_cast<std::size_t>(rank_)];
+  SHOAL_ASSIGN_OR_RETURN(local_, split(host, rank_));
+  SHOAL_ASSIGN_OR_RETURN(leaders_, split(leader ? 0 : -1, rank_));
+  return ok_status();
+}
+
+// Two levels: reduce to the host's leader over shared memory, all-reduce
+// among the leaders (across hosts, TCP), broadcast back within the host.
+// Only the leaders' traffic crosses the network: n bytes per host instead
+// of per rank.
+Status Communicator::hier_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op) {
+  const ReduceOp inner = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  SHOAL_RETURN_IF_ERROR(
+      local_->reduce(buf, buf, count, dt, inner, 0)
+          .with_context(fmt::format("allreduce (hierarchical) #{}, within the host", seq_)));
+  if (leaders_)
+    SHOAL_RETURN_IF_ERROR(
+        leaders_->allreduce(buf, buf, count, dt, inner)
+            .with_context(fmt::format("allreduce (hierarchical) #{}, across hosts", seq_)));
+  return local_->broadcast(buf, count, dt, 0)
+      .with_context(fmt::format("allreduce (hierarchical) #{}, within the host", seq_));
+}
+
 // α-β calibration: time small and 1 MiB exchanges around the ring, take
 // the max over ranks (every rank must pick the same algorithm), and fit
 // t(n) = α + β n per message.
@@ -995,9 +1110,14 @@ Algorithm Communicator::choose_allreduce(std::size_t bytes) const {
   while (p2 * 2 <= world_) p2 *= 2, ++lg;
   // Recursive doubling moves the whole buffer each step and reduces from a
   // scratch copy (a second pass over n bytes); the ring reduces on arrival.
+  const double fold = p2 != world_ ? 2 * (alpha_ + n * beta_) : 0;
   double rd = (lg + (p2 != world_ ? 2 : 0)) * (alpha_ + 2 * n * beta_);
   double ring = 2 * (p - 1) * (alpha_ + n / p * beta_);
-  return rd <= ring ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+  // Halving-doubling: the ring's bytes in 2 log2(p) messages (same as the
+  // ring at p = 2, where the ring's streaming reduction wins the tie).
+  double hd = 2 * lg * alpha_ + 2 * (p2 - 1.0) / p2 * n * beta_ + fold;
+  if (rd <= ring && rd <= hd) return Algorithm::kRecursiveDoubling;
+  return hd < ring ? Algorithm::kHalvingDoubling : Algorithm::kRing;
 }
 
 Status Communicator::do_allreduce(const void* send, void* recv, std::size_t count, DType dt,
@@ -1022,15 +1142,24 @@ Status Communicator::do_allreduce(const void* send, void* recv, std::size_t coun
   // Measured crossover (bench comm): 2 MiB at 2 ranks, 256 KiB at 4.
   const std::size_t direct_from =
       o_.direct_bytes ? o_.direct_bytes : (world_ == 2 ? std::size_t{2} << 20 : 256 << 10);
+  if (a == Algorithm::kAuto && local_ && count * dtype_size(dt) >= o_.small_bytes)
+    a = Algorithm::kHierarchical;
   if (a == Algorithm::kAuto && cma_ && count * dtype_size(dt) >= direct_from)
     a = Algorithm::kDirect;
   if (a == Algorithm::kAuto || a == Algorithm::kTree)
     a = count < static_cast<std::size_t>(world_) ? Algorithm::kRecursiveDoubling
                                                  : choose_allreduce(count * dtype_size(dt));
+  if (a == Algorithm::kHierarchical && !local_) a = choose_allreduce(count * dtype_size(dt));
   Status st;
-  if (a == Algorithm::kDirect) {
+  if (a == Algorithm::kHierarchical) {
+    last_algo_ = "hierarchical";
+    SHOAL_RETURN_IF_ERROR(hier_allreduce(recv, count, dt, op));
+  } else if (a == Algorithm::kDirect) {
     last_algo_ = "direct";
     st = direct_allreduce(recv, count, dt, op, fp);
+  } else if (a == Algorithm::kHalvingDoubling) {
+    last_algo_ = "halving-doubling";
+    st = hd_allreduce(recv, count, dt, op, fp);
   } else if (a == Algorithm::kRing && count >= static_cast<std::size_t>(world_)) {
     last_algo_ = "ring";
     st = ring_allreduce(recv, count, dt, op, fp);

@@ -27,7 +27,8 @@ using namespace shoal::comm::testing;
 
 // Runs body(comm) on `world` threads; returns each rank's status.
 std::vector<Status> run_world(int world, const std::function<Status(Communicator&)>& body,
-                              CommOptions o = {}) {
+                              CommOptions o = {},
+                              const std::function<void(int, CommOptions&)>& per_rank = {}) {
   auto srv = net::TcpStoreServer::start("127.0.0.1", 0);
   EXPECT_TRUE(srv.ok());
   std::vector<Status> out(static_cast<std::size_t>(world));
@@ -42,6 +43,7 @@ std::vector<Status> run_world(int world, const std::function<Status(Communicator
       }
       CommOptions ro = o;
       if (ro.token == "rank1-differs" && r == 1) ro.token = "something else";
+      if (per_rank) per_rank(r, ro);
       auto c = Communicator::create(r, world, **store, ro);
       if (!c.ok()) {
         out[static_cast<std::size_t>(r)] = c.status();
@@ -107,6 +109,56 @@ TEST(Allreduce, DirectOnEveryInput) {
     expect_all_ok(st);
     for (int r = 1; r < world; ++r)
       EXPECT_EQ(got[static_cast<std::size_t>(r)], got[0]) << "rank " << r;
+  }
+}
+
+// Recursive halving-doubling (Rabenseifner) on every input, powers of two
+// and not.
+TEST(Allreduce, HalvingDoublingOnEveryInput) {
+  for (int world : {2, 3, 4, 5, 8}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    CommOptions o;
+    o.allreduce = Algorithm::kHalvingDoubling;
+    auto st = run_world(
+        world,
+        [&](Communicator& c) -> Status {
+          SHOAL_RETURN_IF_ERROR(check_allreduce_matrix(c));
+          if (std::string(c.last_algorithm()) != "halving-doubling")
+            return internal_error("used {}", c.last_algorithm());
+          return ok_status();
+        },
+        o);
+    expect_all_ok(st);
+  }
+}
+
+// Two levels: ranks told they sit on different hosts (SHOAL_HOST_ID) reduce
+// within their host over shared memory, across hosts over TCP between one
+// leader each, and broadcast back. Uneven hosts too (3 + 2, 2 + 1 + 2 + 1 + 2).
+TEST(Allreduce, HierarchicalAcrossHosts) {
+  struct Layout {
+    int world;
+    std::vector<int> host;  // host of each rank
+  };
+  for (const Layout& l :
+       {Layout{4, {0, 0, 1, 1}}, Layout{5, {0, 1, 0, 1, 0}}, Layout{8, {0, 0, 1, 2, 2, 3, 4, 4}}}) {
+    SCOPED_TRACE("world " + std::to_string(l.world));
+    CommOptions o;
+    o.allreduce = Algorithm::kHierarchical;
+    std::vector<std::string> algos(static_cast<std::size_t>(l.world));
+    auto st = run_world(
+        l.world,
+        [&](Communicator& c) -> Status {
+          SHOAL_RETURN_IF_ERROR(check_allreduce_matrix(c));
+          algos[static_cast<std::size_t>(c.rank())] = c.last_algorithm();
+          return ok_status();
+        },
+        o,
+        [&](int r, CommOptions& ro) {
+          ro.host_id = "host" + std::to_string(l.host[static_cast<std::size_t>(r)]);
+        });
+    expect_all_ok(st);
+    for (const auto& a : algos) EXPECT_EQ(a, "hierarchical");
   }
 }
 

@@ -40,8 +40,17 @@ namespace shoal::comm {
 enum class ReduceOp : std::uint8_t { kSum, kProd, kMin, kMax, kAvg };
 const char* reduce_op_name(ReduceOp op);
 
-enum class Algorithm : std::uint8_t { kAuto, kRing, kRecursiveDoubling, kTree, kDirect };
-Result<Algorithm> parse_algorithm(const std::string& s);  // auto, ring, rd, tree, direct
+enum class Algorithm : std::uint8_t {
+  kAuto,
+  kRing,
+  kRecursiveDoubling,
+  kTree,
+  kDirect,
+  kHalvingDoubling,
+  kHierarchical
+};
+// auto, ring, rd, tree, direct, hd (Rabenseifner), hier
+Result<Algorithm> parse_algorithm(const std::string& s);
 
 struct CommOptions {
   double timeout_seconds = 300;            // SHOAL_COMM_TIMEOUT
@@ -64,6 +73,11 @@ struct CommOptions {
   // instead of two through a ring) from direct_bytes up. Its reduction
   // order is fixed, so SHOAL_DETERMINISTIC=1 keeps it.
   bool cma = true;
+  // Which host this rank is on (SHOAL_HOST_ID; default hostname + boot id).
+  // Ranks with the same id share memory; a job over several hosts with
+  // several ranks on some of them gets the two-level all-reduce. Tests use
+  // it to make one machine look like several.
+  std::string host_id;
   std::size_t direct_bytes = 0;  // 0: 2 MiB at 2 ranks, 256 KiB at more
   // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR,
   // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC, SHOAL_SHM_SPIN_US, SHOAL_SHM_BYTES, SHOAL_CMA.
@@ -209,6 +223,9 @@ class Communicator {
   Status ring_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
   Status rd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
   Status direct_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
+  Status hd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
+  Status hier_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op);
+  Status setup_hierarchy();
   // Sends `bytes` of `mine` to every peer and receives each peer's into
   // theirs + peer * bytes, all at once.
   Status exchange_all(const void* mine, std::size_t bytes, void* theirs, std::uint64_t fp,
@@ -230,6 +247,9 @@ class Communicator {
   std::vector<std::unique_ptr<net::ShmChannel>> shm_;  // same-host peers
   std::vector<int> cma_pid_;  // process ids of the peers, when direct reads work with all
   bool cma_ = false;
+  // Two-level all-reduce: this host's ranks, and one leader per host.
+  std::vector<std::string> host_of_;
+  std::unique_ptr<Communicator> local_, leaders_;
   std::uint64_t cma_probe_ = 0x414d434c414f4853ull;  // "SHOALCMA", read by peers' probes
   std::uint64_t seq_ = 0;
   double alpha_ = 0, beta_ = 0;
