@@ -128,6 +128,28 @@ TEST(DataParallelCli, RestartAfterKillResumesToTheSameWeights) {
   }
 }
 
+// Ranks started the way torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT; rank 0 serves the store) train together without shoal run,
+// even when rank 1 starts first.
+TEST(DataParallelCli, TorchrunStyleEnvironmentWorks) {
+  std::string out = tmpdir("torchrun");
+  int port = 20000 + getpid() % 20000;
+  std::string common = fmt::format(
+      "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} SHOAL_JOB_TOKEN=t0k3n timeout 120 {} "
+      "train --model mlp --batch 16 --max-steps 10 --limit-train 2048 --limit-test 256 "
+      "--threads 1 --no-plot --quiet --out {}",
+      port, SHOAL_BINARY, out);
+  auto r = testing::run_sh(fmt::format(
+      "RANK=1 {0} > {1}.r1.log 2>&1 & sleep 0.5; RANK=0 {0}; rc=$?; wait; cat {1}.r1.log; "
+      "exit $rc",
+      common, out));
+  EXPECT_EQ(r.code, 0) << r.out;
+  auto ck = last_checkpoint(out);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string() << r.out;
+  EXPECT_EQ(ck->metadata.at("world"), "2");
+  EXPECT_EQ(ck->metadata.at("step"), "10");
+}
+
 // --trace: every rank writes its trace, the launcher merges them (pid =
 // rank) and reports the exposed communication time.
 TEST(DataParallelCli, LauncherMergesTraces) {

@@ -95,11 +95,11 @@ TEST(Run, PortInUseAndUnreachableStoreAreRefused) {
       << busy.out;
   EXPECT_TRUE(has(busy, "Address already in use")) << busy.out;
   // A rank told to use a store nobody serves fails at once, naming it.
-  FILE* p =
-      popen(("SHOAL_RANK=1 SHOAL_WORLD_SIZE=2 SHOAL_STORE=127.0.0.1:" + std::to_string(port) + " " +
-             SHOAL_BINARY + " train --model mlp --max-steps 1 --no-checkpoints --no-plot 2>&1")
-                .c_str(),
-            "r");
+  FILE* p = popen(("SHOAL_STORE_WAIT=0.5 SHOAL_RANK=1 SHOAL_WORLD_SIZE=2 SHOAL_STORE=127.0.0.1:" +
+                   std::to_string(port) + " " + SHOAL_BINARY +
+                   " train --model mlp --max-steps 1 --no-checkpoints --no-plot 2>&1")
+                      .c_str(),
+                  "r");
   std::string out;
   char buf[4096];
   while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;

@@ -1,5 +1,5 @@
-// Runs the built `shoal` binary (SHOAL_BINARY) with arguments through the
-// shell and captures its exit code, merged stdout+stderr and wall time.
+// Runs the built `shoal` binary (SHOAL_BINARY) with arguments, or any shell
+// line, and captures its exit code, merged stdout+stderr and wall time.
 // Shared by the command-line tests.
 #pragma once
 
@@ -18,9 +18,10 @@ struct ShoalRun {
   double seconds;
 };
 
-inline ShoalRun run_shoal(const std::string& args) {
+// Runs a shell command line (stderr merged into stdout).
+inline ShoalRun run_sh(const std::string& line) {
   auto t0 = std::chrono::steady_clock::now();
-  std::string cmd = std::string(SHOAL_BINARY) + " " + args + " 2>&1";
+  std::string cmd = "(" + line + ") 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf{};
@@ -28,6 +29,10 @@ inline ShoalRun run_shoal(const std::string& args) {
   int st = pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+inline ShoalRun run_shoal(const std::string& args) {
+  return run_sh(std::string(SHOAL_BINARY) + " " + args);
 }
 
 }  // namespace shoal::testing
