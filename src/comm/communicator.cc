@@ -854,33 +854,53 @@ Status Communicator::ring_allreduce(void* buf, std::size_t count, DType dt, Redu
 
 // Recursive doubling (MPICH's non-power-of-two fold): log2(n) exchanges of
 // the whole buffer; best for small messages.
+// MPICH's fold for non-powers of two: of the first 2*rem ranks (rem = n -
+// the largest power of two p2 <= n), each even one hands its buffer to the
+// odd one above it and sits the middle phase out. Returns this rank's place
+// among the p2 that stay, or -1; fold_out gives the result back.
+Result<int> Communicator::fold_in(void* buf, std::size_t count, DType dt, ReduceOp op,
+                                  std::uint64_t fp, const char* what) {
+  const std::size_t bytes_n = count * dtype_size(dt);
+  const int rem = world_ - fold_p2();
+  scratch_.resize(bytes_n);
+  if (rank_ >= 2 * rem) return rank_ - rem;
+  if (rank_ % 2 == 0) {
+    SHOAL_RETURN_IF_ERROR(send_to(rank_ + 1, buf, bytes_n, fp, what));
+    return -1;
+  }
+  SHOAL_RETURN_IF_ERROR(recv_from(rank_ - 1, scratch_.data(), bytes_n, fp, what));
+  reduce_into(buf, scratch_.data(), count, dt, op);
+  return rank_ / 2;
+}
+
+Status Communicator::fold_out(void* buf, std::size_t bytes_n, std::uint64_t fp, const char* what) {
+  const int rem = world_ - fold_p2();
+  if (rank_ >= 2 * rem) return ok_status();
+  if (rank_ % 2 == 1) return send_to(rank_ - 1, buf, bytes_n, fp, what);
+  return recv_from(rank_ + 1, buf, bytes_n, fp, what);
+}
+
+int Communicator::fold_p2() const {
+  int p2 = 1;
+  while (p2 * 2 <= world_) p2 *= 2;
+  return p2;
+}
+
+// The real rank of place `nr` among the p2 ranks that stay after fold_in.
+int Communicator::fold_rank(int nr) const {
+  const int rem = world_ - fold_p2();
+  return nr < rem ? nr * 2 + 1 : nr + rem;
+}
+
 Status Communicator::rd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op,
                                   std::uint64_t fp) {
-  const int n = world_;
+  const char* what = "allreduce (rd)";
   const std::size_t bytes_n = count * dtype_size(dt);
-  int p2 = 1;
-  while (p2 * 2 <= n) p2 *= 2;
-  const int rem = n - p2;
-  scratch_.resize(bytes_n);
-  int newrank;
-  if (rank_ < 2 * rem) {
-    if (rank_ % 2 == 0) {
-      SHOAL_RETURN_IF_ERROR(send_to(rank_ + 1, buf, bytes_n, fp, "allreduce (rd)"));
-      newrank = -1;
-    } else {
-      SHOAL_RETURN_IF_ERROR(recv_from(rank_ - 1, scratch_.data(), bytes_n, fp, "allreduce (rd)"));
-      reduce_into(buf, scratch_.data(), count, dt, op);
-      newrank = rank_ / 2;
-    }
-  } else {
-    newrank = rank_ - rem;
-  }
+  SHOAL_ASSIGN_OR_RETURN(const int newrank, fold_in(buf, count, dt, op, fp, what));
   if (newrank >= 0) {
-    for (int mask = 1; mask < p2; mask <<= 1) {
-      int nd = newrank ^ mask;
-      int dst = nd < rem ? nd * 2 + 1 : nd + rem;
-      SHOAL_RETURN_IF_ERROR(
-          sendrecv(dst, buf, bytes_n, dst, scratch_.data(), bytes_n, fp, "allreduce (rd)"));
+    for (int mask = 1; mask < fold_p2(); mask <<= 1) {
+      const int dst = fold_rank(newrank ^ mask);
+      SHOAL_RETURN_IF_ERROR(sendrecv(dst, buf, bytes_n, dst, scratch_.data(), bytes_n, fp, what));
       // Lower rank's data first: every rank then computes the same bits.
       if (dst < rank_) {  // theirs (op) mine, computed in scratch, then copied back
         reduce_into(scratch_.data(), buf, count, dt, op);
@@ -890,13 +910,7 @@ Status Communicator::rd_allreduce(void* buf, std::size_t count, DType dt, Reduce
       }
     }
   }
-  if (rank_ < 2 * rem) {
-    if (rank_ % 2 == 1)
-      SHOAL_RETURN_IF_ERROR(send_to(rank_ - 1, buf, bytes_n, fp, "allreduce (rd)"));
-    else
-      SHOAL_RETURN_IF_ERROR(recv_from(rank_ + 1, buf, bytes_n, fp, "allreduce (rd)"));
-  }
-  return ok_status();
+  return fold_out(buf, bytes_n, fp, what);
 }
 
 Status Communicator::exchange_all(const void* mine, std::size_t bytes, void* theirs,
@@ -982,33 +996,15 @@ Status Communicator::direct_allreduce(void* buf, std::size_t count, DType dt, Re
 // halving (log2 p exchanges of n/2, n/4, ... bytes) then an allgather by
 // recursive doubling in reverse; the ring's bandwidth with log2 p instead
 // of p - 1 latencies. Non-powers of two fold the extra ranks in first, as
-// rd_allreduce does. Each element is reduced once, lower rank's value
-// first, so every rank gets the same bits.
+// rd_allreduce does. Each element is reduced once (in the middle phase,
+// lower rank's value first), so every rank gets the same bits.
 Status Communicator::hd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op,
                                   std::uint64_t fp) {
   const char* what = "allreduce (halving-doubling)";
-  const int n = world_;
   const std::size_t es = dtype_size(dt), bytes_n = count * es;
   auto* base = bytes(buf);
-  int p2 = 1;
-  while (p2 * 2 <= n) p2 *= 2;
-  const int rem = n - p2;
-  scratch_.resize(bytes_n);
-  int newrank;
-  if (rank_ < 2 * rem) {
-    if (rank_ % 2 == 0) {
-      SHOAL_RETURN_IF_ERROR(send_to(rank_ + 1, buf, bytes_n, fp, what));
-      newrank = -1;
-    } else {
-      SHOAL_RETURN_IF_ERROR(recv_from(rank_ - 1, scratch_.data(), bytes_n, fp, what));
-      reduce_into(scratch_.data(), buf, count, dt, op);  // lower rank first
-      std::memcpy(buf, scratch_.data(), bytes_n);
-      newrank = rank_ / 2;
-    }
-  } else {
-    newrank = rank_ - rem;
-  }
-  auto real = [&](int nr) { return nr < rem ? nr * 2 + 1 : nr + rem; };
+  const int p2 = fold_p2();
+  SHOAL_ASSIGN_OR_RETURN(const int newrank, fold_in(buf, count, dt, op, fp, what));
   if (newrank >= 0) {
     struct Level {
       int peer;
@@ -1017,7 +1013,7 @@ Status Communicator::hd_allreduce(void* buf, std::size_t count, DType dt, Reduce
     std::vector<Level> levels;
     std::size_t lo = 0, hi = count;
     for (int mask = p2 / 2; mask >= 1; mask /= 2) {
-      const int peer = real(newrank ^ mask);
+      const int peer = fold_rank(newrank ^ mask);
       const std::size_t mid = lo + (hi - lo) / 2;
       Level l{peer, lo, mid, mid, hi};
       if (newrank & mask) l = Level{peer, mid, hi, lo, mid};
@@ -1040,13 +1036,7 @@ Status Communicator::hd_allreduce(void* buf, std::size_t count, DType dt, Reduce
           sendrecv(it->peer, base + it->keep_lo * es, (it->keep_hi - it->keep_lo) * es, it->peer,
                    base + it->give_lo * es, (it->give_hi - it->give_lo) * es, fp, what));
   }
-  if (rank_ < 2 * rem) {
-    if (rank_ % 2 == 1)
-      SHOAL_RETURN_IF_ERROR(send_to(rank_ - 1, buf, bytes_n, fp, what));
-    else
-      SHOAL_RETURN_IF_ERROR(recv_from(rank_ + 1, buf, bytes_n, fp, what));
-  }
-  return ok_status();
+  return fold_out(buf, bytes_n, fp, what);
 }
 
 // The two-level layout, made once at start-up (split is collective): used

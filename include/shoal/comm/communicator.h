@@ -224,6 +224,11 @@ class Communicator {
   Status rd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
   Status direct_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
   Status hd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
+  Result<int> fold_in(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp,
+                      const char* what);
+  Status fold_out(void* buf, std::size_t bytes_n, std::uint64_t fp, const char* what);
+  int fold_p2() const;
+  int fold_rank(int nr) const;
   Status hier_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op);
   Status setup_hierarchy();
   // Sends `bytes` of `mine` to every peer and receives each peer's into
