@@ -328,9 +328,12 @@ Status Communicator::probe_cma(net::Store& store, Deadline dl) {
     }
     std::uint64_t got = 0;
     iovec local{&got, sizeof got}, remote{reinterpret_cast<void*>(addr), sizeof got};
+    // Read the word, then write the same value back: both directions are used.
     ok = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) ==
              static_cast<ssize_t>(sizeof got) &&
-         got == cma_probe_;
+         got == cma_probe_ &&
+         process_vm_writev(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) ==
+             static_cast<ssize_t>(sizeof got);
     cma_pid_[static_cast<std::size_t>(j)] = static_cast<int>(pid);
   }
   SHOAL_RETURN_IF_ERROR(store.set(fmt::format("{}/cma_ok/{}", px, rank_), ok ? "1" : "0"));
@@ -925,20 +928,23 @@ Status Communicator::exchange_all(const void* mine, std::size_t bytes, void* the
   return exchange(xs, fp, what);
 }
 
-Status Communicator::cma_read(int peer, std::uint64_t remote, void* local, std::size_t bytes,
-                              const char* what) {
-  auto* dst = static_cast<std::uint8_t*>(local);
+Status Communicator::cma_copy(int peer, std::uint64_t remote, void* local, std::size_t bytes,
+                              bool to_peer, const char* what) {
+  auto* mine = static_cast<std::uint8_t*>(local);
+  const pid_t pid = cma_pid_[static_cast<std::size_t>(peer)];
   while (bytes > 0) {
-    iovec l{dst, bytes}, r{reinterpret_cast<void*>(remote), bytes};
-    ssize_t n = process_vm_readv(cma_pid_[static_cast<std::size_t>(peer)], &l, 1, &r, 1, 0);
+    iovec l{mine, bytes}, r{reinterpret_cast<void*>(remote), bytes};
+    ssize_t n =
+        to_peer ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
-      return unavailable("{} #{}: reading the buffer of {}: {}", what, seq_,
+      return unavailable("{} #{}: {} the buffer of {}: {}", what, seq_,
+                         to_peer ? "writing" : "reading",
                          peers_[static_cast<std::size_t>(peer)].peer(),
                          n < 0 && errno == ESRCH ? "the process is gone (died?)"
                                                  : std::strerror(n < 0 ? errno : EIO));
     }
-    dst += n;
+    mine += n;
     remote += static_cast<std::uint64_t>(n);
     bytes -= static_cast<std::size_t>(n);
   }
@@ -948,11 +954,11 @@ Status Communicator::cma_read(int peer, std::uint64_t remote, void* local, std::
 // Direct all-reduce between ranks on one host: every rank publishes its
 // buffer's address; rank r reduces its 1/N of the elements by reading that
 // part of every peer's buffer (process_vm_readv, in 256 KiB pieces that
-// stay in cache) into its own; after a barrier each rank copies the other
-// parts straight from their owners' buffers; a last barrier keeps every
-// buffer in place until all have read. One copy per byte moved instead of
-// two through a ring, and no rank waits for a descheduled peer to push data
-// (it pulls), which matters when ranks outnumber cores. Each part is
+// stay in cache) into its own, and writes each finished piece straight into
+// every peer's buffer (process_vm_writev); a barrier ends the call once all
+// parts are everywhere. One copy per byte moved instead of two through a
+// ring, and no rank waits for a descheduled peer to push data, which
+// matters when ranks outnumber cores. Each part is
 // reduced by one rank in a fixed order (its owner's values, then the
 // others by rank), so all ranks get the same bits, run after run.
 Status Communicator::direct_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op,
@@ -977,19 +983,20 @@ Status Communicator::direct_allreduce(void* buf, std::size_t count, DType dt, Re
     const std::size_t len = std::min(piece, lo(rank_ + 1) - off);
     for (int q = 0; q < world_; ++q) {
       if (q == rank_) continue;
-      SHOAL_RETURN_IF_ERROR(
-          cma_read(q, theirs[static_cast<std::size_t>(q)].addr + off, bounce_.data(), len, what));
+      SHOAL_RETURN_IF_ERROR(cma_copy(q, theirs[static_cast<std::size_t>(q)].addr + off,
+                                     bounce_.data(), len, false, what));
       reduce_into(base + off, bounce_.data(), len / es, dt, op);
     }
+    // The piece is final: put it into every peer's buffer too (nobody else
+    // reads or writes that range of theirs).
+    for (int q = 0; q < world_; ++q)
+      if (q != rank_)
+        SHOAL_RETURN_IF_ERROR(cma_copy(q, theirs[static_cast<std::size_t>(q)].addr + off,
+                                       base + off, len, true, what));
   }
   std::vector<std::uint8_t> flags(n);
   std::uint8_t one = 1;
-  SHOAL_RETURN_IF_ERROR(exchange_all(&one, 1, flags.data(), fp, what));  // all parts reduced
-  for (int q = 0; q < world_; ++q)
-    if (q != rank_)
-      SHOAL_RETURN_IF_ERROR(cma_read(q, theirs[static_cast<std::size_t>(q)].addr + lo(q),
-                                     base + lo(q), lo(q + 1) - lo(q), what));
-  return exchange_all(&one, 1, flags.data(), fp, what);  // all copies made
+  return exchange_all(&one, 1, flags.data(), fp, what);  // every part written everywhere
 }
 
 // Recursive halving-doubling (Rabenseifner): a reduce-scatter by recursive
@@ -1149,9 +1156,9 @@ Status Communicator::do_allreduce(const void* send, void* recv, std::size_t coun
   }
   Algorithm a = o_.allreduce;
   if (a == Algorithm::kDirect && !cma_) a = Algorithm::kRing;  // not available: the next best
-  // Measured crossover (bench comm): 2 MiB at 2 ranks, 256 KiB at 4.
+  // Measured crossovers (bench comm): 64 KiB at 2 ranks, 256 KiB at 4.
   const std::size_t direct_from =
-      o_.direct_bytes ? o_.direct_bytes : (world_ == 2 ? std::size_t{2} << 20 : 256 << 10);
+      o_.direct_bytes ? o_.direct_bytes : (world_ == 2 ? std::size_t{64} << 10 : 256 << 10);
   if (a == Algorithm::kAuto && local_ && count * dtype_size(dt) >= o_.small_bytes)
     a = Algorithm::kHierarchical;
   if (a == Algorithm::kAuto && cma_ && count * dtype_size(dt) >= direct_from)

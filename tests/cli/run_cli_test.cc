@@ -155,13 +155,15 @@ class Srun : public ::testing::Test {
     if (std::system("command -v slurmctld >/dev/null") != 0) return;
     std::string dir = ::testing::TempDir() + "/shoal-slurm-" + std::to_string(getpid());
     setenv("SHOAL_SLURM_DIR", dir.c_str(), 1);
-    started_ =
-        std::system((std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh start").c_str()) == 0;
+    const std::string script = std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh";
+    started_ = std::system(("timeout 90 " + script + " start").c_str()) == 0;
+    if (!started_) (void)std::system(("timeout 30 " + script + " stop").c_str());
     setenv("SLURM_CONF", (dir + "/slurm.conf").c_str(), 1);
   }
   static void TearDownTestSuite() {
     if (started_)
-      (void)std::system((std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh stop").c_str());
+      (void)std::system(
+          ("timeout 30 " + std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh stop").c_str());
   }
   void SetUp() override {
     if (std::system("command -v slurmctld >/dev/null") != 0)

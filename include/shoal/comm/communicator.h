@@ -69,8 +69,8 @@ struct CommOptions {
   long shm_spin_us = 50;
   // SHOAL_CMA=0 turns it off: when every rank is on this host and Linux
   // cross-memory attach works between them (probed at start-up), large
-  // all-reduces read peers' buffers directly (process_vm_readv: one copy
-  // instead of two through a ring) from direct_bytes up. Its reduction
+  // all-reduces read and write peers' buffers directly (process_vm_readv/
+  // writev: one copy instead of two through a ring) from direct_bytes up. Its reduction
   // order is fixed, so SHOAL_DETERMINISTIC=1 keeps it.
   bool cma = true;
   // Which host this rank is on (SHOAL_HOST_ID; default hostname + boot id).
@@ -78,7 +78,7 @@ struct CommOptions {
   // several ranks on some of them gets the two-level all-reduce. Tests use
   // it to make one machine look like several.
   std::string host_id;
-  std::size_t direct_bytes = 0;  // 0: 2 MiB at 2 ranks, 256 KiB at more
+  std::size_t direct_bytes = 0;  // 0: 64 KiB at 2 ranks, 256 KiB at more
   // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR,
   // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC, SHOAL_SHM_SPIN_US, SHOAL_SHM_BYTES, SHOAL_CMA.
   static Result<CommOptions> from_env();
@@ -236,7 +236,10 @@ class Communicator {
   Status exchange_all(const void* mine, std::size_t bytes, void* theirs, std::uint64_t fp,
                       const char* what);
   Status probe_cma(net::Store& store, Deadline dl);
-  Status cma_read(int peer, std::uint64_t remote, void* local, std::size_t bytes, const char* what);
+  // Copies between `local` and `remote` in a peer's address space (to_peer:
+  // local -> remote), through process_vm_readv/writev.
+  Status cma_copy(int peer, std::uint64_t remote, void* local, std::size_t bytes, bool to_peer,
+                  const char* what);
   Status do_reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op, int root,
                    std::uint64_t fp);
   Status do_broadcast(void* buf, std::size_t bytes, int root, std::uint64_t fp);
