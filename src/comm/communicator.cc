@@ -546,6 +546,22 @@ void absorb(Communicator::Xfer& x, std::uint8_t* bounce, std::size_t n) {
 }
 }  // namespace
 
+// The text of an abort frame whose header has been read, from where the
+// header came: the peer's shared-memory ring or its socket (bounded: 1 MiB).
+std::string Communicator::abort_message(int peer, std::uint64_t length, bool from_ring,
+                                        Deadline dl) {
+  std::string m(std::min<std::uint64_t>(length, 1 << 20), '\0');
+  if (from_ring) {
+    std::size_t got = 0;
+    for (int spin = 0; got < m.size() && spin < 1000000 && !dl.expired(); ++spin)
+      got += shm_[static_cast<std::size_t>(peer)]->rx().read_some(m.data() + got, m.size() - got);
+    m.resize(got);
+  } else {
+    (void)peers_[static_cast<std::size_t>(peer)].recv_all(m.data(), m.size(), dl);
+  }
+  return m;
+}
+
 Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const char* what) {
   const std::uint64_t wseq = static_cast<std::uint8_t>(fp) == kSendRecv ? kP2pSeq : seq_;
   Deadline dl = deadline();
@@ -575,19 +591,9 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
     net::Socket& s = peers_[static_cast<std::size_t>(x.peer)];
     auto h = net::decode_header(x.hdr, net::kMaxFrame, s.peer());
     if (!h.ok()) return h.status().with_context(fmt::format("{} #{}", what, seq_));
-    if (h->type == static_cast<std::uint16_t>(net::FrameType::kAbort)) {
-      std::string m(std::min<std::uint64_t>(h->length, 1 << 20), '\0');
-      if (is_shm(x.peer)) {
-        std::size_t got = 0;
-        for (int spin = 0; got < m.size() && spin < 1000000 && !dl.expired(); ++spin)
-          got += shm_[static_cast<std::size_t>(x.peer)]->rx().read_some(m.data() + got,
-                                                                        m.size() - got);
-        m.resize(got);
-      } else {
-        (void)s.recv_all(m.data(), m.size(), dl);
-      }
-      return aborted("{} #{}: {}", what, seq_, m);
-    }
+    if (h->type == static_cast<std::uint16_t>(net::FrameType::kAbort))
+      return aborted("{} #{}: {}", what, seq_,
+                     abort_message(x.peer, h->length, is_shm(x.peer), dl));
     if (h->type == static_cast<std::uint16_t>(net::FrameType::kGoodbye))
       return fail_peer(x.peer,
                        "shut down its communicator while this rank still waits for it "
@@ -726,11 +732,8 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
           if (h.ok() && involved && h->type == static_cast<std::uint16_t>(net::FrameType::kGoodbye))
             gone[static_cast<std::size_t>(p)] = true;
           if (h.ok() && h->type == static_cast<std::uint16_t>(net::FrameType::kAbort)) {
-            net::Socket& s = peers_[static_cast<std::size_t>(p)];
-            std::string m(h->length, '\0');
-            (void)s.recv_all(hb, sizeof hb, dl);
-            (void)s.recv_all(m.data(), m.size(), dl);
-            return aborted("{} #{}: {}", what, seq_, m);
+            (void)peers_[static_cast<std::size_t>(p)].recv_all(hb, sizeof hb, dl);  // peeked
+            return aborted("{} #{}: {}", what, seq_, abort_message(p, h->length, false, dl));
           }
         }
         // Data for a later step, or a clean goodbye: leave it for whoever reads it.

@@ -182,8 +182,7 @@ Status Trainer::init(const TrainOptions& o) {
   } else {
     dir_ = o.out;
   }
-  if (!o.resume && o.checkpoints && o.rank == 0 &&
-      !CheckpointDir((fs::path(dir_) / "checkpoints").string(), 1).list().empty())
+  if (!o.resume && o.checkpoints && o.rank == 0 && !checkpoint_dir().list().empty())
     return already_exists(
         "{} holds checkpoints of an earlier run; pass --resume to continue it or choose "
         "another --out",
@@ -410,6 +409,10 @@ Result<EvalResult> Trainer::evaluate() {
   return r;
 }
 
+CheckpointDir Trainer::checkpoint_dir() const {
+  return CheckpointDir((fs::path(dir_) / "checkpoints").string(), o_.keep_checkpoints);
+}
+
 Status Trainer::checkpoint() {
   if (!o_.checkpoints) return ok_status();
   SHOAL_RETURN_IF_ERROR(sync_buffers());
@@ -429,14 +432,14 @@ Status Trainer::checkpoint() {
   s.meta["world"] = std::to_string(o_.world);
   s.meta["threads"] = std::to_string(runtime::num_threads());
   s.meta["executable_step"] = std::to_string(impl_->exe->steps());
-  CheckpointDir cd((fs::path(dir_) / "checkpoints").string(), o_.keep_checkpoints);
+  CheckpointDir cd = checkpoint_dir();
   SHOAL_ASSIGN_OR_RETURN(std::string path, cd.save(step_, s));
   SHOAL_LOG_DEBUG("checkpoint {} (step {})", path, step_);
   return ok_status();
 }
 
 Status Trainer::resume_latest() {
-  CheckpointDir cd((fs::path(dir_) / "checkpoints").string(), o_.keep_checkpoints);
+  CheckpointDir cd = checkpoint_dir();
   std::vector<std::string> refused;
   auto got = cd.load_latest(&refused);
   for (const auto& r : refused) SHOAL_LOG_WARN("resume: refused checkpoint: {}", r);

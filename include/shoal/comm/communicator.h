@@ -216,6 +216,7 @@ class Communicator {
   Status send_to(int to, const void* s, std::size_t sb, std::uint64_t fp, const char* what);
   Status recv_from(int from, void* r, std::size_t rb, std::uint64_t fp, const char* what);
   void abort_peers(const Status& why);
+  std::string abort_message(int peer, std::uint64_t length, bool from_ring, Deadline dl);
 
   Status calibrate();
   Algorithm choose_allreduce(std::size_t bytes) const;

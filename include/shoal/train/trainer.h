@@ -18,6 +18,7 @@
 
 #include "shoal/core/status.h"
 #include "shoal/graph/graph.h"
+#include "shoal/train/checkpoint.h"
 #include "shoal/train/optim.h"
 
 namespace shoal::train {
@@ -110,6 +111,7 @@ class Trainer {
   Status train_step(double* loss, std::int64_t* correct);
   Status write_plot() const;
   Status sync_from_lead();
+  CheckpointDir checkpoint_dir() const;  // <run dir>/checkpoints, keeping keep_checkpoints
   Status sync_buffers();
   TrainOptions o_;
   std::string dir_;
