@@ -117,11 +117,25 @@ void divide_by_size(void* buf, std::size_t n, DType dt, int size) {
     using T = decltype(tag);
     if constexpr (!std::is_same_v<T, bool>) {
       T* p = static_cast<T*>(buf);
-      for (std::size_t i = 0; i < n; ++i)
-        p[i] = from_double<T>(
-            std::is_integral_v<T>
-                ? static_cast<double>(static_cast<std::int64_t>(to_double(p[i])) / size)
-                : to_double(p[i]) / size);
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        // In the type itself, so it vectorizes: a float quotient rounded once
+        // equals the double quotient rounded to float (the old path), and the
+        // scalar double division per element cost 0.7 ms per 2 MB of
+        // gradients, a third of a data-parallel MLP step.
+        const T d = static_cast<T>(size);
+        if ((size & (size - 1)) == 0) {  // 1/size is exact: the same bits, a multiply
+          const T r = T(1) / d;
+          for (std::size_t i = 0; i < n; ++i) p[i] = p[i] * r;
+        } else {
+          for (std::size_t i = 0; i < n; ++i) p[i] = p[i] / d;
+        }
+      } else {
+        for (std::size_t i = 0; i < n; ++i)
+          p[i] = from_double<T>(
+              std::is_integral_v<T>
+                  ? static_cast<double>(static_cast<std::int64_t>(to_double(p[i])) / size)
+                  : to_double(p[i]) / size);
+      }
     }
   });
 }
