@@ -990,6 +990,8 @@ Status Communicator::direct_allreduce(void* buf, std::size_t count, DType dt, Re
                                      bounce_.data(), len, false, what));
       reduce_into(base + off, bounce_.data(), len / es, dt, op);
     }
+    // Average while the piece is in cache (do_allreduce skips its pass).
+    if (op == ReduceOp::kAvg) divide_by_size(base + off, len / es, dt, world_);
     // The piece is final: put it into every peer's buffer too (nobody else
     // reads or writes that range of theirs).
     for (int q = 0; q < world_; ++q)
@@ -1188,7 +1190,7 @@ Status Communicator::do_allreduce(const void* send, void* recv, std::size_t coun
     st = rd_allreduce(recv, count, dt, op, fp);
   }
   SHOAL_RETURN_IF_ERROR(st);
-  if (op == ReduceOp::kAvg) divide_by_size(recv, count, dt, world_);
+  if (op == ReduceOp::kAvg && a != Algorithm::kDirect) divide_by_size(recv, count, dt, world_);
   return ok_status();
 }
 
