@@ -2,7 +2,8 @@
 """bench/fault_soak: kill -9 a random rank at a random moment, many times.
 
 Each run starts `shoal run -n N [--max-restarts 1] -- shoal train ...` (a
-deterministic data-parallel job), waits a random time while it trains,
+deterministic data-parallel job), waits a random 20-80% of an uninterrupted
+run's length,
 SIGKILLs one random rank (found by its SHOAL_RANK), and checks:
   * the launcher ends within its --timeout,
   * its report names that rank and signal 9,
@@ -74,14 +75,15 @@ def main():
     tmp = tempfile.mkdtemp(prefix="shoal_soak_")
     bad = 0
     try:
-        ref = None
-        if a.restart:
-            out = os.path.join(tmp, "reference")
-            t0 = time.time()
-            subprocess.run([a.shoal, "run", "-n", str(a.ranks), "--"] + train_cmd(a.shoal, out),
-                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            ref = final_acc(out)
-            print(f"reference (uninterrupted): test accuracy {ref:.4f} in {time.time() - t0:.1f} s")
+        # An uninterrupted run: its accuracy (for --restart) and its length,
+        # so that every kill lands while the job trains (20-80% of the way).
+        out = os.path.join(tmp, "reference")
+        t0 = time.time()
+        subprocess.run([a.shoal, "run", "-n", str(a.ranks), "--"] + train_cmd(a.shoal, out),
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        length = time.time() - t0
+        ref = final_acc(out)
+        print(f"reference (uninterrupted): test accuracy {ref:.4f} in {length:.1f} s")
         ends = []
         for i in range(a.runs):
             out = os.path.join(tmp, f"run{i}")
@@ -90,7 +92,7 @@ def main():
                 cmd += ["--max-restarts", "1"]
             p = subprocess.Popen(cmd + ["--"] + train_cmd(a.shoal, out), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
-            delay = rng.uniform(0.6, 3.0)
+            delay = rng.uniform(0.2 * length, 0.8 * length)
             time.sleep(delay)
             victim, pid = None, None
             for _ in range(50):  # bounded: the ranks may still be starting
