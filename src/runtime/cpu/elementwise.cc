@@ -9,10 +9,24 @@
 namespace shoal::runtime::cpu {
 namespace {
 
+// body(i) for i in [0, n): split over OpenMP threads above the grain,
+// vectorized either way. Not `parallel for simd if (...)`: GCC's serial
+// fallback of that form is not vectorized (the step op ran one branchy
+// element at a time: 77 us for 16k floats, 2.6 us now).
+template <typename Body>
+void simd_loop(std::int64_t n, Body body) {
+  if (n > kParallelGrain) {
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) body(i);
+}
+
 template <typename T, typename F>
 void map_unary(const T* x, T* y, std::int64_t n, F f) {
-#pragma omp parallel for simd if (n > kParallelGrain) schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+  simd_loop(n, [&](std::int64_t i) { y[i] = f(x[i]); });
 }
 
 template <typename F>
@@ -39,20 +53,17 @@ void map_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   std::int64_t n = out.numel();
   if (n == 0) return;
   if (a.shape() == os && b.shape() == os) {
-#pragma omp parallel for simd if (n > kParallelGrain) schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    simd_loop(n, [&](std::int64_t i) { po[i] = f(pa[i], pb[i]); });
     return;
   }
   if (b.numel() == 1 && a.shape() == os) {
-    T s = pb[0];
-#pragma omp parallel for simd if (n > kParallelGrain) schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) po[i] = f(pa[i], s);
+    const T s = pb[0];
+    simd_loop(n, [&](std::int64_t i) { po[i] = f(pa[i], s); });
     return;
   }
   if (a.numel() == 1 && b.shape() == os) {
-    T s = pa[0];
-#pragma omp parallel for simd if (n > kParallelGrain) schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) po[i] = f(s, pb[i]);
+    const T s = pa[0];
+    simd_loop(n, [&](std::int64_t i) { po[i] = f(s, pb[i]); });
     return;
   }
   Shape sa = broadcast_strides(a.shape(), os), sb = broadcast_strides(b.shape(), os);
@@ -115,7 +126,10 @@ void register_elementwise(KernelRegistry& r) {
   add_unary(r, "rsqrt", [](auto x) { return decltype(x)(1) / std::sqrt(x); });
   add_unary(r, "abs", [](auto x) { return std::abs(x); });
   add_unary(r, "relu", [](auto x) { return x > 0 ? x : decltype(x)(0); });
-  add_unary(r, "step", [](auto x) { return x > 0 ? decltype(x)(1) : decltype(x)(0); });
+  // Branch-free (the ternary compiled to a branch per element: ReLU
+  // inputs are positive at random, so ~4.8 ns/element in mispredictions; the
+  // compare-and-convert vectorizes). Same values, NaN -> 0 as before.
+  add_unary(r, "step", [](auto x) { return static_cast<decltype(x)>(x > decltype(x)(0)); });
   add_unary(r, "sign", [](auto x) {
     using T = decltype(x);
     return x > 0 ? T(1) : (x < 0 ? T(-1) : T(0));
