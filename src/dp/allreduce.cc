@@ -1,7 +1,6 @@
 #include "shoal/dp/allreduce.h"
 
 #include <algorithm>
-#include <cstring>
 #include <mutex>
 
 #include "shoal/graph/builder.h"
@@ -32,18 +31,26 @@ Result<comm::ReduceOp> reduce_op_attr(const graph::Node& n) {
 
 // Packs its inputs into one buffer of the wire dtype, all-reduces it on
 // the communicator's progress thread, and unpacks into its outputs when
-// the executor waits.
+// the executor waits. Packing and unpacking are Tensor::copy_from between
+// the tensors and views into the buffer (it converts f32 <-> f16/bf16).
 class BucketKernel final : public runtime::Kernel {
  public:
-  BucketKernel(comm::Communicator* c, comm::ReduceOp op, DType wire, std::int64_t elements,
-               bool direct)
+  BucketKernel(comm::Communicator* c, comm::ReduceOp op, DType wire,
+               const std::vector<graph::TensorType>& in)
       : c_(c), op_(op), wire_(wire) {
-    if (!direct) buf_.resize(static_cast<std::size_t>(elements) * dtype_size(wire));
+    if (in.size() == 1 && wire == DType::kF32) return;  // direct: no buffer
+    for (const auto& t : in) elements_ += num_elements(t.shape);
+    auto buf = Storage::allocate(static_cast<std::size_t>(elements_) * dtype_size(wire));
+    std::int64_t off = 0;
+    for (const auto& t : in) {
+      views_.push_back(Tensor::from_storage(buf, t.shape, wire, off));
+      off += num_elements(t.shape);
+    }
   }
 
   Status run(const runtime::KernelContext&, std::span<const Tensor> in,
              std::span<Tensor> out) override {
-    if (in.size() == 1 && wire_ == DType::kF32) {
+    if (views_.empty()) {
       // One f32 tensor: reduce straight from the gradient into the output,
       // no packing (the executor keeps the input untouched until the wait).
       out_.clear();
@@ -51,29 +58,10 @@ class BucketKernel final : public runtime::Kernel {
                                   static_cast<std::size_t>(in[0].numel()), wire_, op_);
       return ok_status();
     }
-    std::size_t off = 0;
-    for (const Tensor& t : in) {
-      const auto n = static_cast<std::size_t>(t.numel());
-      const float* src = t.data<float>();
-      switch (wire_) {
-        case DType::kF32:
-          std::memcpy(buf_.data() + off * 4, src, n * 4);
-          break;
-        case DType::kF16: {
-          auto* dst = reinterpret_cast<F16*>(buf_.data()) + off;
-          for (std::size_t i = 0; i < n; ++i) dst[i] = float_to_f16(src[i]);
-          break;
-        }
-        default: {
-          auto* dst = reinterpret_cast<BF16*>(buf_.data()) + off;
-          for (std::size_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
-          break;
-        }
-      }
-      off += n;
-    }
+    for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(views_[i].copy_from(in[i]));
     out_.assign(out.begin(), out.end());
-    work_ = c_->allreduce_async(buf_.data(), buf_.data(), off, wire_, op_);
+    work_ = c_->allreduce_async(views_[0].raw_data(), views_[0].raw_data(),
+                                static_cast<std::size_t>(elements_), wire_, op_);
     return ok_status();
   }
   bool is_async() const override { return true; }
@@ -84,27 +72,8 @@ class BucketKernel final : public runtime::Kernel {
     start_ = work_->started();
     end_ = work_->finished();
     work_.reset();
-    std::size_t off = 0;
-    for (Tensor& t : out_) {
-      const auto n = static_cast<std::size_t>(t.numel());
-      float* dst = t.data<float>();
-      switch (wire_) {
-        case DType::kF32:
-          std::memcpy(dst, buf_.data() + off * 4, n * 4);
-          break;
-        case DType::kF16: {
-          const auto* src = reinterpret_cast<const F16*>(buf_.data()) + off;
-          for (std::size_t i = 0; i < n; ++i) dst[i] = f16_to_float(src[i]);
-          break;
-        }
-        default: {
-          const auto* src = reinterpret_cast<const BF16*>(buf_.data()) + off;
-          for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
-          break;
-        }
-      }
-      off += n;
-    }
+    for (std::size_t i = 0; i < out_.size(); ++i)
+      SHOAL_RETURN_IF_ERROR(out_[i].copy_from(views_[i]));
     out_.clear();
     return ok_status();
   }
@@ -121,7 +90,8 @@ class BucketKernel final : public runtime::Kernel {
   comm::Communicator* c_;
   comm::ReduceOp op_;
   DType wire_;
-  std::vector<std::uint8_t> buf_;
+  std::int64_t elements_ = 0;
+  std::vector<Tensor> views_;  // into one buffer of the wire dtype
   std::vector<Tensor> out_;
   comm::WorkPtr work_;
   std::chrono::steady_clock::time_point start_{}, end_{};
@@ -194,10 +164,7 @@ void register_ops() {
             return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
           SHOAL_ASSIGN_OR_RETURN(comm::ReduceOp op, reduce_op_attr(n));
           SHOAL_ASSIGN_OR_RETURN(DType wire, parse_dtype(n.attrs.get_string_or("wire", "f32")));
-          std::int64_t elements = 0;
-          for (const auto& t : in) elements += num_elements(t.shape);
-          return std::unique_ptr<runtime::Kernel>(std::make_unique<BucketKernel>(
-              c, op, wire, elements, in.size() == 1 && wire == DType::kF32));
+          return std::unique_ptr<runtime::Kernel>(std::make_unique<BucketKernel>(c, op, wire, in));
         });
   });
 }
