@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "shoal/comm/communicator.h"
 #include "shoal/net/store.h"
 #include "shoal/tensor/safetensors.h"
 
@@ -47,6 +48,15 @@ int g_sig_pipe[2] = {-1, -1};
 void on_signal(int sig) {
   unsigned char b = static_cast<unsigned char>(sig);
   (void)!write(g_sig_pipe[1], &b, 1);
+}
+// SIGINT/SIGTERM become bytes on g_sig_pipe, which the poll loops read.
+bool catch_signals() {
+  if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return false;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  return true;
 }
 
 std::string describe(int status) {
@@ -464,18 +474,15 @@ int exec_rank(const std::vector<std::string>& cmd) {
     fmt::print(stderr, "shoal run-rank: no command given\n");
     return 2;
   }
-  const char* rank = nullptr;
-  for (const char* v :
-       {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "SHOAL_RANK"})
-    if ((rank = std::getenv(v)) != nullptr) break;
+  // The rank as the ranks themselves find it (mpirun's variables, etc.).
+  auto env = comm::env_info();
+  const std::string rank = env.ok() && env->source != "none (single process)"
+                               ? std::to_string(env->rank)
+                               : std::string("?");
   std::vector<char*> av;
   for (const auto& a : cmd) av.push_back(const_cast<char*>(a.c_str()));
   av.push_back(nullptr);
-  if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 2;
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  if (!catch_signals()) return 2;
   pid_t pid = fork();
   if (pid < 0) return 2;
   if (pid == 0) {
@@ -483,8 +490,8 @@ int exec_rank(const std::vector<std::string>& cmd) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     execvp(av[0], av.data());
-    fmt::print(stderr, "shoal-rank-exit: rank {} cannot start '{}': {}\n", rank ? rank : "?",
-               cmd[0], std::strerror(errno));
+    fmt::print(stderr, "shoal-rank-exit: rank {} cannot start '{}': {}\n", rank, cmd[0],
+               std::strerror(errno));
     _exit(127);
   }
   int st = 0;
@@ -499,7 +506,7 @@ int exec_rank(const std::vector<std::string>& cmd) {
   }
   int code = exit_code_of(st);
   if (code != 0) {
-    fmt::print(stderr, "shoal-rank-exit: rank {} {}\n", rank ? rank : "?", describe(st));
+    fmt::print(stderr, "shoal-rank-exit: rank {} {}\n", rank, describe(st));
     std::fflush(stderr);
   }
   return code;
@@ -511,11 +518,7 @@ int launch(const LaunchOptions& o) {
     return 2;
   }
   if (sodium_init() < 0) return 2;
-  if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 2;
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  if (!catch_signals()) return 2;
 
   // One id for the whole job (all attempts): `shoal train` names its
   // default run directory after it, so a restart finds its checkpoints.
