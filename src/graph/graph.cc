@@ -85,8 +85,11 @@ Result<std::vector<TensorType>> Graph::infer_types(const Node& n) const {
     return invalid_argument(
         "{}: takes {}..{} inputs, got {}", n.label(), def->min_inputs,
         def->max_inputs < 0 ? std::string("n") : std::to_string(def->max_inputs), ni);
+  // Names starting with '_' are annotations a backend pass adds for its own
+  // kernels (e.g. "_blocked_in"); they are not part of the op's contract.
   for (const auto& [k, v] : n.attrs.all())
-    if (std::find(def->attrs.begin(), def->attrs.end(), k) == def->attrs.end())
+    if (!k.starts_with('_') &&
+        std::find(def->attrs.begin(), def->attrs.end(), k) == def->attrs.end())
       return invalid_argument("{}: unknown attribute '{}'", n.label(), k);
   std::vector<TensorType> in;
   for (std::size_t i = 0; i < n.inputs.size(); ++i) {

@@ -21,6 +21,8 @@ namespace shoal::runtime {
 
 struct CompileOptions {
   bool fuse = true;  // fold activations into matmul/conv post-ops
+  // Keep blocked layouts between ops (SHOAL_BLOCKED_LAYOUT=0 turns it off).
+  bool blocked_layouts = true;
   bool constant_fold = true;
   double async_wait_seconds = 300.0;  // deadline for async kernels
 };
@@ -90,6 +92,11 @@ Result<int> constant_fold(graph::Graph& g);
 // Rewrites relu(linear|conv2d(...)) into the producer's "activation" attr
 // when the pre-activation has no other use. Returns how many were fused.
 int fuse_activations(graph::Graph& g);
+// Lets oneDNN's channel-blocked layout (nChw16c) flow between convolutions,
+// batch norms and element-wise ops, inserting `layout` conversions where a
+// blocked value meets another op or is a graph output. Returns how many
+// conversions were inserted. See src/runtime/cpu/layout.cc.
+Result<int> assign_blocked_layouts(graph::Graph& g);
 
 }  // namespace shoal::runtime
 

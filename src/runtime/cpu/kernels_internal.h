@@ -63,6 +63,22 @@ struct StridedCopy {
   void run(const void* src, void* dst) const;
 };
 
+// Channels per block of the blocked activation layout (oneDNN's nChw16c):
+// element (n, c, h, w) of an [N, C, H, W] tensor sits at
+// ((n * C/16 + c/16) * H * W + h * W + w) * 16 + c % 16.
+inline constexpr std::int64_t kBlockChannels = 16;
+
+// Whether input/output i of a node holds the blocked layout (annotations of
+// assign_blocked_layouts; absent = plain).
+inline bool blocked_input(const Node& n, std::size_t i) {
+  auto v = n.attrs.get_ints_or("_blocked_in", {});
+  return i < v.size() && v[i] != 0;
+}
+inline bool blocked_output(const Node& n, std::size_t i) {
+  auto v = n.attrs.get_ints_or("_blocked_out", {});
+  return i < v.size() && v[i] != 0;
+}
+
 // Grain under which a loop stays on one thread.
 inline constexpr std::int64_t kParallelGrain = 1 << 15;
 
@@ -71,6 +87,7 @@ void register_reduce(KernelRegistry& r);
 void register_shape_ops(KernelRegistry& r);
 void register_nn(KernelRegistry& r);
 void register_onednn(KernelRegistry& r);
+void register_layout_op();  // the graph op `layout` (layout.cc)
 std::string onednn_version();
 
 }  // namespace shoal::runtime::cpu

@@ -227,6 +227,163 @@ void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& ou
       }
 }
 
+// Batch norm over the blocked layout [N, C/16, H*W, 16] (see
+// kernels_internal.h): the 16 channels of a block are SIMD lanes. Per-row
+// partial sums (one row = one image's H*W for 16 channels) are taken in T
+// in parallel over (image, block), then summed over images in a fixed order
+// in double, so the result does not depend on the thread count.
+constexpr std::int64_t kB = kBlockChannels;
+
+std::vector<double>& bn_scratch(std::size_t n) {
+  thread_local std::vector<double> v;
+  if (v.size() < n) v.resize(n);
+  return v;
+}
+
+template <typename T>
+void batch_norm_fwd_blocked(bool training, double eps, std::span<const Tensor> in,
+                            std::span<Tensor> out) {
+  const Shape& xs = in[0].shape();
+  const std::int64_t n = xs[0], c = xs[1], cb = c / kB, sp = xs[2] * xs[3];
+  const T* x = in[0].data<T>();
+  T* y = out[0].data<T>();
+  T* mean = out[1].data<T>();
+  T* var = out[2].data<T>();
+  std::vector<double>& part = bn_scratch(static_cast<std::size_t>(2 * n * c + 2 * c));
+  double* p1 = part.data();    // [n][c] sum(x - k)
+  double* p2 = p1 + n * c;     // [n][c] sum((x - k)^2)
+  double* scale = p2 + n * c;  // [c]
+  double* shift = scale + c;   // [c]
+  if (training) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t b = 0; b < cb; ++b) {
+        const T* k0 = x + b * sp * kB;  // image 0, first pixel: the shift
+        const T* p = x + (i * cb + b) * sp * kB;
+        T a[kB] = {}, q[kB] = {};
+        for (std::int64_t s = 0; s < sp; ++s) {
+#pragma omp simd
+          for (std::int64_t l = 0; l < kB; ++l) {
+            T d = p[s * kB + l] - k0[l];
+            a[l] += d;
+            q[l] += d * d;
+          }
+        }
+        for (std::int64_t l = 0; l < kB; ++l) {
+          p1[i * c + b * kB + l] = a[l];
+          p2[i * c + b * kB + l] = q[l];
+        }
+      }
+  }
+  const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    double m, v;
+    if (training) {
+      double s1 = 0, s2 = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        s1 += p1[i * c + ch];
+        s2 += p2[i * c + ch];
+      }
+      const double k0 = x[(ch / kB) * sp * kB + ch % kB];
+      m = k0 + s1 / cnt;
+      v = std::max(0.0, s2 / cnt - (s1 / cnt) * (s1 / cnt));
+    } else {
+      m = in[3].data<T>()[ch];
+      v = in[4].data<T>()[ch];
+    }
+    mean[ch] = static_cast<T>(m);
+    var[ch] = static_cast<T>(v);
+    scale[ch] = static_cast<T>(in[1].data<T>()[ch] / std::sqrt(v + eps));
+    shift[ch] = static_cast<T>(in[2].data<T>()[ch] - m * static_cast<T>(scale[ch]));
+  }
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t b = 0; b < cb; ++b) {
+      T sc[kB], sh[kB];
+      for (std::int64_t l = 0; l < kB; ++l) {
+        sc[l] = static_cast<T>(scale[b * kB + l]);
+        sh[l] = static_cast<T>(shift[b * kB + l]);
+      }
+      const T* p = x + (i * cb + b) * sp * kB;
+      T* q = y + (i * cb + b) * sp * kB;
+      for (std::int64_t s = 0; s < sp; ++s) {
+#pragma omp simd
+        for (std::int64_t l = 0; l < kB; ++l) q[s * kB + l] = p[s * kB + l] * sc[l] + sh[l];
+      }
+    }
+}
+
+// in: x, gamma, mean, var, dy -> dx, dgamma, dbeta; x, dy and dx blocked.
+template <typename T>
+void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> in,
+                            std::span<Tensor> out) {
+  const Shape& xs = in[0].shape();
+  const std::int64_t n = xs[0], c = xs[1], cb = c / kB, sp = xs[2] * xs[3];
+  const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
+  const T* x = in[0].data<T>();
+  const T* dy = in[4].data<T>();
+  T* dx = out[0].data<T>();
+  std::vector<double>& part = bn_scratch(static_cast<std::size_t>(2 * n * c + 3 * c));
+  double* p1 = part.data();  // [n][c] sum(dy)
+  double* p2 = p1 + n * c;   // [n][c] sum(dy * (x - mean))
+  double* ca = p2 + n * c;   // dx = A dy + B x + C per channel
+  double* cbb = ca + c;
+  double* cc = cbb + c;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t b = 0; b < cb; ++b) {
+      T mt[kB], a[kB] = {}, q[kB] = {};
+      for (std::int64_t l = 0; l < kB; ++l) mt[l] = in[2].data<T>()[b * kB + l];
+      const T* p = x + (i * cb + b) * sp * kB;
+      const T* g = dy + (i * cb + b) * sp * kB;
+      for (std::int64_t s = 0; s < sp; ++s) {
+#pragma omp simd
+        for (std::int64_t l = 0; l < kB; ++l) {
+          a[l] += g[s * kB + l];
+          q[l] += g[s * kB + l] * (p[s * kB + l] - mt[l]);
+        }
+      }
+      for (std::int64_t l = 0; l < kB; ++l) {
+        p1[i * c + b * kB + l] = a[l];
+        p2[i * c + b * kB + l] = q[l];
+      }
+    }
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    const double m = in[2].data<T>()[ch],
+                 rstd = 1.0 / std::sqrt(static_cast<double>(in[3].data<T>()[ch]) + eps);
+    double sdy = 0, sdyx = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      sdy += p1[i * c + ch];
+      sdyx += p2[i * c + ch];
+    }
+    sdyx *= rstd;
+    out[1].data<T>()[ch] = static_cast<T>(sdyx);
+    out[2].data<T>()[ch] = static_cast<T>(sdy);
+    const double gr = in[1].data<T>()[ch] * rstd;
+    ca[ch] = static_cast<T>(gr);
+    cbb[ch] = static_cast<T>(training ? -gr * rstd * sdyx / cnt : 0.0);
+    cc[ch] = static_cast<T>(training ? -gr * sdy / cnt + gr * rstd * sdyx / cnt * m : 0.0);
+  }
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t b = 0; b < cb; ++b) {
+      T A[kB], B[kB], C[kB];
+      for (std::int64_t l = 0; l < kB; ++l) {
+        A[l] = static_cast<T>(ca[b * kB + l]);
+        B[l] = static_cast<T>(cbb[b * kB + l]);
+        C[l] = static_cast<T>(cc[b * kB + l]);
+      }
+      const T* p = x + (i * cb + b) * sp * kB;
+      const T* g = dy + (i * cb + b) * sp * kB;
+      T* q = dx + (i * cb + b) * sp * kB;
+      for (std::int64_t s = 0; s < sp; ++s) {
+#pragma omp simd
+        for (std::int64_t l = 0; l < kB; ++l)
+          q[s * kB + l] = A[l] * g[s * kB + l] + B[l] * p[s * kB + l] + C[l];
+      }
+    }
+}
+
 template <typename T>
 void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tensor> out) {
   bool training = node.attrs.get_int_or("training", 1) != 0;
@@ -474,10 +631,22 @@ void register_nn(KernelRegistry& r) {
       }
     });
   });
-  r.add("batch_norm", [](const Node&, const Inputs&) {
+  // The layout is fixed at compile time (reading attributes in a run would
+  // allocate).
+  r.add("batch_norm", [](const Node& n, const Inputs&) {
+    if (blocked_input(n, 0)) {
+      const bool training = n.attrs.get_int_or("training", 1) != 0;
+      const double eps = n.attrs.get_float_or("eps", 1e-5);
+      return FLOAT_KERNEL(batch_norm_fwd_blocked<T>(training, eps, in, out));
+    }
     return FLOAT_KERNEL(batch_norm_fwd<T>(c.node, in, out));
   });
-  r.add("batch_norm_grad", [](const Node&, const Inputs&) {
+  r.add("batch_norm_grad", [](const Node& n, const Inputs&) {
+    if (blocked_input(n, 0)) {
+      const bool training = n.attrs.get_int_or("training", 1) != 0;
+      const double eps = n.attrs.get_float_or("eps", 1e-5);
+      return FLOAT_KERNEL(batch_norm_bwd_blocked<T>(training, eps, in, out));
+    }
     return FLOAT_KERNEL(batch_norm_bwd<T>(c.node, in, out));
   });
   r.add("layer_norm", [](const Node& n, const Inputs&) {
