@@ -5,7 +5,7 @@
 // a reorder on each side, and in a ResNet step those reorders were a fifth
 // of all oneDNN time. This pass lets a blocked tensor flow on to the ops
 // that do not care (elementwise maps over same-shaped tensors) or know the
-// layout (convolutions, batch norm), and inserts one explicit `layout`
+// layout (convolutions, batch norm, max pooling), and inserts one explicit `layout`
 // conversion where a blocked value meets any other op or leaves the graph.
 //
 // Only f32 4-D tensors whose channel count is a multiple of 16 are blocked,
@@ -107,6 +107,13 @@ Result<int> assign_blocked_layouts(Graph& g) {
         want[0] = want[4] = In::kBlocked;
         out_blocked[0] = true;
       }
+    } else if (n.op == "max_pool2d" && in_blocked(0) && blockable(n.outputs[0])) {
+      want[0] = In::kBlocked;
+      out_blocked[0] = true;
+    } else if (n.op == "max_pool2d_grad" && (in_blocked(0) || in_blocked(1)) &&
+               blockable(n.outputs[0])) {
+      want[0] = want[1] = In::kBlocked;
+      out_blocked[0] = true;
     } else if (elementwise_ops().count(n.op) && n.outputs.size() == 1 && blockable(n.outputs[0])) {
       // Full-size operands share the output's layout; size-1 ones broadcast
       // the same value everywhere. Any other broadcast keeps it plain.

@@ -227,6 +227,60 @@ void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& ou
       }
 }
 
+// Max pooling and its gradient over the blocked layout (16 channels as SIMD
+// lanes); the first maximum of a window in scan order wins, as in pool_ref.
+template <typename T>
+void max_pool_blocked(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& out,
+                      bool backward) {
+  constexpr std::int64_t L = kBlockChannels;
+  const auto& k = geo.k;
+  const auto& st = geo.st;
+  const auto& pd = geo.pd;
+  const Shape& xs = x.shape();
+  const std::int64_t planes = xs[0] * (xs[1] / L), h = xs[2], w = xs[3];
+  const std::int64_t oh = (h + 2 * pd[0] - k[0]) / st[0] + 1,
+                     ow = (w + 2 * pd[1] - k[1]) / st[1] + 1;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t p = 0; p < planes; ++p) {
+    const T* px = x.data<T>() + p * h * w * L;
+    T* q = out.data<T>() + p * (backward ? h * w : oh * ow) * L;
+    const T* g = backward ? dy->data<T>() + p * oh * ow * L : nullptr;
+    if (backward) std::fill(q, q + h * w * L, T(0));
+    for (std::int64_t oy = 0; oy < oh; ++oy)
+      for (std::int64_t ox = 0; ox < ow; ++ox) {
+        T acc[L];
+        std::int64_t best[L];
+        for (std::int64_t l = 0; l < L; ++l) {
+          acc[l] = -std::numeric_limits<T>::infinity();
+          best[l] = -1;
+        }
+        for (std::int64_t ky = 0; ky < k[0]; ++ky) {
+          const std::int64_t iy = oy * st[0] - pd[0] + ky;
+          if (iy < 0 || iy >= h) continue;
+          for (std::int64_t kx = 0; kx < k[1]; ++kx) {
+            const std::int64_t ix = ox * st[1] - pd[1] + kx;
+            if (ix < 0 || ix >= w) continue;
+            const std::int64_t off = iy * w + ix;
+            const T* v = px + off * L;
+#pragma omp simd
+            for (std::int64_t l = 0; l < L; ++l) {
+              const bool take = v[l] > acc[l] || best[l] < 0;
+              acc[l] = take ? v[l] : acc[l];
+              best[l] = take ? off : best[l];
+            }
+          }
+        }
+        const std::int64_t o = (oy * ow + ox) * L;
+        if (!backward) {
+          for (std::int64_t l = 0; l < L; ++l) q[o + l] = acc[l];
+        } else {
+          for (std::int64_t l = 0; l < L; ++l)
+            if (best[l] >= 0) q[best[l] * L + l] += g[o + l];
+        }
+      }
+  }
+}
+
 // Batch norm over the blocked layout [N, C/16, H*W, 16] (see
 // kernels_internal.h): the 16 channels of a block are SIMD lanes. Per-row
 // partial sums (one row = one image's H*W for 16 channels) are taken in T
@@ -605,6 +659,8 @@ void register_nn(KernelRegistry& r) {
   });
   r.add("max_pool2d", [](const Node& n, const Inputs&) {
     PoolGeom geo = PoolGeom::make(n);
+    if (blocked_input(n, 0))
+      return FLOAT_KERNEL(max_pool_blocked<T>(geo, in[0], nullptr, out[0], false));
     return FLOAT_KERNEL(pool_ref<T>(geo, in[0], nullptr, out[0], true, false));
   });
   r.add("avg_pool2d", [](const Node& n, const Inputs&) {
@@ -613,6 +669,8 @@ void register_nn(KernelRegistry& r) {
   });
   r.add("max_pool2d_grad", [](const Node& n, const Inputs&) {
     PoolGeom geo = PoolGeom::make(n);
+    if (blocked_input(n, 0))
+      return FLOAT_KERNEL(max_pool_blocked<T>(geo, in[0], &in[1], out[0], true));
     return FLOAT_KERNEL(pool_ref<T>(geo, in[0], &in[1], out[0], true, true));
   });
   r.add("avg_pool2d_grad", [](const Node& n, const Inputs&) {

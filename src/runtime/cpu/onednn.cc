@@ -347,7 +347,8 @@ class PoolKernel final : public DnnlKernel {
     auto pd = n.attrs.get_ints_or("padding", {0, 0});
     memory::dims pr;
     for (int i = 0; i < 2; ++i) pr.push_back((y[2 + i] - 1) * st[i] + k[i] - x[2 + i] - pd[i]);
-    memory::desc xp(dims_of(x), dt::f32, tag::nchw), yp(dims_of(y), dt::f32, tag::nchw);
+    const tag t = blocked_input(n, 0) ? tag::nChw16c : tag::nchw;  // output: the same
+    memory::desc xp(dims_of(x), dt::f32, t), yp(dims_of(y), dt::f32, t);
     dnnl::pooling_forward::desc d(
         dnnl::prop_kind::forward_inference,
         is_max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_include_padding, xp,
