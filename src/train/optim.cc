@@ -7,6 +7,7 @@
 
 #include "shoal/graph/op_registry.h"
 #include "shoal/runtime/kernel.h"
+#include "shoal/runtime/parallel.h"
 
 namespace shoal::train {
 namespace {
@@ -77,20 +78,18 @@ class SgdKernel final : public runtime::Kernel {
       T* po = out[0].data<T>();
       const std::int64_t n = in[0].numel();
       if (!has_buf_) {
-#pragma omp parallel for simd if (n > kGrain) schedule(static)
-        for (std::int64_t i = 0; i < n; ++i) po[i] = p[i] - lr * (g[i] + wd * p[i]);
+        runtime::simd_loop(n, [&](std::int64_t i) { po[i] = p[i] - lr * (g[i] + wd * p[i]); });
         return ok_status();
       }
       const T* buf = in[3].data<T>();
       T* bo = out[1].data<T>();
       const bool nest = nesterov_;
-#pragma omp parallel for simd if (n > kGrain) schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) {
+      runtime::simd_loop(n, [&](std::int64_t i) {
         T d = g[i] + wd * p[i];
         T b = mu * buf[i] + d;
         bo[i] = b;
         po[i] = p[i] - lr * (nest ? d + mu * b : b);
-      }
+      });
       return ok_status();
     });
   }
@@ -127,12 +126,11 @@ class LarsKernel final : public runtime::Kernel {
       const T tl = static_cast<T>(local), tw = static_cast<T>(wd), mu = static_cast<T>(mu_);
       T* po = out[0].data<T>();
       T* bo = out[1].data<T>();
-#pragma omp parallel for simd if (n > kGrain) schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) {
+      runtime::simd_loop(n, [&](std::int64_t i) {
         T b = mu * buf[i] + tl * (g[i] + tw * p[i]);
         bo[i] = b;
         po[i] = p[i] - lr * b;
-      }
+      });
       return ok_status();
     });
   }
@@ -174,15 +172,14 @@ class AdamKernel final : public runtime::Kernel {
       const T wd_l2 = static_cast<T>(decoupled_ || lamb ? 0.0 : wd_);
       const T wd_dec = static_cast<T>(lamb && !adapt_ ? 0.0 : (decoupled_ || lamb ? wd_ : 0.0));
       if (!lamb) {
-#pragma omp parallel for simd if (n > kGrain) schedule(static)
-        for (std::int64_t i = 0; i < n; ++i) {
+        runtime::simd_loop(n, [&](std::int64_t i) {
           T gi = g[i] + wd_l2 * p[i];
           T mi = b1 * m[i] + (T(1) - b1) * gi;
           T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
           mo[i] = mi;
           vo[i] = vi;
           po[i] = p[i] - lr * (mi * c1 / (std::sqrt(vi * c2) + eps) + wd_dec * p[i]);
-        }
+        });
         return ok_status();
       }
       // LAMB: r = m_hat / (sqrt(v_hat) + eps) + wd p; p -= lr * (|p| / |r|) * r.
@@ -200,11 +197,10 @@ class AdamKernel final : public runtime::Kernel {
       double trust = 1.0;
       if (adapt_ && pn > 0 && rn > 0) trust = std::sqrt(pn) / std::sqrt(rn);
       const T step = static_cast<T>(trust) * lr;
-#pragma omp parallel for simd if (n > kGrain) schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) {
+      runtime::simd_loop(n, [&](std::int64_t i) {
         T r = mo[i] * c1 / (std::sqrt(vo[i] * c2) + eps) + wd_dec * p[i];
         po[i] = p[i] - step * r;
-      }
+      });
       return ok_status();
     });
   }

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "shoal/runtime/kernel.h"
+#include "shoal/runtime/parallel.h"
 
 namespace shoal::runtime::cpu {
 
@@ -78,9 +79,6 @@ inline bool blocked_output(const Node& n, std::size_t i) {
   auto v = n.attrs.get_ints_or("_blocked_out", {});
   return i < v.size() && v[i] != 0;
 }
-
-// Grain under which a loop stays on one thread.
-inline constexpr std::int64_t kParallelGrain = 1 << 15;
 
 void register_elementwise(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);
