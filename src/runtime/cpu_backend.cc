@@ -87,10 +87,53 @@ class CpuExecutable final : public Executable {
                               t.defined() ? dtype_name(t.dtype()) : "undefined",
                               t.defined() ? shape_str(t.shape()) : "");
     Tensor c = t.contiguous();
+    for (const auto& [out, st] : bound_outputs_)
+      if (overlaps(outputs_[static_cast<std::size_t>(out)], c))
+        SHOAL_RETURN_IF_ERROR(check_in_place(out, n.id, name));
     values_[Value{n.id, 0}] = c;
     for (auto [s, slot] : input_uses_[n.id]) steps_[s].in[slot] = c;
     for (auto [i, _] : output_of_input_[n.id]) outputs_[i] = c;
     bound_.insert(n.id);
+    return ok_status();
+  }
+
+  Status bind_output(int i, const Tensor& t) override {
+    if (i < 0 || i >= static_cast<int>(outputs_.size()))
+      return invalid_argument("bind_output: graph has {} outputs, no output {}", outputs_.size(),
+                              i);
+    const Value v = g_.outputs()[static_cast<std::size_t>(i)];
+    auto sit = step_of_.find(v.node);
+    if (sit == step_of_.end())
+      return invalid_argument("bind_output: output {} is not computed by a node", i);
+    const graph::TensorType& want = g_.type(v);
+    if (!t.defined() || t.dtype() != want.dtype || t.shape() != want.shape || !t.is_contiguous())
+      return invalid_argument("bind_output: output {} ({}) needs a contiguous {}", i,
+                              g_.node(v.node).label(), want.str());
+    Step& s = steps_[static_cast<std::size_t>(sit->second)];
+    if (s.kernel->is_async())
+      return invalid_argument("bind_output: output {} comes from an async node", i);
+    // Check against every bound input it overlaps before changing anything.
+    Tensor old = outputs_[static_cast<std::size_t>(i)];
+    outputs_[static_cast<std::size_t>(i)] = t;
+    for (const auto& [name, id] : input_ids_) {
+      auto vit = values_.find(Value{id, 0});
+      if (vit == values_.end() || !overlaps(vit->second, t)) continue;
+      Status st = check_in_place(i, id, name);
+      if (!st.ok()) {
+        outputs_[static_cast<std::size_t>(i)] = old;
+        return st;
+      }
+    }
+    s.out[static_cast<std::size_t>(v.index)] = t;
+    values_[v] = t;
+    for (std::size_t k = 0; k < g_.outputs().size(); ++k)
+      if (g_.outputs()[k] == v) outputs_[k] = t;
+    for (Step& r : steps_) {
+      const Node& rn = g_.node(r.node);
+      for (std::size_t k = 0; k < rn.inputs.size(); ++k)
+        if (rn.inputs[k] == v) r.in[k] = t;
+    }
+    bound_outputs_[i] = sit->second;
     return ok_status();
   }
 
@@ -204,6 +247,7 @@ class CpuExecutable final : public Executable {
       s.kernel = std::move(kernels.at(id));
       s.op_name = n.op.c_str();
       step_of[id] = static_cast<int>(steps_.size());
+      step_of_[id] = step_of[id];
       steps_.push_back(std::move(s));
     }
     // Positions in `order` for lifetime extension of async inputs/outputs.
@@ -268,8 +312,45 @@ class CpuExecutable final : public Executable {
     return ok_status();
   }
 
+  static bool overlaps(const Tensor& a, const Tensor& b) {
+    if (!a.defined() || !b.defined()) return false;
+    auto* pa = static_cast<const std::uint8_t*>(a.raw_data());
+    auto* pb = static_cast<const std::uint8_t*>(b.raw_data());
+    std::size_t na = static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype());
+    std::size_t nb = static_cast<std::size_t>(b.numel()) * dtype_size(b.dtype());
+    return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+  }
+
+  // Output `out` (bound by bind_output) shares memory with input node
+  // `input`: every other reader of that input must run before the writer,
+  // and the writer may read it itself only if its kernel is in_place_safe.
+  Status check_in_place(int out, int input, const std::string& name) const {
+    const Value v = g_.outputs()[static_cast<std::size_t>(out)];
+    const int w = step_of_.at(v.node);
+    for (std::size_t si = 0; si < steps_.size(); ++si) {
+      const Node& rn = g_.node(steps_[si].node);
+      bool reads = false;
+      for (const Value& in : rn.inputs) reads = reads || in.node == input;
+      if (!reads) continue;
+      if (static_cast<int>(si) == w) {
+        if (!steps_[si].kernel->in_place_safe())
+          return failed_precondition(
+              "output {} cannot be written over input '{}': {} reads it and does not work in "
+              "place",
+              out, name, rn.label());
+      } else if (static_cast<int>(si) > w) {
+        return failed_precondition(
+            "output {} cannot be written over input '{}': {} reads it after {} writes it", out,
+            name, rn.label(), g_.node(v.node).label());
+      }
+    }
+    return ok_status();
+  }
+
   CompileOptions opts_;
   Graph g_;
+  std::map<int, int> step_of_;        // node id -> index into steps_
+  std::map<int, int> bound_outputs_;  // graph output -> writer step (bind_output)
   std::vector<Step> steps_;
   std::map<std::string, int> input_ids_;
   std::map<int, std::vector<std::pair<int, int>>> input_uses_;

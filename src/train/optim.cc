@@ -94,6 +94,8 @@ class SgdKernel final : public runtime::Kernel {
     });
   }
 
+  bool in_place_safe() const override { return true; }
+
  private:
   double mu_, wd_;
   bool nesterov_, has_buf_;
@@ -134,6 +136,8 @@ class LarsKernel final : public runtime::Kernel {
       return ok_status();
     });
   }
+
+  bool in_place_safe() const override { return true; }
 
  private:
   double mu_, wd_, eta_, eps_;
@@ -204,6 +208,8 @@ class AdamKernel final : public runtime::Kernel {
       return ok_status();
     });
   }
+
+  bool in_place_safe() const override { return true; }
 
  private:
   double b1_, b2_, eps_, wd_;

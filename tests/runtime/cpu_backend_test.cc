@@ -257,6 +257,35 @@ TEST(CpuBackend, DropoutMaskDependsOnStepAndIsReplayable) {
 namespace shoal::runtime {
 namespace {
 
+TEST(CpuBackend, BindOutputRefusesUnsafeInPlaceWrites) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {4});
+  Value a = b.input("a", DType::kF32, {4});
+  g.mark_output(b.neg(a));   // output 0: written before relu reads x
+  g.mark_output(b.relu(x));  // output 1: relu reads x and is not in-place safe
+  auto exe = compile(g);
+  ASSERT_TRUE(exe);
+  Tensor xt = Tensor::full({4}, DType::kF32, -1), at = Tensor::full({4}, DType::kF32, 2);
+  ASSERT_TRUE(exe->bind("x", xt).ok());
+  ASSERT_TRUE(exe->bind("a", at).ok());
+  Status st = exe->bind_output(0, xt);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("reads it after"), std::string::npos) << st.to_string();
+  st = exe->bind_output(1, xt);
+  EXPECT_NE(st.message().find("does not work in place"), std::string::npos) << st.to_string();
+  EXPECT_FALSE(exe->bind_output(0, Tensor::zeros({5}, DType::kF32)).ok());  // wrong shape
+  // A separate buffer is fine, and binding x over it afterwards is refused.
+  Tensor o = Tensor::zeros({4}, DType::kF32);
+  ASSERT_TRUE(exe->bind_output(0, o).ok());
+  ASSERT_TRUE(exe->run().ok());
+  EXPECT_EQ(o.data<float>()[2], -2.0f);
+  EXPECT_EQ(exe->output(0).raw_data(), o.raw_data());
+  EXPECT_FALSE(exe->bind("x", o).ok());
+  ASSERT_TRUE(exe->run().ok());
+  EXPECT_EQ(exe->output(1).data<float>()[0], 0.0f);  // x untouched: relu(-1)
+}
+
 TEST(CpuBackend, SteadyStateTrainingStepDoesNotAllocate) {
   // A small CNN training step: conv+bias+relu, pool, batch norm, global
   // average pool, linear, cross entropy, and all parameter gradients.

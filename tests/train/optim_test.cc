@@ -62,7 +62,9 @@ struct Ref {
   }
 };
 
-void check(const std::string& name, const Shape& shape) {
+// in_place: the new parameter and state are written over the bound old
+// ones (Executable::bind_output), as the trainer does.
+void check(const std::string& name, const Shape& shape, bool in_place = false) {
   Graph g;
   Builder b(g);
   Value p = b.input("p", DType::kF32, shape);
@@ -88,10 +90,36 @@ void check(const std::string& name, const Shape& shape) {
   for (std::int64_t i = 0; i < n; ++i) ref.p.push_back(pt.data<float>()[i]);
   std::map<std::string, Tensor> feeds{{"p", pt}};
   for (auto& s : og->state) feeds[s.name] = Tensor::zeros(shape, DType::kF32);
+  if (in_place) {
+    for (auto& [k, v] : feeds) ASSERT_TRUE((*exe)->bind(k, v).ok());
+    Status st = (*exe)->bind_output(0, pt);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    for (std::size_t k = 0; k < og->state.size(); ++k) {
+      st = (*exe)->bind_output(static_cast<int>(k + 1), feeds[og->state[k].name]);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    }
+  }
   for (int t = 1; t <= 4; ++t) {
     Tensor gt = Tensor::empty(shape, DType::kF32);
     rng.fill_normal(gt, 0.1, 1);
     double lr = 0.05 * t;
+    if (in_place) {
+      std::vector<double> gd;
+      for (std::int64_t i = 0; i < n; ++i) gd.push_back(gt.data<float>()[i]);
+      ref.step(gd, static_cast<float>(lr), t);
+      ASSERT_TRUE((*exe)->bind("g", gt).ok());
+      ASSERT_TRUE((*exe)->bind("lr", Tensor::scalar(lr)).ok());
+      if (og->step.valid()) {
+        ASSERT_TRUE((*exe)->bind("opt_step", Tensor::scalar(t)).ok());
+      }
+      ASSERT_TRUE((*exe)->run().ok());
+      ASSERT_EQ((*exe)->output(0).raw_data(), pt.raw_data());
+      for (std::int64_t i = 0; i < n; ++i)
+        ASSERT_NEAR(pt.data<float>()[i], ref.p[static_cast<std::size_t>(i)],
+                    2e-5 * (1 + std::abs(ref.p[static_cast<std::size_t>(i)])))
+            << name << " in place, step " << t << " element " << i;
+      continue;
+    }
     feeds["g"] = gt;
     feeds["lr"] = Tensor::scalar(lr);
     if (og->step.valid()) feeds["opt_step"] = Tensor::scalar(t);
@@ -115,6 +143,14 @@ TEST(Optimizers, MatchReferenceOnMatrixAndVector) {
     check(name, {7, 13});
     check(name, {5});         // 1-D: no trust ratio / decay for lars and lamb
     check(name, {300, 301});  // large enough for the OpenMP path
+  }
+}
+
+TEST(Optimizers, UpdateInPlaceOverBoundParameters) {
+  for (const char* name : {"sgd", "momentum", "nesterov", "lars", "adam", "adamw", "lamb"}) {
+    SCOPED_TRACE(name);
+    check(name, {7, 13}, true);
+    check(name, {300, 301}, true);
   }
 }
 

@@ -45,7 +45,14 @@ class Executable {
   // Binds a graph input by name; the tensor is used (not copied) until rebound.
   virtual Status bind(const std::string& name, const Tensor& t) = 0;
   virtual Status run() = 0;
-  // Graph output i: a view into the arena, valid until the next run.
+  // Makes the executable write graph output i into `t` (same dtype and
+  // shape, contiguous) instead of the arena, e.g. a new parameter over the
+  // bound old one. Refused, naming the reader, when `t` overlaps a bound
+  // input that another node reads after the writer, or that the writer
+  // itself reads and its kernel is not in_place_safe(); bind() re-checks.
+  virtual Status bind_output(int i, const Tensor& t) = 0;
+  // Graph output i: a view into the arena (or the tensor given to
+  // bind_output), valid until the next run.
   virtual const Tensor& output(int i) const = 0;
   virtual int num_outputs() const = 0;
   virtual std::size_t arena_bytes() const = 0;    // peak planned bytes

@@ -42,6 +42,11 @@ class Kernel {
     (void)end;
     return false;
   }
+  // True when the kernel still computes correctly if an output shares
+  // memory with its input of the same element index (output i[k] written
+  // only after input i[k] was read, element by element): optimizer updates.
+  // Lets Executable::bind_output write a new parameter over the old one.
+  virtual bool in_place_safe() const { return false; }
   // "onednn", "blas", "ref"... shown in traces and `shoal info`.
   virtual const char* impl() const { return "ref"; }
 };
