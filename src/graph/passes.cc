@@ -50,7 +50,8 @@ Status verify(const Graph& g) {
 }
 
 MemoryPlan plan_memory(const Graph& g, const std::vector<int>& order,
-                       const std::map<Value, int>& extend_until, std::size_t alignment) {
+                       const std::map<Value, int>& extend_until, std::size_t alignment,
+                       const std::vector<Pack>& packs) {
   MemoryPlan plan;
   std::map<int, int> pos;
   for (std::size_t i = 0; i < order.size(); ++i) pos[order[i]] = static_cast<int>(i);
@@ -85,6 +86,39 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<int>& order,
     auto it = iv.find(v);
     if (it != iv.end()) it->second.last = std::max(it->second.last, p);
   }
+  // A pack becomes one interval (under its first member's key) spanning its
+  // members' and aliases' lifetimes; members and aliases get their offsets
+  // within it after placement.
+  struct Within {
+    Value pack;
+    std::size_t off;
+  };
+  std::map<Value, Within> within;
+  for (const Pack& pk : packs) {
+    if (pk.members.empty()) continue;
+    Interval whole{pk.members[0], end, 0, 0};
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < pk.members.size(); ++i) {
+      const Value m = pk.members[i];
+      const graph::TensorType& t = g.type(m);
+      const std::size_t exact =
+          static_cast<std::size_t>(num_elements(t.shape)) * dtype_size(t.dtype);
+      const Interval& mi = iv.at(m);
+      whole.def = std::min(whole.def, mi.def);
+      whole.last = std::max(whole.last, mi.last);
+      if (i < pk.aliases.size()) {
+        const Interval& ai = iv.at(pk.aliases[i]);
+        whole.last = std::max(whole.last, ai.last);
+        within[pk.aliases[i]] = Within{pk.members[0], off};
+        iv.erase(pk.aliases[i]);
+      }
+      within[m] = Within{pk.members[0], off};
+      off += exact;
+      iv.erase(m);
+    }
+    whole.bytes = (std::max<std::size_t>(off, 1) + alignment - 1) / alignment * alignment;
+    iv[pk.members[0]] = whole;
+  }
   // Greedy by size (largest first), each placed at the lowest offset that
   // does not collide with an already placed value whose lifetime overlaps.
   std::vector<Interval> items;
@@ -111,6 +145,7 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<int>& order,
     plan.arena_bytes = std::max(plan.arena_bytes, off + it.bytes);
     plan.naive_bytes += it.bytes;
   }
+  for (const auto& [v, w] : within) plan.offset[v] = plan.offset.at(w.pack) + w.off;
   return plan;
 }
 

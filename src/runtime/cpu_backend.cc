@@ -275,7 +275,7 @@ class CpuExecutable final : public Executable {
         extend[Value{s.node, static_cast<int>(i)}] =
             std::max(extend[Value{s.node, static_cast<int>(i)}], first_wait);
     }
-    plan_ = graph::plan_memory(g_, order, extend);
+    plan_ = graph::plan_memory(g_, order, extend, 64, packs(order, pos));
     arena_ = Storage::allocate(plan_.arena_bytes);
     for (const auto& [v, off] : plan_.offset) {
       const graph::TensorType& t = g_.type(v);
@@ -310,6 +310,39 @@ class CpuExecutable final : public Executable {
     SHOAL_LOG_DEBUG("compiled {} nodes, arena {} bytes (without reuse {})", steps_.size(),
                     plan_.arena_bytes, plan_.naive_bytes);
     return ok_status();
+  }
+
+  // Packs for the nodes whose kernels want their inputs back to back with
+  // outputs in place (gradient buckets), where that cannot change a result:
+  // every input is an arena value computed here, used once in the pack, not
+  // a graph output, and read by no node after this one.
+  std::vector<graph::Pack> packs(const std::vector<int>& order, const std::map<int, int>& pos) {
+    std::vector<graph::Pack> out;
+    std::set<Value> taken, graph_out(g_.outputs().begin(), g_.outputs().end());
+    std::map<Value, int> last_read;
+    for (int id : order)
+      for (const Value& v : g_.node(id).inputs) last_read[v] = std::max(last_read[v], pos.at(id));
+    for (const Step& s : steps_) {
+      if (!s.kernel->wants_packed_inputs()) continue;
+      const Node& n = g_.node(s.node);
+      bool ok = n.outputs.size() == n.inputs.size();
+      std::set<Value> mine;
+      for (std::size_t i = 0; ok && i < n.inputs.size(); ++i) {
+        const Value v = n.inputs[i];
+        const std::string& op = g_.node(v.node).op;
+        ok = op != "input" && op != "constant" && !taken.count(v) && mine.insert(v).second &&
+             !graph_out.count(v) && last_read[v] == pos.at(s.node) && g_.type(v) == n.outputs[i];
+      }
+      if (!ok) continue;
+      graph::Pack p;
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        p.members.push_back(n.inputs[i]);
+        p.aliases.push_back(Value{n.id, static_cast<int>(i)});
+        taken.insert(n.inputs[i]);
+      }
+      out.push_back(std::move(p));
+    }
+    return out;
   }
 
   static bool overlaps(const Tensor& a, const Tensor& b) {

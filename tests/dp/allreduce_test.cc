@@ -31,6 +31,7 @@ struct RankRun {
   std::map<std::string, Tensor> params;
   std::vector<std::string> trace;  // op names of the last step, in run order (lane 0)
   BucketPlan plan;
+  std::string bucket_impl;  // kernel_impls() of allreduce_bucket
 };
 
 Result<RankRun> train(std::int64_t first, std::int64_t rows, int steps, std::int64_t comm_id,
@@ -83,6 +84,7 @@ Result<RankRun> train(std::int64_t first, std::int64_t rows, int steps, std::int
   for (const auto& [n, s] : kParams) res.params[n] = feeds[n];
   for (const auto& e : exe->trace())
     if (e.lane == 0) res.trace.push_back(e.name);
+  res.bucket_impl = exe->kernel_impls()["allreduce_bucket"];
   return res;
 }
 
@@ -147,6 +149,10 @@ TEST(DataParallel, NRanksEqualOneRankOnTheWholeBatch) {
         const auto& g = got[static_cast<std::size_t>(r)];
         ASSERT_TRUE(g.ok()) << g.status().to_string();
         EXPECT_EQ(g->plan.buckets.size(), dpo == &one ? 1u : kParams.size());
+        // The four-gradient f32 bucket is reduced in place where the memory
+        // planner put the gradients back to back; one-tensor buckets go
+        // straight from gradient to output.
+        EXPECT_EQ(g->bucket_impl, dpo == &one ? "comm, in place" : "comm");
         expect_near(*g, *ref, 1e-5, fmt::format("rank {}", r));
         // Every rank holds bit-identical weights.
         if (r == 0) continue;
@@ -190,6 +196,7 @@ TEST(DataParallel, HalfPrecisionWire) {
     auto got = train_ranks(3, dpo);
     ASSERT_TRUE(got[1].ok()) << got[1].status().to_string();
     expect_near(*got[1], *ref, tol, "rank 1");
+    EXPECT_EQ(got[1]->bucket_impl, "comm");  // packs and converts through its wire buffer
     bool differs = false;
     for (const auto& [n, t] : ref->params)
       differs |= std::memcmp(t.raw_data(), got[1]->params.at(n).raw_data(), t.nbytes()) != 0;

@@ -88,6 +88,29 @@ TEST(Graph, MemoryPlanReusesBuffersOfDeadValues) {
   }
 }
 
+TEST(Graph, MemoryPlanPacksValuesBackToBack) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {7});
+  Value a = b.relu(x);        // 7 floats: 28 bytes, not a multiple of the alignment
+  Value t = b.exp(x);         // lives while the pack does: must not overlap it
+  Value c = b.neg(b.neg(x));  // 7 floats, defined later than a
+  Value s = b.add(a, c);      // the pack's "in-place" reader
+  Value u = b.add(s, t);
+  g.mark_output(u);
+  auto order = g.topo_order();
+  ASSERT_TRUE(order.ok());
+  Pack pk;
+  pk.members = {a, c};
+  pk.aliases = {s};  // s sits over a
+  MemoryPlan p = plan_memory(g, *order, {}, 64, {pk});
+  EXPECT_EQ(p.offset.at(c), p.offset.at(a) + 28);  // no padding between members
+  EXPECT_EQ(p.offset.at(s), p.offset.at(a));
+  // t is alive from before c to u: it overlaps neither member.
+  const std::size_t t0 = p.offset.at(t), pk0 = p.offset.at(a);
+  EXPECT_TRUE(t0 + 28 <= pk0 || pk0 + 56 <= t0) << t0 << " vs pack at " << pk0;
+}
+
 TEST(Graph, Dumps) {
   Graph g;
   Builder b(g);

@@ -35,8 +35,17 @@ struct MemoryPlan {
 // Values of "input" and "constant" nodes live outside the arena. Graph
 // outputs live to the end. `extend_until` lets a caller keep a value alive
 // until a later position (e.g. inputs of async nodes until their wait).
+// A pack: values placed back to back, in this order, with no padding
+// between them (one span a collective can work on in place); aliases[i],
+// when given, shares members[i]'s bytes (an in-place output). The pack
+// lives from its first member's definition to the last use of any member
+// or alias. Members must be distinct arena values, each in one pack.
+struct Pack {
+  std::vector<Value> members, aliases;
+};
 MemoryPlan plan_memory(const Graph& g, const std::vector<int>& order,
-                       const std::map<Value, int>& extend_until = {}, std::size_t alignment = 64);
+                       const std::map<Value, int>& extend_until = {}, std::size_t alignment = 64,
+                       const std::vector<Pack>& packs = {});
 
 std::string to_json(const Graph& g);
 std::string to_dot(const Graph& g);

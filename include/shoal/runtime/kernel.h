@@ -47,6 +47,12 @@ class Kernel {
   // only after input i[k] was read, element by element): optimizer updates.
   // Lets Executable::bind_output write a new parameter over the old one.
   virtual bool in_place_safe() const { return false; }
+  // Asks the memory planner to place this node's inputs back to back and
+  // each output i over input i, so the kernel can work on one span in
+  // place (a gradient bucket's all-reduce). The planner does it only when
+  // it is safe (no other reader after this node, not a graph output, all
+  // arena values), so the kernel must check the pointers and work either way.
+  virtual bool wants_packed_inputs() const { return false; }
   // "onednn", "blas", "ref"... shown in traces and `shoal info`.
   virtual const char* impl() const { return "ref"; }
 };
