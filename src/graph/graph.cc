@@ -189,7 +189,8 @@ Status Graph::reinfer(int id) {
   return ok_status();
 }
 
-Result<std::vector<int>> Graph::topo_order(const std::set<int>& urgent) const {
+Result<std::vector<int>> Graph::topo_order(const std::set<int>& urgent,
+                                           const std::set<int>& deferred) const {
   // Kahn's algorithm over alive nodes, stable by id so orders are reproducible.
   std::vector<int> indeg(nodes_.size(), 0);
   std::vector<std::vector<int>> users(nodes_.size());
@@ -202,13 +203,17 @@ Result<std::vector<int>> Graph::topo_order(const std::set<int>& urgent) const {
       users[v.node].push_back(n.id);
     }
   }
-  std::set<int> ready, ready_urgent;
-  auto make_ready = [&](int id) { (urgent.count(id) ? ready_urgent : ready).insert(id); };
+  std::set<int> ready, ready_urgent, ready_deferred;
+  auto make_ready = [&](int id) {
+    (urgent.count(id) ? ready_urgent : deferred.count(id) ? ready_deferred : ready).insert(id);
+  };
   for (const Node& n : nodes_)
     if (n.alive && indeg[n.id] == 0) make_ready(n.id);
   std::vector<int> order;
-  while (!ready.empty() || !ready_urgent.empty()) {
-    std::set<int>& from = ready_urgent.empty() ? ready : ready_urgent;
+  while (!ready.empty() || !ready_urgent.empty() || !ready_deferred.empty()) {
+    std::set<int>& from = !ready_urgent.empty() ? ready_urgent
+                          : !ready.empty()      ? ready
+                                                : ready_deferred;
     int id = *from.begin();
     from.erase(from.begin());
     order.push_back(id);

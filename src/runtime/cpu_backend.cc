@@ -229,8 +229,16 @@ class CpuExecutable final : public Executable {
       kernels[id] = std::move(k).value();
     }
     // An async node (a collective) runs as soon as its inputs exist, ahead
-    // of independent compute, so its work overlaps the rest of the graph.
-    SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g_.topo_order(urgent));
+    // of independent compute, and its consumers (which wait for it) run only
+    // when nothing else is ready, so its work overlaps the rest of the
+    // graph. Without the second rule a consumer with a smaller id than some
+    // backward node (the layout pass appends nodes) waited mid-backward:
+    // 0.34-0.39 ms exposed per CNN step on 2 ranks.
+    std::set<int> deferred;
+    for (int id : order0)
+      for (const Value& v : g_.node(id).inputs)
+        if (urgent.count(v.node)) deferred.insert(id);
+    SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g_.topo_order(urgent, deferred));
     std::map<int, int> step_of;
     for (int id : order) {
       const Node& n = g_.node(id);

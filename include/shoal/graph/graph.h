@@ -102,8 +102,11 @@ class Graph {
   // Alive nodes in a valid execution order (inputs before users); an error
   // names a node on a cycle.
   // Kahn's order, smallest ready id first; ready nodes in `urgent` go
-  // before any other ready node (collectives start as early as possible).
-  Result<std::vector<int>> topo_order(const std::set<int>& urgent = {}) const;
+  // before any other ready node (collectives start as early as possible),
+  // ready nodes in `deferred` only when nothing else is ready (consumers of
+  // a collective wait as late as possible).
+  Result<std::vector<int>> topo_order(const std::set<int>& urgent = {},
+                                      const std::set<int>& deferred = {}) const;
   // Per value: number of alive consumers (graph outputs count as one).
   std::map<Value, int> use_counts() const;
 
