@@ -6,9 +6,11 @@ rank, batch 64 per rank, SGD momentum), runs
   shoal run -n N -- shoal train --threads 1 ...   (gradients all-reduced in the graph)
   tools/peer_ddp_torch.py --ranks N --threads 1   (torch DistributedDataParallel, gloo)
 one after the other on this host, prints global training images/s side by
-side with ratios (Shoal / DDP, and each side's N ranks / its own 1 rank), and
-draws a grouped bar chart (PNG, gnuplot). Ranks above the core count are
-oversubscribed and the table says so.
+side with ratios (Shoal / DDP, and each side's N ranks / its own 1 rank), for 2
+ranks also two independent 1-rank Shoal runs side by side (the host's ceiling
+for 2 ranks: they share memory bandwidth and caches), and draws a grouped bar
+chart (PNG, gnuplot). Ranks above the core count are oversubscribed and the
+table says so.
 
 usage: bench/dp.py [--shoal build/shoal] [--models mlp,cnn,resnet] [--ranks 1,2,4]
                    [--png docs/dp_bench.png] [--repeat 1]
@@ -39,6 +41,32 @@ def shoal_ips(binary, model, ranks, data, steps):
         return rows[-1]["images_per_s"]
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def shoal_pair_ips(binary, model, data, steps):
+    """Two independent one-rank trainings side by side (no communication):
+    the most two ranks can reach on this host, which shares its memory
+    bandwidth and caches between them. Returns the sum of their images/s."""
+    outs = [tempfile.mkdtemp(prefix="shoal_dp_pair_") for _ in range(2)]
+    try:
+        procs = []
+        for out in outs:
+            cmd = [binary, "train", "--model", model, "--data", data, "--epochs", "1", "--batch",
+                   "64", "--threads", "1", "--optimizer", "momentum", "--lr", "0.02",
+                   "--limit-train", str(steps * 64), "--limit-test", "500", "--out", out,
+                   "--quiet", "--no-plot", "--no-checkpoints"]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+        total = 0.0
+        for p, out in zip(procs, outs):
+            if p.wait() != 0:
+                raise RuntimeError(f"shoal train exited {p.returncode}")
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                rows = [json.loads(l) for l in f if '"kind":"epoch"' in l]
+            total += rows[-1]["images_per_s"]
+        return total
+    finally:
+        for out in outs:
+            shutil.rmtree(out, ignore_errors=True)
 
 
 def torch_ips(model, ranks, data, steps):
@@ -112,6 +140,9 @@ def main():
             results[(m, n)] = (s, t)
             s1, t1 = results[(m, ranks[0])]
             note = "  (oversubscribed)" if n > cores else ""
+            if n == 2 and ranks[0] == 1:
+                pair = max(shoal_pair_ips(a.shoal, m, a.data, STEPS[m]) for _ in range(a.repeat))
+                note += f"  (2 independent 1-rank runs: {pair / s1:.2f}x)"
             print(f"{m:<7} {n:>5} {s:>12.0f} {t:>10.0f} {s / t:>8.2f}x {s / s1:>9.2f}x "
                   f"{t / t1:>8.2f}x{note}", flush=True)
     print(f"peer BLAS: {blas}")

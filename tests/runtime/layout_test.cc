@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "shoal/graph/builder.h"
 #include "shoal/graph/passes.h"
@@ -120,6 +121,20 @@ TEST(BlockedLayout, ResidualBlockMatchesPlainAndReference) {
     EXPECT_LE(conversions, 8);
     EXPECT_EQ(impls["layout"], "onednn");
   }
+}
+
+// Without oneDNN's kernels (SHOAL_ONEDNN=0) the blocked graph still runs:
+// the reference convolutions behind conversions, the reference max pool and
+// batch norm on the blocked layout.
+TEST(BlockedLayout, ReferenceKernelsRunBlockedGraphs) {
+  ASSERT_EQ(setenv("SHOAL_ONEDNN", "0", 1), 0);
+  std::map<std::string, std::string> impls;
+  auto blocked = run(DType::kF32, true, 16, nullptr, &impls);
+  unsetenv("SHOAL_ONEDNN");
+  EXPECT_EQ(impls["conv2d"], "ref");
+  EXPECT_EQ(impls["max_pool2d"], "ref");
+  auto ref = run(DType::kF64, false, 16);
+  expect_close(blocked, ref, 1e-4, "reference kernels on blocked layouts vs f64");
 }
 
 TEST(BlockedLayout, PlainGraphsAreUntouched) {

@@ -92,10 +92,11 @@ Result<int> assign_blocked_layouts(Graph& g) {
     std::vector<In> want(ni, In::kPlain);
     std::vector<bool> out_blocked(n.outputs.size(), false);
     auto in_blocked = [&](std::size_t i) { return blocked.count(n.inputs[i]) != 0; };
-    if (n.op == "conv2d" || n.op == "conv2d_grad_input") {
+    const bool grouped = n.attrs.get_int_or("groups", 1) != 1;  // oneDNN's blocked path: dense only
+    if ((n.op == "conv2d" || n.op == "conv2d_grad_input") && !grouped) {
       want[0] = In::kAny;  // the kernel reorders a plain input itself
       out_blocked[0] = blockable(n.outputs[0]);
-    } else if (n.op == "conv2d_grad_weight") {
+    } else if (n.op == "conv2d_grad_weight" && !grouped) {
       want[0] = want[1] = In::kAny;
     } else if (n.op == "batch_norm" && ni >= 3) {
       if (in_blocked(0)) {

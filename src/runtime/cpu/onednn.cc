@@ -4,6 +4,7 @@
 // are created once per node at compile time; a run only swaps data handles.
 // oneDNN throws: every call stays inside this file, and a primitive oneDNN
 // cannot build falls back to the reference kernel.
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <dnnl.hpp>
@@ -339,6 +340,56 @@ class LayoutKernel final : public DnnlKernel {
   ExecArgs args_;
 };
 
+// Runs a kernel that reads and writes plain layouts on a node whose
+// operands the layout pass made blocked: blocked inputs are converted into
+// plain scratch tensors first, blocked outputs computed into plain scratch
+// and converted after. All buffers are made here, none in run().
+class PlainAdapter final : public Kernel {
+ public:
+  PlainAdapter(const Node& n, const Inputs& in, std::unique_ptr<Kernel> inner)
+      : inner_(std::move(inner)) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (!blocked_input(n, i)) continue;
+      conv_in_.push_back({i, std::make_unique<LayoutKernel>(in[i].shape, false),
+                          Tensor::empty(in[i].shape, in[i].dtype)});
+    }
+    for (std::size_t j = 0; j < n.outputs.size(); ++j) {
+      if (!blocked_output(n, j)) continue;
+      conv_out_.push_back({j, std::make_unique<LayoutKernel>(n.outputs[j].shape, true),
+                           Tensor::empty(n.outputs[j].shape, n.outputs[j].dtype)});
+    }
+    in_.resize(in.size());
+    out_.resize(n.outputs.size());
+  }
+  Status run(const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) override {
+    std::copy(in.begin(), in.end(), in_.begin());
+    std::copy(out.begin(), out.end(), out_.begin());
+    for (Conv& cv : conv_in_) {
+      SHOAL_RETURN_IF_ERROR(cv.k->run(c, in.subspan(cv.index, 1), std::span<Tensor>(&cv.plain, 1)));
+      in_[cv.index] = cv.plain;
+    }
+    for (Conv& cv : conv_out_) out_[cv.index] = cv.plain;
+    SHOAL_RETURN_IF_ERROR(inner_->run(c, in_, out_));
+    for (Conv& cv : conv_out_) {
+      const Tensor src = cv.plain;
+      SHOAL_RETURN_IF_ERROR(
+          cv.k->run(c, std::span<const Tensor>(&src, 1), out.subspan(cv.index, 1)));
+    }
+    return ok_status();
+  }
+  const char* impl() const override { return inner_->impl(); }
+
+ private:
+  struct Conv {
+    std::size_t index;
+    std::unique_ptr<LayoutKernel> k;
+    Tensor plain;
+  };
+  std::unique_ptr<Kernel> inner_;
+  std::vector<Conv> conv_in_, conv_out_;
+  std::vector<Tensor> in_, out_;
+};
+
 class PoolKernel final : public DnnlKernel {
  public:
   PoolKernel(const Node& n, const Shape& x, const Shape& y, bool is_max) {
@@ -383,18 +434,28 @@ void override_f32(
   SHOAL_CHECK(prev != nullptr, "no reference kernel for {}", op);
   KernelFactory fallback = *prev;
   r.add(op, [fallback, make](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
-    if (in[0].dtype == DType::kF32) {
+    // SHOAL_ONEDNN=0: reference kernels only (read when compiling; for
+    // comparisons and for testing the fallbacks).
+    const char* off = std::getenv("SHOAL_ONEDNN");
+    if (in[0].dtype == DType::kF32 && !(off != nullptr && std::string(off) == "0")) {
       try {
         // Output type is re-derived by the caller; kernels take it from the node.
         std::unique_ptr<Kernel> k = make(n, in, n.outputs[0]);
         if (k) return k;
       } catch (const dnnl::error& e) {
-        // The reference kernels read plain layouts only.
-        if (blocked_input(n, 0) || blocked_input(n, 1) || blocked_output(n, 0))
-          return internal_error("{}: oneDNN declined a blocked-layout kernel ({})", n.label(),
-                                e.what());
         SHOAL_LOG_DEBUG("{}: oneDNN declined ({}); using the reference kernel", n.label(),
                         e.what());
+      }
+    }
+    // The reference convolutions read and write plain layouts only: the
+    // blocked operands go through conversions around them.
+    if (n.op.starts_with("conv2d") &&
+        (blocked_input(n, 0) || blocked_input(n, 1) || blocked_output(n, 0))) {
+      SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> k, fallback(n, in));
+      try {
+        return std::unique_ptr<Kernel>(std::make_unique<PlainAdapter>(n, in, std::move(k)));
+      } catch (const dnnl::error& e) {
+        return internal_error("{}: cannot convert its blocked operands: {}", n.label(), e.what());
       }
     }
     return fallback(n, in);
