@@ -294,6 +294,27 @@ std::vector<double>& bn_scratch(std::size_t n) {
   return v;
 }
 
+// One channel's batch-norm statistics, shared by both layouts: in training
+// from the sums of (x - k0) and (x - k0)^2 over cnt values (the shift k0
+// against cancellation: var = E[(x-k0)^2] - E[x-k0]^2), else the running
+// statistics in[3], in[4]. Writes mean and var; returns {scale, shift}.
+template <typename T>
+std::pair<T, T> bn_channel(bool training, double eps, std::span<const Tensor> in, std::int64_t ch,
+                           double k0, double s1, double s2, double cnt, T* mean, T* var) {
+  double m, v;
+  if (training) {
+    m = k0 + s1 / cnt;
+    v = std::max(0.0, s2 / cnt - (s1 / cnt) * (s1 / cnt));
+  } else {
+    m = in[3].data<T>()[ch];
+    v = in[4].data<T>()[ch];
+  }
+  mean[ch] = static_cast<T>(m);
+  var[ch] = static_cast<T>(v);
+  const T scale = static_cast<T>(in[1].data<T>()[ch] / std::sqrt(v + eps));
+  return {scale, static_cast<T>(in[2].data<T>()[ch] - m * scale)};
+}
+
 template <typename T>
 void batch_norm_fwd_blocked(bool training, double eps, std::span<const Tensor> in,
                             std::span<Tensor> out) {
@@ -331,24 +352,15 @@ void batch_norm_fwd_blocked(bool training, double eps, std::span<const Tensor> i
   }
   const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
   for (std::int64_t ch = 0; ch < c; ++ch) {
-    double m, v;
-    if (training) {
-      double s1 = 0, s2 = 0;
-      for (std::int64_t i = 0; i < n; ++i) {
-        s1 += p1[i * c + ch];
-        s2 += p2[i * c + ch];
-      }
-      const double k0 = x[(ch / kB) * sp * kB + ch % kB];
-      m = k0 + s1 / cnt;
-      v = std::max(0.0, s2 / cnt - (s1 / cnt) * (s1 / cnt));
-    } else {
-      m = in[3].data<T>()[ch];
-      v = in[4].data<T>()[ch];
+    double s1 = 0, s2 = 0;
+    for (std::int64_t i = 0; training && i < n; ++i) {
+      s1 += p1[i * c + ch];
+      s2 += p2[i * c + ch];
     }
-    mean[ch] = static_cast<T>(m);
-    var[ch] = static_cast<T>(v);
-    scale[ch] = static_cast<T>(in[1].data<T>()[ch] / std::sqrt(v + eps));
-    shift[ch] = static_cast<T>(in[2].data<T>()[ch] - m * static_cast<T>(scale[ch]));
+    const double k0 = x[(ch / kB) * sp * kB + ch % kB];
+    auto [sc, sh] = bn_channel<T>(training, eps, in, ch, k0, s1, s2, cnt, mean, var);
+    scale[ch] = sc;
+    shift[ch] = sh;
   }
 #pragma omp parallel for collapse(2) schedule(static)
   for (std::int64_t i = 0; i < n; ++i)
@@ -448,15 +460,14 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
   T* y = out[0].data<T>();
   T* mean = out[1].data<T>();
   T* var = out[2].data<T>();
+  const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
 #pragma omp parallel for schedule(static)
   for (std::int64_t ch = 0; ch < c; ++ch) {
-    double m = 0, v = 0;
+    // One pass, shifted by the channel's first value: vectorized partial
+    // sums per row in T, rows summed in double.
+    const T k0 = n * sp > 0 ? x[ch * sp] : T(0);
+    double s1 = 0, s2 = 0;
     if (training) {
-      // One pass, shifted by the channel's first value K against
-      // cancellation: vectorized partial sums per row in T, rows summed in
-      // double. var = E[(x-K)^2] - (E[x-K])^2.
-      const T k0 = n * sp > 0 ? x[ch * sp] : T(0);
-      double s1 = 0, s2 = 0;
       for (std::int64_t i = 0; i < n; ++i) {
         const T* p = x + (i * c + ch) * sp;
         T a = 0, b = 0;
@@ -469,17 +480,8 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
         s1 += a;
         s2 += b;
       }
-      double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
-      m = k0 + s1 / cnt;
-      v = std::max(0.0, s2 / cnt - (s1 / cnt) * (s1 / cnt));
-    } else {
-      m = in[3].data<T>()[ch];
-      v = in[4].data<T>()[ch];
     }
-    mean[ch] = static_cast<T>(m);
-    var[ch] = static_cast<T>(v);
-    T scale = static_cast<T>(in[1].data<T>()[ch] / std::sqrt(v + eps));
-    T shift = static_cast<T>(in[2].data<T>()[ch] - m * scale);
+    auto [scale, shift] = bn_channel<T>(training, eps, in, ch, k0, s1, s2, cnt, mean, var);
     for (std::int64_t i = 0; i < n; ++i) {
       const T* p = x + (i * c + ch) * sp;
       T* q = y + (i * c + ch) * sp;
