@@ -1,6 +1,9 @@
 #include "shoal/dp/allreduce.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 
 #include "shoal/graph/builder.h"
@@ -60,7 +63,7 @@ class BucketKernel final : public runtime::Kernel {
       out_.clear();
       work_ = c_->allreduce_async(out[0].raw_data(), out[0].raw_data(),
                                   static_cast<std::size_t>(elements_), wire_, op_);
-      return ok_status();
+      return started();
     }
     if (views_.empty()) {
       // One f32 tensor: reduce straight from the gradient into the output,
@@ -68,13 +71,13 @@ class BucketKernel final : public runtime::Kernel {
       out_.clear();
       work_ = c_->allreduce_async(in[0].raw_data(), out[0].raw_data(),
                                   static_cast<std::size_t>(in[0].numel()), wire_, op_);
-      return ok_status();
+      return started();
     }
     for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(views_[i].copy_from(in[i]));
     out_.assign(out.begin(), out.end());
     work_ = c_->allreduce_async(views_[0].raw_data(), views_[0].raw_data(),
                                 static_cast<std::size_t>(elements_), wire_, op_);
-    return ok_status();
+    return started();
   }
   bool is_async() const override { return true; }
   Status wait(Deadline dl) override {
@@ -99,6 +102,23 @@ class BucketKernel final : public runtime::Kernel {
   const char* impl() const override { return packed_ ? "comm, in place" : "comm"; }
 
  private:
+  // After starting the collective the compute thread yields its core once.
+  // When every core computes (2 ranks x 1 thread on 2 cores) the progress
+  // thread just woken for the bucket otherwise waited for the compute
+  // thread's next block: a 2-rank MLP trace showed the first bucket's
+  // all-reduce start 0.5 ms late, after the whole fc1 weight-gradient
+  // matmul, then run serially with the last bucket. Yielding lets it run
+  // its exchange now and sleep. Measured, 6 interleaved pairs each: MLP 2
+  // ranks 43.7k -> 48.8k img/s, CNN 3,934 -> 4,278. With a spare core the
+  // call returns at once. SHOAL_DP_YIELD=0 turns it off.
+  static Status started() {
+    static const bool yield = [] {
+      const char* e = std::getenv("SHOAL_DP_YIELD");
+      return e == nullptr || std::string(e) != "0";
+    }();
+    if (yield) sched_yield();
+    return ok_status();
+  }
   // Inputs back to back in order, each output over its input.
   static bool packed(std::span<const Tensor> in, std::span<Tensor> out) {
     auto* next = static_cast<const std::uint8_t*>(in[0].raw_data());
