@@ -87,7 +87,7 @@ class CpuExecutable final : public Executable {
                               t.defined() ? dtype_name(t.dtype()) : "undefined",
                               t.defined() ? shape_str(t.shape()) : "");
     Tensor c = t.contiguous();
-    for (const auto& [out, st] : bound_outputs_)
+    for (int out : bound_outputs_)
       if (overlaps(outputs_[static_cast<std::size_t>(out)], c))
         SHOAL_RETURN_IF_ERROR(check_in_place(out, n.id, name));
     values_[Value{n.id, 0}] = c;
@@ -133,7 +133,7 @@ class CpuExecutable final : public Executable {
       for (std::size_t k = 0; k < rn.inputs.size(); ++k)
         if (rn.inputs[k] == v) r.in[k] = t;
     }
-    bound_outputs_[i] = sit->second;
+    bound_outputs_.insert(i);
     return ok_status();
   }
 
@@ -239,7 +239,6 @@ class CpuExecutable final : public Executable {
       for (const Value& v : g_.node(id).inputs)
         if (urgent.count(v.node)) deferred.insert(id);
     SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g_.topo_order(urgent, deferred));
-    std::map<int, int> step_of;
     for (int id : order) {
       const Node& n = g_.node(id);
       if (n.op == "input") {
@@ -254,8 +253,7 @@ class CpuExecutable final : public Executable {
       s.node = id;
       s.kernel = std::move(kernels.at(id));
       s.op_name = n.op.c_str();
-      step_of[id] = static_cast<int>(steps_.size());
-      step_of_[id] = step_of[id];
+      step_of_[id] = static_cast<int>(steps_.size());
       steps_.push_back(std::move(s));
     }
     // Positions in `order` for lifetime extension of async inputs/outputs.
@@ -265,8 +263,8 @@ class CpuExecutable final : public Executable {
     for (Step& s : steps_) {
       const Node& n = g_.node(s.node);
       for (const Value& v : n.inputs) {
-        auto it = step_of.find(v.node);
-        if (it == step_of.end() || !steps_[it->second].kernel->is_async()) continue;
+        auto it = step_of_.find(v.node);
+        if (it == step_of_.end() || !steps_[it->second].kernel->is_async()) continue;
         if (std::find(s.wait_for.begin(), s.wait_for.end(), it->second) == s.wait_for.end())
           s.wait_for.push_back(it->second);
       }
@@ -276,7 +274,7 @@ class CpuExecutable final : public Executable {
       // Inputs stay untouched until the first consumer has waited.
       int first_wait = static_cast<int>(order.size());
       for (Step& t : steps_)
-        if (std::find(t.wait_for.begin(), t.wait_for.end(), step_of[s.node]) != t.wait_for.end())
+        if (std::find(t.wait_for.begin(), t.wait_for.end(), step_of_[s.node]) != t.wait_for.end())
           first_wait = std::min(first_wait, pos[t.node]);
       for (const Value& v : g_.node(s.node).inputs) extend[v] = std::max(extend[v], first_wait);
       for (std::size_t i = 0; i < g_.node(s.node).outputs.size(); ++i)
@@ -390,8 +388,8 @@ class CpuExecutable final : public Executable {
 
   CompileOptions opts_;
   Graph g_;
-  std::map<int, int> step_of_;        // node id -> index into steps_
-  std::map<int, int> bound_outputs_;  // graph output -> writer step (bind_output)
+  std::map<int, int> step_of_;   // node id -> index into steps_
+  std::set<int> bound_outputs_;  // graph outputs given to bind_output
   std::vector<Step> steps_;
   std::map<std::string, int> input_ids_;
   std::map<int, std::vector<std::pair<int, int>>> input_uses_;
