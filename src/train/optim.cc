@@ -18,8 +18,6 @@ using graph::TensorType;
 using graph::Value;
 using Types = std::vector<TensorType>;
 
-constexpr std::int64_t kGrain = 1 << 15;
-
 // Inputs: p, g, then scalars, then state tensors shaped like p. Outputs: p
 // and each state, same types.
 OpDef update_def(const std::string& name, int scalars, int states, std::vector<std::string> attrs) {
@@ -56,7 +54,7 @@ Status dispatch(DType t, F&& f) {
 template <typename T>
 double sq_norm(const T* x, std::int64_t n) {
   double s = 0;
-#pragma omp parallel for reduction(+ : s) if (n > kGrain) schedule(static)
+#pragma omp parallel for reduction(+ : s) if (n > runtime::kParallelGrain) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
   return s;
 }
@@ -188,7 +186,7 @@ class AdamKernel final : public runtime::Kernel {
       }
       // LAMB: r = m_hat / (sqrt(v_hat) + eps) + wd p; p -= lr * (|p| / |r|) * r.
       double rn = 0, pn = 0;
-#pragma omp parallel for reduction(+ : rn, pn) if (n > kGrain) schedule(static)
+#pragma omp parallel for reduction(+ : rn, pn) if (n > runtime::kParallelGrain) schedule(static)
       for (std::int64_t i = 0; i < n; ++i) {
         T mi = b1 * m[i] + (T(1) - b1) * g[i];
         T vi = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
