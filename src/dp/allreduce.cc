@@ -3,9 +3,9 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 
+#include "shoal/core/env.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/op_registry.h"
 #include "shoal/runtime/kernel.h"
@@ -38,9 +38,9 @@ Result<comm::ReduceOp> reduce_op_attr(const graph::Node& n) {
 // the tensors and views into the buffer (it converts f32 <-> f16/bf16).
 class BucketKernel final : public runtime::Kernel {
  public:
-  BucketKernel(comm::Communicator* c, comm::ReduceOp op, DType wire,
+  BucketKernel(comm::Communicator* c, comm::ReduceOp op, DType wire, bool yield,
                const std::vector<graph::TensorType>& in)
-      : c_(c), op_(op), wire_(wire) {
+      : c_(c), op_(op), wire_(wire), yield_(yield) {
     if (in.size() == 1 && wire == DType::kF32) return;  // direct: no buffer
     for (const auto& t : in) elements_ += num_elements(t.shape);
     auto buf = Storage::allocate(static_cast<std::size_t>(elements_) * dtype_size(wire));
@@ -111,12 +111,8 @@ class BucketKernel final : public runtime::Kernel {
   // its exchange now and sleep. Measured, 6 interleaved pairs each: MLP 2
   // ranks 43.7k -> 48.8k img/s, CNN 3,934 -> 4,278. With a spare core the
   // call returns at once. SHOAL_DP_YIELD=0 turns it off.
-  static Status started() {
-    static const bool yield = [] {
-      const char* e = std::getenv("SHOAL_DP_YIELD");
-      return e == nullptr || std::string(e) != "0";
-    }();
-    if (yield) sched_yield();
+  Status started() const {
+    if (yield_) sched_yield();
     return ok_status();
   }
   // Inputs back to back in order, each output over its input.
@@ -132,6 +128,7 @@ class BucketKernel final : public runtime::Kernel {
   comm::Communicator* c_;
   comm::ReduceOp op_;
   DType wire_;
+  bool yield_;
   std::int64_t elements_ = 0;
   std::vector<Tensor> views_;  // into one buffer of the wire dtype
   std::vector<Tensor> out_;
@@ -206,7 +203,9 @@ void register_ops() {
             return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
           SHOAL_ASSIGN_OR_RETURN(comm::ReduceOp op, reduce_op_attr(n));
           SHOAL_ASSIGN_OR_RETURN(DType wire, parse_dtype(n.attrs.get_string_or("wire", "f32")));
-          return std::unique_ptr<runtime::Kernel>(std::make_unique<BucketKernel>(c, op, wire, in));
+          SHOAL_ASSIGN_OR_RETURN(bool yield, env::get_bool("SHOAL_DP_YIELD", true));
+          return std::unique_ptr<runtime::Kernel>(
+              std::make_unique<BucketKernel>(c, op, wire, yield, in));
         });
   });
 }

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "runtime/cpu/kernels_internal.h"
+#include "shoal/core/env.h"
 #include "shoal/core/logging.h"
 #include "shoal/graph/op_registry.h"
 #include "shoal/graph/passes.h"
@@ -207,9 +208,8 @@ class CpuExecutable final : public Executable {
     if (opts_.fuse) fuse_activations(g);
     if (opts_.constant_fold) SHOAL_RETURN_IF_ERROR(constant_fold(g).status());
     graph::eliminate_dead_code(g);
-    const char* bl = std::getenv("SHOAL_BLOCKED_LAYOUT");
-    if (opts_.blocked_layouts && !(bl != nullptr && std::string(bl) == "0"))
-      SHOAL_RETURN_IF_ERROR(assign_blocked_layouts(g).status());
+    SHOAL_ASSIGN_OR_RETURN(bool blocked, env::get_bool("SHOAL_BLOCKED_LAYOUT", true));
+    if (opts_.blocked_layouts && blocked) SHOAL_RETURN_IF_ERROR(assign_blocked_layouts(g).status());
     SHOAL_ASSIGN_OR_RETURN(std::vector<int> order0, g.topo_order());
     g_ = std::move(g);
 

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "runtime/cpu/kernels_internal.h"
+#include "shoal/core/env.h"
 #include "shoal/core/logging.h"
 
 namespace shoal::runtime::cpu {
@@ -436,8 +437,8 @@ void override_f32(
   r.add(op, [fallback, make](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
     // SHOAL_ONEDNN=0: reference kernels only (read when compiling; for
     // comparisons and for testing the fallbacks).
-    const char* off = std::getenv("SHOAL_ONEDNN");
-    if (in[0].dtype == DType::kF32 && !(off != nullptr && std::string(off) == "0")) {
+    SHOAL_ASSIGN_OR_RETURN(bool onednn, env::get_bool("SHOAL_ONEDNN", true));
+    if (in[0].dtype == DType::kF32 && onednn) {
       try {
         // Output type is re-derived by the caller; kernels take it from the node.
         std::unique_ptr<Kernel> k = make(n, in, n.outputs[0]);
