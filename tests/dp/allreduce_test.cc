@@ -149,10 +149,10 @@ TEST(DataParallel, NRanksEqualOneRankOnTheWholeBatch) {
         const auto& g = got[static_cast<std::size_t>(r)];
         ASSERT_TRUE(g.ok()) << g.status().to_string();
         EXPECT_EQ(g->plan.buckets.size(), dpo == &one ? 1u : kParams.size());
-        // The four-gradient f32 bucket is reduced in place where the memory
-        // planner put the gradients back to back; one-tensor buckets go
-        // straight from gradient to output.
-        EXPECT_EQ(g->bucket_impl, dpo == &one ? "comm, in place" : "comm");
+        // f32 buckets are reduced in place where the memory planner put the
+        // gradients back to back (the four-gradient bucket) or the output
+        // over its gradient (one-tensor buckets).
+        EXPECT_EQ(g->bucket_impl, "comm, in place");
         expect_near(*g, *ref, 1e-5, fmt::format("rank {}", r));
         // Every rank holds bit-identical weights.
         if (r == 0) continue;
