@@ -102,6 +102,7 @@ Result<CommOptions> CommOptions::from_env() {
   if (auto h = env::get("SHOAL_HOST_ID")) o.host_id = *h;
   SHOAL_ASSIGN_OR_RETURN(std::int64_t cma, env::get_int("SHOAL_CMA", 1));
   o.cma = cma != 0;
+  SHOAL_ASSIGN_OR_RETURN(o.map_peers, env::get_bool("SHOAL_MAP_PEERS", true));
   SHOAL_ASSIGN_OR_RETURN(double spin, env::get_double("SHOAL_SHM_SPIN_US", o.shm_spin_us));
   if (!(spin >= 0)) return invalid_argument("SHOAL_SHM_SPIN_US={} must be >= 0", spin);
   o.shm_spin_us = static_cast<long>(spin);
@@ -954,31 +955,83 @@ Status Communicator::cma_copy(int peer, std::uint64_t remote, void* local, std::
   return ok_status();
 }
 
+int Communicator::local_size() const {
+  if (host_of_.empty()) return 1;
+  return static_cast<int>(std::count(host_of_.begin(), host_of_.end(),
+                                     host_of_[static_cast<std::size_t>(rank_)]));
+}
+
+Result<std::shared_ptr<net::SharedRegion>> Communicator::allocate_shared(std::size_t bytes) {
+  return net::SharedRegion::create(bytes);
+}
+
+namespace {
+constexpr std::size_t kMaxPeerMappings = 64;
+}
+
+net::PeerMapping* Communicator::peer_mapping(int peer, const net::SharedRef& ref) {
+  const auto key = std::make_pair(peer, ref.id);
+  auto it = peer_maps_.find(key);
+  if (it != peer_maps_.end()) return it->second.get();
+  // Regions of one executable live as long as it does; a job that keeps
+  // making new ones (re-compiles) should not pile up mappings: the oldest
+  // go (a mapping keeps the peer's pages alive, not just an address).
+  while (peer_maps_.size() >= kMaxPeerMappings) {
+    auto oldest = peer_maps_.begin();
+    for (auto j = peer_maps_.begin(); j != peer_maps_.end(); ++j)
+      if (j->first.second < oldest->first.second) oldest = j;
+    peer_maps_.erase(oldest);
+  }
+  auto m = net::PeerMapping::open(cma_pid_[static_cast<std::size_t>(peer)], ref);
+  if (!m.ok())
+    SHOAL_LOG_WARN("cannot map the shared buffer of {} ({}); its all-reduces copy through "
+                   "process_vm_readv instead",
+                   peers_[static_cast<std::size_t>(peer)].peer(), m.status().message());
+  net::PeerMapping* got = m.ok() ? m->get() : nullptr;
+  peer_maps_[key] = m.ok() ? std::move(*m) : nullptr;
+  return got;
+}
+
 // Direct all-reduce between ranks on one host: every rank publishes its
 // buffer's address; rank r reduces its 1/N of the elements by reading that
-// part of every peer's buffer (process_vm_readv, in 256 KiB pieces that
-// stay in cache) into its own, and writes each finished piece straight into
-// every peer's buffer (process_vm_writev); a barrier ends the call once all
-// parts are everywhere. One copy per byte moved instead of two through a
-// ring, and no rank waits for a descheduled peer to push data, which
-// matters when ranks outnumber cores. Each part is
-// reduced by one rank in a fixed order (its owner's values, then the
-// others by rank), so all ranks get the same bits, run after run.
+// part of every peer's buffer into its own, and writes each finished piece
+// straight into every peer's buffer; a barrier ends the call once all parts
+// are everywhere. A peer's buffer in shared memory (allocate_shared) is
+// mapped once and read and written with plain loads and stores; any other
+// is copied through process_vm_readv/writev, in 256 KiB pieces that stay
+// in cache. One copy per byte moved instead of two through a ring (none
+// when mapped), and no rank waits for a descheduled peer to push data,
+// which matters when ranks outnumber cores. Each part is reduced by one
+// rank in a fixed order (its owner's values, then the others by rank), so
+// all ranks get the same bits, run after run, whichever way they reach
+// their peers.
 Status Communicator::direct_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op,
                                       std::uint64_t fp) {
   const char* what = "allreduce (direct)";
   const std::size_t es = dtype_size(dt), n = static_cast<std::size_t>(world_);
   struct Addr {
     std::uint64_t addr, bytes;
+    net::SharedRef shared;  // id 0: private memory
   };
-  Addr mine{reinterpret_cast<std::uintptr_t>(buf), count * es};
+  Addr mine{reinterpret_cast<std::uintptr_t>(buf), count * es, {}};
+  if (o_.map_peers)
+    if (auto r = net::find_shared(buf, count * es)) mine.shared = *r;
   std::vector<Addr> theirs(n);
   SHOAL_RETURN_IF_ERROR(exchange_all(&mine, sizeof mine, theirs.data(), fp, what));
-  for (int q = 0; q < world_; ++q)
-    if (q != rank_ && theirs[static_cast<std::size_t>(q)].bytes != mine.bytes)
+  // Where each peer's buffer is mapped here (null: copy through CMA).
+  std::vector<std::uint8_t*> mapped(n, nullptr);
+  last_mapped_ = true;
+  for (int q = 0; q < world_; ++q) {
+    if (q == rank_) continue;
+    const Addr& a = theirs[static_cast<std::size_t>(q)];
+    if (a.bytes != mine.bytes)
       return failed_precondition("{} #{}: {} has {} bytes, this rank {}", what, seq_,
-                                 peers_[static_cast<std::size_t>(q)].peer(),
-                                 theirs[static_cast<std::size_t>(q)].bytes, mine.bytes);
+                                 peers_[static_cast<std::size_t>(q)].peer(), a.bytes, mine.bytes);
+    const net::SharedRef& r = a.shared;
+    if (r.id != 0 && r.offset <= r.region_bytes && a.bytes <= r.region_bytes - r.offset)
+      if (net::PeerMapping* m = peer_mapping(q, r)) mapped[static_cast<std::size_t>(q)] = m->data() + r.offset;
+    last_mapped_ = last_mapped_ && mapped[static_cast<std::size_t>(q)] != nullptr;
+  }
   auto lo = [&](int r) { return count * static_cast<std::size_t>(r) / n * es; };
   const std::size_t piece = bounce_.size() / 8 * 8;
   auto* base = static_cast<std::uint8_t*>(buf);
@@ -986,22 +1039,35 @@ Status Communicator::direct_allreduce(void* buf, std::size_t count, DType dt, Re
     const std::size_t len = std::min(piece, lo(rank_ + 1) - off);
     for (int q = 0; q < world_; ++q) {
       if (q == rank_) continue;
-      SHOAL_RETURN_IF_ERROR(cma_copy(q, theirs[static_cast<std::size_t>(q)].addr + off,
-                                     bounce_.data(), len, false, what));
-      reduce_into(base + off, bounce_.data(), len / es, dt, op);
+      const std::uint8_t* src = mapped[static_cast<std::size_t>(q)];
+      if (src != nullptr) {
+        src += off;
+      } else {
+        SHOAL_RETURN_IF_ERROR(cma_copy(q, theirs[static_cast<std::size_t>(q)].addr + off,
+                                       bounce_.data(), len, false, what));
+        src = bounce_.data();
+      }
+      reduce_into(base + off, src, len / es, dt, op);
     }
     // Average while the piece is in cache (do_allreduce skips its pass).
     if (op == ReduceOp::kAvg) divide_by_size(base + off, len / es, dt, world_);
     // The piece is final: put it into every peer's buffer too (nobody else
     // reads or writes that range of theirs).
-    for (int q = 0; q < world_; ++q)
-      if (q != rank_)
+    for (int q = 0; q < world_; ++q) {
+      if (q == rank_) continue;
+      if (std::uint8_t* dst = mapped[static_cast<std::size_t>(q)]) {
+        std::memcpy(dst + off, base + off, len);
+      } else {
         SHOAL_RETURN_IF_ERROR(cma_copy(q, theirs[static_cast<std::size_t>(q)].addr + off,
                                        base + off, len, true, what));
+      }
+    }
   }
+  // Every part written everywhere. Plain stores into a peer's mapping are
+  // ordered before this barrier's ring write (release) or socket send.
   std::vector<std::uint8_t> flags(n);
   std::uint8_t one = 1;
-  return exchange_all(&one, 1, flags.data(), fp, what);  // every part written everywhere
+  return exchange_all(&one, 1, flags.data(), fp, what);
 }
 
 // Recursive halving-doubling (Rabenseifner): a reduce-scatter by recursive

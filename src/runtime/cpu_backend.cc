@@ -282,7 +282,16 @@ class CpuExecutable final : public Executable {
             std::max(extend[Value{s.node, static_cast<int>(i)}], first_wait);
     }
     plan_ = graph::plan_memory(g_, order, extend, 64, packs(order, pos));
-    arena_ = Storage::allocate(plan_.arena_bytes);
+    if (opts_.arena_allocator) {
+      SHOAL_ASSIGN_OR_RETURN(arena_, opts_.arena_allocator(plan_.arena_bytes));
+      if (arena_ == nullptr || arena_->size() < plan_.arena_bytes ||
+          reinterpret_cast<std::uintptr_t>(arena_->data()) % 64 != 0)
+        return internal_error("the arena allocator gave {} bytes at {}, not {} 64-byte aligned",
+                              arena_ ? arena_->size() : 0, arena_ ? arena_->data() : nullptr,
+                              plan_.arena_bytes);
+    } else {
+      arena_ = Storage::allocate(plan_.arena_bytes);
+    }
     for (const auto& [v, off] : plan_.offset) {
       const graph::TensorType& t = g_.type(v);
       values_[v] = Tensor::from_storage(arena_, t.shape, t.dtype,

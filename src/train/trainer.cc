@@ -265,7 +265,9 @@ Status Trainer::init(const TrainOptions& o) {
 
   auto backend = runtime::make_backend("cpu");
   if (!backend.ok()) return backend.status();
-  SHOAL_ASSIGN_OR_RETURN(m.exe, (*backend)->compile(std::move(g), {}));
+  runtime::CompileOptions copts;
+  copts.arena_allocator = o_.arena_allocator;
+  SHOAL_ASSIGN_OR_RETURN(m.exe, (*backend)->compile(std::move(g), copts));
   for (auto& [name, t] : params_) SHOAL_RETURN_IF_ERROR(m.exe->bind("param/" + name, t));
   for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(m.exe->bind("buf/" + name, t));
   for (auto& [name, t] : state_) SHOAL_RETURN_IF_ERROR(m.exe->bind(name, t));

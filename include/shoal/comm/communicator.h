@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +31,7 @@
 
 #include "shoal/core/deadline.h"
 #include "shoal/core/status.h"
+#include "shoal/net/shared_memory.h"
 #include "shoal/net/shm.h"
 #include "shoal/net/socket.h"
 #include "shoal/net/store.h"
@@ -73,6 +75,11 @@ struct CommOptions {
   // writev: one copy instead of two through a ring) from direct_bytes up. Its reduction
   // order is fixed, so SHOAL_DETERMINISTIC=1 keeps it.
   bool cma = true;
+  // SHOAL_MAP_PEERS=0 turns it off: when a buffer of the direct all-reduce
+  // lies in shared memory (Communicator::allocate_shared) on every rank,
+  // each rank maps its peers' regions once and reduces from and writes into
+  // them with plain loads and stores, no system call per byte.
+  bool map_peers = true;
   // Which host this rank is on (SHOAL_HOST_ID; default hostname + boot id).
   // Ranks with the same id share memory; a job over several hosts with
   // several ranks on some of them gets the two-level all-reduce. Tests use
@@ -80,7 +87,8 @@ struct CommOptions {
   std::string host_id;
   std::size_t direct_bytes = 0;  // 0: 64 KiB at 2 ranks, 256 KiB at more
   // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR,
-  // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC, SHOAL_SHM_SPIN_US, SHOAL_SHM_BYTES, SHOAL_CMA.
+  // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC, SHOAL_SHM_SPIN_US, SHOAL_SHM_BYTES, SHOAL_CMA,
+  // SHOAL_MAP_PEERS.
   static Result<CommOptions> from_env();
 };
 
@@ -131,6 +139,8 @@ class Communicator {
 
   int rank() const { return rank_; }
   int size() const { return world_; }
+  // Ranks on this rank's host, itself included (1 when unknown: MPI backend).
+  int local_size() const;
 
   // Blocking collectives (each = the async form + wait with the timeout).
   Status allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
@@ -170,6 +180,16 @@ class Communicator {
   // Sub-communicator of the ranks with the same color, ordered by (key, rank).
   // Collective over this communicator. color < 0: this rank is in none (nullptr).
   Result<std::unique_ptr<Communicator>> split(int color, int key);
+
+  // Memory the direct all-reduce reaches without system calls from the
+  // other ranks on this host (net::SharedRegion): give collectives buffers
+  // in it (e.g. an executable's arena) and large all-reduces between ranks
+  // of one host run over mapped memory. Any buffer works with every call;
+  // these are only faster.
+  static Result<std::shared_ptr<net::SharedRegion>> allocate_shared(std::size_t bytes);
+  // Whether the last direct all-reduce read every peer's buffer through a
+  // mapping (false: some or all through process_vm_readv/writev).
+  bool last_direct_mapped() const { return last_mapped_; }
 
   const char* last_algorithm() const { return last_algo_; }
   // The α-β model fitted at start-up (0 when not calibrated): seconds per
@@ -237,6 +257,10 @@ class Communicator {
   Status exchange_all(const void* mine, std::size_t bytes, void* theirs, std::uint64_t fp,
                       const char* what);
   Status probe_cma(net::Store& store, Deadline dl);
+  // The peer's region `ref` mapped here, opened on first use and kept (up
+  // to kMaxPeerMappings); nullptr when it cannot be mapped (then the caller
+  // copies through CMA; the failure is logged once and remembered).
+  net::PeerMapping* peer_mapping(int peer, const net::SharedRef& ref);
   // Copies between `local` and `remote` in a peer's address space (to_peer:
   // local -> remote), through process_vm_readv/writev.
   Status cma_copy(int peer, std::uint64_t remote, void* local, std::size_t bytes, bool to_peer,
@@ -266,6 +290,9 @@ class Communicator {
   const char* last_algo_ = "";
   std::vector<std::uint8_t> scratch_;
   std::vector<std::uint8_t> bounce_ = std::vector<std::uint8_t>(256 << 10);
+  // Peers' shared regions mapped here, by (peer, region id); null = refused.
+  std::map<std::pair<int, std::uint64_t>, std::unique_ptr<net::PeerMapping>> peer_maps_;
+  bool last_mapped_ = false;
   bool aborted_ = false;
   Status abort_status_;
 

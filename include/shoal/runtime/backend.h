@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +26,11 @@ struct CompileOptions {
   bool blocked_layouts = true;
   bool constant_fold = true;
   double async_wait_seconds = 300.0;  // deadline for async kernels
+  // Allocates the arena (zero-filled, 64-byte aligned; default
+  // Storage::allocate). Data parallelism passes shared memory here, so the
+  // all-reduce of gradient buckets placed in the arena reaches the other
+  // ranks' buckets without system calls (comm::Communicator::allocate_shared).
+  std::function<Result<std::shared_ptr<Storage>>(std::size_t bytes)> arena_allocator;
 };
 
 // One span of a trace. Times are microseconds of the monotonic clock

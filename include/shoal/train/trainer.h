@@ -69,6 +69,9 @@ struct TrainOptions {
   // Runs between autodiff and the optimizer (the data-parallel pass): may
   // rewrite gradients in `params` (each ParamRef.grad).
   std::function<Status(graph::Graph&, std::vector<ParamRef>&)> grad_pass;
+  // Allocates the training step's arena (runtime::CompileOptions); dp::attach
+  // gives shared memory so gradient buckets are all-reduced over mappings.
+  std::function<Result<std::shared_ptr<Storage>>(std::size_t)> arena_allocator;
   // The other ranks (null when world == 1): start-up agreement on the graph
   // and build, rank 0's weights broadcast, metrics summed, buffers averaged.
   std::shared_ptr<Peers> peers;
