@@ -25,6 +25,7 @@ std::string cpu_features();
 struct DistFlags {
   std::string wire = "f32";
   double bucket_mb = 25, first_bucket_mb = 1;
+  std::string overlap = "auto";
 };
 struct TrainCommand {
   CLI::App* app = nullptr;

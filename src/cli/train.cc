@@ -173,6 +173,12 @@ TrainCommand add_train_command(CLI::App& app) {
                 "Data parallel: cap of the first bucket (MiB), small so sending starts early")
       ->check(kPositive)
       ->capture_default_str();
+  t->add_option("--overlap", d.overlap,
+                "Data parallel: all-reduce buckets on a progress thread during the backward pass "
+                "(on), on the compute thread (off), or off only when the host's ranks x threads "
+                "fill its cores (auto)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   t->add_option("--config", *c.config, "YAML or JSON file with the same options (flags win)");
   return c;
 }
@@ -222,15 +228,8 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
       return 2;
     }
     comm = std::move(c).value();
-    dp::DpOptions dpo;
-    dpo.wire = *parse_dtype(d.wire);
-    dpo.bucket_mb = d.bucket_mb;
-    dpo.first_bucket_mb = d.first_bucket_mb;
-    if (Status st = dp::attach(o, *comm, dpo); !st.ok()) {
-      SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
-      return 2;
-    }
-    // Ranks sharing this host split its cores unless --threads says otherwise.
+    // Ranks sharing this host split its cores unless --threads says otherwise
+    // (before attach, which decides on overlap from the threads).
     if (o.threads == 0) {
       for (const char* var :
            {"SHOAL_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
@@ -240,6 +239,15 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
             std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::atoi(v));
         break;
       }
+    }
+    dp::DpOptions dpo;
+    dpo.wire = *parse_dtype(d.wire);
+    dpo.bucket_mb = d.bucket_mb;
+    dpo.first_bucket_mb = d.first_bucket_mb;
+    dpo.overlap = *dp::parse_overlap(d.overlap);
+    if (Status st = dp::attach(o, *comm, dpo); !st.ok()) {
+      SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
+      return 2;
     }
   }
   auto t = train::Trainer::create(o);

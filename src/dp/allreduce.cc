@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include "shoal/core/env.h"
 #include "shoal/graph/builder.h"
@@ -13,15 +14,19 @@
 namespace shoal::dp {
 namespace {
 
+struct Registered {
+  comm::Communicator* c;
+  bool overlap;
+};
 std::mutex g_mu;
-std::vector<comm::Communicator*>& comms() {
-  static std::vector<comm::Communicator*> v;
+std::vector<Registered>& comms() {
+  static std::vector<Registered> v;
   return v;
 }
 
-comm::Communicator* lookup(std::int64_t id) {
+std::optional<Registered> lookup(std::int64_t id) {
   std::lock_guard<std::mutex> lk(g_mu);
-  if (id < 0 || id >= static_cast<std::int64_t>(comms().size())) return nullptr;
+  if (id < 0 || id >= static_cast<std::int64_t>(comms().size())) return std::nullopt;
   return comms()[static_cast<std::size_t>(id)];
 }
 
@@ -36,11 +41,12 @@ Result<comm::ReduceOp> reduce_op_attr(const graph::Node& n) {
 // the communicator's progress thread, and unpacks into its outputs when
 // the executor waits. Packing and unpacking are Tensor::copy_from between
 // the tensors and views into the buffer (it converts f32 <-> f16/bf16).
+// Without overlap the same steps run at once on the calling thread.
 class BucketKernel final : public runtime::Kernel {
  public:
-  BucketKernel(comm::Communicator* c, comm::ReduceOp op, DType wire, bool yield,
+  BucketKernel(comm::Communicator* c, comm::ReduceOp op, DType wire, bool yield, bool overlap,
                const std::vector<graph::TensorType>& in)
-      : c_(c), op_(op), wire_(wire), yield_(yield) {
+      : c_(c), op_(op), wire_(wire), yield_(yield), overlap_(overlap) {
     for (const auto& t : in) elements_ += num_elements(t.shape);
     if (in.size() == 1 && wire == DType::kF32) return;  // direct: no buffer
     auto buf = Storage::allocate(static_cast<std::size_t>(elements_) * dtype_size(wire));
@@ -61,6 +67,7 @@ class BucketKernel final : public runtime::Kernel {
   Status run(const runtime::KernelContext&, std::span<const Tensor> in,
              std::span<Tensor> out) override {
     packed_ = wants_packed_inputs() && packed(in, out);
+    if (!overlap_) return run_now(in, out);
     if (packed_) {
       out_.clear();
       work_ = c_->allreduce_async(out[0].raw_data(), out[0].raw_data(),
@@ -82,7 +89,7 @@ class BucketKernel final : public runtime::Kernel {
                                 static_cast<std::size_t>(elements_), wire_, op_);
     return started();
   }
-  bool is_async() const override { return true; }
+  bool is_async() const override { return overlap_; }
   Status wait(Deadline dl) override {
     if (!work_) return ok_status();
     Status st = work_->wait(dl);
@@ -105,6 +112,20 @@ class BucketKernel final : public runtime::Kernel {
   const char* impl() const override { return packed_ ? "comm, in place" : "comm"; }
 
  private:
+  // The whole bucket on this thread: no hand-off to the progress thread.
+  Status run_now(std::span<const Tensor> in, std::span<Tensor> out) {
+    if (packed_)
+      return c_->allreduce(out[0].raw_data(), out[0].raw_data(),
+                           static_cast<std::size_t>(elements_), wire_, op_);
+    if (views_.empty())
+      return c_->allreduce(in[0].raw_data(), out[0].raw_data(),
+                           static_cast<std::size_t>(elements_), wire_, op_);
+    for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(views_[i].copy_from(in[i]));
+    SHOAL_RETURN_IF_ERROR(c_->allreduce(views_[0].raw_data(), views_[0].raw_data(),
+                                        static_cast<std::size_t>(elements_), wire_, op_));
+    for (std::size_t i = 0; i < out.size(); ++i) SHOAL_RETURN_IF_ERROR(out[i].copy_from(views_[i]));
+    return ok_status();
+  }
   // After starting the collective the compute thread yields its core once.
   // When every core computes (2 ranks x 1 thread on 2 cores) the progress
   // thread just woken for the bucket otherwise waited for the compute
@@ -132,6 +153,7 @@ class BucketKernel final : public runtime::Kernel {
   comm::ReduceOp op_;
   DType wire_;
   bool yield_;
+  bool overlap_;
   std::int64_t elements_ = 0;
   std::vector<Tensor> views_;  // into one buffer of the wire dtype
   std::vector<Tensor> out_;
@@ -141,10 +163,17 @@ class BucketKernel final : public runtime::Kernel {
 
 }  // namespace
 
-std::int64_t register_communicator(comm::Communicator* c) {
+std::int64_t register_communicator(comm::Communicator* c, bool overlap) {
   std::lock_guard<std::mutex> lk(g_mu);
-  comms().push_back(c);
+  comms().push_back(Registered{c, overlap});
   return static_cast<std::int64_t>(comms().size()) - 1;
+}
+
+Result<DpOptions::Overlap> parse_overlap(const std::string& s) {
+  if (s == "auto") return DpOptions::Overlap::kAuto;
+  if (s == "on") return DpOptions::Overlap::kOn;
+  if (s == "off") return DpOptions::Overlap::kOff;
+  return invalid_argument("--overlap {} is not one of auto, on, off", s);
 }
 
 Status validate(const DpOptions& o) {
@@ -201,14 +230,14 @@ void register_ops() {
         [](const graph::Node& n,
            const std::vector<graph::TensorType>& in) -> Result<std::unique_ptr<runtime::Kernel>> {
           std::int64_t id = n.attrs.get_int_or("comm", -1);
-          comm::Communicator* c = lookup(id);
-          if (c == nullptr)
+          std::optional<Registered> reg = lookup(id);
+          if (!reg)
             return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
           SHOAL_ASSIGN_OR_RETURN(comm::ReduceOp op, reduce_op_attr(n));
           SHOAL_ASSIGN_OR_RETURN(DType wire, parse_dtype(n.attrs.get_string_or("wire", "f32")));
           SHOAL_ASSIGN_OR_RETURN(bool yield, env::get_bool("SHOAL_DP_YIELD", true));
           return std::unique_ptr<runtime::Kernel>(
-              std::make_unique<BucketKernel>(c, op, wire, yield, in));
+              std::make_unique<BucketKernel>(reg->c, op, wire, yield, reg->overlap, in));
         });
   });
 }
@@ -217,7 +246,7 @@ Result<BucketPlan> inject_allreduce(graph::Graph& g, std::vector<train::ParamRef
                                     std::int64_t comm_id, const DpOptions& o) {
   register_ops();
   SHOAL_RETURN_IF_ERROR(validate(o));
-  if (lookup(comm_id) == nullptr)
+  if (!lookup(comm_id))
     return failed_precondition("inject_allreduce: no communicator registered as id {}", comm_id);
   // The order the backward pass produces gradients: autodiff appends the
   // last layers' gradients first, and the executor runs by node id.

@@ -447,6 +447,13 @@ Result<std::vector<TraceSummary>> merge_traces(const std::vector<std::string>& r
       if (tid == 0 && cat == "train_step") steps.push_back({ts, dur});
       if (tid == 0 && cat == "wait") waits.push_back({ts, dur});
       if (tid == 1) s.comm_ms += dur / 1000;
+      // A bucket kernel on the compute lane: with overlap it only starts the
+      // collective (microseconds), without it runs the whole all-reduce; in
+      // both cases the compute thread spends that time on communication.
+      if (tid == 0 && cat == "allreduce_bucket") {
+        waits.push_back({ts, dur});
+        s.comm_ms += dur / 1000;
+      }
     }
     merged["traceEvents"].push_back({{"name", "process_name"},
                                      {"ph", "M"},

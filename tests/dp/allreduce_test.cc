@@ -117,7 +117,8 @@ std::vector<Result<RankRun>> train_ranks(int world, const DpOptions& dpo, int st
         out = c.status();
         return;
       }
-      std::int64_t id = register_communicator(c->get());
+      std::int64_t id =
+          register_communicator(c->get(), dpo.overlap != DpOptions::Overlap::kOff);
       std::int64_t rows = 24 / world;
       out = train(r * rows, rows, steps, id, dpo);
     });
@@ -137,12 +138,16 @@ void expect_near(const RankRun& got, const RankRun& want, double tol, const std:
 TEST(DataParallel, NRanksEqualOneRankOnTheWholeBatch) {
   auto ref = train(0, 24, 4, -1);
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
-  // One bucket for everything, and a bucket per tensor (tiny caps).
-  DpOptions one, many;
+  // One bucket for everything, and a bucket per tensor (tiny caps); the
+  // last runs each bucket on the compute thread (no overlap).
+  DpOptions one, many, inline_many;
   many.bucket_mb = many.first_bucket_mb = 1e-6;
+  inline_many = many;
+  inline_many.overlap = DpOptions::Overlap::kOff;
   for (int world : {2, 3, 4}) {
-    for (const DpOptions* dpo : {&one, &many}) {
-      std::string what = fmt::format("world {} bucket cap {} MiB", world, dpo->bucket_mb);
+    for (const DpOptions* dpo : {&one, &many, &inline_many}) {
+      std::string what = fmt::format("world {} bucket cap {} MiB{}", world, dpo->bucket_mb,
+                                     dpo == &inline_many ? ", no overlap" : "");
       SCOPED_TRACE(what);
       auto got = train_ranks(world, *dpo);
       for (int r = 0; r < world; ++r) {

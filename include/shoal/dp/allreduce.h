@@ -35,14 +35,28 @@ namespace shoal::dp {
 // Registers the ops and their kernels (idempotent).
 void register_ops();
 // Makes `c` reachable from graph attributes; returns its id. The
-// communicator must outlive every executable that uses the id.
-std::int64_t register_communicator(comm::Communicator* c);
+// communicator must outlive every executable that uses the id. With
+// `overlap` the bucket kernels are asynchronous: each all-reduce runs on the
+// communicator's progress thread while the backward pass goes on, and the
+// first update that reads the bucket waits for it. Without, the compute
+// thread runs each all-reduce itself when the bucket is complete: better
+// when every core of the host computes (no core is left for the progress
+// thread, so overlap only adds thread hand-offs; see docs/data-parallel.md).
+// The choice is the executable's, not the graph's: ranks may differ in it.
+std::int64_t register_communicator(comm::Communicator* c, bool overlap = true);
 
 struct DpOptions {
   double bucket_mb = 25;       // cap per bucket (MiB of f32 gradient)
   double first_bucket_mb = 1;  // cap of the first bucket
   DType wire = DType::kF32;    // f32, f16 or bf16
+  // Bucket all-reduces on the progress thread, overlapped with the backward
+  // pass (kOn), or on the compute thread (kOff); see register_communicator.
+  // kAuto (dp::attach): off when the ranks on this host times the compute
+  // threads of each fill every core this process may use.
+  enum class Overlap { kAuto, kOn, kOff };
+  Overlap overlap = Overlap::kAuto;
 };
+Result<DpOptions::Overlap> parse_overlap(const std::string& s);  // auto, on, off
 Status validate(const DpOptions& o);
 
 struct Bucket {
