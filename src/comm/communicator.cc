@@ -957,8 +957,8 @@ Status Communicator::cma_copy(int peer, std::uint64_t remote, void* local, std::
 
 int Communicator::local_size() const {
   if (host_of_.empty()) return 1;
-  return static_cast<int>(std::count(host_of_.begin(), host_of_.end(),
-                                     host_of_[static_cast<std::size_t>(rank_)]));
+  return static_cast<int>(
+      std::count(host_of_.begin(), host_of_.end(), host_of_[static_cast<std::size_t>(rank_)]));
 }
 
 Result<std::shared_ptr<net::SharedRegion>> Communicator::allocate_shared(std::size_t bytes) {
@@ -984,9 +984,10 @@ net::PeerMapping* Communicator::peer_mapping(int peer, const net::SharedRef& ref
   }
   auto m = net::PeerMapping::open(cma_pid_[static_cast<std::size_t>(peer)], ref);
   if (!m.ok())
-    SHOAL_LOG_WARN("cannot map the shared buffer of {} ({}); its all-reduces copy through "
-                   "process_vm_readv instead",
-                   peers_[static_cast<std::size_t>(peer)].peer(), m.status().message());
+    SHOAL_LOG_WARN(
+        "cannot map the shared buffer of {} ({}); its all-reduces copy through "
+        "process_vm_readv instead",
+        peers_[static_cast<std::size_t>(peer)].peer(), m.status().message());
   net::PeerMapping* got = m.ok() ? m->get() : nullptr;
   peer_maps_[key] = m.ok() ? std::move(*m) : nullptr;
   return got;
@@ -1029,7 +1030,8 @@ Status Communicator::direct_allreduce(void* buf, std::size_t count, DType dt, Re
                                  peers_[static_cast<std::size_t>(q)].peer(), a.bytes, mine.bytes);
     const net::SharedRef& r = a.shared;
     if (r.id != 0 && r.offset <= r.region_bytes && a.bytes <= r.region_bytes - r.offset)
-      if (net::PeerMapping* m = peer_mapping(q, r)) mapped[static_cast<std::size_t>(q)] = m->data() + r.offset;
+      if (net::PeerMapping* m = peer_mapping(q, r))
+        mapped[static_cast<std::size_t>(q)] = m->data() + r.offset;
     last_mapped_ = last_mapped_ && mapped[static_cast<std::size_t>(q)] != nullptr;
   }
   auto lo = [&](int r) { return count * static_cast<std::size_t>(r) / n * es; };

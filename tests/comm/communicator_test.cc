@@ -147,8 +147,8 @@ TEST(Allreduce, DirectOverSharedBuffers) {
                                                   static_cast<std::int64_t>(64 / dtype_size(dt)));
                   SHOAL_RETURN_IF_ERROR(t.copy_from(make_input(c.rank(), n, dt, op)));
                   SHOAL_RETURN_IF_ERROR(c.allreduce(t.raw_data(), t.raw_data(), n, dt, op));
-                  const std::string what = fmt::format("{} {} n={}", dtype_name(dt),
-                                                       reduce_op_name(op), n);
+                  const std::string what =
+                      fmt::format("{} {} n={}", dtype_name(dt), reduce_op_name(op), n);
                   if (std::string(c.last_algorithm()) != "direct")
                     return internal_error("{}: used {}", what, c.last_algorithm());
                   if (c.last_direct_mapped() != all_peers_shared)

@@ -117,8 +117,7 @@ std::vector<Result<RankRun>> train_ranks(int world, const DpOptions& dpo, int st
         out = c.status();
         return;
       }
-      std::int64_t id =
-          register_communicator(c->get(), dpo.overlap != DpOptions::Overlap::kOff);
+      std::int64_t id = register_communicator(c->get(), dpo.overlap != DpOptions::Overlap::kOff);
       std::int64_t rows = 24 / world;
       out = train(r * rows, rows, steps, id, dpo);
     });
