@@ -966,7 +966,7 @@ Result<std::shared_ptr<net::SharedRegion>> Communicator::allocate_shared(std::si
 }
 
 namespace {
-constexpr std::size_t kMaxPeerMappings = 64;
+constexpr std::size_t kMaxMappingsPerPeer = 16;
 }
 
 net::PeerMapping* Communicator::peer_mapping(int peer, const net::SharedRef& ref) {
@@ -974,14 +974,14 @@ net::PeerMapping* Communicator::peer_mapping(int peer, const net::SharedRef& ref
   auto it = peer_maps_.find(key);
   if (it != peer_maps_.end()) return it->second.get();
   // Regions of one executable live as long as it does; a job that keeps
-  // making new ones (re-compiles) should not pile up mappings: the oldest
-  // go (a mapping keeps the peer's pages alive, not just an address).
-  while (peer_maps_.size() >= kMaxPeerMappings) {
-    auto oldest = peer_maps_.begin();
-    for (auto j = peer_maps_.begin(); j != peer_maps_.end(); ++j)
-      if (j->first.second < oldest->first.second) oldest = j;
-    peer_maps_.erase(oldest);
-  }
+  // making new ones (re-compiles) should not pile up mappings, which keep
+  // the peer's pages alive. Only this peer's oldest goes: ids count up per
+  // process, so they compare within a peer only, and a call maps one region
+  // per peer, so no mapping this call uses is dropped.
+  const auto first = peer_maps_.lower_bound({peer, 0});  // ordered by (peer, id)
+  std::size_t mine = 0;
+  for (auto j = first; j != peer_maps_.end() && j->first.first == peer; ++j) ++mine;
+  if (mine >= kMaxMappingsPerPeer) peer_maps_.erase(first);
   auto m = net::PeerMapping::open(cma_pid_[static_cast<std::size_t>(peer)], ref);
   if (!m.ok())
     SHOAL_LOG_WARN(

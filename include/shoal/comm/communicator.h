@@ -258,7 +258,7 @@ class Communicator {
                       const char* what);
   Status probe_cma(net::Store& store, Deadline dl);
   // The peer's region `ref` mapped here, opened on first use and kept (up
-  // to kMaxPeerMappings); nullptr when it cannot be mapped (then the caller
+  // to 16 per peer); nullptr when it cannot be mapped (then the caller
   // copies through CMA; the failure is logged once and remembered).
   net::PeerMapping* peer_mapping(int peer, const net::SharedRef& ref);
   // Copies between `local` and `remote` in a peer's address space (to_peer:
