@@ -4,7 +4,7 @@
 rule (warm-up, ~0.3 s per size, max time over ranks). Prints time and busbw
 per size for each and the ratios Shoal/peer of busbw (above 1: Shoal faster).
 
-usage: bench/comm.py [-n 2] [--max-bytes 268435456] [--shoal build/shoal]
+usage: bench/comm.py [-n 2] [--max-bytes 268435456] [--shoal build/shoal] [--transport auto|tcp] [--shared]
 Needs mpicc/mpirun (libopenmpi-dev, openmpi-bin) and python3-torch.
 """
 import argparse
@@ -23,16 +23,19 @@ def main():
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
     ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     ap.add_argument("--transport", default="tcp")
+    ap.add_argument("--shared", action="store_true",
+                    help="Shoal's buffers in shared memory (as a data-parallel arena)")
     a = ap.parse_args()
     n = a.n
     env = dict(os.environ, SHOAL_TRANSPORT=a.transport)
-    s = subprocess.run([a.shoal, "bench", "comm", "-n", str(n), "--max-bytes", str(a.max_bytes)],
+    s = subprocess.run([a.shoal, "bench", "comm", "-n", str(n), "--max-bytes", str(a.max_bytes)]
+                       + (["--shared"] if a.shared else []),
                        check=True, capture_output=True, text=True, env=env).stdout
     shoal = {}
     for line in s.splitlines():
         f = line.split()
         if f and f[0].isdigit():
-            shoal[int(f[0])] = (float(f[2]), f[5] if len(f) > 5 else "")
+            shoal[int(f[0])] = (float(f[2]), " ".join(f[5:]))  # "direct (mapped)" has a space
     with tempfile.TemporaryDirectory() as d:
         exe = os.path.join(d, "mpi_allreduce")
         subprocess.run(["mpicc", "-O2", "-o", exe, os.path.join(HERE, "peers", "mpi_allreduce.c")],

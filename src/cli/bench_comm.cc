@@ -7,6 +7,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "cli/commands.h"
@@ -17,15 +20,31 @@
 namespace shoal::cli {
 namespace {
 
-int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds) {
+int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds, bool shared) {
   const int n = c.size();
-  std::vector<float> buf(std::max<std::size_t>(max_bytes / 4, 1));
+  const std::size_t elems = std::max<std::size_t>(max_bytes / 4, 1);
+  std::vector<float> priv;
+  std::shared_ptr<net::SharedRegion> region;
+  float* data = nullptr;
+  if (shared) {
+    auto r = comm::Communicator::allocate_shared(elems * 4);
+    if (!r.ok()) {
+      SHOAL_LOG_ERROR("bench comm --shared: {}", r.status().to_string());
+      return 1;
+    }
+    region = std::move(*r);
+    data = static_cast<float*>(region->data());
+  } else {
+    priv.resize(elems);
+    data = priv.data();
+  }
+  std::span<float> buf(data, elems);
   for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i % 7);
   if (c.rank() == 0) {
     fmt::print(
-        "# shoal allreduce f32 sum, {} ranks, in place; tuner alpha {:.2f} us, beta {:.3f} "
-        "ns/byte\n",
-        n, c.alpha() * 1e6, c.beta() * 1e9);
+        "# shoal allreduce f32 sum, {} ranks, in place, {} buffers; tuner alpha {:.2f} us, beta "
+        "{:.3f} ns/byte\n",
+        n, shared ? "shared-memory" : "private", c.alpha() * 1e6, c.beta() * 1e9);
     fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9}  {}\n", "bytes", "count", "time(us)", "algbw",
                "busbw", "algorithm");
     fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9}\n", "", "", "", "(GB/s)", "(GB/s)");
@@ -58,7 +77,9 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds)
     double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
         static_cast<double>(iters);
-    const char* algo = c.last_algorithm();  // before the max-reduction below replaces it
+    // Before the max-reduction below replaces them.
+    std::string algo = c.last_algorithm();
+    if (algo == "direct") algo += c.last_direct_mapped() ? " (mapped)" : " (cma)";
     double tmax = us;
     if (!c.allreduce(&tmax, &tmax, 1, DType::kF64, comm::ReduceOp::kMax).ok()) return 1;
     if (c.rank() == 0) {
@@ -74,7 +95,7 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds)
 
 }  // namespace
 
-int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds) {
+int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared) {
   bool launched = env::get("SHOAL_RANK") || env::get("OMPI_COMM_WORLD_RANK") ||
                   env::get("PMI_RANK") || env::get("SLURM_PROCID") || env::get("RANK");
   if (launched) {
@@ -83,7 +104,7 @@ int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds) {
       SHOAL_LOG_ERROR("bench comm: {}", c.status().to_string());
       return 1;
     }
-    return bench_rank(**c, max_bytes, min_seconds);
+    return bench_rank(**c, max_bytes, min_seconds, shared);
   }
   namespace fs = std::filesystem;
   auto dir = fs::temp_directory_path() / fmt::format("shoal_bench_comm_{}", getpid());
@@ -104,7 +125,7 @@ int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds) {
         SHOAL_LOG_ERROR("bench comm: {}", c.status().to_string());
         _exit(1);
       }
-      int rc = bench_rank(**c, max_bytes, min_seconds);
+      int rc = bench_rank(**c, max_bytes, min_seconds, shared);
       c->reset();
       _exit(rc);
     }

@@ -39,5 +39,5 @@ TrainCommand add_train_command(CLI::App& app);
 Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,
                                              const std::vector<std::string>& cli);
 int run_train(train::TrainOptions o, const DistFlags& d);
-int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds);
+int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared);
 }  // namespace shoal::cli

@@ -25,6 +25,7 @@ struct Cli {
   int ranks = 2;
   std::size_t max_bytes = std::size_t{256} << 20;
   double seconds = 0.3;
+  bool shared = false;
 
   Cli() {
     app.require_subcommand(1);
@@ -77,6 +78,9 @@ struct Cli {
         ->check(CLI::Range(std::size_t{4}, std::size_t{1} << 34));
     bench_comm->add_option("--seconds", seconds, "Timed seconds per size")
         ->check(CLI::Range(0.001, 60.0));
+    bench_comm->add_flag("--shared", shared,
+                         "Buffers in shared memory (Communicator::allocate_shared), as a "
+                         "data-parallel arena: the direct all-reduce maps peers' buffers");
   }
   // CLI11 wants the arguments reversed, without the program name.
   int parse(std::vector<std::string> args) {
@@ -115,7 +119,7 @@ int main(int argc, char** argv) {
   if (cli->run->parsed()) return shoal::launch::launch(cli->launch);
   if (cli->run_rank->parsed()) return shoal::launch::exec_rank(cli->run_rank_cmd);
   if (cli->bench_comm->parsed())
-    return shoal::cli::run_bench_comm(cli->ranks, cli->max_bytes, cli->seconds);
+    return shoal::cli::run_bench_comm(cli->ranks, cli->max_bytes, cli->seconds, cli->shared);
   if (cli->example->parsed())
     return shoal::cli::run_example_mlp(cli->threads, cli->steps, cli->seed, cli->trace);
   return 1;
