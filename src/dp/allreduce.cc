@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <optional>
 
@@ -118,8 +119,8 @@ class BucketKernel final : public runtime::Kernel {
       return c_->allreduce(out[0].raw_data(), out[0].raw_data(),
                            static_cast<std::size_t>(elements_), wire_, op_);
     if (views_.empty())
-      return c_->allreduce(in[0].raw_data(), out[0].raw_data(),
-                           static_cast<std::size_t>(elements_), wire_, op_);
+      return c_->allreduce(in[0].raw_data(), out[0].raw_data(), static_cast<std::size_t>(elements_),
+                           wire_, op_);
     for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(views_[i].copy_from(in[i]));
     SHOAL_RETURN_IF_ERROR(c_->allreduce(views_[0].raw_data(), views_[0].raw_data(),
                                         static_cast<std::size_t>(elements_), wire_, op_));
@@ -260,13 +261,19 @@ Result<BucketPlan> inject_allreduce(graph::Graph& g, std::vector<train::ParamRef
   const auto mb_elems = [](double mb) {
     return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * (1 << 20) / 4));
   };
-  const std::int64_t big = mb_elems(o.first_bucket_mb);
+  // Without overlap nothing is sent before the backward pass ends, so the
+  // small first bucket and the closing rule buy nothing: every bucket fills
+  // to bucket_mb. Fewer buckets are fewer points where ranks wait for the
+  // slowest (each absorbs the jitter since the previous one).
+  const bool overlap = o.overlap != DpOptions::Overlap::kOff;
+  const std::int64_t big =
+      overlap ? mb_elems(o.first_bucket_mb) : std::numeric_limits<std::int64_t>::max();
   std::int64_t cap = 0;
   bool closed = true;
   for (std::size_t i : order) {
     std::int64_t n = num_elements(g.type(params[i].grad).shape);
     if (closed || plan.buckets.back().elements + n > cap) {
-      cap = mb_elems(members.empty() ? o.first_bucket_mb : o.bucket_mb);
+      cap = mb_elems(members.empty() && overlap ? o.first_bucket_mb : o.bucket_mb);
       plan.buckets.emplace_back();
       members.emplace_back();
     }

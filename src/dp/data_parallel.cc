@@ -48,6 +48,7 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   o.world = c.size();
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
   const bool lead = c.rank() == 0;
+  DpOptions dd = d;
   bool overlap = d.overlap != DpOptions::Overlap::kOff;
   if (d.overlap == DpOptions::Overlap::kAuto) {
     // With every core computing, the progress thread gets a core only by
@@ -60,15 +61,23 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
                           ? CPU_COUNT(&set)
                           : static_cast<int>(std::thread::hardware_concurrency());
     const int threads = o.threads > 0 ? o.threads : cores;
-    overlap = c.local_size() * threads < cores;
+    // Every rank must decide alike (the bucket layout follows the choice and
+    // is part of the graph): overlap only if every rank has a free core.
+    std::int32_t free_core = c.local_size() * threads < cores ? 1 : 0, all = 0;
+    SHOAL_RETURN_IF_ERROR(c.allreduce(&free_core, &all, 1, DType::kI32, comm::ReduceOp::kMin)
+                              .with_context("agreeing on --overlap auto"));
+    overlap = all == 1;
     if (lead)
       SHOAL_LOG_INFO("data parallel: {} ranks on this host x {} threads on {} cores: all-reduce {}",
                      c.local_size(), threads, cores,
-                     overlap ? "overlapped on the progress thread (a core is free)"
-                             : "on the compute thread (no core is free; --overlap on to change)");
+                     overlap ? "overlapped on the progress thread (every rank has a free core)"
+                             : "on the compute thread (a host has no free core; --overlap on "
+                               "to change)");
   }
+  dd.overlap = overlap ? DpOptions::Overlap::kOn : DpOptions::Overlap::kOff;
   std::int64_t id = register_communicator(&c, overlap);
-  o.grad_pass = [id, d, lead](graph::Graph& g, std::vector<train::ParamRef>& params) -> Status {
+  o.grad_pass = [id, d = dd, lead](graph::Graph& g,
+                                   std::vector<train::ParamRef>& params) -> Status {
     SHOAL_ASSIGN_OR_RETURN(BucketPlan plan, inject_allreduce(g, params, id, d));
     if (lead) {
       std::vector<std::int64_t> sizes;

@@ -14,9 +14,10 @@
 // a gradient of at least first_bucket_mb closes its bucket (what comes
 // after it is produced later, and would hold it back: on the CNN this lets
 // the 1.6 MB fc1 gradient travel while the conv layers' backward runs,
-// where DDP's rule waits for the whole backward pass). Gradients
-// are packed by a copy into a buffer the kernel owns; the memory planner
-// does not place gradients in it yet (one extra copy in and out per step).
+// where DDP's rule waits for the whole backward pass). An f32 bucket asks
+// the memory planner to place its gradients back to back with the outputs
+// over them and is all-reduced in place; where the planner refuses (or the
+// wire is f16/bf16) the kernel copies into a buffer of its own and back.
 //
 // Wire dtype f16/bf16: each gradient is rounded to half precision when
 // packed, the collective accumulates every hop in f32 and rounds its
