@@ -14,6 +14,7 @@ table says so.
 
 usage: bench/dp.py [--shoal build/shoal] [--models mlp,cnn,resnet] [--ranks 1,2,4]
                    [--png docs/dp_bench.png] [--repeat 1]
+       bench/dp.py --ceiling [--models mlp,cnn] [--repeat 3]   # the host's 2-rank ceiling
 """
 import argparse
 import json
@@ -27,23 +28,29 @@ ROOT = os.path.dirname(HERE)
 STEPS = {"mlp": 400, "cnn": 120, "resnet": 30}  # timed steps per run
 
 
-def shoal_ips(binary, model, ranks, data, steps):
+def epoch_ips(out):
+    """Mean images/s over the epochs of a run directory's metrics.jsonl."""
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        rows = [json.loads(l)["images_per_s"] for l in f if '"kind":"epoch"' in l]
+    return sum(rows) / len(rows)
+
+
+def shoal_ips(binary, model, ranks, data, steps, epochs=1):
     out = tempfile.mkdtemp(prefix="shoal_dp_bench_")
     try:
         cmd = [binary, "run", "-n", str(ranks), "--timeout", "900", "--", binary, "train",
-               "--model", model, "--data", data, "--epochs", "1", "--batch", "64", "--threads", "1",
+               "--model", model, "--data", data, "--epochs", str(epochs), "--batch", "64",
+               "--threads", "1",
                "--optimizer", "momentum", "--lr", "0.02", "--limit-train",
                str(steps * 64 * ranks), "--limit-test", "500", "--out", out, "--quiet",
                "--no-plot", "--no-checkpoints"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        with open(os.path.join(out, "metrics.jsonl")) as f:
-            rows = [json.loads(l) for l in f if '"kind":"epoch"' in l]
-        return rows[-1]["images_per_s"]
+        return epoch_ips(out)
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def shoal_pair_ips(binary, model, data, steps):
+def shoal_pair_ips(binary, model, data, steps, epochs=1):
     """Two independent one-rank trainings side by side (no communication):
     the most two ranks can reach on this host, which shares its memory
     bandwidth and caches between them. Returns the sum of their images/s."""
@@ -51,7 +58,7 @@ def shoal_pair_ips(binary, model, data, steps):
     try:
         procs = []
         for out in outs:
-            cmd = [binary, "train", "--model", model, "--data", data, "--epochs", "1", "--batch",
+            cmd = [binary, "train", "--model", model, "--data", data, "--epochs", str(epochs), "--batch",
                    "64", "--threads", "1", "--optimizer", "momentum", "--lr", "0.02",
                    "--limit-train", str(steps * 64), "--limit-test", "500", "--out", out,
                    "--quiet", "--no-plot", "--no-checkpoints"]
@@ -60,9 +67,7 @@ def shoal_pair_ips(binary, model, data, steps):
         for p, out in zip(procs, outs):
             if p.wait() != 0:
                 raise RuntimeError(f"shoal train exited {p.returncode}")
-            with open(os.path.join(out, "metrics.jsonl")) as f:
-                rows = [json.loads(l) for l in f if '"kind":"epoch"' in l]
-            total += rows[-1]["images_per_s"]
+            total += epoch_ips(out)
         return total
     finally:
         for out in outs:
@@ -113,6 +118,20 @@ plot '{tsv}' using 2:xtic(1) title 'Shoal (graph all-reduce)', '' using 3 title 
         shutil.rmtree(d, ignore_errors=True)
 
 
+def ceiling(a):
+    """What 2 ranks can reach on this host: two processes that never talk,
+    computing at once, share its memory bandwidth and caches. 3 epochs of the
+    usual steps each, so start-up and end offsets do not let one run alone."""
+    print("model   solo img/s   pair img/s (x solo)   2-rank job img/s (x solo, of pair)")
+    for m in a.models.split(","):
+        for _ in range(a.repeat):
+            solo = shoal_ips(a.shoal, m, 1, a.data, STEPS[m], epochs=3)
+            pair = shoal_pair_ips(a.shoal, m, a.data, STEPS[m], epochs=3)
+            job = shoal_ips(a.shoal, m, 2, a.data, STEPS[m], epochs=3)
+            print(f"{m:<7} {solo:>10.0f} {pair:>12.0f} ({pair / solo:.2f}x) {job:>16.0f} "
+                  f"({job / solo:.2f}x, {100 * job / pair:.0f}%)", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
@@ -121,7 +140,14 @@ def main():
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--png", default=os.path.join(ROOT, "docs", "dp_bench.png"))
     ap.add_argument("--repeat", type=int, default=1, help="runs per cell; the best is kept")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="instead: per model, --repeat rounds of one rank alone, two independent "
+                         "1-rank runs at once, and the 2-rank job, each 3 epochs long (so the pair "
+                         "really overlaps); prints img/s and ratios")
     a = ap.parse_args()
+    if a.ceiling:
+        ceiling(a)
+        return
     models = a.models.split(",")
     ranks = [int(r) for r in a.ranks.split(",")]
     cores = os.cpu_count()

@@ -49,31 +49,34 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
   const bool lead = c.rank() == 0;
   DpOptions dd = d;
-  bool overlap = d.overlap != DpOptions::Overlap::kOff;
-  if (d.overlap == DpOptions::Overlap::kAuto) {
-    // With every core computing, the progress thread gets a core only by
-    // taking one from a rank's compute: overlap then buys no time and costs
-    // two thread hand-offs and preemptions per bucket (2 ranks x 1 thread on
-    // 2 cores, MLP: 19% more img/s without; docs/data-parallel.md).
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    const int cores = sched_getaffinity(0, sizeof set, &set) == 0
-                          ? CPU_COUNT(&set)
-                          : static_cast<int>(std::thread::hardware_concurrency());
-    const int threads = o.threads > 0 ? o.threads : cores;
-    // Every rank must decide alike (the bucket layout follows the choice and
-    // is part of the graph): overlap only if every rank has a free core.
-    std::int32_t free_core = c.local_size() * threads < cores ? 1 : 0, all = 0;
-    SHOAL_RETURN_IF_ERROR(c.allreduce(&free_core, &all, 1, DType::kI32, comm::ReduceOp::kMin)
-                              .with_context("agreeing on --overlap auto"));
-    overlap = all == 1;
-    if (lead)
-      SHOAL_LOG_INFO("data parallel: {} ranks on this host x {} threads on {} cores: all-reduce {}",
-                     c.local_size(), threads, cores,
-                     overlap ? "overlapped on the progress thread (every rank has a free core)"
-                             : "on the compute thread (a host has no free core; --overlap on "
-                               "to change)");
-  }
+  // Is a core free on every rank's host? With every core computing, a
+  // helper thread (the progress thread of an overlapped all-reduce, the
+  // loader's prefetch worker) gets a core only by preempting a rank's
+  // compute, and in lock-step that delay idles the other ranks too.
+  // Measured, 2 ranks x 1 thread on 2 cores: the MLP 19% faster with the
+  // all-reduce on the compute thread, 10.7% more without prefetch
+  // (docs/data-parallel.md). All ranks decide alike: the bucket layout
+  // follows the choice and is part of the graph.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof set, &set) == 0
+                        ? CPU_COUNT(&set)
+                        : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = o.threads > 0 ? o.threads : cores;
+  std::int32_t free_core = c.local_size() * threads < cores ? 1 : 0, all = 0;
+  SHOAL_RETURN_IF_ERROR(c.allreduce(&free_core, &all, 1, DType::kI32, comm::ReduceOp::kMin)
+                            .with_context("asking the ranks whether a core is free"));
+  const bool spare = all == 1;
+  const bool overlap =
+      d.overlap == DpOptions::Overlap::kAuto ? spare : d.overlap == DpOptions::Overlap::kOn;
+  o.prefetch = spare;
+  if (lead)
+    SHOAL_LOG_INFO(
+        "data parallel: {} ranks on this host x {} threads on {} cores ({}): all-reduce {}, "
+        "batches {}",
+        c.local_size(), threads, cores, spare ? "a core to spare everywhere" : "no core to spare",
+        overlap ? "overlapped on the progress thread" : "on the compute thread",
+        spare ? "prefetched on a worker thread" : "prepared on the compute thread");
   dd.overlap = overlap ? DpOptions::Overlap::kOn : DpOptions::Overlap::kOff;
   std::int64_t id = register_communicator(&c, overlap);
   o.grad_pass = [id, d = dd, lead](graph::Graph& g,

@@ -202,6 +202,7 @@ Status Trainer::init(const TrainOptions& o) {
   lo.world = o.world;
   lo.mean = m.mean;
   lo.stddev = m.stddev;
+  if (!o.prefetch) lo.prefetch = 0;
   m.loader = std::make_unique<Loader>(m.train, lo);
   if (m.loader->batches_per_epoch() < 1)
     return invalid_argument("--batch {} x {} ranks is larger than the {} training samples", o.batch,

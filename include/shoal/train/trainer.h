@@ -72,6 +72,9 @@ struct TrainOptions {
   // Allocates the training step's arena (runtime::CompileOptions); dp::attach
   // gives shared memory so gradient buckets are all-reduced over mappings.
   std::function<Result<std::shared_ptr<Storage>>(std::size_t)> arena_allocator;
+  // Prepare training batches ahead on a worker thread. dp::attach turns it off
+  // when no core is free: the worker would run only by preempting a rank.
+  bool prefetch = true;
   // The other ranks (null when world == 1): start-up agreement on the graph
   // and build, rank 0's weights broadcast, metrics summed, buffers averaged.
   std::shared_ptr<Peers> peers;
