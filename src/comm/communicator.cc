@@ -956,7 +956,15 @@ Status Communicator::cma_copy(int peer, std::uint64_t remote, void* local, std::
 }
 
 int Communicator::local_size() const {
-  if (host_of_.empty()) return 1;
+  if (host_of_.empty()) {
+    // The MPI backend does not exchange host ids: ask the launcher (OpenMPI,
+    // MPICH/Hydra), else assume this rank is alone.
+    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+      auto v = env::get_int(var, 0);
+      if (v.ok() && *v >= 1 && *v <= world_) return static_cast<int>(*v);
+    }
+    return 1;
+  }
   return static_cast<int>(
       std::count(host_of_.begin(), host_of_.end(), host_of_[static_cast<std::size_t>(rank_)]));
 }

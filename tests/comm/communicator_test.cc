@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -220,6 +221,11 @@ TEST(Allreduce, HierarchicalAcrossHosts) {
         [&](Communicator& c) -> Status {
           SHOAL_RETURN_IF_ERROR(check_allreduce_matrix(c));
           algos[static_cast<std::size_t>(c.rank())] = c.last_algorithm();
+          const int mine = l.host[static_cast<std::size_t>(c.rank())];
+          const int want = static_cast<int>(std::count(l.host.begin(), l.host.end(), mine));
+          if (c.local_size() != want)
+            return internal_error("local_size() is {}, {} ranks are on host{}", c.local_size(),
+                                  want, mine);
           return ok_status();
         },
         o,

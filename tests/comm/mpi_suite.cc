@@ -30,6 +30,12 @@ int main() {
                 {"uneven", check_uneven},
                 {"async+split", comm.size() == 5 ? check_async_split : nullptr}};
   int bad = 0;
+  // mpirun starts every rank on this host: all are local.
+  if (comm.local_size() != comm.size()) {
+    std::fprintf(stderr, "mpi_suite rank %d/%d: local_size() is %d\n", comm.rank(), comm.size(),
+                 comm.local_size());
+    bad = 1;
+  }
   for (const auto& ch : checks) {
     if (ch.fn == nullptr) continue;
     Status st = ch.fn(comm);

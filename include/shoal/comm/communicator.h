@@ -139,7 +139,8 @@ class Communicator {
 
   int rank() const { return rank_; }
   int size() const { return world_; }
-  // Ranks on this rank's host, itself included (1 when unknown: MPI backend).
+  // Ranks on this rank's host, itself included. The MPI backend reads
+  // OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS, else says 1.
   int local_size() const;
 
   // Blocking collectives (each = the async form + wait with the timeout).
