@@ -169,7 +169,7 @@ Result<Shape> matmul_shape(const Node& n, const TensorType& a, const TensorType&
 }
 
 Value post_act_grad(Builder& b, const Node& n, Value y, Value dy) {
-  if (n.attrs.get_string_or("activation", "") == "relu") return b.mul(dy, b.op("step", {y}));
+  if (n.attrs.get_string_or("activation", "") == "relu") return b.op("relu_grad", {dy, y});
   return dy;
 }
 
@@ -198,7 +198,9 @@ void register_all(OpRegistry& r) {
   r.add(unary(
       "abs", GRAD { return {g.b.mul(DY, g.b.op("sign", {X(0)}))}; }));
   r.add(unary(
-      "relu", GRAD { return {g.b.mul(DY, g.b.op("step", {Y(0)}))}; }));
+      "relu", GRAD {
+        return {g.b.op("relu_grad", {DY, Y(0)})};
+      }));
   r.add(unary(
       "gelu", GRAD {
         return {g.b.op("gelu_grad", {X(0), DY})};
@@ -219,6 +221,13 @@ void register_all(OpRegistry& r) {
     OpDef d = binary("gelu_grad", nullptr);
     r.add(d);
   }
+  // dy where y > 0, else 0: ReLU's gradient in one pass (it was mul(dy,
+  // step(y)): two passes and a temporary; same bits). Linear in dy; no
+  // gradient for y (zero almost everywhere), as step had none.
+  r.add(binary(
+      "relu_grad", GRAD {
+        return {g.b.op("relu_grad", {DY, X(1)}), Value{}};
+      }));
 
   r.add(binary(
       "add", GRAD {

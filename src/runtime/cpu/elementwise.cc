@@ -134,6 +134,9 @@ void register_elementwise(KernelRegistry& r) {
     T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
     return dy * (cdf + x * pdf);
   });
+  // dy * step(y), as the two ops it replaces computed it (same bits, NaN y -> 0 * dy).
+  add_binary(r, "relu_grad",
+             [](auto dy, auto y) { return dy * static_cast<decltype(y)>(y > decltype(y)(0)); });
   add_binary(r, "add", [](auto a, auto b) { return a + b; });
   add_binary(r, "sub", [](auto a, auto b) { return a - b; });
   add_binary(r, "mul", [](auto a, auto b) { return a * b; });
