@@ -68,26 +68,29 @@ class BucketKernel final : public runtime::Kernel {
   Status run(const runtime::KernelContext&, std::span<const Tensor> in,
              std::span<Tensor> out) override {
     packed_ = wants_packed_inputs() && packed(in, out);
-    if (!overlap_) return run_now(in, out);
+    // What to all-reduce: the packed span in place; or, for one f32 tensor
+    // the planner could not place under its output, from the gradient into
+    // the output (the executor keeps the input untouched until the wait);
+    // or the kernel's own wire buffer, unpacked into the outputs afterwards.
+    const void* send;
+    void* recv;
+    out_.clear();
     if (packed_) {
-      out_.clear();
-      work_ = c_->allreduce_async(out[0].raw_data(), out[0].raw_data(),
-                                  static_cast<std::size_t>(elements_), wire_, op_);
-      return started();
+      send = recv = out[0].raw_data();
+    } else if (views_.empty()) {
+      send = in[0].raw_data();
+      recv = out[0].raw_data();
+    } else {
+      for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(views_[i].copy_from(in[i]));
+      send = recv = views_[0].raw_data();
+      out_.assign(out.begin(), out.end());
     }
-    if (views_.empty()) {
-      // One f32 tensor the planner could not place under its output: reduce
-      // from the gradient into the output (the executor keeps the input
-      // untouched until the wait).
-      out_.clear();
-      work_ = c_->allreduce_async(in[0].raw_data(), out[0].raw_data(),
-                                  static_cast<std::size_t>(in[0].numel()), wire_, op_);
-      return started();
+    const auto count = static_cast<std::size_t>(elements_);
+    if (!overlap_) {  // the whole bucket on this thread: no hand-off
+      SHOAL_RETURN_IF_ERROR(c_->allreduce(send, recv, count, wire_, op_));
+      return unpack();
     }
-    for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(views_[i].copy_from(in[i]));
-    out_.assign(out.begin(), out.end());
-    work_ = c_->allreduce_async(views_[0].raw_data(), views_[0].raw_data(),
-                                static_cast<std::size_t>(elements_), wire_, op_);
+    work_ = c_->allreduce_async(send, recv, count, wire_, op_);
     return started();
   }
   bool is_async() const override { return overlap_; }
@@ -98,10 +101,7 @@ class BucketKernel final : public runtime::Kernel {
     start_ = work_->started();
     end_ = work_->finished();
     work_.reset();
-    for (std::size_t i = 0; i < out_.size(); ++i)
-      SHOAL_RETURN_IF_ERROR(out_[i].copy_from(views_[i]));
-    out_.clear();
-    return ok_status();
+    return unpack();
   }
   bool work_interval(std::chrono::steady_clock::time_point* s,
                      std::chrono::steady_clock::time_point* e) const override {
@@ -113,18 +113,11 @@ class BucketKernel final : public runtime::Kernel {
   const char* impl() const override { return packed_ ? "comm, in place" : "comm"; }
 
  private:
-  // The whole bucket on this thread: no hand-off to the progress thread.
-  Status run_now(std::span<const Tensor> in, std::span<Tensor> out) {
-    if (packed_)
-      return c_->allreduce(out[0].raw_data(), out[0].raw_data(),
-                           static_cast<std::size_t>(elements_), wire_, op_);
-    if (views_.empty())
-      return c_->allreduce(in[0].raw_data(), out[0].raw_data(), static_cast<std::size_t>(elements_),
-                           wire_, op_);
-    for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(views_[i].copy_from(in[i]));
-    SHOAL_RETURN_IF_ERROR(c_->allreduce(views_[0].raw_data(), views_[0].raw_data(),
-                                        static_cast<std::size_t>(elements_), wire_, op_));
-    for (std::size_t i = 0; i < out.size(); ++i) SHOAL_RETURN_IF_ERROR(out[i].copy_from(views_[i]));
+  // Copies the wire buffer into the outputs when run() packed into it.
+  Status unpack() {
+    for (std::size_t i = 0; i < out_.size(); ++i)
+      SHOAL_RETURN_IF_ERROR(out_[i].copy_from(views_[i]));
+    out_.clear();
     return ok_status();
   }
   // After starting the collective the compute thread yields its core once.
