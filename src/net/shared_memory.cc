@@ -58,7 +58,6 @@ Result<std::shared_ptr<SharedRegion>> SharedRegion::create(std::size_t bytes) {
   r->base_ = p;
   r->bytes_ = size;
   r->fd_ = fd;
-  r->id_ = id;
   std::lock_guard<std::mutex> lk(g_mu);
   registry()[reinterpret_cast<std::uintptr_t>(p)] = Entry{size, fd, id};
   return r;

@@ -31,8 +31,7 @@ class SharedRegion {
   SharedRegion() = default;
   void* base_ = nullptr;
   std::size_t bytes_ = 0;
-  int fd_ = -1;
-  std::uint64_t id_ = 0;
+  int fd_ = -1;  // the id lives in the registry (find_shared)
 };
 
 // Where a buffer lies in a live region of this process: what a peer needs
