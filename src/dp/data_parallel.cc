@@ -1,10 +1,7 @@
 #include "shoal/dp/data_parallel.h"
 
-#include <sched.h>
-
-#include <thread>
-
 #include "shoal/core/logging.h"
+#include "shoal/runtime/kernel.h"
 
 namespace shoal::dp {
 namespace {
@@ -57,11 +54,7 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   // all-reduce on the compute thread, 10.7% more without prefetch
   // (docs/data-parallel.md). All ranks decide alike: the bucket layout
   // follows the choice and is part of the graph.
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cores = sched_getaffinity(0, sizeof set, &set) == 0
-                        ? CPU_COUNT(&set)
-                        : static_cast<int>(std::thread::hardware_concurrency());
+  const int cores = runtime::num_cores();
   const int threads = o.threads > 0 ? o.threads : cores;
   std::int32_t free_core = c.local_size() * threads < cores ? 1 : 0, all = 0;
   SHOAL_RETURN_IF_ERROR(c.allreduce(&free_core, &all, 1, DType::kI32, comm::ReduceOp::kMin)

@@ -43,8 +43,10 @@ const KernelFactory* KernelRegistry::find(const std::string& op) const {
   return it == f_.end() ? nullptr : &it->second;
 }
 
+int num_cores() { return omp_get_num_procs(); }
+
 void set_num_threads(int n) {
-  if (n <= 0) n = omp_get_num_procs();
+  if (n <= 0) n = num_cores();
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
   // Flush denormals to zero (FTZ) and read them as zero (DAZ) on every
@@ -527,7 +529,7 @@ std::vector<std::pair<std::string, std::string>> runtime_info() {
   out.emplace_back("onednn", cpu::onednn_version());
   out.emplace_back("blas", fmt::format("OpenBLAS ({})", openblas_get_config()));
   out.emplace_back("threads", std::to_string(num_threads()));
-  out.emplace_back("cores", std::to_string(omp_get_num_procs()));
+  out.emplace_back("cores", std::to_string(num_cores()));
   return out;
 }
 

@@ -74,5 +74,7 @@ class KernelRegistry {
 // Sets the thread count of the CPU kernels (OpenMP and oneDNN); 0 = all cores.
 void set_num_threads(int n);
 int num_threads();
+// Cores this process may use (its CPU affinity mask, as OpenMP counts it).
+int num_cores();
 
 }  // namespace shoal::runtime
