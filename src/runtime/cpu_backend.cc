@@ -45,6 +45,24 @@ const KernelFactory* KernelRegistry::find(const std::string& op) const {
 
 int num_cores() { return omp_get_num_procs(); }
 
+Result<std::unique_ptr<Kernel>> make_kernel(const KernelFactory& f, const Node& node,
+                                            const std::vector<graph::TensorType>& inputs) {
+  try {
+    return f(node, inputs);
+  } catch (const std::exception& e) {
+    return internal_error("{}: building its kernel threw: {}", node.label(), e.what());
+  }
+}
+
+Status run_kernel(Kernel& k, const KernelContext& ctx, std::span<const Tensor> in,
+                  std::span<Tensor> out) {
+  try {
+    return k.run(ctx, in, out);
+  } catch (const std::exception& e) {
+    return internal_error("{}: its {} kernel threw: {}", ctx.node.label(), k.impl(), e.what());
+  }
+}
+
 void set_num_threads(int n) {
   if (n <= 0) n = num_cores();
   omp_set_num_threads(n);
@@ -154,7 +172,7 @@ class CpuExecutable final : public Executable {
       const Node& n = g_.node(s.node);
       double t0 = tracing_ ? now_us() : 0;
       KernelContext ctx{n, step_};
-      Status st = s.kernel->run(ctx, s.in, s.out);
+      Status st = run_kernel(*s.kernel, ctx, s.in, s.out);
       if (!st.ok()) return st.with_context(fmt::format("running {}", n.label()));
       if (s.kernel->is_async()) pending_[i] = true;
       if (tracing_) trace_.push_back(TraceEvent{s.op_name, s.node, 0, t0, now_us() - t0});
@@ -225,7 +243,7 @@ class CpuExecutable final : public Executable {
       if (f == nullptr) return unimplemented("compile: no CPU kernel for {}", n.label());
       std::vector<graph::TensorType> in;
       for (const Value& v : n.inputs) in.push_back(g_.type(v));
-      auto k = (*f)(n, in);
+      auto k = make_kernel(*f, n, in);
       if (!k.ok()) return k.status().with_context(fmt::format("compile: {}", n.label()));
       if ((*k)->is_async()) urgent.insert(id);
       kernels[id] = std::move(k).value();
@@ -490,10 +508,10 @@ Result<int> constant_fold(Graph& g) {
       in_types.push_back(g.type(v));
       ins.push_back(g.node(v.node).constant);
     }
-    SHOAL_ASSIGN_OR_RETURN(auto k, (*f)(n, in_types));
+    SHOAL_ASSIGN_OR_RETURN(auto k, make_kernel(*f, n, in_types));
     if (k->is_async()) continue;
     std::vector<Tensor> outs = {Tensor::empty(n.outputs[0].shape, n.outputs[0].dtype)};
-    Status st = k->run(KernelContext{n, 0}, ins, outs);
+    Status st = run_kernel(*k, KernelContext{n, 0}, ins, outs);
     if (!st.ok()) return st.with_context(fmt::format("constant folding {}", n.label()));
     n.op = "constant";
     n.inputs.clear();

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <dnnl.hpp>
 
 #include "shoal/graph/builder.h"
 #include "shoal/runtime/backend.h"
+#include "shoal/runtime/kernel.h"
 #include "shoal/tensor/philox.h"
 
 namespace shoal::runtime {
@@ -125,6 +127,61 @@ TEST(OneDnn, Pooling) {
   compare("avg", {{2, 3, 9, 8}}, [](Builder& b, auto x) {
     return std::vector<Value>{b.avg_pool2d(x[0], {3, 2}, {2, 1}, {1, 1})};
   });
+}
+
+// A oneDNN primitive executed without its destination makes oneDNN's C++
+// API throw dnnl::error; the executor's kernel boundary must turn that into
+// a Status that names the node, not let the exception escape Executable::run.
+class ThrowingEltwise final : public Kernel {
+ public:
+  explicit ThrowingEltwise(const Shape& s) {
+    dnnl::engine e(dnnl::engine::kind::cpu, 0);
+    dnnl::memory::desc md(dnnl::memory::dims(s.begin(), s.end()), dnnl::memory::data_type::f32,
+                          dnnl::memory::format_tag::ab);
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::eltwise_relu,
+                                  md);
+    pd_ = dnnl::eltwise_forward::primitive_desc(d, e);
+    prim_ = dnnl::eltwise_forward(pd_);
+    src_ = dnnl::memory(md, e);
+  }
+  Status run(const KernelContext&, std::span<const Tensor>, std::span<Tensor>) override {
+    dnnl::stream s(pd_.get_engine());
+    prim_.execute(s, {{DNNL_ARG_SRC, src_}});  // no DNNL_ARG_DST: oneDNN refuses
+    return ok_status();
+  }
+  const char* impl() const override { return "onednn"; }
+
+ private:
+  dnnl::eltwise_forward::primitive_desc pd_;
+  dnnl::eltwise_forward prim_;
+  dnnl::memory src_;
+};
+
+TEST(OneDnn, AFailingPrimitiveIsAStatusNamingTheNodeNotAnException) {
+  KernelRegistry& reg = KernelRegistry::cpu();
+  const KernelFactory saved = *reg.find("relu");
+  reg.add("relu",
+          [](const graph::Node&,
+             const std::vector<graph::TensorType>& in) -> Result<std::unique_ptr<Kernel>> {
+            return std::unique_ptr<Kernel>(std::make_unique<ThrowingEltwise>(in[0].shape));
+          });
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {3, 5});
+  g.mark_output(b.op("relu", {x}, {}, "act"));
+  CompileOptions o;
+  o.fuse = false;
+  auto exe = (*make_backend("cpu"))->compile(g, o);
+  reg.add("relu", saved);
+  ASSERT_TRUE(exe.ok()) << exe.status().to_string();
+  Executor ex(**exe);
+  Result<std::vector<Tensor>> out = Status();
+  EXPECT_NO_THROW(out = ex.run({{"x", Tensor::empty({3, 5}, DType::kF32)}}));
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("'act' (relu)"), std::string::npos)
+      << out.status().to_string();
+  EXPECT_NE(out.status().message().find("onednn kernel threw"), std::string::npos)
+      << out.status().to_string();
 }
 
 }  // namespace

@@ -71,6 +71,15 @@ class KernelRegistry {
   std::map<std::string, KernelFactory> f_;
 };
 
+// The boundary every kernel is called through: libraries under the kernels
+// (oneDNN's C++ API, the standard library's allocators) may throw, and no
+// exception crosses a Shoal API, so these turn one into a Status naming the
+// node, the kernel's implementation and what was thrown.
+Result<std::unique_ptr<Kernel>> make_kernel(const KernelFactory& f, const graph::Node& node,
+                                            const std::vector<graph::TensorType>& inputs);
+Status run_kernel(Kernel& k, const KernelContext& ctx, std::span<const Tensor> in,
+                  std::span<Tensor> out);
+
 // Sets the thread count of the CPU kernels (OpenMP and oneDNN); 0 = all cores.
 void set_num_threads(int n);
 int num_threads();
