@@ -266,12 +266,16 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
     SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
     return 1;
   }
-  if (!tr.history().empty() && o.rank == 0 && !o.quiet) {
+  // The result line is printed under --quiet too: it is what a script reads.
+  if (!tr.history().empty() && o.rank == 0) {
     const auto& last = tr.history().back();
     double secs = 0;
     for (const auto& e : tr.history()) secs += e.wall_seconds;
-    fmt::print("final: test accuracy {:.2f}% after {} epochs, {:.0f} img/s, {:.1f} s\n",
-               100 * last.test_acc, last.epoch, last.images_per_s, secs);
+    std::string when = last.partial
+                           ? fmt::format("{} steps (epoch {}, partial)", last.step, last.epoch)
+                           : fmt::format("{} epochs", last.epoch);
+    fmt::print("final: test accuracy {:.2f}% after {}, {:.0f} img/s, {:.1f} s\n",
+               100 * last.test_acc, when, last.images_per_s, secs);
   }
   return 0;
 }

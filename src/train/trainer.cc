@@ -561,7 +561,8 @@ Status Trainer::run() {
     }
     bool epoch_done = step_ % spe == 0;
     if (o_.checkpoint_every == 0 || step_ == limit) SHOAL_RETURN_IF_ERROR(checkpoint());
-    if (!epoch_done) break;  // max_steps stopped inside the epoch
+    // --max-steps may end the run inside an epoch: it is still evaluated and
+    // reported (marked partial), so a short run ends with a result.
     if (o_.peers) {
       std::vector<double> v = {loss_sum, static_cast<double>(correct), static_cast<double>(seen)};
       SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("summing epoch metrics over ranks"));
@@ -571,6 +572,8 @@ Status Trainer::run() {
     }
     EpochMetrics em;
     em.epoch = epoch + 1;
+    em.step = step_;
+    em.partial = !epoch_done;
     em.train_loss = steps ? loss_sum / static_cast<double>(steps) : 0;
     em.train_acc = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0;
     em.train_seconds = train_s;
@@ -584,6 +587,7 @@ Status Trainer::run() {
       nlohmann::json j = {
           {"kind", "epoch"},
           {"epoch", em.epoch},
+          {"partial", em.partial},
           {"step", step_},
           {"train_loss", em.train_loss},
           {"train_acc", em.train_acc},
@@ -595,10 +599,12 @@ Status Trainer::run() {
       m.metrics << j.dump() << "\n" << std::flush;
       if (!o_.quiet)
         fmt::print(
-            "epoch {}/{}: train loss {:.4f} acc {:.2f}%  test loss {:.4f} acc {:.2f}%  "
+            "epoch {}/{}{}: train loss {:.4f} acc {:.2f}%  test loss {:.4f} acc {:.2f}%  "
             "{:.0f} img/s  {:.1f} s\n",
-            em.epoch, o_.epochs, em.train_loss, 100 * em.train_acc, em.test_loss, 100 * em.test_acc,
-            em.images_per_s, em.wall_seconds);
+            em.epoch, o_.epochs,
+            em.partial ? fmt::format(" (ended at step {} by --max-steps)", em.step) : "",
+            em.train_loss, 100 * em.train_acc, em.test_loss, 100 * em.test_acc, em.images_per_s,
+            em.wall_seconds);
       if (o_.plot) {
         Status st = write_plot();
         if (!st.ok()) SHOAL_LOG_WARN("plot skipped: {}", st.to_string());

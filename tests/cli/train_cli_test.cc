@@ -53,6 +53,23 @@ TEST_F(TrainCli, JsonConfigWorks) {
   EXPECT_EQ(r.code, 0) << r.out;
 }
 
+// --max-steps that ends inside an epoch still evaluates and reports, and
+// --quiet keeps the final line (what scripts read).
+TEST_F(TrainCli, MaxStepsInsideAnEpochEndsWithAResult) {
+  std::string out = (dir_ / "short").string();
+  Result r = shoal(
+      "train --model mlp --max-steps 5 --limit-train 512 --limit-test 128 --batch 32 "
+      "--threads 1 --no-plot --quiet --out " +
+      out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("final: test accuracy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("after 5 steps (epoch 1, partial)"), std::string::npos) << r.out;
+  std::ifstream m(out + "/metrics.jsonl");
+  std::string text((std::istreambuf_iterator<char>(m)), {});
+  EXPECT_NE(text.find("\"kind\":\"epoch\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"partial\":true"), std::string::npos) << text;
+}
+
 TEST_F(TrainCli, BadOptionsAreNamed) {
   struct Case {
     std::string args, needle;

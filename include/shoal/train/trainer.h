@@ -84,6 +84,8 @@ Status validate(const TrainOptions& o);
 
 struct EpochMetrics {
   int epoch = 0;
+  std::int64_t step = 0;  // global step at the end of this entry
+  bool partial = false;   // --max-steps ended the run inside this epoch
   double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
   double images_per_s = 0, train_seconds = 0, wall_seconds = 0;
 };
