@@ -692,14 +692,22 @@ Status Communicator::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const cha
     if (rc < 0 && errno != EINTR) return unavailable("poll: {}", std::strerror(errno));
     if (rc <= 0) {
       if (dl.expired()) {
-        std::string waiting;
-        for (const auto& x : xs)
-          if (x.done < x.bytes + net::kHeaderBytes)
-            waiting += fmt::format("{}{} {}", waiting.empty() ? "" : ", ",
-                                   x.is_send ? "sending to" : "receiving from",
-                                   peers_[static_cast<std::size_t>(x.peer)].peer());
-        return deadline_exceeded("{} #{}: timed out after {:.0f} s {} (SHOAL_COMM_TIMEOUT)", what,
-                                 seq_, o_.timeout_seconds, waiting);
+        // Name the ranks that went silent: a frozen (stopped, swapping,
+        // livelocked) peer keeps its connection open, so only time tells.
+        std::string waiting, silent;
+        std::vector<bool> named(static_cast<std::size_t>(world_), false);
+        for (const auto& x : xs) {
+          if (x.done >= x.bytes + net::kHeaderBytes) continue;
+          waiting += fmt::format("{}{} {}", waiting.empty() ? "" : ", ",
+                                 x.is_send ? "sending to" : "receiving from",
+                                 peers_[static_cast<std::size_t>(x.peer)].peer());
+          if (named[static_cast<std::size_t>(x.peer)]) continue;
+          named[static_cast<std::size_t>(x.peer)] = true;
+          silent += fmt::format("{}rank {}", silent.empty() ? "" : ", ", x.peer);
+        }
+        return deadline_exceeded(
+            "{} #{}: {} unresponsive: timed out after {:.0f} s {} (SHOAL_COMM_TIMEOUT)", what, seq_,
+            silent, o_.timeout_seconds, waiting);
       }
       if (nap) {
         // A pending receive's ring first: its peer's next write wakes us.

@@ -189,10 +189,16 @@ Result<Proc> spawn(const std::vector<std::string>& argv,
   std::vector<char*> av;
   for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
   av.push_back(nullptr);
+  const pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid < 0) return unavailable("fork: {}", std::strerror(errno));
   if (pid == 0) {
     setpgid(0, 0);
+    // A rank leads its own process group, so a SIGKILL to the launcher
+    // reaches no rank: have the kernel kill it when the launcher dies (and
+    // check the launcher did not die before this line).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(128 + SIGKILL);
     dup2(out[1], 1);
     dup2(out[1], 2);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
@@ -219,6 +225,17 @@ Result<Proc> spawn(const std::vector<std::string>& argv,
   p.pid = pid;
   p.out = out[0];
   return p;
+}
+
+// Whether a process is stopped (SIGSTOP, SIGTSTP, a debugger): alive, its
+// sockets open, and answering nothing. /proc/<pid>/stat's third field.
+bool is_stopped(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  std::size_t close = line.rfind(')');  // the command name may hold spaces
+  return close != std::string::npos && close + 2 < line.size() &&
+         (line[close + 2] == 'T' || line[close + 2] == 't');
 }
 
 struct Outcome {
@@ -330,8 +347,11 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
     for (auto& p : procs)
       if (!p.exited) kill(-p.pid, sig);
   };
+  std::vector<bool> frozen(procs.size(), false);
   auto begin_stop = [&](std::string reason) {
     why = std::move(reason);
+    for (std::size_t i = 0; i < procs.size(); ++i)
+      frozen[i] = !procs[i].exited && is_stopped(procs[i].pid);
     stopping = true;
     stop_all(SIGTERM);
     kill_at = Clock::now() +
@@ -410,7 +430,10 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   if (per_rank)
     for (int r = 0; r < o.ranks; ++r)
       if (r != failed)
-        fmt::print(stderr, "shoal run:   rank {} {}\n", r,
+        fmt::print(stderr, "shoal run:   rank {} {}{}\n", r,
+                   frozen[static_cast<std::size_t>(r)]
+                       ? "was unresponsive (stopped: state T) when the job failed, and "
+                       : "",
                    describe(procs[static_cast<std::size_t>(r)].status));
   oc.code = failed >= 0 ? exit_code_of(procs[static_cast<std::size_t>(failed)].status) : 1;
   if (rank_code > 0) oc.code = rank_code;
@@ -490,6 +513,9 @@ int exec_rank(const std::vector<std::string>& cmd) {
   for (const auto& a : cmd) av.push_back(const_cast<char*>(a.c_str()));
   av.push_back(nullptr);
   if (!catch_signals()) return 2;
+  // The engine (mpirun's daemon) killed outright takes this wrapper, and so
+  // its rank, with it.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
   pid_t pid = fork();
   if (pid < 0) return 2;
   if (pid == 0) {

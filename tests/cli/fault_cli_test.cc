@@ -1,0 +1,106 @@
+// Faults beyond a dead rank, through the real launcher and `shoal train`:
+// a frozen rank (SIGSTOP: alive, connections open, silent), the launcher
+// itself killed, a rank started twice, and a disk that fills while a
+// checkpoint is written. Each names what went wrong and leaves nothing
+// behind.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "cli/run_shoal.h"
+#include "shoal/tensor/safetensors.h"
+#include "temp_dir.h"
+
+namespace shoal {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_sh;
+using testing::run_shoal;
+using testing::TempDir;
+
+bool has(const std::string& out, const std::string& s) { return out.find(s) != std::string::npos; }
+
+const char* kTrain =
+    "train --model mlp --batch 32 --limit-train 4096 --limit-test 256 --threads 1 --no-plot "
+    "--optimizer momentum --lr 0.05";
+
+// A process that is gone: no /proc entry, or a zombie nobody has reaped yet.
+bool gone(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(f, line)) return true;
+  std::size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+TEST(Faults, FrozenRankIsNamedAndTheRestartProceeds) {
+  TempDir dir("frozen");
+  const std::string out = dir.path() + "/run";
+  // Rank 1 of the first attempt stops itself (SIGSTOP: alive, silent) once
+  // a checkpoint exists; the second attempt resumes and finishes.
+  auto r = run_shoal(fmt::format(
+      "run -n 2 --max-restarts 1 --timeout 120 -- sh -c '"
+      "if [ $SHOAL_RESTART_COUNT = 0 ] && [ $SHOAL_RANK = 1 ]; then "
+      "(i=0; while [ $i -lt 1500 ] && ! ls {0}/checkpoints/*.safetensors >/dev/null 2>&1; do "
+      "sleep 0.02; i=$((i+1)); done; kill -STOP $$) & fi; "
+      "SHOAL_COMM_TIMEOUT=3 exec {1} {2} --epochs 40 --checkpoint-every 20 --quiet --out {0}'",
+      out, SHOAL_BINARY, kTrain));
+  ASSERT_EQ(r.code, 0) << r.out;
+  // The survivor names the silent rank, within the collective deadline.
+  EXPECT_TRUE(has(r.out, "rank 1 unresponsive: timed out after 3 s")) << r.out;
+  // The launcher names it too, and restarts.
+  EXPECT_TRUE(has(r.out, "rank 1 was unresponsive (stopped: state T)")) << r.out;
+  EXPECT_TRUE(has(r.out, "restarting all 2 ranks from the latest checkpoint (restart 1 of 1)"))
+      << r.out;
+  EXPECT_TRUE(has(r.out, "resumed from")) << r.out;
+  EXPECT_TRUE(has(r.out, "final: test accuracy")) << r.out;
+}
+
+TEST(Faults, KilledLauncherTakesEveryRankWithIt) {
+  TempDir dir("orphans");
+  const std::string d = dir.path();
+  // Each rank writes its pid, then trains for far longer than the test,
+  // quietly (a write to the dead launcher's pipe would end it by SIGPIPE).
+  // Once a checkpoint shows both train, the launcher gets SIGKILL: it can
+  // forward nothing.
+  auto r = run_sh(fmt::format(
+      "{1} run -n 2 -- sh -c 'echo $$ > {0}/pid.$SHOAL_RANK; exec {1} {2} --epochs 10000 "
+      "--quiet --checkpoint-every 20 --out {0}/run' > {0}/launcher.log 2>&1 & L=$!; "
+      "i=0; while [ $i -lt 1500 ] && ! ls {0}/run/checkpoints/*.safetensors >/dev/null 2>&1; "
+      "do "
+      "sleep 0.02; i=$((i+1)); done; "
+      "cat /proc/$(cat {0}/pid.0)/maps /proc/$(cat {0}/pid.1)/maps | grep -o '/dev/shm/[^ ]*' "
+      "> {0}/shm.txt; kill -9 $L; echo killed",
+      d, SHOAL_BINARY, kTrain));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream log(d + "/launcher.log");
+  std::string text((std::istreambuf_iterator<char>(log)), {});
+  ASSERT_TRUE(fs::exists(d + "/run/checkpoints")) << text;
+  std::vector<pid_t> ranks;
+  for (int k = 0; k < 2; ++k) {
+    std::ifstream f(fmt::format("{}/pid.{}", d, k));
+    pid_t p = 0;
+    ASSERT_TRUE(f >> p) << "rank " << k << " wrote no pid";
+    ranks.push_back(p);
+  }
+  // Every rank exits within seconds of its launcher.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (pid_t p : ranks) {
+    while (!gone(p) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_TRUE(gone(p)) << "rank pid " << p << " outlived its launcher by 5 s";
+    if (!gone(p)) kill(p, SIGKILL);
+  }
+  // Nothing the ranks had mapped from /dev/shm is left there.
+  std::ifstream shm(d + "/shm.txt");
+  for (std::string path; std::getline(shm, path);)
+    EXPECT_FALSE(fs::exists(path)) << path << " was left behind";
+}
+
+}  // namespace
+}  // namespace shoal
