@@ -17,6 +17,7 @@
 #include "shoal/comm/handshake.h"
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
+#include "shoal/net/auth.h"
 
 namespace shoal::comm {
 
@@ -359,6 +360,25 @@ Result<std::unique_ptr<Communicator>> Communicator::wrap_mpi(std::unique_ptr<Mpi
   return c;
 }
 
+namespace {
+// Which job (and attempt) a file store's keys belong to: the launcher's job
+// id and restart count, else Slurm's job and step, else a digest of the
+// job token; "" when none is known.
+std::string file_store_job() {
+  const std::string restart = env::get("SHOAL_RESTART_COUNT").value_or("0");
+  if (auto id = env::get("SHOAL_JOB_ID")) return *id + "." + restart;
+  if (auto id = env::get("SLURM_JOB_ID"))
+    return *id + "." + env::get("SLURM_STEP_ID").value_or("batch") + "." + restart;
+  if (auto t = env::get("SHOAL_JOB_TOKEN"); t && !t->empty()) {
+    std::string mac = net::token_mac(*t, "shoal-file-store");
+    std::string hex;
+    for (int i = 0; i < 8; ++i) hex += fmt::format("{:02x}", static_cast<unsigned char>(mac[i]));
+    return "token-" + hex + "." + restart;
+  }
+  return "";
+}
+}  // namespace
+
 Result<std::unique_ptr<Communicator>> Communicator::from_env() {
   SHOAL_ASSIGN_OR_RETURN(CommOptions o, CommOptions::from_env());
   if (auto be = env::get("SHOAL_COMM_BACKEND"); be && *be != "native") {
@@ -372,9 +392,21 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env() {
   log::set_identity(e.rank, e.world, "comm");
   std::unique_ptr<net::TcpStoreServer> server;
   std::unique_ptr<net::Store> store;
+  if (e.world > 1 && o.token.empty() && e.rank == 0)
+    SHOAL_LOG_WARN(
+        "no job token (SHOAL_JOB_TOKEN): the rendezvous store and the connections between ranks "
+        "are unauthenticated, so any process that reaches their ports can join or read them; "
+        "`shoal run` sets one, or export the same secret on every rank");
   if (e.world > 1) {
     if (auto dir = env::get("SHOAL_STORE_DIR")) {
-      store = std::make_unique<net::FileStore>(*dir);
+      const std::string job = file_store_job();
+      if (job.empty() && e.rank == 0)
+        SHOAL_LOG_WARN(
+            "SHOAL_STORE_DIR={} without a job id (SHOAL_JOB_ID, SLURM_JOB_ID or "
+            "SHOAL_JOB_TOKEN): the keys go in that directory itself, where a later job would "
+            "read them; use a fresh directory per job or set SHOAL_JOB_ID",
+            *dir);
+      store = std::make_unique<net::FileStore>(*dir, job);
     } else {
       if (e.store.empty())
         return failed_precondition(
@@ -385,7 +417,7 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env() {
       SHOAL_ASSIGN_OR_RETURN(bool serve, env::get_bool("SHOAL_STORE_SERVE", false));
       if (!env::get("SHOAL_STORE") && env::get("MASTER_ADDR")) serve = true;  // torchrun-style
       if (serve && e.rank == 0) {
-        auto s = net::TcpStoreServer::start(hp.first, hp.second);
+        auto s = net::TcpStoreServer::start(hp.first, hp.second, o.token);
         if (!s.ok())
           return s.status().with_context(
               fmt::format("rank 0 serving the store at {} (port in use?)", e.store));
@@ -396,8 +428,8 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env() {
       SHOAL_ASSIGN_OR_RETURN(double wait, env::get_double("SHOAL_STORE_WAIT", 60.0));
       const Deadline until = Deadline::after_seconds(std::max(0.0, wait));
       for (int attempt = 0;; ++attempt) {
-        auto c =
-            net::TcpStore::connect(hp.first, hp.second, Deadline::after_seconds(o.timeout_seconds));
+        auto c = net::TcpStore::connect(hp.first, hp.second,
+                                        Deadline::after_seconds(o.timeout_seconds), o.token);
         if (c.ok()) {
           store = std::move(c).value();
           break;

@@ -1,6 +1,6 @@
 #include "shoal/comm/handshake.h"
 
-#include <sodium.h>
+#include "shoal/net/auth.h"
 
 namespace shoal::comm {
 namespace {
@@ -55,30 +55,20 @@ Result<Challenge> parse_challenge(std::string_view p, std::string_view from) {
   return c;
 }
 
-std::string make_nonce() {
-  std::string n(kNonceBytes, '\0');
-  randombytes_buf(n.data(), n.size());
-  return n;
-}
+std::string make_nonce() { return net::make_nonce(); }
 
 std::string make_proof(const std::string& token, char role, const std::string& nc,
                        const std::string& ns, int client, int server, int world) {
-  static_assert(crypto_auth_hmacsha256_BYTES == kProofBytes);
-  unsigned char key[crypto_auth_hmacsha256_KEYBYTES];
-  crypto_hash_sha256(key, reinterpret_cast<const unsigned char*>(token.data()), token.size());
   std::string msg(1, role);
   msg += nc + ns;
   put32(msg, static_cast<std::uint32_t>(client));
   put32(msg, static_cast<std::uint32_t>(server));
   put32(msg, static_cast<std::uint32_t>(world));
-  std::string mac(kProofBytes, '\0');
-  crypto_auth_hmacsha256(reinterpret_cast<unsigned char*>(mac.data()),
-                         reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), key);
-  return mac;
+  return net::token_mac(token, msg);
 }
 
 bool proof_matches(std::string_view got, const std::string& want) {
-  return got.size() == want.size() && sodium_memcmp(got.data(), want.data(), want.size()) == 0;
+  return net::mac_equal(got, want);
 }
 
 }  // namespace shoal::comm

@@ -270,7 +270,8 @@ std::optional<std::pair<int, std::string>> engine_failure(const Output& out) {
 Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_id,
                     const std::string& trace_prefix) {
   Outcome oc;
-  auto store = net::TcpStoreServer::start(o.store_host, o.store_port);
+  const std::string token = random_hex(16);
+  auto store = net::TcpStoreServer::start(o.store_host, o.store_port, token);
   if (!store.ok()) {
     fmt::print(stderr, "shoal run: cannot start the rendezvous store on {}:{}: {}{}\n",
                o.store_host, o.store_port, store.status().message(),
@@ -282,7 +283,7 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
       o.store_host.find(':') != std::string::npos ? "[" + o.store_host + "]" : o.store_host;
   std::vector<std::pair<std::string, std::string>> env = {
       {"SHOAL_STORE", fmt::format("{}:{}", host, (*store)->port())},
-      {"SHOAL_JOB_TOKEN", random_hex(16)},
+      {"SHOAL_JOB_TOKEN", token},
       {"SHOAL_JOB_ID", job_id},
       {"SHOAL_RESTART_COUNT", std::to_string(attempt)},
       {"SHOAL_PLAIN_OUTPUT", "1"},

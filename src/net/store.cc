@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -11,6 +12,7 @@
 
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
+#include "shoal/net/auth.h"
 #include "shoal/tensor/safetensors.h"
 
 namespace shoal::net {
@@ -27,147 +29,51 @@ Status Store::wait(const std::vector<std::string>& keys, Deadline dl) {
   return ok_status();
 }
 
-// ------------------------------------------------------------- server
-
-Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& host, int port) {
-  std::unique_ptr<TcpStoreServer> s(new TcpStoreServer());
-  SHOAL_ASSIGN_OR_RETURN(s->listener_, Socket::listen(host, port));
-  SHOAL_ASSIGN_OR_RETURN(s->port_, s->listener_.local_port());
-  SHOAL_ASSIGN_OR_RETURN(s->host_, s->listener_.local_host());
-  s->thread_ = std::thread([p = s.get()] { p->serve(); });
-  return s;
-}
-
-TcpStoreServer::~TcpStoreServer() {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
-}
-
-void TcpStoreServer::serve() {
-  std::map<std::string, std::string> kv;
-  std::list<Socket> clients;
-  struct Waiter {
-    Socket* client;
-    std::string key;
-    std::uint64_t seq;
-  };
-  std::vector<Waiter> waiters;
-  auto reply = [](Socket& c, std::uint64_t seq, const std::string& v) {
-    FrameHeader h;
-    h.type = static_cast<std::uint16_t>(FrameType::kStoreReply);
-    h.length = v.size();
-    h.seq = seq;
-    return c.send_frame(h, v.data(), Deadline::after(kIoTimeout));
-  };
-  while (!stop_) {
-    std::vector<pollfd> fds;
-    fds.push_back({listener_.fd(), POLLIN, 0});
-    std::vector<Socket*> order;
-    for (auto& c : clients) {
-      fds.push_back({c.fd(), POLLIN, 0});
-      order.push_back(&c);
-    }
-    int rc = ::poll(fds.data(), fds.size(), 100);
-    if (rc <= 0) continue;
-    if (fds[0].revents & POLLIN) {
-      auto c = listener_.accept(Deadline::after(std::chrono::milliseconds(100)));
-      if (c.ok()) clients.push_back(std::move(c).value());
-    }
-    std::vector<Socket*> dead;
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      if (!(fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Socket& c = *order[i];
-      Deadline dl = Deadline::after(kIoTimeout);
-      auto h = c.recv_header(kMaxStoreFrame, dl);
-      std::string body;
-      Status st = h.status();
-      if (st.ok() && h->type != static_cast<std::uint16_t>(FrameType::kStoreRequest))
-        st = invalid_argument("store: frame type {} is not a request", h->type);
-      if (st.ok()) {
-        body.resize(h->length);
-        st = c.recv_all(body.data(), body.size(), dl);
-      }
-      char cmd = 0;
-      std::string parts[3];
-      if (st.ok() && !parse_store_request(body, &cmd, parts))
-        st = invalid_argument("store: malformed request");
-      if (!st.ok()) {
-        if (st.code() != StatusCode::kUnavailable)
-          SHOAL_LOG_WARN("store: dropping client {}: {}", c.peer(), st.to_string());
-        dead.push_back(&c);
-        continue;
-      }
-      const std::string& key = parts[0];
-      std::string out;
-      bool deferred = false;
-      switch (cmd) {
-        case 'S':
-          kv[key] = parts[1];
-          break;
-        case 'G':
-          if (kv.count(key))
-            out = kv[key];
-          else
-            deferred = true;
-          break;
-        case 'A': {
-          std::int64_t cur = 0, delta = 0;
-          if (kv.count(key)) {
-            auto v = env::parse_int(kv[key], key);
-            cur = v.ok() ? *v : 0;
-          }
-          auto d = env::parse_int(parts[1], "delta");
-          delta = d.ok() ? *d : 0;
-          kv[key] = std::to_string(cur + delta);
-          out = kv[key];
-          break;
-        }
-        case 'C': {
-          auto it = kv.find(key);
-          std::string cur = it == kv.end() ? "" : it->second;
-          if (cur == parts[1]) kv[key] = parts[2];
-          out = kv.count(key) ? kv[key] : "";
-          break;
-        }
-        default:
-          SHOAL_LOG_WARN("store: unknown command '{}' from {}", cmd, c.peer());
-          dead.push_back(&c);
-          continue;
-      }
-      if (deferred) {
-        waiters.push_back({&c, key, h->seq});
-      } else if (!reply(c, h->seq, out).ok()) {
-        dead.push_back(&c);
-      }
-      if (cmd == 'S' || cmd == 'A' || cmd == 'C') {
-        for (auto it = waiters.begin(); it != waiters.end();) {
-          if (kv.count(it->key)) {
-            if (!reply(*it->client, it->seq, kv[it->key]).ok()) dead.push_back(it->client);
-            it = waiters.erase(it);
-          } else {
-            ++it;
-          }
-        }
-      }
-    }
-    for (Socket* d : dead) {
-      std::erase_if(waiters, [&](const Waiter& w) { return w.client == d; });
-      clients.remove_if([&](const Socket& s) { return &s == d; });
-    }
-  }
-}
-
 // ------------------------------------------------------------- client
 
-Result<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& host, int port,
-                                                    Deadline dl) {
+Result<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& host, int port, Deadline dl,
+                                                    const std::string& token) {
+  SHOAL_RETURN_IF_ERROR(init_crypto());
   auto s = std::unique_ptr<TcpStore>(new TcpStore());
   auto sock = Socket::connect(host, port, dl);
   if (!sock.ok())
     return sock.status().with_context(fmt::format("store at {}:{} is unreachable", host, port));
   s->sock_ = std::move(sock).value();
-  s->sock_.set_peer(fmt::format("store {}:{}", host, port));
+  const std::string name = fmt::format("store {}:{}", host, port);
+  s->sock_.set_peer(name);
+  // The handshake (net/auth.h): both sides prove the job token.
+  const std::string nc = make_nonce();
+  FrameHeader h;
+  h.type = static_cast<std::uint16_t>(FrameType::kHello);
+  h.length = nc.size();
+  SHOAL_RETURN_IF_ERROR(s->sock_.send_frame(h, nc.data(), dl).with_context(name));
+  SHOAL_ASSIGN_OR_RETURN(std::string chb, s->recv_payload(FrameType::kChallenge, 256, dl));
+  SHOAL_ASSIGN_OR_RETURN(StoreChallenge ch, parse_store_challenge(chb, name));
+  if (!mac_equal(ch.proof, store_proof(token, 'S', nc, ch.nonce)))
+    return failed_precondition(
+        "{} does not hold this job's token (SHOAL_JOB_TOKEN differs: another job's store, or "
+        "an impostor, is on that port)",
+        name);
+  const std::string proof = store_proof(token, 'C', nc, ch.nonce);
+  h.type = static_cast<std::uint16_t>(FrameType::kProof);
+  h.length = proof.size();
+  SHOAL_RETURN_IF_ERROR(s->sock_.send_frame(h, proof.data(), dl).with_context(name));
+  SHOAL_RETURN_IF_ERROR(s->recv_payload(FrameType::kProof, 0, dl).status());
   return s;
+}
+
+// A reply of `want` type, or the store's refusal as an error naming it.
+Result<std::string> TcpStore::recv_payload(FrameType want, std::uint64_t max, Deadline dl) {
+  auto h = sock_.recv_header(std::max<std::uint64_t>(max, 4096), dl);
+  if (!h.ok()) return h.status().with_context(sock_.peer());
+  std::string v(h->length, '\0');
+  SHOAL_RETURN_IF_ERROR(sock_.recv_all(v.data(), v.size(), dl).with_context(sock_.peer()));
+  if (h->type == static_cast<std::uint16_t>(FrameType::kStoreError))
+    return failed_precondition("{} refused: {}", sock_.peer(), v);
+  if (h->type != static_cast<std::uint16_t>(want) || v.size() > max)
+    return invalid_argument("{}: expected frame type {} of at most {} bytes, got type {} of {}",
+                            sock_.peer(), static_cast<int>(want), max, h->type, v.size());
+  return v;
 }
 
 Result<std::string> TcpStore::call(char cmd, const std::string& key, const std::string& a,
@@ -187,6 +93,8 @@ Result<std::string> TcpStore::call(char cmd, const std::string& key, const std::
   }
   std::string v(rh->length, '\0');
   SHOAL_RETURN_IF_ERROR(sock_.recv_all(v.data(), v.size(), dl));
+  if (rh->type == static_cast<std::uint16_t>(FrameType::kStoreError))
+    return failed_precondition("{} refused the request for key '{}': {}", sock_.peer(), key, v);
   return v;
 }
 
@@ -209,6 +117,41 @@ Result<std::string> TcpStore::compare_set(const std::string& key, const std::str
 
 // ------------------------------------------------------------- file store
 
+namespace {
+// A job id as one path component: anything but [A-Za-z0-9._-] becomes '_'.
+std::string component(const std::string& job) {
+  std::string c = "job-";
+  for (unsigned char ch : job)
+    c.push_back(std::isalnum(ch) || ch == '-' || ch == '_' || ch == '.' ? static_cast<char>(ch)
+                                                                        : '_');
+  return c;
+}
+
+// Creates dir (and its parents); dir itself readable by this user only. An
+// existing directory keeps its mode (the user chose it).
+void make_private_dir(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) return;
+  fs::create_directories(dir, ec);
+  ::chmod(dir.c_str(), 0700);
+}
+}  // namespace
+
+FileStore::FileStore(std::string dir, const std::string& job) : dir_(std::move(dir)) {
+  if (job.empty()) return;
+  std::error_code ec;
+  std::vector<std::string> others;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.starts_with("job-") && name != component(job)) others.push_back(name);
+  }
+  if (!others.empty())
+    SHOAL_LOG_INFO("file store {}: keys of {} other job(s) there are ignored (first: {})", dir_,
+                   others.size(), others.front());
+  make_private_dir(dir_);
+  dir_ = (fs::path(dir_) / component(job)).string();
+}
+
 std::string FileStore::path(const std::string& key) const {
   std::string name;
   for (unsigned char c : key) {
@@ -221,8 +164,7 @@ std::string FileStore::path(const std::string& key) const {
 }
 
 Status FileStore::set(const std::string& key, const std::string& value) {
-  std::error_code ec;
-  fs::create_directories(dir_, ec);
+  make_private_dir(dir_);
   return write_file_atomic(path(key), value);
 }
 
@@ -242,10 +184,9 @@ namespace {
 // Runs f under an exclusive flock on dir/.lock.
 template <typename F>
 auto locked(const std::string& dir, F f) -> decltype(f()) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
+  make_private_dir(dir);
   std::string lp = (fs::path(dir) / ".lock").string();
-  int fd = ::open(lp.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  int fd = ::open(lp.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return unavailable("file store: open {}: {}", lp, std::strerror(errno));
   ::flock(fd, LOCK_EX);
   auto r = f();

@@ -102,5 +102,20 @@ TEST(Faults, KilledLauncherTakesEveryRankWithIt) {
     EXPECT_FALSE(fs::exists(path)) << path << " was left behind";
 }
 
+// Two jobs, one after the other, rendezvous through the same
+// SHOAL_STORE_DIR (no launcher): the second must not read the first's keys
+// (before, it failed on a stale shared-memory name).
+TEST(Faults, ASecondJobInTheSameStoreDirectoryRuns) {
+  TempDir dir("storedir");
+  for (const char* job : {"first", "second"}) {
+    auto r = run_sh(fmt::format(
+        "for r in 0 1; do SHOAL_STORE_DIR={0} SHOAL_JOB_ID={1} SHOAL_RANK=$r SHOAL_WORLD_SIZE=2 "
+        "SHOAL_COMM_TIMEOUT=20 {2} bench comm --max-bytes 4096 --seconds 0.01 > {0}/{1}.$r.log "
+        "2>&1 & done; wait %1; a=$?; wait %2; b=$?; cat {0}/{1}.*.log; exit $((a + b))",
+        dir.path(), job, SHOAL_BINARY));
+    EXPECT_EQ(r.code, 0) << job << " job:\n" << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace shoal

@@ -30,14 +30,15 @@ using namespace shoal::comm::testing;
 std::vector<Status> run_world(int world, const std::function<Status(Communicator&)>& body,
                               CommOptions o = {},
                               const std::function<void(int, CommOptions&)>& per_rank = {}) {
-  auto srv = net::TcpStoreServer::start("127.0.0.1", 0);
+  auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
   EXPECT_TRUE(srv.ok());
   std::vector<Status> out(static_cast<std::size_t>(world));
   std::vector<std::thread> ts;
   if (o.timeout_seconds == 300) o.timeout_seconds = 60;
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
-      auto store = net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10));
+      auto store =
+          net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10), "");
       if (!store.ok()) {
         out[static_cast<std::size_t>(r)] = store.status();
         return;
@@ -359,7 +360,7 @@ TEST(Frames, BadHeadersAreRefused) {
   hb[4] = 9;
   EXPECT_NE(net::decode_header(hb, 100, "p").status().message().find("protocol version 9"),
             std::string::npos);
-  hb[4] = 1;
+  hb[4] = static_cast<std::uint8_t>(net::kProtocolVersion);
   hb[6] = 77;
   EXPECT_NE(net::decode_header(hb, 100, "p").status().message().find("unknown frame type"),
             std::string::npos);

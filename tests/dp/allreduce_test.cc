@@ -92,7 +92,7 @@ Result<RankRun> train(std::int64_t first, std::int64_t rows, int steps, std::int
 std::vector<Result<RankRun>> train_ranks(int world, const DpOptions& dpo, int steps = 4) {
   std::vector<Result<RankRun>> got(static_cast<std::size_t>(world),
                                    Result<RankRun>(internal_error("not run")));
-  auto srv = net::TcpStoreServer::start("127.0.0.1", 0);
+  auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
   if (!srv.ok()) {
     got[0] = srv.status();
     return got;
@@ -103,7 +103,8 @@ std::vector<Result<RankRun>> train_ranks(int world, const DpOptions& dpo, int st
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
       auto& out = got[static_cast<std::size_t>(r)];
-      auto store = net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10));
+      auto store =
+          net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10), "");
       if (!store.ok()) {
         out = store.status();
         return;

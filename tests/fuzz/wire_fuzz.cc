@@ -1,6 +1,6 @@
 // libFuzzer target for everything Shoal parses off the network before a
 // peer is trusted: frame headers (as a stream of frames), store requests,
-// and the handshake's hello and challenge payloads. Invariants checked: no
+// and the handshakes' payloads (mesh hello and challenge, store challenge). Invariants checked: no
 // crash or sanitizer report, an accepted header never claims more than the
 // bound it was read with, and accepted messages re-encode to the same bytes.
 // Built and run by `make fuzz` (clang, -fsanitize=fuzzer,address,undefined).
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "shoal/comm/handshake.h"
+#include "shoal/net/auth.h"
 #include "shoal/net/socket.h"
 
 using namespace shoal;
@@ -42,6 +43,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (auto ch = comm::parse_challenge(sv, "fuzz"); ch.ok()) {
     if (comm::encode_challenge(ch->rank, ch->nonce, ch->proof) != sv) std::abort();
     (void)comm::proof_matches(ch->proof, std::string(comm::kProofBytes, 'x'));
+  }
+  // The store handshake's challenge: exact size, and a proof that never
+  // matches one made with another token.
+  if (auto sc = net::parse_store_challenge(sv, "fuzz"); sc.ok()) {
+    if (sc->nonce.size() != net::kNonceBytes || sc->proof.size() != net::kMacBytes) std::abort();
+    if (sc->nonce + sc->proof != sv) std::abort();
+    if (net::mac_equal(sc->proof, net::store_proof("token", 'S', "", sc->nonce)) &&
+        net::mac_equal(sc->proof, net::store_proof("other", 'S', "", sc->nonce)))
+      std::abort();
   }
   return 0;
 }

@@ -9,11 +9,12 @@
 #include <string_view>
 
 #include "shoal/core/status.h"
+#include "shoal/net/auth.h"
 
 namespace shoal::comm {
 
-inline constexpr std::size_t kNonceBytes = 16;
-inline constexpr std::size_t kProofBytes = 32;
+using net::kNonceBytes;
+inline constexpr std::size_t kProofBytes = net::kMacBytes;
 
 struct Hello {
   int rank = 0, world = 0;

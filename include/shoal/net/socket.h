@@ -18,8 +18,8 @@
 
 namespace shoal::net {
 
-inline constexpr std::uint32_t kMagic = 0x4c4f4853;  // "SHOL" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint32_t kMagic = 0x4c4f4853;                 // "SHOL" little-endian
+inline constexpr std::uint16_t kProtocolVersion = 2;                // 2: the store proves the token
 inline constexpr std::uint64_t kMaxFrame = std::uint64_t{1} << 34;  // 16 GiB
 
 enum class FrameType : std::uint16_t {
@@ -30,7 +30,8 @@ enum class FrameType : std::uint16_t {
   kAbort = 5,
   kStoreRequest = 6,
   kStoreReply = 7,
-  kGoodbye = 8,  // clean shutdown: the peer closes next, not a fault
+  kGoodbye = 8,     // clean shutdown: the peer closes next, not a fault
+  kStoreError = 9,  // a store request refused: the payload says why
 };
 
 struct FrameHeader {
