@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 
 namespace shoal {
 namespace {
@@ -69,9 +70,21 @@ Result<SafetensorsFile> parse_safetensors(std::string_view bytes, std::string_vi
     return data_loss("{}: header length {} runs past the end of the {}-byte file", where, hlen,
                      bytes.size());
   std::string_view header = bytes.substr(8, hlen);
-  nlohmann::json j = nlohmann::json::parse(header.begin(), header.end(), nullptr, false);
+  // JSON parsers keep the last of duplicate keys; a header naming one tensor
+  // twice is ambiguous (which bytes are the weights?), so it is refused.
+  std::set<std::string> seen;
+  std::string duplicate;
+  auto on_key = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    if (ev == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty() &&
+        !seen.insert(parsed.get<std::string>()).second)
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json j = nlohmann::json::parse(header.begin(), header.end(), on_key, false);
   if (j.is_discarded())
     return data_loss("{}: header (bytes 8..{}) is not valid JSON", where, 8 + hlen);
+  if (!duplicate.empty())
+    return data_loss("{}: header names tensor '{}' more than once", where, duplicate);
   if (!j.is_object()) return data_loss("{}: header is not a JSON object", where);
   std::string_view data = bytes.substr(8 + hlen);
   const std::uint64_t data_size = data.size();

@@ -171,7 +171,8 @@ Result<std::string> find_idx(const std::string& dir, const std::string& split,
 }
 }  // namespace
 
-Result<Dataset> load_idx_dataset(const std::string& dir, const std::string& split) {
+Result<Dataset> load_idx_dataset(const std::string& dir, const std::string& split,
+                                 int num_classes) {
   SHOAL_ASSIGN_OR_RETURN(std::string ip, find_idx(dir, split, "images", 3));
   SHOAL_ASSIGN_OR_RETURN(std::string lp, find_idx(dir, split, "labels", 1));
   SHOAL_ASSIGN_OR_RETURN(IdxArray im, read_idx(ip));
@@ -184,11 +185,14 @@ Result<Dataset> load_idx_dataset(const std::string& dir, const std::string& spli
   if (im.dims[0] != lb.dims[0])
     return invalid_argument("{} has {} images but {} has {} labels", ip, im.dims[0], lp,
                             lb.dims[0]);
+  if (im.dims[0] == 0) return invalid_argument("{}: the file holds no images (N = 0)", ip);
+  for (std::size_t i = 0; i < lb.data.size(); ++i)
+    if (lb.data[i] >= num_classes)
+      return invalid_argument("{}: label {} at index {} is outside the {} classes [0, {})", lp,
+                              static_cast<int>(lb.data[i]), i, num_classes, num_classes);
   Dataset d;
   d.name = fmt::format("{}:{}", fs::path(dir).filename().string(), split);
-  int max_label = 0;
-  for (std::size_t i = 0; i < lb.data.size(); ++i) max_label = std::max<int>(max_label, lb.data[i]);
-  d.num_classes = std::max(10, max_label + 1);
+  d.num_classes = num_classes;
   d.images = Tensor::empty(im.dims, DType::kU8);
   std::memcpy(d.images.data<std::uint8_t>(), im.data.data(), im.data.size());
   d.labels = Tensor::empty(lb.dims, DType::kU8);

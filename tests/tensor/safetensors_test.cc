@@ -5,14 +5,14 @@
 #include <filesystem>
 
 #include "shoal/tensor/philox.h"
+#include "temp_dir.h"
 
 namespace shoal {
 namespace {
 
 std::string tmpdir() {
-  auto d = std::filesystem::temp_directory_path() / ("shoal_st_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(d);
-  return d.string();
+  static const std::string d = testing::scratch_dir("st");
+  return d;
 }
 
 std::string with_header(const std::string& json, const std::string& data) {
@@ -100,6 +100,10 @@ TEST(Safetensors, RefusesMalformedFiles) {
   expect_error(with_header(R"({"w":{"dtype":"BOOL","shape":[1],"data_offsets":[0,1]}})", "\x07"),
                "byte value 7");
   expect_error(with_header(R"({"__metadata__":{"k":1}})", ""), "not a string");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                           d8),
+               "names tensor 'w' more than once");
 }
 
 TEST(Safetensors, TruncationAtEveryByteIsRefused) {

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "shoal/tensor/safetensors.h"
+#include "temp_dir.h"
 
 namespace shoal::train {
 namespace {
@@ -81,6 +82,31 @@ TEST(Idx, ReadsGzipAndRefusesTruncatedGzip) {
   ASSERT_TRUE(write_file_atomic((dir / "c.gz").string(), bad).ok());
   EXPECT_FALSE(read_idx((dir / "c.gz").string()).ok());
   std::filesystem::remove_all(dir);
+}
+
+// A label past the class range used to train silently (the model grew
+// extra outputs); an empty split gave no message. Both are refused by name.
+TEST(Idx, LabelOutsideTheClassesAndEmptyFilesAreRefused) {
+  const std::string dir = testing::scratch_dir("idx_labels");
+  auto put = [&](const std::string& name, const std::string& bytes) {
+    ASSERT_TRUE(write_file_atomic(dir + "/" + name, bytes).ok());
+  };
+  put("train-images-idx3-ubyte", idx_bytes({12, 2, 2}, 48));
+  put("train-labels-idx1-ubyte", idx_bytes({12}, 12));  // labels 0..11: 10 and 11 are out
+  auto bad = load_idx_dataset(dir, "train");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("train-labels-idx1-ubyte: label 10 at index 10 is outside "
+                                        "the 10 classes [0, 10)"),
+            std::string::npos)
+      << bad.status().to_string();
+  EXPECT_TRUE(load_idx_dataset(dir, "train", 12).ok());  // 12 classes: all in range
+  put("t10k-images-idx3-ubyte", idx_bytes({0, 2, 2}, 0));
+  put("t10k-labels-idx1-ubyte", idx_bytes({0}, 0));
+  auto empty = load_idx_dataset(dir, "t10k");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("t10k-images-idx3-ubyte: the file holds no images"),
+            std::string::npos)
+      << empty.status().to_string();
 }
 
 TEST(Idx, UnknownDataNameIsExplained) {

@@ -46,8 +46,11 @@ struct Dataset {
 // where it looked and how to install the package.
 Result<std::string> resolve_data_dir(const std::string& data);
 // Loads split "train" or "t10k" from dir ({split}-images-idx3-ubyte[.gz]
-// and {split}-labels-idx1-ubyte[.gz], or the dotted MNIST names).
-Result<Dataset> load_idx_dataset(const std::string& dir, const std::string& split);
+// and {split}-labels-idx1-ubyte[.gz], or the dotted MNIST names). Every
+// label must be a class in [0, num_classes) (10 for MNIST and
+// Fashion-MNIST); one outside is an error naming the file, index and value.
+Result<Dataset> load_idx_dataset(const std::string& dir, const std::string& split,
+                                 int num_classes = 10);
 
 struct LoaderOptions {
   std::int64_t batch = 64;
