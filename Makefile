@@ -16,7 +16,7 @@ run: build
 	./$(BUILD)/shoal run -n 2 -- ./$(BUILD)/shoal train --model cnn --data fashion-mnist --epochs 1
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+	bash tools/run-tests.sh $(BUILD) $(JOBS)
 
 asan: deps
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHOAL_SANITIZE=ON -DSHOAL_NATIVE=OFF

@@ -8,6 +8,7 @@
 
 #include "cli/run_shoal.h"
 #include "shoal/tensor/safetensors.h"
+#include "temp_dir.h"
 
 namespace shoal {
 namespace {
@@ -15,11 +16,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::run_shoal;
 
-std::string tmpdir(const std::string& name) {
-  std::string d = ::testing::TempDir() + "/shoal_dp_" + std::to_string(getpid()) + "_" + name;
-  fs::remove_all(d);
-  return d;
-}
+// A fresh run directory, removed when the test process exits.
+std::string tmpdir(const std::string& name) { return testing::scratch_dir("dp_" + name) + "/run"; }
 
 // The newest checkpoint of a run directory.
 Result<SafetensorsFile> last_checkpoint(const std::string& dir) {

@@ -7,9 +7,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <thread>
 
 #include "cli/run_shoal.h"
 
@@ -164,6 +167,16 @@ class Srun : public ::testing::Test {
     if (started_)
       (void)std::system(
           ("timeout 30 " + std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh stop").c_str());
+    // State, spool and logs of this suite's Slurm. Its daemons may still
+    // write a last file while they exit: retry, bounded.
+    if (const char* dir = std::getenv("SHOAL_SLURM_DIR")) {
+      for (int i = 0; i < 50 && std::filesystem::exists(dir); ++i) {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+        if (std::filesystem::exists(dir))
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
   }
   void SetUp() override {
     if (std::system("command -v slurmctld >/dev/null") != 0)

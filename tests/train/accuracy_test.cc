@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "shoal/train/trainer.h"
+#include "temp_dir.h"
 
 namespace shoal::train {
 namespace {
@@ -24,8 +25,7 @@ double train_full(const std::string& model, int epochs) {
   o.quiet = true;
   o.plot = false;
   o.checkpoints = false;
-  o.out = (std::filesystem::temp_directory_path() / fmt::format("shoal_acc_{}_{}", model, getpid()))
-              .string();
+  o.out = shoal::testing::scratch_dir("acc_" + model) + "/run";
   auto t = Trainer::create(o);
   EXPECT_TRUE(t.ok()) << t.status().to_string();
   if (!t.ok()) return 0;

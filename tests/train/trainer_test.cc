@@ -9,16 +9,13 @@
 
 #include "shoal/tensor/safetensors.h"
 #include "shoal/train/checkpoint.h"
+#include "temp_dir.h"
 
 namespace shoal::train {
 namespace {
 namespace fs = std::filesystem;
 
-std::string tmpdir(const std::string& tag) {
-  auto d = fs::temp_directory_path() / fmt::format("shoal_{}_{}", tag, getpid());
-  fs::remove_all(d);
-  return d.string();
-}
+std::string tmpdir(const std::string& tag) { return testing::scratch_dir(tag) + "/run"; }
 
 // Small and quick: 1024 training samples, batch 32 -> 32 steps per epoch.
 TrainOptions small(const std::string& model, const std::string& opt, const std::string& out) {
