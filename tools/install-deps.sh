@@ -10,6 +10,7 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   slurm-wlm munge
+  faketime
 )
 if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
   pkgs+=(python3-torch iperf3)

@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "comm/mpi_backend.h"
+#include "comm/peer_checks.h"
 #include "comm/reduce_internal.h"
 #include "shoal/comm/handshake.h"
 #include "shoal/core/env.h"
@@ -95,6 +96,10 @@ Result<Algorithm> parse_algorithm(const std::string& s) {
 Result<CommOptions> CommOptions::from_env() {
   CommOptions o;
   SHOAL_ASSIGN_OR_RETURN(o.timeout_seconds, env::get_double("SHOAL_COMM_TIMEOUT", 300.0));
+  SHOAL_ASSIGN_OR_RETURN(o.max_clock_skew,
+                         env::get_double("SHOAL_MAX_CLOCK_SKEW", o.max_clock_skew));
+  if (!(o.max_clock_skew >= 0))
+    return invalid_argument("SHOAL_MAX_CLOCK_SKEW={} must be >= 0 seconds", o.max_clock_skew);
   SHOAL_ASSIGN_OR_RETURN(std::int64_t ring,
                          env::get_int("SHOAL_SHM_BYTES", static_cast<std::int64_t>(o.shm_bytes)));
   if (ring < 4096 || ring > (std::int64_t{1} << 30))
@@ -199,6 +204,19 @@ Status Communicator::connect_mesh(net::Store& store) {
   std::string me = host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
                                                        : fmt::format("{}:{}", host, port);
   const std::string& px = o_.prefix;
+  // Claim the rank first: a rank started twice (a wrong SHOAL_RANK, two
+  // launchers on one store) is refused by name instead of overwriting the
+  // first one's address and leaving both waiting.
+  char hostname[256] = {0};
+  (void)gethostname(hostname, sizeof hostname - 1);
+  const std::string claim = fmt::format("pid {} on {} ({})", getpid(), hostname, me);
+  SHOAL_ASSIGN_OR_RETURN(std::string owner,
+                         store.compare_set(fmt::format("{}/claim/{}", px, rank_), "", claim));
+  if (owner != claim)
+    return failed_precondition(
+        "rank {} of {} is already taken by {}: is this rank started twice (SHOAL_RANK or the "
+        "launcher's -n), or does the store hold an earlier job's keys?",
+        rank_, world_, owner);
   SHOAL_RETURN_IF_ERROR(store.set(fmt::format("{}/addr/{}", px, rank_), me));
   peers_.resize(static_cast<std::size_t>(world_));
   hosts_.resize(static_cast<std::size_t>(world_));
@@ -263,6 +281,8 @@ Status Communicator::connect_mesh(net::Store& store) {
     s.set_peer(fmt::format("rank {} ({})", r, hosts_[static_cast<std::size_t>(r)]));
     peers_[static_cast<std::size_t>(r)] = std::move(s);
   }
+  if (o_.prefix == "shoal")  // the world communicator: once per job
+    SHOAL_RETURN_IF_ERROR(check_clocks(rank_, world_, peers_, o_.max_clock_skew, dl));
   return setup_shm(store, dl);
 }
 
@@ -281,6 +301,12 @@ Status Communicator::setup_shm(net::Store& store, Deadline dl) {
     host_of_[static_cast<std::size_t>(j)] = h;
     local[static_cast<std::size_t>(j)] = h == me;
   }
+  // `shoal run`'s local engine puts every rank on this host (unless the
+  // user fakes hosts with SHOAL_HOST_ID).
+  auto lws = env::get("SHOAL_LOCAL_WORLD_SIZE");
+  SHOAL_RETURN_IF_ERROR(check_one_host(
+      rank_, host_of_,
+      o_.prefix == "shoal" && o_.host_id.empty() && lws && *lws == std::to_string(world_)));
   if (o_.transport == "tcp") return ok_status();
   for (int j = rank_ + 1; j < world_; ++j) {  // lower rank creates
     if (!local[static_cast<std::size_t>(j)]) continue;

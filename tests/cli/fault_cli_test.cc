@@ -117,5 +117,89 @@ TEST(Faults, ASecondJobInTheSameStoreDirectoryRuns) {
   }
 }
 
+// Two processes both claim rank 0 of a 2-rank job: the second is refused
+// by name at once, and the job (the first rank 0 with rank 1) still runs.
+TEST(Faults, ARankStartedTwiceIsRefusedByName) {
+  TempDir dir("twice");
+  auto r = run_sh(fmt::format(
+      "export SHOAL_STORE_DIR={0} SHOAL_JOB_ID=twice SHOAL_WORLD_SIZE=2 SHOAL_COMM_TIMEOUT=20; "
+      "SHOAL_RANK=0 {1} bench comm --max-bytes 4096 --seconds 0.01 > {0}/a.log 2>&1 & "
+      "sleep 1; SHOAL_RANK=0 {1} bench comm --max-bytes 4096 --seconds 0.01 > {0}/b.log 2>&1; "
+      "echo dup-exit=$?; cat {0}/b.log; "
+      "SHOAL_RANK=1 {1} bench comm --max-bytes 4096 --seconds 0.01 > {0}/c.log 2>&1; "
+      "echo rank1-exit=$?; wait %1; echo first-exit=$?",
+      dir.path(), SHOAL_BINARY));
+  EXPECT_TRUE(has(r.out, "rank 0 of 2 is already taken by pid ")) << r.out;
+  EXPECT_FALSE(has(r.out, "dup-exit=0")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank1-exit=0")) << r.out;
+  EXPECT_TRUE(has(r.out, "first-exit=0")) << r.out;
+  EXPECT_LT(r.seconds, 15.0) << r.out;
+}
+
+// One rank's wall clock an hour behind (libfaketime, Debian's faketime,
+// monotonic clocks left real so deadlines still work): refused at start-up,
+// naming the rank and both clocks, on both ranks.
+TEST(Faults, ARankWhoseClockDiffersIsRefusedByName) {
+  if (run_sh("command -v faketime").code != 0)
+    GTEST_SKIP() << "faketime is not installed (tools/install-deps.sh installs it)";
+  auto r = run_shoal(fmt::format(
+      "run -n 2 --timeout 60 -- sh -c 'if [ $SHOAL_RANK = 1 ]; then "
+      "FAKETIME_DONT_FAKE_MONOTONIC=1 exec faketime -f -1h {0} bench comm --max-bytes 4096 "
+      "--seconds 0.01; fi; exec {0} bench comm --max-bytes 4096 --seconds 0.01'",
+      SHOAL_BINARY));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 0] ")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 1's clock is 3600")) << r.out;
+  EXPECT_TRUE(has(r.out, "s behind rank 0's (rank 1: ")) << r.out;
+  EXPECT_TRUE(has(r.out, "SHOAL_MAX_CLOCK_SKEW=60 s")) << r.out;
+}
+
+// A rank of the local engine whose hostname differs (its own UTS
+// namespace) is not on "this host" as the launcher promised: refused.
+TEST(Faults, ARankOnAnotherHostnameIsRefusedByName) {
+  if (run_sh("unshare -u true").code != 0)
+    GTEST_SKIP() << "cannot make a UTS namespace here (unshare -u needs root)";
+  auto r = run_shoal(fmt::format(
+      "run -n 2 --timeout 60 -- sh -c 'if [ $SHOAL_RANK = 1 ]; then exec unshare -u sh -c "
+      "\"hostname shoal-elsewhere && exec {0} bench comm --max-bytes 4096 --seconds 0.01\"; "
+      "fi; exec {0} bench comm --max-bytes 4096 --seconds 0.01'",
+      SHOAL_BINARY));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 1 runs on host 'shoal-elsewhere' but rank 0 runs on")) << r.out;
+  EXPECT_TRUE(has(r.out, "the launcher started all 2 ranks on one host")) << r.out;
+}
+
+// The disk fills while a checkpoint is written (a 6 MiB tmpfs in a private
+// mount namespace: the MLP's checkpoint with momentum is ~4.3 MB, so the
+// first fits and the second does not). Training stops with an error naming
+// the file and ENOSPC, no partial file is left, and the previous
+// checkpoint still loads.
+TEST(Faults, DiskFullWhileCheckpointingKeepsThePreviousOne) {
+  if (run_sh("unshare -m true").code != 0)
+    GTEST_SKIP() << "cannot make a private mount namespace here (unshare -m needs root or "
+                    "user namespaces)";
+  TempDir dir("diskfull");
+  const std::string d = dir.path();
+  fs::create_directories(d + "/small");
+  auto r = run_sh(fmt::format(
+      "unshare -m sh -c 'mount -t tmpfs -o size=6m shoal-test {0}/small || exit 90; "
+      "{1} {2} --max-steps 10 --checkpoint-every 5 --out {0}/small/run; echo train-exit=$?; "
+      "ls {0}/small/run/checkpoints; cp {0}/small/run/checkpoints/*.safetensors {0}/ 2>/dev/null; "
+      "true'",
+      d, SHOAL_BINARY, kTrain));
+  if (r.code == 90) GTEST_SKIP() << "mounting a tmpfs was refused: " << r.out;
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "train-exit=1")) << r.out;
+  EXPECT_TRUE(has(r.out, "ckpt-0000000010.safetensors.tmp")) << r.out;  // the file it was writing
+  EXPECT_TRUE(has(r.out, "No space left on device")) << r.out;
+  // Only the complete checkpoint is there: no partial file.
+  const std::size_t listing = r.out.find("train-exit=1\n");
+  ASSERT_NE(listing, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.substr(listing + 13), "ckpt-0000000005.safetensors\n") << r.out;
+  auto ck = read_safetensors(d + "/ckpt-0000000005.safetensors");
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  EXPECT_EQ(ck->metadata.at("step"), "5");
+}
+
 }  // namespace
 }  // namespace shoal

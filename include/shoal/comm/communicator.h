@@ -86,9 +86,12 @@ struct CommOptions {
   // it to make one machine look like several.
   std::string host_id;
   std::size_t direct_bytes = 0;  // 0: 64 KiB at 2 ranks, 256 KiB at more
+  // SHOAL_MAX_CLOCK_SKEW: ranks whose wall clocks differ by more (seconds)
+  // are refused at start-up, naming both clocks; 0 turns the check off.
+  double max_clock_skew = 60;
   // Reads SHOAL_COMM_TIMEOUT, SHOAL_ALLREDUCE_ALGO, SHOAL_JOB_TOKEN, SHOAL_IFACE_ADDR,
   // SHOAL_TRANSPORT, SHOAL_DETERMINISTIC, SHOAL_SHM_SPIN_US, SHOAL_SHM_BYTES, SHOAL_CMA,
-  // SHOAL_MAP_PEERS.
+  // SHOAL_MAP_PEERS, SHOAL_MAX_CLOCK_SKEW.
   static Result<CommOptions> from_env();
 };
 
