@@ -115,7 +115,17 @@ class Output {
       fmt::print("[{}] {}\n", engine_, text);
       keep(engine_tail_, text);
     }
+    // Slurm's words for a step stopped from outside (scancel, a time
+    // limit, a preemption); they also follow a rank's failure under
+    // --kill-on-bad-exit, where srun names that rank as well.
+    if (text.find("CANCELLED AT") != std::string::npos ||
+        text.find("Job step aborted") != std::string::npos ||
+        text.find("DUE TO TIME LIMIT") != std::string::npos ||
+        text.find("DUE TO PREEMPTION") != std::string::npos)
+      if (cancel_line_.empty()) cancel_line_ = text;
   }
+  // The engine's line saying the job was stopped from outside, "" if none.
+  const std::string& cancel_line() const { return cancel_line_; }
   const std::deque<std::string>& tail(int rank) const {
     return tails_.at(static_cast<std::size_t>(rank));
   }
@@ -147,6 +157,7 @@ class Output {
   std::deque<std::string> engine_tail_;
   std::string engine_;
   std::optional<std::pair<int, std::string>> first_exit_;
+  std::string cancel_line_;
 };
 
 void drain(int unit, Proc& p, Output& out, bool final) {
@@ -409,9 +420,16 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
 
   // The report.
   int failed_rank = per_rank ? failed : -1;
-  int rank_code = 0;  // the failed rank's code, when the engine names it
+  int rank_code = 0;       // the failed rank's code, when the engine names it
+  bool cancelled = false;  // stopped from outside: not a failure a restart would cure
   if (!per_rank && failed >= 0) {
-    if (auto f = engine_failure(output)) {
+    if (auto f = engine_failure(output); !f && !output.cancel_line().empty()) {
+      cancelled = true;
+      why = fmt::format(
+          "the job was stopped by {} from outside (\"{}\"): no rank failed, so it is not "
+          "restarted",
+          o.engine, output.cancel_line());
+    } else if (f) {
       failed_rank = f->first;
       why = fmt::format("rank {} {} (under {})", f->first, f->second, o.engine);
       if (auto c = f->second.find("xit code "); c != std::string::npos)
@@ -439,7 +457,7 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   oc.code = failed >= 0 ? exit_code_of(procs[static_cast<std::size_t>(failed)].status) : 1;
   if (rank_code > 0) oc.code = rank_code;
   if (oc.code == 0) oc.code = 1;
-  oc.restartable = failed >= 0 && !interrupted;
+  oc.restartable = failed >= 0 && !interrupted && !cancelled;
   return oc;
 }
 
