@@ -11,9 +11,10 @@ pkgs=(
   dataset-fashion-mnist
   slurm-wlm munge
   faketime
+  python3-torch mpich
 )
 if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
-  pkgs+=(python3-torch iperf3)
+  pkgs+=(iperf3)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

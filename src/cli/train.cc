@@ -6,12 +6,12 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
-#include <thread>
 
 #include "cli/commands.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/core/logging.h"
 #include "shoal/dp/data_parallel.h"
+#include "shoal/runtime/kernel.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -137,7 +137,9 @@ TrainCommand add_train_command(CLI::App& app) {
       ->check(kPositive);
   t->add_option("--gamma", o.gamma, "Step schedule: decay factor")->check(kPositive);
   t->add_flag("--linear-scaling", o.linear_scaling, "lr *= global batch / 256 (Goyal et al.)");
-  t->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->check(kNonNegative);
+  t->add_option("--threads", o.threads,
+                "CPU threads (0 = the cores divided among this host's ranks)")
+      ->check(kNonNegative);
   t->add_option("--seed", o.seed, "Random seed (weights, shuffling, augmentation)");
   t->add_option("--out", o.out, "Run directory (default runs/<model>)");
   t->add_flag("--augment", o.augment, "Random crop (pad 2) and horizontal flip");
@@ -228,18 +230,13 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
       return 2;
     }
     comm = std::move(c).value();
-    // Ranks sharing this host split its cores unless --threads says otherwise
-    // (before attach, which decides on overlap from the threads).
-    if (o.threads == 0) {
-      for (const char* var :
-           {"SHOAL_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
-        const char* v = std::getenv(var);
-        if (v == nullptr || std::atoi(v) < 1) continue;
-        o.threads =
-            std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::atoi(v));
-        break;
-      }
-    }
+    // Ranks sharing this host split its cores unless --threads says
+    // otherwise (before attach, which decides on overlap from the threads).
+    // The count is the communicator's own (ranks grouped by host at
+    // connect), so it holds under every launcher, not only those that
+    // export a local world size; dp::attach logs the choice.
+    if (o.threads == 0)
+      o.threads = std::max(1, runtime::num_cores() / std::max(1, comm->local_size()));
     dp::DpOptions dpo;
     dpo.wire = *parse_dtype(d.wire);
     dpo.bucket_mb = d.bucket_mb;

@@ -15,6 +15,7 @@
 #include "comm/mpi_backend.h"
 #include "comm/peer_checks.h"
 #include "comm/reduce_internal.h"
+#include "comm/rendezvous.h"
 #include "shoal/comm/handshake.h"
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
@@ -157,14 +158,24 @@ Result<EnvInfo> env_info() {
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OpenMPI"},
       {"PMIX_RANK", "PMI_SIZE", nullptr, "PMIx"},
       {"PMI_RANK", "PMI_SIZE", nullptr, "PMI"},
-      {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "Slurm"},
+      {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "Slurm"},
   };
+  // A batch script's shell (sbatch -n 2) has SLURM_PROCID=0 and
+  // SLURM_NTASKS=2 but is no job step: a process started there is one
+  // process, not rank 0 of 2 waiting for peers that srun never started.
+  const auto step = env::get("SLURM_STEP_ID");
+  const bool slurm_step = step && *step != "batch" && *step != "extern" && *step != "4294967294" &&
+                          *step != "4294967293";
   bool found = false;
   for (const auto& s : srcs) {
+    if (std::string_view(s.name) == "Slurm" && !slurm_step) continue;
     SHOAL_ASSIGN_OR_RETURN(found, pick(s.r, s.w, s.lr, s.name));
     if (found) break;
   }
-  if (!found) e.source = "none (single process)";
+  if (!found)
+    e.source = env::get("SLURM_PROCID") && !slurm_step
+                   ? "none (single process: a Slurm batch shell, not a job step)"
+                   : "none (single process)";
   if (auto st = env::get("SHOAL_STORE")) {
     e.store = *st;
   } else if (auto ma = env::get("MASTER_ADDR")) {
@@ -281,7 +292,7 @@ Status Communicator::connect_mesh(net::Store& store) {
     s.set_peer(fmt::format("rank {} ({})", r, hosts_[static_cast<std::size_t>(r)]));
     peers_[static_cast<std::size_t>(r)] = std::move(s);
   }
-  if (o_.prefix == "shoal")  // the world communicator: once per job
+  if (o_.is_world)  // once per job
     SHOAL_RETURN_IF_ERROR(check_clocks(rank_, world_, peers_, o_.max_clock_skew, dl));
   return setup_shm(store, dl);
 }
@@ -305,8 +316,7 @@ Status Communicator::setup_shm(net::Store& store, Deadline dl) {
   // user fakes hosts with SHOAL_HOST_ID).
   auto lws = env::get("SHOAL_LOCAL_WORLD_SIZE");
   SHOAL_RETURN_IF_ERROR(check_one_host(
-      rank_, host_of_,
-      o_.prefix == "shoal" && o_.host_id.empty() && lws && *lws == std::to_string(world_)));
+      rank_, host_of_, o_.is_world && o_.host_id.empty() && lws && *lws == std::to_string(world_)));
   if (o_.transport == "tcp") return ok_status();
   for (int j = rank_ + 1; j < world_; ++j) {  // lower rank creates
     if (!local[static_cast<std::size_t>(j)]) continue;
@@ -386,93 +396,43 @@ Result<std::unique_ptr<Communicator>> Communicator::wrap_mpi(std::unique_ptr<Mpi
   return c;
 }
 
-namespace {
-// Which job (and attempt) a file store's keys belong to: the launcher's job
-// id and restart count, else Slurm's job and step, else a digest of the
-// job token; "" when none is known.
-std::string file_store_job() {
-  const std::string restart = env::get("SHOAL_RESTART_COUNT").value_or("0");
-  if (auto id = env::get("SHOAL_JOB_ID")) return *id + "." + restart;
-  if (auto id = env::get("SLURM_JOB_ID"))
-    return *id + "." + env::get("SLURM_STEP_ID").value_or("batch") + "." + restart;
-  if (auto t = env::get("SHOAL_JOB_TOKEN"); t && !t->empty()) {
-    std::string mac = net::token_mac(*t, "shoal-file-store");
-    std::string hex;
-    for (int i = 0; i < 8; ++i) hex += fmt::format("{:02x}", static_cast<unsigned char>(mac[i]));
-    return "token-" + hex + "." + restart;
-  }
-  return "";
-}
-}  // namespace
-
 Result<std::unique_ptr<Communicator>> Communicator::from_env() {
   SHOAL_ASSIGN_OR_RETURN(CommOptions o, CommOptions::from_env());
   if (auto be = env::get("SHOAL_COMM_BACKEND"); be && *be != "native") {
     if (*be != "mpi")
       return invalid_argument("SHOAL_COMM_BACKEND={} is not one of native, mpi", *be);
+    // An MPI library from another implementation than the launcher's
+    // (OpenMPI's libmpi under MPICH's Hydra) starts as a world of one in
+    // every process: N independent jobs in one run directory. The
+    // launcher's own variables (read before MPI_Init adds its own) say
+    // what the world should be.
+    SHOAL_ASSIGN_OR_RETURN(EnvInfo e, env_info());
     SHOAL_ASSIGN_OR_RETURN(auto b, MpiBackend::init());
     log::set_identity(b->rank(), b->size(), "comm");
+    if (e.world != b->size() || (e.world > 1 && e.rank != b->rank()))
+      return failed_precondition(
+          "SHOAL_COMM_BACKEND=mpi: MPI says rank {} of {}, but the launcher ({}) says rank {} "
+          "of {}: is the MPI library ({}) the one of the launcher that started this process "
+          "(mpirun.openmpi for OpenMPI, mpirun.mpich for MPICH)?",
+          b->rank(), b->size(), e.source, e.rank, e.world, MpiBackend::library());
     return wrap_mpi(std::move(b), o);
   }
   SHOAL_ASSIGN_OR_RETURN(EnvInfo e, env_info());
   log::set_identity(e.rank, e.world, "comm");
-  std::unique_ptr<net::TcpStoreServer> server;
-  std::unique_ptr<net::Store> store;
   if (e.world > 1 && o.token.empty() && e.rank == 0)
     SHOAL_LOG_WARN(
         "no job token (SHOAL_JOB_TOKEN): the rendezvous store and the connections between ranks "
         "are unauthenticated, so any process that reaches their ports can join or read them; "
         "`shoal run` sets one, or export the same secret on every rank");
+  Rendezvous rv;
   if (e.world > 1) {
-    if (auto dir = env::get("SHOAL_STORE_DIR")) {
-      const std::string job = file_store_job();
-      if (job.empty() && e.rank == 0)
-        SHOAL_LOG_WARN(
-            "SHOAL_STORE_DIR={} without a job id (SHOAL_JOB_ID, SLURM_JOB_ID or "
-            "SHOAL_JOB_TOKEN): the keys go in that directory itself, where a later job would "
-            "read them; use a fresh directory per job or set SHOAL_JOB_ID",
-            *dir);
-      store = std::make_unique<net::FileStore>(*dir, job);
-    } else {
-      if (e.store.empty())
-        return failed_precondition(
-            "{} ranks but no store: set SHOAL_STORE=host:port (or MASTER_ADDR/MASTER_PORT, or "
-            "SHOAL_STORE_DIR on a shared file system); `shoal run` sets them",
-            e.world);
-      SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(e.store, "SHOAL_STORE"));
-      SHOAL_ASSIGN_OR_RETURN(bool serve, env::get_bool("SHOAL_STORE_SERVE", false));
-      if (!env::get("SHOAL_STORE") && env::get("MASTER_ADDR")) serve = true;  // torchrun-style
-      if (serve && e.rank == 0) {
-        auto s = net::TcpStoreServer::start(hp.first, hp.second, o.token);
-        if (!s.ok())
-          return s.status().with_context(
-              fmt::format("rank 0 serving the store at {} (port in use?)", e.store));
-        server = std::move(s).value();
-      }
-      // Ranks may start before the store does (torchrun-style: rank 0 serves
-      // it): retry a refused connection for SHOAL_STORE_WAIT seconds.
-      SHOAL_ASSIGN_OR_RETURN(double wait, env::get_double("SHOAL_STORE_WAIT", 60.0));
-      const Deadline until = Deadline::after_seconds(std::max(0.0, wait));
-      for (int attempt = 0;; ++attempt) {
-        auto c = net::TcpStore::connect(hp.first, hp.second,
-                                        Deadline::after_seconds(o.timeout_seconds), o.token);
-        if (c.ok()) {
-          store = std::move(c).value();
-          break;
-        }
-        if (c.status().code() != StatusCode::kUnavailable || until.expired())
-          return c.status().with_context(
-              fmt::format("after {:.0f} s of retries (SHOAL_STORE_WAIT)", std::max(0.0, wait)));
-        if (attempt == 0)
-          SHOAL_LOG_INFO("waiting for the store at {} (up to {:.0f} s)", e.store, wait);
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    }
+    SHOAL_ASSIGN_OR_RETURN(rv, open_rendezvous(e, o));
+  } else {
+    rv.store = std::make_unique<net::FileStore>("/nonexistent");  // world 1: never used
   }
-  if (!store) store = std::make_unique<net::FileStore>("/nonexistent");  // world 1: never used
-  SHOAL_ASSIGN_OR_RETURN(auto c, create(e.rank, e.world, *store, o));
-  c->own_store_ = std::move(server);
-  c->own_client_ = std::move(store);
+  SHOAL_ASSIGN_OR_RETURN(auto c, create(e.rank, e.world, *rv.store, o));
+  c->own_store_ = std::move(rv.server);
+  c->own_client_ = std::move(rv.store);
   return c;
 }
 
@@ -1022,15 +982,8 @@ Status Communicator::cma_copy(int peer, std::uint64_t remote, void* local, std::
 }
 
 int Communicator::local_size() const {
-  if (host_of_.empty()) {
-    // The MPI backend does not exchange host ids: ask the launcher (OpenMPI,
-    // MPICH/Hydra), else assume this rank is alone.
-    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
-      auto v = env::get_int(var, 0);
-      if (v.ok() && *v >= 1 && *v <= world_) return static_cast<int>(*v);
-    }
-    return 1;
-  }
+  if (mpi_) return mpi_->local_size();
+  if (host_of_.empty()) return 1;  // world 1
   return static_cast<int>(
       std::count(host_of_.begin(), host_of_.end(), host_of_[static_cast<std::size_t>(rank_)]));
 }
@@ -1635,6 +1588,7 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
     if (members[i].second == rank_) newrank = static_cast<int>(i);
   CommOptions o = o_;
   o.prefix = fmt::format("{}/split{}/{}", o_.prefix, gen, color);
+  o.is_world = false;
   return create(newrank, static_cast<int>(members.size()), *store_, o);
 }
 

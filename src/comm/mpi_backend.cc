@@ -1,5 +1,6 @@
 #include "comm/mpi_backend.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -96,10 +97,25 @@ Result<std::unique_ptr<MpiBackend>> MpiBackend::init() {
   return std::make_unique<MpiBackend>(c);
 }
 
+std::string MpiBackend::library() {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int n = 0;
+  MPI_Get_library_version(v, &n);
+  std::string s(v, static_cast<std::size_t>(std::max(0, n)));
+  if (auto nl = s.find_first_of("\n,"); nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
 MpiBackend::MpiBackend(MPI_Comm c) : comm_(c) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  MPI_Comm node;
+  if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
+      MPI_SUCCESS) {
+    MPI_Comm_size(node, &local_size_);
+    MPI_Comm_free(&node);
+  }
 }
 
 MpiBackend::~MpiBackend() {

@@ -12,6 +12,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "shoal/comm/communicator.h"
@@ -23,9 +24,14 @@ class MpiBackend {
   // Initializes MPI if nobody has, and duplicates MPI_COMM_WORLD.
   static Result<std::unique_ptr<MpiBackend>> init();
   explicit MpiBackend(MPI_Comm c);
+  // The library's own first line of MPI_Get_library_version.
+  static std::string library();
   ~MpiBackend();
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Ranks of this communicator that share this rank's node
+  // (MPI_COMM_TYPE_SHARED), itself included.
+  int local_size() const { return local_size_; }
 
   Status allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
   Status reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op, int root);
@@ -44,7 +50,7 @@ class MpiBackend {
 
  private:
   MPI_Comm comm_;
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_size_ = 1;
 };
 
 }  // namespace shoal::comm

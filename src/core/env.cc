@@ -1,5 +1,6 @@
 #include "shoal/core/env.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <string>
@@ -49,8 +50,11 @@ Result<double> get_double(const char* name, double fallback) {
 Result<bool> get_bool(const char* name, bool fallback) {
   auto v = get(name);
   if (!v) return fallback;
-  if (*v == "1" || *v == "true" || *v == "yes" || *v == "on") return true;
-  if (*v == "0" || *v == "false" || *v == "no" || *v == "off" || v->empty()) return false;
+  // Case-insensitive: Python launchers write str(True), i.e. "True".
+  std::string l = *v;
+  for (char& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (l == "1" || l == "true" || l == "yes" || l == "on") return true;
+  if (l == "0" || l == "false" || l == "no" || l == "off" || l.empty()) return false;
   return invalid_argument("environment variable {}: expected 0/1/true/false, got '{}'", name, *v);
 }
 

@@ -10,9 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
-#include <thread>
 
 #include "cli/run_shoal.h"
 
@@ -148,73 +146,6 @@ TEST(Run, MpirunEngineNamesTheFailedRank) {
   ASSERT_NE(std::fgets(buf, sizeof buf, p), nullptr);
   pclose(p);
   EXPECT_EQ(std::stoi(buf), 0) << "orphaned processes remain";
-}
-
-// Against a real Slurm (munged, slurmctld, four slurmd on this host) that
-// tools/slurm-cluster.sh starts for this suite.
-class Srun : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (std::system("command -v slurmctld >/dev/null") != 0) return;
-    std::string dir = ::testing::TempDir() + "/shoal-slurm-" + std::to_string(getpid());
-    setenv("SHOAL_SLURM_DIR", dir.c_str(), 1);
-    const std::string script = std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh";
-    started_ = std::system(("timeout 90 " + script + " start").c_str()) == 0;
-    if (!started_) (void)std::system(("timeout 30 " + script + " stop").c_str());
-    setenv("SLURM_CONF", (dir + "/slurm.conf").c_str(), 1);
-  }
-  static void TearDownTestSuite() {
-    if (started_)
-      (void)std::system(
-          ("timeout 30 " + std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh stop").c_str());
-    // State, spool and logs of this suite's Slurm. Its daemons may still
-    // write a last file while they exit: retry, bounded.
-    if (const char* dir = std::getenv("SHOAL_SLURM_DIR")) {
-      for (int i = 0; i < 50 && std::filesystem::exists(dir); ++i) {
-        std::error_code ec;
-        std::filesystem::remove_all(dir, ec);
-        if (std::filesystem::exists(dir))
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    }
-  }
-  void SetUp() override {
-    if (std::system("command -v slurmctld >/dev/null") != 0)
-      GTEST_SKIP() << "slurm-wlm is not installed (tools/install-deps.sh installs it)";
-    ASSERT_TRUE(started_) << "tools/slurm-cluster.sh start failed";
-  }
-  static bool started_;
-};
-bool Srun::started_ = false;
-
-TEST_F(Srun, RanksRunAsASlurmJobStep) {
-  Result r = shoal(
-      "run -n 4 --engine srun --timeout 60 -- sh -c 'echo id=$SLURM_PROCID of $SLURM_NTASKS "
-      "node=$SLURMD_NODENAME store=${SHOAL_STORE%%:*}'");
-  ASSERT_EQ(r.code, 0) << r.out;
-  for (int i = 0; i < 4; ++i)
-    EXPECT_TRUE(has(r, "[rank " + std::to_string(i) + "] id=" + std::to_string(i) + " of 4"))
-        << r.out;
-  EXPECT_TRUE(has(r, "node=n2")) << r.out;  // spread over the fake nodes
-}
-
-TEST_F(Srun, FailedRankStopsTheStepAndIsNamed) {
-  Result r = shoal(
-      "run -n 3 --engine srun --timeout 60 -- sh -c 'if [ $SLURM_PROCID = 2 ]; then "
-      "echo last words; exit 6; fi; sleep 30'");
-  EXPECT_EQ(r.code, 6) << r.out;
-  EXPECT_TRUE(has(r, "rank 2 exited with exit code 6 (under srun)")) << r.out;
-  EXPECT_TRUE(has(r, "  | last words")) << r.out;
-  EXPECT_LT(r.seconds, 15.0);
-}
-
-TEST_F(Srun, DataParallelTrainingUnderSrun) {
-  Result r = shoal("run -n 2 --engine srun --timeout 120 -- " + std::string(SHOAL_BINARY) +
-                   " train --model mlp --max-steps 20 --limit-train 2048 --limit-test 256 "
-                   "--threads 1 --no-checkpoints --no-plot");
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
-  EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
 }
 
 }  // namespace

@@ -446,14 +446,23 @@ TEST(Env, ReadsLauncherVariables) {
   EXPECT_EQ(e->world, 4);
   EXPECT_EQ(e->source, "OpenMPI");
   EXPECT_EQ(e->store, "127.0.0.1:29500");
+  // A batch shell (no job step) is one process, whatever SLURM_NTASKS says.
   setenv("SLURM_PROCID", "9", 1);
   setenv("SLURM_NTASKS", "4", 1);
   unsetenv("OMPI_COMM_WORLD_RANK");
+  auto batch = env_info();
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  EXPECT_EQ(batch->world, 1);
+  EXPECT_NE(batch->source.find("Slurm batch shell"), std::string::npos) << batch->source;
+  // In a job step the step's task count is the world.
+  setenv("SLURM_STEP_ID", "0", 1);
+  setenv("SLURM_STEP_NUM_TASKS", "4", 1);
   auto bad = env_info();
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("SLURM_PROCID=9"), std::string::npos);
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "MASTER_ADDR",
-                        "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS"})
+  for (const char* v :
+       {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+        "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS"})
     unsetenv(v);
 }
 

@@ -64,6 +64,7 @@ struct CommOptions {
   std::string host;                 // address to listen on ("" = loopback)
   std::string token;                // job token (SHOAL_JOB_TOKEN); "" = none
   std::string prefix = "shoal";     // store key prefix (sub-communicators)
+  bool is_world = true;             // false for split(): once-per-job checks skip it
   std::string transport = "auto";   // SHOAL_TRANSPORT: auto (shm on one host) or tcp
   std::size_t shm_bytes = 4 << 20;  // ring size per direction per pair
   // SHOAL_SHM_SPIN_US: how long a rank waiting on shared memory spins before
@@ -119,7 +120,8 @@ using WorkPtr = std::shared_ptr<Work>;
 
 // Where a rank finds its rank, world size and store: SHOAL_* first, then
 // torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), OpenMPI
-// (OMPI_COMM_WORLD_*), PMI/PMIx, Slurm (SLURM_PROCID/SLURM_NTASKS).
+// (OMPI_COMM_WORLD_*), PMI/PMIx, a Slurm job step (SLURM_PROCID/
+// SLURM_STEP_NUM_TASKS; a batch shell without SLURM_STEP_ID is one process).
 struct EnvInfo {
   int rank = 0, world = 1, local_rank = 0;
   std::string store;   // host:port of the TCP store ("" when none is set)

@@ -1,0 +1,129 @@
+// Shoal started by other launchers, run for real where the machine has
+// them (tools/install-deps.sh installs all three): torchrun from Debian's
+// python3-torch (default static rendezvous through its agent's store, a
+// restart, --standalone), MPICH's and OpenMPI's own mpirun with no store
+// named, and an MPI library that does not match its launcher.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "cli/run_shoal.h"
+#include "temp_dir.h"
+
+namespace {
+
+using Result = shoal::testing::ShoalRun;
+using shoal::testing::run_sh;
+
+bool has(const Result& r, const std::string& s) { return r.out.find(s) != std::string::npos; }
+
+const std::string kShoal = SHOAL_BINARY;
+// A short data-parallel training run, in its own run directory.
+std::string train(const std::string& dir) {
+  return kShoal +
+         " train --model mlp --max-steps 10 --limit-train 2048 --limit-test 256 "
+         "--no-checkpoints --no-plot --out " +
+         dir + "/run";
+}
+
+// A port free now (torchrun's agent binds it; parallel tests must not share 29500).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  (void)bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  (void)getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Debian's own python3 (not another one earlier on PATH) with its torch,
+// through the wrapper that fixes torch 1.13's start-up on Python 3.11.
+std::string torchrun(const std::string& args) {
+  return "timeout 120 /usr/bin/python3 " + std::string(SHOAL_SOURCE_DIR) +
+         "/tools/torchrun.py --master_port " + std::to_string(free_port()) + " " + args;
+}
+bool have_torch() { return run_sh("/usr/bin/python3 -c 'import torch'").code == 0; }
+
+TEST(Torchrun, DefaultRendezvousGoesThroughTheAgentsStore) {
+  if (!have_torch())
+    GTEST_SKIP() << "Debian's python3-torch is not installed (tools/install-deps.sh installs it)";
+  shoal::testing::TempDir dir("torchrun");
+  Result r = run_sh(torchrun("--nproc_per_node 2 --no_python " + train(dir.path())));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "rendezvous through torchrun's store at 127.0.0.1:")) << r.out;
+  EXPECT_TRUE(has(r, "2 ranks on this host x 1 threads on 2 cores")) << r.out;
+  EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
+  EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
+  EXPECT_FALSE(has(r, "Address already in use")) << r.out;
+}
+
+// torchrun restarts its workers with the agent's store kept: each attempt
+// meets under its own keys, so rank 0 of the first attempt does not hold
+// its claim against the second.
+TEST(Torchrun, ARestartMeetsUnderFreshKeys) {
+  if (!have_torch())
+    GTEST_SKIP() << "Debian's python3-torch is not installed (tools/install-deps.sh installs it)";
+  Result r =
+      run_sh(torchrun("--nproc_per_node 2 --max_restarts 1 --no_python sh -c 'if [ "
+                      "$TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then exit 3; fi; exec " +
+                      kShoal + " bench comm --max-bytes 4096 --seconds 0.01'"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "(keys under shoal/none/1)")) << r.out;
+  EXPECT_TRUE(has(r, "recursive-doubling")) << r.out;
+}
+
+TEST(Torchrun, StandaloneRendezvous) {
+  if (!have_torch())
+    GTEST_SKIP() << "Debian's python3-torch is not installed (tools/install-deps.sh installs it)";
+  Result r = run_sh(torchrun("--standalone --nproc_per_node 2 --no_python " + kShoal +
+                             " bench comm --max-bytes 4096 --seconds 0.01"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "2 ranks, in place")) << r.out;
+}
+
+bool have_mpich() { return run_sh("command -v mpirun.mpich").code == 0; }
+
+// MPICH exports neither a store nor a local thread count Shoal used to
+// read: the ranks find a store rank 0 derives from the job, and split the
+// cores between them.
+TEST(Mpich, BareMpirunTrainsWithoutAStoreNamed) {
+  if (!have_mpich()) GTEST_SKIP() << "mpich is not installed (tools/install-deps.sh installs it)";
+  shoal::testing::TempDir dir("mpich");
+  Result r = run_sh("timeout 120 mpirun.mpich -n 2 " + train(dir.path()));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "rank 0 serves one at 127.0.0.1:")) << r.out;
+  EXPECT_TRUE(has(r, "launcher (PMI)")) << r.out;
+  EXPECT_TRUE(has(r, "2 ranks on this host x 1 threads on 2 cores")) << r.out;
+  EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
+}
+
+// OpenMPI's libmpi under MPICH's Hydra sees a world of one in each process:
+// refused, naming both worlds, instead of two independent jobs.
+TEST(Mpich, AnMpiLibraryThatDisagreesWithItsLauncherIsRefused) {
+  if (!have_mpich()) GTEST_SKIP() << "mpich is not installed (tools/install-deps.sh installs it)";
+  Result r = run_sh("timeout 60 mpirun.mpich -n 2 env SHOAL_COMM_BACKEND=mpi " + kShoal +
+                    " bench comm --max-bytes 4096 --seconds 0.01");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "MPI says rank 0 of 1, but the launcher (PMI) says rank 1 of 2")) << r.out;
+  EXPECT_TRUE(has(r, "Open MPI")) << r.out;
+}
+
+TEST(OpenMpi, BareMpirunTrainsWithoutAStoreNamed) {
+  if (run_sh("command -v mpirun.openmpi").code != 0)
+    GTEST_SKIP() << "openmpi-bin is not installed (tools/install-deps.sh installs it)";
+  shoal::testing::TempDir dir("ompi");
+  Result r = run_sh("timeout 120 mpirun.openmpi --allow-run-as-root -n 2 " + train(dir.path()));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "launcher (OpenMPI)")) << r.out;
+  // OpenMPI binds each of 2 ranks to a core: each sees one.
+  EXPECT_TRUE(has(r, "2 ranks on this host x 1 threads on 1 cores")) << r.out;
+  EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
+}
+
+}  // namespace
