@@ -1,10 +1,53 @@
 #include "shoal/dp/data_parallel.h"
 
+#include <numeric>
+#include <string_view>
+
 #include "shoal/core/logging.h"
 #include "shoal/runtime/kernel.h"
 
 namespace shoal::dp {
 namespace {
+
+// Every rank's (option, value) list, gathered whole (a few hundred bytes,
+// once at start-up), so that a difference is reported by name and value,
+// not as two hashes.
+Status agree_named(comm::Communicator& c, const train::Peers::Options& options) {
+  std::string mine;
+  for (const auto& [k, v] : options) mine += k + '\0' + v + '\0';
+  const auto n = static_cast<std::size_t>(c.size());
+  std::int64_t len = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> lens(n);
+  SHOAL_RETURN_IF_ERROR(c.allgather(&len, lens.data(), 1, DType::kI64)
+                            .with_context("agreeing on the training options"));
+  std::vector<std::size_t> counts(lens.begin(), lens.end());
+  std::string all(std::accumulate(counts.begin(), counts.end(), std::size_t{0}), '\0');
+  SHOAL_RETURN_IF_ERROR(c.allgatherv(mine.data(), all.data(), counts, DType::kU8)
+                            .with_context("agreeing on the training options"));
+  auto parse = [](std::string_view s) {
+    std::vector<std::string_view> f;
+    for (std::size_t p = 0, z; (z = s.find('\0', p)) != std::string_view::npos; p = z + 1)
+      f.push_back(s.substr(p, z - p));
+    return f;
+  };
+  const auto first = parse(std::string_view(all).substr(0, counts[0]));
+  for (std::size_t r = 1, off = counts[0]; r < n; off += counts[r], ++r) {
+    const auto theirs = parse(std::string_view(all).substr(off, counts[r]));
+    for (std::size_t i = 0; i + 1 < std::max(first.size(), theirs.size()); i += 2) {
+      if (i + 1 >= first.size() || i + 1 >= theirs.size() || first[i] != theirs[i])
+        return failed_precondition(
+            "the ranks of this job check different options (rank 0: '{}', rank {}: '{}'): do "
+            "they run the same shoal build?",
+            i < first.size() ? first[i] : "", r, i < theirs.size() ? theirs[i] : "");
+      if (first[i + 1] != theirs[i + 1])
+        return failed_precondition(
+            "the ranks of this job disagree on {}: rank 0 has {}, rank {} has {} (every rank must "
+            "be started with the same options: they change the math)",
+            first[i], first[i + 1], r, theirs[i + 1]);
+    }
+  }
+  return ok_status();
+}
 
 class CommPeers final : public train::Peers {
  public:
@@ -22,6 +65,7 @@ class CommPeers final : public train::Peers {
             what, all[0], r, all[static_cast<std::size_t>(r)]);
     return ok_status();
   }
+  Status agree_options(const Options& options) override { return agree_named(c_, options); }
   Status broadcast(Tensor& t) override {
     return c_.broadcast(t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype(), 0);
   }
@@ -44,6 +88,12 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   o.rank = c.rank();
   o.world = c.size();
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
+  // The wire type changes the sums; the bucket sizes, the calls each rank
+  // makes (a mismatch would otherwise surface as differing call sequences).
+  SHOAL_RETURN_IF_ERROR(
+      agree_named(c, {{"--wire", std::string(dtype_name(d.wire))},
+                      {"--bucket-mb", fmt::format("{}", d.bucket_mb)},
+                      {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)}}));
   const bool lead = c.rank() == 0;
   DpOptions dd = d;
   // Is a core free on every rank's host? With every core computing, a

@@ -231,6 +231,37 @@ Status Trainer::init(const TrainOptions& o) {
     // Same graph (model, batch, loss, autodiff) and same build on every rank,
     // checked before any gradient travels.
     SHOAL_RETURN_IF_ERROR(o.peers->agree("shoal build", fnv1a(build_id())));
+    // Everything that changes the math or the number of steps, by name: a
+    // rank started with another --lr would train silently otherwise.
+    auto v = [](const auto& x) { return fmt::format("{}", x); };
+    SHOAL_RETURN_IF_ERROR(o.peers->agree_options({
+        {"--model", o.model},
+        {"--data", o.data},
+        {"--epochs", v(o.epochs)},
+        {"--batch", v(o.batch)},
+        {"--optimizer", o.optimizer},
+        {"--lr", v(o.lr)},
+        {"--momentum", v(o.momentum)},
+        {"--weight-decay", v(o.weight_decay)},
+        {"--trust", v(o.trust)},
+        {"--schedule", o.schedule},
+        {"--warmup-epochs", v(o.warmup_epochs)},
+        {"--step-epochs", v(o.step_epochs)},
+        {"--gamma", v(o.gamma)},
+        {"--linear-scaling", v(o.linear_scaling)},
+        {"--seed", v(o.seed)},
+        {"--augment", v(o.augment)},
+        {"--deterministic", v(o.deterministic)},
+        {"--max-steps", v(o.max_steps)},
+        {"--limit-train", v(o.limit_train)},
+        {"--limit-test", v(o.limit_test)},
+        {"--eval-batch", v(o.eval_batch)},
+        {"--resume", v(o.resume)},
+        // A checkpoint averages batch-norm statistics over the ranks: all
+        // must checkpoint at the same steps.
+        {"--checkpoint-every", v(o.checkpoint_every)},
+        {"--no-checkpoints", v(!o.checkpoints)},
+    }));
     std::string opts = fmt::format("{} {} {} {} {} {}", o.optimizer, o.momentum, o.weight_decay,
                                    o.trust, o.seed, o.augment);
     SHOAL_RETURN_IF_ERROR(

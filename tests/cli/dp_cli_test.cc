@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/run_shoal.h"
 #include "shoal/tensor/safetensors.h"
@@ -80,16 +83,26 @@ TEST(DataParallelCli, DeterministicRunsAreBitIdentical) {
   }
 }
 
-// Ranks built with different batches hold different graphs: refused before
-// any gradient travels, naming the disagreement.
-TEST(DataParallelCli, RanksWithDifferentModelsAreRefused) {
-  auto r = run_shoal(fmt::format(
-      "run -n 2 --timeout 60 -- sh -c '{} train --model mlp --batch $((16 + SHOAL_RANK)) "
+// Ranks started with different options are refused before any gradient
+// travels, naming the option and both values: the batch (a different
+// graph), the learning rate (the same graph, silently different math
+// before), and the wire type of the all-reduce.
+TEST(DataParallelCli, RanksWithDifferentOptionsAreRefusedByName) {
+  const std::string common =
       "--max-steps 2 --limit-train 512 --limit-test 64 --threads 1 --no-plot --no-checkpoints "
-      "--quiet'",
-      SHOAL_BINARY));
-  EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("disagree on the training graph"), std::string::npos) << r.out;
+      "--quiet";
+  for (auto [flag, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"--batch $((16 + SHOAL_RANK))", "disagree on --batch: rank 0 has 16, rank 1 has 17"},
+           {"--lr $([ $SHOAL_RANK = 1 ] && echo 0.5 || echo 0.02)",
+            "disagree on --lr: rank 0 has 0.02, rank 1 has 0.5"},
+           {"--wire $([ $SHOAL_RANK = 1 ] && echo bf16 || echo f32)",
+            "disagree on --wire: rank 0 has f32, rank 1 has bf16"},
+       }) {
+    auto r = run_shoal(fmt::format("run -n 2 --timeout 60 -- sh -c '{} train --model mlp {} {}'",
+                                   SHOAL_BINARY, flag, common));
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(expect), std::string::npos) << expect << "\n" << r.out;
+  }
 }
 
 // A rank killed with SIGKILL mid-run: with --max-restarts 1 the launcher

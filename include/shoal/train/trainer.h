@@ -32,6 +32,11 @@ class Peers {
   // All ranks must hold the same `value` for `what`; otherwise the error
   // names a rank that differs and both values.
   virtual Status agree(const std::string& what, std::uint64_t value) = 0;
+  // All ranks must hold the same value for each (option, value) pair, in
+  // the same order; otherwise the error names the first option that
+  // differs, a rank that differs and both values.
+  using Options = std::vector<std::pair<std::string, std::string>>;
+  virtual Status agree_options(const Options& options) = 0;
   virtual Status broadcast(Tensor& t) = 0;         // rank 0's value, in place
   virtual Status sum(std::vector<double>& v) = 0;  // element-wise over ranks, in place
   virtual Status average(Tensor& t) = 0;           // f32, element-wise mean over ranks, in place
