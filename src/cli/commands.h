@@ -39,5 +39,13 @@ TrainCommand add_train_command(CLI::App& app);
 Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,
                                              const std::vector<std::string>& cli);
 int run_train(train::TrainOptions o, const DistFlags& d);
+// `shoal eval`: evaluates weights (a checkpoint or a state_dict) on a
+// dataset's test split and prints loss and accuracy.
+struct EvalCommand {
+  CLI::App* app = nullptr;
+  std::shared_ptr<train::TrainOptions> opts;
+};
+EvalCommand add_eval_command(CLI::App& app);
+int run_eval(const train::TrainOptions& o);
 int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared);
 }  // namespace shoal::cli

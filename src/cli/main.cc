@@ -16,6 +16,7 @@ struct Cli {
   int threads = 0, steps = 10;
   std::uint64_t seed = 1;
   shoal::cli::TrainCommand train;
+  shoal::cli::EvalCommand eval;
   CLI::App* run = nullptr;
   shoal::launch::LaunchOptions launch;
   CLI::App* run_rank = nullptr;
@@ -39,6 +40,7 @@ struct Cli {
     example->add_option("--seed", seed, "Random seed");
     example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
     train = shoal::cli::add_train_command(app);
+    eval = shoal::cli::add_eval_command(app);
     run = app.add_subcommand("run", "Launch N ranks of a command (gang: one fails, all stop)");
     run->add_option("-n,--ranks", launch.ranks, "Number of ranks")
         ->required()
@@ -115,6 +117,7 @@ int main(int argc, char** argv) {
     if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
   }
   if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts, *cli->train.dist);
+  if (cli->eval.app->parsed()) return shoal::cli::run_eval(*cli->eval.opts);
   if (cli->info->parsed()) return shoal::cli::run_info();
   if (cli->run->parsed()) return shoal::launch::launch(cli->launch);
   if (cli->run_rank->parsed()) return shoal::launch::exec_rank(cli->run_rank_cmd);

@@ -152,6 +152,9 @@ TrainCommand add_train_command(CLI::App& app) {
       ->check(kNonNegative);
   t->add_flag("!--no-checkpoints", o.checkpoints, "Write no checkpoints");
   t->add_flag("--resume", o.resume, "Continue from the newest loadable checkpoint in <out>");
+  t->add_option("--init-from", o.init_from,
+                "Start from these weights: a Shoal checkpoint or a safetensors state_dict "
+                "(PyTorch names) that another tool wrote");
   t->add_option("--max-steps", o.max_steps, "Stop after this many steps in all")
       ->check(kNonNegative);
   t->add_option("--limit-train", o.limit_train, "Use only the first N training samples")

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "shoal/core/logging.h"
 #include "shoal/core/version.h"
@@ -22,6 +23,7 @@
 #include "shoal/train/checkpoint.h"
 #include "shoal/train/data.h"
 #include "shoal/train/model.h"
+#include "shoal/train/weights.h"
 
 namespace shoal::train {
 namespace fs = std::filesystem;
@@ -188,12 +190,28 @@ Status Trainer::init(const TrainOptions& o) {
         "another --out",
         dir_);
 
+  // Weights another run or tool wrote (read by every rank, like --data).
+  std::optional<WeightsFile> init_w;
+  if (!o.init_from.empty()) {
+    auto w = read_weights(o.init_from);
+    if (!w.ok()) return w.status().with_context("reading the initial weights");
+    init_w = std::move(w).value();
+  }
+
   SHOAL_ASSIGN_OR_RETURN(std::string data_dir, resolve_data_dir(o.data));
   SHOAL_ASSIGN_OR_RETURN(Dataset tr, load_idx_dataset(data_dir, "train"));
   SHOAL_ASSIGN_OR_RETURN(Dataset te, load_idx_dataset(data_dir, "t10k"));
   m.train = take_first(tr, o.limit_train);
   m.test = take_first(te, o.limit_test);
   std::tie(m.mean, m.stddev) = pixel_stats(m.train);
+  // Weights trained on inputs normalized another way see those inputs.
+  if (float mu = 0, sd = 1; init_w && init_w->normalization(&mu, &sd)) {
+    if (o.rank == 0 && (mu != m.mean || sd != m.stddev))
+      SHOAL_LOG_INFO("inputs normalized as {} was trained: mean {} std {} (this data: {} {})",
+                     o.init_from, mu, sd, m.mean, m.stddev);
+    m.mean = mu;
+    m.stddev = sd;
+  }
   LoaderOptions lo;
   lo.batch = o.batch;
   lo.seed = o.seed;
@@ -278,6 +296,14 @@ Status Trainer::init(const TrainOptions& o) {
 
   params_ = init_params(m.specs, o.seed);
   buffers_ = init_buffers(m.bspecs);
+  if (init_w) {
+    auto n = apply_weights(*init_w, params_, buffers_);
+    if (!n.ok()) return n.status().with_context("initial weights");
+    if (o.rank == 0)
+      SHOAL_LOG_INFO(
+          "initialized {} tensors from {}{}", *n, o.init_from,
+          init_w->shoal_checkpoint ? " (a Shoal checkpoint; its optimizer state is not used)" : "");
+  }
   g.mark_output(loss);
   g.mark_output(logits);
   int out = 2;
@@ -480,6 +506,18 @@ Status Trainer::checkpoint() {
   s.meta["world"] = std::to_string(o_.world);
   s.meta["threads"] = std::to_string(runtime::num_threads());
   s.meta["executable_step"] = std::to_string(impl_->exe->steps());
+  // What evaluation and another tool need to use the weights, and how they
+  // were trained.
+  s.meta["input_mean"] = fmt::format("{}", impl_->mean);
+  s.meta["input_std"] = fmt::format("{}", impl_->stddev);
+  s.meta["data"] = o_.data;
+  s.meta["lr"] = fmt::format("{}", o_.lr);
+  s.meta["schedule"] = o_.schedule;
+  s.meta["warmup_epochs"] = fmt::format("{}", o_.warmup_epochs);
+  s.meta["epochs"] = std::to_string(o_.epochs);
+  s.meta["linear_scaling"] = o_.linear_scaling ? "1" : "0";
+  s.meta["momentum"] = fmt::format("{}", o_.momentum);
+  s.meta["weight_decay"] = fmt::format("{}", o_.weight_decay);
   CheckpointDir cd = checkpoint_dir();
   SHOAL_ASSIGN_OR_RETURN(std::string path, cd.save(step_, s));
   SHOAL_LOG_DEBUG("checkpoint {} (step {})", path, step_);

@@ -64,6 +64,9 @@ struct TrainOptions {
   std::int64_t checkpoint_every = 0;  // steps; 0 = at the end of each epoch
   bool checkpoints = true;
   bool resume = false;
+  // Start from these weights (a checkpoint, or a safetensors state_dict
+  // another tool wrote; train/weights.h) instead of a random init.
+  std::string init_from;
   std::int64_t max_steps = 0;                    // stop after this many steps in all (0 = no limit)
   std::int64_t limit_train = 0, limit_test = 0;  // use the first N samples (0 = all)
   std::int64_t eval_batch = 500;

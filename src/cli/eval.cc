@@ -1,0 +1,58 @@
+// `shoal eval --model M --weights FILE`: the test-split loss and accuracy
+// of weights that a Shoal run or another tool (PyTorch state_dict names)
+// wrote, with the input normalization the file records (a Shoal
+// checkpoint) or, failing that, the training split's.
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "shoal/core/logging.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::cli {
+
+EvalCommand add_eval_command(CLI::App& app) {
+  EvalCommand c;
+  c.opts = std::make_shared<train::TrainOptions>();
+  auto& o = *c.opts;
+  CLI::App* e = app.add_subcommand("eval", "Evaluate weights on a dataset's test split");
+  c.app = e;
+  e->add_option("--model", o.model, "mlp, cnn or resnet (ResNet-20)")
+      ->check(CLI::IsMember({"mlp", "cnn", "resnet", "resnet20"}))
+      ->capture_default_str();
+  e->add_option("--weights", o.init_from,
+                "A Shoal checkpoint or a safetensors state_dict (PyTorch names)")
+      ->required();
+  e->add_option("--data", o.data, "fashion-mnist, mnist, or a directory of IDX files")
+      ->capture_default_str();
+  e->add_option("--limit-test", o.limit_test, "Use the first N test samples (0 = all)")
+      ->check(CLI::NonNegativeNumber);
+  e->add_option("--eval-batch", o.eval_batch, "Evaluation batch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  e->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
+  return c;
+}
+
+int run_eval(const train::TrainOptions& given) {
+  train::TrainOptions o = given;
+  o.checkpoints = false;  // nothing is written: no run directory is made
+  o.plot = false;
+  o.quiet = true;
+  o.out = "/nonexistent/shoal-eval";
+  auto t = train::Trainer::create(o);
+  if (!t.ok()) {
+    SHOAL_LOG_ERROR("shoal eval: {}", t.status().to_string());
+    return 2;
+  }
+  auto r = (*t)->evaluate();
+  if (!r.ok()) {
+    SHOAL_LOG_ERROR("shoal eval: {}", r.status().to_string());
+    return 1;
+  }
+  fmt::print("eval: test loss {:.4f} accuracy {:.2f}% on {} images ({} on {})\n", r->loss,
+             100 * r->accuracy, r->samples, o.init_from, o.data);
+  return 0;
+}
+
+}  // namespace shoal::cli
