@@ -24,13 +24,13 @@
 #include "shoal/train/data.h"
 #include "shoal/train/model.h"
 #include "shoal/train/weights.h"
+#include "train/trainer_impl.h"
 
 namespace shoal::train {
 namespace fs = std::filesystem;
 using graph::Builder;
 using graph::Graph;
 using graph::Value;
-using Clock = std::chrono::steady_clock;
 
 Status validate(const TrainOptions& o) {
   auto names = model_names();
@@ -61,83 +61,6 @@ Status validate(const TrainOptions& o) {
   s.gamma = o.gamma;
   return validate(s);
 }
-
-namespace {
-
-// A progress line that redraws in place on a terminal and prints plain
-// lines (about ten per epoch) otherwise.
-class Progress {
- public:
-  // SHOAL_PLAIN_OUTPUT=1 (set by shoal run, whose rank prefixes break
-  // in-place redraws, even where mpirun gives ranks a terminal): lines.
-  Progress(bool quiet)
-      : quiet_(quiet),
-        tty_(isatty(STDOUT_FILENO) != 0 && std::getenv("SHOAL_PLAIN_OUTPUT") == nullptr) {}
-  void update(int epoch, int epochs, std::int64_t i, std::int64_t n, double loss, double ips,
-              double eta_s) {
-    if (quiet_) return;
-    auto now = Clock::now();
-    bool last = i == n;
-    if (tty_) {
-      if (!last && now - last_ < std::chrono::milliseconds(200)) return;
-      last_ = now;
-      int width = 24, fill = n ? static_cast<int>(width * i / n) : width;
-      std::string bar(static_cast<std::size_t>(fill), '#');
-      bar.resize(static_cast<std::size_t>(width), '.');
-      fmt::print("\repoch {}/{} [{}] {}/{} loss {:.4f} {:.0f} img/s ETA {}   ", epoch, epochs, bar,
-                 i, n, loss, ips, eta(eta_s));
-      if (last) fmt::print("\n");
-      std::fflush(stdout);
-    } else {
-      std::int64_t every = std::max<std::int64_t>(n / 10, 1);
-      if (i % every != 0 && !last) return;
-      fmt::print("epoch {}/{} step {}/{} loss {:.4f} {:.0f} img/s ETA {}\n", epoch, epochs, i, n,
-                 loss, ips, eta(eta_s));
-      std::fflush(stdout);
-    }
-  }
-
- private:
-  static std::string eta(double s) {
-    auto t = static_cast<std::int64_t>(std::max(0.0, s));
-    return fmt::format("{}:{:02d}:{:02d}", t / 3600, (t / 60) % 60, t % 60);
-  }
-  bool quiet_, tty_;
-  Clock::time_point last_{};
-};
-
-std::int64_t argmax_row(const float* row, std::int64_t c) {
-  std::int64_t best = 0;
-  for (std::int64_t j = 1; j < c; ++j)
-    if (row[j] > row[best]) best = j;
-  return best;
-}
-
-void copy_into(Tensor& dst, const Tensor& src) {
-  std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
-}
-
-}  // namespace
-
-struct Trainer::Impl {
-  Dataset train, test;
-  std::unique_ptr<Loader> loader;
-  Model model;
-  std::vector<ParamSpec> specs;
-  std::vector<BufferSpec> bspecs;
-  std::unique_ptr<runtime::Executable> exe;
-  std::map<std::int64_t, std::unique_ptr<runtime::Executable>> eval_exes;
-  // Output index -> persistent tensor it is copied back into after a step.
-  std::vector<std::pair<int, Tensor*>> writeback;
-  Tensor lr, opt_step;
-  LrSchedule sched;
-  float mean = 0, stddev = 1;
-  std::ofstream metrics;
-  Progress progress{false};
-  bool tracing = false;
-  std::deque<std::vector<runtime::TraceEvent>> trace_steps;
-};
-constexpr std::size_t kTraceSteps = 10;
 
 Trainer::~Trainer() = default;
 
@@ -481,96 +404,6 @@ Result<EvalResult> Trainer::evaluate() {
   r.accuracy = r.samples ? static_cast<double>(ok) / static_cast<double>(r.samples) : 0;
   r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0;
   return r;
-}
-
-CheckpointDir Trainer::checkpoint_dir() const {
-  return CheckpointDir((fs::path(dir_) / "checkpoints").string(), o_.keep_checkpoints);
-}
-
-Status Trainer::checkpoint() {
-  if (!o_.checkpoints) return ok_status();
-  SHOAL_RETURN_IF_ERROR(sync_buffers());
-  if (o_.rank != 0) return ok_status();
-  CheckpointState s;
-  for (auto& [n, t] : params_) s.tensors["param/" + n] = t;
-  for (auto& [n, t] : buffers_) s.tensors["buf/" + n] = t;
-  for (auto& [n, t] : state_) s.tensors[n] = t;
-  const std::int64_t spe = steps_per_epoch();
-  s.meta["step"] = std::to_string(step_);
-  s.meta["epoch"] = std::to_string(step_ / spe);
-  s.meta["batch_in_epoch"] = std::to_string(step_ % spe);
-  s.meta["seed"] = std::to_string(o_.seed);
-  s.meta["model"] = o_.model;
-  s.meta["optimizer"] = o_.optimizer;
-  s.meta["batch"] = std::to_string(o_.batch);
-  s.meta["world"] = std::to_string(o_.world);
-  s.meta["threads"] = std::to_string(runtime::num_threads());
-  s.meta["executable_step"] = std::to_string(impl_->exe->steps());
-  // What evaluation and another tool need to use the weights, and how they
-  // were trained.
-  s.meta["input_mean"] = fmt::format("{}", impl_->mean);
-  s.meta["input_std"] = fmt::format("{}", impl_->stddev);
-  s.meta["data"] = o_.data;
-  s.meta["lr"] = fmt::format("{}", o_.lr);
-  s.meta["schedule"] = o_.schedule;
-  s.meta["warmup_epochs"] = fmt::format("{}", o_.warmup_epochs);
-  s.meta["epochs"] = std::to_string(o_.epochs);
-  s.meta["linear_scaling"] = o_.linear_scaling ? "1" : "0";
-  s.meta["momentum"] = fmt::format("{}", o_.momentum);
-  s.meta["weight_decay"] = fmt::format("{}", o_.weight_decay);
-  CheckpointDir cd = checkpoint_dir();
-  SHOAL_ASSIGN_OR_RETURN(std::string path, cd.save(step_, s));
-  SHOAL_LOG_DEBUG("checkpoint {} (step {})", path, step_);
-  return ok_status();
-}
-
-Status Trainer::resume_latest() {
-  CheckpointDir cd = checkpoint_dir();
-  std::vector<std::string> refused;
-  auto got = cd.load_latest(&refused);
-  for (const auto& r : refused) SHOAL_LOG_WARN("resume: refused checkpoint: {}", r);
-  if (!got.ok()) {
-    if (cd.list().empty()) {
-      SHOAL_LOG_INFO("resume: no checkpoint in {}; starting from step 0", cd.dir());
-      return ok_status();
-    }
-    return got.status();
-  }
-  const auto& [path, s] = *got;
-  auto want = [&](const char* key, const std::string& mine) -> Status {
-    auto it = s.meta.find(key);
-    std::string theirs = it == s.meta.end() ? "" : it->second;
-    if (theirs != mine)
-      return failed_precondition("resume: {} was written with {} '{}', this run has '{}'", path,
-                                 key, theirs, mine);
-    return ok_status();
-  };
-  SHOAL_RETURN_IF_ERROR(want("model", o_.model));
-  SHOAL_RETURN_IF_ERROR(want("optimizer", o_.optimizer));
-  SHOAL_RETURN_IF_ERROR(want("batch", std::to_string(o_.batch)));
-  SHOAL_RETURN_IF_ERROR(want("seed", std::to_string(o_.seed)));
-  if (o_.deterministic)
-    SHOAL_RETURN_IF_ERROR(want("threads", std::to_string(runtime::num_threads())));
-  auto restore = [&](const std::string& key, Tensor& dst) -> Status {
-    auto it = s.tensors.find(key);
-    if (it == s.tensors.end()) return data_loss("resume: {} has no tensor '{}'", path, key);
-    if (it->second.shape() != dst.shape() || it->second.dtype() != dst.dtype())
-      return data_loss("resume: {} tensor '{}' is {} {}, the model needs {} {}", path, key,
-                       dtype_name(it->second.dtype()), shape_str(it->second.shape()),
-                       dtype_name(dst.dtype()), shape_str(dst.shape()));
-    copy_into(dst, it->second);
-    return ok_status();
-  };
-  for (auto& [n, t] : params_) SHOAL_RETURN_IF_ERROR(restore("param/" + n, t));
-  for (auto& [n, t] : buffers_) SHOAL_RETURN_IF_ERROR(restore("buf/" + n, t));
-  for (auto& [n, t] : state_) SHOAL_RETURN_IF_ERROR(restore(n, t));
-  step_ = s.get_int("step", 0);
-  const std::int64_t spe = steps_per_epoch();
-  impl_->loader->seek(step_ / spe, step_ % spe);
-  impl_->exe->set_step(static_cast<std::uint64_t>(s.get_int("executable_step", step_)));
-  SHOAL_LOG_INFO("resumed from {} at step {} (epoch {}, batch {})", path, step_, step_ / spe,
-                 step_ % spe);
-  return ok_status();
 }
 
 Status Trainer::run() {

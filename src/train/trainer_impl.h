@@ -1,0 +1,100 @@
+// The trainer's private state and helpers, shared by the files that
+// implement it (trainer.cc: set-up, steps, evaluation, the loop;
+// trainer_checkpoint.cc: saving and resuming). Private to train.
+#pragma once
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "shoal/runtime/backend.h"
+#include "shoal/train/data.h"
+#include "shoal/train/model.h"
+#include "shoal/train/optim.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::train {
+
+using Clock = std::chrono::steady_clock;
+
+// A progress line that redraws in place on a terminal and prints plain
+// lines (about ten per epoch) otherwise.
+class Progress {
+ public:
+  // SHOAL_PLAIN_OUTPUT=1 (set by shoal run, whose rank prefixes break
+  // in-place redraws, even where mpirun gives ranks a terminal): lines.
+  Progress(bool quiet)
+      : quiet_(quiet),
+        tty_(isatty(STDOUT_FILENO) != 0 && std::getenv("SHOAL_PLAIN_OUTPUT") == nullptr) {}
+  void update(int epoch, int epochs, std::int64_t i, std::int64_t n, double loss, double ips,
+              double eta_s) {
+    if (quiet_) return;
+    auto now = Clock::now();
+    bool last = i == n;
+    if (tty_) {
+      if (!last && now - last_ < std::chrono::milliseconds(200)) return;
+      last_ = now;
+      int width = 24, fill = n ? static_cast<int>(width * i / n) : width;
+      std::string bar(static_cast<std::size_t>(fill), '#');
+      bar.resize(static_cast<std::size_t>(width), '.');
+      fmt::print("\repoch {}/{} [{}] {}/{} loss {:.4f} {:.0f} img/s ETA {}   ", epoch, epochs, bar,
+                 i, n, loss, ips, eta(eta_s));
+      if (last) fmt::print("\n");
+      std::fflush(stdout);
+    } else {
+      std::int64_t every = std::max<std::int64_t>(n / 10, 1);
+      if (i % every != 0 && !last) return;
+      fmt::print("epoch {}/{} step {}/{} loss {:.4f} {:.0f} img/s ETA {}\n", epoch, epochs, i, n,
+                 loss, ips, eta(eta_s));
+      std::fflush(stdout);
+    }
+  }
+
+ private:
+  static std::string eta(double s) {
+    auto t = static_cast<std::int64_t>(std::max(0.0, s));
+    return fmt::format("{}:{:02d}:{:02d}", t / 3600, (t / 60) % 60, t % 60);
+  }
+  bool quiet_, tty_;
+  Clock::time_point last_{};
+};
+
+inline std::int64_t argmax_row(const float* row, std::int64_t c) {
+  std::int64_t best = 0;
+  for (std::int64_t j = 1; j < c; ++j)
+    if (row[j] > row[best]) best = j;
+  return best;
+}
+
+inline void copy_into(Tensor& dst, const Tensor& src) {
+  std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
+}
+
+struct Trainer::Impl {
+  Dataset train, test;
+  std::unique_ptr<Loader> loader;
+  Model model;
+  std::vector<ParamSpec> specs;
+  std::vector<BufferSpec> bspecs;
+  std::unique_ptr<runtime::Executable> exe;
+  std::map<std::int64_t, std::unique_ptr<runtime::Executable>> eval_exes;
+  // Output index -> persistent tensor it is copied back into after a step.
+  std::vector<std::pair<int, Tensor*>> writeback;
+  Tensor lr, opt_step;
+  LrSchedule sched;
+  float mean = 0, stddev = 1;
+  std::ofstream metrics;
+  Progress progress{false};
+  bool tracing = false;
+  std::deque<std::vector<runtime::TraceEvent>> trace_steps;
+};
+inline constexpr std::size_t kTraceSteps = 10;
+
+}  // namespace shoal::train
