@@ -13,7 +13,7 @@
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/auth.h"
-#include "shoal/tensor/safetensors.h"
+#include "shoal/core/file.h"
 
 namespace shoal::net {
 namespace fs = std::filesystem;

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "shoal/core/file.h"  // write_file_atomic, read_file: used with these
 #include "shoal/core/status.h"
 #include "shoal/tensor/tensor.h"
 
@@ -30,9 +31,5 @@ std::string serialize_safetensors(const std::vector<std::pair<std::string, Tenso
 Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
-
-// Atomic file replace: write to path.tmp.<pid>, fsync, rename, fsync dir.
-Status write_file_atomic(const std::string& path, std::string_view bytes);
-Result<std::string> read_file(const std::string& path);
 
 }  // namespace shoal
