@@ -16,6 +16,8 @@
 #include "shoal/comm/communicator.h"
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
+#include "shoal/net/shared_memory.h"
+#include "shoal/net/store.h"
 
 namespace shoal::cli {
 namespace {

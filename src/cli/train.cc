@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "shoal/comm/communicator.h"
+#include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
 #include "shoal/dp/data_parallel.h"
 #include "shoal/runtime/kernel.h"
@@ -204,7 +205,7 @@ std::string rank_path(const std::string& path, int rank) {
 int run_train(train::TrainOptions o, const DistFlags& d) {
   // Several ranks in the environment (shoal run, mpirun, srun, torchrun):
   // join them and train data-parallel.
-  auto env = comm::env_info();
+  auto env = launch_env();
   if (!env.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", env.status().to_string());
     return 2;
@@ -212,16 +213,16 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   // Started by `shoal run`: its job id names the default run directory (the
   // same for every rank and every attempt), and a restarted attempt resumes
   // from that directory's newest checkpoint.
-  if (const char* id = std::getenv("SHOAL_JOB_ID"); id != nullptr && *id && o.out.empty())
-    o.out = fmt::format("runs/{}-{}", o.model, id);
-  if (const char* rc = std::getenv("SHOAL_RESTART_COUNT"); rc != nullptr && std::atoi(rc) > 0) {
+  if (!env->job_id.empty() && o.out.empty())
+    o.out = fmt::format("runs/{}-{}", o.model, env->job_id);
+  if (env->restart > 0) {
     if (!o.resume && env->rank == 0)
-      SHOAL_LOG_INFO("restart {} of this job: resuming from the newest checkpoint in {}", rc,
-                     o.out);
+      SHOAL_LOG_INFO("restart {} of this job: resuming from the newest checkpoint in {}",
+                     env->restart, o.out);
     o.resume = true;
   }
-  if (const char* t = std::getenv("SHOAL_TRACE"); t != nullptr && *t != '\0' && o.trace.empty())
-    o.trace = rank_path(t, env->rank);  // the launcher merges these
+  if (!env->trace.empty() && o.trace.empty())
+    o.trace = rank_path(env->trace, env->rank);  // the launcher merges these
   else if (!o.trace.empty() && env->world > 1)
     o.trace = rank_path(o.trace, env->rank);
   std::unique_ptr<comm::Communicator> comm;

@@ -95,7 +95,7 @@ auto connect_with_retries(const std::string& where, Connect connect) -> decltype
 // torchrun's default (static) rendezvous: its agent serves a c10d store on
 // MASTER_PORT for the workers. Keys of each attempt (torchrun restarts the
 // workers with the agent's store kept) get their own prefix.
-Result<Rendezvous> agent_store(const EnvInfo& e, CommOptions& o) {
+Result<Rendezvous> agent_store(const LaunchEnv& e, CommOptions& o) {
   SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(e.store, "MASTER_ADDR:MASTER_PORT"));
   Rendezvous rv;
   SHOAL_ASSIGN_OR_RETURN(rv.store, connect_with_retries(e.store, [&] {
@@ -111,7 +111,7 @@ Result<Rendezvous> agent_store(const EnvInfo& e, CommOptions& o) {
 
 }  // namespace
 
-std::string derived_store(const EnvInfo& e, std::string* why) {
+std::string derived_store(const LaunchEnv& e, std::string* why) {
   auto same = [](const char* a, const char* b) {
     auto x = env::get(a), y = env::get(b);
     return x && y && *x == *y;
@@ -150,7 +150,7 @@ std::string derived_store(const EnvInfo& e, std::string* why) {
   return "";
 }
 
-Result<Rendezvous> open_rendezvous(const EnvInfo& e, CommOptions& o) {
+Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o) {
   Rendezvous rv;
   if (auto dir = env::get("SHOAL_STORE_DIR")) {
     const std::string job = file_store_job();

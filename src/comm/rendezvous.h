@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "shoal/comm/communicator.h"
+#include "shoal/core/launch_env.h"
 #include "shoal/net/store.h"
 
 namespace shoal::comm {
@@ -20,11 +21,11 @@ struct Rendezvous {
 
 // For a world of more than one. May set o.prefix (keys of one torchrun
 // attempt) and says once, on rank 0, what it chose when it was not told.
-Result<Rendezvous> open_rendezvous(const EnvInfo& e, CommOptions& o);
+Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o);
 
 // Where a store derived from a launcher's job ids would be, "" with the
 // reason in `why` when this launcher's ranks cannot derive one (several
 // hosts and no known rank-0 address). Exposed for tests.
-std::string derived_store(const EnvInfo& e, std::string* why);
+std::string derived_store(const LaunchEnv& e, std::string* why);
 
 }  // namespace shoal::comm

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "shoal/core/logging.h"
+#include "shoal/net/shared_memory.h"
 #include "shoal/runtime/kernel.h"
 
 namespace shoal::dp {

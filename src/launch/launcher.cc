@@ -20,9 +20,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "shoal/comm/communicator.h"
+#include "shoal/core/file.h"
+#include "shoal/core/launch_env.h"
 #include "shoal/net/store.h"
-#include "shoal/tensor/safetensors.h"
 
 extern char** environ;
 
@@ -524,7 +524,7 @@ int exec_rank(const std::vector<std::string>& cmd) {
     return 2;
   }
   // The rank as the ranks themselves find it (mpirun's variables, etc.).
-  auto env = comm::env_info();
+  auto env = launch_env();
   const std::string rank = env.ok() && env->source != "none (single process)"
                                ? std::to_string(env->rank)
                                : std::string("?");

@@ -7,6 +7,9 @@
 #include <cmath>
 
 #include "shoal/comm/communicator.h"
+#include "shoal/net/shared_memory.h"
+#include "shoal/net/socket.h"
+#include "shoal/net/store.h"
 #include "shoal/tensor/tensor.h"
 
 namespace shoal::comm::testing {

@@ -19,6 +19,10 @@
 #include <thread>
 
 #include "comm/checks.h"
+#include "shoal/core/launch_env.h"
+#include "shoal/net/shared_memory.h"
+#include "shoal/net/socket.h"
+#include "shoal/net/store.h"
 #include "shoal/tensor/tensor.h"
 
 namespace shoal::comm {
@@ -440,7 +444,7 @@ TEST(Env, ReadsLauncherVariables) {
   setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", "29500", 1);
-  auto e = env_info();
+  auto e = launch_env();
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   EXPECT_EQ(e->rank, 2);
   EXPECT_EQ(e->world, 4);
@@ -450,14 +454,14 @@ TEST(Env, ReadsLauncherVariables) {
   setenv("SLURM_PROCID", "9", 1);
   setenv("SLURM_NTASKS", "4", 1);
   unsetenv("OMPI_COMM_WORLD_RANK");
-  auto batch = env_info();
+  auto batch = launch_env();
   ASSERT_TRUE(batch.ok()) << batch.status().to_string();
   EXPECT_EQ(batch->world, 1);
   EXPECT_NE(batch->source.find("Slurm batch shell"), std::string::npos) << batch->source;
   // In a job step the step's task count is the world.
   setenv("SLURM_STEP_ID", "0", 1);
   setenv("SLURM_STEP_NUM_TASKS", "4", 1);
-  auto bad = env_info();
+  auto bad = launch_env();
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("SLURM_PROCID=9"), std::string::npos);
   for (const char* v :

@@ -12,6 +12,7 @@
 
 #include "shoal/graph/builder.h"
 #include "shoal/graph/passes.h"
+#include "shoal/net/store.h"
 #include "shoal/runtime/backend.h"
 #include "shoal/tensor/philox.h"
 

@@ -31,11 +31,13 @@
 
 #include "shoal/core/deadline.h"
 #include "shoal/core/status.h"
-#include "shoal/net/shared_memory.h"
-#include "shoal/net/shm.h"
-#include "shoal/net/socket.h"
-#include "shoal/net/store.h"
 #include "shoal/tensor/dtype.h"
+
+namespace shoal::net {
+class Store;
+class TcpStoreServer;
+class SharedRegion;
+}  // namespace shoal::net
 
 namespace shoal::comm {
 
@@ -97,6 +99,7 @@ struct CommOptions {
 };
 
 class MpiBackend;
+class Mesh;
 
 class Work {
  public:
@@ -118,24 +121,13 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
-// Where a rank finds its rank, world size and store: SHOAL_* first, then
-// torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), OpenMPI
-// (OMPI_COMM_WORLD_*), PMI/PMIx, a Slurm job step (SLURM_PROCID/
-// SLURM_STEP_NUM_TASKS; a batch shell without SLURM_STEP_ID is one process).
-struct EnvInfo {
-  int rank = 0, world = 1, local_rank = 0;
-  std::string store;   // host:port of the TCP store ("" when none is set)
-  std::string source;  // which variables were used
-};
-Result<EnvInfo> env_info();
-
 class Communicator {
  public:
   // Connects rank `rank` of `world` through `store`, which must outlive
   // the communicator (split() uses it again).
   static Result<std::unique_ptr<Communicator>> create(int rank, int world, net::Store& store,
                                                       CommOptions o);
-  // Rank, world and store from the environment (see env_info); rank 0
+  // Rank, world and store from the environment (core/launch_env.h); rank 0
   // starts the TCP store when SHOAL_STORE/MASTER_ADDR names this host and
   // nobody serves it yet (SHOAL_STORE_SERVE=1 forces it).
   static Result<std::unique_ptr<Communicator>> from_env();
@@ -195,82 +187,29 @@ class Communicator {
   static Result<std::shared_ptr<net::SharedRegion>> allocate_shared(std::size_t bytes);
   // Whether the last direct all-reduce read every peer's buffer through a
   // mapping (false: some or all through process_vm_readv/writev).
-  bool last_direct_mapped() const { return last_mapped_; }
+  bool last_direct_mapped() const;
 
   const char* last_algorithm() const { return last_algo_; }
   // The α-β model fitted at start-up (0 when not calibrated): seconds per
   // message and per byte for one exchange around the ring.
   double alpha() const { return alpha_; }
   double beta() const { return beta_; }
-  std::uint64_t sequence() const { return seq_; }
+  std::uint64_t sequence() const;
   Deadline deadline() const { return Deadline::after_seconds(o_.timeout_seconds); }
-
-  // Internal: one transfer in an exchange (see comm.cc).
-  struct Xfer {
-    int peer;
-    bool is_send;
-    void* buf;
-    std::size_t bytes;
-    std::size_t done = 0;
-    bool header_done = false;
-    std::uint8_t hdr[net::kHeaderBytes] = {};
-    // Receive-and-reduce: payload is combined into buf (dt, op) as it
-    // arrives instead of copied; `carry` holds a split element.
-    bool reduce = false;
-    DType dt = DType::kF32;
-    ReduceOp op = ReduceOp::kSum;
-    std::size_t applied = 0, carry = 0;
-    std::uint8_t carry_bytes[8] = {};
-    std::uint32_t bell = 0;  // the shm ring's doorbell before the last look
-  };
 
  private:
   Communicator() = default;
   static Result<std::unique_ptr<Communicator>> wrap_mpi(std::unique_ptr<MpiBackend> b,
                                                         CommOptions o);
-  Status connect_mesh(net::Store& store);
-  Status setup_shm(net::Store& store, Deadline dl);
-  bool is_shm(int peer) const {
-    return !shm_.empty() && shm_[static_cast<std::size_t>(peer)] != nullptr;
-  }
   void progress_loop();
   Status run_one(const std::function<Status()>& fn);
   Status run_blocking(std::function<Status()> fn);
-  Status exchange(std::vector<Xfer>& xs, std::uint64_t fp, const char* what);
-  Status sendrecv(int to, const void* s, std::size_t sb, int from, void* r, std::size_t rb,
-                  std::uint64_t fp, const char* what);
-  Status send_to(int to, const void* s, std::size_t sb, std::uint64_t fp, const char* what);
-  Status recv_from(int from, void* r, std::size_t rb, std::uint64_t fp, const char* what);
-  void abort_peers(const Status& why);
-  std::string abort_message(int peer, std::uint64_t length, bool from_ring, Deadline dl);
 
   Status calibrate();
   Algorithm choose_allreduce(std::size_t bytes) const;
   Status do_allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
-  Status ring_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
-  Status rd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
-  Status direct_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
-  Status hd_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp);
-  Result<int> fold_in(void* buf, std::size_t count, DType dt, ReduceOp op, std::uint64_t fp,
-                      const char* what);
-  Status fold_out(void* buf, std::size_t bytes_n, std::uint64_t fp, const char* what);
-  int fold_p2() const;
-  int fold_rank(int nr) const;
   Status hier_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op);
   Status setup_hierarchy();
-  // Sends `bytes` of `mine` to every peer and receives each peer's into
-  // theirs + peer * bytes, all at once.
-  Status exchange_all(const void* mine, std::size_t bytes, void* theirs, std::uint64_t fp,
-                      const char* what);
-  Status probe_cma(net::Store& store, Deadline dl);
-  // The peer's region `ref` mapped here, opened on first use and kept (up
-  // to 16 per peer); nullptr when it cannot be mapped (then the caller
-  // copies through CMA; the failure is logged once and remembered).
-  net::PeerMapping* peer_mapping(int peer, const net::SharedRef& ref);
-  // Copies between `local` and `remote` in a peer's address space (to_peer:
-  // local -> remote), through process_vm_readv/writev.
-  Status cma_copy(int peer, std::uint64_t remote, void* local, std::size_t bytes, bool to_peer,
-                  const char* what);
   Status do_reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op, int root,
                    std::uint64_t fp);
   Status do_broadcast(void* buf, std::size_t bytes, int root, std::uint64_t fp);
@@ -281,24 +220,12 @@ class Communicator {
 
   int rank_ = 0, world_ = 1;
   CommOptions o_;
-  std::vector<net::Socket> peers_;                     // peers_[r] for r != rank_
-  std::vector<std::string> hosts_;                     // listening address of each rank
-  std::vector<std::unique_ptr<net::ShmChannel>> shm_;  // same-host peers
-  std::vector<int> cma_pid_;  // process ids of the peers, when direct reads work with all
-  bool cma_ = false;
+  std::unique_ptr<Mesh> mesh_;  // the transport (native backend)
   // Two-level all-reduce: this host's ranks, and one leader per host.
-  std::vector<std::string> host_of_;
   std::unique_ptr<Communicator> local_, leaders_;
-  std::uint64_t cma_probe_ = 0x414d434c414f4853ull;  // "SHOALCMA", read by peers' probes
-  std::uint64_t seq_ = 0;
   double alpha_ = 0, beta_ = 0;
   const char* current_ = "";  // name of the running collective
   const char* last_algo_ = "";
-  std::vector<std::uint8_t> scratch_;
-  std::vector<std::uint8_t> bounce_ = std::vector<std::uint8_t>(256 << 10);
-  // Peers' shared regions mapped here, by (peer, region id); null = refused.
-  std::map<std::pair<int, std::uint64_t>, std::unique_ptr<net::PeerMapping>> peer_maps_;
-  bool last_mapped_ = false;
   bool aborted_ = false;
   Status abort_status_;
 

@@ -1,0 +1,56 @@
+#include <cstring>
+#include <vector>
+
+#include "comm/algorithms.h"
+#include "comm/reduce_internal.h"
+
+namespace shoal::comm {
+
+// Recursive halving-doubling (Rabenseifner): a reduce-scatter by recursive
+// halving (log2 p exchanges of n/2, n/4, ... bytes) then an allgather by
+// recursive doubling in reverse; the ring's bandwidth with log2 p instead
+// of p - 1 latencies. Non-powers of two fold the extra ranks in first, as
+// rd_allreduce does. Each element is reduced once (in the middle phase,
+// lower rank's value first), so every rank gets the same bits.
+Status hd_allreduce(Mesh& m, void* buf, std::size_t count, DType dt, ReduceOp op,
+                    std::uint64_t fp) {
+  const char* what = "allreduce (halving-doubling)";
+  const std::size_t es = dtype_size(dt), bytes_n = count * es;
+  auto* base = bytes(buf);
+  const int p2 = m.fold_p2();
+  SHOAL_ASSIGN_OR_RETURN(const int newrank, m.fold_in(buf, count, dt, op, fp, what));
+  if (newrank >= 0) {
+    struct Level {
+      int peer;
+      std::size_t keep_lo, keep_hi, give_lo, give_hi;  // element ranges
+    };
+    std::vector<Level> levels;
+    std::size_t lo = 0, hi = count;
+    for (int mask = p2 / 2; mask >= 1; mask /= 2) {
+      const int peer = m.fold_rank(newrank ^ mask);
+      const std::size_t mid = lo + (hi - lo) / 2;
+      Level l{peer, lo, mid, mid, hi};
+      if (newrank & mask) l = Level{peer, mid, hi, lo, mid};
+      const std::size_t kb = (l.keep_hi - l.keep_lo) * es;
+      SHOAL_RETURN_IF_ERROR(m.sendrecv(peer, base + l.give_lo * es, (l.give_hi - l.give_lo) * es,
+                                       peer, m.scratch.data(), kb, fp, what));
+      std::uint8_t* mine = base + l.keep_lo * es;
+      if (peer < m.rank()) {  // theirs (op) mine
+        reduce_into(m.scratch.data(), mine, l.keep_hi - l.keep_lo, dt, op);
+        if (kb) std::memcpy(mine, m.scratch.data(), kb);
+      } else {
+        reduce_into(mine, m.scratch.data(), l.keep_hi - l.keep_lo, dt, op);
+      }
+      levels.push_back(l);
+      lo = l.keep_lo;
+      hi = l.keep_hi;
+    }
+    for (auto it = levels.rbegin(); it != levels.rend(); ++it)
+      SHOAL_RETURN_IF_ERROR(
+          m.sendrecv(it->peer, base + it->keep_lo * es, (it->keep_hi - it->keep_lo) * es, it->peer,
+                     base + it->give_lo * es, (it->give_hi - it->give_lo) * es, fp, what));
+  }
+  return m.fold_out(buf, bytes_n, fp, what);
+}
+
+}  // namespace shoal::comm
