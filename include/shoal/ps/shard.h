@@ -1,0 +1,113 @@
+// One parameter server's part of the model (the MXNet KVStore model, issue
+// 14): the keys it holds, their optimizer state, and the rules that keep
+// pushes from many workers correct, independent of the network that
+// carries them. The failures ps-lite and MXNet users reported are what the
+// rules exclude:
+// - sync rounds count distinct live workers, never requests: a round of
+//   (key, step) closes when every worker live when it opened (and still
+//   live) has pushed once; a second push from the same worker to that round is
+//   refused by name; a worker that leaves no longer holds rounds open.
+// - a push carries the worker's sequence number; a server keeps each
+//   worker's high-water mark, so a retried or duplicated push (a reconnect,
+//   a restart) is recognized and not applied twice.
+// - bounded staleness: no worker's push runs more than `staleness` steps
+//   ahead of the slowest live worker (the caller waits and retries).
+// - the optimizer runs on the server with the same update kernels as
+//   training (train/optim.h), chosen by name with parameters as data.
+// - snapshots (atomic, checksummed: the checkpoint format) hold values,
+//   optimizer state, versions and high-water marks, so a restarted server
+//   loses nothing and applies nothing twice.
+// Not thread-safe: one serving thread owns a shard.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "shoal/core/status.h"
+#include "shoal/tensor/tensor.h"
+#include "shoal/train/optim.h"
+
+namespace shoal::ps {
+
+enum class Mode { kSync, kAsync, kBounded };
+Result<Mode> parse_mode(const std::string& s);  // sync, async, bounded
+const char* mode_name(Mode m);
+
+struct ShardOptions {
+  Mode mode = Mode::kSync;
+  int staleness = 2;  // kBounded: steps a worker may run ahead of the slowest
+  train::OptimizerOptions optimizer;
+  double lr = 0.01;
+};
+
+// What became of one push.
+enum class PushResult {
+  kApplied,    // async/bounded: the update is applied
+  kCollected,  // sync: kept for its round, which is still open
+  kClosed,     // sync: this push closed the round; the update is applied
+  kDuplicate,  // seen before (sequence number <= the worker's mark): ignored
+  kWait,       // bounded: too far ahead of the slowest worker; retry later
+};
+const char* push_result_name(PushResult r);
+
+struct ShardStats {
+  std::uint64_t applied = 0;     // updates applied to values
+  std::uint64_t pushes = 0;      // pushes accepted (collected or applied)
+  std::uint64_t duplicates = 0;  // pushes recognized as seen before
+  std::uint64_t rounds = 0;      // sync rounds closed
+};
+
+class Shard {
+ public:
+  static Result<std::unique_ptr<Shard>> create(const ShardOptions& o);
+  ~Shard();
+
+  // A key and its initial value (f32). Initializing a key again with the
+  // same shape keeps the current value (a worker that joins late); another
+  // shape is an error naming both.
+  Status init(const std::string& key, const Tensor& value);
+
+  Status add_worker(int worker);
+  // The worker leaves (finished, or its heartbeat deadline passed): sync
+  // rounds stop waiting for it, and those it alone held open close now.
+  Status remove_worker(int worker);
+  const std::set<int>& workers() const { return live_; }
+
+  // A gradient for `key` from `worker` at its `step`, with its sequence
+  // number `seq` (strictly increasing per worker over all its pushes).
+  // Errors name the worker, key, step and values: an unknown worker or
+  // key, a gradient of another shape or type, a second push to one round,
+  // a push for a round that closed or has not opened.
+  Result<PushResult> push(int worker, const std::string& key, std::int64_t step, std::uint64_t seq,
+                          const Tensor& grad);
+
+  // The key's value and version (updates applied so far).
+  Result<std::pair<std::uint64_t, Tensor>> pull(const std::string& key) const;
+  // Steps the worker is behind the most advanced live worker (bounded
+  // staleness reports this per worker).
+  std::int64_t lag(int worker) const;
+  const ShardStats& stats() const { return stats_; }
+
+  Status snapshot(const std::string& path) const;
+  // Restores values, optimizer state, versions, members and marks from a
+  // snapshot; the options must match the ones it was written with.
+  Status restore(const std::string& path);
+
+ private:
+  struct Key;
+  Shard() = default;
+  Status apply(Key& k, const Tensor& grad);
+  Status close_ready_rounds();
+
+  ShardOptions o_;
+  std::map<std::string, std::unique_ptr<Key>> keys_;
+  std::set<int> live_;
+  std::map<int, std::uint64_t> mark_;  // worker -> highest sequence number seen
+  std::map<int, std::int64_t> step_;   // worker -> highest step pushed
+  ShardStats stats_;
+};
+
+}  // namespace shoal::ps

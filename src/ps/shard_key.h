@@ -1,0 +1,31 @@
+// Shard::Key, shared by the shard's files. Private to ps.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "shoal/ps/shard.h"
+#include "shoal/runtime/backend.h"
+
+namespace shoal::ps {
+
+// One key: its value, the optimizer's update compiled for its shape (the
+// training kernels), its state, and the sync round being collected.
+struct Shard::Key {
+  std::string name;
+  Tensor value;
+  std::map<std::string, Tensor> state;   // "opt/<key>/<slot>"
+  std::vector<std::string> state_order;  // the update's outputs 1.. in this order
+  std::unique_ptr<runtime::Executable> update;
+  Tensor grad, lr, opt_step;
+  std::uint64_t version = 0;  // updates applied
+  // Sync: the open round (for step == version): summed gradients, who
+  // pushed, and who it waits for (the workers live when it opened).
+  Tensor sum;
+  std::set<int> pushed, waits_for;
+};
+
+}  // namespace shoal::ps
