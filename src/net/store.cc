@@ -11,9 +11,9 @@
 #include <list>
 
 #include "shoal/core/env.h"
+#include "shoal/core/file.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/auth.h"
-#include "shoal/core/file.h"
 
 namespace shoal::net {
 namespace fs = std::filesystem;
@@ -33,47 +33,9 @@ Status Store::wait(const std::vector<std::string>& keys, Deadline dl) {
 
 Result<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& host, int port, Deadline dl,
                                                     const std::string& token) {
-  SHOAL_RETURN_IF_ERROR(init_crypto());
   auto s = std::unique_ptr<TcpStore>(new TcpStore());
-  auto sock = Socket::connect(host, port, dl);
-  if (!sock.ok())
-    return sock.status().with_context(fmt::format("store at {}:{} is unreachable", host, port));
-  s->sock_ = std::move(sock).value();
-  const std::string name = fmt::format("store {}:{}", host, port);
-  s->sock_.set_peer(name);
-  // The handshake (net/auth.h): both sides prove the job token.
-  const std::string nc = make_nonce();
-  FrameHeader h;
-  h.type = static_cast<std::uint16_t>(FrameType::kHello);
-  h.length = nc.size();
-  SHOAL_RETURN_IF_ERROR(s->sock_.send_frame(h, nc.data(), dl).with_context(name));
-  SHOAL_ASSIGN_OR_RETURN(std::string chb, s->recv_payload(FrameType::kChallenge, 256, dl));
-  SHOAL_ASSIGN_OR_RETURN(StoreChallenge ch, parse_store_challenge(chb, name));
-  if (!mac_equal(ch.proof, store_proof(token, 'S', nc, ch.nonce)))
-    return failed_precondition(
-        "{} does not hold this job's token (SHOAL_JOB_TOKEN differs: another job's store, or "
-        "an impostor, is on that port)",
-        name);
-  const std::string proof = store_proof(token, 'C', nc, ch.nonce);
-  h.type = static_cast<std::uint16_t>(FrameType::kProof);
-  h.length = proof.size();
-  SHOAL_RETURN_IF_ERROR(s->sock_.send_frame(h, proof.data(), dl).with_context(name));
-  SHOAL_RETURN_IF_ERROR(s->recv_payload(FrameType::kProof, 0, dl).status());
+  SHOAL_ASSIGN_OR_RETURN(s->sock_, connect_authenticated(host, port, dl, token, "store"));
   return s;
-}
-
-// A reply of `want` type, or the store's refusal as an error naming it.
-Result<std::string> TcpStore::recv_payload(FrameType want, std::uint64_t max, Deadline dl) {
-  auto h = sock_.recv_header(std::max<std::uint64_t>(max, 4096), dl);
-  if (!h.ok()) return h.status().with_context(sock_.peer());
-  std::string v(h->length, '\0');
-  SHOAL_RETURN_IF_ERROR(sock_.recv_all(v.data(), v.size(), dl).with_context(sock_.peer()));
-  if (h->type == static_cast<std::uint16_t>(FrameType::kStoreError))
-    return failed_precondition("{} refused: {}", sock_.peer(), v);
-  if (h->type != static_cast<std::uint16_t>(want) || v.size() > max)
-    return invalid_argument("{}: expected frame type {} of at most {} bytes, got type {} of {}",
-                            sock_.peer(), static_cast<int>(want), max, h->type, v.size());
-  return v;
 }
 
 Result<std::string> TcpStore::call(char cmd, const std::string& key, const std::string& a,

@@ -19,6 +19,7 @@
 
 #include "shoal/core/deadline.h"
 #include "shoal/core/status.h"
+#include "shoal/net/frame_server.h"
 #include "shoal/net/socket.h"
 
 namespace shoal::net {
@@ -36,20 +37,8 @@ class Store {
   Status wait(const std::vector<std::string>& keys, Deadline dl);
 };
 
-// What one server lets its clients take. A client past a limit gets an
-// error reply naming it (or is dropped, for connection limits and
-// deadlines), and the others are served on.
-struct StoreLimits {
-  std::uint64_t max_request_bytes = 64 << 20;              // one request frame
-  std::uint64_t max_keys = 1 << 20;                        // keys held
-  std::uint64_t max_total_bytes = std::uint64_t{1} << 30;  // keys + values held
-  std::uint64_t max_reply_backlog = 256 << 20;             // unsent replies per client
-  int max_clients = 4096;
-  int max_clients_per_address = 1024;  // ranks of one host share an address
-  int max_unproven_per_address = 64;   // connections still in the handshake
-  double handshake_seconds = 10;       // to finish the handshake
-  double io_seconds = 30;              // to finish a frame once begun, or to read a reply
-};
+// The store's limits are the frame server's (net/frame_server.h).
+using StoreLimits = ServerLimits;
 
 // The server: owns the listener and the map; serves until destroyed. One
 // thread, nonblocking sockets: a slow or silent client never delays another.
@@ -61,21 +50,16 @@ class TcpStoreServer {
                                                        const std::string& token,
                                                        StoreLimits limits = {});
   ~TcpStoreServer();
-  int port() const { return port_; }
-  const std::string& host() const { return host_; }
+  int port() const;
+  const std::string& host() const;
   // Connections refused so far (bad proof, limits, deadlines): for tests and logs.
-  int refused() const { return refused_.load(); }
+  int refused() const;
 
  private:
+  class Handler;
   TcpStoreServer() = default;
-  void serve();
-  Socket listener_;
-  std::string host_, token_;
-  StoreLimits limits_;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> refused_{0};
-  std::thread thread_;
+  std::unique_ptr<Handler> handler_;
+  std::unique_ptr<FrameServer> server_;
 };
 
 class TcpStore final : public Store {
@@ -93,7 +77,6 @@ class TcpStore final : public Store {
  private:
   Result<std::string> call(char cmd, const std::string& key, const std::string& a,
                            const std::string& b, Deadline dl);
-  Result<std::string> recv_payload(FrameType want, std::uint64_t max, Deadline dl);
   Socket sock_;
 };
 
