@@ -11,10 +11,12 @@ CXX="${CXX_FUZZ:-clang++-14}"
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -DSPDLOG_FMT_EXTERNAL -Iinclude \
   tests/fuzz/wire_fuzz.cc src/net/socket.cc src/net/auth.cc src/comm/handshake.cc src/core/status.cc src/core/env.cc \
+  src/ps/wire.cc src/tensor/tensor.cc src/tensor/dtype.cc \
   -lfmt -lsodium -o "$out/wire_fuzz"
 # Seeds: a valid data frame, a store request, a hello and a store challenge.
 printf 'SHOL\x02\x00\x04\x00\x04\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x01\x01\x00\x00\x00\x00\x00\x00abcd' > "$out/corpus/frame"
 printf 'S\x01\x00\x00\x00k\x01\x00\x00\x00v\x00\x00\x00\x00' > "$out/corpus/store"
 printf '\x01\x00\x00\x00\x02\x00\x00\x000123456789abcdef' > "$out/corpus/hello"
 printf '0123456789abcdef0123456789abcdef0123456789abcdef' > "$out/corpus/store-challenge"
+printf 'P\x01\x00\x00\x00\x01\x00\x00\x00k\x02\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00\x01\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x80\x3f\x00\x00\x00\x40' > "$out/corpus/ps-push"
 "$out/wire_fuzz" -max_total_time="$secs" -max_len=4096 -print_final_stats=1 "$out/corpus" 2>&1 | tail -15

@@ -119,7 +119,7 @@ Result<FrameHeader> decode_header(std::span<const std::uint8_t> in, std::uint64_
     return failed_precondition("frame from {}: protocol version {}, this build speaks {}", peer,
                                h.version, kProtocolVersion);
   if (h.type < static_cast<std::uint16_t>(FrameType::kHello) ||
-      h.type > static_cast<std::uint16_t>(FrameType::kStoreError))
+      h.type > static_cast<std::uint16_t>(kLastFrameType))
     return invalid_argument("frame from {}: unknown frame type {}", peer, h.type);
   std::uint64_t bound = std::min(max_length, kMaxFrame);
   if (h.length > bound)

@@ -76,6 +76,10 @@ Status Shard::restore(const std::string& path) {
   if (!split_list(meta("workers"), &workers, false) || !split_list(meta("marks"), &marks, true) ||
       !split_list(meta("steps"), &steps, true))
     return data_loss("{}: malformed workers/marks/steps metadata", path);
+  // A restarted server learns its keys from the snapshot itself.
+  for (const auto& [n, t] : s.tensors)
+    if (n.rfind("value/", 0) == 0 && !keys_.count(n.substr(6)))
+      SHOAL_RETURN_IF_ERROR(init(n.substr(6), t).with_context(path));
   for (auto& [name, k] : keys_) {
     auto v = s.tensors.find("value/" + name);
     if (v == s.tensors.end()) return data_loss("{}: no value for key '{}'", path, name);

@@ -12,6 +12,7 @@
 #include "shoal/comm/handshake.h"
 #include "shoal/net/auth.h"
 #include "shoal/net/socket.h"
+#include "shoal/ps/wire.h"
 
 using namespace shoal;
 
@@ -53,5 +54,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         net::mac_equal(sc->proof, net::store_proof("other", 'S', "", sc->nonce)))
       std::abort();
   }
+  // Parameter-server messages: a request that decodes encodes back to the
+  // same bytes (every length was checked, nothing trails).
+  if (auto r = ps::decode_request(sv); r.ok() && ps::encode(*r) != sv) std::abort();
+  if (auto p = ps::decode_pull_reply(sv);
+      p.ok() && ps::encode_pull_reply(p->first, p->second) != sv)
+    std::abort();
   return 0;
 }

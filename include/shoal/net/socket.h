@@ -31,8 +31,11 @@ enum class FrameType : std::uint16_t {
   kStoreRequest = 6,
   kStoreReply = 7,
   kGoodbye = 8,     // clean shutdown: the peer closes next, not a fault
-  kStoreError = 9,  // a store request refused: the payload says why
+  kStoreError = 9,  // a request refused (store or ps server): the payload says why
+  kPsRequest = 10,  // to a parameter server (ps/wire.h)
+  kPsReply = 11,
 };
+inline constexpr FrameType kLastFrameType = FrameType::kPsReply;
 
 struct FrameHeader {
   std::uint32_t magic = kMagic;

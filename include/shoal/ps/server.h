@@ -1,0 +1,41 @@
+// A parameter server process's service: one Shard (ps/shard.h) behind an
+// authenticated FrameServer (the rendezvous store's transport). Workers
+// join, init keys, push gradients and pull values (ps/wire.h); a pull for
+// a version not reached yet is answered when a round closes. A worker
+// whose connection closes leaves the quorum at once, named in the log, so
+// its rounds do not hang the others. With a snapshot path the shard is
+// written every `snapshot_every` updates and restored at start.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "shoal/net/frame_server.h"
+#include "shoal/ps/shard.h"
+
+namespace shoal::ps {
+
+struct ServerOptions {
+  ShardOptions shard;
+  std::string snapshot;              // "" = none
+  std::uint64_t snapshot_every = 0;  // updates between snapshots (0 = only at exit)
+  net::ServerLimits limits;
+};
+
+class Server {
+ public:
+  static Result<std::unique_ptr<Server>> start(const std::string& host, int port,
+                                               const std::string& token, const ServerOptions& o);
+  ~Server();  // stops serving; writes a last snapshot when configured
+  int port() const;
+  ShardStats stats() const;  // thread-safe
+  int refused() const;
+
+ private:
+  class Handler;
+  Server() = default;
+  std::unique_ptr<Handler> handler_;
+  std::unique_ptr<net::FrameServer> server_;
+};
+
+}  // namespace shoal::ps

@@ -1,0 +1,42 @@
+// The parameter server's messages, carried in kPsRequest / kPsReply frames
+// over the authenticated frame transport (net/frame_server.h). Little-
+// endian; strings and tensors length-prefixed; every decoder checks each
+// length against what is left and refuses trailing bytes, naming the
+// field (fuzzed in tests/fuzz/wire_fuzz.cc).
+//   request = op:u8 then
+//     'J' join   worker:i32
+//     'Q' leave  worker:i32
+//     'I' init   key:str value:tensor
+//     'P' push   worker:i32 key:str step:i64 seq:u64 grad:tensor
+//     'L' pull   key:str min_version:u64   (answered once version >= min)
+//   push reply = result:u8 (PushResult); pull reply = version:u64 value:tensor
+//   str = n:u32 bytes; tensor = ndim:u8 (<= 8) dims:i64[ndim] f32 data
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "shoal/core/status.h"
+#include "shoal/tensor/tensor.h"
+
+namespace shoal::ps {
+
+inline constexpr std::uint64_t kMaxKeyBytes = 4096;
+
+struct Request {
+  char op = 0;
+  std::int32_t worker = -1;
+  std::string key;
+  std::int64_t step = 0;
+  std::uint64_t seq = 0, min_version = 0;
+  Tensor value;  // init: the value; push: the gradient
+};
+
+std::string encode(const Request& r);
+Result<Request> decode_request(std::string_view in);
+
+std::string encode_pull_reply(std::uint64_t version, const Tensor& value);
+Result<std::pair<std::uint64_t, Tensor>> decode_pull_reply(std::string_view in);
+
+}  // namespace shoal::ps

@@ -1,0 +1,184 @@
+#include "shoal/ps/wire.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace shoal::ps {
+namespace {
+
+template <typename T>
+void put(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out.append(b, sizeof(T));
+}
+void put_str(std::string& out, const std::string& s) {
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(s.size()));
+  out += s;
+}
+void put_tensor(std::string& out, const Tensor& t) {
+  const Tensor c = t.contiguous();
+  put<std::uint8_t>(out, static_cast<std::uint8_t>(c.rank()));
+  for (int i = 0; i < c.rank(); ++i) put<std::int64_t>(out, c.dim(i));
+  out.append(static_cast<const char*>(c.raw_data()), c.nbytes());
+}
+
+// Reads fields off the front of a message; the first failure is kept.
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  template <typename T>
+  T get(const char* field) {
+    T v{};
+    if (!take(sizeof(T), field)) return v;
+    std::memcpy(&v, in_.data() + pos_ - sizeof(T), sizeof(T));
+    return v;
+  }
+  std::string str(const char* field) {
+    const auto n = get<std::uint32_t>(field);
+    if (!err_.empty()) return "";
+    if (n > kMaxKeyBytes) {
+      fail(field, fmt::format("length {} over the limit {}", n, kMaxKeyBytes));
+      return "";
+    }
+    if (!take(n, field)) return "";
+    return std::string(in_.substr(pos_ - n, n));
+  }
+  Tensor tensor(const char* field) {
+    const auto rank = get<std::uint8_t>(field);
+    if (!err_.empty()) return {};
+    if (rank > 8) {
+      fail(field, fmt::format("rank {} over 8", rank));
+      return {};
+    }
+    Shape shape;
+    // `extent` multiplies the dimensions with 0 read as 1, so that a zero
+    // among them cannot hide a product that overflows.
+    constexpr std::uint64_t kMaxExtent = std::uint64_t{1} << 40;
+    std::uint64_t numel = 1, extent = 1;
+    for (int i = 0; i < rank; ++i) {
+      const auto d = get<std::int64_t>(field);
+      if (!err_.empty()) return {};
+      const auto ud = static_cast<std::uint64_t>(std::max<std::int64_t>(d, 1));
+      if (d < 0 || extent > kMaxExtent / ud) {
+        fail(field, fmt::format("dimension {} is {}", i, d));
+        return {};
+      }
+      extent *= ud;
+      numel *= static_cast<std::uint64_t>(d);
+      shape.push_back(d);
+    }
+    if (numel * 4 > in_.size() - pos_) {
+      fail(field, fmt::format("{} elements need {} bytes, {} are left", numel, numel * 4,
+                              in_.size() - pos_));
+      return {};
+    }
+    Tensor t = Tensor::empty(shape, DType::kF32);
+    std::memcpy(t.raw_data(), in_.data() + pos_, numel * 4);
+    pos_ += numel * 4;
+    return t;
+  }
+  Status done() {
+    if (err_.empty() && pos_ != in_.size())
+      err_ = fmt::format("{} trailing bytes after the message", in_.size() - pos_);
+    return err_.empty() ? ok_status() : invalid_argument("ps message: {}", err_);
+  }
+  bool ok() const { return err_.empty(); }
+
+ private:
+  bool take(std::size_t n, const char* field) {
+    if (!err_.empty()) return false;
+    if (n > in_.size() - pos_) {
+      fail(field, fmt::format("needs {} bytes, {} are left", n, in_.size() - pos_));
+      return false;
+    }
+    pos_ += n;
+    return true;
+  }
+  void fail(const char* field, const std::string& why) {
+    if (err_.empty()) err_ = fmt::format("field '{}' at byte {}: {}", field, pos_, why);
+  }
+  std::string_view in_;
+  std::size_t pos_ = 0;
+  std::string err_;
+};
+
+}  // namespace
+
+std::string encode(const Request& r) {
+  std::string out(1, r.op);
+  switch (r.op) {
+    case 'J':
+    case 'Q':
+      put<std::int32_t>(out, r.worker);
+      break;
+    case 'I':
+      put_str(out, r.key);
+      put_tensor(out, r.value);
+      break;
+    case 'P':
+      put<std::int32_t>(out, r.worker);
+      put_str(out, r.key);
+      put<std::int64_t>(out, r.step);
+      put<std::uint64_t>(out, r.seq);
+      put_tensor(out, r.value);
+      break;
+    case 'L':
+      put_str(out, r.key);
+      put<std::uint64_t>(out, r.min_version);
+      break;
+    default:
+      break;
+  }
+  return out;
+}
+
+Result<Request> decode_request(std::string_view in) {
+  Reader rd(in);
+  Request r;
+  r.op = static_cast<char>(rd.get<std::uint8_t>("op"));
+  switch (r.op) {
+    case 'J':
+    case 'Q':
+      r.worker = rd.get<std::int32_t>("worker");
+      break;
+    case 'I':
+      r.key = rd.str("key");
+      r.value = rd.tensor("value");
+      break;
+    case 'P':
+      r.worker = rd.get<std::int32_t>("worker");
+      r.key = rd.str("key");
+      r.step = rd.get<std::int64_t>("step");
+      r.seq = rd.get<std::uint64_t>("seq");
+      r.value = rd.tensor("grad");
+      break;
+    case 'L':
+      r.key = rd.str("key");
+      r.min_version = rd.get<std::uint64_t>("min_version");
+      break;
+    default:
+      if (rd.ok())
+        return invalid_argument("ps message: unknown operation 0x{:02x}",
+                                static_cast<unsigned char>(r.op));
+  }
+  SHOAL_RETURN_IF_ERROR(rd.done());
+  return r;
+}
+
+std::string encode_pull_reply(std::uint64_t version, const Tensor& value) {
+  std::string out;
+  put<std::uint64_t>(out, version);
+  put_tensor(out, value);
+  return out;
+}
+
+Result<std::pair<std::uint64_t, Tensor>> decode_pull_reply(std::string_view in) {
+  Reader rd(in);
+  const auto v = rd.get<std::uint64_t>("version");
+  Tensor t = rd.tensor("value");
+  SHOAL_RETURN_IF_ERROR(rd.done());
+  return std::pair{v, std::move(t)};
+}
+
+}  // namespace shoal::ps

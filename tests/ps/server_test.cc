@@ -1,0 +1,173 @@
+// The parameter server over its real transport (authenticated frames on
+// loopback): two worker threads in sync mode equal one process stepping
+// on the mean gradient; a worker whose process dies releases its rounds;
+// bad requests are refused by name while the server serves on; a server
+// restarted from its snapshot keeps its values and versions.
+#include "shoal/ps/server.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <latch>
+#include <thread>
+#include <vector>
+
+#include "shoal/net/frame_server.h"
+#include "shoal/ps/wire.h"
+#include "shoal/ps/worker.h"
+#include "temp_dir.h"
+
+namespace shoal::ps {
+namespace {
+
+const std::string kToken = "ps-test-token";
+
+std::unique_ptr<Server> serve(Mode mode, double lr, const std::string& snapshot = "") {
+  ServerOptions o;
+  o.shard.mode = mode;
+  o.shard.lr = lr;
+  o.snapshot = snapshot;
+  o.snapshot_every = snapshot.empty() ? 0 : 1;
+  auto s = Server::start("127.0.0.1", 0, kToken, o);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return std::move(s).value();
+}
+std::string addr(const Server& s) { return "127.0.0.1:" + std::to_string(s.port()); }
+Deadline soon() { return Deadline::after_seconds(20); }
+
+// Worker w's least-squares gradient on its own 5 rows: X^T (X v - y) / 5.
+std::vector<float> grad(int w, const std::vector<float>& v) {
+  const int n = static_cast<int>(v.size());
+  std::vector<float> g(v.size(), 0.f);
+  for (int r = 0; r < 5; ++r) {
+    float pred = 0, y = static_cast<float>((r + 3 * w) % 4) - 1.5f;
+    for (int j = 0; j < n; ++j) pred += static_cast<float>((r * 7 + j * 3 + w) % 5) * 0.2f * v[j];
+    for (int j = 0; j < n; ++j)
+      g[j] += static_cast<float>((r * 7 + j * 3 + w) % 5) * 0.2f * (pred - y) / 5.f;
+  }
+  return g;
+}
+Tensor tensor(const std::vector<float>& v) {
+  return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())});
+}
+std::vector<float> floats(const Tensor& t) {
+  return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
+}
+
+TEST(PsServer, SyncWorkersEqualOneProcessOnTheMeanGradient) {
+  auto server = serve(Mode::kSync, 0.3);
+  const std::vector<float> w0 = {0.5f, -1, 0.25f, 2, 0, 1, -0.5f};  // 7: no even split anywhere
+  constexpr int kSteps = 20;
+  std::vector<std::vector<float>> got(2);
+  std::latch joined(2);  // a sync job starts once every worker is in (the launcher's gang)
+  auto work = [&](int id) {
+    auto w = Worker::connect({addr(*server)}, kToken, id, soon());
+    const Status init = w.ok() ? (*w)->init("w", tensor(w0)) : w.status();
+    joined.arrive_and_wait();  // also on failure: the other thread must not wait forever
+    ASSERT_TRUE(init.ok()) << init.to_string();
+    std::vector<float> v = w0;
+    for (int step = 0; step < kSteps; ++step) {
+      auto pr = (*w)->push("w", step, tensor(grad(id, v)), soon());
+      ASSERT_TRUE(pr.ok()) << pr.status().to_string();
+      auto p = (*w)->pull("w", static_cast<std::uint64_t>(step + 1), soon());
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      ASSERT_EQ(p->first, static_cast<std::uint64_t>(step + 1));
+      v = floats(p->second);
+    }
+    got[static_cast<std::size_t>(id)] = v;
+  };
+  std::thread a(work, 0), b(work, 1);
+  a.join();
+  b.join();
+  std::vector<float> ref = w0;  // one process, the mean of both workers' gradients
+  for (int step = 0; step < kSteps; ++step) {
+    auto g0 = grad(0, ref), g1 = grad(1, ref);
+    for (std::size_t j = 0; j < ref.size(); ++j) ref[j] -= 0.3f * ((g0[j] + g1[j]) * 0.5f);
+  }
+  for (int id : {0, 1})
+    for (std::size_t j = 0; j < ref.size(); ++j)
+      EXPECT_NEAR(got[static_cast<std::size_t>(id)][j], ref[j], 1e-5f * (1 + std::fabs(ref[j])))
+          << "worker " << id << " element " << j;
+  EXPECT_EQ(server->stats().rounds, static_cast<std::uint64_t>(kSteps));
+  EXPECT_EQ(server->stats().duplicates, 0u);
+}
+
+// A worker process that joins and dies (no leave) must not hold the sync
+// round: its connection closes and the server drops it from the quorum.
+TEST(PsServer, AWorkerWhoseProcessDiesReleasesItsRounds) {
+  auto server = serve(Mode::kSync, 1.0);
+  auto w = Worker::connect({addr(*server)}, kToken, 0, soon());
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  ASSERT_TRUE((*w)->init("b", tensor({4})).ok());
+  pid_t child = fork();
+  if (child == 0) {
+    auto c = Worker::connect({addr(*server)}, kToken, 1, soon());
+    _exit(c.ok() ? 0 : 1);  // dies joined: no leave
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  ASSERT_EQ(WEXITSTATUS(st), 0);
+  ASSERT_TRUE((*w)->push("b", 0, tensor({1}), soon()).ok());
+  auto p = (*w)->pull("b", 1, Deadline::after_seconds(10));
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(floats(p->second), std::vector<float>{3});
+}
+
+TEST(PsServer, BadRequestsAreRefusedByNameAndTheServerServesOn) {
+  auto server = serve(Mode::kAsync, 1.0);
+  auto impostor = Worker::connect({addr(*server)}, "another-token", 9, soon());
+  ASSERT_FALSE(impostor.ok());
+  EXPECT_NE(impostor.status().message().find("does not hold this job's token"), std::string::npos)
+      << impostor.status().to_string();
+  auto w = Worker::connect({addr(*server)}, kToken, 0, soon());
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  ASSERT_TRUE((*w)->init("k", tensor({1, 2})).ok());
+  auto unknown = (*w)->push("nope", 0, tensor({1, 2}), soon());
+  EXPECT_NE(unknown.status().message().find("key 'nope', which this server does not hold"),
+            std::string::npos)
+      << unknown.status().to_string();
+  auto wrong = (*w)->push("k", 0, tensor({1, 2, 3}), soon());
+  EXPECT_NE(wrong.status().message().find("as f32 [3]; the key is f32 [2]"), std::string::npos)
+      << wrong.status().to_string();
+  // A malformed message on an authenticated connection: refused, named.
+  auto raw = net::connect_authenticated("127.0.0.1", server->port(), soon(), kToken, "ps server");
+  ASSERT_TRUE(raw.ok());
+  const std::string junk = std::string("P") + "\x01\x00";
+  net::FrameHeader h;
+  h.type = static_cast<std::uint16_t>(net::FrameType::kPsRequest);
+  h.length = junk.size();
+  ASSERT_TRUE(raw->send_frame(h, junk.data(), soon()).ok());
+  auto rep =
+      net::recv_reply(*raw, net::FrameType::kPsReply, net::FrameType::kStoreError, 4096, soon());
+  EXPECT_NE(rep.status().message().find("field 'worker' at byte 1"), std::string::npos)
+      << rep.status().to_string();
+  // And it serves on.
+  ASSERT_EQ(*(*w)->push("k", 0, tensor({1, 1}), soon()), PushResult::kApplied);
+  auto p = (*w)->pull("k", 1, soon());
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(floats(p->second), (std::vector<float>{0, 1}));
+}
+
+TEST(PsServer, ARestartedServerKeepsValuesAndVersions) {
+  shoal::testing::TempDir dir("ps_server");
+  const std::string snap = dir.path() + "/server0.safetensors";
+  {
+    auto server = serve(Mode::kAsync, 1.0, snap);
+    auto w = Worker::connect({addr(*server)}, kToken, 0, soon());
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->init("k", tensor({10, 20})).ok());
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE((*w)->push("k", s, tensor({1, 2}), soon()).ok());
+  }
+  auto server = serve(Mode::kAsync, 1.0, snap);
+  auto w = Worker::connect({addr(*server)}, kToken, 0, soon());
+  ASSERT_TRUE(w.ok());
+  auto p = (*w)->pull("k", 3, soon());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->first, 3u);
+  EXPECT_EQ(floats(p->second), (std::vector<float>{7, 14}));
+}
+
+}  // namespace
+}  // namespace shoal::ps
