@@ -47,5 +47,22 @@ struct EvalCommand {
 };
 EvalCommand add_eval_command(CLI::App& app);
 int run_eval(const train::TrainOptions& o);
+// `shoal ps server`: one parameter server until SIGTERM (ps/server.h).
+struct PsServerFlags {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string mode = "sync";
+  int staleness = 2;
+  std::string optimizer = "sgd";
+  double lr = 0.01, momentum = 0.9;
+  std::string snapshot;
+  std::uint64_t snapshot_every = 0;
+};
+struct PsCommand {
+  CLI::App* server = nullptr;
+  std::shared_ptr<PsServerFlags> opts;
+};
+PsCommand add_ps_command(CLI::App& app);
+int run_ps_server(const PsServerFlags& f);
 int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared);
 }  // namespace shoal::cli

@@ -17,6 +17,7 @@ struct Cli {
   std::uint64_t seed = 1;
   shoal::cli::TrainCommand train;
   shoal::cli::EvalCommand eval;
+  shoal::cli::PsCommand ps;
   CLI::App* run = nullptr;
   shoal::launch::LaunchOptions launch;
   CLI::App* run_rank = nullptr;
@@ -41,6 +42,7 @@ struct Cli {
     example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
     train = shoal::cli::add_train_command(app);
     eval = shoal::cli::add_eval_command(app);
+    ps = shoal::cli::add_ps_command(app);
     run = app.add_subcommand("run", "Launch N ranks of a command (gang: one fails, all stop)");
     run->add_option("-n,--ranks", launch.ranks, "Number of ranks")
         ->required()
@@ -118,6 +120,7 @@ int main(int argc, char** argv) {
   }
   if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts, *cli->train.dist);
   if (cli->eval.app->parsed()) return shoal::cli::run_eval(*cli->eval.opts);
+  if (cli->ps.server->parsed()) return shoal::cli::run_ps_server(*cli->ps.opts);
   if (cli->info->parsed()) return shoal::cli::run_info();
   if (cli->run->parsed()) return shoal::launch::launch(cli->launch);
   if (cli->run_rank->parsed()) return shoal::launch::exec_rank(cli->run_rank_cmd);
