@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shoal/core/env.h"
+#include "shoal/core/hash.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/auth.h"
 #include "shoal/net/c10d_store.h"
@@ -40,9 +41,7 @@ std::string file_store_job() {
 // outgoing connection holds it, and spread so that two jobs on one host
 // rarely meet; when they do, rank 0's bind fails and says so.
 int derived_port(const std::string& id) {
-  std::uint64_t h = 14695981039346656037ull;  // FNV-1a: the same in every build
-  for (unsigned char c : id) h = (h ^ c) * 1099511628211ull;
-  return 20000 + static_cast<int>(h % 12000);
+  return 20000 + static_cast<int>(fnv1a(id) % 12000);  // the same in every build
 }
 
 // MPICH's Hydra exports no job id; the ranks of one host are the

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "shoal/core/hash.h"
 #include "shoal/net/frame_server.h"
 #include "shoal/ps/wire.h"
 
@@ -31,9 +32,7 @@ Worker::~Worker() {
 }
 
 net::Socket& Worker::server_of(const std::string& key) {
-  std::uint64_t h = 14695981039346656037ull;  // FNV-1a: the same on every worker
-  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
-  return servers_[h % servers_.size()];
+  return servers_[fnv1a(key) % servers_.size()];  // the same on every worker
 }
 
 Result<std::string> Worker::call(net::Socket& s, const std::string& payload, Deadline dl) {

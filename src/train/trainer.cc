@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "shoal/core/hash.h"
 #include "shoal/core/logging.h"
 #include "shoal/core/version.h"
 #include "shoal/graph/builder.h"
@@ -74,11 +75,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
 }
 
 namespace {
-std::uint64_t fnv1a(const std::string& s) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 Dataset take_first(const Dataset& d, std::int64_t n) {
   if (n <= 0 || n >= d.size()) return d;
   Dataset s = d;
