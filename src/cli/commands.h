@@ -26,6 +26,9 @@ struct DistFlags {
   std::string wire = "f32";
   double bucket_mb = 25, first_bucket_mb = 1;
   std::string overlap = "auto";
+  std::string dist = "auto";  // auto, allreduce, ps
+  std::string ps_mode = "sync";
+  int staleness = 2;
 };
 struct TrainCommand {
   CLI::App* app = nullptr;
@@ -57,12 +60,23 @@ struct PsServerFlags {
   double lr = 0.01, momentum = 0.9;
   std::string snapshot;
   std::uint64_t snapshot_every = 0;
+  // Set when the command line gives the optimizer or mode; otherwise the
+  // server adopts the first worker's options.
+  bool configured = true;
+};
+// `shoal ps scheduler`: the job's rendezvous point (ps/attach.h).
+struct PsSchedulerFlags {
+  std::string host = "127.0.0.1";
+  int port = -1;  // -1: DMLC_PS_ROOT_PORT
 };
 struct PsCommand {
   CLI::App* server = nullptr;
+  CLI::App* scheduler = nullptr;
   std::shared_ptr<PsServerFlags> opts;
+  std::shared_ptr<PsSchedulerFlags> sched;
 };
 PsCommand add_ps_command(CLI::App& app);
 int run_ps_server(const PsServerFlags& f);
+int run_ps_scheduler(const PsSchedulerFlags& f);
 int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared);
 }  // namespace shoal::cli

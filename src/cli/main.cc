@@ -1,5 +1,6 @@
 // The `shoal` binary: dispatches to one subcommand per file.
 #include <CLI/CLI.hpp>
+#include <cstdio>
 
 #include "cli/commands.h"
 #include "shoal/core/logging.h"
@@ -20,6 +21,7 @@ struct Cli {
   shoal::cli::PsCommand ps;
   CLI::App* run = nullptr;
   shoal::launch::LaunchOptions launch;
+  std::string ps_roles;  // shoal run --ps S,W
   CLI::App* run_rank = nullptr;
   std::vector<std::string> run_rank_cmd;
   CLI::App* bench = nullptr;
@@ -44,9 +46,11 @@ struct Cli {
     eval = shoal::cli::add_eval_command(app);
     ps = shoal::cli::add_ps_command(app);
     run = app.add_subcommand("run", "Launch N ranks of a command (gang: one fails, all stop)");
-    run->add_option("-n,--ranks", launch.ranks, "Number of ranks")
-        ->required()
+    run->add_option("-n,--ranks", launch.ranks, "Number of ranks (required unless --ps)")
         ->check(CLI::Range(1, 4096));
+    run->add_option("--ps", ps_roles,
+                    "A parameter-server job: S servers and W workers running the command "
+                    "(shoal train --dist ps), e.g. --ps 1,2");
     run->add_option("--engine", launch.engine,
                     "local (fork here), mpirun (OpenMPI) or srun (a Slurm job step)")
         ->check(CLI::IsMember({"local", "mpirun", "srun"}))
@@ -120,9 +124,32 @@ int main(int argc, char** argv) {
   }
   if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts, *cli->train.dist);
   if (cli->eval.app->parsed()) return shoal::cli::run_eval(*cli->eval.opts);
-  if (cli->ps.server->parsed()) return shoal::cli::run_ps_server(*cli->ps.opts);
+  if (cli->ps.scheduler->parsed()) return shoal::cli::run_ps_scheduler(*cli->ps.sched);
+  if (cli->ps.server->parsed()) {
+    auto* sv = cli->ps.server;
+    cli->ps.opts->configured = false;
+    for (const char* f : {"--mode", "--staleness", "--optimizer", "--lr", "--momentum"})
+      if (sv->get_option(f)->count() > 0) cli->ps.opts->configured = true;
+    return shoal::cli::run_ps_server(*cli->ps.opts);
+  }
   if (cli->info->parsed()) return shoal::cli::run_info();
-  if (cli->run->parsed()) return shoal::launch::launch(cli->launch);
+  if (cli->run->parsed()) {
+    auto& l = cli->launch;
+    if (!cli->ps_roles.empty()) {
+      char comma = 0, extra = 0;
+      if (std::sscanf(cli->ps_roles.c_str(), "%d%c%d%c", &l.ps_servers, &comma, &l.ps_workers,
+                      &extra) != 3 ||
+          comma != ',') {
+        fmt::print(stderr, "shoal run: --ps {}: expected SERVERS,WORKERS, e.g. --ps 1,2\n",
+                   cli->ps_roles);
+        return 2;
+      }
+    } else if (cli->run->count("-n") == 0) {
+      fmt::print(stderr, "shoal run: give -n N (ranks) or --ps S,W (a parameter-server job)\n");
+      return 2;
+    }
+    return shoal::launch::launch(l);
+  }
   if (cli->run_rank->parsed()) return shoal::launch::exec_rank(cli->run_rank_cmd);
   if (cli->bench_comm->parsed())
     return shoal::cli::run_bench_comm(cli->ranks, cli->max_bytes, cli->seconds, cli->shared);

@@ -11,6 +11,8 @@
 #include "cli/commands.h"
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
+#include "shoal/net/store.h"
+#include "shoal/ps/attach.h"
 #include "shoal/ps/server.h"
 
 namespace shoal::cli {
@@ -47,11 +49,60 @@ PsCommand add_ps_command(CLI::App& app) {
                        "--snapshot-every updates and at exit");
   c.server->add_option("--snapshot-every", f.snapshot_every, "Updates between snapshots")
       ->check(CLI::NonNegativeNumber);
+  c.sched = std::make_shared<PsSchedulerFlags>();
+  c.scheduler = ps->add_subcommand(
+      "scheduler",
+      "The job's rendezvous point: servers register, workers find them; exits when every worker "
+      "that joined has left");
+  c.scheduler->add_option("--host", c.sched->host, "Address to listen on")->capture_default_str();
+  c.scheduler->add_option("--port", c.sched->port, "Port (default DMLC_PS_ROOT_PORT)")
+      ->check(CLI::Range(0, 65535));
   return c;
 }
 
+namespace {
+
+// In a job (DMLC_ROLE=server): publishes this server's address with the
+// scheduler under its index (SHOAL_PS_SERVER_INDEX from `shoal run --ps`,
+// which keeps it across a restart; else the next free one).
+Result<std::unique_ptr<net::Store>> register_server(const std::string& host, int port) {
+  SHOAL_ASSIGN_OR_RETURN(ps::JobEnv e, ps::job_env());
+  SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(e.root, "the ps scheduler"));
+  SHOAL_ASSIGN_OR_RETURN(
+      std::unique_ptr<net::Store> store,
+      net::TcpStore::connect(hp.first, hp.second, Deadline::after_seconds(e.timeout_s), e.token));
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t index, env::get_int("SHOAL_PS_SERVER_INDEX", -1));
+  if (index < 0) {
+    SHOAL_ASSIGN_OR_RETURN(std::int64_t n, store->add("ps/servers", 1));
+    index = n - 1;
+  }
+  if (index >= e.num_servers)
+    return invalid_argument("server index {} is beyond DMLC_NUM_SERVER={}", index, e.num_servers);
+  const std::string advertised = env::get("DMLC_NODE_HOST").value_or(host);
+  SHOAL_RETURN_IF_ERROR(
+      store->set(ps::server_key(static_cast<int>(index)), fmt::format("{}:{}", advertised, port)));
+  fmt::print("ps server: registered as server {} of {} with the scheduler at {}\n", index,
+             e.num_servers, e.root);
+  return store;
+}
+
+// "" while the job runs; else why this server should stop: every worker
+// that joined has left, or the scheduler is gone.
+std::string job_over(net::Store& store) {
+  auto joined = store.add("ps/workers", 0);
+  auto left = store.add("ps/left", 0);
+  if (!joined.ok() || !left.ok()) return "the scheduler is gone";
+  auto e = ps::job_env();
+  if (e.ok() && *joined >= e->num_workers && *left >= *joined)
+    return fmt::format("all {} workers have left", *joined);
+  return "";
+}
+
+}  // namespace
+
 int run_ps_server(const PsServerFlags& f) {
   ps::ServerOptions o;
+  o.configured = f.configured;
   auto mode = ps::parse_mode(f.mode);
   if (!mode.ok()) {
     SHOAL_LOG_ERROR("shoal ps server: {}", mode.status().message());
@@ -77,14 +128,41 @@ int run_ps_server(const PsServerFlags& f) {
     SHOAL_LOG_ERROR("shoal ps server: {}", s.status().to_string());
     return 2;
   }
-  fmt::print("ps server: listening on {}:{} ({}, {} lr {})\n", f.host, (*s)->port(), f.mode,
-             f.optimizer, f.lr);
+  if (f.configured)
+    fmt::print("ps server: listening on {}:{} ({}, {} lr {})\n", f.host, (*s)->port(), f.mode,
+               f.optimizer, f.lr);
+  else
+    fmt::print("ps server: listening on {}:{} (options from the first worker)\n", f.host,
+               (*s)->port());
+  std::unique_ptr<net::Store> store;
+  if (ps::in_ps_job()) {
+    auto r = register_server(f.host, (*s)->port());
+    if (!r.ok()) {
+      SHOAL_LOG_ERROR("shoal ps server: {}", r.status().to_string());
+      return 2;
+    }
+    store = std::move(r).value();
+  }
   std::fflush(stdout);
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::string why = "SIGTERM";
+  for (int tick = 0; !g_stop; ++tick) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (store && tick % 4 == 0) {
+      if (std::string done = job_over(*store); !done.empty()) {
+        why = done;
+        break;
+      }
+    }
+  }
+  fmt::print("ps server: stopping: {}\n", why);
   const ps::ShardStats st = (*s)->stats();
   s->reset();  // stops serving and writes the last snapshot
   fmt::print("ps server: stopped; {} pushes, {} updates, {} sync rounds, {} duplicates ignored\n",
              st.pushes, st.applied, st.rounds, st.duplicates);
+  std::string per;
+  for (const auto& [w, n] : st.by_worker)
+    per += fmt::format("{}worker {}: {}", per.empty() ? "" : ", ", w, n);
+  if (!per.empty()) fmt::print("ps server: pushes by worker: {}\n", per);
   return 0;
 }
 

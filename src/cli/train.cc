@@ -12,6 +12,7 @@
 #include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
 #include "shoal/dp/data_parallel.h"
+#include "shoal/ps/attach.h"
 #include "shoal/runtime/kernel.h"
 #include "shoal/train/trainer.h"
 
@@ -185,6 +186,20 @@ TrainCommand add_train_command(CLI::App& app) {
                 "fill its cores (auto)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  t->add_option("--dist", d.dist,
+                "How several processes train: allreduce (data parallel over the job's ranks), ps "
+                "(workers of a parameter-server job: shoal run --ps S,W, or DMLC_* variables), or "
+                "auto (ps when DMLC_ROLE is set)")
+      ->check(CLI::IsMember({"auto", "allreduce", "ps"}))
+      ->capture_default_str();
+  t->add_option("--ps-mode", d.ps_mode,
+                "Parameter server: sync (every worker in every step), async (updates as they "
+                "arrive) or bounded (async, at most --staleness steps ahead of the slowest)")
+      ->check(CLI::IsMember({"sync", "async", "bounded"}))
+      ->capture_default_str();
+  t->add_option("--staleness", d.staleness, "Parameter server, bounded: steps ahead of the slowest")
+      ->check(kNonNegative)
+      ->capture_default_str();
   t->add_option("--config", *c.config, "YAML or JSON file with the same options (flags win)");
   return c;
 }
@@ -201,6 +216,42 @@ std::string rank_path(const std::string& path, int rank) {
   return fmt::format("{}.rank{}{}", stem, rank, ext.empty() ? ".json" : ext);
 }
 }  // namespace
+
+// Joins the job's ranks as a data-parallel trainer (--dist allreduce).
+Result<std::unique_ptr<comm::Communicator>> join_allreduce(train::TrainOptions& o,
+                                                           const DistFlags& d) {
+  if (o.deterministic) setenv("SHOAL_DETERMINISTIC", "1", 1);
+  auto c = comm::Communicator::from_env();
+  if (!c.ok()) return c.status().with_context("joining the job's ranks");
+  auto comm = std::move(c).value();
+  // Ranks sharing this host split its cores unless --threads says
+  // otherwise (before attach, which decides on overlap from the threads).
+  // The count is the communicator's own (ranks grouped by host at
+  // connect), so it holds under every launcher, not only those that
+  // export a local world size; dp::attach logs the choice.
+  if (o.threads == 0)
+    o.threads = std::max(1, runtime::num_cores() / std::max(1, comm->local_size()));
+  dp::DpOptions dpo;
+  dpo.wire = *parse_dtype(d.wire);
+  dpo.bucket_mb = d.bucket_mb;
+  dpo.first_bucket_mb = d.first_bucket_mb;
+  dpo.overlap = *dp::parse_overlap(d.overlap);
+  SHOAL_RETURN_IF_ERROR(dp::attach(o, *comm, dpo));
+  return comm;
+}
+
+// Joins a parameter-server job as a worker (--dist ps).
+Result<std::unique_ptr<ps::WorkerJob>> join_ps(train::TrainOptions& o, const DistFlags& d) {
+  SHOAL_ASSIGN_OR_RETURN(ps::JobEnv e, ps::job_env());
+  if (!e.role.empty() && e.role != "worker")
+    return invalid_argument("--dist ps trains as a worker, but DMLC_ROLE={}", e.role);
+  SHOAL_ASSIGN_OR_RETURN(ps::Mode mode, ps::parse_mode(d.ps_mode));
+  SHOAL_ASSIGN_OR_RETURN(auto job, ps::WorkerJob::join(e, ps::shard_options(o, mode, d.staleness)));
+  // The job's workers share this host's cores (servers mostly wait).
+  if (o.threads == 0) o.threads = std::max(1, runtime::num_cores() / e.num_workers);
+  SHOAL_RETURN_IF_ERROR(job->attach(o));
+  return job;
+}
 
 int run_train(train::TrainOptions o, const DistFlags& d) {
   // Several ranks in the environment (shoal run, mpirun, srun, torchrun):
@@ -226,30 +277,23 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   else if (!o.trace.empty() && env->world > 1)
     o.trace = rank_path(o.trace, env->rank);
   std::unique_ptr<comm::Communicator> comm;
-  if (env->world > 1) {
-    if (o.deterministic) setenv("SHOAL_DETERMINISTIC", "1", 1);
-    auto c = comm::Communicator::from_env();
+  std::unique_ptr<ps::WorkerJob> ps_job;
+  // --dist auto: a worker of a parameter-server job when DMLC_ROLE says
+  // so (scripts written for MXNet/ps-lite set only the variables).
+  if (d.dist == "ps" || (d.dist == "auto" && ps::in_ps_job())) {
+    auto j = join_ps(o, d);
+    if (!j.ok()) {
+      SHOAL_LOG_ERROR("shoal train: {}", j.status().to_string());
+      return 2;
+    }
+    ps_job = std::move(j).value();
+  } else if (env->world > 1) {
+    auto c = join_allreduce(o, d);
     if (!c.ok()) {
-      SHOAL_LOG_ERROR("shoal train: joining the job's ranks: {}", c.status().to_string());
+      SHOAL_LOG_ERROR("shoal train: {}", c.status().to_string());
       return 2;
     }
     comm = std::move(c).value();
-    // Ranks sharing this host split its cores unless --threads says
-    // otherwise (before attach, which decides on overlap from the threads).
-    // The count is the communicator's own (ranks grouped by host at
-    // connect), so it holds under every launcher, not only those that
-    // export a local world size; dp::attach logs the choice.
-    if (o.threads == 0)
-      o.threads = std::max(1, runtime::num_cores() / std::max(1, comm->local_size()));
-    dp::DpOptions dpo;
-    dpo.wire = *parse_dtype(d.wire);
-    dpo.bucket_mb = d.bucket_mb;
-    dpo.first_bucket_mb = d.first_bucket_mb;
-    dpo.overlap = *dp::parse_overlap(d.overlap);
-    if (Status st = dp::attach(o, *comm, dpo); !st.ok()) {
-      SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
-      return 2;
-    }
   }
   auto t = train::Trainer::create(o);
   if (!t.ok()) {
@@ -260,15 +304,18 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   if (o.rank == 0 && !o.quiet)
     fmt::print("shoal train: {} on {} ({} steps/epoch, batch {}{}), {} lr {}, run dir {}\n",
                o.model, o.data, tr.steps_per_epoch(), o.batch,
-               o.world > 1 ? fmt::format(" per rank x {} ranks", o.world) : "", o.optimizer, o.lr,
-               tr.run_dir());
+               o.world > 1 ? fmt::format(" per {} x {} {}s", ps_job ? "worker" : "rank", o.world,
+                                         ps_job ? "worker" : "rank")
+                           : "",
+               o.optimizer, o.lr, tr.run_dir());
   Status st = tr.run();
   if (!st.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
     return 1;
   }
   // The result line is printed under --quiet too: it is what a script reads.
-  if (!tr.history().empty() && o.rank == 0) {
+  // Each worker of a parameter-server job has its own (async: they differ).
+  if (!tr.history().empty() && (o.rank == 0 || ps_job)) {
     const auto& last = tr.history().back();
     double secs = 0;
     for (const auto& e : tr.history()) secs += e.wall_seconds;

@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "launch/output.h"
+#include "launch/process.h"
 #include "shoal/core/file.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/net/store.h"
@@ -40,146 +41,22 @@ Status validate(const LaunchOptions& o) {
   if (o.store_port < 0 || o.store_port > 65535)
     return invalid_argument("--store-port {} is not a port number", o.store_port);
   if (o.cmd.empty()) return invalid_argument("no command given (usage: shoal run -n N -- CMD ...)");
+  if (o.ps_servers < 0 || o.ps_workers < 0 || (o.ps_servers > 0) != (o.ps_workers > 0))
+    return invalid_argument(
+        "--ps {},{}: a parameter-server job needs at least one server and one "
+        "worker",
+        o.ps_servers, o.ps_workers);
+  if (o.ps_servers > 0 && o.engine != "local")
+    return invalid_argument(
+        "--ps runs on the local engine only for now (--engine {}): under mpirun or srun start "
+        "`shoal ps scheduler`, `shoal ps server` and the workers with DMLC_* set, see docs/ps.md",
+        o.engine);
+  if (o.ps_servers > 0 && (o.max_restarts > 0 || !o.trace.empty()))
+    return invalid_argument("--ps does not take --max-restarts or --trace yet");
   return ok_status();
 }
 
 namespace {
-
-int g_sig_pipe[2] = {-1, -1};
-void on_signal(int sig) {
-  unsigned char b = static_cast<unsigned char>(sig);
-  (void)!write(g_sig_pipe[1], &b, 1);
-}
-// SIGINT/SIGTERM become bytes on g_sig_pipe, which the poll loops read.
-bool catch_signals() {
-  if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return false;
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  return true;
-}
-
-std::string describe(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status))
-    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
-                       strsignal(WTERMSIG(status)));
-  return "stopped";
-}
-
-int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
-std::string random_hex(std::size_t bytes) {
-  std::vector<unsigned char> b(bytes);
-  randombytes_buf(b.data(), b.size());
-  std::string s;
-  for (unsigned char c : b) s += fmt::format("{:02x}", c);
-  return s;
-}
-
-// One process the launcher started: a rank (local engine) or the engine's
-// own launcher (mpirun, srun), each leading its own process group.
-struct Proc {
-  pid_t pid = -1;
-  int out = -1;  // read end of its stdout+stderr
-  std::string partial;
-  bool exited = false;
-  int status = 0;
-};
-
-void drain(int unit, Proc& p, Output& out, bool final) {
-  char buf[65536];
-  while (p.out >= 0) {
-    ssize_t n = read(p.out, buf, sizeof buf);
-    if (n > 0) {
-      p.partial.append(buf, static_cast<std::size_t>(n));
-      std::size_t pos;
-      while ((pos = p.partial.find('\n')) != std::string::npos) {
-        out.line(unit, p.partial.substr(0, pos));
-        p.partial.erase(0, pos + 1);
-      }
-      continue;
-    }
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-      close(p.out);
-      p.out = -1;
-    }
-    break;
-  }
-  if ((final || p.out < 0) && !p.partial.empty()) {
-    out.line(unit, p.partial);
-    p.partial.clear();
-  }
-  std::fflush(stdout);
-}
-
-// Forks `argv` in a new process group with `env` added; its stdout and
-// stderr go to one pipe. exec failures come back through a CLOEXEC pipe.
-Result<Proc> spawn(const std::vector<std::string>& argv,
-                   const std::vector<std::pair<std::string, std::string>>& env) {
-  int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0) return unavailable("pipe: {}", std::strerror(errno));
-  if (pipe2(err, O_CLOEXEC) != 0) {
-    close(out[0]);
-    close(out[1]);
-    return unavailable("pipe: {}", std::strerror(errno));
-  }
-  std::vector<char*> av;
-  for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
-  av.push_back(nullptr);
-  const pid_t launcher = getpid();
-  pid_t pid = fork();
-  if (pid < 0) return unavailable("fork: {}", std::strerror(errno));
-  if (pid == 0) {
-    setpgid(0, 0);
-    // A rank leads its own process group, so a SIGKILL to the launcher
-    // reaches no rank: have the kernel kill it when the launcher dies (and
-    // check the launcher did not die before this line).
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != launcher) _exit(128 + SIGKILL);
-    dup2(out[1], 1);
-    dup2(out[1], 2);
-    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    execvp(av[0], av.data());
-    int e = errno;
-    (void)!write(err[1], &e, sizeof e);
-    _exit(127);
-  }
-  setpgid(pid, pid);
-  close(out[1]);
-  close(err[1]);
-  int e = 0;
-  ssize_t got = read(err[0], &e, sizeof e);  // EOF on a successful exec
-  close(err[0]);
-  if (got == static_cast<ssize_t>(sizeof e)) {
-    waitpid(pid, nullptr, 0);
-    close(out[0]);
-    return not_found("cannot start '{}': {}", argv[0], std::strerror(e));
-  }
-  fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
-  Proc p;
-  p.pid = pid;
-  p.out = out[0];
-  return p;
-}
-
-// Whether a process is stopped (SIGSTOP, SIGTSTP, a debugger): alive, its
-// sockets open, and answering nothing. /proc/<pid>/stat's third field.
-bool is_stopped(pid_t pid) {
-  std::ifstream f(fmt::format("/proc/{}/stat", pid));
-  std::string line;
-  if (!std::getline(f, line)) return false;
-  std::size_t close = line.rfind(')');  // the command name may hold spaces
-  return close != std::string::npos && close + 2 < line.size() &&
-         (line[close + 2] == 'T' || line[close + 2] == 't');
-}
 
 struct Outcome {
   int code = 0;
@@ -278,7 +155,7 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
   };
   while (true) {
-    std::vector<pollfd> fds{{g_sig_pipe[0], POLLIN, 0}};
+    std::vector<pollfd> fds{{signal_fd(), POLLIN, 0}};
     std::vector<int> who{-1};
     for (std::size_t i = 0; i < procs.size(); ++i)
       if (procs[i].out >= 0) {
@@ -290,7 +167,7 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
       if (fds[k].revents) drain(who[k], procs[static_cast<std::size_t>(who[k])], output, false);
     if (fds[0].revents & POLLIN) {
       unsigned char sig = 0;
-      while (read(g_sig_pipe[0], &sig, 1) == 1) {
+      while (read(signal_fd(), &sig, 1) == 1) {
       }
       interrupted = true;
       if (!stopping)
@@ -456,10 +333,10 @@ int exec_rank(const std::vector<std::string>& cmd) {
   }
   int st = 0;
   while (true) {
-    pollfd pf{g_sig_pipe[0], POLLIN, 0};
+    pollfd pf{signal_fd(), POLLIN, 0};
     poll(&pf, 1, 100);
     unsigned char sig = 0;
-    while (read(g_sig_pipe[0], &sig, 1) == 1) kill(pid, sig);
+    while (read(signal_fd(), &sig, 1) == 1) kill(pid, sig);
     pid_t w = waitpid(pid, &st, WNOHANG);
     if (w == pid) break;
     if (w < 0 && errno != EINTR) return 2;
@@ -488,6 +365,7 @@ int launch(const LaunchOptions& o) {
   localtime_r(&now, &tm);
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
   const std::string job_id = fmt::format("{}-{}", stamp, random_hex(3));
+  if (o.ps_servers > 0) return launch_ps(o, job_id);
 
   std::string trace_dir, trace_prefix;
   if (!o.trace.empty()) {

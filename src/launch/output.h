@@ -23,12 +23,18 @@ class Output {
  public:
   Output(int ranks, std::string engine)
       : tails_(static_cast<std::size_t>(ranks)), engine_(std::move(engine)) {}
+  // Local processes with names of their own ("server 0", "worker 1").
+  explicit Output(std::vector<std::string> labels)
+      : tails_(labels.size()), engine_("local"), labels_(std::move(labels)) {}
   void line(int unit, const std::string& l) {
     int rank = unit;
     std::string text = l;
     if (engine_ != "local") std::tie(rank, text) = untag(l);
     if (rank >= 0 && rank < static_cast<int>(tails_.size())) {
-      fmt::print("[rank {}] {}\n", rank, text);
+      if (labels_.empty())
+        fmt::print("[rank {}] {}\n", rank, text);
+      else
+        fmt::print("[{}] {}\n", labels_[static_cast<std::size_t>(rank)], text);
       // The first rank `shoal run-rank` saw fail (the others follow it).
       if (auto t = text.find("shoal-rank-exit: rank "); t != std::string::npos && !first_exit_) {
         std::size_t sp = text.find(' ', t + 22);
@@ -81,6 +87,7 @@ class Output {
   std::vector<std::deque<std::string>> tails_;
   std::deque<std::string> engine_tail_;
   std::string engine_;
+  std::vector<std::string> labels_;
   std::optional<std::pair<int, std::string>> first_exit_;
   std::string cancel_line_;
 };

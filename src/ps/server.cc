@@ -14,7 +14,20 @@ using ConnId = net::FrameServer::ConnId;
 
 class Server::Handler final : public net::FrameServer::Handler {
  public:
-  Handler(std::unique_ptr<Shard> shard, const ServerOptions& o) : shard_(std::move(shard)), o_(o) {}
+  explicit Handler(const ServerOptions& o) : o_(o) {}
+
+  // A shard with `so`, restored from the snapshot when there is one.
+  Status configure(const ShardOptions& so) {
+    SHOAL_ASSIGN_OR_RETURN(shard_, Shard::create(so));
+    std::error_code ec;
+    if (!o_.snapshot.empty() && std::filesystem::exists(o_.snapshot, ec)) {
+      SHOAL_RETURN_IF_ERROR(shard_->restore(o_.snapshot).with_context("restarting the ps server"));
+      SHOAL_LOG_INFO("ps server: restored from {} ({} workers)", o_.snapshot,
+                     shard_->workers().size());
+    }
+    SHOAL_LOG_INFO("ps server: options {}", config_text(so));
+    return ok_status();
+  }
 
   std::string on_request(net::FrameServer& s, ConnId c, const net::FrameHeader& h,
                          std::string_view body) override {
@@ -32,7 +45,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     auto w = worker_of_.find(c);
     if (w == worker_of_.end()) return;
     SHOAL_LOG_WARN("ps server: worker {} left: its connection closed", w->second);
-    (void)shard_->remove_worker(w->second);
+    if (shard_) (void)shard_->remove_worker(w->second);
     worker_of_.erase(w);
     answer_pulls(s);
   }
@@ -42,7 +55,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     return stats_;
   }
   Status final_snapshot() {
-    return o_.snapshot.empty() ? ok_status() : shard_->snapshot(o_.snapshot);
+    return o_.snapshot.empty() || !shard_ ? ok_status() : shard_->snapshot(o_.snapshot);
   }
 
  private:
@@ -51,6 +64,8 @@ class Server::Handler final : public net::FrameServer::Handler {
     std::uint64_t seq;
     std::string key;
     std::uint64_t min_version;
+    bool with_result = false;  // a pushpull: its PushResult goes before the value
+    char result = 0;
   };
 
   std::string refuse(net::FrameServer& s, ConnId c, std::uint64_t seq, const Status& st) {
@@ -59,6 +74,14 @@ class Server::Handler final : public net::FrameServer::Handler {
   }
 
   Status serve(net::FrameServer& s, ConnId c, std::uint64_t seq, const Request& r) {
+    if (r.op == 'C') {
+      SHOAL_RETURN_IF_ERROR(config(r.config));
+      s.reply(c, net::FrameType::kPsReply, seq, "");
+      return ok_status();
+    }
+    if (!shard_)
+      return failed_precondition(
+          "this server has no options yet: a worker sends them first (config, wire op 'C')");
     switch (r.op) {
       case 'J':
         SHOAL_RETURN_IF_ERROR(shard_->add_worker(r.worker));
@@ -84,16 +107,44 @@ class Server::Handler final : public net::FrameServer::Handler {
         return ok_status();
       }
       case 'L': {
-        SHOAL_ASSIGN_OR_RETURN(auto v, shard_->pull(r.key));
-        if (v.first >= r.min_version)
-          s.reply(c, net::FrameType::kPsReply, seq, encode_pull_reply(v.first, v.second));
-        else
-          pulls_.push_back({c, seq, r.key, r.min_version});
+        SHOAL_RETURN_IF_ERROR(shard_->pull(r.key).status());
+        pulls_.push_back({c, seq, r.key, r.min_version});
+        answer_pulls(s);
         return ok_status();
       }
+      case 'X':
+        return push_pull(s, c, seq, r);
     }
     s.reply(c, net::FrameType::kPsReply, seq, "");
     publish();
+    return ok_status();
+  }
+
+  // Push, then answer with the key's value once the update the push
+  // belongs to is applied: at once in async mode, when its round closes in
+  // sync mode (a retried push of a closed round is answered at once too).
+  Status push_pull(net::FrameServer& s, ConnId c, std::uint64_t seq, const Request& r) {
+    SHOAL_ASSIGN_OR_RETURN(PushResult pr,
+                           shard_->push(r.worker, r.key, r.step, r.seq, r.value, r.lr));
+    if (pr == PushResult::kWait) {
+      s.reply(c, net::FrameType::kPsReply, seq, std::string(1, static_cast<char>(pr)));
+      return ok_status();
+    }
+    const bool sync = shard_->options().mode == Mode::kSync;
+    pulls_.push_back({c, seq, r.key, sync ? static_cast<std::uint64_t>(r.step) + 1 : 0, true,
+                      static_cast<char>(pr)});
+    answer_pulls(s);
+    if (pr == PushResult::kApplied || pr == PushResult::kClosed)
+      SHOAL_RETURN_IF_ERROR(maybe_snapshot());
+    publish();
+    return ok_status();
+  }
+
+  Status config(const std::string& text) {
+    SHOAL_ASSIGN_OR_RETURN(ShardOptions want, parse_config(text));
+    if (!shard_) return configure(want);
+    if (std::string d = config_diff(shard_->options(), want); !d.empty())
+      return failed_precondition("a worker's parameter-server options differ: {}", d);
     return ok_status();
   }
 
@@ -101,7 +152,9 @@ class Server::Handler final : public net::FrameServer::Handler {
     std::erase_if(pulls_, [&](const Pull& p) {
       auto v = shard_->pull(p.key);
       if (!v.ok() || v->first < p.min_version) return false;
-      s.reply(p.conn, net::FrameType::kPsReply, p.seq, encode_pull_reply(v->first, v->second));
+      std::string body = p.with_result ? std::string(1, p.result) : std::string();
+      body += encode_pull_reply(v->first, v->second);
+      s.reply(p.conn, net::FrameType::kPsReply, p.seq, body);
       return true;
     });
   }
@@ -129,14 +182,9 @@ class Server::Handler final : public net::FrameServer::Handler {
 
 Result<std::unique_ptr<Server>> Server::start(const std::string& host, int port,
                                               const std::string& token, const ServerOptions& o) {
-  SHOAL_ASSIGN_OR_RETURN(auto shard, Shard::create(o.shard));
-  std::error_code ec;
-  if (!o.snapshot.empty() && std::filesystem::exists(o.snapshot, ec)) {
-    SHOAL_RETURN_IF_ERROR(shard->restore(o.snapshot).with_context("restarting the ps server"));
-    SHOAL_LOG_INFO("ps server: restored from {} ({} workers)", o.snapshot, shard->workers().size());
-  }
   std::unique_ptr<Server> s(new Server());
-  s->handler_ = std::make_unique<Handler>(std::move(shard), o);
+  s->handler_ = std::make_unique<Handler>(o);
+  if (o.configured) SHOAL_RETURN_IF_ERROR(s->handler_->configure(o.shard));
   SHOAL_ASSIGN_OR_RETURN(s->server_, net::FrameServer::start(host, port, token, s->handler_.get(),
                                                              o.limits, "ps server"));
   return s;

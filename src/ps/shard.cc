@@ -115,8 +115,9 @@ Status Shard::remove_worker(int worker) {
 
 // The update with `grad` (an average, for sync rounds) through the
 // training kernels; the outputs replace value and state.
-Status Shard::apply(Key& k, const Tensor& grad) {
+Status Shard::apply(Key& k, const Tensor& grad, double lr) {
   SHOAL_RETURN_IF_ERROR(k.grad.copy_from(grad));
+  k.lr.data<float>()[0] = static_cast<float>(lr > 0 ? lr : o_.lr);
   if (k.opt_step.defined()) k.opt_step.data<float>()[0] = static_cast<float>(k.version + 1);
   SHOAL_RETURN_IF_ERROR(k.update->run().with_context(fmt::format("updating key '{}'", k.name)));
   SHOAL_RETURN_IF_ERROR(k.value.copy_from(k.update->output(0)));
@@ -140,7 +141,7 @@ Status Shard::close_ready_rounds() {
     float* m = mean.data<float>();
     const float inv = 1.0f / static_cast<float>(k->pushed.size());
     for (std::int64_t i = 0; i < mean.numel(); ++i) m[i] *= inv;
-    SHOAL_RETURN_IF_ERROR(apply(*k, mean));
+    SHOAL_RETURN_IF_ERROR(apply(*k, mean, k->round_lr));
     k->pushed.clear();
     k->waits_for.clear();
     ++stats_.rounds;
@@ -149,7 +150,7 @@ Status Shard::close_ready_rounds() {
 }
 
 Result<PushResult> Shard::push(int worker, const std::string& key, std::int64_t step,
-                               std::uint64_t seq, const Tensor& grad) {
+                               std::uint64_t seq, const Tensor& grad, double lr) {
   if (!live_.count(worker))
     return failed_precondition("push from worker {}, which is not a member of this server", worker);
   auto it = keys_.find(key);
@@ -172,10 +173,11 @@ Result<PushResult> Shard::push(int worker, const std::string& key, std::int64_t 
     if (step - slowest > o_.staleness) return PushResult::kWait;
   }
   if (o_.mode != Mode::kSync) {
-    SHOAL_RETURN_IF_ERROR(apply(k, grad));
+    SHOAL_RETURN_IF_ERROR(apply(k, grad, lr));
     mark = seq;
     last = std::max(last, step);
     ++stats_.pushes;
+    ++stats_.by_worker[worker];
     return PushResult::kApplied;
   }
   const auto round = static_cast<std::int64_t>(k.version);
@@ -189,6 +191,7 @@ Result<PushResult> Shard::push(int worker, const std::string& key, std::int64_t 
   if (k.pushed.empty()) {
     k.waits_for = live_;
     k.sum = grad.contiguous().clone();
+    k.round_lr = lr;
   } else {
     float* s = k.sum.data<float>();
     const Tensor g = grad.contiguous();
@@ -199,6 +202,7 @@ Result<PushResult> Shard::push(int worker, const std::string& key, std::int64_t 
   mark = seq;
   last = std::max(last, step);
   ++stats_.pushes;
+  ++stats_.by_worker[worker];
   const std::uint64_t before = k.version;
   SHOAL_RETURN_IF_ERROR(close_ready_rounds());
   return k.version != before ? PushResult::kClosed : PushResult::kCollected;

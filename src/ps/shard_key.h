@@ -25,6 +25,7 @@ struct Shard::Key {
   // Sync: the open round (for step == version): summed gradients, who
   // pushed, and who it waits for (the workers live when it opened).
   Tensor sum;
+  double round_lr = 0;  // the learning rate the round's pushes carried
   std::set<int> pushed, waits_for;
 };
 

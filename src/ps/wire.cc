@@ -127,6 +127,17 @@ std::string encode(const Request& r) {
       put_str(out, r.key);
       put<std::uint64_t>(out, r.min_version);
       break;
+    case 'C':
+      put_str(out, r.config);
+      break;
+    case 'X':
+      put<std::int32_t>(out, r.worker);
+      put_str(out, r.key);
+      put<std::int64_t>(out, r.step);
+      put<std::uint64_t>(out, r.seq);
+      put<double>(out, r.lr);
+      put_tensor(out, r.value);
+      break;
     default:
       break;
   }
@@ -156,6 +167,19 @@ Result<Request> decode_request(std::string_view in) {
     case 'L':
       r.key = rd.str("key");
       r.min_version = rd.get<std::uint64_t>("min_version");
+      break;
+    case 'C':
+      r.config = rd.str("config");
+      break;
+    case 'X':
+      r.worker = rd.get<std::int32_t>("worker");
+      r.key = rd.str("key");
+      r.step = rd.get<std::int64_t>("step");
+      r.seq = rd.get<std::uint64_t>("seq");
+      r.lr = rd.get<double>("lr");
+      r.value = rd.tensor("grad");
+      if (rd.ok() && !(r.lr >= 0 && r.lr < 1e6))
+        return invalid_argument("ps message: field 'lr' is {}, outside [0, 1e6)", r.lr);
       break;
     default:
       if (rd.ok())

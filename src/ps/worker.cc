@@ -10,7 +10,8 @@
 namespace shoal::ps {
 
 Result<std::unique_ptr<Worker>> Worker::connect(const std::vector<std::string>& servers,
-                                                const std::string& token, int worker, Deadline dl) {
+                                                const std::string& token, int worker, Deadline dl,
+                                                const ShardOptions* config) {
   if (servers.empty()) return invalid_argument("a worker needs at least one ps server");
   std::unique_ptr<Worker> w(new Worker());
   w->worker_ = worker;
@@ -20,6 +21,7 @@ Result<std::unique_ptr<Worker>> Worker::connect(const std::vector<std::string>& 
                            net::connect_authenticated(hp.first, hp.second, dl, token, "ps server"));
     w->servers_.push_back(std::move(s));
   }
+  if (config) SHOAL_RETURN_IF_ERROR(w->configure(*config, dl));
   Request j;
   j.op = 'J';
   j.worker = worker;
@@ -43,6 +45,14 @@ Result<std::string> Worker::call(net::Socket& s, const std::string& payload, Dea
   SHOAL_RETURN_IF_ERROR(s.send_frame(h, payload.data(), dl).with_context(s.peer()));
   return net::recv_reply(s, net::FrameType::kPsReply, net::FrameType::kStoreError,
                          std::uint64_t{1} << 34, dl);
+}
+
+Status Worker::configure(const ShardOptions& o, Deadline dl) {
+  Request r;
+  r.op = 'C';
+  r.config = config_text(o);
+  for (auto& s : servers_) SHOAL_RETURN_IF_ERROR(call(s, encode(r), dl).status());
+  return ok_status();
 }
 
 Status Worker::init(const std::string& key, const Tensor& value) {
@@ -86,6 +96,33 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
   r.min_version = min_version;
   SHOAL_ASSIGN_OR_RETURN(std::string rep, call(server_of(key), encode(r), dl));
   return decode_pull_reply(rep);
+}
+
+Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t step,
+                                         const Tensor& grad, double lr, Deadline dl) {
+  Request r;
+  r.op = 'X';
+  r.worker = worker_;
+  r.key = key;
+  r.step = step;
+  r.seq = ++seq_;
+  r.lr = lr;
+  r.value = grad;
+  const std::string msg = encode(r);
+  for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
+    SHOAL_ASSIGN_OR_RETURN(std::string rep, call(server_of(key), msg, dl));
+    if (rep.empty()) return invalid_argument("ps server: empty pushpull reply");
+    const auto pr = static_cast<PushResult>(rep[0]);
+    if (pr != PushResult::kWait) {
+      SHOAL_ASSIGN_OR_RETURN(auto v, decode_pull_reply(std::string_view(rep).substr(1)));
+      return Pulled{pr, v.first, std::move(v.second)};
+    }
+    if (dl.expired())
+      return deadline_exceeded(
+          "worker {}: key '{}' step {} still too far ahead of the slowest worker at the deadline",
+          worker_, key, step);
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+  }
 }
 
 Status Worker::leave() {

@@ -211,7 +211,8 @@ Status Trainer::init(const TrainOptions& o) {
   oo.momentum = o.momentum;
   oo.weight_decay = o.weight_decay;
   oo.trust = o.trust;
-  SHOAL_ASSIGN_OR_RETURN(OptimizerGraph og, append_optimizer(b, oo, refs));
+  SHOAL_ASSIGN_OR_RETURN(OptimizerGraph og,
+                         o.update_pass ? o.update_pass(b, refs) : append_optimizer(b, oo, refs));
 
   params_ = init_params(m.specs, o.seed);
   buffers_ = init_buffers(m.bspecs);
@@ -284,6 +285,7 @@ Status Trainer::init(const TrainOptions& o) {
   SHOAL_RETURN_IF_ERROR(validate(m.sched));
   if (o.resume && o.rank == 0) SHOAL_RETURN_IF_ERROR(resume_latest());
   if (o.peers) SHOAL_RETURN_IF_ERROR(sync_from_lead().with_context("start-up broadcast"));
+  if (o.on_start) SHOAL_RETURN_IF_ERROR(o.on_start(params_));
   return ok_status();
 }
 
@@ -359,7 +361,8 @@ Result<EvalResult> Trainer::evaluate() {
   std::int64_t ok = 0;
   for (std::int64_t bi = 0; bi < ld.batches_per_epoch(); ++bi) {
     const Batch& b = ld.next();
-    if (bi % o_.world != o_.rank) continue;  // each rank scores its share of the test set
+    // Each rank scores its share of the test set (summed over ranks below).
+    if (o_.peers && o_.peers->collective() && bi % o_.world != o_.rank) continue;
     std::int64_t n = b.images.shape()[0];
     auto& exe = m.eval_exes[n];
     if (!exe) {  // one eval graph per batch size (the tail gets its own)
@@ -461,7 +464,7 @@ Status Trainer::run() {
     if (o_.checkpoint_every == 0 || step_ == limit) SHOAL_RETURN_IF_ERROR(checkpoint());
     // --max-steps may end the run inside an epoch: it is still evaluated and
     // reported (marked partial), so a short run ends with a result.
-    if (o_.peers) {
+    if (o_.peers && o_.peers->collective()) {
       std::vector<double> v = {loss_sum, static_cast<double>(correct), static_cast<double>(seen)};
       SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("summing epoch metrics over ranks"));
       loss_sum = v[0] / o_.world;  // a mean of per-rank mean losses

@@ -36,11 +36,23 @@ struct LaunchOptions {
   double grace_s = 5;                    // SIGTERM -> SIGKILL
   std::vector<std::string> engine_args;  // extra arguments for mpirun/srun
   std::vector<std::string> cmd;
+  // A parameter-server job (--ps S,W): S servers and W workers running
+  // cmd, local engine only; see launch_ps.
+  int ps_servers = 0, ps_workers = 0;
 };
 Status validate(const LaunchOptions& o);
 
 // Runs the job; returns the process exit code for the launcher.
 int launch(const LaunchOptions& o);
+
+// `shoal run --ps S,W -- CMD` (what launch() runs when ps_servers > 0):
+// the launcher serves the job's store as its scheduler, starts S `shoal ps
+// server` processes and W workers running CMD with DMLC_ROLE,
+// DMLC_PS_ROOT_URI/PORT, DMLC_NUM_SERVER/WORKER and a fresh job token. The
+// job ends when every worker has finished (the servers are then stopped);
+// a failed worker stops a sync job and is named, an async job goes on
+// without it; a failed server stops the job.
+int launch_ps(const LaunchOptions& o, const std::string& job_id);
 
 // `shoal run-rank -- CMD` (hidden; what the mpirun engine starts on each
 // rank): runs CMD as a child that dies with it, forwards SIGINT/SIGTERM,

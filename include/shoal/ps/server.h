@@ -17,6 +17,10 @@ namespace shoal::ps {
 
 struct ServerOptions {
   ShardOptions shard;
+  // false: the server waits for the first worker's options (wire op 'C')
+  // and adopts them; later workers must agree. true: `shard` is the
+  // server's and a worker that asks for other options is refused by name.
+  bool configured = true;
   std::string snapshot;              // "" = none
   std::uint64_t snapshot_every = 0;  // updates between snapshots (0 = only at exit)
   net::ServerLimits limits;

@@ -43,6 +43,15 @@ struct ShardOptions {
   double lr = 0.01;
 };
 
+// The options as one line of text ("mode=sync staleness=2 optimizer=sgd
+// ..."): what a worker sends, so that servers started without options adopt
+// the job's, and what a server compares a worker's options with.
+std::string config_text(const ShardOptions& o);
+Result<ShardOptions> parse_config(const std::string& text);
+// "" when the options agree on everything that changes the math; else the
+// first field that differs with both values.
+std::string config_diff(const ShardOptions& server, const ShardOptions& worker);
+
 // What became of one push.
 enum class PushResult {
   kApplied,    // async/bounded: the update is applied
@@ -54,10 +63,11 @@ enum class PushResult {
 const char* push_result_name(PushResult r);
 
 struct ShardStats {
-  std::uint64_t applied = 0;     // updates applied to values
-  std::uint64_t pushes = 0;      // pushes accepted (collected or applied)
-  std::uint64_t duplicates = 0;  // pushes recognized as seen before
-  std::uint64_t rounds = 0;      // sync rounds closed
+  std::uint64_t applied = 0;               // updates applied to values
+  std::uint64_t pushes = 0;                // pushes accepted (collected or applied)
+  std::uint64_t duplicates = 0;            // pushes recognized as seen before
+  std::uint64_t rounds = 0;                // sync rounds closed
+  std::map<int, std::uint64_t> by_worker;  // pushes accepted per worker
 };
 
 class Shard {
@@ -75,14 +85,16 @@ class Shard {
   // rounds stop waiting for it, and those it alone held open close now.
   Status remove_worker(int worker);
   const std::set<int>& workers() const { return live_; }
+  const ShardOptions& options() const { return o_; }
 
   // A gradient for `key` from `worker` at its `step`, with its sequence
   // number `seq` (strictly increasing per worker over all its pushes).
   // Errors name the worker, key, step and values: an unknown worker or
   // key, a gradient of another shape or type, a second push to one round,
-  // a push for a round that closed or has not opened.
+  // a push for a round that closed or has not opened. `lr` > 0 is this
+  // step's learning rate (a schedule on the workers), else the options'.
   Result<PushResult> push(int worker, const std::string& key, std::int64_t step, std::uint64_t seq,
-                          const Tensor& grad);
+                          const Tensor& grad, double lr = 0);
 
   // The key's value and version (updates applied so far).
   Result<std::pair<std::uint64_t, Tensor>> pull(const std::string& key) const;
@@ -99,7 +111,7 @@ class Shard {
  private:
   struct Key;
   Shard() = default;
-  Status apply(Key& k, const Tensor& grad);
+  Status apply(Key& k, const Tensor& grad, double lr);
   Status close_ready_rounds();
 
   ShardOptions o_;

@@ -9,7 +9,11 @@
 //     'I' init   key:str value:tensor
 //     'P' push   worker:i32 key:str step:i64 seq:u64 grad:tensor
 //     'L' pull   key:str min_version:u64   (answered once version >= min)
+//     'C' config text:str   (the worker's ShardOptions, config_text())
+//     'X' pushpull worker:i32 key:str step:i64 seq:u64 lr:f64 grad:tensor
 //   push reply = result:u8 (PushResult); pull reply = version:u64 value:tensor
+//   pushpull reply = result:u8, then (unless kWait) a pull reply, sent once
+//   the update the push belongs to is applied (sync: its round closed)
 //   str = n:u32 bytes; tensor = ndim:u8 (<= 8) dims:i64[ndim] f32 data
 #pragma once
 
@@ -30,7 +34,9 @@ struct Request {
   std::string key;
   std::int64_t step = 0;
   std::uint64_t seq = 0, min_version = 0;
-  Tensor value;  // init: the value; push: the gradient
+  double lr = 0;       // pushpull: this step's learning rate (0 = the server's)
+  std::string config;  // config
+  Tensor value;        // init: the value; push: the gradient
 };
 
 std::string encode(const Request& r);

@@ -16,12 +16,18 @@ namespace shoal::ps {
 
 class Worker {
  public:
-  // `servers` are "host:port"; every connection proves `token`.
+  // `servers` are "host:port"; every connection proves `token`. With
+  // `config`, the servers get the job's options before the worker joins.
   static Result<std::unique_ptr<Worker>> connect(const std::vector<std::string>& servers,
-                                                 const std::string& token, int worker, Deadline dl);
+                                                 const std::string& token, int worker, Deadline dl,
+                                                 const ShardOptions* config = nullptr);
   ~Worker();  // leaves, when it has not
 
   int id() const { return worker_; }
+  int num_servers() const { return static_cast<int>(servers_.size()); }
+  // Sends the job's options to every server: a server started without
+  // options adopts them; one with other options refuses, naming the field.
+  Status configure(const ShardOptions& o, Deadline dl);
   Status init(const std::string& key, const Tensor& value);
   // Pushes, waiting and retrying while a bounded-staleness server says
   // kWait, until `dl`.
@@ -31,6 +37,16 @@ class Worker {
   // round min_version - 1 closed).
   Result<std::pair<std::uint64_t, Tensor>> pull(const std::string& key, std::uint64_t min_version,
                                                 Deadline dl);
+  // Pushes and, in the same round trip, receives the key's value once the
+  // update the push belongs to is applied (sync: when its round closes).
+  // `lr` > 0 is this step's learning rate. Retries while kWait, until `dl`.
+  struct Pulled {
+    PushResult result;
+    std::uint64_t version;
+    Tensor value;
+  };
+  Result<Pulled> push_pull(const std::string& key, std::int64_t step, const Tensor& grad, double lr,
+                           Deadline dl);
   // Leaves every server: sync rounds stop waiting for this worker.
   Status leave();
 

@@ -40,6 +40,10 @@ class Peers {
   virtual Status broadcast(Tensor& t) = 0;         // rank 0's value, in place
   virtual Status sum(std::vector<double>& v) = 0;  // element-wise over ranks, in place
   virtual Status average(Tensor& t) = 0;           // f32, element-wise mean over ranks, in place
+  // Whether sum and average combine every rank. When they do not (an async
+  // parameter-server job, whose workers come and go) each rank evaluates
+  // the whole test set instead of its share.
+  virtual bool collective() const { return true; }
 };
 
 struct TrainOptions {
@@ -80,6 +84,15 @@ struct TrainOptions {
   // Allocates the training step's arena (runtime::CompileOptions); dp::attach
   // gives shared memory so gradient buckets are all-reduced over mappings.
   std::function<Result<std::shared_ptr<Storage>>(std::size_t)> arena_allocator;
+  // Replaces the optimizer (append_optimizer): builds the new parameters
+  // from the gradients elsewhere, as the parameter server's push-pull nodes
+  // do (ps::attach). The returned lr input ("lr", a scalar) is fed the
+  // schedule's rate each step; state and step may be left empty.
+  std::function<Result<OptimizerGraph>(graph::Builder&, const std::vector<ParamRef>&)> update_pass;
+  // Runs once when start-up is done (after a resume and rank 0's
+  // broadcast), with the parameters: ps::attach initializes the servers'
+  // keys and pulls their current values into them.
+  std::function<Status(std::map<std::string, Tensor>&)> on_start;
   // Prepare training batches ahead on a worker thread. dp::attach turns it off
   // when no core is free: the worker would run only by preempting a rank.
   bool prefetch = true;

@@ -1,0 +1,85 @@
+// Training through parameter servers, as a graph pass (issue 14). A
+// worker's step graph keeps forward, loss and autodiff; the optimizer
+// update moves to the servers. inject_push_pull() gives each parameter one
+// "ps_push_pull" node in place of its update node: its async kernel sends
+// the gradient to the key's server and receives the key's new value in the
+// same round trip (sync: once every live worker's gradient for that step
+// is in), on the job's client thread, while the backward pass goes on. The
+// executor waits for it only at the end of the step.
+//
+// How a worker finds the job (the ps-lite/MXNet variables, so scripts
+// written for them work; `shoal run --ps S,W` sets them):
+//   DMLC_ROLE=worker, DMLC_PS_ROOT_URI + DMLC_PS_ROOT_PORT (the scheduler:
+//   a rendezvous store; SHOAL_STORE also works), DMLC_NUM_SERVER,
+//   DMLC_NUM_WORKER, SHOAL_JOB_TOKEN.
+// Servers publish "host:port" under ps/server/<i>; a worker takes the next
+// id from the counter ps/workers (so a worker that joins a running job
+// gets a new one), joins every server and sends the job's options (the
+// optimizer runs there). Sync jobs wait until all DMLC_NUM_WORKER workers
+// have joined before the first push.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shoal/net/store.h"
+#include "shoal/ps/shard.h"
+#include "shoal/ps/worker.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::ps {
+
+// The DMLC_* (or SHOAL_*) variables of a parameter-server job. Errors name
+// the variable and its value.
+struct JobEnv {
+  std::string role;  // DMLC_ROLE: worker, server, scheduler ("" = unset)
+  std::string root;  // the scheduler's host:port
+  int num_servers = 0, num_workers = 0;
+  std::string token;       // SHOAL_JOB_TOKEN
+  double timeout_s = 300;  // SHOAL_COMM_TIMEOUT: waits for other roles
+};
+Result<JobEnv> job_env();
+// Whether DMLC_ROLE (or SHOAL_PS_ROLE) says this process is part of one.
+bool in_ps_job();
+
+// The servers' options for a trainer's: its optimizer and base lr.
+ShardOptions shard_options(const train::TrainOptions& t, Mode mode, int staleness);
+
+// Key under which server `i` publishes its address.
+std::string server_key(int i);
+
+// One worker process's part of a job: its store connection, its worker
+// connections to the servers, and the client thread the push-pull kernels
+// use. Outlives the trainer it is attached to.
+class WorkerJob {
+ public:
+  static Result<std::unique_ptr<WorkerJob>> join(const JobEnv& e, const ShardOptions& o);
+  ~WorkerJob();  // leaves the servers: sync rounds stop waiting for it
+
+  int worker() const;
+  int workers() const { return env_.num_workers; }
+  const ShardOptions& options() const { return o_; }
+  // Wire a trainer to this job: rank/world for its data shard, the update
+  // pass, start-up (keys initialized, current values pulled) and Peers over
+  // the store. Call before Trainer::create.
+  Status attach(train::TrainOptions& t);
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  WorkerJob() = default;
+  JobEnv env_;
+  ShardOptions o_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The update pass on its own (what attach installs): one ps_push_pull node
+// per parameter, keys named after the parameters. `job` must outlive every
+// executable built from the graph.
+Result<train::OptimizerGraph> inject_push_pull(graph::Builder& b,
+                                               const std::vector<train::ParamRef>& params,
+                                               WorkerJob& job);
+
+}  // namespace shoal::ps

@@ -1,0 +1,51 @@
+// The launcher's processes: spawning a command in its own process group
+// (killed with the launcher), reading its output line by line, and
+// describing how it ended. Signals to the launcher arrive as bytes on
+// signal_fd(). Private to launch.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "launch/output.h"
+#include "shoal/core/status.h"
+
+namespace shoal::launch {
+
+// SIGINT/SIGTERM become bytes on signal_fd(), which the poll loops read.
+bool catch_signals();
+int signal_fd();
+
+std::string describe(int status);  // "exited with code 3", "was killed by signal 9 (Killed)"
+int exit_code_of(int status);      // the code, or 128 + signal
+std::string random_hex(std::size_t bytes);
+
+// One process the launcher started: a rank (local engine) or the engine's
+// own launcher (mpirun, srun), each leading its own process group.
+struct Proc {
+  pid_t pid = -1;
+  int out = -1;  // read end of its stdout+stderr
+  std::string partial;
+  bool exited = false;
+  int status = 0;
+};
+
+// Reads what `p` wrote and hands whole lines to out.line(unit, ...); with
+// `final` (or at EOF) a last partial line too.
+void drain(int unit, Proc& p, Output& out, bool final);
+
+// Forks `argv` in a new process group with `env` added; its stdout and
+// stderr go to one pipe. It dies with the launcher (PR_SET_PDEATHSIG).
+Result<Proc> spawn(const std::vector<std::string>& argv,
+                   const std::vector<std::pair<std::string, std::string>>& env);
+
+// Whether a process is stopped (SIGSTOP, SIGTSTP, a debugger).
+bool is_stopped(pid_t pid);
+
+// This executable's path (/proc/self/exe), "" if unreadable.
+std::string self_exe();
+
+}  // namespace shoal::launch

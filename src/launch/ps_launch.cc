@@ -1,0 +1,243 @@
+// `shoal run --ps S,W -- CMD`: a parameter-server job on this host. The
+// launcher is the scheduler (it serves the job's store, where servers
+// publish their addresses and workers take ids), starts S `shoal ps
+// server` processes and W copies of CMD as workers, with the ps-lite/MXNet
+// variables set (DMLC_ROLE, DMLC_PS_ROOT_URI/PORT, DMLC_NUM_SERVER/WORKER)
+// and a fresh job token. Unlike a gang, the job is over when every worker
+// has finished: then the servers are stopped (they print their counts).
+// A worker that finishes early is fine; one that fails stops the job in
+// sync mode (named), and in async or bounded mode the others go on (the
+// servers drop it from the quorum). A server that dies stops the job.
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "launch/output.h"
+#include "launch/process.h"
+#include "shoal/launch/launcher.h"
+#include "shoal/net/store.h"
+
+namespace shoal::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+class PsJob {
+ public:
+  PsJob(const LaunchOptions& o, std::string job_id)
+      : o_(o), job_id_(std::move(job_id)), output_(labels(o)) {}
+
+  // Starts the store and every process; false (with the code set) on failure.
+  bool start() {
+    token_ = random_hex(16);
+    auto store = net::TcpStoreServer::start(o_.store_host, o_.store_port, token_);
+    if (!store.ok()) return fail_start("cannot start the scheduler's store", store.status());
+    store_ = std::move(store).value();
+    auto c =
+        net::TcpStore::connect(o_.store_host, store_->port(), Deadline::after_seconds(10), token_);
+    if (!c.ok()) return fail_start("cannot reach the scheduler's store", c.status());
+    client_ = std::move(c).value();
+    const Env env = {
+        {"SHOAL_STORE", fmt::format("{}:{}", o_.store_host, store_->port())},
+        {"SHOAL_JOB_TOKEN", token_},
+        {"SHOAL_JOB_ID", job_id_},
+        {"SHOAL_PLAIN_OUTPUT", "1"},
+        {"DMLC_PS_ROOT_URI", o_.store_host},
+        {"DMLC_PS_ROOT_PORT", std::to_string(store_->port())},
+        {"DMLC_NUM_SERVER", std::to_string(o_.ps_servers)},
+        {"DMLC_NUM_WORKER", std::to_string(o_.ps_workers)},
+    };
+    for (int i = 0; i < o_.ps_servers; ++i) {
+      Env e = env;
+      e.insert(e.end(), {{"DMLC_ROLE", "server"}, {"SHOAL_PS_SERVER_INDEX", std::to_string(i)}});
+      if (!spawn_unit({self_exe(), "ps", "server", "--host", o_.store_host}, e)) return false;
+    }
+    for (int i = 0; i < o_.ps_workers; ++i) {
+      Env e = env;
+      e.insert(e.end(), {{"DMLC_ROLE", "worker"}, {"SHOAL_PS_WORKER_ID", std::to_string(i)}});
+      if (!spawn_unit(o_.cmd, e)) return false;
+    }
+    t0_ = Clock::now();
+    return true;
+  }
+
+  int code() const { return code_; }
+  // Runs until every process has exited; returns the exit code.
+  int supervise() {
+    while (true) {
+      poll_output();
+      reap();
+      if (!stopping_ && workers_done() == o_.ps_workers)
+        stop_all("every worker has finished", false);
+      if (!stopping_ && o_.timeout_s > 0 &&
+          Clock::now() - t0_ > std::chrono::duration<double>(o_.timeout_s))
+        stop_all(fmt::format("--timeout {} s passed", o_.timeout_s), true);
+      if (stopping_ && Clock::now() > kill_at_) signal_all(SIGKILL);
+      bool alive = false;
+      for (const auto& p : procs_) alive = alive || !p.exited;
+      if (!alive) break;
+    }
+    for (std::size_t i = 0; i < procs_.size(); ++i)
+      drain(static_cast<int>(i), procs_[i], output_, true);
+    return report();
+  }
+
+ private:
+  static std::vector<std::string> labels(const LaunchOptions& o) {
+    std::vector<std::string> l;
+    for (int i = 0; i < o.ps_servers; ++i) l.push_back(fmt::format("server {}", i));
+    for (int i = 0; i < o.ps_workers; ++i) l.push_back(fmt::format("worker {}", i));
+    return l;
+  }
+  bool is_server(std::size_t i) const { return static_cast<int>(i) < o_.ps_servers; }
+  std::string label(std::size_t i) const {
+    return is_server(i) ? fmt::format("server {}", i)
+                        : fmt::format("worker {}", static_cast<int>(i) - o_.ps_servers);
+  }
+  int workers_done() const {
+    int n = 0;
+    for (std::size_t i = 0; i < procs_.size(); ++i) n += !is_server(i) && procs_[i].exited;
+    return n;
+  }
+
+  bool fail_start(const std::string& what, const Status& st) {
+    fmt::print(stderr, "shoal run: {} on {}:{}: {}\n", what, o_.store_host, o_.store_port,
+               st.message());
+    code_ = 2;
+    return false;
+  }
+  bool spawn_unit(const std::vector<std::string>& argv, const Env& env) {
+    auto p = spawn(argv, env);
+    if (!p.ok()) {
+      fmt::print(stderr, "shoal run: {}\n", p.status().message());
+      signal_all(SIGKILL);
+      for (auto& q : procs_) waitpid(q.pid, nullptr, 0);
+      code_ = 127;
+      return false;
+    }
+    procs_.push_back(*p);
+    return true;
+  }
+
+  void poll_output() {
+    std::vector<pollfd> fds{{signal_fd(), POLLIN, 0}};
+    std::vector<int> who{-1};
+    for (std::size_t i = 0; i < procs_.size(); ++i)
+      if (procs_[i].out >= 0) {
+        fds.push_back({procs_[i].out, POLLIN, 0});
+        who.push_back(static_cast<int>(i));
+      }
+    poll(fds.data(), fds.size(), 100);
+    for (std::size_t k = 1; k < fds.size(); ++k)
+      if (fds[k].revents) drain(who[k], procs_[static_cast<std::size_t>(who[k])], output_, false);
+    if (fds[0].revents & POLLIN) {
+      unsigned char sig = 0;
+      while (read(signal_fd(), &sig, 1) == 1) {
+      }
+      if (!stopping_)
+        stop_all(fmt::format("the launcher received signal {}", strsignal(sig)), true);
+      else
+        signal_all(SIGKILL);
+    }
+  }
+
+  // The mode the workers declared ("" before any did).
+  std::string mode() {
+    const std::string probe = "\x01probe";
+    auto m = client_->compare_set("ps/mode", probe, probe);
+    return m.ok() ? *m : "";
+  }
+
+  void reap() {
+    for (std::size_t i = 0; i < procs_.size(); ++i) {
+      Proc& p = procs_[i];
+      int st = 0;
+      if (p.exited || waitpid(p.pid, &st, WNOHANG) != p.pid) continue;
+      p.exited = true;
+      p.status = st;
+      kill(-p.pid, SIGKILL);  // anything it left in its group
+      const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      if (stopping_ && (ok || is_server(i))) continue;
+      if (is_server(i) && ok) {
+        // A server ends by itself, with 0, only once every worker has left.
+      } else if (is_server(i)) {
+        fail(i, fmt::format("{} {} while workers were training", label(i), describe(st)));
+      } else if (!ok) {
+        const std::string m = mode();
+        if (m == "async" || m == "bounded") {
+          fmt::print(stderr, "shoal run: {} {}; the job is {}: it goes on without it\n", label(i),
+                     describe(st), m);
+          ++lost_workers_;
+        } else {
+          fail(i, fmt::format("{} {} (a sync job needs every worker)", label(i), describe(st)));
+        }
+      }
+    }
+  }
+
+  void fail(std::size_t i, std::string why) {
+    if (failed_ >= 0) return;
+    failed_ = static_cast<int>(i);
+    stop_all(std::move(why), true);
+  }
+  void stop_all(std::string why, bool failure) {
+    why_ = std::move(why);
+    failure_ = failure;
+    stopping_ = true;
+    signal_all(SIGTERM);
+    kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(o_.grace_s));
+  }
+  void signal_all(int sig) {
+    for (auto& p : procs_)
+      if (!p.exited) kill(-p.pid, sig);
+  }
+
+  int report() {
+    if (code_ != 0) return code_;
+    if (!failure_) {
+      fmt::print("shoal run: {}; the {} parameter server{} stopped{}\n", why_, o_.ps_servers,
+                 o_.ps_servers == 1 ? "" : "s",
+                 lost_workers_ ? fmt::format(" ({} of {} workers failed on the way)", lost_workers_,
+                                             o_.ps_workers)
+                               : "");
+      return lost_workers_ == o_.ps_workers ? 1 : 0;
+    }
+    fmt::print(stderr, "shoal run: {}; stopped the job.\n", why_);
+    if (failed_ >= 0) {
+      fmt::print(stderr, "shoal run: last lines of {}:\n",
+                 label(static_cast<std::size_t>(failed_)));
+      for (const auto& l : output_.tail(failed_)) fmt::print(stderr, "  | {}\n", l);
+    }
+    for (std::size_t i = 0; i < procs_.size(); ++i)
+      if (static_cast<int>(i) != failed_)
+        fmt::print(stderr, "shoal run:   {} {}\n", label(i), describe(procs_[i].status));
+    const int c = failed_ >= 0 ? exit_code_of(procs_[static_cast<std::size_t>(failed_)].status) : 1;
+    return c == 0 ? 1 : c;
+  }
+
+  const LaunchOptions& o_;
+  std::string job_id_, token_;
+  Output output_;
+  std::unique_ptr<net::TcpStoreServer> store_;
+  std::unique_ptr<net::TcpStore> client_;
+  std::vector<Proc> procs_;  // servers, then workers
+  Clock::time_point t0_{}, kill_at_{};
+  bool stopping_ = false, failure_ = false;
+  std::string why_;
+  int failed_ = -1, lost_workers_ = 0, code_ = 0;
+};
+
+}  // namespace
+
+int launch_ps(const LaunchOptions& o, const std::string& job_id) {
+  PsJob job(o, job_id);
+  if (!job.start()) return job.code();
+  return job.supervise();
+}
+
+}  // namespace shoal::launch

@@ -1,0 +1,148 @@
+// A worker joining a parameter-server job and a trainer wired to it.
+#include "shoal/ps/attach.h"
+
+#include "ps/store_peers.h"
+#include "ps/worker_job.h"
+#include "shoal/core/env.h"
+#include "shoal/core/logging.h"
+#include "shoal/net/socket.h"
+
+namespace shoal::ps {
+namespace {
+
+Result<int> count(const char* name, int min) {
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t v, env::get_int(name, -1));
+  if (v < min)
+    return invalid_argument("{}={} must be a number >= {} in a parameter-server job", name,
+                            env::get(name).value_or("(unset)"), min);
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+bool in_ps_job() { return env::get("DMLC_ROLE").has_value(); }
+
+ShardOptions shard_options(const train::TrainOptions& t, Mode mode, int staleness) {
+  ShardOptions o;
+  o.mode = mode;
+  o.staleness = staleness;
+  o.optimizer.name = t.optimizer;
+  o.optimizer.momentum = t.momentum;
+  o.optimizer.weight_decay = t.weight_decay;
+  o.optimizer.trust = t.trust;
+  o.lr = t.lr;
+  return o;
+}
+
+std::string server_key(int i) { return fmt::format("ps/server/{}", i); }
+
+Result<JobEnv> job_env() {
+  JobEnv e;
+  e.role = env::get("DMLC_ROLE").value_or("");
+  if (!e.role.empty() && e.role != "worker" && e.role != "server" && e.role != "scheduler")
+    return invalid_argument("DMLC_ROLE={} is not one of worker, server, scheduler", e.role);
+  auto uri = env::get("DMLC_PS_ROOT_URI"), port = env::get("DMLC_PS_ROOT_PORT");
+  if (uri.has_value() != port.has_value())
+    return invalid_argument("DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT go together; only {} is set",
+                            uri ? "DMLC_PS_ROOT_URI" : "DMLC_PS_ROOT_PORT");
+  if (uri) {
+    e.root = *uri + ":" + *port;
+  } else if (auto s = env::get("SHOAL_STORE")) {
+    e.root = *s;
+  } else {
+    return invalid_argument(
+        "a parameter-server job needs its scheduler's address: DMLC_PS_ROOT_URI and "
+        "DMLC_PS_ROOT_PORT (or SHOAL_STORE)");
+  }
+  SHOAL_RETURN_IF_ERROR(net::split_host_port(e.root, "the ps scheduler").status());
+  SHOAL_ASSIGN_OR_RETURN(e.num_servers, count("DMLC_NUM_SERVER", 1));
+  SHOAL_ASSIGN_OR_RETURN(e.num_workers, count("DMLC_NUM_WORKER", 1));
+  e.token = env::get("SHOAL_JOB_TOKEN").value_or("");
+  SHOAL_ASSIGN_OR_RETURN(e.timeout_s, env::get_double("SHOAL_COMM_TIMEOUT", 300));
+  return e;
+}
+
+Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardOptions& o) {
+  std::unique_ptr<WorkerJob> j(new WorkerJob());
+  j->env_ = e;
+  j->o_ = o;
+  j->impl_ = std::make_unique<Impl>();
+  Impl& m = *j->impl_;
+  m.mode = o.mode;
+  m.timeout_s = e.timeout_s;
+  const Deadline dl = Deadline::after_seconds(e.timeout_s);
+  SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(e.root, "the ps scheduler"));
+  SHOAL_ASSIGN_OR_RETURN(auto store, net::TcpStore::connect(hp.first, hp.second, dl, e.token));
+  m.store = std::move(store);
+  // The launcher reads the mode to decide what a failed worker means.
+  SHOAL_RETURN_IF_ERROR(m.store->set("ps/mode", mode_name(o.mode)));
+  // The id `shoal run --ps` chose (so that its labels match), else the
+  // next from the job's counter (a worker started by hand, or joining late).
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t next, m.store->add("ps/workers", 1));
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t hint, env::get_int("SHOAL_PS_WORKER_ID", next - 1));
+  const int id = static_cast<int>(hint);
+  std::vector<std::string> servers;
+  for (int i = 0; i < e.num_servers; ++i) {
+    auto addr = m.store->get(server_key(i), dl);
+    if (!addr.ok())
+      return addr.status().with_context(fmt::format(
+          "worker {}: waiting for parameter server {} of {} to register", id, i, e.num_servers));
+    servers.push_back(*addr);
+  }
+  SHOAL_ASSIGN_OR_RETURN(m.worker, Worker::connect(servers, e.token, id, dl, &o));
+  // Sync rounds count the workers live when they open: none may open
+  // before the whole quorum has joined.
+  if (o.mode == Mode::kSync && id < e.num_workers) {
+    SHOAL_RETURN_IF_ERROR(m.store->set(fmt::format("ps/joined/{}", id), "1"));
+    std::vector<std::string> all;
+    for (int w = 0; w < e.num_workers; ++w) all.push_back(fmt::format("ps/joined/{}", w));
+    SHOAL_RETURN_IF_ERROR(m.store->wait(all, dl).with_context(fmt::format(
+        "worker {}: waiting for all {} workers to join the sync job", id, e.num_workers)));
+  }
+  m.peers = make_store_peers(*m.store, id, e.num_workers, o.mode == Mode::kSync, e.timeout_s);
+  register_push_pull_op();
+  m.id = register_job(&m);
+  m.start_thread();
+  SHOAL_LOG_INFO("worker {} joined {} parameter server{} ({}{})", id, servers.size(),
+                 servers.size() == 1 ? "" : "s", mode_name(o.mode),
+                 id >= e.num_workers ? ", beyond the first DMLC_NUM_WORKER: a late joiner" : "");
+  return j;
+}
+
+WorkerJob::~WorkerJob() {
+  if (!impl_) return;
+  impl_->stop_thread();
+  unregister_job(impl_->id);
+  if (impl_->worker) (void)impl_->worker->leave();
+  if (impl_->store) (void)impl_->store->add("ps/left", 1);  // the scheduler counts
+}
+
+int WorkerJob::worker() const { return impl_->worker->id(); }
+
+Status WorkerJob::attach(train::TrainOptions& t) {
+  Impl& m = *impl_;
+  const int id = worker();
+  t.rank = id % env_.num_workers;
+  t.world = env_.num_workers;
+  t.peers = m.peers;
+  t.update_pass = [this](graph::Builder& b, const std::vector<train::ParamRef>& params) {
+    return inject_push_pull(b, params, *this);
+  };
+  // Every worker initializes every key (the first value a server receives
+  // wins: in sync jobs all are worker 0's after the start-up broadcast),
+  // then starts from the servers' current values: a worker that joins a
+  // running job continues from there.
+  t.on_start = [&m](std::map<std::string, Tensor>& params) -> Status {
+    for (auto& [name, value] : params) {
+      SHOAL_RETURN_IF_ERROR(m.worker->init(name, value));
+      SHOAL_ASSIGN_OR_RETURN(auto cur,
+                             m.worker->pull(name, 0, Deadline::after_seconds(m.timeout_s)));
+      SHOAL_RETURN_IF_ERROR(value.copy_from(cur.second));
+      m.next_step[name] = m.mode == Mode::kSync ? static_cast<std::int64_t>(cur.first) : 0;
+    }
+    return ok_status();
+  };
+  return ok_status();
+}
+
+}  // namespace shoal::ps

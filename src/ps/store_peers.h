@@ -1,0 +1,19 @@
+// train::Peers for the workers of a parameter-server job, over the job's
+// rendezvous store (workers share no communicator: in async jobs they come
+// and go). Worker 0 leads: its options and its tensors are what the
+// others check and copy. Sums and averages are collective only in sync
+// jobs (a fixed quorum); in async jobs each worker keeps its own (a sum
+// over workers that may have left would never finish). Private to ps.
+#pragma once
+
+#include <memory>
+
+#include "shoal/net/store.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::ps {
+
+std::shared_ptr<train::Peers> make_store_peers(net::Store& store, int worker, int workers,
+                                               bool collective, double timeout_s);
+
+}  // namespace shoal::ps

@@ -1,0 +1,60 @@
+// WorkerJob's private state, shared by attach.cc (joining, start-up) and
+// push_pull.cc (the graph op and its client thread). Private to ps.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "shoal/ps/attach.h"
+
+namespace shoal::ps {
+
+// One push-pull in flight: the kernel fills it, the client thread runs it.
+struct PushPullTask {
+  std::string key;
+  Tensor grad, out;  // views of the kernel's input and output
+  double lr = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  std::chrono::steady_clock::time_point start{}, end{};
+};
+
+struct WorkerJob::Impl {
+  std::unique_ptr<net::Store> store;
+  std::unique_ptr<Worker> worker;
+  std::shared_ptr<train::Peers> peers;
+  std::int64_t id = -1;  // in the push-pull op registry
+  Mode mode = Mode::kSync;
+  double timeout_s = 300;
+  // The step each key's next push is for: sync, the server's version (the
+  // open round); async and bounded, this worker's own count.
+  std::map<std::string, std::int64_t> next_step;
+
+  // The client thread: runs tasks in the order the kernels started them.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<PushPullTask>> queue;
+  bool stopping = false;
+  std::thread thread;
+
+  void start_thread();
+  void stop_thread();
+  void enqueue(std::shared_ptr<PushPullTask> t);
+
+ private:
+  void loop();
+  Status run(PushPullTask& t);
+};
+
+// The op's registry of jobs, so that a graph attribute can name one.
+std::int64_t register_job(WorkerJob::Impl* j);
+void unregister_job(std::int64_t id);
+void register_push_pull_op();
+
+}  // namespace shoal::ps

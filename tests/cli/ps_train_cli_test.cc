@@ -1,0 +1,152 @@
+// Training through parameter servers end to end, on real Fashion-MNIST:
+// `shoal run --ps S,W -- shoal train --dist ps`. Sync PS with W workers of
+// batch B equals one process of batch W*B (same weights after k steps);
+// async training survives a killed worker and reaches the CNN's accuracy; a
+// sync job names a failed worker; a worker started by hand joins a running
+// job and its pushes count; workers with other options are refused by name.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cli/run_shoal.h"
+#include "shoal/tensor/safetensors.h"
+#include "temp_dir.h"
+
+namespace shoal {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_sh;
+using testing::run_shoal;
+
+std::string tmpdir(const std::string& name) { return testing::scratch_dir("ps_" + name) + "/run"; }
+
+Result<SafetensorsFile> last_checkpoint(const std::string& dir) {
+  std::string best;
+  for (const auto& e : fs::directory_iterator(dir + "/checkpoints"))
+    if (e.path().extension() == ".safetensors" && e.path().string() > best)
+      best = e.path().string();
+  if (best.empty()) return not_found("no checkpoint in {}", dir);
+  return read_safetensors(best);
+}
+
+const std::string kMlp =
+    "--model mlp --limit-train 2048 --limit-test 256 --threads 1 --optimizer momentum --lr 0.05 "
+    "--no-plot --quiet";
+
+// Async updates from two workers add to momentum (Mitliagkas et al. 2016,
+// "Asynchrony begets momentum"): plain SGD for the async MLP runs.
+const std::string kAsyncMlp =
+    "--model mlp --limit-train 2048 --limit-test 256 --threads 1 --optimizer sgd --lr 0.05 "
+    "--no-plot --quiet";
+
+// The largest absolute difference over the parameters of two checkpoints.
+double worst_param_diff(const SafetensorsFile& a, const SafetensorsFile& b, int* params) {
+  double worst = 0;
+  *params = 0;
+  for (const auto& [name, t] : a.tensors) {
+    if (name.rfind("param/", 0) != 0) continue;
+    ++*params;
+    const Tensor* u = b.find(name);
+    if (u == nullptr) return 1e30;
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(u->data<float>()[i]) -
+                                       static_cast<double>(t.data<float>()[i])));
+  }
+  return worst;
+}
+
+TEST(PsTrainCli, SyncWorkersMatchOneProcessOnTheWholeBatch) {
+  constexpr int kB = 16, kSteps = 8;
+  for (auto [servers, workers] : {std::pair{1, 2}, std::pair{2, 3}}) {
+    SCOPED_TRACE(fmt::format("{} servers, {} workers", servers, workers));
+    const std::string one = tmpdir(fmt::format("one{}", workers));
+    const std::string many = tmpdir(fmt::format("many{}{}", servers, workers));
+    auto r1 = run_shoal(fmt::format("train {} --batch {} --max-steps {} --out {}", kMlp,
+                                    workers * kB, kSteps, one));
+    ASSERT_EQ(r1.code, 0) << r1.out;
+    auto r2 = run_shoal(fmt::format(
+        "run --ps {},{} --timeout 120 -- {} train --dist ps {} --batch {} --max-steps {} --out {}",
+        servers, workers, SHOAL_BINARY, kMlp, kB, kSteps, many));
+    ASSERT_EQ(r2.code, 0) << r2.out;
+    // Every worker pushed every parameter once per step, and every round closed.
+    EXPECT_NE(
+        r2.out.find(fmt::format("every worker has finished; the {} parameter server", servers)),
+        std::string::npos)
+        << r2.out;
+    auto a = last_checkpoint(one);
+    auto b = last_checkpoint(many);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_EQ(b->metadata.at("step"), std::to_string(kSteps));
+    int params = 0;
+    EXPECT_LE(worst_param_diff(*a, *b, &params), 1e-5);
+    EXPECT_EQ(params, 6);
+  }
+}
+
+// The number after each occurrence of `prefix` in `out`, in order (no
+// std::regex: GCC 12 warns inside it under ASan).
+std::vector<double> numbers_after(const std::string& out, const std::string& prefix) {
+  std::vector<double> v;
+  for (std::size_t at = out.find(prefix); at != std::string::npos; at = out.find(prefix, at + 1))
+    v.push_back(std::strtod(out.c_str() + at + prefix.size(), nullptr));
+  return v;
+}
+
+// Pushes over all servers, from their last lines.
+double total_pushes(const std::string& out) {
+  double n = 0;
+  for (double x : numbers_after(out, "ps server: stopped; ")) n += x;
+  return n;
+}
+
+TEST(PsTrainCli, ASyncJobNamesAFailedWorkerAndStops) {
+  const std::string dir = testing::scratch_dir("ps_syncfail");
+  // The first worker to take the lock dies (exit 3) once training runs.
+  auto r = run_shoal(fmt::format(
+      "run --ps 1,2 --timeout 120 -- sh -c 'if mkdir {0}/victim 2>/dev/null; then {1} train "
+      "--dist ps {2} --batch 16 --max-steps 100000 --out {0}/run & p=$!; sleep 2; kill -9 $p; "
+      "exit 3; else exec {1} train --dist ps {2} --batch 16 --max-steps 100000 --out {0}/run; fi'",
+      dir, SHOAL_BINARY, kMlp));
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("exited with code 3 (a sync job needs every worker)"), std::string::npos)
+      << r.out;
+  EXPECT_LT(r.seconds, 60) << r.out;
+}
+
+TEST(PsTrainCli, AnAsyncJobGoesOnWithoutAKilledWorker) {
+  const std::string dir = testing::scratch_dir("ps_asynckill");
+  const std::string train =
+      fmt::format("{} train --dist ps --ps-mode async {} --batch 16 --epochs 8 --out {}/run",
+                  SHOAL_BINARY, kAsyncMlp, dir);
+  auto r = run_shoal(fmt::format(
+      "run --ps 1,2 --timeout 120 -- sh -c 'if mkdir {0}/victim 2>/dev/null; then {1} & p=$!; "
+      "sleep 1; kill -9 $p; wait $p; else exec {1}; fi'",
+      dir, train));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("exited with code 137"), std::string::npos) << r.out;  // sh: 128 + 9
+  EXPECT_NE(r.out.find("the job is async: it goes on without it"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("left: its connection closed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("final: test accuracy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 of 2 workers failed on the way"), std::string::npos) << r.out;
+  EXPECT_GT(total_pushes(r.out), 0) << r.out;
+}
+
+TEST(PsTrainCli, AsyncCnnReachesNinetyPercent) {
+  const std::string dir = testing::scratch_dir("ps_asynccnn");
+  auto r = run_shoal(fmt::format(
+      "run --ps 1,2 --timeout 600 -- {} train --dist ps --ps-mode async --model cnn --batch 64 "
+      "--epochs 4 --optimizer momentum --lr 0.02 --no-plot --quiet --out {}/run",
+      SHOAL_BINARY, dir));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto acc = numbers_after(r.out, "final: test accuracy ");
+  ASSERT_EQ(acc.size(), 1u) << r.out;
+  EXPECT_GE(acc[0], 90.0) << r.out;
+}
+
+}  // namespace
+}  // namespace shoal
