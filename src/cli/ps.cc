@@ -14,6 +14,7 @@
 #include "shoal/net/store.h"
 #include "shoal/ps/attach.h"
 #include "shoal/ps/server.h"
+#include "shoal/runtime/kernel.h"
 
 namespace shoal::cli {
 namespace {

@@ -7,6 +7,7 @@
 
 #include "shoal/core/logging.h"
 #include "shoal/ps/wire.h"
+#include "shoal/runtime/kernel.h"
 
 namespace shoal::ps {
 
@@ -31,6 +32,9 @@ class Server::Handler final : public net::FrameServer::Handler {
 
   std::string on_request(net::FrameServer& s, ConnId c, const net::FrameHeader& h,
                          std::string_view body) override {
+    // OpenMP's thread count is per thread: set it on the serving one.
+    static thread_local bool threads_set = (runtime::set_num_threads(o_.threads), true);
+    (void)threads_set;
     if (static_cast<net::FrameType>(h.type) != net::FrameType::kPsRequest)
       return fmt::format("sent frame type {} to a parameter server", h.type);
     auto r = decode_request(body);
@@ -107,7 +111,7 @@ class Server::Handler final : public net::FrameServer::Handler {
         return ok_status();
       }
       case 'L': {
-        SHOAL_RETURN_IF_ERROR(shard_->pull(r.key).status());
+        SHOAL_RETURN_IF_ERROR(shard_->peek(r.key).status());
         pulls_.push_back({c, seq, r.key, r.min_version});
         answer_pulls(s);
         return ok_status();
@@ -150,10 +154,10 @@ class Server::Handler final : public net::FrameServer::Handler {
 
   void answer_pulls(net::FrameServer& s) {
     std::erase_if(pulls_, [&](const Pull& p) {
-      auto v = shard_->pull(p.key);
+      auto v = shard_->peek(p.key);
       if (!v.ok() || v->first < p.min_version) return false;
       std::string body = p.with_result ? std::string(1, p.result) : std::string();
-      body += encode_pull_reply(v->first, v->second);
+      body += encode_pull_reply(v->first, *v->second);
       s.reply(p.conn, net::FrameType::kPsReply, p.seq, body);
       return true;
     });

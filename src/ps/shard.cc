@@ -96,6 +96,12 @@ Status Shard::init(const std::string& key, const Tensor& value) {
     SHOAL_RETURN_IF_ERROR(k->update->bind("opt_step", k->opt_step));
   }
   for (auto& [n, t] : k->state) SHOAL_RETURN_IF_ERROR(k->update->bind(n, t));
+  // Outputs written over the value and state where the executable proves
+  // that safe (the update kernels work element-wise); the rest are copied.
+  k->copy_out.push_back(!k->update->bind_output(0, k->value).ok());
+  for (std::size_t i = 0; i < k->state_order.size(); ++i)
+    k->copy_out.push_back(
+        !k->update->bind_output(static_cast<int>(i + 1), k->state.at(k->state_order[i])).ok());
   keys_[key] = std::move(k);
   return ok_status();
 }
@@ -115,15 +121,15 @@ Status Shard::remove_worker(int worker) {
 
 // The update with `grad` (an average, for sync rounds) through the
 // training kernels; the outputs replace value and state.
-Status Shard::apply(Key& k, const Tensor& grad, double lr) {
-  SHOAL_RETURN_IF_ERROR(k.grad.copy_from(grad));
+Status Shard::apply(Key& k, double lr) {
   k.lr.data<float>()[0] = static_cast<float>(lr > 0 ? lr : o_.lr);
   if (k.opt_step.defined()) k.opt_step.data<float>()[0] = static_cast<float>(k.version + 1);
   SHOAL_RETURN_IF_ERROR(k.update->run().with_context(fmt::format("updating key '{}'", k.name)));
-  SHOAL_RETURN_IF_ERROR(k.value.copy_from(k.update->output(0)));
-  int i = 1;
-  for (const auto& n : k.state_order)
-    SHOAL_RETURN_IF_ERROR(k.state.at(n).copy_from(k.update->output(i++)));
+  if (k.copy_out[0]) SHOAL_RETURN_IF_ERROR(k.value.copy_from(k.update->output(0)));
+  for (std::size_t i = 0; i < k.state_order.size(); ++i)
+    if (k.copy_out[i + 1])
+      SHOAL_RETURN_IF_ERROR(k.state.at(k.state_order[i]).copy_from(
+          k.update->output(static_cast<int>(i + 1))));
   ++k.version;
   ++stats_.applied;
   return ok_status();
@@ -137,11 +143,12 @@ Status Shard::close_ready_rounds() {
     if (!all) continue;
     // The mean over the workers that pushed (a worker that left mid-round
     // after pushing still counts: its gradient is in the sum).
-    Tensor mean = k->sum.clone();
-    float* m = mean.data<float>();
+    const float* sum = k->sum.data<float>();
+    float* m = k->grad.data<float>();
     const float inv = 1.0f / static_cast<float>(k->pushed.size());
-    for (std::int64_t i = 0; i < mean.numel(); ++i) m[i] *= inv;
-    SHOAL_RETURN_IF_ERROR(apply(*k, mean, k->round_lr));
+    const std::int64_t n = k->grad.numel();
+    for (std::int64_t i = 0; i < n; ++i) m[i] = sum[i] * inv;
+    SHOAL_RETURN_IF_ERROR(apply(*k, k->round_lr));
     k->pushed.clear();
     k->waits_for.clear();
     ++stats_.rounds;
@@ -173,7 +180,8 @@ Result<PushResult> Shard::push(int worker, const std::string& key, std::int64_t 
     if (step - slowest > o_.staleness) return PushResult::kWait;
   }
   if (o_.mode != Mode::kSync) {
-    SHOAL_RETURN_IF_ERROR(apply(k, grad, lr));
+    SHOAL_RETURN_IF_ERROR(k.grad.copy_from(grad));
+    SHOAL_RETURN_IF_ERROR(apply(k, lr));
     mark = seq;
     last = std::max(last, step);
     ++stats_.pushes;
@@ -196,7 +204,8 @@ Result<PushResult> Shard::push(int worker, const std::string& key, std::int64_t 
     float* s = k.sum.data<float>();
     const Tensor g = grad.contiguous();
     const float* d = g.data<float>();
-    for (std::int64_t i = 0; i < k.sum.numel(); ++i) s[i] += d[i];
+    const std::int64_t n = k.sum.numel();
+    for (std::int64_t i = 0; i < n; ++i) s[i] += d[i];
   }
   k.pushed.insert(worker);
   mark = seq;
@@ -212,6 +221,12 @@ Result<std::pair<std::uint64_t, Tensor>> Shard::pull(const std::string& key) con
   auto it = keys_.find(key);
   if (it == keys_.end()) return not_found("key '{}' is not held by this server", key);
   return std::pair{it->second->version, it->second->value.clone()};
+}
+
+Result<std::pair<std::uint64_t, const Tensor*>> Shard::peek(const std::string& key) const {
+  auto it = keys_.find(key);
+  if (it == keys_.end()) return not_found("key '{}' is not held by this server", key);
+  return std::pair<std::uint64_t, const Tensor*>{it->second->version, &it->second->value};
 }
 
 std::int64_t Shard::lag(int worker) const {

@@ -20,6 +20,7 @@ struct Shard::Key {
   std::map<std::string, Tensor> state;   // "opt/<key>/<slot>"
   std::vector<std::string> state_order;  // the update's outputs 1.. in this order
   std::unique_ptr<runtime::Executable> update;
+  std::vector<bool> copy_out;  // per update output: copied (not written in place)
   Tensor grad, lr, opt_step;
   std::uint64_t version = 0;  // updates applied
   // Sync: the open round (for step == version): summed gradients, who

@@ -24,6 +24,11 @@ struct ServerOptions {
   std::string snapshot;              // "" = none
   std::uint64_t snapshot_every = 0;  // updates between snapshots (0 = only at exit)
   net::ServerLimits limits;
+  // CPU threads for the updates (OpenMP, on the serving thread). The
+  // updates are element-wise and small next to the workers' steps: one
+  // thread keeps the server off the cores the workers train on (an idle
+  // OpenMP team spins: 46% of a server's cycles in a 2-worker CNN job).
+  int threads = 1;
 };
 
 class Server {

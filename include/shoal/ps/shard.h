@@ -98,6 +98,9 @@ class Shard {
 
   // The key's value and version (updates applied so far).
   Result<std::pair<std::uint64_t, Tensor>> pull(const std::string& key) const;
+  // The same without a copy: valid until the next call that changes the
+  // shard. Servers encode replies straight from it.
+  Result<std::pair<std::uint64_t, const Tensor*>> peek(const std::string& key) const;
   // Steps the worker is behind the most advanced live worker (bounded
   // staleness reports this per worker).
   std::int64_t lag(int worker) const;
@@ -111,7 +114,8 @@ class Shard {
  private:
   struct Key;
   Shard() = default;
-  Status apply(Key& k, const Tensor& grad, double lr);
+  // Runs the update on k.grad (filled by the caller).
+  Status apply(Key& k, double lr);
   Status close_ready_rounds();
 
   ShardOptions o_;
