@@ -68,10 +68,7 @@ namespace {
 // which keeps it across a restart; else the next free one).
 Result<std::unique_ptr<net::Store>> register_server(const std::string& host, int port) {
   SHOAL_ASSIGN_OR_RETURN(ps::JobEnv e, ps::job_env());
-  SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(e.root, "the ps scheduler"));
-  SHOAL_ASSIGN_OR_RETURN(
-      std::unique_ptr<net::Store> store,
-      net::TcpStore::connect(hp.first, hp.second, Deadline::after_seconds(e.timeout_s), e.token));
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<net::Store> store, ps::connect_scheduler(e));
   SHOAL_ASSIGN_OR_RETURN(std::int64_t index, env::get_int("SHOAL_PS_SERVER_INDEX", -1));
   if (index < 0) {
     SHOAL_ASSIGN_OR_RETURN(std::int64_t n, store->add("ps/servers", 1));

@@ -1,6 +1,9 @@
 // A worker joining a parameter-server job and a trainer wired to it.
 #include "shoal/ps/attach.h"
 
+#include <chrono>
+#include <thread>
+
 #include "ps/store_peers.h"
 #include "ps/worker_job.h"
 #include "shoal/core/env.h"
@@ -21,6 +24,18 @@ Result<int> count(const char* name, int min) {
 }  // namespace
 
 bool in_ps_job() { return env::get("DMLC_ROLE").has_value(); }
+
+Result<std::unique_ptr<net::Store>> connect_scheduler(const JobEnv& e) {
+  SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(e.root, "the ps scheduler"));
+  const Deadline dl = Deadline::after_seconds(e.timeout_s);
+  for (int wait_ms = 10;; wait_ms = std::min(wait_ms * 2, 500)) {
+    auto s = net::TcpStore::connect(hp.first, hp.second, dl, e.token);
+    if (s.ok()) return std::unique_ptr<net::Store>(std::move(s).value());
+    if (s.status().code() != StatusCode::kUnavailable || dl.expired())
+      return s.status().with_context("reaching the ps scheduler");
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+  }
+}
 
 ShardOptions shard_options(const train::TrainOptions& t, Mode mode, int staleness) {
   ShardOptions o;
@@ -71,9 +86,7 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
   m.mode = o.mode;
   m.timeout_s = e.timeout_s;
   const Deadline dl = Deadline::after_seconds(e.timeout_s);
-  SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(e.root, "the ps scheduler"));
-  SHOAL_ASSIGN_OR_RETURN(auto store, net::TcpStore::connect(hp.first, hp.second, dl, e.token));
-  m.store = std::move(store);
+  SHOAL_ASSIGN_OR_RETURN(m.store, connect_scheduler(e));
   // The launcher reads the mode to decide what a failed worker means.
   SHOAL_RETURN_IF_ERROR(m.store->set("ps/mode", mode_name(o.mode)));
   // The id `shoal run --ps` chose (so that its labels match), else the

@@ -128,8 +128,8 @@ Status Shard::apply(Key& k, double lr) {
   if (k.copy_out[0]) SHOAL_RETURN_IF_ERROR(k.value.copy_from(k.update->output(0)));
   for (std::size_t i = 0; i < k.state_order.size(); ++i)
     if (k.copy_out[i + 1])
-      SHOAL_RETURN_IF_ERROR(k.state.at(k.state_order[i]).copy_from(
-          k.update->output(static_cast<int>(i + 1))));
+      SHOAL_RETURN_IF_ERROR(
+          k.state.at(k.state_order[i]).copy_from(k.update->output(static_cast<int>(i + 1))));
   ++k.version;
   ++stats_.applied;
   return ok_status();

@@ -140,12 +140,55 @@ TEST(PsTrainCli, AsyncCnnReachesNinetyPercent) {
   const std::string dir = testing::scratch_dir("ps_asynccnn");
   auto r = run_shoal(fmt::format(
       "run --ps 1,2 --timeout 600 -- {} train --dist ps --ps-mode async --model cnn --batch 64 "
-      "--epochs 4 --optimizer momentum --lr 0.02 --no-plot --quiet --out {}/run",
+      "--epochs 4 --optimizer momentum --lr 0.03 --schedule cosine --no-plot --quiet --out {}/run",
       SHOAL_BINARY, dir));
   ASSERT_EQ(r.code, 0) << r.out;
+  // Each worker evaluates the servers' weights as of its last step (with
+  // its own batch-norm statistics).
   const auto acc = numbers_after(r.out, "final: test accuracy ");
-  ASSERT_EQ(acc.size(), 1u) << r.out;
-  EXPECT_GE(acc[0], 90.0) << r.out;
+  ASSERT_EQ(acc.size(), 2u) << r.out;
+  for (double a : acc) EXPECT_GE(a, 90.0) << r.out;
+}
+
+}  // namespace
+}  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// The roles started by hand, the ps-lite way: a scheduler, a server and a
+// worker with DMLC_* set; a second worker joins the running async job
+// (beyond DMLC_NUM_WORKER), starts from the servers' current weights, and
+// its pushes count.
+TEST(PsTrainCli, AWorkerJoinsARunningAsyncJobAndItsPushesCount) {
+  const std::string dir = testing::scratch_dir("ps_join");
+  const std::string env = fmt::format(
+      "export SHOAL_JOB_TOKEN=join-token DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=$(({} + "
+      "$$ % 20000)) DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1 SHOAL_COMM_TIMEOUT=30",
+      20000);
+  const std::string train = fmt::format(
+      "{} train --dist ps --ps-mode async {} --batch 16 --epochs 4", SHOAL_BINARY, kAsyncMlp);
+  auto r = run_sh(fmt::format(
+      "{0}; cd {1}; DMLC_ROLE=scheduler timeout 60 {2} ps scheduler > sched.log 2>&1 & "
+      "DMLC_ROLE=server timeout 60 {2} ps server > server.log 2>&1 & "
+      "DMLC_ROLE=worker timeout 60 {3} --out {1}/a > a.log 2>&1 & a=$!; "
+      "i=0; while [ $i -lt 100 ] && ! grep -q 'joined' a.log; do sleep 0.1; i=$((i+1)); done; "
+      "sleep 0.5; DMLC_ROLE=worker timeout 60 {3} --out {1}/b > b.log 2>&1; echo b=$?; "
+      "wait $a; echo a=$?; wait; cat sched.log server.log a.log b.log",
+      env, dir, SHOAL_BINARY, train));
+  EXPECT_NE(r.out.find("b=0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a=0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("worker 1 joined 1 parameter server (async, beyond the first"),
+            std::string::npos)
+      << r.out;
+  const auto by0 = numbers_after(r.out, "pushes by worker: worker 0: ");
+  const auto by1 = numbers_after(r.out, ", worker 1: ");
+  ASSERT_EQ(by0.size(), 1u) << r.out;
+  ASSERT_EQ(by1.size(), 1u) << r.out;
+  EXPECT_GT(by0[0], 0) << r.out;
+  // The joiner trained its 4 epochs: 128 steps each x 6 parameters.
+  EXPECT_EQ(by1[0], 4 * 128 * 6) << r.out;
+  EXPECT_NE(r.out.find("ps scheduler: every worker has left; done"), std::string::npos) << r.out;
 }
 
 }  // namespace

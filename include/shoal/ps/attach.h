@@ -40,6 +40,10 @@ struct JobEnv {
   double timeout_s = 300;  // SHOAL_COMM_TIMEOUT: waits for other roles
 };
 Result<JobEnv> job_env();
+// Connects to the job's scheduler (its store), retrying until the
+// timeout while it is not up yet: roles started by hand start in any order.
+Result<std::unique_ptr<net::Store>> connect_scheduler(const JobEnv& e);
+
 // Whether DMLC_ROLE (or SHOAL_PS_ROLE) says this process is part of one.
 bool in_ps_job();
 
