@@ -113,6 +113,12 @@ int run_ps_server(const PsServerFlags& f) {
   o.shard.lr = f.lr;
   o.snapshot = f.snapshot;
   o.snapshot_every = f.snapshot_every;
+  auto hb = env::get_double("SHOAL_PS_HEARTBEAT", 30);
+  if (!hb.ok() || *hb < 0) {
+    SHOAL_LOG_ERROR("shoal ps server: SHOAL_PS_HEARTBEAT must be a number >= 0 (0 = off)");
+    return 2;
+  }
+  o.heartbeat_s = *hb;
   const std::string token = env::get("SHOAL_JOB_TOKEN").value_or("");
   if (token.empty())
     SHOAL_LOG_WARN(
@@ -146,6 +152,10 @@ int run_ps_server(const PsServerFlags& f) {
   for (int tick = 0; !g_stop; ++tick) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (store && tick % 4 == 0) {
+      // The scheduler (and `shoal run --ps`) learns of workers dropped for
+      // silence: a sync job cannot go on without them.
+      for (const auto& [w, line] : (*s)->take_drops())
+        (void)store->set("ps/dropped", fmt::format("{} {}", w, line));
       if (std::string done = job_over(*store); !done.empty()) {
         why = done;
         break;

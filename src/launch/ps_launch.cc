@@ -71,6 +71,8 @@ class PsJob {
     while (true) {
       poll_output();
       reap();
+      check_dropped();
+      check_frozen();
       if (!stopping_ && workers_done() == o_.ps_workers)
         stop_all("every worker has finished", false);
       if (!stopping_ && o_.timeout_s > 0 &&
@@ -161,7 +163,7 @@ class PsJob {
       p.status = st;
       kill(-p.pid, SIGKILL);  // anything it left in its group
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (stopping_ && (ok || is_server(i))) continue;
+      if (stopping_) continue;  // ended by the stop, or after it began
       if (is_server(i) && ok) {
         // A server ends by itself, with 0, only once every worker has left.
       } else if (is_server(i)) {
@@ -179,9 +181,52 @@ class PsJob {
     }
   }
 
+  // A server dropped a worker for silence (ps/dropped = "<worker> <line>"):
+  // the end of a sync job, named; a note in an async one.
+  void check_dropped() {
+    if (stopping_ || ++ticks_ % 5 != 0) return;
+    const std::string probe = "\x01probe";
+    auto d = client_->compare_set("ps/dropped", probe, probe);
+    if (!d.ok() || d->empty() || *d == last_drop_) return;
+    last_drop_ = *d;
+    const int w = std::atoi(d->c_str());
+    const std::string line = d->substr(d->find(' ') + 1);
+    const std::string m = mode();
+    if (m == "async" || m == "bounded") {
+      fmt::print(stderr, "shoal run: a server says {}; the job is {}: it goes on\n", line, m);
+      return;
+    }
+    const auto unit = static_cast<std::size_t>(o_.ps_servers + w);
+    fail(w >= 0 && w < o_.ps_workers ? unit : procs_.size(),
+         fmt::format("a server says {} (a sync job needs every worker)", line));
+  }
+
+  // Every worker has finished or is stopped (state T): the stopped ones
+  // will not finish. Named; an async job's result stands.
+  void check_frozen() {
+    if (stopping_) return;
+    std::vector<std::size_t> frozen;
+    for (std::size_t i = o_.ps_servers; i < procs_.size(); ++i) {
+      if (procs_[i].exited) continue;
+      if (!is_stopped(procs_[i].pid)) return;
+      frozen.push_back(i);
+    }
+    if (frozen.empty()) return;
+    const std::string m = mode();
+    if (m == "async" || m == "bounded") {
+      for (std::size_t i : frozen)
+        fmt::print(stderr, "shoal run: {} is unresponsive (stopped: state T); stopping it\n",
+                   label(i));
+      lost_workers_ += static_cast<int>(frozen.size());
+      stop_all("every other worker has finished", false);
+    } else {
+      fail(frozen[0], fmt::format("{} is unresponsive (stopped: state T)", label(frozen[0])));
+    }
+  }
+
   void fail(std::size_t i, std::string why) {
     if (failed_ >= 0) return;
-    failed_ = static_cast<int>(i);
+    failed_ = i < procs_.size() ? static_cast<int>(i) : -1;
     stop_all(std::move(why), true);
   }
   void stop_all(std::string why, bool failure) {
@@ -194,7 +239,10 @@ class PsJob {
   }
   void signal_all(int sig) {
     for (auto& p : procs_)
-      if (!p.exited) kill(-p.pid, sig);
+      if (!p.exited) {
+        kill(-p.pid, sig);
+        if (sig == SIGTERM) kill(-p.pid, SIGCONT);  // a stopped process must run to end
+      }
   }
 
   int report() {
@@ -230,6 +278,8 @@ class PsJob {
   bool stopping_ = false, failure_ = false;
   std::string why_;
   int failed_ = -1, lost_workers_ = 0, code_ = 0;
+  long ticks_ = 0;
+  std::string last_drop_;
 };
 
 }  // namespace

@@ -74,6 +74,9 @@ Result<JobEnv> job_env() {
   SHOAL_ASSIGN_OR_RETURN(e.num_workers, count("DMLC_NUM_WORKER", 1));
   e.token = env::get("SHOAL_JOB_TOKEN").value_or("");
   SHOAL_ASSIGN_OR_RETURN(e.timeout_s, env::get_double("SHOAL_COMM_TIMEOUT", 300));
+  SHOAL_ASSIGN_OR_RETURN(e.heartbeat_s, env::get_double("SHOAL_PS_HEARTBEAT", 30));
+  if (e.heartbeat_s < 0)
+    return invalid_argument("SHOAL_PS_HEARTBEAT={} must be >= 0 (0 = off)", e.heartbeat_s);
   return e;
 }
 
@@ -112,6 +115,9 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
     SHOAL_RETURN_IF_ERROR(m.store->wait(all, dl).with_context(fmt::format(
         "worker {}: waiting for all {} workers to join the sync job", id, e.num_workers)));
   }
+  if (e.heartbeat_s > 0) {
+    SHOAL_ASSIGN_OR_RETURN(m.heartbeat, Heartbeat::start(servers, e.token, id, e.heartbeat_s / 4));
+  }
   m.peers = make_store_peers(*m.store, id, e.num_workers, o.mode == Mode::kSync, e.timeout_s);
   register_push_pull_op();
   m.id = register_job(&m);
@@ -125,6 +131,7 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
 WorkerJob::~WorkerJob() {
   if (!impl_) return;
   impl_->stop_thread();
+  impl_->heartbeat.reset();
   unregister_job(impl_->id);
   if (impl_->worker) (void)impl_->worker->leave();
   if (impl_->store) (void)impl_->store->add("ps/left", 1);  // the scheduler counts

@@ -1,8 +1,10 @@
 #include "shoal/ps/server.h"
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "shoal/core/logging.h"
@@ -39,9 +41,39 @@ class Server::Handler final : public net::FrameServer::Handler {
       return fmt::format("sent frame type {} to a parameter server", h.type);
     auto r = decode_request(body);
     if (!r.ok()) return refuse(s, c, h.seq, r.status());
+    if (r->worker >= 0) seen_[r->worker] = std::chrono::steady_clock::now();
     Status st = serve(s, c, h.seq, *r);
     if (!st.ok()) return refuse(s, c, h.seq, st);
     return "";
+  }
+
+  // Drops members silent past the heartbeat deadline.
+  void on_tick(net::FrameServer& s) override {
+    if (!shard_ || o_.heartbeat_s <= 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    const std::set<int> members = shard_->workers();
+    bool dropped = false;
+    for (int w : members) {
+      auto [it, fresh] = seen_.emplace(w, now);  // restored from a snapshot: from now
+      const double silent = std::chrono::duration<double>(now - it->second).count();
+      if (fresh || silent <= o_.heartbeat_s) continue;
+      SHOAL_LOG_WARN(
+          "ps server: worker {} sent nothing for {:.1f} s (heartbeat deadline {} s): dropped "
+          "from the quorum",
+          w, silent, o_.heartbeat_s);
+      (void)shard_->remove_worker(w);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        drops_.emplace_back(w, fmt::format("worker {} sent nothing for {:.1f} s (heartbeat "
+                                           "deadline {} s): dropped from the quorum",
+                                           w, silent, o_.heartbeat_s));
+      }
+      dropped = true;
+    }
+    if (dropped) {
+      answer_pulls(s);
+      publish();
+    }
   }
 
   void on_close(net::FrameServer& s, ConnId c) override {
@@ -52,6 +84,11 @@ class Server::Handler final : public net::FrameServer::Handler {
     if (shard_) (void)shard_->remove_worker(w->second);
     worker_of_.erase(w);
     answer_pulls(s);
+  }
+
+  std::vector<std::pair<int, std::string>> take_drops() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return std::exchange(drops_, {});
   }
 
   ShardStats stats() const {
@@ -118,6 +155,8 @@ class Server::Handler final : public net::FrameServer::Handler {
       }
       case 'X':
         return push_pull(s, c, seq, r);
+      case 'H':
+        break;
     }
     s.reply(c, net::FrameType::kPsReply, seq, "");
     publish();
@@ -178,6 +217,8 @@ class Server::Handler final : public net::FrameServer::Handler {
   std::unique_ptr<Shard> shard_;
   ServerOptions o_;
   std::map<ConnId, int> worker_of_;
+  std::map<int, std::chrono::steady_clock::time_point> seen_;  // worker -> last request
+  std::vector<std::pair<int, std::string>> drops_;             // guarded by mu_
   std::vector<Pull> pulls_;
   std::uint64_t last_snapshot_ = 0;
   mutable std::mutex mu_;
@@ -203,5 +244,6 @@ Server::~Server() {
 int Server::port() const { return server_->port(); }
 ShardStats Server::stats() const { return handler_->stats(); }
 int Server::refused() const { return server_->refused(); }
+std::vector<std::pair<int, std::string>> Server::take_drops() { return handler_->take_drops(); }
 
 }  // namespace shoal::ps

@@ -110,6 +110,7 @@ std::string encode(const Request& r) {
   switch (r.op) {
     case 'J':
     case 'Q':
+    case 'H':
       put<std::int32_t>(out, r.worker);
       break;
     case 'I':
@@ -151,6 +152,7 @@ Result<Request> decode_request(std::string_view in) {
   switch (r.op) {
     case 'J':
     case 'Q':
+    case 'H':
       r.worker = rd.get<std::int32_t>("worker");
       break;
     case 'I':

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ps/heartbeat.h"
 #include "shoal/ps/attach.h"
 
 namespace shoal::ps {
@@ -29,6 +30,7 @@ struct WorkerJob::Impl {
   std::unique_ptr<net::Store> store;
   std::unique_ptr<Worker> worker;
   std::shared_ptr<train::Peers> peers;
+  std::unique_ptr<Heartbeat> heartbeat;
   std::int64_t id = -1;  // in the push-pull op registry
   Mode mode = Mode::kSync;
   double timeout_s = 300;

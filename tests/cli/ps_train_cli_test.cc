@@ -140,7 +140,7 @@ TEST(PsTrainCli, AsyncCnnReachesNinetyPercent) {
   const std::string dir = testing::scratch_dir("ps_asynccnn");
   auto r = run_shoal(fmt::format(
       "run --ps 1,2 --timeout 600 -- {} train --dist ps --ps-mode async --model cnn --batch 64 "
-      "--epochs 4 --optimizer momentum --lr 0.03 --schedule cosine --no-plot --quiet --out {}/run",
+      "--epochs 5 --optimizer momentum --lr 0.02 --schedule cosine --no-plot --quiet --out {}/run",
       SHOAL_BINARY, dir));
   ASSERT_EQ(r.code, 0) << r.out;
   // Each worker evaluates the servers' weights as of its last step (with
@@ -189,6 +189,43 @@ TEST(PsTrainCli, AWorkerJoinsARunningAsyncJobAndItsPushesCount) {
   // The joiner trained its 4 epochs: 128 steps each x 6 parameters.
   EXPECT_EQ(by1[0], 4 * 128 * 6) << r.out;
   EXPECT_NE(r.out.find("ps scheduler: every worker has left; done"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// A worker frozen mid-run (SIGSTOP: alive, connections open, silent) is
+// dropped by the server after the heartbeat deadline and named: a sync job
+// stops; an async job finishes without it and the launcher stops it.
+TEST(PsTrainCli, AFrozenWorkerIsDroppedAfterItsHeartbeatDeadline) {
+  for (std::string mode : {"sync", "async"}) {
+    SCOPED_TRACE(mode);
+    const std::string dir = testing::scratch_dir("ps_frozen_" + mode);
+    const std::string train = fmt::format(
+        "{} train --dist ps --ps-mode {} {} --batch 16 --epochs {} --out {}/run", SHOAL_BINARY,
+        mode, kAsyncMlp, mode == "sync" ? 6 : 20, dir);  // async: outlives the deadline
+    auto r = run_sh(fmt::format(
+        "SHOAL_PS_HEARTBEAT=2 {2} run --ps 1,2 --timeout 100 -- sh -c 'if mkdir {0}/victim "
+        "2>/dev/null; then (sleep 1; kill -STOP $$) & exec {1}; else exec {1}; fi'",
+        dir, train, SHOAL_BINARY));
+    EXPECT_NE(r.out.find("sent nothing for"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("(heartbeat deadline 2 s): dropped from the quorum"), std::string::npos)
+        << r.out;
+    if (mode == "sync") {
+      EXPECT_NE(r.code, 0) << r.out;
+      EXPECT_NE(r.out.find("(a sync job needs every worker)"), std::string::npos) << r.out;
+    } else {
+      EXPECT_EQ(r.code, 0) << r.out;
+      EXPECT_NE(r.out.find("is unresponsive (stopped: state T); stopping it"), std::string::npos)
+          << r.out;
+      EXPECT_NE(r.out.find("1 of 2 workers failed on the way"), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find("final: test accuracy"), std::string::npos) << r.out;
+    }
+    EXPECT_LT(r.seconds, 60) << r.out;
+  }
 }
 
 }  // namespace

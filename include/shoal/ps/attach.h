@@ -38,6 +38,8 @@ struct JobEnv {
   int num_servers = 0, num_workers = 0;
   std::string token;       // SHOAL_JOB_TOKEN
   double timeout_s = 300;  // SHOAL_COMM_TIMEOUT: waits for other roles
+  // SHOAL_PS_HEARTBEAT: servers drop a worker silent this long (0 = off)
+  double heartbeat_s = 30;
 };
 Result<JobEnv> job_env();
 // Connects to the job's scheduler (its store), retrying until the

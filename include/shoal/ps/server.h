@@ -9,6 +9,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "shoal/net/frame_server.h"
 #include "shoal/ps/shard.h"
@@ -29,6 +31,11 @@ struct ServerOptions {
   // thread keeps the server off the cores the workers train on (an idle
   // OpenMP team spins: 46% of a server's cycles in a 2-worker CNN job).
   int threads = 1;
+  // A member worker from which nothing (not even a heartbeat) came for this
+  // long is dropped from the quorum, named in the log: a frozen worker
+  // (SIGSTOP, a hung host) does not hold sync rounds or the bounded
+  // window forever. Workers send heartbeats every quarter of it. 0 = off.
+  double heartbeat_s = 30;
 };
 
 class Server {
@@ -39,6 +46,9 @@ class Server {
   int port() const;
   ShardStats stats() const;  // thread-safe
   int refused() const;
+  // Workers dropped for silence since the last call, each as a line
+  // naming the worker (thread-safe): `shoal ps server` tells the scheduler.
+  std::vector<std::pair<int, std::string>> take_drops();
 
  private:
   class Handler;

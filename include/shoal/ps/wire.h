@@ -6,6 +6,7 @@
 //   request = op:u8 then
 //     'J' join   worker:i32
 //     'Q' leave  worker:i32
+//     'H' heartbeat worker:i32   (from a worker's heartbeat thread)
 //     'I' init   key:str value:tensor
 //     'P' push   worker:i32 key:str step:i64 seq:u64 grad:tensor
 //     'L' pull   key:str min_version:u64   (answered once version >= min)
