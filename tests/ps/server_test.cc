@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <latch>
 #include <thread>
@@ -167,6 +168,73 @@ TEST(PsServer, ARestartedServerKeepsValuesAndVersions) {
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->first, 3u);
   EXPECT_EQ(floats(p->second), (std::vector<float>{7, 14}));
+}
+
+// Servers started without options adopt the first worker's, refuse a
+// worker that asks for others by field, and answer a push-pull with the
+// value once the sync round closes.
+TEST(PsServer, OptionsComeFromTheFirstWorkerAndPushPullAnswersAtRoundClose) {
+  ServerOptions o;
+  o.configured = false;
+  auto s = Server::start("127.0.0.1", 0, kToken, o);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  ShardOptions job;
+  job.mode = Mode::kSync;
+  job.lr = 0.5;
+  auto a = Worker::connect({addr(**s)}, kToken, 0, soon(), &job);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ShardOptions other = job;
+  other.optimizer.name = "adam";
+  auto bad = Worker::connect({addr(**s)}, kToken, 1, soon(), &other);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("optimizer: the server has sgd, the worker asks for adam"),
+            std::string::npos)
+      << bad.status().to_string();
+  auto b = Worker::connect({addr(**s)}, kToken, 1, soon(), &job);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  ASSERT_TRUE((*a)->init("k", tensor({1, 1})).ok());
+  ASSERT_TRUE((*b)->init("k", tensor({9, 9})).ok());  // the first value stays
+  Result<Worker::Pulled> pa = internal_error("unset");
+  std::thread ta([&] { pa = (*a)->push_pull("k", 0, tensor({1, 2}), 0.25, soon()); });
+  auto pb = (*b)->push_pull("k", 0, tensor({3, 4}), 0.25, soon());
+  ta.join();
+  ASSERT_TRUE(pa.ok()) << pa.status().to_string();
+  ASSERT_TRUE(pb.ok()) << pb.status().to_string();
+  // SGD with the pushed lr (0.25, not the options' 0.5) on the mean (2, 3).
+  EXPECT_EQ(floats(pa->value), (std::vector<float>{0.5f, 0.25f}));
+  EXPECT_EQ(floats(pb->value), floats(pa->value));
+  EXPECT_EQ(pa->version, 1u);
+  EXPECT_EQ((*s)->stats().rounds, 1u);
+  EXPECT_EQ((*s)->stats().by_worker.at(1), 1u);
+}
+
+// A member that sends nothing past the heartbeat deadline is dropped, and
+// the round it held closes for the others.
+TEST(PsServer, ASilentWorkerIsDroppedAtItsHeartbeatDeadline) {
+  ServerOptions o;
+  o.shard.mode = Mode::kSync;
+  o.shard.lr = 1;
+  o.heartbeat_s = 0.5;
+  auto s = Server::start("127.0.0.1", 0, kToken, o);
+  ASSERT_TRUE(s.ok());
+  auto a = Worker::connect({addr(**s)}, kToken, 0, soon());
+  auto silent = Worker::connect({addr(**s)}, kToken, 1, soon());
+  ASSERT_TRUE(a.ok() && silent.ok());
+  ASSERT_TRUE((*a)->init("k", tensor({0})).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto p = (*a)->push_pull("k", 0, tensor({2}), 0, soon());  // waits for worker 1, then not
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(floats(p->value), (std::vector<float>{-2.f}));
+  EXPECT_GE(waited, 0.4);
+  EXPECT_LT(waited, 5.0);
+  // Worker 1 is dropped (worker 0 too: it sent nothing while it waited,
+  // and this test gives it no heartbeat thread, unlike ps::WorkerJob).
+  bool one = false;
+  for (const auto& [w, line] : (*s)->take_drops())
+    if (w == 1) one = line.find("worker 1 sent nothing for") != std::string::npos;
+  EXPECT_TRUE(one);
 }
 
 }  // namespace

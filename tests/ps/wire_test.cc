@@ -7,6 +7,8 @@
 
 #include <cstring>
 
+#include "shoal/ps/shard.h"
+
 namespace shoal::ps {
 namespace {
 
@@ -35,6 +37,45 @@ TEST(PsWire, RequestsRoundTrip) {
   auto p = decode_pull_reply(encode_pull_reply(7, r->value));
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->first, 7u);
+}
+
+TEST(PsWire, PushPullConfigAndHeartbeatRoundTrip) {
+  Request x = push();
+  x.op = 'X';
+  x.lr = 0.125;
+  auto r = decode_request(encode(x));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->lr, 0.125);
+  EXPECT_EQ(r->seq, 99u);
+  EXPECT_EQ(encode(*r), encode(x));
+  x.lr = -1;  // refused by name
+  auto neg = decode_request(encode(x));
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.status().message().find("field 'lr' is -1"), std::string::npos);
+  Request c;
+  c.op = 'C';
+  ShardOptions so;
+  so.mode = Mode::kBounded;
+  so.optimizer.name = "adam";
+  so.lr = 0.003;
+  c.config = config_text(so);
+  auto rc = decode_request(encode(c));
+  ASSERT_TRUE(rc.ok());
+  auto parsed = parse_config(rc->config);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed->mode, Mode::kBounded);
+  EXPECT_EQ(parsed->optimizer.name, "adam");
+  EXPECT_EQ(parsed->lr, 0.003);
+  EXPECT_EQ(config_diff(so, *parsed), "");
+  parsed->optimizer.momentum = 0.5;
+  EXPECT_EQ(config_diff(so, *parsed), "momentum: the server has 0.9, the worker asks for 0.5");
+  EXPECT_FALSE(parse_config("mode=sync").ok());  // every field, or refused
+  Request h;
+  h.op = 'H';
+  h.worker = 4;
+  auto rh = decode_request(encode(h));
+  ASSERT_TRUE(rh.ok());
+  EXPECT_EQ(rh->worker, 4);
 }
 
 TEST(PsWire, MalformedMessagesAreRefusedByField) {
