@@ -195,8 +195,9 @@ class Server::Handler final : public net::FrameServer::Handler {
     std::erase_if(pulls_, [&](const Pull& p) {
       auto v = shard_->peek(p.key);
       if (!v.ok() || v->first < p.min_version) return false;
-      std::string body = p.with_result ? std::string(1, p.result) : std::string();
-      body += encode_pull_reply(v->first, *v->second);
+      std::string body;
+      if (p.with_result) body.push_back(p.result);
+      append_pull_reply(body, v->first, *v->second);
       s.reply(p.conn, net::FrameType::kPsReply, p.seq, body);
       return true;
     });

@@ -192,10 +192,15 @@ Result<Request> decode_request(std::string_view in) {
   return r;
 }
 
-std::string encode_pull_reply(std::uint64_t version, const Tensor& value) {
-  std::string out;
+void append_pull_reply(std::string& out, std::uint64_t version, const Tensor& value) {
+  out.reserve(out.size() + 8 + 1 + 8 * static_cast<std::size_t>(value.rank()) + value.nbytes());
   put<std::uint64_t>(out, version);
   put_tensor(out, value);
+}
+
+std::string encode_pull_reply(std::uint64_t version, const Tensor& value) {
+  std::string out;
+  append_pull_reply(out, version, value);
   return out;
 }
 

@@ -44,6 +44,8 @@ std::string encode(const Request& r);
 Result<Request> decode_request(std::string_view in);
 
 std::string encode_pull_reply(std::uint64_t version, const Tensor& value);
+// The same appended to `out` (one copy of the value, no temporary).
+void append_pull_reply(std::string& out, std::uint64_t version, const Tensor& value);
 Result<std::pair<std::uint64_t, Tensor>> decode_pull_reply(std::string_view in);
 
 }  // namespace shoal::ps

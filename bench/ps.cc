@@ -1,0 +1,133 @@
+// bench_ps: parameter-server push+pull bandwidth over loopback TCP. S
+// servers (ps::Server, the real transport) and W worker threads (ps::Worker)
+// in one process; each round every worker push-pulls its gradient of
+// `mib` MiB, split into one key per server, in sync mode (the round closes
+// when all W have pushed). Prints, per configuration, the time per round and
+// the bytes each worker moves per second (2 x mib per round: the push and
+// the pull), next to the memcpy bandwidth measured in the same run.
+//
+// usage: bench_ps [--mib 1,4,16,64] [--servers 1,2] [--workers 1,2,4] [--seconds 2]
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shoal/core/hash.h"
+#include "shoal/ps/server.h"
+#include "shoal/ps/worker.h"
+
+using namespace shoal;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::vector<int> ints(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+double memcpy_gbs(std::size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes);
+  const auto t0 = Clock::now();
+  int n = 0;
+  while (std::chrono::duration<double>(Clock::now() - t0).count() < 0.5) {
+    std::memcpy(b.data(), a.data(), bytes);
+    ++n;
+  }
+  return static_cast<double>(bytes) * n / std::chrono::duration<double>(Clock::now() - t0).count() /
+         1e9;
+}
+
+// One key name per server (keys go to server fnv1a(name) % S).
+std::vector<std::string> keys_for(int servers) {
+  std::vector<std::string> k(static_cast<std::size_t>(servers));
+  int found = 0;
+  for (int i = 0; found < servers; ++i) {
+    std::string name = "k" + std::to_string(i);
+    auto& slot = k[fnv1a(name) % static_cast<std::uint64_t>(servers)];
+    if (slot.empty()) {
+      slot = name;
+      ++found;
+    }
+  }
+  return k;
+}
+
+// Seconds per round for S servers, W workers, `mib` MiB per worker.
+double run(int servers, int workers, double mib, double seconds) {
+  std::vector<std::unique_ptr<ps::Server>> ss;
+  std::vector<std::string> addrs;
+  for (int i = 0; i < servers; ++i) {
+    ps::ServerOptions o;
+    o.shard.mode = ps::Mode::kSync;
+    o.heartbeat_s = 0;
+    o.limits.max_request_bytes = std::uint64_t{1} << 28;  // 64 MiB keys and their headers
+    auto s = ps::Server::start("127.0.0.1", 0, "bench", o);
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", s.status().to_string().c_str());
+      std::exit(1);
+    }
+    addrs.push_back("127.0.0.1:" + std::to_string((*s)->port()));
+    ss.push_back(std::move(s).value());
+  }
+  const auto keys = keys_for(servers);
+  const auto n = static_cast<std::int64_t>(mib * (1 << 20) / 4 / servers);
+  std::vector<double> per_round(static_cast<std::size_t>(workers));
+  std::vector<std::thread> ts;
+  for (int w = 0; w < workers; ++w)
+    ts.emplace_back([&, w] {
+      auto wk = ps::Worker::connect(addrs, "bench", w, Deadline::after_seconds(30));
+      if (!wk.ok()) std::exit(1);
+      Tensor g = Tensor::full({n}, DType::kF32, 0.001);
+      for (const auto& k : keys) (void)(*wk)->init(k, Tensor::zeros({n}, DType::kF32));
+      // Rounds: a fixed count, chosen from the first round's time, so that
+      // every worker runs the same number (a sync round needs all).
+      auto round = [&](std::int64_t step) {
+        for (const auto& k : keys)
+          if (!(*wk)->push_pull(k, step, g, 0, Deadline::after_seconds(60)).ok()) std::exit(1);
+      };
+      round(0);
+      const auto t0 = Clock::now();
+      const int rounds = std::max(3, static_cast<int>(seconds / 0.05 * (mib > 8 ? 0.2 : 1)));
+      for (int r = 1; r <= rounds; ++r) round(r);
+      per_round[static_cast<std::size_t>(w)] =
+          std::chrono::duration<double>(Clock::now() - t0).count() / rounds;
+    });
+  for (auto& t : ts) t.join();
+  double worst = 0;
+  for (double s : per_round) worst = std::max(worst, s);
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> mibs = {1, 4, 16, 64}, servers = {1, 2}, workers = {1, 2, 4};
+  double seconds = 2;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--mib") mibs = ints(argv[i + 1]);
+    if (a == "--servers") servers = ints(argv[i + 1]);
+    if (a == "--workers") workers = ints(argv[i + 1]);
+    if (a == "--seconds") seconds = std::atof(argv[i + 1]);
+  }
+  std::printf("memcpy %.2f GB/s (64 MiB, one thread)\n", memcpy_gbs(64 << 20));
+  std::printf("%6s %7s %7s %10s %16s %16s\n", "MiB", "servers", "workers", "ms/round",
+              "GB/s per worker", "GB/s all workers");
+  for (int mib : mibs)
+    for (int s : servers)
+      for (int w : workers) {
+        const double t = run(s, w, mib, seconds);
+        const double per = 2.0 * mib * (1 << 20) / t / 1e9;
+        std::printf("%6d %7d %7d %10.2f %16.2f %16.2f\n", mib, s, w, t * 1e3, per, per * w);
+        std::fflush(stdout);
+      }
+  return 0;
+}
