@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <latch>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,17 +82,22 @@ double run(int servers, int workers, double mib, double seconds) {
   const auto n = static_cast<std::int64_t>(mib * (1 << 20) / 4 / servers);
   std::vector<double> per_round(static_cast<std::size_t>(workers));
   std::vector<std::thread> ts;
+  std::latch joined(workers);  // a sync round counts the workers live when it opens
   for (int w = 0; w < workers; ++w)
     ts.emplace_back([&, w] {
       auto wk = ps::Worker::connect(addrs, "bench", w, Deadline::after_seconds(30));
       if (!wk.ok()) std::exit(1);
       Tensor g = Tensor::full({n}, DType::kF32, 0.001);
       for (const auto& k : keys) (void)(*wk)->init(k, Tensor::zeros({n}, DType::kF32));
+      joined.arrive_and_wait();
       // Rounds: a fixed count, chosen from the first round's time, so that
       // every worker runs the same number (a sync round needs all).
       auto round = [&](std::int64_t step) {
         for (const auto& k : keys)
-          if (!(*wk)->push_pull(k, step, g, 0, Deadline::after_seconds(60)).ok()) std::exit(1);
+          if (auto p = (*wk)->push_pull(k, step, g, 0, Deadline::after_seconds(60)); !p.ok()) {
+            std::fprintf(stderr, "worker %d: %s\n", w, p.status().to_string().c_str());
+            std::exit(1);
+          }
       };
       round(0);
       const auto t0 = Clock::now();

@@ -87,6 +87,7 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
   j->impl_ = std::make_unique<Impl>();
   Impl& m = *j->impl_;
   m.mode = o.mode;
+  SHOAL_ASSIGN_OR_RETURN(m.delay_ms, env::get_double("SHOAL_PS_DELAY_MS", 0));
   m.timeout_s = e.timeout_s;
   const Deadline dl = Deadline::after_seconds(e.timeout_s);
   SHOAL_ASSIGN_OR_RETURN(m.store, connect_scheduler(e));
@@ -153,6 +154,7 @@ Status WorkerJob::attach(train::TrainOptions& t) {
   // then starts from the servers' current values: a worker that joins a
   // running job continues from there.
   t.on_start = [&m](std::map<std::string, Tensor>& params) -> Status {
+    m.params = params.size();
     for (auto& [name, value] : params) {
       SHOAL_RETURN_IF_ERROR(m.worker->init(name, value));
       SHOAL_ASSIGN_OR_RETURN(auto cur,

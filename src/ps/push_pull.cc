@@ -131,6 +131,8 @@ void WorkerJob::Impl::loop() {
 }
 
 Status WorkerJob::Impl::run(PushPullTask& t) {
+  if (delay_ms > 0 && params > 0 && tasks++ % params == 0)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
   std::int64_t& step = next_step[t.key];
   SHOAL_ASSIGN_OR_RETURN(Worker::Pulled p, worker->push_pull(t.key, step, t.grad, t.lr,
                                                              Deadline::after_seconds(timeout_s)));

@@ -37,6 +37,10 @@ struct WorkerJob::Impl {
   // The step each key's next push is for: sync, the server's version (the
   // open round); async and bounded, this worker's own count.
   std::map<std::string, std::int64_t> next_step;
+  // SHOAL_PS_DELAY_MS (benchmarks: one slowed worker): a sleep per step,
+  // before its first push-pull (there are `params` per step).
+  double delay_ms = 0;
+  std::size_t params = 0, tasks = 0;
 
   // The client thread: runs tasks in the order the kernels started them.
   std::mutex mu;

@@ -438,7 +438,10 @@ Status Trainer::run() {
       correct += ok;
       seen += o_.batch;
       ++steps;
-      double ips = static_cast<double>(seen * o_.world) / std::max(train_s, 1e-9);
+      // The job's rate where ranks step together; a worker's own where
+      // they do not (async parameter server).
+      const std::int64_t ranks = o_.peers && !o_.peers->collective() ? 1 : o_.world;
+      double ips = static_cast<double>(seen * ranks) / std::max(train_s, 1e-9);
       std::int64_t in_epoch = (step_ - 1) % spe + 1;
       double eta = static_cast<double>(limit - step_) * train_s / static_cast<double>(steps);
       m.progress.update(epoch + 1, o_.epochs, in_epoch, spe, loss_sum / static_cast<double>(steps),
