@@ -1,0 +1,41 @@
+// Async parameter-server training reaches the CNN's accuracy on the full
+// Fashion-MNIST: `shoal run --ps 1,2 -- shoal train --dist ps --ps-mode
+// async --model cnn`. Labelled "accuracy" (make asan skips it: 80 s here).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cli/run_shoal.h"
+#include "temp_dir.h"
+
+namespace shoal {
+namespace {
+
+using testing::run_shoal;
+
+std::vector<double> numbers_after(const std::string& out, const std::string& prefix) {
+  std::vector<double> v;
+  for (std::size_t at = out.find(prefix); at != std::string::npos; at = out.find(prefix, at + 1))
+    v.push_back(std::strtod(out.c_str() + at + prefix.size(), nullptr));
+  return v;
+}
+
+TEST(PsAccuracy, AsyncCnnReachesNinetyPercent) {
+  const std::string dir = testing::scratch_dir("ps_asynccnn");
+  auto r = run_shoal(fmt::format(
+      "run --ps 1,2 --timeout 600 -- {} train --dist ps --ps-mode async --model cnn --batch 64 "
+      "--epochs 5 --optimizer momentum --lr 0.02 --schedule cosine --no-plot --quiet --out {}/run",
+      SHOAL_BINARY, dir));
+  ASSERT_EQ(r.code, 0) << r.out;
+  // Each worker evaluates the servers' weights as of its last step (with
+  // its own batch-norm statistics).
+  const auto acc = numbers_after(r.out, "final: test accuracy ");
+  ASSERT_EQ(acc.size(), 2u) << r.out;
+  for (double a : acc) EXPECT_GE(a, 90.0) << r.out;
+}
+
+}  // namespace
+}  // namespace shoal
