@@ -51,6 +51,16 @@ struct Cli {
     run->add_option("--ps", ps_roles,
                     "A parameter-server job: S servers and W workers running the command "
                     "(shoal train --dist ps), e.g. --ps 1,2");
+    run->add_option("--ps-snapshots", launch.ps_snapshots,
+                    "Parameter servers' snapshot directory (default runs/ps-<job id>)");
+    run->add_option("--ps-snapshot-every", launch.ps_snapshot_every,
+                    "Parameter servers snapshot every K updates; a dead one restarts from its "
+                    "snapshot (1: nothing is lost, at a cost per update; 0, the default: no "
+                    "snapshots, a dead server stops the job)")
+        ->check(CLI::Range(0, 1 << 30));
+    run->add_option("--ps-server-restarts", launch.ps_server_restarts,
+                    "Restart a dead parameter server from its snapshot up to K times")
+        ->check(CLI::Range(0, 1000));
     run->add_option("--engine", launch.engine,
                     "local (fork here), mpirun (OpenMPI) or srun (a Slurm job step)")
         ->check(CLI::IsMember({"local", "mpirun", "srun"}))

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 
 #include "launch/output.h"
 #include "launch/process.h"
@@ -51,10 +52,20 @@ class PsJob {
         {"DMLC_NUM_SERVER", std::to_string(o_.ps_servers)},
         {"DMLC_NUM_WORKER", std::to_string(o_.ps_workers)},
     };
+    // Each server snapshots after every update, before it answers: a
+    // server restarted from its snapshot has every update a worker heard of.
+    snapshots_ = o_.ps_snapshots.empty() ? fmt::format("runs/ps-{}", job_id_) : o_.ps_snapshots;
+    std::error_code ec;
+    std::filesystem::create_directories(snapshots_, ec);
     for (int i = 0; i < o_.ps_servers; ++i) {
       Env e = env;
       e.insert(e.end(), {{"DMLC_ROLE", "server"}, {"SHOAL_PS_SERVER_INDEX", std::to_string(i)}});
-      if (!spawn_unit({self_exe(), "ps", "server", "--host", o_.store_host}, e)) return false;
+      std::vector<std::string> argv = {self_exe(), "ps", "server", "--host", o_.store_host};
+      if (o_.ps_snapshot_every > 0)
+        argv.insert(argv.end(),
+                    {"--snapshot", fmt::format("{}/server{}.safetensors", snapshots_, i),
+                     "--snapshot-every", std::to_string(o_.ps_snapshot_every)});
+      if (!spawn_unit(argv, e)) return false;
     }
     for (int i = 0; i < o_.ps_workers; ++i) {
       Env e = env;
@@ -113,6 +124,7 @@ class PsJob {
     return false;
   }
   bool spawn_unit(const std::vector<std::string>& argv, const Env& env) {
+    specs_.emplace_back(argv, env);
     auto p = spawn(argv, env);
     if (!p.ok()) {
       fmt::print(stderr, "shoal run: {}\n", p.status().message());
@@ -166,6 +178,8 @@ class PsJob {
       if (stopping_) continue;  // ended by the stop, or after it began
       if (is_server(i) && ok) {
         // A server ends by itself, with 0, only once every worker has left.
+      } else if (is_server(i) && o_.ps_snapshot_every > 0 && restarts_ < o_.ps_server_restarts) {
+        restart_server(i, st);
       } else if (is_server(i)) {
         fail(i, fmt::format("{} {} while workers were training", label(i), describe(st)));
       } else if (!ok) {
@@ -224,6 +238,22 @@ class PsJob {
     }
   }
 
+  // A dead server starts again on its snapshot, under its index; workers
+  // wait for its new address, reconnect and resend what was unanswered.
+  void restart_server(std::size_t i, int status) {
+    ++restarts_;
+    fmt::print(stderr, "shoal run: {} {}; restarting it from its snapshot (restart {} of {})\n",
+               label(i), describe(status), restarts_, o_.ps_server_restarts);
+    drain(static_cast<int>(i), procs_[i], output_, true);
+    (void)client_->set(fmt::format("ps/server/{}", i), "");  // workers wait for the new one
+    auto p = spawn(specs_[i].first, specs_[i].second);
+    if (!p.ok()) {
+      fail(i, fmt::format("{} could not restart: {}", label(i), p.status().message()));
+      return;
+    }
+    procs_[i] = *p;
+  }
+
   void fail(std::size_t i, std::string why) {
     if (failed_ >= 0) return;
     failed_ = i < procs_.size() ? static_cast<int>(i) : -1;
@@ -279,6 +309,9 @@ class PsJob {
   std::string why_;
   int failed_ = -1, lost_workers_ = 0, code_ = 0;
   long ticks_ = 0;
+  int restarts_ = 0;
+  std::string snapshots_;
+  std::vector<std::pair<std::vector<std::string>, Env>> specs_;  // per process, to restart
   std::string last_drop_;
 };
 

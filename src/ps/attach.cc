@@ -107,6 +107,20 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
     servers.push_back(*addr);
   }
   SHOAL_ASSIGN_OR_RETURN(m.worker, Worker::connect(servers, e.token, id, dl, &o));
+  // A server restarted from its snapshot registers its new address; the
+  // client thread waits for it on a store connection of its own.
+  m.worker->set_resolver([e](int i, const std::string& old) -> Result<std::string> {
+    SHOAL_ASSIGN_OR_RETURN(auto store, connect_scheduler(e));
+    const Deadline until = Deadline::after_seconds(e.timeout_s);
+    const std::string probe = "\x01probe";
+    while (!until.expired()) {
+      SHOAL_ASSIGN_OR_RETURN(std::string addr, store->compare_set(server_key(i), probe, probe));
+      if (!addr.empty() && addr != old) return addr;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return deadline_exceeded("parameter server {} (was {}) did not come back within {} s", i, old,
+                             e.timeout_s);
+  });
   // Sync rounds count the workers live when they open: none may open
   // before the whole quorum has joined.
   if (o.mode == Mode::kSync && id < e.num_workers) {

@@ -176,9 +176,11 @@ class Server::Handler final : public net::FrameServer::Handler {
     const bool sync = shard_->options().mode == Mode::kSync;
     pulls_.push_back({c, seq, r.key, sync ? static_cast<std::uint64_t>(r.step) + 1 : 0, true,
                       static_cast<char>(pr)});
-    answer_pulls(s);
+    // The snapshot first: an update a worker has heard of is in it, so a
+    // server restarted from it loses nothing a worker will not resend.
     if (pr == PushResult::kApplied || pr == PushResult::kClosed)
       SHOAL_RETURN_IF_ERROR(maybe_snapshot());
+    answer_pulls(s);
     publish();
     return ok_status();
   }

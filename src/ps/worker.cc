@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "shoal/core/hash.h"
+#include "shoal/core/logging.h"
 #include "shoal/net/frame_server.h"
 #include "shoal/ps/wire.h"
 
@@ -15,6 +16,9 @@ Result<std::unique_ptr<Worker>> Worker::connect(const std::vector<std::string>& 
   if (servers.empty()) return invalid_argument("a worker needs at least one ps server");
   std::unique_ptr<Worker> w(new Worker());
   w->worker_ = worker;
+  w->token_ = token;
+  w->addrs_ = servers;
+  if (config) w->config_ = *config;
   for (const auto& addr : servers) {
     SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(addr, "ps server"));
     SHOAL_ASSIGN_OR_RETURN(net::Socket s,
@@ -33,8 +37,43 @@ Worker::~Worker() {
   if (!left_) (void)leave();
 }
 
-net::Socket& Worker::server_of(const std::string& key) {
-  return servers_[fnv1a(key) % servers_.size()];  // the same on every worker
+std::size_t Worker::server_of(const std::string& key) const {
+  return fnv1a(key) % servers_.size();  // the same on every worker
+}
+
+Status Worker::reconnect(std::size_t i, Deadline dl) {
+  SHOAL_ASSIGN_OR_RETURN(std::string addr, resolve_(static_cast<int>(i), addrs_[i]));
+  SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(addr, "ps server"));
+  SHOAL_ASSIGN_OR_RETURN(net::Socket s,
+                         net::connect_authenticated(hp.first, hp.second, dl, token_, "ps server"));
+  if (config_) {
+    Request c;
+    c.op = 'C';
+    c.config = config_text(*config_);
+    SHOAL_RETURN_IF_ERROR(call(s, encode(c), dl).status());
+  }
+  Request j;
+  j.op = 'J';
+  j.worker = worker_;
+  SHOAL_RETURN_IF_ERROR(call(s, encode(j), dl).status());
+  servers_[i] = std::move(s);
+  SHOAL_LOG_WARN("worker {}: reconnected to parameter server {} at {} (was {})", worker_, i, addr,
+                 addrs_[i]);
+  addrs_[i] = addr;
+  return ok_status();
+}
+
+Result<std::string> Worker::call_server(std::size_t i, const std::string& payload, Deadline dl) {
+  for (int attempt = 0;; ++attempt) {
+    auto r = call(servers_[i], payload, dl);
+    if (r.ok() || r.status().code() != StatusCode::kUnavailable || !resolve_ || dl.expired() ||
+        attempt >= 5)
+      return r;
+    SHOAL_LOG_WARN("worker {}: lost parameter server {} at {} ({}); waiting for it to restart",
+                   worker_, i, addrs_[i], r.status().message());
+    if (Status st = reconnect(i, dl); !st.ok())
+      return st.with_context(fmt::format("reconnecting to parameter server {}", i));
+  }
 }
 
 Result<std::string> Worker::call(net::Socket& s, const std::string& payload, Deadline dl) {
@@ -60,7 +99,7 @@ Status Worker::init(const std::string& key, const Tensor& value) {
   r.op = 'I';
   r.key = key;
   r.value = value;
-  return call(server_of(key), encode(r), Deadline::after_seconds(60)).status();
+  return call_server(server_of(key), encode(r), Deadline::after_seconds(60)).status();
 }
 
 Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const Tensor& grad,
@@ -74,7 +113,7 @@ Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const
   r.value = grad;
   const std::string msg = encode(r);
   for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
-    SHOAL_ASSIGN_OR_RETURN(std::string rep, call(server_of(key), msg, dl));
+    SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(server_of(key), msg, dl));
     if (rep.size() != 1)
       return invalid_argument("ps server: push reply of {} bytes, expected 1", rep.size());
     const auto pr = static_cast<PushResult>(rep[0]);
@@ -94,7 +133,7 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
   r.op = 'L';
   r.key = key;
   r.min_version = min_version;
-  SHOAL_ASSIGN_OR_RETURN(std::string rep, call(server_of(key), encode(r), dl));
+  SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(server_of(key), encode(r), dl));
   return decode_pull_reply(rep);
 }
 
@@ -110,7 +149,7 @@ Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t st
   r.value = grad;
   const std::string msg = encode(r);
   for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
-    SHOAL_ASSIGN_OR_RETURN(std::string rep, call(server_of(key), msg, dl));
+    SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(server_of(key), msg, dl));
     if (rep.empty()) return invalid_argument("ps server: empty pushpull reply");
     const auto pr = static_cast<PushResult>(rep[0]);
     if (pr != PushResult::kWait) {

@@ -39,6 +39,15 @@ struct LaunchOptions {
   // A parameter-server job (--ps S,W): S servers and W workers running
   // cmd, local engine only; see launch_ps.
   int ps_servers = 0, ps_workers = 0;
+  int ps_server_restarts = 3;  // a dead server restarts from its snapshot up to this many times
+  std::string ps_snapshots;    // servers' snapshot directory ("" = runs/ps-<job id>)
+  // Updates between a server's snapshots. 1: every update is in the
+  // snapshot before a worker hears of it, so a dead server restarts from it
+  // and nothing is lost (a sync job needs that: its round numbers must match
+  // the workers'); each update then writes the server's whole shard (see
+  // docs/ps.md for the cost). 0 (default): no snapshots, and a dead server
+  // stops the job, named.
+  int ps_snapshot_every = 0;
 };
 Status validate(const LaunchOptions& o);
 

@@ -4,7 +4,9 @@
 // its name. Not thread-safe: one per thread.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,11 +52,27 @@ class Worker {
   // Leaves every server: sync rounds stop waiting for this worker.
   Status leave();
 
+  // Server recovery: when a server's connection is lost, `resolve(i, old)`
+  // returns server i's new address once it differs from `old` (a server
+  // restarted from its snapshot registers again); the worker reconnects,
+  // sends its options and joins again, and resends the request it had not
+  // had an answer to, with the same sequence number: the server applies it
+  // once, whether or not its snapshot already holds it.
+  using Resolver = std::function<Result<std::string>(int server, const std::string& old)>;
+  void set_resolver(Resolver r) { resolve_ = std::move(r); }
+
  private:
   Worker() = default;
-  net::Socket& server_of(const std::string& key);
+  std::size_t server_of(const std::string& key) const;
   Result<std::string> call(net::Socket& s, const std::string& payload, Deadline dl);
+  // call() on server i, reconnecting and resending when it is lost.
+  Result<std::string> call_server(std::size_t i, const std::string& payload, Deadline dl);
+  Status reconnect(std::size_t i, Deadline dl);
   std::vector<net::Socket> servers_;
+  std::vector<std::string> addrs_;
+  std::string token_;
+  std::optional<ShardOptions> config_;
+  Resolver resolve_;
   int worker_ = -1;
   std::uint64_t seq_ = 0, frame_ = 0;
   bool left_ = false;
