@@ -60,6 +60,7 @@ struct PsServerFlags {
   double lr = 0.01, momentum = 0.9;
   std::string snapshot;
   std::uint64_t snapshot_every = 0;
+  std::string metrics;  // JSONL, a line per second ("" = none)
   // Set when the command line gives the optimizer or mode; otherwise the
   // server adopts the first worker's options.
   bool configured = true;

@@ -52,7 +52,8 @@ struct Cli {
                     "A parameter-server job: S servers and W workers running the command "
                     "(shoal train --dist ps), e.g. --ps 1,2");
     run->add_option("--ps-snapshots", launch.ps_snapshots,
-                    "Parameter servers' snapshot directory (default runs/ps-<job id>)");
+                    "Parameter servers' directory: their snapshots and metrics (default "
+                    "runs/ps-<job id>)");
     run->add_option("--ps-snapshot-every", launch.ps_snapshot_every,
                     "Parameter servers snapshot every K updates; a dead one restarts from its "
                     "snapshot (1: nothing is lost, at a cost per update; 0, the default: no "

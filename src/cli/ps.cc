@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cli/commands.h"
@@ -48,6 +50,9 @@ PsCommand add_ps_command(CLI::App& app) {
   c.server->add_option("--snapshot", f.snapshot,
                        "Snapshot file: restored at start when it exists, written every "
                        "--snapshot-every updates and at exit");
+  c.server->add_option("--metrics", f.metrics,
+                       "Append a JSON line per second: bytes in/out, answers waiting, pushes, "
+                       "updates, rounds, mean round-close time, each worker's lag");
   c.server->add_option("--snapshot-every", f.snapshot_every, "Updates between snapshots")
       ->check(CLI::NonNegativeNumber);
   c.sched = std::make_shared<PsSchedulerFlags>();
@@ -82,6 +87,28 @@ Result<std::unique_ptr<net::Store>> register_server(const std::string& host, int
   fmt::print("ps server: registered as server {} of {} with the scheduler at {}\n", index,
              e.num_servers, e.root);
   return store;
+}
+
+// One line of the server's metrics (what `--metrics` appends each second).
+std::string metrics_line(const ps::Server& s, double elapsed) {
+  const ps::ShardStats st = s.stats();
+  const ps::Server::Traffic tr = s.traffic();
+  nlohmann::json lag = nlohmann::json::object();
+  for (const auto& [w, l] : st.lag) lag[std::to_string(w)] = l;
+  nlohmann::json j = {
+      {"kind", "ps_server"},
+      {"elapsed_seconds", elapsed},
+      {"bytes_in", tr.bytes_in},
+      {"bytes_out", tr.bytes_out},
+      {"queue", tr.queue},
+      {"pushes", st.pushes},
+      {"updates", st.applied},
+      {"rounds", st.rounds},
+      {"duplicates", st.duplicates},
+      {"round_close_ms", st.rounds ? 1e3 * st.round_seconds / static_cast<double>(st.rounds) : 0.0},
+      {"lag", lag},
+  };
+  return j.dump();
 }
 
 // "" while the job runs; else why this server should stop: every worker
@@ -149,8 +176,17 @@ int run_ps_server(const PsServerFlags& f) {
   }
   std::fflush(stdout);
   std::string why = "SIGTERM";
+  std::ofstream metrics;
+  if (!f.metrics.empty()) metrics.open(f.metrics, std::ios::app);
+  const auto t0 = std::chrono::steady_clock::now();
   for (int tick = 0; !g_stop; ++tick) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (metrics.is_open() && tick % 20 == 19)
+      metrics << metrics_line(
+                     **s,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
+              << "\n"
+              << std::flush;
     if (store && tick % 4 == 0) {
       // The scheduler (and `shoal run --ps`) learns of workers dropped for
       // silence: a sync job cannot go on without them.

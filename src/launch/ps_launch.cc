@@ -60,7 +60,13 @@ class PsJob {
     for (int i = 0; i < o_.ps_servers; ++i) {
       Env e = env;
       e.insert(e.end(), {{"DMLC_ROLE", "server"}, {"SHOAL_PS_SERVER_INDEX", std::to_string(i)}});
-      std::vector<std::string> argv = {self_exe(), "ps", "server", "--host", o_.store_host};
+      std::vector<std::string> argv = {self_exe(),
+                                       "ps",
+                                       "server",
+                                       "--host",
+                                       o_.store_host,
+                                       "--metrics",
+                                       fmt::format("{}/server{}.metrics.jsonl", snapshots_, i)};
       if (o_.ps_snapshot_every > 0)
         argv.insert(argv.end(),
                     {"--snapshot", fmt::format("{}/server{}.safetensors", snapshots_, i),

@@ -39,6 +39,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     (void)threads_set;
     if (static_cast<net::FrameType>(h.type) != net::FrameType::kPsRequest)
       return fmt::format("sent frame type {} to a parameter server", h.type);
+    bytes_in_ += body.size();
     auto r = decode_request(body);
     if (!r.ok()) return refuse(s, c, h.seq, r.status());
     if (r->worker >= 0) seen_[r->worker] = std::chrono::steady_clock::now();
@@ -89,6 +90,11 @@ class Server::Handler final : public net::FrameServer::Handler {
   std::vector<std::pair<int, std::string>> take_drops() {
     std::lock_guard<std::mutex> lk(mu_);
     return std::exchange(drops_, {});
+  }
+
+  Server::Traffic traffic() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return traffic_;
   }
 
   ShardStats stats() const {
@@ -200,6 +206,7 @@ class Server::Handler final : public net::FrameServer::Handler {
       std::string body;
       if (p.with_result) body.push_back(p.result);
       append_pull_reply(body, v->first, *v->second);
+      bytes_out_ += body.size();
       s.reply(p.conn, net::FrameType::kPsReply, p.seq, body);
       return true;
     });
@@ -215,6 +222,8 @@ class Server::Handler final : public net::FrameServer::Handler {
   void publish() {
     std::lock_guard<std::mutex> lk(mu_);
     stats_ = shard_->stats();
+    for (int w : shard_->workers()) stats_.lag[w] = shard_->lag(w);
+    traffic_ = {bytes_in_, bytes_out_, pulls_.size()};
   }
 
   std::unique_ptr<Shard> shard_;
@@ -226,6 +235,8 @@ class Server::Handler final : public net::FrameServer::Handler {
   std::uint64_t last_snapshot_ = 0;
   mutable std::mutex mu_;
   ShardStats stats_;
+  std::uint64_t bytes_in_ = 0, bytes_out_ = 0;  // the serving thread's
+  Server::Traffic traffic_;                     // guarded by mu_
 };
 
 Result<std::unique_ptr<Server>> Server::start(const std::string& host, int port,
@@ -246,6 +257,7 @@ Server::~Server() {
 
 int Server::port() const { return server_->port(); }
 ShardStats Server::stats() const { return handler_->stats(); }
+Server::Traffic Server::traffic() const { return handler_->traffic(); }
 int Server::refused() const { return server_->refused(); }
 std::vector<std::pair<int, std::string>> Server::take_drops() { return handler_->take_drops(); }
 

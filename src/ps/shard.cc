@@ -149,6 +149,8 @@ Status Shard::close_ready_rounds() {
     const std::int64_t n = k->grad.numel();
     for (std::int64_t i = 0; i < n; ++i) m[i] = sum[i] * inv;
     SHOAL_RETURN_IF_ERROR(apply(*k, k->round_lr));
+    stats_.round_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - k->opened).count();
     k->pushed.clear();
     k->waits_for.clear();
     ++stats_.rounds;
@@ -197,6 +199,7 @@ Result<PushResult> Shard::push(int worker, const std::string& key, std::int64_t 
     return failed_precondition("worker {} already pushed key '{}' for step {} (sequence {} now)",
                                worker, key, step, seq);
   if (k.pushed.empty()) {
+    k.opened = std::chrono::steady_clock::now();
     k.waits_for = live_;
     // The round's sum reuses its buffer: a fresh one per round costs page
     // faults and zeroing (16% of a 16 MiB push-pull's time, perf).

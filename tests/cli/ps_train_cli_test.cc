@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -124,10 +125,10 @@ TEST(PsTrainCli, AnAsyncJobGoesOnWithoutAKilledWorker) {
   const std::string train =
       fmt::format("{} train --dist ps --ps-mode async {} --batch 16 --epochs 8 --out {}/run",
                   SHOAL_BINARY, kAsyncMlp, dir);
-  auto r = run_shoal(fmt::format(
-      "run --ps 1,2 --timeout 120 -- sh -c 'if mkdir {0}/victim 2>/dev/null; then {1} & p=$!; "
-      "sleep 1; kill -9 $p; wait $p; else exec {1}; fi'",
-      dir, train));
+  auto r = run_shoal(
+      fmt::format("run --ps 1,2 --timeout 120 --ps-snapshots {0}/ps -- sh -c 'if mkdir {0}/victim "
+                  "2>/dev/null; then {1} & p=$!; sleep 1; kill -9 $p; wait $p; else exec {1}; fi'",
+                  dir, train));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("exited with code 137"), std::string::npos) << r.out;  // sh: 128 + 9
   EXPECT_NE(r.out.find("the job is async: it goes on without it"), std::string::npos) << r.out;
@@ -135,6 +136,18 @@ TEST(PsTrainCli, AnAsyncJobGoesOnWithoutAKilledWorker) {
   EXPECT_NE(r.out.find("final: test accuracy"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("1 of 2 workers failed on the way"), std::string::npos) << r.out;
   EXPECT_GT(total_pushes(r.out), 0) << r.out;
+  // The server's metrics: a line per second with its traffic and lags.
+  std::ifstream in(dir + "/ps/server0.metrics.jsonl");
+  std::string line, last;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    last = line;
+  }
+  EXPECT_GE(lines, 2);
+  EXPECT_NE(last.find("\"kind\":\"ps_server\""), std::string::npos) << last;
+  EXPECT_GT(numbers_after(last, "\"bytes_in\":").at(0), 1e6) << last;
+  EXPECT_NE(last.find("\"lag\":{"), std::string::npos) << last;
 }
 
 }  // namespace

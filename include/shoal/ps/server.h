@@ -45,6 +45,12 @@ class Server {
   ~Server();  // stops serving; writes a last snapshot when configured
   int port() const;
   ShardStats stats() const;  // thread-safe
+  // What crossed the wire and what waits (thread-safe).
+  struct Traffic {
+    std::uint64_t bytes_in = 0, bytes_out = 0;  // request and reply bodies
+    std::size_t queue = 0;                      // answers waiting for a round to close
+  };
+  Traffic traffic() const;
   int refused() const;
   // Workers dropped for silence since the last call, each as a line
   // naming the worker (thread-safe): `shoal ps server` tells the scheduler.

@@ -20,6 +20,7 @@
 // Not thread-safe: one serving thread owns a shard.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -68,6 +69,8 @@ struct ShardStats {
   std::uint64_t duplicates = 0;            // pushes recognized as seen before
   std::uint64_t rounds = 0;                // sync rounds closed
   std::map<int, std::uint64_t> by_worker;  // pushes accepted per worker
+  double round_seconds = 0;                // sync: first push to close, summed over rounds
+  std::map<int, std::int64_t> lag;         // live worker -> steps behind the most advanced
 };
 
 class Shard {
