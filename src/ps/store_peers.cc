@@ -12,13 +12,12 @@ class StorePeers final : public train::Peers {
 
   Status agree(const std::string& what, std::uint64_t value) override {
     const std::string key = "ps/peers/agree/" + what, mine = std::to_string(value);
-    if (me_ == 0) return s_.set(key, mine);
-    SHOAL_ASSIGN_OR_RETURN(std::string lead, s_.get(key, dl()));
+    SHOAL_ASSIGN_OR_RETURN(std::string lead, lead_value(key, mine));
+    if (lead.empty()) return ok_status();
     if (lead != mine)
       return failed_precondition(
-          "the workers of this job disagree on {}: worker 0 has {}, "
-          "worker {} has {}",
-          what, lead, me_, mine);
+          "the workers of this job disagree on {}: {} has {}, worker {} has {}", what, lead_name(),
+          lead, me_, mine);
     return ok_status();
   }
 
@@ -26,8 +25,8 @@ class StorePeers final : public train::Peers {
     const std::string key = "ps/peers/options";
     std::string mine;
     for (const auto& [k, v] : options) mine += k + '\n' + v + '\n';
-    if (me_ == 0) return s_.set(key, mine);
-    SHOAL_ASSIGN_OR_RETURN(std::string lead, s_.get(key, dl()));
+    SHOAL_ASSIGN_OR_RETURN(std::string lead, lead_value(key, mine));
+    if (lead.empty()) return ok_status();
     Options theirs;
     for (std::size_t p = 0; p < lead.size();) {
       const auto a = lead.find('\n', p), b = lead.find('\n', a + 1);
@@ -38,27 +37,28 @@ class StorePeers final : public train::Peers {
     for (std::size_t i = 0; i < std::max(options.size(), theirs.size()); ++i) {
       if (i >= options.size() || i >= theirs.size() || options[i].first != theirs[i].first)
         return failed_precondition(
-            "the workers of this job check different options (worker 0: '{}', worker {}: '{}'): "
-            "do they run the same shoal build?",
-            i < theirs.size() ? theirs[i].first : "", me_,
+            "the workers of this job check different options ({}: '{}', worker {}: '{}'): do "
+            "they run the same shoal build?",
+            lead_name(), i < theirs.size() ? theirs[i].first : "", me_,
             i < options.size() ? options[i].first : "");
       if (options[i].second != theirs[i].second)
         return failed_precondition(
-            "the workers of this job disagree on {}: worker 0 has {}, worker {} has {} (every "
-            "worker must be started with the same options: they change the math)",
-            options[i].first, theirs[i].second, me_, options[i].second);
+            "the workers of this job disagree on {}: {} has {}, worker {} has {} (every worker "
+            "must be started with the same options: they change the math)",
+            options[i].first, lead_name(), theirs[i].second, me_, options[i].second);
     }
     return ok_status();
   }
 
   Status broadcast(Tensor& t) override {
     const std::string key = fmt::format("ps/peers/bcast/{}", bcasts_++);
-    if (me_ == 0)
-      return s_.set(key, std::string(static_cast<const char*>(t.raw_data()), t.nbytes()));
-    SHOAL_ASSIGN_OR_RETURN(std::string v, s_.get(key, dl()));
+    SHOAL_ASSIGN_OR_RETURN(
+        std::string v,
+        lead_value(key, std::string(static_cast<const char*>(t.raw_data()), t.nbytes())));
+    if (v.empty()) return ok_status();
     if (v.size() != t.nbytes())
-      return failed_precondition("broadcast {} from worker 0: {} bytes, this worker holds {}",
-                                 bcasts_ - 1, v.size(), t.nbytes());
+      return failed_precondition("broadcast {} from {}: {} bytes, this worker holds {}",
+                                 bcasts_ - 1, lead_name(), v.size(), t.nbytes());
     std::memcpy(t.raw_data(), v.data(), v.size());
     return ok_status();
   }
@@ -98,7 +98,25 @@ class StorePeers final : public train::Peers {
   }
 
  private:
+  const char* lead_name() const { return collective_ ? "worker 0" : "the first worker"; }
   Deadline dl() const { return Deadline::after_seconds(timeout_s_); }
+
+  // The leading value of `key`, "" when this worker leads (it wrote
+  // `mine`). Sync jobs: worker 0 leads (after a resume its state is the
+  // job's) and the others wait for it. Async jobs: the first worker to
+  // write leads, so a worker that died or froze before writing (worker 0
+  // too) holds no one up.
+  Result<std::string> lead_value(const std::string& key, const std::string& mine) {
+    if (collective_) {
+      if (me_ == 0) {
+        SHOAL_RETURN_IF_ERROR(s_.set(key, mine));
+        return std::string();
+      }
+      return s_.get(key, dl());
+    }
+    SHOAL_ASSIGN_OR_RETURN(std::string now, s_.compare_set(key, "", mine));
+    return now == mine ? std::string() : now;
+  }
   net::Store& s_;
   int me_, n_;
   bool collective_;

@@ -1,9 +1,10 @@
 // train::Peers for the workers of a parameter-server job, over the job's
 // rendezvous store (workers share no communicator: in async jobs they come
-// and go). Worker 0 leads: its options and its tensors are what the
-// others check and copy. Sums and averages are collective only in sync
-// jobs (a fixed quorum); in async jobs each worker keeps its own (a sum
-// over workers that may have left would never finish). Private to ps.
+// and go). In sync jobs worker 0 leads: its options and its tensors are
+// what the others check and copy; in async jobs the first worker to write
+// leads (any worker may be gone). Sums and averages are collective only in
+// sync jobs (a fixed quorum); in async jobs each worker keeps its own (a
+// sum over workers that may have left would never finish). Private to ps.
 #pragma once
 
 #include <memory>
