@@ -270,5 +270,21 @@ TEST(PsTrainCli, AKilledServerRestartsFromItsSnapshotAndNothingIsLostOrDoubled) 
   EXPECT_EQ(params, 6);
 }
 
+// Without snapshots (the default) a dead server stops the job, named.
+TEST(PsTrainCli, WithoutSnapshotsADeadServerStopsTheJobNamed) {
+  const std::string dir = testing::scratch_dir("ps_server_dies");
+  auto r = run_sh(fmt::format(
+      "{1} run --ps 1,2 --timeout 120 --ps-snapshots {0}/ps -- {1} train --dist ps {2} --batch 16 "
+      "--max-steps 100000 --out {0}/run & l=$!; i=0; while [ $i -lt 200 ] && ! grep -qs "
+      "'\"updates\":[1-9]' {0}/ps/server0.metrics.jsonl; do sleep 0.05; i=$((i+1)); done; "
+      "pkill -9 -f '{0}/ps/[s]erver0.metrics.jsonl'; wait $l",
+      dir, SHOAL_BINARY, kMlp));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("server 0 was killed by signal 9 (Killed) while workers were training"),
+            std::string::npos)
+      << r.out;
+  EXPECT_LT(r.seconds, 60) << r.out;
+}
+
 }  // namespace
 }  // namespace shoal
