@@ -88,13 +88,15 @@ double run(int servers, int workers, double mib, double seconds) {
       auto wk = ps::Worker::connect(addrs, "bench", w, Deadline::after_seconds(30));
       if (!wk.ok()) std::exit(1);
       Tensor g = Tensor::full({n}, DType::kF32, 0.001);
+      Tensor into = Tensor::zeros({n}, DType::kF32);  // received in place, as in training
       for (const auto& k : keys) (void)(*wk)->init(k, Tensor::zeros({n}, DType::kF32));
       joined.arrive_and_wait();
       // Rounds: a fixed count, chosen from the first round's time, so that
       // every worker runs the same number (a sync round needs all).
       auto round = [&](std::int64_t step) {
         for (const auto& k : keys)
-          if (auto p = (*wk)->push_pull(k, step, g, 0, Deadline::after_seconds(60)); !p.ok()) {
+          if (auto p = (*wk)->push_pull(k, step, g, 0, Deadline::after_seconds(60), &into);
+              !p.ok()) {
             std::fprintf(stderr, "worker %d: %s\n", w, p.status().to_string().c_str());
             std::exit(1);
           }

@@ -134,12 +134,14 @@ Status WorkerJob::Impl::run(PushPullTask& t) {
   if (delay_ms > 0 && params > 0 && tasks++ % params == 0)
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
   std::int64_t& step = next_step[t.key];
-  SHOAL_ASSIGN_OR_RETURN(Worker::Pulled p, worker->push_pull(t.key, step, t.grad, t.lr,
-                                                             Deadline::after_seconds(timeout_s)));
+  SHOAL_ASSIGN_OR_RETURN(
+      Worker::Pulled p,
+      worker->push_pull(t.key, step, t.grad, t.lr, Deadline::after_seconds(timeout_s), &t.out));
   if (p.value.shape() != t.out.shape())
     return failed_precondition("key '{}': the server sent {}, the parameter is {}", t.key,
                                shape_str(p.value.shape()), shape_str(t.out.shape()));
-  SHOAL_RETURN_IF_ERROR(t.out.copy_from(p.value));
+  // Received straight into the output when it could be; else copied.
+  if (p.value.raw_data() != t.out.raw_data()) SHOAL_RETURN_IF_ERROR(t.out.copy_from(p.value));
   step = mode == Mode::kSync ? static_cast<std::int64_t>(p.version) : step + 1;
   return ok_status();
 }

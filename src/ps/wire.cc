@@ -16,10 +16,13 @@ void put_str(std::string& out, const std::string& s) {
   put<std::uint32_t>(out, static_cast<std::uint32_t>(s.size()));
   out += s;
 }
+void put_tensor_head(std::string& out, const Tensor& t) {
+  put<std::uint8_t>(out, static_cast<std::uint8_t>(t.rank()));
+  for (int i = 0; i < t.rank(); ++i) put<std::int64_t>(out, t.dim(i));
+}
 void put_tensor(std::string& out, const Tensor& t) {
   const Tensor c = t.contiguous();
-  put<std::uint8_t>(out, static_cast<std::uint8_t>(c.rank()));
-  for (int i = 0; i < c.rank(); ++i) put<std::int64_t>(out, c.dim(i));
+  put_tensor_head(out, c);
   out.append(static_cast<const char*>(c.raw_data()), c.nbytes());
 }
 
@@ -105,7 +108,14 @@ class Reader {
 
 }  // namespace
 
-std::string encode(const Request& r) {
+namespace {
+std::string encode_impl(const Request& r, bool data) {
+  auto tensor = [&](std::string& out, const Tensor& t) {
+    if (data)
+      put_tensor(out, t);
+    else
+      put_tensor_head(out, t);
+  };
   std::string out(1, r.op);
   switch (r.op) {
     case 'J':
@@ -115,14 +125,14 @@ std::string encode(const Request& r) {
       break;
     case 'I':
       put_str(out, r.key);
-      put_tensor(out, r.value);
+      tensor(out, r.value);
       break;
     case 'P':
       put<std::int32_t>(out, r.worker);
       put_str(out, r.key);
       put<std::int64_t>(out, r.step);
       put<std::uint64_t>(out, r.seq);
-      put_tensor(out, r.value);
+      tensor(out, r.value);
       break;
     case 'L':
       put_str(out, r.key);
@@ -137,13 +147,18 @@ std::string encode(const Request& r) {
       put<std::int64_t>(out, r.step);
       put<std::uint64_t>(out, r.seq);
       put<double>(out, r.lr);
-      put_tensor(out, r.value);
+      tensor(out, r.value);
       break;
     default:
       break;
   }
   return out;
 }
+
+}  // namespace
+
+std::string encode(const Request& r) { return encode_impl(r, true); }
+std::string encode_head(const Request& r) { return encode_impl(r, false); }
 
 Result<Request> decode_request(std::string_view in) {
   Reader rd(in);

@@ -41,6 +41,10 @@ struct Request {
 };
 
 std::string encode(const Request& r);
+// The same without the tensor's data (init, push, pushpull: the tensor is
+// last): encode(r) == encode_head(r) + the data, so a sender can write the
+// data from the tensor's own memory.
+std::string encode_head(const Request& r);
 Result<Request> decode_request(std::string_view in);
 
 std::string encode_pull_reply(std::uint64_t version, const Tensor& value);

@@ -16,6 +16,8 @@
 
 namespace shoal::ps {
 
+struct Request;  // ps/wire.h
+
 class Worker {
  public:
   // `servers` are "host:port"; every connection proves `token`. With
@@ -47,8 +49,11 @@ class Worker {
     std::uint64_t version;
     Tensor value;
   };
+  // The gradient is sent from its own memory and, when `into` is an f32
+  // tensor of the key's shape, the value is received straight into it
+  // (Pulled::value then shares its storage).
   Result<Pulled> push_pull(const std::string& key, std::int64_t step, const Tensor& grad, double lr,
-                           Deadline dl);
+                           Deadline dl, Tensor* into = nullptr);
   // Leaves every server: sync rounds stop waiting for this worker.
   Status leave();
 
@@ -68,6 +73,8 @@ class Worker {
   // call() on server i, reconnecting and resending when it is lost.
   Result<std::string> call_server(std::size_t i, const std::string& payload, Deadline dl);
   Status reconnect(std::size_t i, Deadline dl);
+  // One push-pull exchange on server i without copies of the tensors.
+  Result<Pulled> exchange(std::size_t i, const Request& r, Deadline dl, Tensor* into);
   std::vector<net::Socket> servers_;
   std::vector<std::string> addrs_;
   std::string token_;
