@@ -135,13 +135,17 @@ Result<Proc> spawn(const std::vector<std::string>& argv,
 
 // Whether a process is stopped (SIGSTOP, SIGTSTP, a debugger): alive, its
 // sockets open, and answering nothing. /proc/<pid>/stat's third field.
-bool is_stopped(pid_t pid) {
+char proc_state(pid_t pid) {
   std::ifstream f(fmt::format("/proc/{}/stat", pid));
   std::string line;
-  if (!std::getline(f, line)) return false;
+  if (!std::getline(f, line)) return 0;
   std::size_t close = line.rfind(')');  // the command name may hold spaces
-  return close != std::string::npos && close + 2 < line.size() &&
-         (line[close + 2] == 'T' || line[close + 2] == 't');
+  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 0;
+}
+
+bool is_stopped(pid_t pid) {
+  const char c = proc_state(pid);
+  return c == 'T' || c == 't';
 }
 
 std::string self_exe() {

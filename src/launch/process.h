@@ -44,6 +44,9 @@ Result<Proc> spawn(const std::vector<std::string>& argv,
 
 // Whether a process is stopped (SIGSTOP, SIGTSTP, a debugger).
 bool is_stopped(pid_t pid);
+// Its state letter in /proc/<pid>/stat ('R', 'S', 'T' stopped by a signal,
+// 't' stopped by a tracer...), 0 when unreadable.
+char proc_state(pid_t pid);
 
 // This executable's path (/proc/self/exe), "" if unreadable.
 std::string self_exe();

@@ -13,8 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 
 #include "launch/output.h"
 #include "launch/process.h"
@@ -223,14 +225,24 @@ class PsJob {
 
   // Every worker has finished or is stopped (state T): the stopped ones
   // will not finish. Named; an async job's result stands.
+  // Stopped means by a signal (state 'T') for 2 s on end: a tracer's
+  // brief stops ('t': LeakSanitizer stops a process at exit to scan it)
+  // are not a frozen worker.
   void check_frozen() {
     if (stopping_) return;
+    const auto now = Clock::now();
     std::vector<std::size_t> frozen;
     for (std::size_t i = o_.ps_servers; i < procs_.size(); ++i) {
       if (procs_[i].exited) continue;
-      if (!is_stopped(procs_[i].pid)) return;
-      frozen.push_back(i);
+      if (proc_state(procs_[i].pid) != 'T') {
+        stopped_since_.erase(i);
+        continue;
+      }
+      auto since = stopped_since_.emplace(i, now).first->second;
+      if (now - since >= std::chrono::seconds(2)) frozen.push_back(i);
     }
+    for (std::size_t i = o_.ps_servers; i < procs_.size(); ++i)
+      if (!procs_[i].exited && std::find(frozen.begin(), frozen.end(), i) == frozen.end()) return;
     if (frozen.empty()) return;
     const std::string m = mode();
     if (m == "async" || m == "bounded") {
@@ -316,6 +328,7 @@ class PsJob {
   int failed_ = -1, lost_workers_ = 0, code_ = 0;
   long ticks_ = 0;
   int restarts_ = 0;
+  std::map<std::size_t, Clock::time_point> stopped_since_;  // workers in state 'T'
   std::string snapshots_;
   std::vector<std::pair<std::vector<std::string>, Env>> specs_;  // per process, to restart
   std::string last_drop_;
