@@ -26,8 +26,9 @@ std::vector<double> numbers_after(const std::string& out, const std::string& pre
 TEST(PsAccuracy, AsyncCnnReachesNinetyPercent) {
   const std::string dir = testing::scratch_dir("ps_asynccnn");
   auto r = run_shoal(fmt::format(
-      "run --ps 1,2 --timeout 600 -- {} train --dist ps --ps-mode async --model cnn --batch 64 "
-      "--epochs 5 --optimizer momentum --lr 0.02 --schedule cosine --no-plot --quiet --out {}/run",
+      "run --ps 1,2 --timeout 600 --ps-snapshots {1}/ps -- {0} train --dist ps --ps-mode async "
+      "--model cnn --batch 64 "
+      "--epochs 5 --optimizer momentum --lr 0.02 --schedule cosine --no-plot --quiet --out {1}/run",
       SHOAL_BINARY, dir));
   ASSERT_EQ(r.code, 0) << r.out;
   // Each worker evaluates the servers' weights as of its last step (with

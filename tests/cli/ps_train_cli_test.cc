@@ -71,8 +71,9 @@ TEST(PsTrainCli, SyncWorkersMatchOneProcessOnTheWholeBatch) {
                                     workers * kB, kSteps, one));
     ASSERT_EQ(r1.code, 0) << r1.out;
     auto r2 = run_shoal(fmt::format(
-        "run --ps {},{} --timeout 120 -- {} train --dist ps {} --batch {} --max-steps {} --out {}",
-        servers, workers, SHOAL_BINARY, kMlp, kB, kSteps, many));
+        "run --ps {},{} --timeout 120 --ps-snapshots {}.ps -- {} train --dist ps {} --batch {} "
+        "--max-steps {} --out {}",
+        servers, workers, many, SHOAL_BINARY, kMlp, kB, kSteps, many));
     ASSERT_EQ(r2.code, 0) << r2.out;
     // Every worker pushed every parameter once per step, and every round closed.
     EXPECT_NE(
@@ -110,7 +111,8 @@ TEST(PsTrainCli, ASyncJobNamesAFailedWorkerAndStops) {
   const std::string dir = testing::scratch_dir("ps_syncfail");
   // The first worker to take the lock dies (exit 3) once training runs.
   auto r = run_shoal(fmt::format(
-      "run --ps 1,2 --timeout 120 -- sh -c 'if mkdir {0}/victim 2>/dev/null; then {1} train "
+      "run --ps 1,2 --timeout 120 --ps-snapshots {0}/ps -- sh -c 'if mkdir {0}/victim "
+      "2>/dev/null; then {1} train "
       "--dist ps {2} --batch 16 --max-steps 100000 --out {0}/run & p=$!; sleep 2; kill -9 $p; "
       "exit 3; else exec {1} train --dist ps {2} --batch 16 --max-steps 100000 --out {0}/run; fi'",
       dir, SHOAL_BINARY, kMlp));
@@ -208,7 +210,8 @@ TEST(PsTrainCli, AFrozenWorkerIsDroppedAfterItsHeartbeatDeadline) {
         "{} train --dist ps --ps-mode {} {} --batch 16 --epochs {} --out {}/run", SHOAL_BINARY,
         mode, kAsyncMlp, mode == "sync" ? 6 : 20, dir);  // async: outlives the deadline
     auto r = run_sh(fmt::format(
-        "SHOAL_PS_HEARTBEAT=2 {2} run --ps 1,2 --timeout 100 -- sh -c 'if mkdir {0}/victim "
+        "SHOAL_PS_HEARTBEAT=2 {2} run --ps 1,2 --timeout 100 --ps-snapshots {0}/ps -- sh -c 'if "
+        "mkdir {0}/victim "
         "2>/dev/null; then (sleep 1; kill -STOP $$) & exec {1}; else exec {1}; fi'",
         dir, train, SHOAL_BINARY));
     EXPECT_NE(r.out.find("sent nothing for"), std::string::npos) << r.out;
