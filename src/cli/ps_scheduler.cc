@@ -34,11 +34,7 @@ Status watch(net::Store& s, int num_servers, int num_workers) {
   std::int64_t joined = 0, left = 0;
   while (!g_stop) {
     while (servers < num_servers) {
-      // A read that does not wait ("" while absent): a get() that times
-      // out would leave its reply on the connection.
-      const std::string probe = "\x01probe";
-      SHOAL_ASSIGN_OR_RETURN(std::string addr,
-                             s.compare_set(ps::server_key(servers), probe, probe));
+      SHOAL_ASSIGN_OR_RETURN(std::string addr, s.peek(ps::server_key(servers)));
       if (addr.empty()) break;
       fmt::print("ps scheduler: server {} at {}\n", servers++, addr);
     }

@@ -169,8 +169,7 @@ class PsJob {
 
   // The mode the workers declared ("" before any did).
   std::string mode() {
-    const std::string probe = "\x01probe";
-    auto m = client_->compare_set("ps/mode", probe, probe);
+    auto m = client_->peek("ps/mode");
     return m.ok() ? *m : "";
   }
 
@@ -207,8 +206,7 @@ class PsJob {
   // the end of a sync job, named; a note in an async one.
   void check_dropped() {
     if (stopping_ || ++ticks_ % 5 != 0) return;
-    const std::string probe = "\x01probe";
-    auto d = client_->compare_set("ps/dropped", probe, probe);
+    auto d = client_->peek("ps/dropped");
     if (!d.ok() || d->empty() || *d == last_drop_) return;
     last_drop_ = *d;
     const int w = std::atoi(d->c_str());

@@ -29,6 +29,11 @@ Status Store::wait(const std::vector<std::string>& keys, Deadline dl) {
   return ok_status();
 }
 
+Result<std::string> Store::peek(const std::string& key) {
+  const std::string probe = "\x01peek: no key holds this";
+  return compare_set(key, probe, probe);
+}
+
 // ------------------------------------------------------------- client
 
 Result<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& host, int port, Deadline dl,

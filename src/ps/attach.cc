@@ -112,9 +112,8 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
   m.worker->set_resolver([e](int i, const std::string& old) -> Result<std::string> {
     SHOAL_ASSIGN_OR_RETURN(auto store, connect_scheduler(e));
     const Deadline until = Deadline::after_seconds(e.timeout_s);
-    const std::string probe = "\x01probe";
     while (!until.expired()) {
-      SHOAL_ASSIGN_OR_RETURN(std::string addr, store->compare_set(server_key(i), probe, probe));
+      SHOAL_ASSIGN_OR_RETURN(std::string addr, store->peek(server_key(i)));
       if (!addr.empty() && addr != old) return addr;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

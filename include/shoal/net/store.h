@@ -35,6 +35,10 @@ class Store {
   virtual Result<std::string> compare_set(const std::string& key, const std::string& expected,
                                           const std::string& desired) = 0;
   Status wait(const std::vector<std::string>& keys, Deadline dl);
+  // The key's value now, "" while it is absent, without waiting (a get()
+  // that times out would leave its reply on a TCP connection). A swap that
+  // expects a value no key holds, so it never writes.
+  Result<std::string> peek(const std::string& key);
 };
 
 // The store's limits are the frame server's (net/frame_server.h).
