@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/cli_results.h"
 #include "cli/run_shoal.h"
 #include "shoal/tensor/safetensors.h"
 #include "temp_dir.h"
@@ -16,21 +17,11 @@
 namespace shoal {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::last_checkpoint;
 using testing::run_shoal;
 
 // A fresh run directory, removed when the test process exits.
 std::string tmpdir(const std::string& name) { return testing::scratch_dir("dp_" + name) + "/run"; }
-
-// The newest checkpoint of a run directory.
-Result<SafetensorsFile> last_checkpoint(const std::string& dir) {
-  std::string best;
-  for (const auto& e : fs::directory_iterator(dir + "/checkpoints"))
-    if (e.path().extension() == ".safetensors" && e.path().string() > best)
-      best = e.path().string();
-  if (best.empty()) return not_found("no checkpoint in {}", dir);
-  return read_safetensors(best);
-}
 
 // Trains `steps` steps of the MLP with `ranks` ranks of batch `batch`.
 std::string train(const std::string& name, int ranks, int batch, int steps,

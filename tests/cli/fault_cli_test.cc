@@ -146,7 +146,8 @@ TEST(Faults, ARankWhoseClockDiffersIsRefusedByName) {
     GTEST_SKIP() << "faketime is not installed (tools/install-deps.sh installs it)";
   auto r = run_shoal(fmt::format(
       "run -n 2 --timeout 60 -- sh -c 'if [ $SHOAL_RANK = 1 ]; then "
-      "FAKETIME_DONT_FAKE_MONOTONIC=1 ASAN_OPTIONS=$ASAN_OPTIONS:verify_asan_link_order=0 exec faketime -f -1h {0} bench comm --max-bytes 4096 "
+      "FAKETIME_DONT_FAKE_MONOTONIC=1 ASAN_OPTIONS=$ASAN_OPTIONS:verify_asan_link_order=0 exec "
+      "faketime -f -1h {0} bench comm --max-bytes 4096 "
       "--seconds 0.01; fi; exec {0} bench comm --max-bytes 4096 --seconds 0.01'",
       SHOAL_BINARY));
   EXPECT_NE(r.code, 0) << r.out;

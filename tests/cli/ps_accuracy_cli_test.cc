@@ -8,20 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_results.h"
 #include "cli/run_shoal.h"
 #include "temp_dir.h"
 
 namespace shoal {
 namespace {
 
+using testing::numbers_after;
 using testing::run_shoal;
-
-std::vector<double> numbers_after(const std::string& out, const std::string& prefix) {
-  std::vector<double> v;
-  for (std::size_t at = out.find(prefix); at != std::string::npos; at = out.find(prefix, at + 1))
-    v.push_back(std::strtod(out.c_str() + at + prefix.size(), nullptr));
-  return v;
-}
 
 TEST(PsAccuracy, AsyncCnnReachesNinetyPercent) {
   const std::string dir = testing::scratch_dir("ps_asynccnn");

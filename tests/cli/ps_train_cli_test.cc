@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_results.h"
 #include "cli/run_shoal.h"
 #include "shoal/tensor/safetensors.h"
 #include "temp_dir.h"
@@ -20,20 +21,12 @@
 namespace shoal {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::last_checkpoint;
+using testing::numbers_after;
 using testing::run_sh;
 using testing::run_shoal;
 
 std::string tmpdir(const std::string& name) { return testing::scratch_dir("ps_" + name) + "/run"; }
-
-Result<SafetensorsFile> last_checkpoint(const std::string& dir) {
-  std::string best;
-  for (const auto& e : fs::directory_iterator(dir + "/checkpoints"))
-    if (e.path().extension() == ".safetensors" && e.path().string() > best)
-      best = e.path().string();
-  if (best.empty()) return not_found("no checkpoint in {}", dir);
-  return read_safetensors(best);
-}
 
 const std::string kMlp =
     "--model mlp --limit-train 2048 --limit-test 256 --threads 1 --optimizer momentum --lr 0.05 "
@@ -89,15 +82,6 @@ TEST(PsTrainCli, SyncWorkersMatchOneProcessOnTheWholeBatch) {
     EXPECT_LE(worst_param_diff(*a, *b, &params), 1e-5);
     EXPECT_EQ(params, 6);
   }
-}
-
-// The number after each occurrence of `prefix` in `out`, in order (no
-// std::regex: GCC 12 warns inside it under ASan).
-std::vector<double> numbers_after(const std::string& out, const std::string& prefix) {
-  std::vector<double> v;
-  for (std::size_t at = out.find(prefix); at != std::string::npos; at = out.find(prefix, at + 1))
-    v.push_back(std::strtod(out.c_str() + at + prefix.size(), nullptr));
-  return v;
 }
 
 // Pushes over all servers, from their last lines.

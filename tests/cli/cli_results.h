@@ -1,0 +1,33 @@
+// Reading what a command-line run left behind: the newest checkpoint of a
+// run directory, and the numbers a run printed. Shared by the CLI tests.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "shoal/tensor/safetensors.h"
+
+namespace shoal::testing {
+
+// The newest checkpoint of a run directory.
+inline Result<SafetensorsFile> last_checkpoint(const std::string& dir) {
+  std::string best;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/checkpoints"))
+    if (e.path().extension() == ".safetensors" && e.path().string() > best)
+      best = e.path().string();
+  if (best.empty()) return not_found("no checkpoint in {}", dir);
+  return read_safetensors(best);
+}
+
+// The number after each occurrence of `prefix` in `out`, in order (no
+// std::regex: GCC 12 warns inside it under ASan).
+inline std::vector<double> numbers_after(const std::string& out, const std::string& prefix) {
+  std::vector<double> v;
+  for (std::size_t at = out.find(prefix); at != std::string::npos; at = out.find(prefix, at + 1))
+    v.push_back(std::strtod(out.c_str() + at + prefix.size(), nullptr));
+  return v;
+}
+
+}  // namespace shoal::testing
