@@ -166,7 +166,7 @@ Status Mesh::setup_shm(net::Store& store, Deadline dl) {
   // user fakes hosts with SHOAL_HOST_ID).
   auto lws = env::get("SHOAL_LOCAL_WORLD_SIZE");
   SHOAL_RETURN_IF_ERROR(check_one_host(
-      rank_, host_of_, o_.is_world && o_.host_id.empty() && lws && *lws == std::to_string(world_)));
+      host_of_, o_.is_world && o_.host_id.empty() && lws && *lws == std::to_string(world_)));
   if (o_.transport == "tcp") return ok_status();
   for (int j = rank_ + 1; j < world_; ++j) {  // lower rank creates
     if (!local[static_cast<std::size_t>(j)]) continue;

@@ -82,17 +82,16 @@ Status check_clocks(int rank, int world, std::vector<net::Socket>& peers, double
   return ok_status();
 }
 
-Status check_one_host(int rank, const std::vector<std::string>& host_of, bool launcher_local) {
+Status check_one_host(const std::vector<std::string>& host_of, bool launcher_local) {
   if (!launcher_local) return ok_status();
   auto name = [](const std::string& id) { return id.substr(0, id.find('/')); };
-  const std::string& me = host_of[static_cast<std::size_t>(rank)];
-  for (std::size_t j = 0; j < host_of.size(); ++j)
-    if (host_of[j] != me)
+  for (std::size_t j = 1; j < host_of.size(); ++j)
+    if (host_of[j] != host_of[0])
       return failed_precondition(
-          "rank {} runs on host '{}' but rank {} runs on '{}', while the launcher started all "
+          "rank {} runs on host '{}' but rank 0 runs on '{}', while the launcher started all "
           "{} ranks on one host (SHOAL_LOCAL_WORLD_SIZE={}): a rank was started elsewhere, or "
           "its hostname differs",
-          j, name(host_of[j]), rank, name(me), host_of.size(), host_of.size());
+          j, name(host_of[j]), name(host_of[0]), host_of.size(), host_of.size());
   return ok_status();
 }
 

@@ -23,7 +23,8 @@ Status check_clocks(int rank, int world, std::vector<net::Socket>& peers, double
 
 // host_of[j] is rank j's host identity ("hostname/boot id"). When
 // `launcher_local` (the launcher declared all ranks local to one host), a
-// rank on another host is an error naming it and both hostnames.
-Status check_one_host(int rank, const std::vector<std::string>& host_of, bool launcher_local);
+// rank on another host is an error naming it and both hostnames. Every rank
+// compares with rank 0, so all ranks report the same pair.
+Status check_one_host(const std::vector<std::string>& host_of, bool launcher_local);
 
 }  // namespace shoal::comm
