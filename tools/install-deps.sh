@@ -12,6 +12,7 @@ pkgs=(
   slurm-wlm munge
   faketime
   python3-torch mpich
+  libonnx-dev libprotobuf-dev libonnx-testdata python3-onnx python3-torchvision
 )
 if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
   pkgs+=(iperf3)

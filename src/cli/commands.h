@@ -79,5 +79,17 @@ struct PsCommand {
 PsCommand add_ps_command(CLI::App& app);
 int run_ps_server(const PsServerFlags& f);
 int run_ps_scheduler(const PsSchedulerFlags& f);
+// `shoal onnx conformance`.
+struct OnnxFlags {
+  std::string data = "/usr/share/libonnx-testdata/data/node";
+  std::vector<std::string> ops;
+  bool verbose = false;
+};
+struct OnnxCommand {
+  CLI::App* conformance = nullptr;
+  std::shared_ptr<OnnxFlags> flags;
+};
+OnnxCommand add_onnx_command(CLI::App& app);
+int run_onnx_conformance(const OnnxFlags& f);
 int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared);
 }  // namespace shoal::cli

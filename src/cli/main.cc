@@ -19,6 +19,7 @@ struct Cli {
   shoal::cli::TrainCommand train;
   shoal::cli::EvalCommand eval;
   shoal::cli::PsCommand ps;
+  shoal::cli::OnnxCommand onnx;
   CLI::App* run = nullptr;
   shoal::launch::LaunchOptions launch;
   std::string ps_roles;  // shoal run --ps S,W
@@ -45,6 +46,7 @@ struct Cli {
     train = shoal::cli::add_train_command(app);
     eval = shoal::cli::add_eval_command(app);
     ps = shoal::cli::add_ps_command(app);
+    onnx = shoal::cli::add_onnx_command(app);
     run = app.add_subcommand("run", "Launch N ranks of a command (gang: one fails, all stop)");
     run->add_option("-n,--ranks", launch.ranks, "Number of ranks (required unless --ps)")
         ->check(CLI::Range(1, 4096));
@@ -144,6 +146,7 @@ int main(int argc, char** argv) {
     return shoal::cli::run_ps_server(*cli->ps.opts);
   }
   if (cli->info->parsed()) return shoal::cli::run_info();
+  if (cli->onnx.conformance->parsed()) return shoal::cli::run_onnx_conformance(*cli->onnx.flags);
   if (cli->run->parsed()) {
     auto& l = cli->launch;
     if (!cli->ps_roles.empty()) {

@@ -1,0 +1,98 @@
+// Private to the importer: what an operator converter sees of one ONNX node
+// (its inputs as graph values or import-time constants, its attributes) and
+// the converter table. Converters are registered per op type in ops_*.cc.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shoal/onnx/import.h"
+
+namespace shoal::onnx {
+
+// TensorProto <-> Tensor (dtype mapped; external data refused, named).
+Result<Tensor> from_proto(const ::onnx::TensorProto& p);
+::onnx::TensorProto to_proto(const Tensor& t);
+Result<DType> dtype_of(int onnx_type);
+
+// The state of one emit(): every ONNX value seen so far, as a graph value
+// or as a tensor known at import time (or both).
+struct Env {
+  graph::Builder& b;
+  Bindings& bind;
+  std::map<std::string, graph::Value> values;
+  std::map<std::string, Tensor> known;
+  std::map<std::string, const ::onnx::TensorProto*> initializers;  // not yet bound
+  std::map<std::string, Tensor> init_cache;
+};
+
+class Ctx {
+ public:
+  Ctx(Env& env, const ::onnx::NodeProto& n, int opset) : env_(env), n_(n), opset_(opset) {}
+
+  graph::Builder& b() { return env_.b; }
+  Bindings& bind() { return env_.bind; }
+  int opset() const { return opset_; }
+  const ::onnx::NodeProto& node() const { return n_; }
+  const std::string& op() const { return n_.op_type(); }
+
+  int num_inputs() const;  // trailing empty ("" = omitted) inputs not counted
+  bool has_input(int i) const;
+  // The input as a graph value (a known tensor becomes a graph constant; a
+  // float initializer becomes a parameter).
+  Result<graph::Value> in(int i);
+  // The input as a batch-norm buffer (initializer) or graph value.
+  Result<graph::Value> in_buffer(int i);
+  // The input's value if known at import, else null.
+  const Tensor* known(int i);
+  // A known integer input as int64s; an error naming the input otherwise.
+  Result<std::vector<std::int64_t>> ints(int i);
+  Result<graph::TensorType> type(int i);
+
+  void out(int i, graph::Value v);
+  void out_known(int i, Tensor t);
+  int num_outputs() const { return n_.output_size(); }
+  bool wants_output(int i) const { return i < n_.output_size() && !n_.output(i).empty(); }
+
+  bool has_attr(const std::string& name) const { return attr(name) != nullptr; }
+  std::int64_t attr_i(const std::string& name, std::int64_t d) const;
+  double attr_f(const std::string& name, double d) const;
+  std::vector<std::int64_t> attr_ints(const std::string& name,
+                                      std::vector<std::int64_t> d = {}) const;
+  std::string attr_s(const std::string& name, std::string d = "") const;
+  const ::onnx::AttributeProto* attr(const std::string& name) const;
+
+  // An error naming the node and its op type.
+  template <typename... Args>
+  Status fail(fmt::format_string<Args...> f, Args&&... args) const {
+    return invalid_argument("{}: {}", label(), fmt::format(f, std::forward<Args>(args)...));
+  }
+  std::string label() const;
+
+ private:
+  Env& env_;
+  const ::onnx::NodeProto& n_;
+  int opset_;
+};
+
+using Converter = std::function<Status(Ctx&)>;
+// All converters by op type; each ops_*.cc adds its own.
+std::map<std::string, Converter>& converters();
+void add_math_ops(std::map<std::string, Converter>& t);
+void add_nn_ops(std::map<std::string, Converter>& t);
+void add_shape_ops(std::map<std::string, Converter>& t);
+
+// Pads x by begin[i]/end[i] along axis i with `value` (concatenated
+// constants, so the gradient is concat's); negative amounts crop.
+graph::Value pad_axes(graph::Builder& b, graph::Value x, const std::vector<std::int64_t>& begin,
+                      const std::vector<std::int64_t>& end, double value);
+
+// Normalizes an axis against a rank (negative counts from the end).
+Result<std::int64_t> norm_axis(const Ctx& c, std::int64_t axis, std::size_t rank);
+
+}  // namespace shoal::onnx

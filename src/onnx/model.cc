@@ -1,0 +1,246 @@
+// Loading (the ONNX library's parser, checker and shape inference) and
+// emission (each node through its converter, in the file's order, which
+// ONNX requires to be topological).
+#include <onnx/checker.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <algorithm>
+
+#include "onnx/context.h"
+#include "shoal/core/file.h"
+
+namespace shoal::onnx {
+
+using graph::Value;
+
+struct Model::Proto {
+  ::onnx::ModelProto m;
+};
+
+// Torch 1.13 writes opsets 7-17; the suite of libonnx 1.12 goes to 17.
+constexpr int kMinOpset = 7, kMaxOpset = 17;
+
+std::map<std::string, Converter>& converters() {
+  static std::map<std::string, Converter> t = [] {
+    std::map<std::string, Converter> m;
+    add_math_ops(m);
+    add_nn_ops(m);
+    add_shape_ops(m);
+    return m;
+  }();
+  return t;
+}
+
+std::vector<std::string> supported_ops() {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : converters()) out.push_back(k);
+  return out;
+}
+
+namespace {
+
+ValueInfo info_of(const ::onnx::ValueInfoProto& v) {
+  ValueInfo i;
+  i.name = v.name();
+  const auto& tt = v.type().tensor_type();
+  auto dt = dtype_of(tt.elem_type());
+  i.dtype = dt.ok() ? *dt : DType::kF32;
+  for (const auto& d : tt.shape().dim()) i.shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
+  return i;
+}
+
+Status check_ops(const ::onnx::GraphProto& g, int opset, const std::string& where) {
+  std::vector<std::string> bad;
+  for (int i = 0; i < g.node_size(); ++i) {
+    const auto& n = g.node(i);
+    bool default_domain = n.domain().empty() || n.domain() == "ai.onnx";
+    if (!default_domain || !converters().count(n.op_type()))
+      bad.push_back(fmt::format("node {} '{}' ({}{}, opset {})", i, n.name(),
+                                default_domain ? "" : n.domain() + ".", n.op_type(), opset));
+  }
+  if (bad.empty()) return ok_status();
+  return unimplemented("{}: {} node(s) use operators Shoal does not import: {}. Supported: {}",
+                       where, bad.size(), fmt::join(bad, "; "), fmt::join(supported_ops(), " "));
+}
+
+}  // namespace
+
+Result<Model> Model::load(const std::string& path) {
+  SHOAL_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
+  return parse(bytes, path);
+}
+
+Result<Model> Model::parse(const std::string& bytes, const std::string& where) {
+  auto p = std::make_shared<Proto>();
+  if (!p->m.ParseFromString(bytes))
+    return data_loss("{}: not an ONNX model (protobuf parse failed, {} bytes)", where,
+                     bytes.size());
+  try {
+    ::onnx::checker::check_model(p->m);
+    ::onnx::shape_inference::InferShapes(p->m);
+  } catch (const std::exception& e) {
+    return invalid_argument("{}: the ONNX checker refuses the model: {}", where, e.what());
+  }
+  Model m;
+  m.path_ = where;
+  for (const auto& o : p->m.opset_import())
+    if (o.domain().empty() || o.domain() == "ai.onnx") m.opset_ = static_cast<int>(o.version());
+  if (m.opset_ < kMinOpset || m.opset_ > kMaxOpset)
+    return unimplemented("{}: opset {} is outside the {}-{} Shoal imports", where, m.opset_,
+                         kMinOpset, kMaxOpset);
+  const auto& g = p->m.graph();
+  SHOAL_RETURN_IF_ERROR(check_ops(g, m.opset_, where));
+  std::set<std::string> inits;
+  for (const auto& t : g.initializer()) inits.insert(t.name());
+  for (const auto& v : g.input())
+    if (!inits.count(v.name())) m.inputs_.push_back(info_of(v));
+  for (const auto& v : g.output()) m.outputs_.push_back(info_of(v));
+  m.proto_ = std::move(p);
+  return m;
+}
+
+std::size_t Model::num_nodes() const {
+  return static_cast<std::size_t>(proto_->m.graph().node_size());
+}
+
+Result<std::vector<Value>> Model::emit(graph::Builder& b, const std::map<std::string, Value>& feeds,
+                                       const std::map<std::string, Tensor>& known,
+                                       Bindings& bind) const {
+  const auto& g = proto_->m.graph();
+  Env env{b, bind, feeds, known, {}, {}};
+  for (const auto& t : g.initializer())
+    if (!feeds.count(t.name()) && !known.count(t.name())) env.initializers[t.name()] = &t;
+  for (const auto& v : inputs_)
+    if (!feeds.count(v.name) && !known.count(v.name))
+      return invalid_argument("{}: input '{}' was not fed", path_, v.name);
+  for (int i = 0; i < g.node_size(); ++i) {
+    Ctx c(env, g.node(i), opset_);
+    Status s = converters().at(g.node(i).op_type())(c);
+    if (s.ok() && !b.ok()) s = b.status();
+    if (!s.ok()) return s.with_context(fmt::format("{}: importing {}", path_, c.label()));
+  }
+  std::vector<Value> outs;
+  for (const auto& o : g.output()) {
+    auto v = env.values.find(o.name());
+    if (v != env.values.end()) {
+      outs.push_back(v->second);
+    } else if (auto k = env.known.find(o.name()); k != env.known.end()) {
+      outs.push_back(b.constant(k->second));
+    } else {
+      return invalid_argument("{}: graph output '{}' is produced by no node", path_, o.name());
+    }
+  }
+  return outs;
+}
+
+// --- Ctx ---
+
+std::string Ctx::label() const {
+  return fmt::format("node '{}' ({}, opset {})", n_.name(), n_.op_type(), opset_);
+}
+
+int Ctx::num_inputs() const {
+  int n = n_.input_size();
+  while (n > 0 && n_.input(n - 1).empty()) --n;
+  return n;
+}
+
+bool Ctx::has_input(int i) const { return i < n_.input_size() && !n_.input(i).empty(); }
+
+const Tensor* Ctx::known(int i) {
+  if (!has_input(i)) return nullptr;
+  const std::string& name = n_.input(i);
+  if (auto k = env_.known.find(name); k != env_.known.end()) return &k->second;
+  auto it = env_.initializers.find(name);
+  if (it == env_.initializers.end()) return nullptr;
+  auto t = from_proto(*it->second);
+  if (!t.ok()) return nullptr;  // in() reports the error
+  // Float initializers of rank >= 1 are trained; everything else is fixed.
+  if (is_floating(t->dtype()) && t->rank() > 0) return nullptr;
+  env_.initializers.erase(it);
+  return &(env_.known[name] = *t);
+}
+
+Result<Value> Ctx::in(int i) {
+  if (!has_input(i)) return fail("input {} is required", i);
+  const std::string& name = n_.input(i);
+  if (auto v = env_.values.find(name); v != env_.values.end()) return v->second;
+  if (const Tensor* k = known(i)) return env_.values[name] = env_.b.constant(*k);
+  auto it = env_.initializers.find(name);
+  if (it == env_.initializers.end()) return fail("input '{}' is produced by no earlier node", name);
+  SHOAL_ASSIGN_OR_RETURN(Tensor t, from_proto(*it->second));
+  env_.initializers.erase(it);
+  return env_.values[name] = env_.bind.param(name, t);
+}
+
+Result<Value> Ctx::in_buffer(int i) {
+  if (!has_input(i)) return fail("input {} is required", i);
+  const std::string& name = n_.input(i);
+  auto it = env_.initializers.find(name);
+  if (it == env_.initializers.end() || env_.values.count(name)) return in(i);
+  SHOAL_ASSIGN_OR_RETURN(Tensor t, from_proto(*it->second));
+  env_.initializers.erase(it);
+  return env_.values[name] = env_.bind.buffer(name, t);
+}
+
+Result<std::vector<std::int64_t>> Ctx::ints(int i) {
+  const Tensor* k = known(i);
+  if (!k)
+    return fail(
+        "input {} ('{}') must be known when the model is imported (Shoal's shapes are "
+        "static), but it is computed from data",
+        i, has_input(i) ? n_.input(i) : "");
+  if (is_floating(k->dtype())) return fail("input {} must hold integers", i);
+  return k->to_vector<std::int64_t>();
+}
+
+Result<graph::TensorType> Ctx::type(int i) {
+  if (const Tensor* k = known(i)) return graph::TensorType{k->dtype(), k->shape()};
+  SHOAL_ASSIGN_OR_RETURN(Value v, in(i));
+  return env_.b.type(v);
+}
+
+void Ctx::out(int i, Value v) {
+  if (wants_output(i)) env_.values[n_.output(i)] = v;
+}
+
+void Ctx::out_known(int i, Tensor t) {
+  if (wants_output(i)) env_.known[n_.output(i)] = std::move(t);
+}
+
+const ::onnx::AttributeProto* Ctx::attr(const std::string& name) const {
+  for (const auto& a : n_.attribute())
+    if (a.name() == name) return &a;
+  return nullptr;
+}
+
+std::int64_t Ctx::attr_i(const std::string& name, std::int64_t d) const {
+  const auto* a = attr(name);
+  return a ? a->i() : d;
+}
+
+double Ctx::attr_f(const std::string& name, double d) const {
+  const auto* a = attr(name);
+  return a ? a->f() : d;
+}
+
+std::vector<std::int64_t> Ctx::attr_ints(const std::string& name,
+                                         std::vector<std::int64_t> d) const {
+  const auto* a = attr(name);
+  if (!a) return d;
+  return {a->ints().begin(), a->ints().end()};
+}
+
+std::string Ctx::attr_s(const std::string& name, std::string d) const {
+  const auto* a = attr(name);
+  return a ? a->s() : d;
+}
+
+Result<std::int64_t> norm_axis(const Ctx& c, std::int64_t axis, std::size_t rank) {
+  auto r = static_cast<std::int64_t>(rank);
+  if (axis < -r || axis >= std::max<std::int64_t>(r, 1))
+    return c.fail("axis {} is out of range for rank {}", axis, rank);
+  return axis < 0 ? axis + r : axis;
+}
+
+}  // namespace shoal::onnx

@@ -1,0 +1,257 @@
+// Convolution, pooling, normalization and dropout. Shoal's conv and pool
+// ops take symmetric 2-D padding; ONNX's asymmetric pads, auto_pad and
+// ceil_mode become an explicit pad of the input (zeros for conv and
+// average pooling, the lowest float for max pooling), and 1-D inputs a
+// height-1 image.
+#include <cfloat>
+#include <cmath>
+
+#include "onnx/context.h"
+
+namespace shoal::onnx {
+
+using graph::Value;
+
+namespace {
+
+struct Window {
+  std::vector<std::int64_t> kernel, stride, dilation, begin, end;  // per spatial dim
+};
+
+// Kernel, strides, dilations and pads of a conv/pool node for `spatial`
+// input dims, with auto_pad resolved and ceil_mode turned into end padding.
+Result<Window> window_of(const Ctx& c, const Shape& xs, const Shape& kernel) {
+  std::size_t n = kernel.size();
+  Window w;
+  w.kernel = kernel;
+  w.stride = c.attr_ints("strides", std::vector<std::int64_t>(n, 1));
+  w.dilation = c.attr_ints("dilations", std::vector<std::int64_t>(n, 1));
+  auto pads = c.attr_ints("pads", std::vector<std::int64_t>(2 * n, 0));
+  if (w.stride.size() != n || w.dilation.size() != n || pads.size() != 2 * n)
+    return c.fail("strides, dilations and pads must cover {} spatial dims", n);
+  w.begin.assign(pads.begin(), pads.begin() + static_cast<std::ptrdiff_t>(n));
+  w.end.assign(pads.begin() + static_cast<std::ptrdiff_t>(n), pads.end());
+  std::string ap = c.attr_s("auto_pad", "NOTSET");
+  bool ceil = c.attr_i("ceil_mode", 0) != 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::int64_t in = xs[2 + i], k = (kernel[i] - 1) * w.dilation[i] + 1, s = w.stride[i];
+    if (ap == "VALID") {
+      w.begin[i] = w.end[i] = 0;
+    } else if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
+      std::int64_t out = (in + s - 1) / s;
+      std::int64_t total = std::max<std::int64_t>(0, (out - 1) * s + k - in);
+      w.begin[i] = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
+      w.end[i] = total - w.begin[i];
+    } else if (ap != "NOTSET") {
+      return c.fail("auto_pad '{}' is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER", ap);
+    }
+    if (ceil) {
+      std::int64_t span = in + w.begin[i] + w.end[i] - k;
+      std::int64_t out = (span + s - 1) / s + 1;
+      // The last window must start inside the input or its left padding.
+      if ((out - 1) * s >= in + w.begin[i]) --out;
+      w.end[i] += std::max<std::int64_t>(0, (out - 1) * s + k - (in + w.begin[i] + w.end[i]));
+    }
+  }
+  return w;
+}
+
+// Pads the spatial dims (after N and C) by the window's begin/end.
+Value pad_spatial(graph::Builder& b, Value x, const Window& w, double value) {
+  std::vector<std::int64_t> begin = {0, 0}, end = {0, 0};
+  begin.insert(begin.end(), w.begin.begin(), w.begin.end());
+  end.insert(end.end(), w.end.begin(), w.end.end());
+  return pad_axes(b, x, begin, end, value);
+}
+
+bool symmetric(const Window& w) { return w.begin == w.end; }
+
+// 1-D inputs become height-1 images; returns the 4-D value.
+Value as_2d(graph::Builder& b, Value x) {
+  Shape s = b.shape(x);
+  if (s.size() != 3) return x;
+  return b.reshape(x, {s[0], s[1], 1, s[2]});
+}
+
+void to_2d(Window& w) {
+  w.kernel.insert(w.kernel.begin(), 1);
+  w.stride.insert(w.stride.begin(), 1);
+  w.dilation.insert(w.dilation.begin(), 1);
+  w.begin.insert(w.begin.begin(), 0);
+  w.end.insert(w.end.begin(), 0);
+}
+
+Status conv(Ctx& c) {
+  auto& b = c.b();
+  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+  SHOAL_ASSIGN_OR_RETURN(Value wt, c.in(1));
+  Value bias;
+  if (c.has_input(2)) {
+    SHOAL_ASSIGN_OR_RETURN(bias, c.in(2));
+  }
+  Shape xs = b.shape(x), ws = b.shape(wt);
+  if (xs.size() != 4 || ws.size() != 4)
+    return c.fail("only 2-D convolution (NCHW input, OIHW weight) is imported; input is {}",
+                  fmt::join(xs, "x"));
+  SHOAL_ASSIGN_OR_RETURN(Window w, window_of(c, xs, {ws[2], ws[3]}));
+  if (!symmetric(w)) {
+    x = pad_spatial(b, x, w, 0.0);
+    w.begin = w.end = {0, 0};
+  }
+  c.out(0, b.conv2d(x, wt, bias, w.stride, w.begin, w.dilation, c.attr_i("group", 1)));
+  return ok_status();
+}
+
+Converter pool(bool is_max) {
+  return [is_max](Ctx& c) -> Status {
+    auto& b = c.b();
+    SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+    Shape xs = b.shape(x);
+    if (xs.size() != 3 && xs.size() != 4) return c.fail("only 1-D and 2-D pooling is imported");
+    if (c.wants_output(1)) return c.fail("the Indices output of MaxPool is not supported");
+    SHOAL_ASSIGN_OR_RETURN(Window w, window_of(c, xs, c.attr_ints("kernel_shape")));
+    for (auto d : w.dilation)
+      if (d != 1) return c.fail("pooling dilations other than 1 are not supported");
+    bool one_d = xs.size() == 3;
+    x = as_2d(b, x);
+    if (one_d) to_2d(w);
+    bool include_pad = c.attr_i("count_include_pad", 0) != 0;
+    Value y;
+    if (is_max) {
+      if (!symmetric(w)) x = pad_spatial(b, x, w, -FLT_MAX), w.begin = w.end = {0, 0};
+      y = b.max_pool2d(x, w.kernel, w.stride, w.begin);
+    } else {
+      Window padded = w;
+      Value xp = pad_spatial(b, x, w, 0.0);
+      y = b.avg_pool2d(xp, w.kernel, w.stride, {0, 0});
+      if (!include_pad) {
+        // Divide by the count of real (unpadded) elements in each window: the
+        // average of a padded ones-image, folded to a constant.
+        Tensor ones = Tensor::full(b.shape(x), b.dtype_of(x), 1.0);
+        Value frac =
+            b.avg_pool2d(pad_spatial(b, b.constant(ones), padded, 0.0), w.kernel, w.stride, {0, 0});
+        y = b.div(y, frac);
+      }
+    }
+    if (one_d) {
+      Shape ys = b.shape(y);
+      y = b.reshape(y, {ys[0], ys[1], ys[3]});
+    }
+    c.out(0, y);
+    return ok_status();
+  };
+}
+
+Status global_avg_pool(Ctx& c) {
+  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+  Shape s = c.b().shape(x);
+  if (s.size() != 4) return c.fail("only NCHW input is imported");
+  c.out(0, c.b().reshape(c.b().global_avg_pool(x), {s[0], s[1], 1, 1}));
+  return ok_status();
+}
+
+// Training (batch statistics, running statistics updated) when the graph is
+// built for training; inference (running statistics) otherwise. Running
+// statistics follow ONNX: momentum * running + (1 - momentum) * batch, with
+// the batch's population variance.
+Status batch_norm(Ctx& c) {
+  auto& b = c.b();
+  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+  SHOAL_ASSIGN_OR_RETURN(Value gamma, c.in(1));
+  SHOAL_ASSIGN_OR_RETURN(Value beta, c.in(2));
+  SHOAL_ASSIGN_OR_RETURN(Value rm, c.in_buffer(3));
+  SHOAL_ASSIGN_OR_RETURN(Value rv, c.in_buffer(4));
+  bool training = c.bind().training;
+  Shape xs = b.shape(x);
+  bool two_d = xs.size() == 2;
+  if (two_d) x = b.reshape(x, {xs[0], xs[1], 1, 1});
+  if (b.shape(x).size() != 4) return c.fail("input must be [N, C] or NCHW, not {}", xs.size());
+  auto outs = b.batch_norm(x, gamma, beta, rm, rv, training, c.attr_f("epsilon", 1e-5));
+  if (!b.ok()) return b.status();
+  c.out(0, two_d ? b.reshape(outs[0], xs) : outs[0]);
+  if (training) {
+    double m = c.attr_f("momentum", 0.9);
+    Value keep = b.scalar(m), take = b.scalar(1.0 - m);
+    Value nm = b.add(b.mul(rm, keep), b.mul(outs[1], take));
+    Value nv = b.add(b.mul(rv, keep), b.mul(outs[2], take));
+    c.out(1, nm);
+    c.out(2, nv);
+    if (c.bind().update_buffer) {
+      c.bind().update_buffer(c.node().input(3), nm);
+      c.bind().update_buffer(c.node().input(4), nv);
+    }
+  }
+  return ok_status();
+}
+
+// Over the trailing dims from `axis`, which Shoal's layer_norm (last dim)
+// covers after flattening them into one.
+Status layer_norm(Ctx& c) {
+  auto& b = c.b();
+  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+  SHOAL_ASSIGN_OR_RETURN(Value gamma, c.in(1));
+  Shape xs = b.shape(x);
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t ax, norm_axis(c, c.attr_i("axis", -1), xs.size()));
+  std::int64_t inner = 1;
+  for (std::size_t i = static_cast<std::size_t>(ax); i < xs.size(); ++i) inner *= xs[i];
+  Shape flat(xs.begin(), xs.begin() + ax);
+  flat.push_back(inner);
+  Value beta = c.has_input(2) ? *c.in(2) : b.constant(Tensor::zeros(b.shape(gamma), DType::kF32));
+  double eps = c.attr_f("epsilon", 1e-5);
+  Value xf = b.reshape(x, flat);
+  Value y = b.layer_norm(xf, b.reshape(gamma, {inner}), b.reshape(beta, {inner}), eps);
+  c.out(0, b.reshape(y, xs));
+  if (c.wants_output(1) || c.wants_output(2)) {
+    Shape stat = flat;
+    stat.back() = 1;
+    Value mean = b.reduce_mean(xf, {ax}, true);
+    Value d = b.sub(xf, mean);
+    Value var = b.reduce_mean(b.mul(d, d), {ax}, true);
+    Shape keep(xs.begin(), xs.begin() + ax);
+    keep.resize(xs.size(), 1);
+    c.out(1, b.reshape(mean, keep));
+    c.out(2, b.reshape(b.rsqrt(b.add(var, b.scalar_like(eps, var))), keep));
+  }
+  return ok_status();
+}
+
+// Active in training graphs (as a PyTorch module in train mode), identity
+// in eval graphs. The mask output exists only for inference (all true).
+Status dropout(Ctx& c) {
+  auto& b = c.b();
+  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+  double ratio = c.attr_f("ratio", 0.5);
+  if (c.has_input(1)) {
+    const Tensor* r = c.known(1);
+    if (!r) return c.fail("the ratio must be known at import");
+    ratio = r->get(0);
+  }
+  bool on = c.bind().training && ratio > 0;
+  if (const Tensor* t = c.has_input(2) ? c.known(2) : nullptr) on = on && t->get(0) != 0;
+  if (on && c.wants_output(1))
+    return c.fail("the mask output of a training Dropout is not supported");
+  if (!on) {
+    c.out(0, x);
+    c.out_known(1, Tensor::full(b.shape(x), DType::kBool, 1.0));
+    return ok_status();
+  }
+  // A stream per node (from its output's name): masks differ between
+  // layers and are the same on every rank and in every build of the graph.
+  auto stream = static_cast<std::int64_t>(std::hash<std::string>{}(c.node().output(0)) >> 2);
+  c.out(0, b.dropout(x, ratio, static_cast<std::int64_t>(c.bind().seed), stream));
+  return ok_status();
+}
+
+}  // namespace
+
+void add_nn_ops(std::map<std::string, Converter>& t) {
+  t["Conv"] = conv;
+  t["MaxPool"] = pool(true);
+  t["AveragePool"] = pool(false);
+  t["GlobalAveragePool"] = global_avg_pool;
+  t["BatchNormalization"] = batch_norm;
+  t["LayerNormalization"] = layer_norm;
+  t["Dropout"] = dropout;
+}
+
+}  // namespace shoal::onnx
