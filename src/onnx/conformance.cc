@@ -56,7 +56,9 @@ Status run_data_set(const Model& model, const std::string& dir, bool training) {
   for (std::size_t i = 0; i < model.inputs().size(); ++i) {
     const std::string& name = model.inputs()[i].name;
     SHOAL_ASSIGN_OR_RETURN(Tensor t, read_tensor_file(fmt::format("{}/input_{}.pb", dir, i)));
-    if (is_floating(t.dtype())) {
+    // Float tensors are data, fed at run time; integers, bools and float
+    // scalars (a dropout ratio, a pad value) are settings, known at import.
+    if (is_floating(t.dtype()) && t.rank() > 0) {
       feeds[name] = b.input(name, t.dtype(), t.shape());
       fed[name] = t;
     } else {
@@ -133,6 +135,19 @@ Result<std::vector<NodeTest>> run_node_tests(const std::string& root,
   return out;
 }
 
-std::vector<std::string> claimed_ops() { return supported_ops(); }
+std::vector<std::string> claimed_ops() {
+  // Imported but not claimed, with the suite's failing tests as the reason:
+  // AveragePool, MaxPool (3-D, dilations, uint8, argmax indices), Cast
+  // (bf16 as uint16, strings), Dropout (training masks come from another
+  // RNG), Identity (int8, sequences), Pad (edge, reflect), Pow (integer
+  // bases, unsigned exponents), Slice (negative steps).
+  static const std::set<std::string> partial = {"AveragePool", "MaxPool", "Cast",
+                                                "Dropout",     "Identity", "Pad",
+                                                "Pow",         "Slice"};
+  std::vector<std::string> out;
+  for (const auto& op : supported_ops())
+    if (!partial.count(op)) out.push_back(op);
+  return out;
+}
 
 }  // namespace shoal::onnx

@@ -25,6 +25,7 @@ Result<Tensor> fold_binary(const Ctx& c, const std::string& op, const Tensor& a,
     if (op == "Add") r = x + y;
     if (op == "Sub") r = x - y;
     if (op == "Mul") r = x * y;
+    if (op == "Pow") r = std::pow(x, y);
     if (op == "Div") {
       if (y == 0) return c.fail("integer division by zero at import");
       r = std::floor(x / y);
@@ -44,6 +45,9 @@ Converter binary(const std::string& shoal_op) {
     }
     SHOAL_ASSIGN_OR_RETURN(Value a, c.in(0));
     SHOAL_ASSIGN_OR_RETURN(Value b, c.in(1));
+    // Pow takes an integer exponent with a float base: computed in the base's type.
+    DType da = c.b().dtype_of(a), db = c.b().dtype_of(b);
+    if (is_floating(da) && !is_floating(db)) b = c.b().cast(b, da);
     c.out(0, c.b().op(shoal_op, {a, b}));
     return ok_status();
   };

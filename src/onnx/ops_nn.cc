@@ -118,7 +118,10 @@ Converter pool(bool is_max) {
     bool include_pad = c.attr_i("count_include_pad", 0) != 0;
     Value y;
     if (is_max) {
-      if (!symmetric(w)) x = pad_spatial(b, x, w, -FLT_MAX), w.begin = w.end = {0, 0};
+      // Shoal's pool pads at most half a kernel; beyond that, pad explicitly.
+      bool fits = symmetric(w);
+      for (std::size_t i = 0; i < w.begin.size(); ++i) fits = fits && 2 * w.begin[i] <= w.kernel[i];
+      if (!fits) x = pad_spatial(b, x, w, -FLT_MAX), w.begin = w.end = {0, 0};
       y = b.max_pool2d(x, w.kernel, w.stride, w.begin);
     } else {
       Window padded = w;

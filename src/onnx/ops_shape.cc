@@ -374,6 +374,19 @@ Status constant(Ctx& c) {
 }
 
 Status where(Ctx& c) {
+  const Tensor *kc = c.known(0), *ka = c.known(1), *kb = c.known(2);
+  if (kc && ka && kb && !is_floating(ka->dtype())) {  // index arithmetic: on the host
+    Shape s = kc->shape();
+    for (const Tensor* t : {ka, kb})
+      if (t->rank() > static_cast<int>(s.size())) s = t->shape();
+    auto bc = kc->broadcast_to(s), ba = ka->broadcast_to(s), bb = kb->broadcast_to(s);
+    if (!bc.ok() || !ba.ok() || !bb.ok()) return c.fail("inputs do not broadcast");
+    Tensor out = Tensor::empty(s, ka->dtype());
+    for (std::int64_t i = 0; i < out.numel(); ++i)
+      out.set(i, bc->get(i) != 0 ? ba->get(i) : bb->get(i));
+    c.out_known(0, std::move(out));
+    return ok_status();
+  }
   SHOAL_ASSIGN_OR_RETURN(Value cond, c.in(0));
   SHOAL_ASSIGN_OR_RETURN(Value a, c.in(1));
   SHOAL_ASSIGN_OR_RETURN(Value b, c.in(2));
