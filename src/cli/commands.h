@@ -1,6 +1,7 @@
 // Subcommands of the `shoal` binary, one file each.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -37,6 +38,8 @@ struct TrainCommand {
   std::shared_ptr<std::string> config;
 };
 TrainCommand add_train_command(CLI::App& app);
+// --model: a built-in model's name or a path ending in .onnx.
+std::function<std::string(const std::string&)> model_name_check();
 // Flag tokens from a --config file for the train subcommand `t`; `cli` is
 // the command line (its flags win).
 Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,

@@ -16,8 +16,9 @@ EvalCommand add_eval_command(CLI::App& app) {
   auto& o = *c.opts;
   CLI::App* e = app.add_subcommand("eval", "Evaluate weights on a dataset's test split");
   c.app = e;
-  e->add_option("--model", o.model, "mlp, cnn or resnet (ResNet-20)")
-      ->check(CLI::IsMember({"mlp", "cnn", "resnet", "resnet20"}))
+  e->add_option("--model", o.model,
+                "mlp, cnn, resnet (ResNet-20), or an ONNX file (path ending in .onnx)")
+      ->check(model_name_check())
       ->capture_default_str();
   e->add_option("--weights", o.init_from,
                 "A Shoal checkpoint or a safetensors state_dict (PyTorch names)")

@@ -14,9 +14,20 @@
 #include "shoal/dp/data_parallel.h"
 #include "shoal/ps/attach.h"
 #include "shoal/runtime/kernel.h"
+#include "shoal/train/model.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
+
+std::function<std::string(const std::string&)> model_name_check() {
+  return [](const std::string& v) -> std::string {
+    for (const auto& m : train::model_names())
+      if (v == m) return "";
+    if (v == "resnet20" || (v.size() > 5 && v.ends_with(".onnx"))) return "";
+    return fmt::format("{} is not one of {}, resnet20, nor a path ending in .onnx", v,
+                       fmt::join(train::model_names(), ", "));
+  };
+}
 
 // Reads --config FILE (YAML, or JSON, which YAML contains) into flag
 // tokens: "key: value" -> "--key value", lists -> repeated values, a true
@@ -110,8 +121,9 @@ TrainCommand add_train_command(CLI::App& app) {
   auto& o = *c.opts;
   CLI::App* t = app.add_subcommand("train", "Train a model on an IDX dataset (Fashion-MNIST)");
   c.app = t;
-  t->add_option("--model", o.model, "mlp, cnn or resnet (ResNet-20)")
-      ->check(CLI::IsMember({"mlp", "cnn", "resnet", "resnet20"}))
+  t->add_option("--model", o.model,
+                "mlp, cnn, resnet (ResNet-20), or an ONNX file (path ending in .onnx)")
+      ->check(model_name_check())
       ->capture_default_str();
   t->add_option("--data", o.data, "fashion-mnist, mnist, or a directory of IDX files")
       ->capture_default_str();

@@ -28,7 +28,7 @@ struct Env {
   std::map<std::string, graph::Value> values;
   std::map<std::string, Tensor> known;
   std::map<std::string, const ::onnx::TensorProto*> initializers;  // not yet bound
-  std::map<std::string, Tensor> init_cache;
+  std::map<std::string, std::string> missing;  // outputs Shoal does not compute: why
 };
 
 class Ctx {
@@ -56,6 +56,8 @@ class Ctx {
 
   void out(int i, graph::Value v);
   void out_known(int i, Tensor t);
+  // An output Shoal does not compute; reading it is an error naming `what`.
+  void out_missing(int i, std::string what);
   int num_outputs() const { return n_.output_size(); }
   bool wants_output(int i) const { return i < n_.output_size() && !n_.output(i).empty(); }
 

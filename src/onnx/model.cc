@@ -167,6 +167,8 @@ Result<Value> Ctx::in(int i) {
   const std::string& name = n_.input(i);
   if (auto v = env_.values.find(name); v != env_.values.end()) return v->second;
   if (const Tensor* k = known(i)) return env_.values[name] = env_.b.constant(*k);
+  if (auto m = env_.missing.find(name); m != env_.missing.end())
+    return fail("input '{}' is {}, which Shoal does not compute", name, m->second);
   auto it = env_.initializers.find(name);
   if (it == env_.initializers.end()) return fail("input '{}' is produced by no earlier node", name);
   SHOAL_ASSIGN_OR_RETURN(Tensor t, from_proto(*it->second));
@@ -203,6 +205,10 @@ Result<graph::TensorType> Ctx::type(int i) {
 
 void Ctx::out(int i, Value v) {
   if (wants_output(i)) env_.values[n_.output(i)] = v;
+}
+
+void Ctx::out_missing(int i, std::string what) {
+  if (wants_output(i)) env_.missing[n_.output(i)] = std::move(what);
 }
 
 void Ctx::out_known(int i, Tensor t) {

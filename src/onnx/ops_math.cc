@@ -156,6 +156,33 @@ Converter reduce(const std::string& shoal_op) {
   };
 }
 
+// clip(x, lo, hi) = lo + relu(x - lo) - relu(x - hi): ReLU6 (MobileNet's
+// Clip(0, 6)) in two ReLUs, with their gradient.
+Status clip(Ctx& c) {
+  auto& b = c.b();
+  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+  double lo = c.attr_f("min", -INFINITY), hi = c.attr_f("max", INFINITY);
+  for (int i : {1, 2}) {
+    if (!c.has_input(i)) continue;
+    const Tensor* k = c.known(i);
+    if (!k) return c.fail("the clip bounds must be known at import");
+    (i == 1 ? lo : hi) = k->get(0);
+  }
+  if (std::isinf(lo) && std::isinf(hi)) {
+    c.out(0, x);
+    return ok_status();
+  }
+  if (std::isinf(lo)) {  // min(x, hi) = hi - relu(hi - x)
+    c.out(0, b.sub(b.scalar_like(hi, x), b.relu(b.sub(b.scalar_like(hi, x), x))));
+    return ok_status();
+  }
+  Value y = b.relu(lo == 0 ? x : b.sub(x, b.scalar_like(lo, x)));
+  if (!std::isinf(hi)) y = b.sub(y, b.relu(b.sub(x, b.scalar_like(hi, x))));
+  if (lo != 0) y = b.add(y, b.scalar_like(lo, x));
+  c.out(0, y);
+  return ok_status();
+}
+
 }  // namespace
 
 void add_math_ops(std::map<std::string, Converter>& t) {
@@ -174,6 +201,7 @@ void add_math_ops(std::map<std::string, Converter>& t) {
   t["Tanh"] = unary("tanh");
   t["Softmax"] = softmax("softmax");
   t["LogSoftmax"] = softmax("log_softmax");
+  t["Clip"] = clip;
   t["MatMul"] = matmul;
   t["Gemm"] = gemm;
   t["ReduceSum"] = reduce("reduce_sum");

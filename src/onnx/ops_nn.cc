@@ -231,8 +231,9 @@ Status dropout(Ctx& c) {
   }
   bool on = c.bind().training && ratio > 0;
   if (const Tensor* t = c.has_input(2) ? c.known(2) : nullptr) on = on && t->get(0) != 0;
-  if (on && c.wants_output(1))
-    return c.fail("the mask output of a training Dropout is not supported");
+  // A training mask (exporters name it; models rarely read it) is an error
+  // only if a node reads it.
+  if (on && c.wants_output(1)) c.out_missing(1, "the mask output of a training Dropout");
   if (!on) {
     c.out(0, x);
     c.out_known(1, Tensor::full(b.shape(x), DType::kBool, 1.0));

@@ -13,14 +13,28 @@ Value ModelContext::param(const std::string& name, Shape shape, const std::strin
   auto it = pvals_.find(name);
   if (it != pvals_.end()) return it->second;
   Value v = b_.input("param/" + name, DType::kF32, shape);
-  params_.push_back({name, std::move(shape), init, fan_in, fan_out});
+  params_.push_back({name, std::move(shape), init, fan_in, fan_out, {}});
   pvals_[name] = v;
   return v;
 }
 
 Value ModelContext::buffer(const std::string& name, Shape shape, double init) {
-  buffers_.push_back({name, shape, init});
+  buffers_.push_back({name, shape, init, {}, false});
   return b_.input("buf/" + name, DType::kF32, std::move(shape));
+}
+
+Value ModelContext::given_param(const std::string& name, const Tensor& value) {
+  auto it = pvals_.find(name);
+  if (it != pvals_.end()) return it->second;
+  Value v = b_.input("param/" + name, DType::kF32, value.shape());
+  params_.push_back({name, value.shape(), "given", 1, 1, value.cast(DType::kF32)});
+  pvals_[name] = v;
+  return v;
+}
+
+Value ModelContext::given_buffer(const std::string& name, const Tensor& value) {
+  buffers_.push_back({name, value.shape(), 0, value.cast(DType::kF32), true});
+  return b_.input("buf/" + name, DType::kF32, value.shape());
 }
 
 Value ModelContext::conv(Value x, std::int64_t cin, std::int64_t cout, std::int64_t k,
@@ -62,6 +76,9 @@ Value ModelContext::dense(Value x, std::int64_t in, std::int64_t out, const std:
       param(name + ".bias", {out}, "zeros", static_cast<double>(in), static_cast<double>(out));
   return b_.linear(x, w, bv);
 }
+
+// model_onnx.cc
+Result<Model> onnx_model(const std::string& path, int classes);
 
 namespace {
 
@@ -136,8 +153,11 @@ Result<Model> make_model(const std::string& name, int classes) {
   } else if (name == "resnet" || name == "resnet20") {
     m.name = "resnet";
     m.forward = [classes](ModelContext& c, Value x) { return resnet(c, x, classes); };
+  } else if (name.size() > 5 && name.ends_with(".onnx")) {
+    return onnx_model(name, classes);
   } else {
-    return invalid_argument("model '{}' is not one of {}", name, fmt::join(model_names(), ", "));
+    return invalid_argument("model '{}' is not one of {}, nor a .onnx file", name,
+                            fmt::join(model_names(), ", "));
   }
   return m;
 }
@@ -155,7 +175,9 @@ std::map<std::string, Tensor> init_params(const std::vector<ParamSpec>& specs, s
       rng.fill_uniform(t, -a, a);
     } else if (s.init == "ones") {
       t = Tensor::full(s.shape, DType::kF32, 1.0);
-    }  // zeros: empty() is zero-filled
+    } else if (s.init == "given") {
+      t = s.value.cast(DType::kF32);  // a copy: the spec keeps the imported value
+    }                                 // zeros: empty() is zero-filled
     out[s.name] = t;
   }
   return out;
@@ -163,7 +185,8 @@ std::map<std::string, Tensor> init_params(const std::vector<ParamSpec>& specs, s
 
 std::map<std::string, Tensor> init_buffers(const std::vector<BufferSpec>& specs) {
   std::map<std::string, Tensor> out;
-  for (const auto& s : specs) out[s.name] = Tensor::full(s.shape, DType::kF32, s.init);
+  for (const auto& s : specs)
+    out[s.name] = s.given ? s.value.cast(DType::kF32) : Tensor::full(s.shape, DType::kF32, s.init);
   return out;
 }
 

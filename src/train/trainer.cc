@@ -35,8 +35,11 @@ using graph::Value;
 
 Status validate(const TrainOptions& o) {
   auto names = model_names();
-  if (std::find(names.begin(), names.end(), o.model) == names.end() && o.model != "resnet20")
-    return invalid_argument("--model '{}' is not one of {}", o.model, fmt::join(names, ", "));
+  bool onnx = o.model.size() > 5 && o.model.ends_with(".onnx");
+  if (std::find(names.begin(), names.end(), o.model) == names.end() && o.model != "resnet20" &&
+      !onnx)
+    return invalid_argument("--model '{}' is not one of {}, nor a .onnx file", o.model,
+                            fmt::join(names, ", "));
   if (o.epochs < 1) return invalid_argument("--epochs {} must be >= 1", o.epochs);
   if (o.batch < 1) return invalid_argument("--batch {} must be >= 1", o.batch);
   if (o.threads < 0) return invalid_argument("--threads {} must be >= 0", o.threads);
@@ -154,6 +157,7 @@ Status Trainer::init(const TrainOptions& o) {
   Value x = b.input("x", DType::kF32, xshape);
   Value y = b.input("labels", DType::kI32, {o.batch});
   ModelContext mc(b, true);
+  mc.seed = o.seed;
   Value logits = m.model.forward(mc, x);
   Value loss = b.cross_entropy(logits, y);
   if (!b.ok()) return b.status().with_context(fmt::format("building model '{}'", o.model));

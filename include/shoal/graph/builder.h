@@ -16,6 +16,10 @@ class Builder {
   Graph& graph() { return g_; }
   const Status& status() const { return status_; }
   bool ok() const { return status_.ok(); }
+  // Records an error found while building (the first one is kept).
+  void fail(Status s) {
+    if (status_.ok()) status_ = std::move(s);
+  }
   const TensorType& type(Value v) const { return g_.type(v); }
   const Shape& shape(Value v) const { return g_.type(v).shape; }
 

@@ -21,14 +21,17 @@ namespace shoal::train {
 struct ParamSpec {
   std::string name;
   Shape shape;
-  std::string init;  // kaiming, xavier, zeros, ones
+  std::string init;  // kaiming, xavier, zeros, ones, given
   double fan_in = 1, fan_out = 1;
+  Tensor value;  // init == "given": an imported model's weights
 };
 
 struct BufferSpec {
   std::string name;
   Shape shape;
   double init = 0;
+  Tensor value;  // when given (an imported model's running statistics)
+  bool given = false;
 };
 
 class ModelContext {
@@ -40,6 +43,12 @@ class ModelContext {
   graph::Value param(const std::string& name, Shape shape, const std::string& init, double fan_in,
                      double fan_out);
   graph::Value buffer(const std::string& name, Shape shape, double init);
+  // A parameter or buffer whose initial value comes with the model (ONNX).
+  graph::Value given_param(const std::string& name, const Tensor& value);
+  graph::Value given_buffer(const std::string& name, const Tensor& value);
+  // The buffer's value after a training step (training graphs only).
+  void update_buffer(const std::string& name, graph::Value v) { updates_.push_back({name, v}); }
+  std::uint64_t seed = 0;  // random ops (dropout) in the model
 
   // Layers. Names are prefixes ("conv1" makes "conv1.weight", ...).
   graph::Value conv(graph::Value x, std::int64_t cin, std::int64_t cout, std::int64_t k,
@@ -75,7 +84,8 @@ struct Model {
   std::function<graph::Value(ModelContext&, graph::Value x)> forward;
 };
 
-// "mlp", "cnn", "resnet" (ResNet-20). The error lists the known names.
+// "mlp", "cnn", "resnet" (ResNet-20), or a path ending in .onnx (an
+// ONNX model; onnx/import.h). The error lists the known names.
 Result<Model> make_model(const std::string& name, int classes);
 std::vector<std::string> model_names();
 
