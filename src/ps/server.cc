@@ -145,6 +145,7 @@ class Server::Handler final : public net::FrameServer::Handler {
       case 'P': {
         SHOAL_ASSIGN_OR_RETURN(PushResult pr,
                                shard_->push(r.worker, r.key, r.step, r.seq, r.value));
+        publish();  // stats count the push before its worker hears back
         s.reply(c, net::FrameType::kPsReply, seq, std::string(1, static_cast<char>(pr)));
         if (pr == PushResult::kApplied || pr == PushResult::kClosed) {
           answer_pulls(s);
@@ -186,6 +187,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     // server restarted from it loses nothing a worker will not resend.
     if (pr == PushResult::kApplied || pr == PushResult::kClosed)
       SHOAL_RETURN_IF_ERROR(maybe_snapshot());
+    publish();  // stats count the update before any worker hears of it
     answer_pulls(s);
     publish();
     return ok_status();

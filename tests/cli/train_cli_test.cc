@@ -79,7 +79,7 @@ TEST_F(TrainCli, BadOptionsAreNamed) {
       {"train --config " + file("w.yaml", "model: [mlp\n"), "not valid YAML/JSON at line 2"},
       {"train --config " + file("x.yaml", "augment: maybe\n"), "'augment' is a flag"},
       {"train --config " + (dir_ / "missing.yaml").string(), "cannot open"},
-      {"train --model transformer", "--model: transformer not in"},
+      {"train --model transformer", "--model: transformer is not one of"},
       {"train --epochs 0", "--epochs: must be > 0"},
       {"train --optimizer adagrad", "adagrad"},
       {"train --frobnicate", "frobnicate"},
