@@ -84,7 +84,7 @@ int run_ps_server(const PsServerFlags& f);
 int run_ps_scheduler(const PsSchedulerFlags& f);
 // `shoal onnx conformance`.
 struct OnnxFlags {
-  std::string data = "/usr/share/libonnx-testdata/data/node";
+  std::string data;  // default: onnx::kNodeTestDir
   std::vector<std::string> ops;
   bool verbose = false;
 };

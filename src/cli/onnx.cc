@@ -12,11 +12,13 @@ namespace shoal::cli {
 OnnxCommand add_onnx_command(CLI::App& app) {
   OnnxCommand c;
   c.flags = std::make_shared<OnnxFlags>();
+  c.flags->data = onnx::kNodeTestDir;
   auto* onnx = app.add_subcommand("onnx", "ONNX import: conformance against the ONNX test suite");
   onnx->require_subcommand(1);
   c.conformance = onnx->add_subcommand(
       "conformance", "Run the ONNX project's node tests of the operators Shoal imports");
-  c.conformance->add_option("--data", c.flags->data, "Node test directory (libonnx-testdata)");
+  c.conformance->add_option("--data", c.flags->data, "Node test directory (libonnx-testdata)")
+      ->capture_default_str();
   c.conformance->add_option("--op", c.flags->ops,
                             "Operators to test (default: every operator Shoal imports)");
   c.conformance->add_flag("-v,--verbose", c.flags->verbose, "Print why each failure failed");

@@ -154,10 +154,13 @@ const Tensor* Ctx::known(int i) {
   if (auto k = env_.known.find(name); k != env_.known.end()) return &k->second;
   auto it = env_.initializers.find(name);
   if (it == env_.initializers.end()) return nullptr;
-  auto t = from_proto(*it->second);
-  if (!t.ok()) return nullptr;  // in() reports the error
   // Float initializers of rank >= 1 are trained; everything else is fixed.
-  if (is_floating(t->dtype()) && t->rank() > 0) return nullptr;
+  // Decided from the proto's header, so a weight is decoded once, by in().
+  const ::onnx::TensorProto& p = *it->second;
+  auto dt = dtype_of(p.data_type());
+  if (dt.ok() && is_floating(*dt) && p.dims_size() > 0) return nullptr;
+  auto t = from_proto(p);
+  if (!t.ok()) return nullptr;  // in() reports the error
   env_.initializers.erase(it);
   return &(env_.known[name] = *t);
 }

@@ -1,7 +1,6 @@
 // Element-wise, matrix and reduction operators. Integer arithmetic on
 // values known at import (shape computations) is folded on the host.
 #include <cmath>
-#include <numeric>
 
 #include "onnx/context.h"
 
@@ -74,8 +73,7 @@ Converter softmax(const std::string& shoal_op) {
     }
     SHOAL_ASSIGN_OR_RETURN(std::int64_t ax, norm_axis(c, c.attr_i("axis", 1), s.size()));
     auto at = s.begin() + ax;
-    std::int64_t rows = std::accumulate(s.begin(), at, std::int64_t{1}, std::multiplies<>());
-    std::int64_t cols = std::accumulate(at, s.end(), std::int64_t{1}, std::multiplies<>());
+    std::int64_t rows = num_elements(Shape(s.begin(), at)), cols = num_elements(Shape(at, s.end()));
     Value y = c.b().op(shoal_op, {c.b().reshape(x, {rows, cols})}, {{"axis", std::int64_t{1}}});
     c.out(0, c.b().reshape(y, s));
     return ok_status();

@@ -124,7 +124,6 @@ Converter pool(bool is_max) {
       if (!fits) x = pad_spatial(b, x, w, -FLT_MAX), w.begin = w.end = {0, 0};
       y = b.max_pool2d(x, w.kernel, w.stride, w.begin);
     } else {
-      Window padded = w;
       Value xp = pad_spatial(b, x, w, 0.0);
       y = b.avg_pool2d(xp, w.kernel, w.stride, {0, 0});
       if (!include_pad) {
@@ -132,7 +131,7 @@ Converter pool(bool is_max) {
         // average of a padded ones-image, folded to a constant.
         Tensor ones = Tensor::full(b.shape(x), b.dtype_of(x), 1.0);
         Value frac =
-            b.avg_pool2d(pad_spatial(b, b.constant(ones), padded, 0.0), w.kernel, w.stride, {0, 0});
+            b.avg_pool2d(pad_spatial(b, b.constant(ones), w, 0.0), w.kernel, w.stride, {0, 0});
         y = b.div(y, frac);
       }
     }
@@ -199,7 +198,12 @@ Status layer_norm(Ctx& c) {
   for (std::size_t i = static_cast<std::size_t>(ax); i < xs.size(); ++i) inner *= xs[i];
   Shape flat(xs.begin(), xs.begin() + ax);
   flat.push_back(inner);
-  Value beta = c.has_input(2) ? *c.in(2) : b.constant(Tensor::zeros(b.shape(gamma), DType::kF32));
+  Value beta;
+  if (c.has_input(2)) {
+    SHOAL_ASSIGN_OR_RETURN(beta, c.in(2));
+  } else {
+    beta = b.constant(Tensor::zeros(b.shape(gamma), DType::kF32));
+  }
   double eps = c.attr_f("epsilon", 1e-5);
   Value xf = b.reshape(x, flat);
   Value y = b.layer_norm(xf, b.reshape(gamma, {inner}), b.reshape(beta, {inner}), eps);

@@ -31,10 +31,6 @@ Value pad_axes(graph::Builder& b, Value x, const std::vector<std::int64_t>& begi
 
 namespace {
 
-std::int64_t numel(const Shape& s) {
-  return std::accumulate(s.begin(), s.end(), std::int64_t{1}, std::multiplies<>());
-}
-
 // Output the input reshaped: a folded tensor when known, else a graph op.
 Status reshaped(Ctx& c, const Shape& to) {
   if (const Tensor* k = c.known(0)) {
@@ -65,10 +61,10 @@ Status reshape(Ctx& c) {
   }
   if (infer >= 0) {
     to[static_cast<std::size_t>(infer)] = 1;
-    std::int64_t rest = numel(to);
-    if (rest == 0 || numel(in.shape) % rest != 0)
+    std::int64_t rest = num_elements(to);
+    if (rest == 0 || num_elements(in.shape) % rest != 0)
       return c.fail("cannot reshape {} into {}", fmt::join(in.shape, "x"), fmt::join(want, ","));
-    to[static_cast<std::size_t>(infer)] = numel(in.shape) / rest;
+    to[static_cast<std::size_t>(infer)] = num_elements(in.shape) / rest;
   }
   return reshaped(c, to);
 }
@@ -80,7 +76,7 @@ Status flatten(Ctx& c) {
   if (ax < 0) ax += static_cast<std::int64_t>(s.size());
   if (ax < 0 || ax > static_cast<std::int64_t>(s.size())) return c.fail("axis out of range");
   Shape lead(s.begin(), s.begin() + ax), tail(s.begin() + ax, s.end());
-  return reshaped(c, {numel(lead), numel(tail)});
+  return reshaped(c, {num_elements(lead), num_elements(tail)});
 }
 
 Result<std::vector<std::int64_t>> axes_of(Ctx& c, int input) {

@@ -12,52 +12,19 @@ namespace shoal::onnx {
 
 using ::onnx::TensorProto;
 
-Result<DType> dtype_of(int t) {
-  switch (t) {
-    case TensorProto::FLOAT:
-      return DType::kF32;
-    case TensorProto::DOUBLE:
-      return DType::kF64;
-    case TensorProto::FLOAT16:
-      return DType::kF16;
-    case TensorProto::BFLOAT16:
-      return DType::kBF16;
-    case TensorProto::INT32:
-      return DType::kI32;
-    case TensorProto::INT64:
-      return DType::kI64;
-    case TensorProto::UINT8:
-      return DType::kU8;
-    case TensorProto::BOOL:
-      return DType::kBool;
-    default:
-      break;
-  }
-  return unimplemented("ONNX element type {} ({}) has no Shoal dtype", t,
-                       TensorProto::DataType_Name(static_cast<TensorProto::DataType>(t)));
-}
-
 namespace {
 
+// ONNX element types with a Shoal dtype, both directions from one table.
+constexpr std::pair<int, DType> kTypes[] = {
+    {TensorProto::FLOAT, DType::kF32},   {TensorProto::DOUBLE, DType::kF64},
+    {TensorProto::FLOAT16, DType::kF16}, {TensorProto::BFLOAT16, DType::kBF16},
+    {TensorProto::INT32, DType::kI32},   {TensorProto::INT64, DType::kI64},
+    {TensorProto::UINT8, DType::kU8},    {TensorProto::BOOL, DType::kBool},
+};
+
 int onnx_type(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return TensorProto::FLOAT;
-    case DType::kF64:
-      return TensorProto::DOUBLE;
-    case DType::kF16:
-      return TensorProto::FLOAT16;
-    case DType::kBF16:
-      return TensorProto::BFLOAT16;
-    case DType::kI32:
-      return TensorProto::INT32;
-    case DType::kI64:
-      return TensorProto::INT64;
-    case DType::kU8:
-      return TensorProto::UINT8;
-    case DType::kBool:
-      return TensorProto::BOOL;
-  }
+  for (const auto& [o, d] : kTypes)
+    if (d == t) return o;
   return TensorProto::UNDEFINED;
 }
 
@@ -84,6 +51,13 @@ Status copy_field(const Field& f, Tensor& t, const std::string& name) {
 }
 
 }  // namespace
+
+Result<DType> dtype_of(int t) {
+  for (const auto& [o, d] : kTypes)
+    if (o == t) return d;
+  return unimplemented("ONNX element type {} ({}) has no Shoal dtype", t,
+                       TensorProto::DataType_Name(static_cast<TensorProto::DataType>(t)));
+}
 
 Result<Tensor> from_proto(const TensorProto& p) {
   const std::string& name = p.name();

@@ -3,8 +3,6 @@
 // given parameters and buffers, and the dataset's images are reshaped to
 // the model's input when only the layout differs ([N, 1, 28, 28] fed to a
 // model that takes [N, 784]).
-#include <numeric>
-
 #include "shoal/onnx/import.h"
 #include "shoal/train/model.h"
 
@@ -19,9 +17,7 @@ namespace {
 Result<Value> fit_input(graph::Builder& b, Value x, const onnx::ValueInfo& in,
                         const std::string& path) {
   const Shape& xs = b.shape(x);
-  auto per_sample = [](const Shape& s) {
-    return std::accumulate(s.begin() + 1, s.end(), std::int64_t{1}, std::multiplies<>());
-  };
+  auto per_sample = [](const Shape& s) { return num_elements(Shape(s.begin() + 1, s.end())); };
   Shape want = in.shape;
   if (want.empty()) return invalid_argument("{}: input '{}' is a scalar", path, in.name);
   want[0] = xs[0];

@@ -218,10 +218,10 @@ TEST(OnnxCli, AnExportedCnnTrainsDataParallelUnderItsOwnNames) {
   std::string dir = export_model("cnn", &why);
   if (dir.empty()) GTEST_SKIP() << why;
   std::string out = testing::scratch_dir("onnx_train");
-  auto r = run_sh(fmt::format(
-      "{0} run -n 2 --timeout 300 -- {0} train --model {1}/model.onnx --epochs 1 "
-      "--limit-train 6000 --limit-test 1000 --out {2}",
-      SHOAL_BINARY, dir, out));
+  auto r = run_sh(
+      fmt::format("{0} run -n 2 --timeout 300 -- {0} train --model {1}/model.onnx --epochs 1 "
+                  "--limit-train 6000 --limit-test 1000 --out {2}",
+                  SHOAL_BINARY, dir, out));
   ASSERT_EQ(r.code, 0) << r.out;
   auto at = r.out.find("final: test accuracy ");
   ASSERT_NE(at, std::string::npos) << r.out;
@@ -229,16 +229,18 @@ TEST(OnnxCli, AnExportedCnnTrainsDataParallelUnderItsOwnNames) {
   EXPECT_GT(acc, 60.0) << r.out;  // 6,000 images, one epoch: ~72-74%
   auto ck = run_sh(fmt::format("ls {}/checkpoints | tail -1", out));
   std::string file = out + "/checkpoints/" + ck.out.substr(0, ck.out.find('\n'));
-  auto names = run_sh(fmt::format("head -c 4000 {} | strings | tr ',' '\\n' | grep -c "
-                                  "'\"param/9.weight\"\\|\"buf/1.running_mean\"'",
-                                  file));
+  auto names =
+      run_sh(fmt::format("head -c 4000 {} | strings | tr ',' '\\n' | grep -c "
+                         "'\"param/9.weight\"\\|\"buf/1.running_mean\"'",
+                         file));
   EXPECT_EQ(names.out.substr(0, 1), "2") << names.out;
 
   std::string rgb = export_model("resnet18", &why);  // 3x32x32 input vs 1x28x28 images
   if (rgb.empty()) GTEST_SKIP() << why;
-  auto bad = run_sh(fmt::format("{} train --model {}/model.onnx --epochs 1 --limit-train 100 "
-                                "--out {}/bad",
-                                SHOAL_BINARY, rgb, out));
+  auto bad =
+      run_sh(fmt::format("{} train --model {}/model.onnx --epochs 1 --limit-train 100 "
+                         "--out {}/bad",
+                         SHOAL_BINARY, rgb, out));
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("the model's input 'x' is [-1, 3, 32, 32] but the dataset's images are "
                          "[64, 1, 28, 28]"),

@@ -13,46 +13,16 @@ import torch.nn as nn
 import onnx
 from onnx import numpy_helper
 
-
-def resnet20():
-    class Block(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.b1 = nn.BatchNorm2d(cout)
-            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.b2 = nn.BatchNorm2d(cout)
-            self.short = None
-            if stride != 1 or cin != cout:
-                self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                           nn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            y = torch.relu(self.b1(self.c1(x)))
-            y = self.b2(self.c2(y))
-            return torch.relu(y + (x if self.short is None else self.short(x)))
-
-    layers = [nn.Conv2d(1, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
-    cin = 16
-    for cout, stride in ((16, 1), (32, 2), (64, 2)):
-        for i in range(3):
-            layers.append(Block(cin, cout, stride if i == 0 else 1))
-            cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)]
-    return nn.Sequential(*layers)
+# The PyTorch twins of Shoal's built-in models, as the benchmark peers define them.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from peer_ddp_torch import resnet20  # noqa: E402
+from peer_train_torch import model as mlp_or_cnn  # noqa: E402
 
 
 def build(name):
     """The model and its input shape (batch 8)."""
-    if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256),
-                             nn.ReLU(), nn.Linear(256, 10)), (8, 1, 28, 28)
-    if name == "cnn":
-        return nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64),
-            nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(),
-            nn.Linear(128, 10)), (8, 1, 28, 28)
+    if name in ("mlp", "cnn"):
+        return mlp_or_cnn(name), (8, 1, 28, 28)
     if name == "resnet20":
         return resnet20(), (8, 1, 28, 28)
     import torchvision
