@@ -21,9 +21,7 @@ namespace shoal::cli {
 
 std::function<std::string(const std::string&)> model_name_check() {
   return [](const std::string& v) -> std::string {
-    for (const auto& m : train::model_names())
-      if (v == m) return "";
-    if (v == "resnet20" || (v.size() > 5 && v.ends_with(".onnx"))) return "";
+    if (train::is_model_name(v)) return "";
     return fmt::format("{} is not one of {}, resnet20, nor a path ending in .onnx", v,
                        fmt::join(train::model_names(), ", "));
   };

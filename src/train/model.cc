@@ -1,5 +1,6 @@
 #include "shoal/train/model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "shoal/tensor/philox.h"
@@ -143,6 +144,14 @@ Value resnet(ModelContext& m, Value x, int classes) {
 
 std::vector<std::string> model_names() { return {"mlp", "cnn", "resnet"}; }
 
+bool is_onnx_path(const std::string& name) { return name.size() > 5 && name.ends_with(".onnx"); }
+
+bool is_model_name(const std::string& name) {
+  auto names = model_names();
+  return std::find(names.begin(), names.end(), name) != names.end() || name == "resnet20" ||
+         is_onnx_path(name);
+}
+
 Result<Model> make_model(const std::string& name, int classes) {
   Model m;
   m.name = name;
@@ -153,7 +162,7 @@ Result<Model> make_model(const std::string& name, int classes) {
   } else if (name == "resnet" || name == "resnet20") {
     m.name = "resnet";
     m.forward = [classes](ModelContext& c, Value x) { return resnet(c, x, classes); };
-  } else if (name.size() > 5 && name.ends_with(".onnx")) {
+  } else if (is_onnx_path(name)) {
     return onnx_model(name, classes);
   } else {
     return invalid_argument("model '{}' is not one of {}, nor a .onnx file", name,

@@ -34,12 +34,9 @@ using graph::Graph;
 using graph::Value;
 
 Status validate(const TrainOptions& o) {
-  auto names = model_names();
-  bool onnx = o.model.size() > 5 && o.model.ends_with(".onnx");
-  if (std::find(names.begin(), names.end(), o.model) == names.end() && o.model != "resnet20" &&
-      !onnx)
+  if (!is_model_name(o.model))
     return invalid_argument("--model '{}' is not one of {}, nor a .onnx file", o.model,
-                            fmt::join(names, ", "));
+                            fmt::join(model_names(), ", "));
   if (o.epochs < 1) return invalid_argument("--epochs {} must be >= 1", o.epochs);
   if (o.batch < 1) return invalid_argument("--batch {} must be >= 1", o.batch);
   if (o.threads < 0) return invalid_argument("--threads {} must be >= 0", o.threads);

@@ -88,6 +88,10 @@ struct Model {
 // ONNX model; onnx/import.h). The error lists the known names.
 Result<Model> make_model(const std::string& name, int classes);
 std::vector<std::string> model_names();
+// Whether make_model accepts `name`: a built-in name, the alias "resnet20",
+// or a path ending in .onnx (the file is not opened).
+bool is_model_name(const std::string& name);
+bool is_onnx_path(const std::string& name);
 
 // Initial values for params (by spec) and buffers, from Philox(seed).
 std::map<std::string, Tensor> init_params(const std::vector<ParamSpec>& specs, std::uint64_t seed);
