@@ -151,7 +151,7 @@ class Server::Handler final : public net::FrameServer::Handler {
           answer_pulls(s);
           SHOAL_RETURN_IF_ERROR(maybe_snapshot());
         }
-        publish();
+        publish_traffic();
         return ok_status();
       }
       case 'L': {
@@ -189,7 +189,7 @@ class Server::Handler final : public net::FrameServer::Handler {
       SHOAL_RETURN_IF_ERROR(maybe_snapshot());
     publish();  // stats count the update before any worker hears of it
     answer_pulls(s);
-    publish();
+    publish_traffic();
     return ok_status();
   }
 
@@ -225,6 +225,12 @@ class Server::Handler final : public net::FrameServer::Handler {
     std::lock_guard<std::mutex> lk(mu_);
     stats_ = shard_->stats();
     for (int w : shard_->workers()) stats_.lag[w] = shard_->lag(w);
+    traffic_ = {bytes_in_, bytes_out_, pulls_.size()};
+  }
+  // Only the byte and queue counters (what answering pulls changes), without
+  // copying the stats a second time per request.
+  void publish_traffic() {
+    std::lock_guard<std::mutex> lk(mu_);
     traffic_ = {bytes_in_, bytes_out_, pulls_.size()};
   }
 
