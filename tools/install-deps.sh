@@ -13,6 +13,7 @@ pkgs=(
   faketime
   python3-torch mpich
   libonnx-dev libprotobuf-dev libonnx-testdata python3-onnx python3-torchvision
+  libzip-dev libstb-dev python3-numpy python3-pil
 )
 if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
   pkgs+=(iperf3)

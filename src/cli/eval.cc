@@ -23,7 +23,10 @@ EvalCommand add_eval_command(CLI::App& app) {
   e->add_option("--weights", o.init_from,
                 "A Shoal checkpoint or a safetensors state_dict (PyTorch names)")
       ->required();
-  e->add_option("--data", o.data, "fashion-mnist, mnist, or a directory of IDX files")
+  e->add_option("--data", o.data,
+                "fashion-mnist, mnist, a .npz file (x_train, y_train, x_test, y_test), or a "
+                "directory of IDX files, of those arrays as .npy, or of train/ and test/ image "
+                "folders (one subfolder per class)")
       ->capture_default_str();
   e->add_option("--limit-test", o.limit_test, "Use the first N test samples (0 = all)")
       ->check(CLI::NonNegativeNumber);

@@ -117,13 +117,17 @@ TrainCommand add_train_command(CLI::App& app) {
   c.opts = std::make_shared<train::TrainOptions>();
   c.dist = std::make_shared<DistFlags>();
   auto& o = *c.opts;
-  CLI::App* t = app.add_subcommand("train", "Train a model on an IDX dataset (Fashion-MNIST)");
+  CLI::App* t =
+      app.add_subcommand("train", "Train a model on Fashion-MNIST, NumPy arrays or image folders");
   c.app = t;
   t->add_option("--model", o.model,
                 "mlp, cnn, resnet (ResNet-20), or an ONNX file (path ending in .onnx)")
       ->check(model_name_check())
       ->capture_default_str();
-  t->add_option("--data", o.data, "fashion-mnist, mnist, or a directory of IDX files")
+  t->add_option("--data", o.data,
+                "fashion-mnist, mnist, a .npz file (x_train, y_train, x_test, y_test), or a "
+                "directory of IDX files, of those arrays as .npy, or of train/ and test/ image "
+                "folders (one subfolder per class)")
       ->capture_default_str();
   t->add_option("--epochs", o.epochs, "Epochs")->check(kPositive)->capture_default_str();
   t->add_option("--batch", o.batch, "Batch size per rank")->check(kPositive)->capture_default_str();

@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -195,18 +196,38 @@ Result<Dataset> load_idx_dataset(const std::string& dir, const std::string& spli
   d.num_classes = num_classes;
   d.images = Tensor::empty(im.dims, DType::kU8);
   std::memcpy(d.images.data<std::uint8_t>(), im.data.data(), im.data.size());
-  d.labels = Tensor::empty(lb.dims, DType::kU8);
-  std::memcpy(d.labels.data<std::uint8_t>(), lb.data.data(), lb.data.size());
+  d.labels = Tensor::empty(lb.dims, DType::kI32);
+  std::copy(lb.data.begin(), lb.data.end(), d.labels.data<std::int32_t>());
   return d;
 }
 
+Shape Dataset::sample_shape() const {
+  const Shape& s = images.shape();
+  if (s.size() == 3) return {1, s[1], s[2]};
+  return Shape(s.begin() + 1, s.end());
+}
+
+Dataset Dataset::take_first(std::int64_t n) const {
+  if (n <= 0 || n >= size()) return *this;
+  Dataset s = *this;
+  Shape dims = images.shape();
+  dims[0] = n;
+  s.images = Tensor::empty(dims, images.dtype());
+  std::memcpy(s.images.raw_data(), images.raw_data(), s.images.nbytes());
+  s.labels = Tensor::empty({n}, labels.dtype());
+  std::memcpy(s.labels.raw_data(), labels.raw_data(), s.labels.nbytes());
+  return s;
+}
+
 std::pair<float, float> pixel_stats(const Dataset& d) {
-  const std::uint8_t* p = d.images.data<std::uint8_t>();
+  const bool u8 = d.images.dtype() == DType::kU8;
+  const std::uint8_t* p = u8 ? d.images.data<std::uint8_t>() : nullptr;
+  const float* f = u8 ? nullptr : d.images.data<float>();
   std::int64_t n = d.images.numel();
   double s = 0, s2 = 0;
 #pragma omp parallel for reduction(+ : s, s2) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) {
-    double v = p[i] / 255.0;
+    double v = u8 ? p[i] / 255.0 : f[i];
     s += v;
     s2 += v * v;
   }
@@ -220,6 +241,10 @@ std::pair<float, float> pixel_stats(const Dataset& d) {
 Loader::Loader(const Dataset& d, LoaderOptions o) : d_(d), o_(o) {
   SHOAL_CHECK(o_.batch > 0 && o_.world > 0 && o_.rank >= 0 && o_.rank < o_.world,
               "Loader: batch {} rank {} world {}", o_.batch, o_.rank, o_.world);
+  SHOAL_CHECK(!o_.augment || d_.sample_shape().size() == 3,
+              "Loader: augmentation needs [C, H, W] samples, not {}", shape_str(d_.sample_shape()));
+  SHOAL_CHECK(d_.images.dtype() == DType::kU8 || d_.images.dtype() == DType::kF32,
+              "Loader: samples must be u8 or f32");
   if (o_.prefetch > 0) {
     ring_.resize(static_cast<std::size_t>(o_.prefetch) + 1);
     start_worker();
@@ -263,41 +288,69 @@ std::vector<std::int64_t> Loader::batch_indices(std::int64_t epoch, std::int64_t
   return out;
 }
 
+namespace {
+// One sample, normalized: v * scale + shift (u8 or f32 source).
+template <typename T>
+void copy_sample(const T* in, float* out, std::int64_t n, float scale, float shift) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]) * scale + shift;
+}
+
+// A random crop (pad 2) and flip of a [C, H, W] sample, the same shift for
+// every channel.
+template <typename T>
+void augment_sample(const T* im, float* out, const Shape& cs, std::array<std::uint32_t, 4> blk,
+                    float scale, float shift) {
+  const std::int64_t c = cs[0], h = cs[1], w = cs[2];
+  int dy = static_cast<int>(blk[0] % 5) - 2, dx = static_cast<int>(blk[1] % 5) - 2;
+  bool flip = (blk[2] & 1u) != 0;
+  for (std::int64_t ch = 0; ch < c; ++ch)
+    for (std::int64_t r = 0; r < h; ++r)
+      for (std::int64_t col = 0; col < w; ++col) {
+        std::int64_t sr = r + dy, sc = (flip ? w - 1 - col : col) + dx;
+        float v = (sr >= 0 && sr < h && sc >= 0 && sc < w)
+                      ? static_cast<float>(im[(ch * h + sr) * w + sc])
+                      : 0.f;
+        out[(ch * h + r) * w + col] = v * scale + shift;
+      }
+}
+}  // namespace
+
 void Loader::fill(Batch& b, std::int64_t epoch, std::int64_t index) const {
   std::vector<std::int64_t> idx = batch_indices(epoch, index);
   auto n = static_cast<std::int64_t>(idx.size());
-  std::int64_t h = d_.height(), w = d_.width();
+  const Shape cs = d_.sample_shape();
+  const std::int64_t per = num_elements(cs);
   if (!b.images.defined() || b.images.shape()[0] != n) {
-    b.images = Tensor::empty({n, 1, h, w}, DType::kF32);
+    Shape bs = cs;
+    bs.insert(bs.begin(), n);
+    b.images = Tensor::empty(bs, DType::kF32);
     b.labels = Tensor::empty({n}, DType::kI32);
   }
   b.epoch = epoch;
   b.index = index;
-  const std::uint8_t* src = d_.images.data<std::uint8_t>();
-  const std::uint8_t* lab = d_.labels.data<std::uint8_t>();
+  const bool u8 = d_.images.dtype() == DType::kU8;
+  const std::int32_t* lab = d_.labels.data<std::int32_t>();
   float* dst = b.images.data<float>();
   std::int32_t* y = b.labels.data<std::int32_t>();
-  const float scale = 1.f / (255.f * o_.stddev), shift = -o_.mean / o_.stddev;
+  const float scale = 1.f / ((u8 ? 255.f : 1.f) * o_.stddev), shift = -o_.mean / o_.stddev;
   for (std::int64_t s = 0; s < n; ++s) {
     std::int64_t k = idx[static_cast<std::size_t>(s)];
     y[s] = lab[k];
-    const std::uint8_t* im = src + k * h * w;
-    float* out = dst + s * h * w;
+    float* out = dst + s * per;
     if (!o_.augment) {
-      for (std::int64_t i = 0; i < h * w; ++i) out[i] = static_cast<float>(im[i]) * scale + shift;
+      if (u8)
+        copy_sample(d_.images.data<std::uint8_t>() + k * per, out, per, scale, shift);
+      else
+        copy_sample(d_.images.data<float>() + k * per, out, per, scale, shift);
       continue;
     }
     // Keyed by (seed, epoch, sample): independent of batch layout and threads.
     PhiloxRng rng(o_.seed ^ 0x5eed0a06u, static_cast<std::uint64_t>(epoch));
     auto blk = rng.block(static_cast<std::uint64_t>(k));
-    int dy = static_cast<int>(blk[0] % 5) - 2, dx = static_cast<int>(blk[1] % 5) - 2;
-    bool flip = (blk[2] & 1u) != 0;
-    for (std::int64_t r = 0; r < h; ++r)
-      for (std::int64_t c = 0; c < w; ++c) {
-        std::int64_t sr = r + dy, sc = (flip ? w - 1 - c : c) + dx;
-        std::uint8_t v = (sr >= 0 && sr < h && sc >= 0 && sc < w) ? im[sr * w + sc] : 0;
-        out[r * w + c] = static_cast<float>(v) * scale + shift;
-      }
+    if (u8)
+      augment_sample(d_.images.data<std::uint8_t>() + k * per, out, cs, blk, scale, shift);
+    else
+      augment_sample(d_.images.data<float>() + k * per, out, cs, blk, scale, shift);
   }
 }
 

@@ -152,16 +152,31 @@ bool is_model_name(const std::string& name) {
          is_onnx_path(name);
 }
 
+// A convolutional model's forward, refusing samples that are not images.
+template <typename F>
+std::function<Value(ModelContext&, Value)> on_images(const std::string& name, F f) {
+  return [name, f](ModelContext& c, Value x) -> Value {
+    const Shape& s = c.b().shape(x);
+    if (s.size() != 4) {
+      c.b().fail(invalid_argument("--model {} takes images [C, H, W]; the data's samples are {}",
+                                  name, shape_str(Shape(s.begin() + 1, s.end()))));
+      return {};
+    }
+    return f(c, x);
+  };
+}
+
 Result<Model> make_model(const std::string& name, int classes) {
   Model m;
   m.name = name;
   if (name == "mlp") {
     m.forward = [classes](ModelContext& c, Value x) { return mlp(c, x, classes); };
   } else if (name == "cnn") {
-    m.forward = [classes](ModelContext& c, Value x) { return cnn(c, x, classes); };
+    m.forward = on_images(name, [classes](ModelContext& c, Value x) { return cnn(c, x, classes); });
   } else if (name == "resnet" || name == "resnet20") {
     m.name = "resnet";
-    m.forward = [classes](ModelContext& c, Value x) { return resnet(c, x, classes); };
+    m.forward =
+        on_images(m.name, [classes](ModelContext& c, Value x) { return resnet(c, x, classes); });
   } else if (is_onnx_path(name)) {
     return onnx_model(name, classes);
   } else {

@@ -24,6 +24,7 @@
 #include "shoal/train/checkpoint.h"
 #include "shoal/train/data.h"
 #include "shoal/train/model.h"
+#include "shoal/train/sources.h"
 #include "shoal/train/weights.h"
 #include "train/trainer_impl.h"
 
@@ -74,18 +75,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   return t;
 }
 
-namespace {
-Dataset take_first(const Dataset& d, std::int64_t n) {
-  if (n <= 0 || n >= d.size()) return d;
-  Dataset s = d;
-  s.images = Tensor::empty({n, d.height(), d.width()}, DType::kU8);
-  std::memcpy(s.images.raw_data(), d.images.raw_data(), s.images.nbytes());
-  s.labels = Tensor::empty({n}, DType::kU8);
-  std::memcpy(s.labels.raw_data(), d.labels.raw_data(), s.labels.nbytes());
-  return s;
-}
-}  // namespace
-
 Status Trainer::init(const TrainOptions& o) {
   o_ = o;
   impl_ = std::make_unique<Impl>();
@@ -117,11 +106,17 @@ Status Trainer::init(const TrainOptions& o) {
     init_w = std::move(w).value();
   }
 
-  SHOAL_ASSIGN_OR_RETURN(std::string data_dir, resolve_data_dir(o.data));
-  SHOAL_ASSIGN_OR_RETURN(Dataset tr, load_idx_dataset(data_dir, "train"));
-  SHOAL_ASSIGN_OR_RETURN(Dataset te, load_idx_dataset(data_dir, "t10k"));
-  m.train = take_first(tr, o.limit_train);
-  m.test = take_first(te, o.limit_test);
+  DataSplits splits;
+  if (o.dataset) {
+    splits = *o.dataset;
+  } else {
+    SHOAL_ASSIGN_OR_RETURN(splits, load_data(o.data));
+  }
+  m.train = splits.train.take_first(o.limit_train);
+  m.test = splits.test.take_first(o.limit_test);
+  if (o.augment && m.train.sample_shape().size() != 3)
+    return invalid_argument("--augment crops and flips images [C, H, W]; {} holds samples of {}",
+                            o.data, shape_str(m.train.sample_shape()));
   std::tie(m.mean, m.stddev) = pixel_stats(m.train);
   // Weights trained on inputs normalized another way see those inputs.
   if (float mu = 0, sd = 1; init_w && init_w->normalization(&mu, &sd)) {
@@ -150,7 +145,8 @@ Status Trainer::init(const TrainOptions& o) {
   // The step graph: forward, loss, autodiff, [grad pass], update.
   Graph g;
   Builder b(g);
-  const Shape xshape = {o.batch, 1, m.train.height(), m.train.width()};
+  Shape xshape = m.train.sample_shape();
+  xshape.insert(xshape.begin(), o.batch);
   Value x = b.input("x", DType::kF32, xshape);
   Value y = b.input("labels", DType::kI32, {o.batch});
   ModelContext mc(b, true);

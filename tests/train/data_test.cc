@@ -127,7 +127,7 @@ TEST(FashionMnist, LoadsBothSplits) {
   ASSERT_TRUE(te.ok()) << te.status().to_string();
   EXPECT_EQ(te->size(), 10000);
   std::vector<int> count(10, 0);
-  for (std::int64_t i = 0; i < te->size(); ++i) ++count[te->labels.data<std::uint8_t>()[i]];
+  for (std::int64_t i = 0; i < te->size(); ++i) ++count[te->labels.data<std::int32_t>()[i]];
   for (int c : count) EXPECT_EQ(c, 1000);  // balanced classes
   auto [mean, sd] = pixel_stats(*tr);
   EXPECT_NEAR(mean, 0.2860, 1e-3);
@@ -137,9 +137,9 @@ TEST(FashionMnist, LoadsBothSplits) {
 Dataset synthetic(std::int64_t n) {
   Dataset d;
   d.images = Tensor::empty({n, 4, 4}, DType::kU8);
-  d.labels = Tensor::empty({n}, DType::kU8);
+  d.labels = Tensor::empty({n}, DType::kI32);
   for (std::int64_t i = 0; i < n; ++i) {
-    d.labels.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(i % 10);
+    d.labels.data<std::int32_t>()[i] = static_cast<std::int32_t>(i % 10);
     for (int p = 0; p < 16; ++p) d.images.data<std::uint8_t>()[i * 16 + p] = (i * 7 + p) % 256;
   }
   return d;

@@ -1,6 +1,7 @@
 // Datasets and the loader. IDX files (the MNIST / Fashion-MNIST format,
 // optionally gzip-compressed) are read whole and checked: magic, type code,
-// dimensions and sizes, with errors that name the file and the field. The
+// dimensions and sizes, with errors that name the file and the field (the
+// other formats, NumPy and image folders, are in train/sources.h). The
 // Loader turns a Dataset into normalized f32 batches: a per-epoch
 // permutation drawn from a seed, optional crop/flip augmentation keyed by
 // (seed, epoch, sample) so results do not depend on threads, a prefetch
@@ -30,14 +31,20 @@ Result<IdxArray> read_idx(const std::string& path);
 // Parses an IDX image already in memory (decompressed); `where` names it.
 Result<IdxArray> parse_idx(std::string_view bytes, std::string_view where);
 
+// Samples and their classes. Images are u8 (pixels, scaled by 1/255) or
+// f32 (features, taken as they are): [N, H, W] (one channel, as IDX files
+// hold them), [N, C, H, W], or [N, F] and other shapes a model flattens.
 struct Dataset {
   std::string name;  // "fashion-mnist:train"
-  Tensor images;     // u8 [N, H, W]
-  Tensor labels;     // u8 [N]
+  Tensor images;     // u8 or f32 [N, ...]
+  Tensor labels;     // i32 [N], each in [0, num_classes)
   int num_classes = 10;
   std::int64_t size() const { return labels.numel(); }
-  std::int64_t height() const { return images.shape()[1]; }
-  std::int64_t width() const { return images.shape()[2]; }
+  // One sample as the model sees it: [N, H, W] data gives [1, H, W].
+  Shape sample_shape() const;
+  std::int64_t sample_numel() const { return num_elements(sample_shape()); }
+  // The first n samples (all when n <= 0 or n >= size()).
+  Dataset take_first(std::int64_t n) const;
 };
 
 // Finds the directory for `data`: an existing directory is used as given;
@@ -56,18 +63,19 @@ struct LoaderOptions {
   std::int64_t batch = 64;
   bool shuffle = true;
   std::uint64_t seed = 0;
-  bool augment = false;            // random crop (pad 2) and horizontal flip
+  bool augment = false;            // random crop (pad 2) and horizontal flip ([C, H, W] samples)
   int prefetch = 2;                // batches prepared ahead by the worker thread; 0 = none
   int rank = 0, world = 1;         // shard of each global batch (batch * world samples)
-  float mean = 0.f, stddev = 1.f;  // x = (pixel/255 - mean) / stddev
+  float mean = 0.f, stddev = 1.f;  // x = (pixel/255 - mean) / stddev; f32 data: (v - mean) / stddev
   bool drop_last = true;           // false: a final smaller batch (eval)
 };
 
-// Mean and standard deviation of pixel/255 over a dataset.
+// Mean and standard deviation over a dataset of pixel/255 (u8) or of the
+// values themselves (f32).
 std::pair<float, float> pixel_stats(const Dataset& d);
 
 struct Batch {
-  Tensor images;                      // f32 [b, 1, H, W]
+  Tensor images;                      // f32 [b, ...sample_shape()]
   Tensor labels;                      // i32 [b]
   std::int64_t epoch = 0, index = 0;  // batch `index` of `epoch`
 };

@@ -23,6 +23,8 @@
 
 namespace shoal::train {
 
+struct DataSplits;  // train/sources.h
+
 // What a trainer needs from the other ranks of a data-parallel job
 // (dp::attach implements it over a Communicator). Every call is collective:
 // all ranks make the same calls in the same order.
@@ -48,7 +50,10 @@ class Peers {
 
 struct TrainOptions {
   std::string model = "cnn";
-  std::string data = "fashion-mnist";  // a dataset name or a directory of IDX files
+  std::string data = "fashion-mnist";  // what train/sources.h's load_data reads
+  // Data already in memory (the Python bindings): used instead of `data`,
+  // which then only names it (in messages and the ranks' agreement).
+  std::shared_ptr<const DataSplits> dataset;
   int epochs = 5;
   std::int64_t batch = 64;
   std::string optimizer = "sgd";
