@@ -8,12 +8,9 @@
 #include <cmath>
 
 #include "cli/commands.h"
-#include "shoal/comm/communicator.h"
-#include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
+#include "shoal/dist/job.h"
 #include "shoal/dp/data_parallel.h"
-#include "shoal/ps/attach.h"
-#include "shoal/runtime/kernel.h"
 #include "shoal/train/model.h"
 #include "shoal/train/trainer.h"
 
@@ -218,97 +215,23 @@ TrainCommand add_train_command(CLI::App& app) {
   return c;
 }
 
-namespace {
-// FILE.json -> FILE.rank<r>.json
-std::string rank_path(const std::string& path, int rank) {
-  std::string stem = path, ext;
-  if (auto dot = path.rfind('.');
-      dot != std::string::npos && path.find('/', dot) == std::string::npos) {
-    stem = path.substr(0, dot);
-    ext = path.substr(dot);
-  }
-  return fmt::format("{}.rank{}{}", stem, rank, ext.empty() ? ".json" : ext);
-}
-}  // namespace
-
-// Joins the job's ranks as a data-parallel trainer (--dist allreduce).
-Result<std::unique_ptr<comm::Communicator>> join_allreduce(train::TrainOptions& o,
-                                                           const DistFlags& d) {
-  if (o.deterministic) setenv("SHOAL_DETERMINISTIC", "1", 1);
-  auto c = comm::Communicator::from_env();
-  if (!c.ok()) return c.status().with_context("joining the job's ranks");
-  auto comm = std::move(c).value();
-  // Ranks sharing this host split its cores unless --threads says
-  // otherwise (before attach, which decides on overlap from the threads).
-  // The count is the communicator's own (ranks grouped by host at
-  // connect), so it holds under every launcher, not only those that
-  // export a local world size; dp::attach logs the choice.
-  if (o.threads == 0)
-    o.threads = std::max(1, runtime::num_cores() / std::max(1, comm->local_size()));
-  dp::DpOptions dpo;
-  dpo.wire = *parse_dtype(d.wire);
-  dpo.bucket_mb = d.bucket_mb;
-  dpo.first_bucket_mb = d.first_bucket_mb;
-  dpo.overlap = *dp::parse_overlap(d.overlap);
-  SHOAL_RETURN_IF_ERROR(dp::attach(o, *comm, dpo));
-  return comm;
-}
-
-// Joins a parameter-server job as a worker (--dist ps).
-Result<std::unique_ptr<ps::WorkerJob>> join_ps(train::TrainOptions& o, const DistFlags& d) {
-  SHOAL_ASSIGN_OR_RETURN(ps::JobEnv e, ps::job_env());
-  if (!e.role.empty() && e.role != "worker")
-    return invalid_argument("--dist ps trains as a worker, but DMLC_ROLE={}", e.role);
-  SHOAL_ASSIGN_OR_RETURN(ps::Mode mode, ps::parse_mode(d.ps_mode));
-  SHOAL_ASSIGN_OR_RETURN(auto job, ps::WorkerJob::join(e, ps::shard_options(o, mode, d.staleness)));
-  // The job's workers share this host's cores (servers mostly wait).
-  if (o.threads == 0) o.threads = std::max(1, runtime::num_cores() / e.num_workers);
-  SHOAL_RETURN_IF_ERROR(job->attach(o));
-  return job;
-}
-
 int run_train(train::TrainOptions o, const DistFlags& d) {
-  // Several ranks in the environment (shoal run, mpirun, srun, torchrun):
-  // join them and train data-parallel.
-  auto env = launch_env();
-  if (!env.ok()) {
-    SHOAL_LOG_ERROR("shoal train: {}", env.status().to_string());
+  // Several ranks in the environment (shoal run, mpirun, srun, torchrun),
+  // or a parameter-server job's variables: join them.
+  dist::JoinOptions jo;
+  jo.dist = d.dist;
+  jo.dp.wire = *parse_dtype(d.wire);
+  jo.dp.bucket_mb = d.bucket_mb;
+  jo.dp.first_bucket_mb = d.first_bucket_mb;
+  jo.dp.overlap = *dp::parse_overlap(d.overlap);
+  jo.ps_mode = d.ps_mode;
+  jo.staleness = d.staleness;
+  auto job = dist::Job::join(o, jo);
+  if (!job.ok()) {
+    SHOAL_LOG_ERROR("shoal train: {}", job.status().to_string());
     return 2;
   }
-  // Started by `shoal run`: its job id names the default run directory (the
-  // same for every rank and every attempt), and a restarted attempt resumes
-  // from that directory's newest checkpoint.
-  if (!env->job_id.empty() && o.out.empty())
-    o.out = fmt::format("runs/{}-{}", o.model, env->job_id);
-  if (env->restart > 0) {
-    if (!o.resume && env->rank == 0)
-      SHOAL_LOG_INFO("restart {} of this job: resuming from the newest checkpoint in {}",
-                     env->restart, o.out);
-    o.resume = true;
-  }
-  if (!env->trace.empty() && o.trace.empty())
-    o.trace = rank_path(env->trace, env->rank);  // the launcher merges these
-  else if (!o.trace.empty() && env->world > 1)
-    o.trace = rank_path(o.trace, env->rank);
-  std::unique_ptr<comm::Communicator> comm;
-  std::unique_ptr<ps::WorkerJob> ps_job;
-  // --dist auto: a worker of a parameter-server job when DMLC_ROLE says
-  // so (scripts written for MXNet/ps-lite set only the variables).
-  if (d.dist == "ps" || (d.dist == "auto" && ps::in_ps_job())) {
-    auto j = join_ps(o, d);
-    if (!j.ok()) {
-      SHOAL_LOG_ERROR("shoal train: {}", j.status().to_string());
-      return 2;
-    }
-    ps_job = std::move(j).value();
-  } else if (env->world > 1) {
-    auto c = join_allreduce(o, d);
-    if (!c.ok()) {
-      SHOAL_LOG_ERROR("shoal train: {}", c.status().to_string());
-      return 2;
-    }
-    comm = std::move(c).value();
-  }
+  const bool ps_job = (*job)->parameter_server();
   auto t = train::Trainer::create(o);
   if (!t.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", t.status().to_string());

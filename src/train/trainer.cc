@@ -410,8 +410,10 @@ Status Trainer::run() {
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec) return unavailable("creating run directory {}: {}", dir_, ec.message());
-    // A resumed run appends to its metrics; a fresh one starts them.
-    m.metrics.open(fs::path(dir_) / "metrics.jsonl", o_.resume ? std::ios::app : std::ios::trunc);
+    // A resumed run appends to its metrics; a fresh one starts them (a
+    // second run() on this trainer continues the open file).
+    if (!m.metrics.is_open())
+      m.metrics.open(fs::path(dir_) / "metrics.jsonl", o_.resume ? std::ios::app : std::ios::trunc);
     if (!m.metrics) return unavailable("opening {}/metrics.jsonl for append", dir_);
   }
   const std::int64_t limit =

@@ -10,6 +10,28 @@
 namespace shoal::train {
 namespace fs = std::filesystem;
 
+Result<std::map<std::string, Tensor>> Trainer::buffers() {
+  SHOAL_RETURN_IF_ERROR(sync_buffers());
+  return buffers_;
+}
+
+Status Trainer::load_weights(const WeightsFile& w) {
+  auto n = apply_weights(w, params_, buffers_);
+  if (!n.ok()) return n.status();
+  buffers_synced_at_ = -1;
+  return ok_status();
+}
+
+Status Trainer::set_epochs(int epochs) {
+  const std::int64_t spe = steps_per_epoch();
+  if (epochs < 1 || spe * epochs < step_)
+    return invalid_argument("epochs {}: the run is already at step {} of {} per epoch", epochs,
+                            step_, spe);
+  o_.epochs = epochs;
+  impl_->sched.total = spe * epochs;
+  return ok_status();
+}
+
 CheckpointDir Trainer::checkpoint_dir() const {
   return CheckpointDir((fs::path(dir_) / "checkpoints").string(), o_.keep_checkpoints);
 }

@@ -20,6 +20,7 @@
 #include "shoal/graph/graph.h"
 #include "shoal/train/checkpoint.h"
 #include "shoal/train/optim.h"
+#include "shoal/train/weights.h"
 
 namespace shoal::train {
 
@@ -135,6 +136,15 @@ class Trainer {
   std::int64_t global_step() const { return step_; }
   std::int64_t steps_per_epoch() const;
   const std::map<std::string, Tensor>& params() const { return params_; }
+  // Batch-norm running statistics (averaged over ranks first when several train).
+  Result<std::map<std::string, Tensor>> buffers();
+  // Replaces parameters and buffers from `w` in place (names and shapes
+  // checked as for --init-from); every rank must load the same weights.
+  Status load_weights(const WeightsFile& w);
+  // Trains until `epochs` in all from now on (after run() has reached the
+  // options' count: the LR schedule stretches to the new total).
+  Status set_epochs(int epochs);
+  int epochs() const { return o_.epochs; }
   const std::vector<EpochMetrics>& history() const { return history_; }
   const std::string& run_dir() const { return dir_; }
 
