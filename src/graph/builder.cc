@@ -47,6 +47,40 @@ Value Builder::conv2d(Value x, Value w, Value bias, std::vector<std::int64_t> st
   return op("conv2d", {x, w}, a);
 }
 
+Value Builder::conv_transpose2d(Value x, Value w, Value bias, std::vector<std::int64_t> stride,
+                                std::vector<std::int64_t> padding,
+                                std::vector<std::int64_t> output_padding,
+                                std::vector<std::int64_t> dilation, std::int64_t groups) {
+  const Shape& xs = shape(x);
+  const Shape& ws = shape(w);
+  if (xs.size() != 4 || ws.size() != 4 || stride.size() != 2 || padding.size() != 2 ||
+      output_padding.size() != 2 || dilation.size() != 2) {
+    fail(
+        invalid_argument("conv_transpose2d: x {} and w {} must be rank 4, and stride, padding, "
+                         "output_padding, dilation 2 values each",
+                         shape_str(xs), shape_str(ws)));
+    return {};
+  }
+  Shape out = {xs[0], ws[1] * groups, 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    if (output_padding[i] < 0 || output_padding[i] >= stride[i]) {
+      fail(invalid_argument("conv_transpose2d: output_padding {} must be in [0, stride {})",
+                            output_padding[i], stride[i]));
+      return {};
+    }
+    out[2 + i] = (xs[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (ws[2 + i] - 1) + 1 +
+                 output_padding[i];
+  }
+  Attrs a{{"stride", stride},
+          {"padding", padding},
+          {"dilation", dilation},
+          {"groups", groups},
+          {"input_shape", out}};
+  Value y = op("conv2d_grad_input", {x, w}, a);
+  if (!bias.valid()) return y;
+  return add(y, reshape(bias, {1, out[1], 1, 1}));
+}
+
 Value Builder::max_pool2d(Value x, std::vector<std::int64_t> kernel,
                           std::vector<std::int64_t> stride, std::vector<std::int64_t> padding) {
   return op("max_pool2d", {x}, {{"kernel", kernel}, {"stride", stride}, {"padding", padding}});

@@ -206,6 +206,11 @@ void register_all(OpRegistry& r) {
         return {g.b.op("gelu_grad", {X(0), DY})};
       }));
   r.add(unary(
+      "erf", GRAD {  // 2/sqrt(pi) exp(-x^2)
+        Value e = g.b.exp(g.b.neg(g.b.mul(X(0), X(0))));
+        return {g.b.mul(DY, g.b.mul(e, g.b.scalar_like(1.12837916709551257390, DY)))};
+      }));
+  r.add(unary(
       "tanh", GRAD {
         Value one = g.b.scalar_like(1.0, DY);
         return {g.b.mul(DY, g.b.sub(one, g.b.mul(Y(0), Y(0))))};
@@ -389,6 +394,17 @@ void register_all(OpRegistry& r) {
       SHOAL_ASSIGN_OR_RETURN(Shape ys, conv_out_shape(n, xs, in[1].shape));
       if (ys != in[0].shape) return invalid_argument("dy must be {}", shape_str(ys));
       return Types{{in[0].dtype, xs}};
+    };
+    // Also the transposed convolution (Builder::conv_transpose2d). It is
+    // linear in dy and in w: its adjoint in dy is the convolution with w,
+    // and in w the weight gradient of a convolution of the incoming gradient.
+    gi.grad = GRAD {
+      Attrs a;
+      for (const char* k : {"stride", "padding", "dilation", "groups"})
+        if (g.node.attrs.has(k)) a.set(k, g.node.attrs.all().at(k));
+      Attrs aw = a;
+      aw.set("weight_shape", SHAPE_OF(1));
+      return {g.b.op("conv2d", {DY, X(1)}, a), g.b.op("conv2d_grad_weight", {DY, X(0)}, aw)};
     };
     r.add(gi);
     OpDef gw;

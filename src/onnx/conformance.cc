@@ -140,9 +140,12 @@ std::vector<std::string> claimed_ops() {
   // AveragePool, MaxPool (3-D, dilations, uint8, argmax indices), Cast
   // (bf16 as uint16, strings), Clip (int8), Dropout (training masks come from another
   // RNG), Identity (int8, sequences), Pad (edge, reflect), Pow (integer
-  // bases, unsigned exponents), Slice (negative steps).
-  static const std::set<std::string> partial = {"AveragePool", "MaxPool", "Cast", "Clip", "Dropout",
-                                                "Identity",    "Pad",     "Pow",  "Slice"};
+  // bases, unsigned exponents), Slice (negative steps), ConvTranspose (3-D;
+  // and test_convtranspose, where Winograd's rounding leaves 4e-6 on an
+  // exact 0: passes with SHOAL_CONV_ALGO=direct).
+  static const std::set<std::string> partial = {
+      "AveragePool", "MaxPool", "Cast", "Clip",  "Dropout",
+      "Identity",    "Pad",     "Pow",  "Slice", "ConvTranspose"};
   std::vector<std::string> out;
   for (const auto& op : supported_ops())
     if (!partial.count(op)) out.push_back(op);

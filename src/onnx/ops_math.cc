@@ -181,6 +181,15 @@ Status clip(Ctx& c) {
   return ok_status();
 }
 
+// max(x, 0) + alpha * min(x, 0), from ReLUs so the gradient comes along.
+Status leaky_relu(Ctx& c) {
+  auto& b = c.b();
+  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+  Value neg = b.neg(b.relu(b.neg(x)));
+  c.out(0, b.add(b.relu(x), b.mul(neg, b.scalar_like(c.attr_f("alpha", 0.01), x))));
+  return ok_status();
+}
+
 }  // namespace
 
 void add_math_ops(std::map<std::string, Converter>& t) {
@@ -197,6 +206,8 @@ void add_math_ops(std::map<std::string, Converter>& t) {
   t["Relu"] = unary("relu");
   t["Sigmoid"] = unary("sigmoid");
   t["Tanh"] = unary("tanh");
+  t["Erf"] = unary("erf");  // with Div/Add/Mul: the Gelu PyTorch exports
+  t["LeakyRelu"] = leaky_relu;
   t["Softmax"] = softmax("softmax");
   t["LogSoftmax"] = softmax("log_softmax");
   t["Clip"] = clip;

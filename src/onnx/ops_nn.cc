@@ -1,4 +1,4 @@
-// Convolution, pooling, normalization and dropout. Shoal's conv and pool
+// Convolution (and its transpose), pooling, normalization and dropout. Shoal's conv and pool
 // ops take symmetric 2-D padding; ONNX's asymmetric pads, auto_pad and
 // ceil_mode become an explicit pad of the input (zeros for conv and
 // average pooling, the lowest float for max pooling), and 1-D inputs a
@@ -99,6 +99,86 @@ Status conv(Ctx& c) {
     w.begin = w.end = {0, 0};
   }
   c.out(0, b.conv2d(x, wt, bias, w.stride, w.begin, w.dilation, c.attr_i("group", 1)));
+  return ok_status();
+}
+
+// ConvTranspose: the full transposed convolution (no padding), then the
+// ONNX output window cut from it (pads, output_padding, output_shape,
+// auto_pad), zeros where the window passes its end, then the bias. PyTorch's
+// exports (symmetric pads, output_padding < stride) go straight to the op.
+Status conv_transpose(Ctx& c) {
+  auto& b = c.b();
+  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+  SHOAL_ASSIGN_OR_RETURN(Value wt, c.in(1));
+  Value bias;
+  if (c.has_input(2)) {
+    SHOAL_ASSIGN_OR_RETURN(bias, c.in(2));
+  }
+  Shape xs = b.shape(x), ws = b.shape(wt);
+  if ((xs.size() != 3 && xs.size() != 4) || ws.size() != xs.size())
+    return c.fail("only 1-D and 2-D transposed convolution is imported; input is {}",
+                  fmt::join(xs, "x"));
+  const bool one_d = xs.size() == 3;
+  const std::size_t n = xs.size() - 2;
+  auto v = [&](const char* name, std::int64_t d) {
+    return c.attr_ints(name, std::vector<std::int64_t>(n, d));
+  };
+  auto stride = v("strides", 1), dil = v("dilations", 1), out_pad = v("output_padding", 0);
+  auto pads = c.attr_ints("pads", std::vector<std::int64_t>(2 * n, 0));
+  auto out_shape = c.attr_ints("output_shape");
+  std::string ap = c.attr_s("auto_pad", "NOTSET");
+  if (stride.size() != n || dil.size() != n || out_pad.size() != n || pads.size() != 2 * n ||
+      (!out_shape.empty() && out_shape.size() != n))
+    return c.fail("strides, dilations, output_padding, pads and output_shape must cover {} dims",
+                  n);
+  std::vector<std::int64_t> begin(n), size(n), full(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::int64_t eff = (ws[2 + i] - 1) * dil[i] + 1;
+    full[i] = (xs[2 + i] - 1) * stride[i] + eff;
+    std::int64_t want = -1;
+    if (!out_shape.empty()) want = out_shape[i];
+    if (want < 0 && (ap == "SAME_UPPER" || ap == "SAME_LOWER")) want = xs[2 + i] * stride[i];
+    if (want >= 0) {
+      std::int64_t total = full[i] + out_pad[i] - want;
+      // A window past the full output (total < 0) grows at the end, as
+      // output_padding does.
+      begin[i] = total < 0 ? 0 : (ap == "SAME_UPPER" ? total / 2 : total - total / 2);
+      size[i] = want;
+    } else {
+      begin[i] = pads[i];
+      size[i] = full[i] + out_pad[i] - pads[i] - pads[n + i];
+    }
+    if (begin[i] < 0 || size[i] <= 0)
+      return c.fail(
+          "the output window (start {}, size {}) of spatial dim {} is empty or starts "
+          "before the output",
+          begin[i], size[i], i);
+  }
+  if (one_d) {
+    x = b.reshape(x, {xs[0], xs[1], 1, xs[2]});
+    wt = b.reshape(wt, {ws[0], ws[1], 1, ws[2]});
+    stride.insert(stride.begin(), 1), dil.insert(dil.begin(), 1),
+        out_pad.insert(out_pad.begin(), 0);
+    begin.insert(begin.begin(), 0), size.insert(size.begin(), 1), full.insert(full.begin(), 1);
+  }
+  const std::int64_t groups = c.attr_i("group", 1);
+  bool direct = true;
+  for (std::size_t i = 0; i < 2; ++i)
+    direct = direct && out_pad[i] < stride[i] && size[i] == full[i] + out_pad[i] - 2 * begin[i];
+  Value y;
+  if (direct) {
+    y = b.conv_transpose2d(x, wt, {}, stride, begin, out_pad, dil, groups);
+  } else {
+    y = b.conv_transpose2d(x, wt, {}, stride, {0, 0}, {0, 0}, dil, groups);
+    y = pad_axes(b, y, {0, 0, -begin[0], -begin[1]},
+                 {0, 0, size[0] - (full[0] - begin[0]), size[1] - (full[1] - begin[1])}, 0.0);
+  }
+  if (bias.valid()) y = b.add(y, b.reshape(bias, {1, ws[1] * groups, 1, 1}));
+  if (one_d) {
+    Shape ys = b.shape(y);
+    y = b.reshape(y, {ys[0], ys[1], ys[3]});
+  }
+  c.out(0, y);
   return ok_status();
 }
 
@@ -254,6 +334,7 @@ Status dropout(Ctx& c) {
 
 void add_nn_ops(std::map<std::string, Converter>& t) {
   t["Conv"] = conv;
+  t["ConvTranspose"] = conv_transpose;
   t["MaxPool"] = pool(true);
   t["AveragePool"] = pool(false);
   t["GlobalAveragePool"] = global_avg_pool;

@@ -122,10 +122,11 @@ TEST(GradCheck, UnaryOps) {
     Init init;
   };
   PhiloxRng rng(kSeed, 1);
-  for (U u : {U{"neg", Init::kNormal}, U{"exp", Init::kNormal}, U{"log", Init::kPositive},
-              U{"sqrt", Init::kPositive}, U{"rsqrt", Init::kPositive},
-              U{"abs", Init::kAwayFromZero}, U{"relu", Init::kAwayFromZero},
-              U{"gelu", Init::kNormal}, U{"tanh", Init::kNormal}, U{"sigmoid", Init::kNormal}}) {
+  for (U u :
+       {U{"neg", Init::kNormal}, U{"exp", Init::kNormal}, U{"log", Init::kPositive},
+        U{"sqrt", Init::kPositive}, U{"rsqrt", Init::kPositive}, U{"abs", Init::kAwayFromZero},
+        U{"relu", Init::kAwayFromZero}, U{"gelu", Init::kNormal}, U{"tanh", Init::kNormal},
+        U{"sigmoid", Init::kNormal}, U{"erf", Init::kNormal}}) {
     for (int rank : {0, 1, 3}) {
       Shape s = rnd_shape(rng, rank);
       gradcheck(std::string(u.op) + shape_str(s), {{s, DType::kF64, u.init}},
@@ -212,6 +213,29 @@ TEST(GradCheck, Conv2d) {
               [&](Builder& b, const std::vector<Value>& x) {
                 return b.conv2d(x[0], x[1], c.bias ? x[2] : Value{}, c.stride, c.pad, c.dil,
                                 c.groups);
+              });
+  }
+}
+
+// conv2d_grad_input as the transposed convolution: odd sizes, strides with
+// output padding, dilation, groups, with and without bias.
+TEST(GradCheck, ConvTranspose2d) {
+  struct C {
+    Shape x, w;
+    std::vector<std::int64_t> stride, pad, out_pad, dil;
+    std::int64_t groups;
+    bool bias;
+  };
+  for (C c : {C{{2, 3, 4, 5}, {3, 2, 3, 3}, {1, 1}, {1, 1}, {0, 0}, {1, 1}, 1, true},
+              C{{1, 2, 3, 3}, {2, 3, 3, 2}, {2, 2}, {1, 0}, {1, 1}, {1, 1}, 1, false},
+              C{{2, 4, 3, 4}, {4, 1, 2, 3}, {2, 1}, {0, 1}, {0, 0}, {2, 1}, 2, true},
+              C{{1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1}, {0, 0}, {0, 0}, {1, 1}, 1, true}}) {
+    std::vector<In> ins = {{c.x}, {c.w}};
+    if (c.bias) ins.push_back({{c.w[1] * c.groups}});
+    gradcheck("conv_transpose2d " + shape_str(c.x) + shape_str(c.w), ins,
+              [&](Builder& b, const std::vector<Value>& x) {
+                return b.conv_transpose2d(x[0], x[1], c.bias ? x[2] : Value{}, c.stride, c.pad,
+                                          c.out_pad, c.dil, c.groups);
               });
   }
 }
@@ -340,6 +364,7 @@ TEST(GradCheck, EveryRegisteredOpIsCoveredOrAHelper) {
                                    "gelu",
                                    "tanh",
                                    "sigmoid",
+                                   "erf",
                                    "add",
                                    "sub",
                                    "mul",
@@ -350,6 +375,7 @@ TEST(GradCheck, EveryRegisteredOpIsCoveredOrAHelper) {
                                    "matmul",
                                    "linear",
                                    "conv2d",
+                                   "conv2d_grad_input",  // = conv_transpose2d
                                    "max_pool2d",
                                    "avg_pool2d",
                                    "global_avg_pool",
@@ -381,7 +407,6 @@ TEST(GradCheck, EveryRegisteredOpIsCoveredOrAHelper) {
                                    "layout",     // inserted by the backend after autodiff
                                    "relu_grad",  // checked through relu and SecondOrderThroughRelu
                                    "one_hot",
-                                   "conv2d_grad_input",
                                    "conv2d_grad_weight",
                                    "max_pool2d_grad",
                                    "avg_pool2d_grad",

@@ -1,9 +1,8 @@
 // ONNX import against PyTorch: models written in PyTorch (the project's MLP,
-// CNN and ResNet-20; torchvision's resnet18 and mobilenet_v2) are exported
-// by Debian's torch 1.13 (tests/python/onnx_export.py), imported, and run:
-// eval-mode logits must match PyTorch's within 1e-4 (relative to the
-// largest logit), and one training step's loss and parameter gradients
-// PyTorch autograd's within 1e-3 (relative to each tensor's largest).
+// CNN, ResNet-20 and a small transformer encoder; torchvision's resnet18 and mobilenet_v2) are
+// exported by Debian's torch 1.13 (tests/python/onnx_export.py), imported, and run: eval-mode
+// logits must match PyTorch's within 1e-4 (relative to the largest logit), and one training step's
+// loss and parameter gradients PyTorch autograd's within 1e-3 (relative to each tensor's largest).
 #include "shoal/onnx/import.h"
 
 #include <gtest/gtest.h>
@@ -163,7 +162,8 @@ TEST_P(MatchesPyTorch, LogitsAndGradients) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Onnx, MatchesPyTorch,
-                         ::testing::Values("mlp", "cnn", "resnet20", "resnet18", "mobilenet_v2"));
+                         ::testing::Values("mlp", "cnn", "resnet20", "transformer", "resnet18",
+                                           "mobilenet_v2"));
 
 TEST(Onnx, UnsupportedOperatorsAreNamedAllAtOnce) {
   // A model with two operators the importer lacks (built with the onnx

@@ -2,7 +2,7 @@
 against: an input batch, the eval-mode logits, and one training step's
 loss and gradients (PyTorch autograd), as ONNX TensorProto files.
 
-usage: onnx_export.py MODEL OUTDIR   (MODEL: mlp cnn resnet20 resnet18 mobilenet_v2)
+usage: onnx_export.py MODEL OUTDIR   (MODEL: mlp cnn resnet20 transformer resnet18 mobilenet_v2)
 Random init, no downloads. Run with Debian's /usr/bin/python3.
 """
 import os
@@ -19,12 +19,36 @@ from peer_ddp_torch import resnet20  # noqa: E402
 from peer_train_torch import model as mlp_or_cnn  # noqa: E402
 
 
+class Encoder(nn.Module):
+    """A small pre-norm transformer encoder over the image's 28 rows (GELU
+    MLPs, 4 heads, learned positions), mean-pooled into a linear head."""
+
+    def __init__(self, dim=32, layers=2):
+        super().__init__()
+        self.proj = nn.Linear(28, dim)
+        self.pos = nn.Parameter(torch.randn(1, 28, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(dim, 4, 2 * dim, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x):
+        h = self.proj(x.reshape(x.shape[0], 28, 28)) + self.pos
+        return self.head(self.enc(h).mean(1))
+
+
+def encoder():
+    return Encoder()
+
+
 def build(name):
     """The model and its input shape (batch 8)."""
     if name in ("mlp", "cnn"):
         return mlp_or_cnn(name), (8, 1, 28, 28)
     if name == "resnet20":
         return resnet20(), (8, 1, 28, 28)
+    if name == "transformer":
+        return encoder(), (8, 1, 28, 28)
     import torchvision
     if name == "resnet18":
         return torchvision.models.resnet18(num_classes=10), (4, 3, 32, 32)

@@ -52,6 +52,7 @@ class Builder {
   Value relu(Value a) { return op("relu", {a}); }
   Value gelu(Value a) { return op("gelu", {a}); }
   Value tanh(Value a) { return op("tanh", {a}); }
+  Value erf(Value a) { return op("erf", {a}); }
   Value sigmoid(Value a) { return op("sigmoid", {a}); }
   Value where(Value c, Value a, Value b) { return op("where", {c, a, b}); }
   Value cast(Value a, DType to) {
@@ -64,6 +65,13 @@ class Builder {
   Value conv2d(Value x, Value w, Value bias = {}, std::vector<std::int64_t> stride = {1, 1},
                std::vector<std::int64_t> padding = {0, 0},
                std::vector<std::int64_t> dilation = {1, 1}, std::int64_t groups = 1);
+  // Transposed convolution (the gradient of conv2d in its input): w is
+  // [C_in, C_out/groups, kH, kW]; the output is [N, C_out, (H-1)*s - 2p +
+  // d(k-1) + 1 + output_padding, ...].
+  Value conv_transpose2d(Value x, Value w, Value bias, std::vector<std::int64_t> stride,
+                         std::vector<std::int64_t> padding,
+                         std::vector<std::int64_t> output_padding,
+                         std::vector<std::int64_t> dilation, std::int64_t groups);
   Value max_pool2d(Value x, std::vector<std::int64_t> kernel, std::vector<std::int64_t> stride,
                    std::vector<std::int64_t> padding = {0, 0});
   Value avg_pool2d(Value x, std::vector<std::int64_t> kernel, std::vector<std::int64_t> stride,

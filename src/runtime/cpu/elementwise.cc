@@ -120,6 +120,7 @@ void register_elementwise(KernelRegistry& r) {
     return x > 0 ? T(1) : (x < 0 ? T(-1) : T(0));
   });
   add_unary(r, "tanh", [](auto x) { return std::tanh(x); });
+  add_unary(r, "erf", [](auto x) { return std::erf(x); });
   add_unary(r, "sigmoid", [](auto x) {
     using T = decltype(x);
     return x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x));

@@ -35,7 +35,7 @@ bool blockable(const graph::TensorType& t) {
 // (so any layout works when all full-size operands share it).
 const std::set<std::string>& elementwise_ops() {
   static const std::set<std::string> s = {
-      "neg",     "exp",  "log",       "sqrt",      "rsqrt", "abs", "relu", "step", "sign", "tanh",
+      "neg",     "exp",  "log",       "sqrt",      "rsqrt", "abs", "relu", "step", "sign", "tanh", "erf",
       "sigmoid", "gelu", "gelu_grad", "relu_grad", "add",   "sub", "mul",  "div",  "pow",  "equal"};
   return s;
 }
