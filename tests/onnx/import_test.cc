@@ -99,12 +99,15 @@ std::vector<Tensor> run(Graph g, const std::map<std::string, Tensor>& feeds) {
 
 class MatchesPyTorch : public ::testing::TestWithParam<std::string> {};
 
-// ResNet-20 and mobilenet_v2 are checked on their logits only: their
-// training-step gradients differ from PyTorch's (ResNet-20 by 3e-3 with
-// blocked layouts; its first six layers alone match within 4e-6 without
-// them), mobilenet_v2 by far more (batch
-// norm over 1x1 maps?). Open bugs, docs/onnx.md.
-bool gradients_checked(const std::string& m) { return m != "resnet20" && m != "mobilenet_v2"; }
+// ResNet-20's gradients are not compared: one ReLU whose input lies within
+// f32 rounding of 0 (1 element of 25,088 in the last block, where summation
+// orders differ by 1e-5) passes its gradient in one build and not in the
+// other, and that single element moves the block's bias gradient by 2e-3
+// relative (docs/onnx.md). Every other model's gradients are compared with a
+// tolerance of 1e-3, or 10x PyTorch's own f32 error against its f64 result
+// where that is larger (mobilenet_v2: batch norm over 4 values of 1x1 maps
+// makes PyTorch's f32 gradients differ from its f64 ones by up to 1e7).
+bool gradients_checked(const std::string& m) { return m != "resnet20"; }
 
 TEST_P(MatchesPyTorch, LogitsAndGradients) {
   std::string why;
@@ -153,9 +156,10 @@ TEST_P(MatchesPyTorch, LogitsAndGradients) {
   for (std::size_t i = 0; i < bt.params.size(); ++i) {
     ASSERT_TRUE(index.count(bt.params[i])) << "no PyTorch parameter named " << bt.params[i];
     Tensor want = load(fmt::format("{}/grads/{}.pb", dir, index[bt.params[i]]));
+    Tensor exact = load(fmt::format("{}/grads64/{}.pb", dir, index[bt.params[i]]));
     double d = rel_diff(out[i + 1], want);
     worst = std::max(worst, d);
-    EXPECT_LE(d, 1e-3) << "gradient of " << bt.params[i];
+    EXPECT_LE(d, std::max(1e-3, 10 * rel_diff(want, exact))) << "gradient of " << bt.params[i];
   }
   std::printf("%s: %zu gradients, worst rel diff %.2e\n", GetParam().c_str(), bt.params.size(),
               worst);

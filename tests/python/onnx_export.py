@@ -103,6 +103,14 @@ def main():
         names.append(n)
     with open(os.path.join(out, "grads.txt"), "w") as f:
         f.write("\n".join(names) + "\n")
+    # The same step in f64: what f32 results (PyTorch's and Shoal's) are
+    # judged against where their summation orders differ.
+    os.makedirs(os.path.join(out, "grads64"), exist_ok=True)
+    net64 = net.double()
+    net64.zero_grad()
+    nn.functional.cross_entropy(net64(x.double()), labels.long()).backward()
+    for i, (n, p) in enumerate(net64.named_parameters()):
+        save(os.path.join(out, "grads64", f"{i}.pb"), p.grad)
 
 
 if __name__ == "__main__":
