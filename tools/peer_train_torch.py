@@ -45,6 +45,18 @@ def model(name):
         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+def shoal_init(net):
+    """Shoal's init family: Kaiming normal, Xavier uniform classifier, zero bias."""
+    for m in net.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+    last = [m for m in net.modules() if isinstance(m, nn.Linear)][-1]
+    nn.init.xavier_uniform_(last.weight)
+    return net
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="cnn")
@@ -65,14 +77,7 @@ def main():
     xtr = torch.from_numpy((xtr - mean) / std).unsqueeze(1)
     xte = torch.from_numpy((xte - mean) / std).unsqueeze(1)
     ytr, yte = torch.from_numpy(ytr), torch.from_numpy(yte)
-    net = model(a.model)
-    for m in net.modules():  # Shoal's init: Kaiming normal, Xavier uniform classifier, zero bias
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
-            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-    last = [m for m in net.modules() if isinstance(m, nn.Linear)][-1]
-    nn.init.xavier_uniform_(last.weight)
+    net = shoal_init(model(a.model))
     opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=0.9)
     spe = len(ytr) // a.batch
     total = spe * a.epochs

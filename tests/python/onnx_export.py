@@ -2,7 +2,9 @@
 against: an input batch, the eval-mode logits, and one training step's
 loss and gradients (PyTorch autograd), as ONNX TensorProto files.
 
-usage: onnx_export.py MODEL OUTDIR   (MODEL: mlp cnn resnet20 transformer resnet18 mobilenet_v2)
+usage: onnx_export.py MODEL OUTDIR [--init-from FILE.safetensors]
+       (MODEL: mlp cnn resnet20 transformer resnet18 mobilenet_v2; --init-from sets the
+       cnn's weights from a Shoal `--model cnn` parameter file instead of PyTorch's init)
 Random init, no downloads. Run with Debian's /usr/bin/python3.
 """
 import os
@@ -57,6 +59,32 @@ def build(name):
     raise SystemExit(f"unknown model {name}")
 
 
+# Shoal's `--model cnn` parameter names for the PyTorch CNN's (nn.Sequential indices).
+SHOAL_CNN_NAMES = {"0.weight": "block1.conv.weight", "1.weight": "block1.bn.weight",
+                   "1.bias": "block1.bn.bias", "4.weight": "block2.conv.weight",
+                   "5.weight": "block2.bn.weight", "5.bias": "block2.bn.bias",
+                   "9.weight": "fc1.weight", "9.bias": "fc1.bias", "11.weight": "fc2.weight",
+                   "11.bias": "fc2.bias"}
+
+
+def load_shoal_cnn(net, path):
+    """Copies f32 tensors of a safetensors file (read by hand: 8-byte header
+    length, JSON header, data) into the CNN under Shoal's names."""
+    import json
+    import struct
+    import numpy as np
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            h = head[SHOAL_CNN_NAMES[name]]
+            lo, hi = h["data_offsets"]
+            a = np.frombuffer(b[8 + n + lo:8 + n + hi], dtype=np.float32).reshape(h["shape"])
+            assert tuple(a.shape) == tuple(p.shape), (name, a.shape, p.shape)
+            p.copy_(torch.from_numpy(a.copy()))
+
+
 def save(path, t):
     with open(path, "wb") as f:
         f.write(numpy_helper.from_array(t.detach().contiguous().numpy()).SerializeToString())
@@ -67,6 +95,8 @@ def main():
     os.makedirs(os.path.join(out, "grads"), exist_ok=True)
     torch.manual_seed(0)
     net, shape = build(name)
+    if len(sys.argv) > 4 and sys.argv[3] == "--init-from":
+        load_shoal_cnn(net, sys.argv[4])
     g = torch.Generator().manual_seed(1)
     # Non-trivial running statistics, so eval mode is not batch statistics.
     for m in net.modules():

@@ -8,13 +8,16 @@
 #include <filesystem>
 
 #include "cli/run_shoal.h"
+#include "shoal/tensor/safetensors.h"
 #include "shoal/train/trainer.h"
 #include "temp_dir.h"
 
 namespace shoal::train {
 namespace {
 
-double train_full(const std::string& model, int epochs) {
+// Trains `model` with the CNN/MLP recipe; writes its initial parameters to
+// `initial` (safetensors) when given.
+double train_full(const std::string& model, int epochs, const std::string& initial = "") {
   TrainOptions o;
   o.model = model;
   o.optimizer = "momentum";
@@ -32,6 +35,11 @@ double train_full(const std::string& model, int epochs) {
   auto t = Trainer::create(o);
   EXPECT_TRUE(t.ok()) << t.status().to_string();
   if (!t.ok()) return 0;
+  if (!initial.empty()) {
+    std::vector<std::pair<std::string, Tensor>> w((*t)->params().begin(), (*t)->params().end());
+    Status ws = write_safetensors(initial, w);
+    EXPECT_TRUE(ws.ok()) << ws.to_string();
+  }
   Status st = (*t)->run();
   EXPECT_TRUE(st.ok()) << st.to_string();
   std::filesystem::remove_all(o.out);
@@ -43,15 +51,20 @@ double train_full(const std::string& model, int epochs) {
 }
 
 TEST(Accuracy, MlpReaches88PercentIn5Epochs) { EXPECT_GE(train_full("mlp", 5), 0.88); }
+
 // The built-in CNN, then the same layers written in PyTorch
-// (tools/peer_train_torch.py), exported by torch 1.13 and trained from its
-// ONNX file with the same recipe: PyTorch's initialization, Shoal's training.
+// (tools/peer_train_torch.py), given the built-in's initial weights,
+// exported by torch 1.13 and trained from its ONNX file with the same recipe
+// (same seed: same batches). Differences left are the kernels' rounding.
+// With independent initial weights the gap was init noise: 92.32% (PyTorch's
+// default init) and 90.78% (Shoal's init family, other draws) against 91.45%.
 TEST(Accuracy, CnnReaches91PercentIn4EpochsAndItsOnnxExportMatches) {
-  const double built_in = train_full("cnn", 4);
-  EXPECT_GE(built_in, 0.91);
   const std::string dir = shoal::testing::scratch_dir("acc_onnx");
+  const double built_in = train_full("cnn", 4, dir + "/initial.safetensors");
+  EXPECT_GE(built_in, 0.91);
   auto r = shoal::testing::run_sh(
-      fmt::format("/usr/bin/python3 {}/tests/python/onnx_export.py cnn {}", SHOAL_SOURCE_DIR, dir));
+      fmt::format("/usr/bin/python3 {}/tests/python/onnx_export.py cnn {} --init-from {}",
+                  SHOAL_SOURCE_DIR, dir, dir + "/initial.safetensors"));
   if (r.code != 0) GTEST_SKIP() << "cannot export with Debian's python3-torch/onnx: " << r.out;
   const double exported = train_full(dir + "/model.onnx", 4);
   EXPECT_NEAR(exported, built_in, 0.005) << "exported CNN vs --model cnn";

@@ -12,45 +12,14 @@
 #include <unordered_map>
 
 #include "runtime/cpu/kernels_internal.h"
+#include "runtime/cpu/onednn_internal.h"
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
 
 namespace shoal::runtime::cpu {
 namespace {
 
-using dnnl::memory;
-using dt = memory::data_type;
-using tag = memory::format_tag;
-
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-dnnl::stream& stream() {
-  static dnnl::stream s(engine());
-  return s;
-}
-
-// Execution arguments as the C API takes them, built once per kernel: the
-// C++ execute() converts its map to a fresh vector on every call.
-class ExecArgs {
- public:
-  ExecArgs() = default;
-  ExecArgs(std::initializer_list<std::pair<int, const memory*>> args) {
-    for (const auto& [k, m] : args) add(k, *m);
-  }
-  void add(int k, const memory& m) { v_.push_back(dnnl_exec_arg_t{k, m.get()}); }
-  void execute(const dnnl::primitive& p) const {
-    dnnl_status_t st =
-        dnnl_primitive_execute(p.get(), stream().get(), static_cast<int>(v_.size()), v_.data());
-    if (st != dnnl_success) throw dnnl::error(st, "dnnl_primitive_execute");
-  }
-
- private:
-  std::vector<dnnl_exec_arg_t> v_;
-};
-
-memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
+using namespace dnnl_detail;  // NOLINT: this file's own shared pieces
 
 // An operand in the primitive's preferred layout. When it differs from the
 // plain layout a scratch buffer and a reorder are kept.
@@ -85,30 +54,6 @@ struct Operand {
   void post() {
     if (to_user) reorder_args.execute(*to_user);
   }
-};
-
-class DnnlKernel : public Kernel {
- public:
-  const char* impl() const override { return "onednn"; }
-
- protected:
-  void init_scratch(const dnnl::primitive_desc_base& pd) {
-    auto md = pd.scratchpad_desc();
-    scratch_buf_ = Storage::allocate(md.get_size());
-    scratch_ = memory(md, engine(), scratch_buf_->data());
-  }
-  static dnnl::primitive_attr attr(bool relu) {
-    dnnl::primitive_attr a;
-    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (relu) {
-      dnnl::post_ops po;
-      po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-      a.set_post_ops(po);
-    }
-    return a;
-  }
-  std::shared_ptr<Storage> scratch_buf_;
-  memory scratch_;
 };
 
 // y = op(A) op(B) (+ bias) (relu), batched when both share one batch shape.
@@ -312,6 +257,7 @@ std::unique_ptr<Kernel> make_conv(int mode, const Node& n, const Shape& x, const
     auto v = env::get_int("SHOAL_WINOGRAD_MIN", 4);
     return v.ok() ? *v : 4;
   }();
+  if (auto k = make_point_conv(mode, n, x, w, y, bias, relu)) return k;
   if (!direct_only && w[2] == 3 && w[3] == 3 && y[2] >= min_map && y[3] >= min_map) {
     try {
       return std::make_unique<ConvKernel>(mode, n, x, w, y, bias, relu,

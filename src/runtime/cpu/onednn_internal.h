@@ -1,0 +1,79 @@
+// Pieces the oneDNN kernels share (onednn.cc, conv_point.cc): the engine
+// and stream, argument lists built once, and the kernel base with a user
+// scratchpad and the ReLU post-op.
+#pragma once
+
+#include <dnnl.hpp>
+#include <memory>
+#include <vector>
+
+#include "runtime/cpu/kernels_internal.h"
+
+namespace shoal::runtime::cpu::dnnl_detail {
+
+using dnnl::memory;
+using dt = memory::data_type;
+using tag = memory::format_tag;
+
+inline dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+inline dnnl::stream& stream() {
+  static dnnl::stream s(engine());
+  return s;
+}
+
+// Execution arguments as the C API takes them, built once per kernel: the
+// C++ execute() converts its map to a fresh vector on every call.
+class ExecArgs {
+ public:
+  ExecArgs() = default;
+  ExecArgs(std::initializer_list<std::pair<int, const memory*>> args) {
+    for (const auto& [k, m] : args) add(k, *m);
+  }
+  void add(int k, const memory& m) { v_.push_back(dnnl_exec_arg_t{k, m.get()}); }
+  void execute(const dnnl::primitive& p) const {
+    dnnl_status_t st =
+        dnnl_primitive_execute(p.get(), stream().get(), static_cast<int>(v_.size()), v_.data());
+    if (st != dnnl_success) throw dnnl::error(st, "dnnl_primitive_execute");
+  }
+
+ private:
+  std::vector<dnnl_exec_arg_t> v_;
+};
+
+inline memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
+
+class DnnlKernel : public Kernel {
+ public:
+  const char* impl() const override { return "onednn"; }
+
+ protected:
+  void init_scratch(const dnnl::primitive_desc_base& pd) {
+    auto md = pd.scratchpad_desc();
+    scratch_buf_ = Storage::allocate(md.get_size());
+    scratch_ = memory(md, engine(), scratch_buf_->data());
+  }
+  static dnnl::primitive_attr attr(bool relu) {
+    dnnl::primitive_attr a;
+    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (relu) {
+      dnnl::post_ops po;
+      po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+      a.set_post_ops(po);
+    }
+    return a;
+  }
+  std::shared_ptr<Storage> scratch_buf_;
+  memory scratch_;
+};
+
+// A oneDNN kernel for convolutions whose input and output maps are 1x1 (the
+// last stage of a ResNet on small images), as matmuls with the one kernel
+// tap that reads the input; null when the node is not such a convolution.
+// mode and shapes as make_conv's: 0 forward, 1 input gradient, 2 weight gradient.
+std::unique_ptr<Kernel> make_point_conv(int mode, const Node& n, const Shape& x, const Shape& w,
+                                        const Shape& y, bool bias, bool relu);
+
+}  // namespace shoal::runtime::cpu::dnnl_detail
