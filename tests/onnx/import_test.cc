@@ -113,7 +113,7 @@ TEST_P(MatchesPyTorch, LogitsAndGradients) {
   std::string why;
   std::string dir = export_model(GetParam(), &why);
   if (dir.empty()) GTEST_SKIP() << why;
-  auto m = onnx::Model::load(dir + "/model.onnx");
+  auto m = onnx::import(dir + "/model.onnx");
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   Tensor x = load(dir + "/x.pb");
 

@@ -70,6 +70,9 @@ class Model {
 };
 
 // Operator types (default domain) the importer handles.
+// shoal::onnx::import(path): Model::load under the name users look for.
+inline Result<Model> import(const std::string& path) { return Model::load(path); }
+
 std::vector<std::string> supported_ops();
 
 // Reads a serialized TensorProto (the ONNX test suite's input_*.pb and
