@@ -30,6 +30,7 @@ struct DistFlags {
   std::string dist = "auto";  // auto, allreduce, ps
   std::string ps_mode = "sync";
   int staleness = 2;
+  std::string ps_compress = "none";
 };
 struct TrainCommand {
   CLI::App* app = nullptr;
@@ -63,6 +64,7 @@ struct PsServerFlags {
   double lr = 0.01, momentum = 0.9;
   std::string snapshot;
   std::uint64_t snapshot_every = 0;
+  std::string compress = "none";
   std::string metrics;  // JSONL, a line per second ("" = none)
   // Set when the command line gives the optimizer or mode; otherwise the
   // server adopts the first worker's options.

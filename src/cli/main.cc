@@ -141,7 +141,8 @@ int main(int argc, char** argv) {
   if (cli->ps.server->parsed()) {
     auto* sv = cli->ps.server;
     cli->ps.opts->configured = false;
-    for (const char* f : {"--mode", "--staleness", "--optimizer", "--lr", "--momentum"})
+    for (const char* f :
+         {"--mode", "--staleness", "--optimizer", "--lr", "--momentum", "--compress"})
       if (sv->get_option(f)->count() > 0) cli->ps.opts->configured = true;
     return shoal::cli::run_ps_server(*cli->ps.opts);
   }

@@ -53,6 +53,10 @@ PsCommand add_ps_command(CLI::App& app) {
   c.server->add_option("--metrics", f.metrics,
                        "Append a JSON line per second: bytes in/out, answers waiting, pushes, "
                        "updates, rounds, mean round-close time, each worker's lag");
+  c.server
+      ->add_option("--compress", f.compress,
+                   "How workers push and pull: none, f16, bf16, 2bit:THRESHOLD[,f16|bf16]")
+      ->capture_default_str();
   c.server->add_option("--snapshot-every", f.snapshot_every, "Updates between snapshots")
       ->check(CLI::NonNegativeNumber);
   c.sched = std::make_shared<PsSchedulerFlags>();
@@ -138,6 +142,12 @@ int run_ps_server(const PsServerFlags& f) {
   o.shard.optimizer.name = f.optimizer;
   o.shard.optimizer.momentum = f.momentum;
   o.shard.lr = f.lr;
+  auto compression = ps::parse_compression(f.compress);
+  if (!compression.ok()) {
+    SHOAL_LOG_ERROR("shoal ps server: {}", compression.status().message());
+    return 2;
+  }
+  o.shard.compression = *compression;
   o.snapshot = f.snapshot;
   o.snapshot_every = f.snapshot_every;
   auto hb = env::get_double("SHOAL_PS_HEARTBEAT", 30);

@@ -211,6 +211,11 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--staleness", d.staleness, "Parameter server, bounded: steps ahead of the slowest")
       ->check(kNonNegative)
       ->capture_default_str();
+  t->add_option("--ps-compress", d.ps_compress,
+                "Parameter server: how pushes and pulls travel: none, f16, bf16 (both ways), or "
+                "2bit:THRESHOLD[,f16|bf16] (gradients as -t/0/+t with error feedback; pulls f32 or "
+                "the half type given)")
+      ->capture_default_str();
   t->add_option("--config", *c.config, "YAML or JSON file with the same options (flags win)");
   return c;
 }
@@ -226,6 +231,7 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   jo.dp.overlap = *dp::parse_overlap(d.overlap);
   jo.ps_mode = d.ps_mode;
   jo.staleness = d.staleness;
+  jo.ps_compress = d.ps_compress;
   auto job = dist::Job::join(o, jo);
   if (!job.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", job.status().to_string());

@@ -70,7 +70,9 @@ Result<std::unique_ptr<ps::WorkerJob>> join_ps(train::TrainOptions& o, const Joi
   if (!e.role.empty() && e.role != "worker")
     return invalid_argument("--dist ps trains as a worker, but DMLC_ROLE={}", e.role);
   SHOAL_ASSIGN_OR_RETURN(ps::Mode mode, ps::parse_mode(j.ps_mode));
-  SHOAL_ASSIGN_OR_RETURN(auto job, ps::WorkerJob::join(e, ps::shard_options(o, mode, j.staleness)));
+  ps::ShardOptions so = ps::shard_options(o, mode, j.staleness);
+  SHOAL_ASSIGN_OR_RETURN(so.compression, ps::parse_compression(j.ps_compress));
+  SHOAL_ASSIGN_OR_RETURN(auto job, ps::WorkerJob::join(e, so));
   // The job's workers share this host's cores (servers mostly wait).
   if (o.threads == 0) o.threads = std::max(1, runtime::num_cores() / e.num_workers);
   SHOAL_RETURN_IF_ERROR(job->attach(o));

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "ps/residuals.h"
 #include "ps/store_peers.h"
 #include "ps/worker_job.h"
 #include "shoal/core/env.h"
@@ -177,6 +178,18 @@ Status WorkerJob::attach(train::TrainOptions& t) {
     }
     return ok_status();
   };
+  // Two-bit pushes leave residuals on this worker: they go with the
+  // checkpoints, so a resumed job sends what it still owed.
+  if (m.worker->feedback()) {
+    const bool sync = m.mode == Mode::kSync;
+    const int keep = t.keep_checkpoints;
+    t.on_checkpoint = [&m, id, keep](const std::string& dir, std::int64_t step) {
+      return save_residuals(*m.worker->feedback(), dir, id, step, keep);
+    };
+    t.on_resume = [&m, id, sync](const std::string& dir, std::int64_t step) {
+      return load_residuals(*m.worker->feedback(), dir, id, step, sync);
+    };
+  }
   return ok_status();
 }
 

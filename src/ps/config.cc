@@ -27,6 +27,7 @@ Fields fields(const ShardOptions& o) {
       {"eps", num(o.optimizer.eps)},
       {"trust", num(o.optimizer.trust)},
       {"lr", num(o.lr)},
+      {"compress", compression_text(o.compression)},
   };
 }
 
@@ -61,6 +62,8 @@ Result<ShardOptions> parse_config(const std::string& text) {
       SHOAL_ASSIGN_OR_RETURN(o.mode, parse_mode(v));
     } else if (k == "optimizer") {
       o.optimizer.name = v;
+    } else if (k == "compress") {
+      SHOAL_ASSIGN_OR_RETURN(o.compression, parse_compression(v));
     } else {
       SHOAL_ASSIGN_OR_RETURN(double d, number(k, v));
       if (k == "staleness")

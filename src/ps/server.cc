@@ -113,6 +113,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     std::uint64_t min_version;
     bool with_result = false;  // a pushpull: its PushResult goes before the value
     char result = 0;
+    Codec codec = Codec::kF32;  // how the value goes back
   };
 
   std::string refuse(net::FrameServer& s, ConnId c, std::uint64_t seq, const Status& st) {
@@ -129,6 +130,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     if (!shard_)
       return failed_precondition(
           "this server has no options yet: a worker sends them first (config, wire op 'C')");
+    if (r.op == 'P' || r.op == 'X') SHOAL_RETURN_IF_ERROR(check_coding(r));
     switch (r.op) {
       case 'J':
         SHOAL_RETURN_IF_ERROR(shard_->add_worker(r.worker));
@@ -156,7 +158,7 @@ class Server::Handler final : public net::FrameServer::Handler {
       }
       case 'L': {
         SHOAL_RETURN_IF_ERROR(shard_->peek(r.key).status());
-        pulls_.push_back({c, seq, r.key, r.min_version});
+        pulls_.push_back({c, seq, r.key, r.min_version, false, 0, r.reply});
         answer_pulls(s);
         return ok_status();
       }
@@ -168,6 +170,19 @@ class Server::Handler final : public net::FrameServer::Handler {
     s.reply(c, net::FrameType::kPsReply, seq, "");
     publish();
     return ok_status();
+  }
+
+  // A push coded otherwise than the job's compression would change the
+  // math without anyone noticing: refused, naming both.
+  Status check_coding(const Request& r) const {
+    const Compression& want = shard_->options().compression;
+    const Compression got{r.codec, r.op == 'X' ? r.reply : want.pull,
+                          r.codec == Codec::kTwoBit ? r.threshold : want.threshold};
+    if (got.push == want.push && got.pull == want.pull &&
+        (want.push != Codec::kTwoBit || got.threshold == want.threshold))
+      return ok_status();
+    return failed_precondition("worker {} pushed '{}' as {}, the job's compression is {}", r.worker,
+                               r.key, compression_text(got), compression_text(want));
   }
 
   // Push, then answer with the key's value once the update the push
@@ -182,7 +197,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     }
     const bool sync = shard_->options().mode == Mode::kSync;
     pulls_.push_back({c, seq, r.key, sync ? static_cast<std::uint64_t>(r.step) + 1 : 0, true,
-                      static_cast<char>(pr)});
+                      static_cast<char>(pr), r.reply});
     // The snapshot first: an update a worker has heard of is in it, so a
     // server restarted from it loses nothing a worker will not resend.
     if (pr == PushResult::kApplied || pr == PushResult::kClosed)
@@ -207,7 +222,7 @@ class Server::Handler final : public net::FrameServer::Handler {
       if (!v.ok() || v->first < p.min_version) return false;
       std::string body;
       if (p.with_result) body.push_back(p.result);
-      append_pull_reply(body, v->first, *v->second);
+      append_pull_reply(body, v->first, *v->second, p.codec);
       bytes_out_ += body.size();
       s.reply(p.conn, net::FrameType::kPsReply, p.seq, body);
       return true;

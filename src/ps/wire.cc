@@ -20,10 +20,10 @@ void put_tensor_head(std::string& out, const Tensor& t) {
   put<std::uint8_t>(out, static_cast<std::uint8_t>(t.rank()));
   for (int i = 0; i < t.rank(); ++i) put<std::int64_t>(out, t.dim(i));
 }
-void put_tensor(std::string& out, const Tensor& t) {
-  const Tensor c = t.contiguous();
-  put_tensor_head(out, c);
-  out.append(static_cast<const char*>(c.raw_data()), c.nbytes());
+void put_tensor(std::string& out, const Tensor& t, Codec c = Codec::kF32, float threshold = 0) {
+  const Tensor x = t.contiguous();
+  put_tensor_head(out, x);
+  append_coded(out, x.data<float>(), static_cast<std::uint64_t>(x.numel()), c, threshold);
 }
 
 // Reads fields off the front of a message; the first failure is kept.
@@ -71,15 +71,37 @@ class Reader {
       numel *= static_cast<std::uint64_t>(d);
       shape.push_back(d);
     }
-    if (numel * 4 > in_.size() - pos_) {
-      fail(field, fmt::format("{} elements need {} bytes, {} are left", numel, numel * 4,
-                              in_.size() - pos_));
+    // Checked before allocating: a few bytes must not ask for terabytes.
+    if (pos_ >= in_.size() || static_cast<unsigned char>(in_[pos_]) > 3) {
+      fail(field, pos_ >= in_.size()
+                      ? std::string("no codec byte")
+                      : fmt::format("unknown codec {}", static_cast<unsigned char>(in_[pos_])));
+      return {};
+    }
+    const auto c = static_cast<Codec>(in_[pos_]);
+    codec_ = c;
+    if (c == Codec::kTwoBit && in_.size() - pos_ >= 5)
+      std::memcpy(&threshold_, in_.data() + pos_ + 1, 4);
+    const std::uint64_t need = 1 + (c == Codec::kTwoBit ? 4 : 0) + codec_payload_bytes(c, numel);
+    if (need > in_.size() - pos_) {
+      fail(field, fmt::format("{} elements in {} need {} bytes, {} are left", numel, codec_name(c),
+                              need, in_.size() - pos_));
       return {};
     }
     Tensor t = Tensor::empty(shape, DType::kF32);
-    std::memcpy(t.raw_data(), in_.data() + pos_, numel * 4);
-    pos_ += numel * 4;
+    auto used = decode_coded(in_.substr(pos_), numel, t.data<float>());
+    if (!used.ok()) {
+      fail(field, std::string(used.status().message()));
+      return {};
+    }
+    pos_ += *used;
     return t;
+  }
+  Codec codec(const char* field) {
+    const auto c = get<std::uint8_t>(field);
+    if (err_.empty() && c > static_cast<std::uint8_t>(Codec::kBF16))
+      fail(field, fmt::format("codec {} (a reply is f32, f16 or bf16)", c));
+    return static_cast<Codec>(c);
   }
   Status done() {
     if (err_.empty() && pos_ != in_.size())
@@ -87,6 +109,9 @@ class Reader {
     return err_.empty() ? ok_status() : invalid_argument("ps message: {}", err_);
   }
   bool ok() const { return err_.empty(); }
+  // How the last tensor read was coded.
+  Codec last_codec() const { return codec_; }
+  float last_threshold() const { return threshold_; }
 
  private:
   bool take(std::size_t n, const char* field) {
@@ -104,17 +129,22 @@ class Reader {
   std::string_view in_;
   std::size_t pos_ = 0;
   std::string err_;
+  Codec codec_ = Codec::kF32;
+  float threshold_ = 0;
 };
 
 }  // namespace
 
 namespace {
 std::string encode_impl(const Request& r, bool data) {
+  // encode_head stops after the codec byte of an f32 tensor.
   auto tensor = [&](std::string& out, const Tensor& t) {
-    if (data)
-      put_tensor(out, t);
-    else
+    if (data) {
+      put_tensor(out, t, r.codec, r.threshold);
+    } else {
       put_tensor_head(out, t);
+      put<std::uint8_t>(out, static_cast<std::uint8_t>(Codec::kF32));
+    }
   };
   std::string out(1, r.op);
   switch (r.op) {
@@ -137,6 +167,7 @@ std::string encode_impl(const Request& r, bool data) {
     case 'L':
       put_str(out, r.key);
       put<std::uint64_t>(out, r.min_version);
+      put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
       break;
     case 'C':
       put_str(out, r.config);
@@ -147,6 +178,7 @@ std::string encode_impl(const Request& r, bool data) {
       put<std::int64_t>(out, r.step);
       put<std::uint64_t>(out, r.seq);
       put<double>(out, r.lr);
+      put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
       tensor(out, r.value);
       break;
     default:
@@ -184,6 +216,7 @@ Result<Request> decode_request(std::string_view in) {
     case 'L':
       r.key = rd.str("key");
       r.min_version = rd.get<std::uint64_t>("min_version");
+      r.reply = rd.codec("reply");
       break;
     case 'C':
       r.config = rd.str("config");
@@ -194,6 +227,7 @@ Result<Request> decode_request(std::string_view in) {
       r.step = rd.get<std::int64_t>("step");
       r.seq = rd.get<std::uint64_t>("seq");
       r.lr = rd.get<double>("lr");
+      r.reply = rd.codec("reply");
       r.value = rd.tensor("grad");
       if (rd.ok() && !(r.lr >= 0 && r.lr < 1e6))
         return invalid_argument("ps message: field 'lr' is {}, outside [0, 1e6)", r.lr);
@@ -203,19 +237,22 @@ Result<Request> decode_request(std::string_view in) {
         return invalid_argument("ps message: unknown operation 0x{:02x}",
                                 static_cast<unsigned char>(r.op));
   }
+  r.codec = rd.last_codec();
+  r.threshold = rd.last_threshold();
   SHOAL_RETURN_IF_ERROR(rd.done());
   return r;
 }
 
-void append_pull_reply(std::string& out, std::uint64_t version, const Tensor& value) {
-  out.reserve(out.size() + 8 + 1 + 8 * static_cast<std::size_t>(value.rank()) + value.nbytes());
+void append_pull_reply(std::string& out, std::uint64_t version, const Tensor& value, Codec c) {
+  out.reserve(out.size() + 8 + 2 + 8 * static_cast<std::size_t>(value.rank()) +
+              codec_payload_bytes(c, static_cast<std::uint64_t>(value.numel())));
   put<std::uint64_t>(out, version);
-  put_tensor(out, value);
+  put_tensor(out, value, c);
 }
 
-std::string encode_pull_reply(std::uint64_t version, const Tensor& value) {
+std::string encode_pull_reply(std::uint64_t version, const Tensor& value, Codec c) {
   std::string out;
-  append_pull_reply(out, version, value);
+  append_pull_reply(out, version, value, c);
   return out;
 }
 

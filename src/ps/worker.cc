@@ -19,7 +19,10 @@ Result<std::unique_ptr<Worker>> Worker::connect(const std::vector<std::string>& 
   w->worker_ = worker;
   w->token_ = token;
   w->addrs_ = servers;
-  if (config) w->config_ = *config;
+  if (config) {
+    w->config_ = *config;
+    w->set_compression(config->compression);
+  }
   for (const auto& addr : servers) {
     SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(addr, "ps server"));
     SHOAL_ASSIGN_OR_RETURN(net::Socket s,
@@ -88,6 +91,7 @@ Result<std::string> Worker::call(net::Socket& s, const std::string& payload, Dea
 }
 
 Status Worker::configure(const ShardOptions& o, Deadline dl) {
+  set_compression(o.compression);
   Request r;
   r.op = 'C';
   r.config = config_text(o);
@@ -111,7 +115,7 @@ Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const
   r.key = key;
   r.step = step;
   r.seq = ++seq_;
-  r.value = grad;
+  SHOAL_RETURN_IF_ERROR(code_push(r, grad));
   const std::string msg = encode(r);
   for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
     SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(server_of(key), msg, dl));
@@ -134,6 +138,7 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
   r.op = 'L';
   r.key = key;
   r.min_version = min_version;
+  r.reply = compression_.pull;
   SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(server_of(key), encode(r), dl));
   return decode_pull_reply(rep);
 }
@@ -141,18 +146,22 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
 Result<Worker::Pulled> Worker::exchange(std::size_t i, const Request& r, Deadline dl,
                                         Tensor* into) {
   net::Socket& s = servers_[i];
-  const std::string head = encode_head(r);
-  const Tensor grad = r.value.contiguous();
+  // An f32 gradient is sent from its own memory; a coded one is encoded.
+  const bool raw = r.codec == Codec::kF32;
+  const std::string head = raw ? encode_head(r) : encode(r);
+  const Tensor grad = raw ? r.value.contiguous() : Tensor();
+  const std::size_t data_bytes = raw ? grad.nbytes() : 0;
   net::FrameHeader h;
   h.type = static_cast<std::uint16_t>(net::FrameType::kPsRequest);
-  h.length = head.size() + grad.nbytes();
+  h.length = head.size() + data_bytes;
   h.seq = ++frame_;
   std::uint8_t hb[net::kHeaderBytes];
   net::encode_header(h, hb);
   SHOAL_RETURN_IF_ERROR(s.send_all(hb, sizeof hb, dl).with_context(s.peer()));
   SHOAL_RETURN_IF_ERROR(s.send_all(head.data(), head.size(), dl).with_context(s.peer()));
-  SHOAL_RETURN_IF_ERROR(s.send_all(grad.raw_data(), grad.nbytes(), dl).with_context(s.peer()));
-  // The reply: result, then (unless kWait) version, rank, dims, f32 data.
+  if (raw)
+    SHOAL_RETURN_IF_ERROR(s.send_all(grad.raw_data(), data_bytes, dl).with_context(s.peer()));
+  // The reply: result, then (unless kWait) version, rank, dims, coded data.
   SHOAL_ASSIGN_OR_RETURN(net::FrameHeader rh, s.recv_header(std::uint64_t{1} << 34, dl));
   if (rh.type == static_cast<std::uint16_t>(net::FrameType::kStoreError) ||
       rh.type != static_cast<std::uint16_t>(net::FrameType::kPsReply) || rh.length < 1) {
@@ -165,6 +174,8 @@ Result<Worker::Pulled> Worker::exchange(std::size_t i, const Request& r, Deadlin
   }
   std::uint8_t fixed[10];  // result, version, rank
   const std::size_t n_fixed = rh.length == 1 ? 1 : 10;
+  if (n_fixed == 10 && rh.length < 10)
+    return invalid_argument("{}: a pushpull reply of {} bytes", s.peer(), rh.length);
   SHOAL_RETURN_IF_ERROR(s.recv_all(fixed, n_fixed, dl).with_context(s.peer()));
   const auto pr = static_cast<PushResult>(fixed[0]);
   if (n_fixed == 1) {
@@ -175,10 +186,18 @@ Result<Worker::Pulled> Worker::exchange(std::size_t i, const Request& r, Deadlin
   }
   std::uint64_t version;
   std::memcpy(&version, fixed + 1, 8);
-  const int rank = fixed[9];
+  SHOAL_ASSIGN_OR_RETURN(Tensor value, recv_value(s, rh.length - 10, fixed[9], dl, into));
+  return Pulled{pr, version, std::move(value)};
+}
+
+Result<Tensor> Worker::recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,
+                                  Tensor* into) {
   if (rank > 8) return invalid_argument("{}: a pushpull reply of rank {}", s.peer(), rank);
   std::int64_t dims[8];
-  SHOAL_RETURN_IF_ERROR(s.recv_all(dims, 8 * static_cast<std::size_t>(rank), dl));
+  const std::uint64_t dim_bytes = 8 * static_cast<std::uint64_t>(rank);
+  if (length < dim_bytes + 1)
+    return invalid_argument("{}: a pushpull reply of rank {} in {} bytes", s.peer(), rank, length);
+  SHOAL_RETURN_IF_ERROR(s.recv_all(dims, dim_bytes, dl));
   Shape shape(dims, dims + rank);
   std::uint64_t numel = 1;
   for (std::int64_t d : shape) {
@@ -186,15 +205,45 @@ Result<Worker::Pulled> Worker::exchange(std::size_t i, const Request& r, Deadlin
       return invalid_argument("{}: a pushpull reply of shape {}", s.peer(), shape_str(shape));
     numel *= static_cast<std::uint64_t>(d);
   }
-  if (rh.length != 10 + 8 * static_cast<std::uint64_t>(rank) + 4 * numel)
-    return invalid_argument("{}: a pushpull reply of {} bytes for shape {}", s.peer(), rh.length,
-                            shape_str(shape));
+  std::uint8_t codec;
+  SHOAL_RETURN_IF_ERROR(s.recv_all(&codec, 1, dl));
+  const auto c = static_cast<Codec>(codec);
+  if (c != Codec::kF32 && c != Codec::kF16 && c != Codec::kBF16)
+    return invalid_argument("{}: a pushpull reply coded {}", s.peer(), codec);
+  if (length != dim_bytes + 1 + codec_payload_bytes(c, numel))
+    return invalid_argument("{}: a pushpull reply of {} bytes for shape {} in {}", s.peer(),
+                            length + 10, shape_str(shape), codec_name(c));
   Tensor value =
       into && into->dtype() == DType::kF32 && into->shape() == shape && into->is_contiguous()
           ? *into
           : Tensor::empty(shape, DType::kF32);
-  SHOAL_RETURN_IF_ERROR(s.recv_all(value.raw_data(), 4 * numel, dl).with_context(s.peer()));
-  return Pulled{pr, version, std::move(value)};
+  if (c == Codec::kF32) {
+    SHOAL_RETURN_IF_ERROR(s.recv_all(value.raw_data(), 4 * numel, dl).with_context(s.peer()));
+    return value;
+  }
+  std::string coded(1 + codec_payload_bytes(c, numel), static_cast<char>(codec));
+  SHOAL_RETURN_IF_ERROR(s.recv_all(coded.data() + 1, coded.size() - 1, dl).with_context(s.peer()));
+  SHOAL_RETURN_IF_ERROR(decode_coded(coded, numel, value.data<float>()).status());
+  return value;
+}
+
+void Worker::set_compression(const Compression& c) {
+  compression_ = c;
+  if (c.push == Codec::kTwoBit && (!feedback_ || feedback_->threshold() != c.threshold))
+    feedback_ = std::make_unique<ErrorFeedback>(c.threshold);
+  if (c.push != Codec::kTwoBit) feedback_.reset();
+}
+
+Status Worker::code_push(Request& r, const Tensor& grad) {
+  r.codec = compression_.push;
+  r.reply = compression_.pull;
+  if (r.codec != Codec::kTwoBit) {
+    r.value = grad;
+    return ok_status();
+  }
+  r.threshold = compression_.threshold;
+  r.value = Tensor::empty(grad.shape(), DType::kF32);
+  return feedback_->quantize(r.key, grad, r.value);
 }
 
 Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t step,
@@ -206,7 +255,7 @@ Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t st
   r.step = step;
   r.seq = ++seq_;
   r.lr = lr;
-  r.value = grad;
+  SHOAL_RETURN_IF_ERROR(code_push(r, grad));
   const std::size_t i = server_of(key);
   for (int wait_ms = 1, lost = 0;;) {
     auto p = exchange(i, r, dl, into);

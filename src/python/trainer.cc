@@ -67,6 +67,7 @@ const std::vector<std::pair<const char*, Field>>& fields() {
       {"dist", &dist::JoinOptions::dist},
       {"ps_mode", &dist::JoinOptions::ps_mode},
       {"staleness", &dist::JoinOptions::staleness},
+      {"ps_compress", &dist::JoinOptions::ps_compress},
       {"bucket_mb", &dp::DpOptions::bucket_mb},
       {"first_bucket_mb", &dp::DpOptions::first_bucket_mb},
       {"wire", &Options::wire},

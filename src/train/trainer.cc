@@ -283,6 +283,7 @@ Status Trainer::init(const TrainOptions& o) {
   if (o.resume && o.rank == 0) SHOAL_RETURN_IF_ERROR(resume_latest());
   if (o.peers) SHOAL_RETURN_IF_ERROR(sync_from_lead().with_context("start-up broadcast"));
   if (o.on_start) SHOAL_RETURN_IF_ERROR(o.on_start(params_));
+  if (o.resume && o.on_resume) SHOAL_RETURN_IF_ERROR(o.on_resume(checkpoint_dir().dir(), step_));
   return ok_status();
 }
 

@@ -39,6 +39,7 @@ CheckpointDir Trainer::checkpoint_dir() const {
 Status Trainer::checkpoint() {
   if (!o_.checkpoints) return ok_status();
   SHOAL_RETURN_IF_ERROR(sync_buffers());
+  if (o_.on_checkpoint) SHOAL_RETURN_IF_ERROR(o_.on_checkpoint(checkpoint_dir().dir(), step_));
   if (o_.rank != 0) return ok_status();
   CheckpointState s;
   for (auto& [n, t] : params_) s.tensors["param/" + n] = t;

@@ -28,7 +28,8 @@ struct JoinOptions {
   std::string dist = "auto";  // allreduce, ps, or auto (ps when DMLC_ROLE is set)
   dp::DpOptions dp;           // --dist allreduce
   std::string ps_mode = "sync";
-  int staleness = 2;  // --ps-mode bounded
+  int staleness = 2;                 // --ps-mode bounded
+  std::string ps_compress = "none";  // ps/codec.h parse_compression
 };
 
 class Job {

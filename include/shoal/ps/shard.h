@@ -28,6 +28,7 @@
 #include <string>
 
 #include "shoal/core/status.h"
+#include "shoal/ps/codec.h"
 #include "shoal/tensor/tensor.h"
 #include "shoal/train/optim.h"
 
@@ -42,6 +43,8 @@ struct ShardOptions {
   int staleness = 2;  // kBounded: steps a worker may run ahead of the slowest
   train::OptimizerOptions optimizer;
   double lr = 0.01;
+  // How workers' pushes and pulls travel; the servers keep f32 values.
+  Compression compression;
 };
 
 // The options as one line of text ("mode=sync staleness=2 optimizer=sgd

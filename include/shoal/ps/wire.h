@@ -9,13 +9,15 @@
 //     'H' heartbeat worker:i32   (from a worker's heartbeat thread)
 //     'I' init   key:str value:tensor
 //     'P' push   worker:i32 key:str step:i64 seq:u64 grad:tensor
-//     'L' pull   key:str min_version:u64   (answered once version >= min)
+//     'L' pull   key:str min_version:u64 reply:u8 (answered once version >= min)
 //     'C' config text:str   (the worker's ShardOptions, config_text())
-//     'X' pushpull worker:i32 key:str step:i64 seq:u64 lr:f64 grad:tensor
+//     'X' pushpull worker:i32 key:str step:i64 seq:u64 lr:f64 reply:u8 grad:tensor
 //   push reply = result:u8 (PushResult); pull reply = version:u64 value:tensor
 //   pushpull reply = result:u8, then (unless kWait) a pull reply, sent once
 //   the update the push belongs to is applied (sync: its round closed)
-//   str = n:u32 bytes; tensor = ndim:u8 (<= 8) dims:i64[ndim] f32 data
+//   str = n:u32 bytes; tensor = ndim:u8 (<= 8) dims:i64[ndim] then its data
+//   coded (ps/codec.h: codec:u8, 2bit threshold:f32, payload); reply = the
+//   codec the value comes back in (f32, f16 or bf16)
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@
 #include <string_view>
 
 #include "shoal/core/status.h"
+#include "shoal/ps/codec.h"
 #include "shoal/tensor/tensor.h"
 
 namespace shoal::ps {
@@ -35,21 +38,25 @@ struct Request {
   std::string key;
   std::int64_t step = 0;
   std::uint64_t seq = 0, min_version = 0;
-  double lr = 0;       // pushpull: this step's learning rate (0 = the server's)
-  std::string config;  // config
-  Tensor value;        // init: the value; push: the gradient
+  double lr = 0;              // pushpull: this step's learning rate (0 = the server's)
+  std::string config;         // config
+  Tensor value;               // init: the value; push: the gradient
+  Codec codec = Codec::kF32;  // how `value` travels
+  float threshold = 0;        // kTwoBit
+  Codec reply = Codec::kF32;  // pull, pushpull: how the value comes back
 };
 
 std::string encode(const Request& r);
 // The same without the tensor's data (init, push, pushpull: the tensor is
-// last): encode(r) == encode_head(r) + the data, so a sender can write the
-// data from the tensor's own memory.
+// last): for an f32 tensor, encode(r) == encode_head(r) + its bytes, so a
+// sender can write the data from the tensor's own memory.
 std::string encode_head(const Request& r);
 Result<Request> decode_request(std::string_view in);
 
-std::string encode_pull_reply(std::uint64_t version, const Tensor& value);
+std::string encode_pull_reply(std::uint64_t version, const Tensor& value, Codec c = Codec::kF32);
 // The same appended to `out` (one copy of the value, no temporary).
-void append_pull_reply(std::string& out, std::uint64_t version, const Tensor& value);
+void append_pull_reply(std::string& out, std::uint64_t version, const Tensor& value,
+                       Codec c = Codec::kF32);
 Result<std::pair<std::uint64_t, Tensor>> decode_pull_reply(std::string_view in);
 
 }  // namespace shoal::ps

@@ -12,6 +12,7 @@
 
 #include "shoal/core/deadline.h"
 #include "shoal/net/socket.h"
+#include "shoal/ps/codec.h"
 #include "shoal/ps/shard.h"
 
 namespace shoal::ps {
@@ -54,6 +55,12 @@ class Worker {
   // (Pulled::value then shares its storage).
   Result<Pulled> push_pull(const std::string& key, std::int64_t step, const Tensor& grad, double lr,
                            Deadline dl, Tensor* into = nullptr);
+  // How pushes and pulls travel (default f32 both ways). With two-bit
+  // pushes the worker keeps each key's residual (error feedback).
+  void set_compression(const Compression& c);
+  const Compression& compression() const { return compression_; }
+  ErrorFeedback* feedback() { return feedback_.get(); }  // null unless 2bit
+
   // Leaves every server: sync rounds stop waiting for this worker.
   Status leave();
 
@@ -75,11 +82,18 @@ class Worker {
   Status reconnect(std::size_t i, Deadline dl);
   // One push-pull exchange on server i without copies of the tensors.
   Result<Pulled> exchange(std::size_t i, const Request& r, Deadline dl, Tensor* into);
+  // The rest of a pushpull reply after its fixed part: dims, codec, data.
+  Result<Tensor> recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,
+                            Tensor* into);
+  // Fills r's value and codecs from `grad` under the job's compression.
+  Status code_push(Request& r, const Tensor& grad);
   std::vector<net::Socket> servers_;
   std::vector<std::string> addrs_;
   std::string token_;
   std::optional<ShardOptions> config_;
   Resolver resolve_;
+  Compression compression_;
+  std::unique_ptr<ErrorFeedback> feedback_;
   int worker_ = -1;
   std::uint64_t seq_ = 0, frame_ = 0;
   bool left_ = false;

@@ -99,6 +99,12 @@ struct TrainOptions {
   // broadcast), with the parameters: ps::attach initializes the servers'
   // keys and pulls their current values into them.
   std::function<Status(std::map<std::string, Tensor>&)> on_start;
+  // State a pass keeps outside the graph (ps: each worker's 2-bit
+  // residuals), saved and restored with the checkpoints: on_checkpoint runs
+  // on every rank at each checkpoint, on_resume once at start-up after a
+  // resume, with the checkpoints' directory and the step.
+  std::function<Status(const std::string& dir, std::int64_t step)> on_checkpoint;
+  std::function<Status(const std::string& dir, std::int64_t step)> on_resume;
   // Prepare training batches ahead on a worker thread. dp::attach turns it off
   // when no core is free: the worker would run only by preempting a rank.
   bool prefetch = true;
