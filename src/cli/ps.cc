@@ -148,6 +148,12 @@ int run_ps_server(const PsServerFlags& f) {
     return 2;
   }
   o.shard.compression = *compression;
+  auto bound = ps::slice_bound_env();
+  if (!bound.ok()) {
+    SHOAL_LOG_ERROR("shoal ps server: {}", bound.status().message());
+    return 2;
+  }
+  o.shard.slice_bound = *bound;
   o.snapshot = f.snapshot;
   o.snapshot_every = f.snapshot_every;
   auto hb = env::get_double("SHOAL_PS_HEARTBEAT", 30);

@@ -78,7 +78,15 @@ Result<JobEnv> job_env() {
   SHOAL_ASSIGN_OR_RETURN(e.heartbeat_s, env::get_double("SHOAL_PS_HEARTBEAT", 30));
   if (e.heartbeat_s < 0)
     return invalid_argument("SHOAL_PS_HEARTBEAT={} must be >= 0 (0 = off)", e.heartbeat_s);
+  SHOAL_ASSIGN_OR_RETURN(e.slice_bound, slice_bound_env());
   return e;
+}
+
+Result<std::int64_t> slice_bound_env() {
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t b, env::get_int("MXNET_KVSTORE_BIGARRAY_BOUND", 1000000));
+  if (b < 0)
+    return invalid_argument("MXNET_KVSTORE_BIGARRAY_BOUND={} must be >= 0 (0 = never slice)", b);
+  return b;
 }
 
 Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardOptions& o) {

@@ -28,6 +28,7 @@ Fields fields(const ShardOptions& o) {
       {"trust", num(o.optimizer.trust)},
       {"lr", num(o.lr)},
       {"compress", compression_text(o.compression)},
+      {"slice_bound", std::to_string(o.slice_bound)},
   };
 }
 
@@ -82,6 +83,8 @@ Result<ShardOptions> parse_config(const std::string& text) {
         o.optimizer.trust = d;
       else if (k == "lr")
         o.lr = d;
+      else if (k == "slice_bound")
+        o.slice_bound = static_cast<std::int64_t>(d);
       else
         return invalid_argument("ps config: unknown field '{}'", k);
     }

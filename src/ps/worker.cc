@@ -99,52 +99,13 @@ Status Worker::configure(const ShardOptions& o, Deadline dl) {
   return ok_status();
 }
 
-Status Worker::init(const std::string& key, const Tensor& value) {
-  Request r;
-  r.op = 'I';
-  r.key = key;
-  r.value = value;
-  return call_server(server_of(key), encode(r), Deadline::after_seconds(60)).status();
-}
-
-Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const Tensor& grad,
-                                Deadline dl) {
-  Request r;
-  r.op = 'P';
-  r.worker = worker_;
-  r.key = key;
-  r.step = step;
-  r.seq = ++seq_;
-  SHOAL_RETURN_IF_ERROR(code_push(r, grad));
-  const std::string msg = encode(r);
-  for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
-    SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(server_of(key), msg, dl));
-    if (rep.size() != 1)
-      return invalid_argument("ps server: push reply of {} bytes, expected 1", rep.size());
-    const auto pr = static_cast<PushResult>(rep[0]);
-    if (pr != PushResult::kWait) return pr;
-    if (dl.expired())
-      return deadline_exceeded(
-          "worker {}: key '{}' step {} still too far ahead of the slowest "
-          "worker at the deadline",
-          worker_, key, step);
-    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
-  }
-}
-
-Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
-                                                      std::uint64_t min_version, Deadline dl) {
-  Request r;
-  r.op = 'L';
-  r.key = key;
-  r.min_version = min_version;
-  r.reply = compression_.pull;
-  SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(server_of(key), encode(r), dl));
-  return decode_pull_reply(rep);
-}
-
 Result<Worker::Pulled> Worker::exchange(std::size_t i, const Request& r, Deadline dl,
                                         Tensor* into) {
+  SHOAL_RETURN_IF_ERROR(send_request(i, r, dl));
+  return recv_reply(i, dl, into);
+}
+
+Status Worker::send_request(std::size_t i, const Request& r, Deadline dl) {
   net::Socket& s = servers_[i];
   // An f32 gradient is sent from its own memory; a coded one is encoded.
   const bool raw = r.codec == Codec::kF32;
@@ -161,6 +122,11 @@ Result<Worker::Pulled> Worker::exchange(std::size_t i, const Request& r, Deadlin
   SHOAL_RETURN_IF_ERROR(s.send_all(head.data(), head.size(), dl).with_context(s.peer()));
   if (raw)
     SHOAL_RETURN_IF_ERROR(s.send_all(grad.raw_data(), data_bytes, dl).with_context(s.peer()));
+  return ok_status();
+}
+
+Result<Worker::Pulled> Worker::recv_reply(std::size_t i, Deadline dl, Tensor* into) {
+  net::Socket& s = servers_[i];
   // The reply: result, then (unless kWait) version, rank, dims, coded data.
   SHOAL_ASSIGN_OR_RETURN(net::FrameHeader rh, s.recv_header(std::uint64_t{1} << 34, dl));
   if (rh.type == static_cast<std::uint16_t>(net::FrameType::kStoreError) ||
@@ -244,37 +210,6 @@ Status Worker::code_push(Request& r, const Tensor& grad) {
   r.threshold = compression_.threshold;
   r.value = Tensor::empty(grad.shape(), DType::kF32);
   return feedback_->quantize(r.key, grad, r.value);
-}
-
-Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t step,
-                                         const Tensor& grad, double lr, Deadline dl, Tensor* into) {
-  Request r;
-  r.op = 'X';
-  r.worker = worker_;
-  r.key = key;
-  r.step = step;
-  r.seq = ++seq_;
-  r.lr = lr;
-  SHOAL_RETURN_IF_ERROR(code_push(r, grad));
-  const std::size_t i = server_of(key);
-  for (int wait_ms = 1, lost = 0;;) {
-    auto p = exchange(i, r, dl, into);
-    if (!p.ok() && p.status().code() == StatusCode::kUnavailable && resolve_ && !dl.expired() &&
-        lost++ < 5) {
-      SHOAL_LOG_WARN("worker {}: lost parameter server {} at {} ({}); waiting for it to restart",
-                     worker_, i, addrs_[i], p.status().message());
-      if (Status st = reconnect(i, dl); !st.ok())
-        return st.with_context(fmt::format("reconnecting to parameter server {}", i));
-      continue;  // the same request, the same sequence number
-    }
-    if (!p.ok() || p->result != PushResult::kWait) return p;
-    if (dl.expired())
-      return deadline_exceeded(
-          "worker {}: key '{}' step {} still too far ahead of the slowest worker at the deadline",
-          worker_, key, step);
-    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
-    wait_ms = std::min(wait_ms * 2, 100);
-  }
 }
 
 Status Worker::leave() {

@@ -56,18 +56,30 @@ double worst_param_diff(const SafetensorsFile& a, const SafetensorsFile& b, int*
 
 TEST(PsTrainCli, SyncWorkersMatchOneProcessOnTheWholeBatch) {
   constexpr int kB = 16, kSteps = 8;
-  for (auto [servers, workers] : {std::pair{1, 2}, std::pair{2, 3}}) {
-    SCOPED_TRACE(fmt::format("{} servers, {} workers", servers, workers));
+  // {servers, workers, slice bound}: with a bound of 1,000 elements the
+  // three weight matrices are sliced over both servers (9 parts per step
+  // instead of 6 keys), which must not change a single weight.
+  struct Layout {
+    int servers, workers, bound, parts;
+  };
+  for (auto [servers, workers, bound, parts] :
+       {Layout{1, 2, 1000000, 6}, Layout{2, 3, 1000000, 6}, Layout{2, 2, 1000, 9}}) {
+    SCOPED_TRACE(fmt::format("{} servers, {} workers, slice bound {}", servers, workers, bound));
     const std::string one = tmpdir(fmt::format("one{}", workers));
-    const std::string many = tmpdir(fmt::format("many{}{}", servers, workers));
+    const std::string many = tmpdir(fmt::format("many{}{}{}", servers, workers, bound));
     auto r1 = run_shoal(fmt::format("train {} --batch {} --max-steps {} --out {}", kMlp,
                                     workers * kB, kSteps, one));
     ASSERT_EQ(r1.code, 0) << r1.out;
-    auto r2 = run_shoal(fmt::format(
-        "run --ps {},{} --timeout 120 --ps-snapshots {}.ps -- {} train --dist ps {} --batch {} "
-        "--max-steps {} --out {}",
-        servers, workers, many, SHOAL_BINARY, kMlp, kB, kSteps, many));
+    auto r2 = run_sh(fmt::format(
+        "MXNET_KVSTORE_BIGARRAY_BOUND={} {} run --ps {},{} --timeout 120 --ps-snapshots {}.ps -- "
+        "{} train --dist ps {} --batch {} --max-steps {} --out {}",
+        bound, SHOAL_BINARY, servers, workers, many, SHOAL_BINARY, kMlp, kB, kSteps, many));
     ASSERT_EQ(r2.code, 0) << r2.out;
+    const auto pushes = numbers_after(r2.out, "ps server: stopped; ");
+    ASSERT_EQ(pushes.size(), static_cast<std::size_t>(servers)) << r2.out;
+    double total = 0;
+    for (double p : pushes) total += p;
+    EXPECT_EQ(total, workers * kSteps * parts) << r2.out;
     // Every worker pushed every parameter once per step, and every round closed.
     EXPECT_NE(
         r2.out.find(fmt::format("every worker has finished; the {} parameter server", servers)),

@@ -40,7 +40,11 @@ struct JobEnv {
   double timeout_s = 300;  // SHOAL_COMM_TIMEOUT: waits for other roles
   // SHOAL_PS_HEARTBEAT: servers drop a worker silent this long (0 = off)
   double heartbeat_s = 30;
+  // MXNET_KVSTORE_BIGARRAY_BOUND: keys of at least this many elements are
+  // sliced over all servers (0 = never)
+  std::int64_t slice_bound = 1000000;
 };
+Result<std::int64_t> slice_bound_env();
 Result<JobEnv> job_env();
 // Connects to the job's scheduler (its store), retrying until the
 // timeout while it is not up yet: roles started by hand start in any order.

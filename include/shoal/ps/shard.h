@@ -45,6 +45,9 @@ struct ShardOptions {
   double lr = 0.01;
   // How workers' pushes and pulls travel; the servers keep f32 values.
   Compression compression;
+  // Keys of at least this many elements are sliced over all servers (0 =
+  // never): MXNET_KVSTORE_BIGARRAY_BOUND, as in MXNet.
+  std::int64_t slice_bound = 1000000;
 };
 
 // The options as one line of text ("mode=sync staleness=2 optimizer=sgd

@@ -1,10 +1,14 @@
 // A worker's connections to the parameter servers: join, init keys, push
 // gradients (each with the next sequence number, so a retry is recognized)
 // and pull values. A key lives on one server, chosen by a stable hash of
-// its name. Not thread-safe: one per thread.
+// its name, unless it has at least the job's slice_bound elements: then it
+// is cut into one flat slice per server (worker_keys.cc). A key's slicing
+// is known from its init, which every worker sends before it pushes or
+// pulls. Not thread-safe: one per thread.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,12 +80,24 @@ class Worker {
  private:
   Worker() = default;
   std::size_t server_of(const std::string& key) const;
+  // Where a key's elements live: one part, or one flat slice per server.
+  struct Part {
+    std::size_t server;
+    std::int64_t begin, end;
+  };
+  std::vector<Part> parts(const std::string& key) const;
   Result<std::string> call(net::Socket& s, const std::string& payload, Deadline dl);
   // call() on server i, reconnecting and resending when it is lost.
   Result<std::string> call_server(std::size_t i, const std::string& payload, Deadline dl);
   Status reconnect(std::size_t i, Deadline dl);
   // One push-pull exchange on server i without copies of the tensors.
   Result<Pulled> exchange(std::size_t i, const Request& r, Deadline dl, Tensor* into);
+  Status send_request(std::size_t i, const Request& r, Deadline dl);
+  Result<Pulled> recv_reply(std::size_t i, Deadline dl, Tensor* into);
+  // Finishes a push-pull whose first answer was `first`: reconnects and
+  // resends when server i was lost, retries while it says kWait.
+  Result<Pulled> settle(std::size_t i, const Request& r, Deadline dl, Tensor* into,
+                        Result<Pulled> first);
   // The rest of a pushpull reply after its fixed part: dims, codec, data.
   Result<Tensor> recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,
                             Tensor* into);
@@ -94,6 +110,7 @@ class Worker {
   Resolver resolve_;
   Compression compression_;
   std::unique_ptr<ErrorFeedback> feedback_;
+  std::map<std::string, Shape> shapes_;  // from init
   int worker_ = -1;
   std::uint64_t seq_ = 0, frame_ = 0;
   bool left_ = false;

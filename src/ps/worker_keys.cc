@@ -1,0 +1,187 @@
+// A worker's per-key operations: init, push, pull and push-pull, over one
+// server or, for arrays of at least the job's slice bound, over all of
+// them. A big array is cut into as many contiguous flat slices as there are
+// servers (slice i on server i, under the key's own name), so its traffic
+// and its update are spread over every server; a push-pull sends every
+// slice before it waits for the first answer. Slicing is exact for the
+// optimizers that update element by element; LARS and LAMB scale a whole
+// tensor by its norm, so their keys are never sliced.
+#include <chrono>
+#include <thread>
+
+#include "shoal/core/logging.h"
+#include "shoal/ps/wire.h"
+#include "shoal/ps/worker.h"
+
+namespace shoal::ps {
+
+std::vector<Worker::Part> Worker::parts(const std::string& key) const {
+  auto it = shapes_.find(key);
+  const std::int64_t n = it == shapes_.end() ? 0 : num_elements(it->second);
+  const auto s = static_cast<std::int64_t>(servers_.size());
+  const std::int64_t bound = config_ ? config_->slice_bound : 0;
+  const bool by_norm =
+      config_ && (config_->optimizer.name == "lars" || config_->optimizer.name == "lamb");
+  if (s == 1 || bound <= 0 || n < bound || n < s || by_norm) return {{server_of(key), 0, n}};
+  std::vector<Part> out;
+  for (std::int64_t i = 0; i < s; ++i)
+    out.push_back({static_cast<std::size_t>(i), n * i / s, n * (i + 1) / s});
+  return out;
+}
+
+namespace {
+
+// The flat slice [b, e) of a contiguous tensor, as a view.
+Tensor flat_slice(const Tensor& t, std::int64_t b, std::int64_t e) {
+  return t.reshape({t.numel()})->slice(0, b, e).value();
+}
+
+}  // namespace
+
+Status Worker::init(const std::string& key, const Tensor& value) {
+  shapes_[key] = value.shape();
+  const Tensor v = value.contiguous();
+  const auto ps = parts(key);
+  for (const Part& p : ps) {
+    Request r;
+    r.op = 'I';
+    r.key = key;
+    r.value = ps.size() == 1 ? v : flat_slice(v, p.begin, p.end);
+    SHOAL_RETURN_IF_ERROR(
+        call_server(p.server, encode(r), Deadline::after_seconds(60))
+            .status()
+            .with_context(fmt::format("init of '{}' on parameter server {}", key, p.server)));
+  }
+  return ok_status();
+}
+
+Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const Tensor& grad,
+                                Deadline dl) {
+  Request r;
+  r.op = 'P';
+  r.worker = worker_;
+  r.key = key;
+  r.step = step;
+  SHOAL_RETURN_IF_ERROR(code_push(r, grad));
+  const Tensor whole = r.value.contiguous();
+  const auto ps = parts(key);
+  PushResult last = PushResult::kApplied;
+  for (const Part& p : ps) {
+    r.seq = ++seq_;
+    r.value = ps.size() == 1 ? whole : flat_slice(whole, p.begin, p.end);
+    const std::string msg = encode(r);
+    for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
+      SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(p.server, msg, dl));
+      if (rep.size() != 1)
+        return invalid_argument("ps server: push reply of {} bytes, expected 1", rep.size());
+      last = static_cast<PushResult>(rep[0]);
+      if (last != PushResult::kWait) break;
+      if (dl.expired())
+        return deadline_exceeded(
+            "worker {}: key '{}' step {} still too far ahead of the slowest worker at the "
+            "deadline",
+            worker_, key, step);
+      std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    }
+  }
+  return last;
+}
+
+Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
+                                                      std::uint64_t min_version, Deadline dl) {
+  Request r;
+  r.op = 'L';
+  r.key = key;
+  r.min_version = min_version;
+  r.reply = compression_.pull;
+  const auto ps = parts(key);
+  if (ps.size() == 1) {
+    SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(ps[0].server, encode(r), dl));
+    return decode_pull_reply(rep);
+  }
+  Tensor out = Tensor::empty(shapes_.at(key), DType::kF32);
+  std::uint64_t version = UINT64_MAX;
+  for (const Part& p : ps) {
+    SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(p.server, encode(r), dl));
+    SHOAL_ASSIGN_OR_RETURN(auto got, decode_pull_reply(rep));
+    Tensor dst = flat_slice(out, p.begin, p.end);
+    if (got.second.shape() != dst.shape())
+      return failed_precondition("key '{}': parameter server {} holds a slice of {}, expected {}",
+                                 key, p.server, shape_str(got.second.shape()),
+                                 shape_str(dst.shape()));
+    SHOAL_RETURN_IF_ERROR(dst.copy_from(got.second));
+    version = std::min(version, got.first);
+  }
+  return std::pair{version, std::move(out)};
+}
+
+Result<Worker::Pulled> Worker::settle(std::size_t i, const Request& r, Deadline dl, Tensor* into,
+                                      Result<Pulled> first) {
+  auto p = std::move(first);
+  for (int wait_ms = 1, lost = 0;;) {
+    if (!p.ok() && p.status().code() == StatusCode::kUnavailable && resolve_ && !dl.expired() &&
+        lost++ < 5) {
+      SHOAL_LOG_WARN("worker {}: lost parameter server {} at {} ({}); waiting for it to restart",
+                     worker_, i, addrs_[i], p.status().message());
+      if (Status st = reconnect(i, dl); !st.ok())
+        return st.with_context(fmt::format("reconnecting to parameter server {}", i));
+      p = exchange(i, r, dl, into);  // the same request, the same sequence number
+      continue;
+    }
+    if (!p.ok() || p->result != PushResult::kWait) return p;
+    if (dl.expired())
+      return deadline_exceeded(
+          "worker {}: key '{}' step {} still too far ahead of the slowest worker at the deadline",
+          worker_, r.key, r.step);
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    wait_ms = std::min(wait_ms * 2, 100);
+    p = exchange(i, r, dl, into);
+  }
+}
+
+Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t step,
+                                         const Tensor& grad, double lr, Deadline dl, Tensor* into) {
+  Request r;
+  r.op = 'X';
+  r.worker = worker_;
+  r.key = key;
+  r.step = step;
+  r.lr = lr;
+  SHOAL_RETURN_IF_ERROR(code_push(r, grad));
+  const auto ps = parts(key);
+  if (ps.size() == 1) {
+    r.seq = ++seq_;
+    return settle(ps[0].server, r, dl, into, exchange(ps[0].server, r, dl, into));
+  }
+  // Every slice goes out before the first answer is awaited: the servers
+  // apply their slices at the same time.
+  const Tensor whole = r.value.contiguous();
+  std::vector<Request> reqs(ps.size(), r);
+  std::vector<Status> sent(ps.size());
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    reqs[k].seq = ++seq_;
+    reqs[k].value = flat_slice(whole, ps[k].begin, ps[k].end);
+    sent[k] = send_request(ps[k].server, reqs[k], dl);
+  }
+  const Shape& shape = shapes_.at(key);
+  Tensor out =
+      into && into->dtype() == DType::kF32 && into->shape() == shape && into->is_contiguous()
+          ? *into
+          : Tensor::empty(shape, DType::kF32);
+  Pulled all{PushResult::kApplied, UINT64_MAX, out};
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    Tensor dst = flat_slice(out, ps[k].begin, ps[k].end);
+    auto first = sent[k].ok() ? recv_reply(ps[k].server, dl, &dst) : Result<Pulled>(sent[k]);
+    SHOAL_ASSIGN_OR_RETURN(Pulled got, settle(ps[k].server, reqs[k], dl, &dst, std::move(first)));
+    if (got.value.shape() != dst.shape())
+      return failed_precondition("key '{}': parameter server {} sent a slice of {}, expected {}",
+                                 key, ps[k].server, shape_str(got.value.shape()),
+                                 shape_str(dst.shape()));
+    if (got.value.raw_data() != dst.raw_data()) SHOAL_RETURN_IF_ERROR(dst.copy_from(got.value));
+    all.result = got.result;
+    all.version = std::min(all.version, got.version);
+  }
+  return all;
+}
+
+}  // namespace shoal::ps
