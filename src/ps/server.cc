@@ -114,6 +114,8 @@ class Server::Handler final : public net::FrameServer::Handler {
     bool with_result = false;  // a pushpull: its PushResult goes before the value
     char result = 0;
     Codec codec = Codec::kF32;  // how the value goes back
+    bool by_rows = false;       // a pullrows: only `rows`
+    std::vector<std::int64_t> rows;
   };
 
   std::string refuse(net::FrameServer& s, ConnId c, std::uint64_t seq, const Status& st) {
@@ -130,7 +132,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     if (!shard_)
       return failed_precondition(
           "this server has no options yet: a worker sends them first (config, wire op 'C')");
-    if (r.op == 'P' || r.op == 'X') SHOAL_RETURN_IF_ERROR(check_coding(r));
+    if (r.op == 'P' || r.op == 'X' || r.op == 'S') SHOAL_RETURN_IF_ERROR(check_coding(r));
     switch (r.op) {
       case 'J':
         SHOAL_RETURN_IF_ERROR(shard_->add_worker(r.worker));
@@ -158,12 +160,30 @@ class Server::Handler final : public net::FrameServer::Handler {
       }
       case 'L': {
         SHOAL_RETURN_IF_ERROR(shard_->peek(r.key).status());
-        pulls_.push_back({c, seq, r.key, r.min_version, false, 0, r.reply});
+        pulls_.push_back({c, seq, r.key, r.min_version, false, 0, r.reply, false, {}});
         answer_pulls(s);
         return ok_status();
       }
       case 'X':
         return push_pull(s, c, seq, r);
+      case 'S': {
+        SHOAL_ASSIGN_OR_RETURN(PushResult pr, shard_->push_rows(r.worker, r.key, r.step, r.seq,
+                                                                r.rows, r.value, r.lr));
+        publish();
+        s.reply(c, net::FrameType::kPsReply, seq, std::string(1, static_cast<char>(pr)));
+        if (pr == PushResult::kApplied || pr == PushResult::kClosed) {
+          answer_pulls(s);
+          SHOAL_RETURN_IF_ERROR(maybe_snapshot());
+        }
+        publish_traffic();
+        return ok_status();
+      }
+      case 'W': {
+        SHOAL_RETURN_IF_ERROR(shard_->pull_rows(r.key, r.rows).status());
+        pulls_.push_back({c, seq, r.key, r.min_version, false, 0, r.reply, true, r.rows});
+        answer_pulls(s);
+        return ok_status();
+      }
       case 'H':
         break;
     }
@@ -176,6 +196,9 @@ class Server::Handler final : public net::FrameServer::Handler {
   // math without anyone noticing: refused, naming both.
   Status check_coding(const Request& r) const {
     const Compression& want = shard_->options().compression;
+    // Row-sparse pushes are never two-bit (residuals are kept for dense
+    // keys): f32 then.
+    if (r.op == 'S' && want.push == Codec::kTwoBit && r.codec == Codec::kF32) return ok_status();
     const Compression got{r.codec, r.op == 'X' ? r.reply : want.pull,
                           r.codec == Codec::kTwoBit ? r.threshold : want.threshold};
     if (got.push == want.push && got.pull == want.pull &&
@@ -196,8 +219,15 @@ class Server::Handler final : public net::FrameServer::Handler {
       return ok_status();
     }
     const bool sync = shard_->options().mode == Mode::kSync;
-    pulls_.push_back({c, seq, r.key, sync ? static_cast<std::uint64_t>(r.step) + 1 : 0, true,
-                      static_cast<char>(pr), r.reply});
+    pulls_.push_back({c,
+                      seq,
+                      r.key,
+                      sync ? static_cast<std::uint64_t>(r.step) + 1 : 0,
+                      true,
+                      static_cast<char>(pr),
+                      r.reply,
+                      false,
+                      {}});
     // The snapshot first: an update a worker has heard of is in it, so a
     // server restarted from it loses nothing a worker will not resend.
     if (pr == PushResult::kApplied || pr == PushResult::kClosed)
@@ -222,7 +252,13 @@ class Server::Handler final : public net::FrameServer::Handler {
       if (!v.ok() || v->first < p.min_version) return false;
       std::string body;
       if (p.with_result) body.push_back(p.result);
-      append_pull_reply(body, v->first, *v->second, p.codec);
+      if (p.by_rows) {
+        auto rows = shard_->pull_rows(p.key, p.rows);
+        if (!rows.ok()) return false;  // checked when the pull came in
+        append_pull_reply(body, rows->first, rows->second, p.codec);
+      } else {
+        append_pull_reply(body, v->first, *v->second, p.codec);
+      }
       bytes_out_ += body.size();
       s.reply(p.conn, net::FrameType::kPsReply, p.seq, body);
       return true;

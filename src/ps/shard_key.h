@@ -26,7 +26,7 @@ struct Shard::Key {
   // Sync: the open round (for step == version): summed gradients, who
   // pushed, and who it waits for (the workers live when it opened).
   Tensor sum;
-  double round_lr = 0;  // the learning rate the round's pushes carried
+  double round_lr = 0;                             // the learning rate the round's pushes carried
   std::chrono::steady_clock::time_point opened{};  // the round's first push
   std::set<int> pushed, waits_for;
 };

@@ -12,6 +12,12 @@ void put(std::string& out, T v) {
   std::memcpy(b, &v, sizeof(T));
   out.append(b, sizeof(T));
 }
+void put_rows(std::string& out, const std::vector<std::int64_t>& rows) {
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(rows.size()));
+  const std::size_t at = out.size();
+  out.resize(at + 8 * rows.size());
+  if (!rows.empty()) std::memcpy(out.data() + at, rows.data(), 8 * rows.size());
+}
 void put_str(std::string& out, const std::string& s) {
   put<std::uint32_t>(out, static_cast<std::uint32_t>(s.size()));
   out += s;
@@ -97,6 +103,18 @@ class Reader {
     pos_ += *used;
     return t;
   }
+  std::vector<std::int64_t> rows(const char* field) {
+    const auto n = get<std::uint32_t>(field);
+    if (!err_.empty()) return {};
+    if (n > (1u << 24)) {
+      fail(field, fmt::format("{} rows, over the limit {}", n, 1u << 24));
+      return {};
+    }
+    if (!take(8 * std::size_t{n}, field)) return {};
+    std::vector<std::int64_t> v(n);
+    if (n) std::memcpy(v.data(), in_.data() + pos_ - 8 * std::size_t{n}, 8 * std::size_t{n});
+    return v;
+  }
   Codec codec(const char* field) {
     const auto c = get<std::uint8_t>(field);
     if (err_.empty() && c > static_cast<std::uint8_t>(Codec::kBF16))
@@ -181,6 +199,21 @@ std::string encode_impl(const Request& r, bool data) {
       put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
       tensor(out, r.value);
       break;
+    case 'S':
+      put<std::int32_t>(out, r.worker);
+      put_str(out, r.key);
+      put<std::int64_t>(out, r.step);
+      put<std::uint64_t>(out, r.seq);
+      put<double>(out, r.lr);
+      put_rows(out, r.rows);
+      tensor(out, r.value);
+      break;
+    case 'W':
+      put_str(out, r.key);
+      put<std::uint64_t>(out, r.min_version);
+      put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
+      put_rows(out, r.rows);
+      break;
     default:
       break;
   }
@@ -231,6 +264,23 @@ Result<Request> decode_request(std::string_view in) {
       r.value = rd.tensor("grad");
       if (rd.ok() && !(r.lr >= 0 && r.lr < 1e6))
         return invalid_argument("ps message: field 'lr' is {}, outside [0, 1e6)", r.lr);
+      break;
+    case 'S':
+      r.worker = rd.get<std::int32_t>("worker");
+      r.key = rd.str("key");
+      r.step = rd.get<std::int64_t>("step");
+      r.seq = rd.get<std::uint64_t>("seq");
+      r.lr = rd.get<double>("lr");
+      r.rows = rd.rows("rows");
+      r.value = rd.tensor("grad");
+      if (rd.ok() && !(r.lr >= 0 && r.lr < 1e6))
+        return invalid_argument("ps message: field 'lr' is {}, outside [0, 1e6)", r.lr);
+      break;
+    case 'W':
+      r.key = rd.str("key");
+      r.min_version = rd.get<std::uint64_t>("min_version");
+      r.reply = rd.codec("reply");
+      r.rows = rd.rows("rows");
       break;
     default:
       if (rd.ok())

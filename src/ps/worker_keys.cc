@@ -1,7 +1,8 @@
 // A worker's per-key operations: init, push, pull and push-pull, over one
 // server or, for arrays of at least the job's slice bound, over all of
-// them. A big array is cut into as many contiguous flat slices as there are
-// servers (slice i on server i, under the key's own name), so its traffic
+// them. A big array is cut along its first dimension into as many blocks of
+// rows as there are servers (block i on server i, under the key's own
+// name; rows so that row-sparse pushes find their server), so its traffic
 // and its update are spread over every server; a push-pull sends every
 // slice before it waits for the first answer. Slicing is exact for the
 // optimizers that update element by element; LARS and LAMB scale a whole
@@ -22,18 +23,20 @@ std::vector<Worker::Part> Worker::parts(const std::string& key) const {
   const std::int64_t bound = config_ ? config_->slice_bound : 0;
   const bool by_norm =
       config_ && (config_->optimizer.name == "lars" || config_->optimizer.name == "lamb");
-  if (s == 1 || bound <= 0 || n < bound || n < s || by_norm) return {{server_of(key), 0, n}};
+  const std::int64_t rows = it == shapes_.end() || it->second.empty() ? 1 : it->second[0];
+  if (s == 1 || bound <= 0 || n < bound || rows < 2 || by_norm) return {{server_of(key), 0, rows}};
   std::vector<Part> out;
   for (std::int64_t i = 0; i < s; ++i)
-    out.push_back({static_cast<std::size_t>(i), n * i / s, n * (i + 1) / s});
+    if (rows * (i + 1) / s > rows * i / s)
+      out.push_back({static_cast<std::size_t>(i), rows * i / s, rows * (i + 1) / s});
   return out;
 }
 
 namespace {
 
-// The flat slice [b, e) of a contiguous tensor, as a view.
-Tensor flat_slice(const Tensor& t, std::int64_t b, std::int64_t e) {
-  return t.reshape({t.numel()})->slice(0, b, e).value();
+// Rows [b, e) of a contiguous tensor, as a (contiguous) view.
+Tensor row_slice(const Tensor& t, std::int64_t b, std::int64_t e) {
+  return t.slice(0, b, e).value();
 }
 
 }  // namespace
@@ -46,7 +49,7 @@ Status Worker::init(const std::string& key, const Tensor& value) {
     Request r;
     r.op = 'I';
     r.key = key;
-    r.value = ps.size() == 1 ? v : flat_slice(v, p.begin, p.end);
+    r.value = ps.size() == 1 ? v : row_slice(v, p.begin, p.end);
     SHOAL_RETURN_IF_ERROR(
         call_server(p.server, encode(r), Deadline::after_seconds(60))
             .status()
@@ -68,7 +71,7 @@ Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const
   PushResult last = PushResult::kApplied;
   for (const Part& p : ps) {
     r.seq = ++seq_;
-    r.value = ps.size() == 1 ? whole : flat_slice(whole, p.begin, p.end);
+    r.value = ps.size() == 1 ? whole : row_slice(whole, p.begin, p.end);
     const std::string msg = encode(r);
     for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
       SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(p.server, msg, dl));
@@ -104,7 +107,7 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
   for (const Part& p : ps) {
     SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(p.server, encode(r), dl));
     SHOAL_ASSIGN_OR_RETURN(auto got, decode_pull_reply(rep));
-    Tensor dst = flat_slice(out, p.begin, p.end);
+    Tensor dst = row_slice(out, p.begin, p.end);
     if (got.second.shape() != dst.shape())
       return failed_precondition("key '{}': parameter server {} holds a slice of {}, expected {}",
                                  key, p.server, shape_str(got.second.shape()),
@@ -160,7 +163,7 @@ Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t st
   std::vector<Status> sent(ps.size());
   for (std::size_t k = 0; k < ps.size(); ++k) {
     reqs[k].seq = ++seq_;
-    reqs[k].value = flat_slice(whole, ps[k].begin, ps[k].end);
+    reqs[k].value = row_slice(whole, ps[k].begin, ps[k].end);
     sent[k] = send_request(ps[k].server, reqs[k], dl);
   }
   const Shape& shape = shapes_.at(key);
@@ -170,7 +173,7 @@ Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t st
           : Tensor::empty(shape, DType::kF32);
   Pulled all{PushResult::kApplied, UINT64_MAX, out};
   for (std::size_t k = 0; k < ps.size(); ++k) {
-    Tensor dst = flat_slice(out, ps[k].begin, ps[k].end);
+    Tensor dst = row_slice(out, ps[k].begin, ps[k].end);
     auto first = sent[k].ok() ? recv_reply(ps[k].server, dl, &dst) : Result<Pulled>(sent[k]);
     SHOAL_ASSIGN_OR_RETURN(Pulled got, settle(ps[k].server, reqs[k], dl, &dst, std::move(first)));
     if (got.value.shape() != dst.shape())

@@ -23,6 +23,39 @@ Request push() {
   return r;
 }
 
+TEST(PsWire, RowSparseRequestsRoundTripAndTheirRowsAreChecked) {
+  Request r;
+  r.op = 'S';
+  r.worker = 2;
+  r.key = "emb";
+  r.step = 5;
+  r.seq = 6;
+  r.lr = 0.5;
+  r.rows = {9, 0, 9};
+  r.value = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {3, 2});
+  const std::string m = encode(r);
+  auto d = decode_request(m);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->rows, r.rows);
+  EXPECT_EQ(d->value.shape(), (Shape{3, 2}));
+  EXPECT_EQ(encode(*d), m);
+  Request w;
+  w.op = 'W';
+  w.key = "emb";
+  w.min_version = 3;
+  w.rows = {4};
+  auto dw = decode_request(encode(w));
+  ASSERT_TRUE(dw.ok()) << dw.status().to_string();
+  EXPECT_EQ(dw->rows, w.rows);
+  EXPECT_EQ(dw->min_version, 3u);
+  // A row count beyond the bytes that follow is refused by field.
+  std::string cut = encode(w);
+  cut.resize(cut.size() - 1);
+  auto e = decode_request(cut);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("'rows'"), std::string::npos) << e.status().message();
+}
+
 TEST(PsWire, RequestsRoundTrip) {
   const std::string m = encode(push());
   auto r = decode_request(m);

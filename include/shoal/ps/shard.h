@@ -26,6 +26,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "shoal/core/status.h"
 #include "shoal/ps/codec.h"
@@ -104,6 +105,19 @@ class Shard {
   // step's learning rate (a schedule on the workers), else the options'.
   Result<PushResult> push(int worker, const std::string& key, std::int64_t step, std::uint64_t seq,
                           const Tensor& grad, double lr = 0);
+
+  // A row-sparse push (embedding tables): `values` holds rows `rows` of
+  // the key's gradient, shape [rows.size(), the key's other dimensions];
+  // every other row is zero, and a row listed twice adds. The rules and the
+  // update are those of push() with that dense gradient, so the result
+  // equals dense training (the update itself is dense: the saving is on
+  // the wire). Errors name the key, the row and the key's row count.
+  Result<PushResult> push_rows(int worker, const std::string& key, std::int64_t step,
+                               std::uint64_t seq, const std::vector<std::int64_t>& rows,
+                               const Tensor& values, double lr = 0);
+  // Rows `rows` of the key's value, and its version.
+  Result<std::pair<std::uint64_t, Tensor>> pull_rows(const std::string& key,
+                                                     const std::vector<std::int64_t>& rows) const;
 
   // The key's value and version (updates applied so far).
   Result<std::pair<std::uint64_t, Tensor>> pull(const std::string& key) const;

@@ -12,7 +12,12 @@
 //     'L' pull   key:str min_version:u64 reply:u8 (answered once version >= min)
 //     'C' config text:str   (the worker's ShardOptions, config_text())
 //     'X' pushpull worker:i32 key:str step:i64 seq:u64 lr:f64 reply:u8 grad:tensor
-//   push reply = result:u8 (PushResult); pull reply = version:u64 value:tensor
+//     'S' pushrows worker:i32 key:str step:i64 seq:u64 lr:f64 rows grad:tensor
+//         (a row-sparse push: grad holds the listed rows of the key's gradient)
+//     'W' pullrows key:str min_version:u64 reply:u8 rows (answered like 'L',
+//         with only the listed rows)
+//   rows = n:u32 (<= 2^24) then i64[n]
+//   push and pushrows reply = result:u8 (PushResult); pull reply = version:u64 value:tensor
 //   pushpull reply = result:u8, then (unless kWait) a pull reply, sent once
 //   the update the push belongs to is applied (sync: its round closed)
 //   str = n:u32 bytes; tensor = ndim:u8 (<= 8) dims:i64[ndim] then its data
@@ -23,6 +28,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shoal/core/status.h"
 #include "shoal/ps/codec.h"
@@ -38,12 +44,13 @@ struct Request {
   std::string key;
   std::int64_t step = 0;
   std::uint64_t seq = 0, min_version = 0;
-  double lr = 0;              // pushpull: this step's learning rate (0 = the server's)
-  std::string config;         // config
-  Tensor value;               // init: the value; push: the gradient
-  Codec codec = Codec::kF32;  // how `value` travels
-  float threshold = 0;        // kTwoBit
-  Codec reply = Codec::kF32;  // pull, pushpull: how the value comes back
+  double lr = 0;                   // pushpull: this step's learning rate (0 = the server's)
+  std::string config;              // config
+  Tensor value;                    // init: the value; push: the gradient
+  Codec codec = Codec::kF32;       // how `value` travels
+  float threshold = 0;             // kTwoBit
+  Codec reply = Codec::kF32;       // pull, pushpull: how the value comes back
+  std::vector<std::int64_t> rows;  // pushrows, pullrows
 };
 
 std::string encode(const Request& r);

@@ -2,7 +2,7 @@
 // gradients (each with the next sequence number, so a retry is recognized)
 // and pull values. A key lives on one server, chosen by a stable hash of
 // its name, unless it has at least the job's slice_bound elements: then it
-// is cut into one flat slice per server (worker_keys.cc). A key's slicing
+// is cut into one block of rows per server (worker_keys.cc). A key's slicing
 // is known from its init, which every worker sends before it pushes or
 // pulls. Not thread-safe: one per thread.
 #pragma once
@@ -65,6 +65,21 @@ class Worker {
   const Compression& compression() const { return compression_; }
   ErrorFeedback* feedback() { return feedback_.get(); }  // null unless 2bit
 
+  // Row-sparse push (embedding tables): `values` holds rows `rows` of the
+  // key's gradient, shape [rows.size(), the key's other dimensions]; the
+  // servers take every other row as zero (a row listed twice adds). A
+  // sliced key gets a push on every server, with the rows it holds (maybe
+  // none: a sync round waits for every worker). f16/bf16 compression
+  // applies; two-bit does not (rows go as f32). After init only.
+  Result<PushResult> push_rows(const std::string& key, std::int64_t step,
+                               const std::vector<std::int64_t>& rows, const Tensor& values,
+                               double lr, Deadline dl);
+  // Rows `rows` of the key's value, in that order, once its version reaches
+  // `min_version`.
+  Result<std::pair<std::uint64_t, Tensor>> pull_rows(const std::string& key,
+                                                     const std::vector<std::int64_t>& rows,
+                                                     std::uint64_t min_version, Deadline dl);
+
   // Leaves every server: sync rounds stop waiting for this worker.
   Status leave();
 
@@ -80,10 +95,11 @@ class Worker {
  private:
   Worker() = default;
   std::size_t server_of(const std::string& key) const;
-  // Where a key's elements live: one part, or one flat slice per server.
+  // Where a key's rows (first dimension) live: one part, or one block of
+  // rows per server.
   struct Part {
     std::size_t server;
-    std::int64_t begin, end;
+    std::int64_t begin, end;  // rows
   };
   std::vector<Part> parts(const std::string& key) const;
   Result<std::string> call(net::Socket& s, const std::string& payload, Deadline dl);

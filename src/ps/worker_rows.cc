@@ -1,0 +1,121 @@
+// A worker's row-sparse push and pull (embedding tables): only the rows a
+// step touched cross the wire, each to the server that holds it.
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "shoal/ps/wire.h"
+#include "shoal/ps/worker.h"
+
+namespace shoal::ps {
+namespace {
+
+// Copies rows `which` (indices into `src`'s first dimension) into a new
+// tensor of shape [which.size(), src's other dimensions].
+Tensor gather_rows(const Tensor& src, const std::vector<std::size_t>& which) {
+  Shape shape = src.shape();
+  shape[0] = static_cast<std::int64_t>(which.size());
+  Tensor out = Tensor::empty(shape, src.dtype());
+  const std::size_t row = src.dim(0) == 0 ? 0 : src.nbytes() / static_cast<std::size_t>(src.dim(0));
+  for (std::size_t i = 0; i < which.size(); ++i)
+    std::memcpy(static_cast<char*>(out.raw_data()) + i * row,
+                static_cast<const char*>(src.raw_data()) + which[i] * row, row);
+  return out;
+}
+
+}  // namespace
+
+Result<PushResult> Worker::push_rows(const std::string& key, std::int64_t step,
+                                     const std::vector<std::int64_t>& rows, const Tensor& values,
+                                     double lr, Deadline dl) {
+  auto shape = shapes_.find(key);
+  if (shape == shapes_.end() || shape->second.empty())
+    return failed_precondition("push_rows of key '{}': {}", key,
+                               shape == shapes_.end() ? "init it first" : "it is a scalar");
+  if (values.rank() == 0 || values.dim(0) != static_cast<std::int64_t>(rows.size()))
+    return invalid_argument("push_rows of key '{}': {} row ids for values of shape {}", key,
+                            rows.size(), shape_str(values.shape()));
+  const Tensor v = values.contiguous();
+  Request r;
+  r.op = 'S';
+  r.worker = worker_;
+  r.key = key;
+  r.step = step;
+  r.lr = lr;
+  r.codec = compression_.push == Codec::kTwoBit ? Codec::kF32 : compression_.push;
+  PushResult last = PushResult::kApplied;
+  for (const Part& p : parts(key)) {
+    std::vector<std::size_t> mine;
+    r.rows.clear();
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      if (rows[i] >= p.begin && rows[i] < p.end) {
+        mine.push_back(i);
+        r.rows.push_back(rows[i] - p.begin);
+      }
+    // Rows outside the key go to the first part, whose server names them.
+    if (p.begin == 0)
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        if (rows[i] < 0 || rows[i] >= shape->second[0]) {
+          mine.push_back(i);
+          r.rows.push_back(rows[i]);
+        }
+    r.value = gather_rows(v, mine);
+    r.seq = ++seq_;
+    const std::string msg = encode(r);
+    for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
+      SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(p.server, msg, dl));
+      if (rep.size() != 1)
+        return invalid_argument("ps server: push reply of {} bytes, expected 1", rep.size());
+      last = static_cast<PushResult>(rep[0]);
+      if (last != PushResult::kWait) break;
+      if (dl.expired())
+        return deadline_exceeded("worker {}: key '{}' step {} still too far ahead at the deadline",
+                                 worker_, key, step);
+      std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    }
+  }
+  return last;
+}
+
+Result<std::pair<std::uint64_t, Tensor>> Worker::pull_rows(const std::string& key,
+                                                           const std::vector<std::int64_t>& rows,
+                                                           std::uint64_t min_version, Deadline dl) {
+  auto shape = shapes_.find(key);
+  if (shape == shapes_.end() || shape->second.empty())
+    return failed_precondition("pull_rows of key '{}': {}", key,
+                               shape == shapes_.end() ? "init it first" : "it is a scalar");
+  Shape out_shape = shape->second;
+  out_shape[0] = static_cast<std::int64_t>(rows.size());
+  Tensor out = Tensor::empty(out_shape, DType::kF32);
+  const std::size_t row = out.numel() == 0 ? 0 : out.nbytes() / rows.size();
+  std::uint64_t version = UINT64_MAX;
+  for (const Part& p : parts(key)) {
+    Request r;
+    r.op = 'W';
+    r.key = key;
+    r.min_version = min_version;
+    r.reply = compression_.pull;
+    std::vector<std::size_t> mine;
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      if ((rows[i] >= p.begin && rows[i] < p.end) ||
+          (p.begin == 0 && (rows[i] < 0 || rows[i] >= shape->second[0]))) {
+        mine.push_back(i);
+        r.rows.push_back(rows[i] >= p.begin && rows[i] < p.end ? rows[i] - p.begin : rows[i]);
+      }
+    if (mine.empty()) continue;
+    SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(p.server, encode(r), dl));
+    SHOAL_ASSIGN_OR_RETURN(auto got, decode_pull_reply(rep));
+    if (got.second.rank() == 0 || got.second.dim(0) != static_cast<std::int64_t>(mine.size()) ||
+        got.second.nbytes() != row * mine.size())
+      return failed_precondition("pull_rows of key '{}': server {} sent {} for {} rows", key,
+                                 p.server, shape_str(got.second.shape()), mine.size());
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      std::memcpy(static_cast<char*>(out.raw_data()) + mine[i] * row,
+                  static_cast<const char*>(got.second.raw_data()) + i * row, row);
+    version = std::min(version, got.first);
+  }
+  if (version == UINT64_MAX) version = 0;
+  return std::pair{version, std::move(out)};
+}
+
+}  // namespace shoal::ps
