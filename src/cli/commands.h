@@ -75,12 +75,21 @@ struct PsSchedulerFlags {
   std::string host = "127.0.0.1";
   int port = -1;  // -1: DMLC_PS_ROOT_PORT
 };
+// `shoal ps join`: more workers for an elastic job (ps_join.cc).
+struct PsJoinFlags {
+  std::string job;  // the job's --ps-snapshots directory
+  int workers = 1;
+};
 struct PsCommand {
   CLI::App* server = nullptr;
   CLI::App* scheduler = nullptr;
+  CLI::App* join = nullptr;
   std::shared_ptr<PsServerFlags> opts;
   std::shared_ptr<PsSchedulerFlags> sched;
+  std::shared_ptr<PsJoinFlags> join_flags;
 };
+CLI::App* add_ps_join_command(CLI::App& ps, PsJoinFlags& f);
+int run_ps_join(const PsJoinFlags& f);
 PsCommand add_ps_command(CLI::App& app);
 int run_ps_server(const PsServerFlags& f);
 int run_ps_scheduler(const PsSchedulerFlags& f);

@@ -22,7 +22,8 @@ struct Cli {
   shoal::cli::OnnxCommand onnx;
   CLI::App* run = nullptr;
   shoal::launch::LaunchOptions launch;
-  std::string ps_roles;  // shoal run --ps S,W
+  std::string ps_roles;    // shoal run --ps S,W
+  std::string ps_elastic;  // shoal run --ps-elastic MIN:MAX
   CLI::App* run_rank = nullptr;
   std::vector<std::string> run_rank_cmd;
   CLI::App* bench = nullptr;
@@ -64,6 +65,10 @@ struct Cli {
     run->add_option("--ps-server-restarts", launch.ps_server_restarts,
                     "Restart a dead parameter server from its snapshot up to K times")
         ->check(CLI::Range(0, 1000));
+    run->add_option("--ps-elastic", ps_elastic,
+                    "An async or bounded PS job whose workers come and go: MIN:MAX, a failed "
+                    "worker is replaced while fewer than MIN train, and `shoal ps join --job "
+                    "<ps dir>` adds workers up to MAX");
     run->add_option("--engine", launch.engine,
                     "local (fork here), mpirun (OpenMPI) or srun (a Slurm job step)")
         ->check(CLI::IsMember({"local", "mpirun", "srun"}))
@@ -138,6 +143,7 @@ int main(int argc, char** argv) {
   if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts, *cli->train.dist);
   if (cli->eval.app->parsed()) return shoal::cli::run_eval(*cli->eval.opts);
   if (cli->ps.scheduler->parsed()) return shoal::cli::run_ps_scheduler(*cli->ps.sched);
+  if (cli->ps.join->parsed()) return shoal::cli::run_ps_join(*cli->ps.join_flags);
   if (cli->ps.server->parsed()) {
     auto* sv = cli->ps.server;
     cli->ps.opts->configured = false;
@@ -157,6 +163,17 @@ int main(int argc, char** argv) {
           comma != ',') {
         fmt::print(stderr, "shoal run: --ps {}: expected SERVERS,WORKERS, e.g. --ps 1,2\n",
                    cli->ps_roles);
+        return 2;
+      }
+      if (!cli->ps_elastic.empty() &&
+          (std::sscanf(cli->ps_elastic.c_str(), "%d%c%d%c", &l.ps_elastic_min, &comma,
+                       &l.ps_elastic_max, &extra) != 3 ||
+           comma != ':' || l.ps_elastic_min < 1 || l.ps_elastic_min > l.ps_workers ||
+           l.ps_elastic_max < l.ps_workers)) {
+        fmt::print(stderr,
+                   "shoal run: --ps-elastic {}: expected MIN:MAX with 1 <= MIN <= {} (the "
+                   "workers of --ps) <= MAX\n",
+                   cli->ps_elastic, l.ps_workers);
         return 2;
       }
     } else if (cli->run->count("-n") == 0) {

@@ -67,6 +67,8 @@ PsCommand add_ps_command(CLI::App& app) {
   c.scheduler->add_option("--host", c.sched->host, "Address to listen on")->capture_default_str();
   c.scheduler->add_option("--port", c.sched->port, "Port (default DMLC_PS_ROOT_PORT)")
       ->check(CLI::Range(0, 65535));
+  c.join_flags = std::make_shared<PsJoinFlags>();
+  c.join = add_ps_join_command(*ps, *c.join_flags);
   return c;
 }
 

@@ -8,8 +8,13 @@
 // A worker that finishes early is fine; one that fails stops the job in
 // sync mode (named), and in async or bounded mode the others go on (the
 // servers drop it from the quorum). A server that dies stops the job.
+// With --ps-elastic MIN:MAX (async or bounded jobs) the launcher replaces a
+// failed worker while fewer than MIN train, and starts more on request
+// (`shoal ps join`: the store counter ps/grow) up to MAX; a new worker takes
+// the next launcher index as its id and starts from the servers' weights.
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +25,7 @@
 
 #include "launch/output.h"
 #include "launch/process.h"
+#include "shoal/core/file.h"
 #include "shoal/launch/launcher.h"
 #include "shoal/net/store.h"
 
@@ -75,11 +81,14 @@ class PsJob {
                      "--snapshot-every", std::to_string(o_.ps_snapshot_every)});
       if (!spawn_unit(argv, e)) return false;
     }
+    worker_env_ = env;
+    worker_env_.push_back({"DMLC_ROLE", "worker"});
     for (int i = 0; i < o_.ps_workers; ++i) {
-      Env e = env;
-      e.insert(e.end(), {{"DMLC_ROLE", "worker"}, {"SHOAL_PS_WORKER_ID", std::to_string(i)}});
+      Env e = worker_env_;
+      e.push_back({"SHOAL_PS_WORKER_ID", std::to_string(i)});
       if (!spawn_unit(o_.cmd, e)) return false;
     }
+    if (o_.ps_elastic_max > 0 && !publish_elastic(env)) return false;
     t0_ = Clock::now();
     return true;
   }
@@ -92,8 +101,8 @@ class PsJob {
       reap();
       check_dropped();
       check_frozen();
-      if (!stopping_ && workers_done() == o_.ps_workers)
-        stop_all("every worker has finished", false);
+      check_elastic();
+      if (!stopping_ && workers_done() == workers()) stop_all("every worker has finished", false);
       if (!stopping_ && o_.timeout_s > 0 &&
           Clock::now() - t0_ > std::chrono::duration<double>(o_.timeout_s))
         stop_all(fmt::format("--timeout {} s passed", o_.timeout_s), true);
@@ -119,6 +128,7 @@ class PsJob {
     return is_server(i) ? fmt::format("server {}", i)
                         : fmt::format("worker {}", static_cast<int>(i) - o_.ps_servers);
   }
+  int workers() const { return static_cast<int>(procs_.size()) - o_.ps_servers; }
   int workers_done() const {
     int n = 0;
     for (std::size_t i = 0; i < procs_.size(); ++i) n += !is_server(i) && procs_[i].exited;
@@ -190,11 +200,15 @@ class PsJob {
       } else if (is_server(i)) {
         fail(i, fmt::format("{} {} while workers were training", label(i), describe(st)));
       } else if (!ok) {
-        const std::string m = mode();
-        if (m == "async" || m == "bounded") {
+        // An elastic job is async or bounded (a sync one is refused once a
+        // worker declares it), also before any worker has said so.
+        std::string m = mode();
+        if (m.empty() && o_.ps_elastic_max > 0) m = "elastic";
+        if (m == "async" || m == "bounded" || m == "elastic") {
           fmt::print(stderr, "shoal run: {} {}; the job is {}: it goes on without it\n", label(i),
                      describe(st), m);
           ++lost_workers_;
+          replace_worker();
         } else {
           fail(i, fmt::format("{} {} (a sync job needs every worker)", label(i), describe(st)));
         }
@@ -254,6 +268,69 @@ class PsJob {
     }
   }
 
+  // --ps-elastic: the job's store says MIN:MAX (what `shoal ps join`
+  // checks), and <ps dir>/job.env holds the store's address and token for
+  // it (readable by this user only).
+  bool publish_elastic(const Env& env) {
+    Status st =
+        client_->set("ps/elastic", fmt::format("{}:{}", o_.ps_elastic_min, o_.ps_elastic_max));
+    std::string text;
+    for (const auto& [k, v] : env)
+      if (k == "SHOAL_STORE" || k == "SHOAL_JOB_TOKEN" || k == "SHOAL_JOB_ID")
+        text += fmt::format("{}={}\n", k, v);
+    const std::string path = snapshots_ + "/job.env";
+    if (st.ok()) st = write_file_atomic(path, text);
+    if (st.ok()) ::chmod(path.c_str(), 0600);
+    if (!st.ok()) return fail_start("cannot publish the elastic job's address", st);
+    return true;
+  }
+  int live_workers() const { return workers() - workers_done(); }
+  // A new worker: the next launcher index as its id; it starts from the
+  // servers' current weights.
+  void add_worker(const std::string& why) {
+    const int k = workers();
+    output_.add_label(fmt::format("worker {}", k));
+    fmt::print(stderr, "shoal run: starting worker {} ({})\n", k, why);
+    Env e = worker_env_;
+    e.push_back({"SHOAL_PS_WORKER_ID", std::to_string(k)});  // unique among this job's
+    if (!spawn_unit(o_.cmd, e)) fail(procs_.size(), "could not start a worker");
+  }
+  void replace_worker() {
+    if (o_.ps_elastic_max == 0 || stopping_) return;
+    if (live_workers() >= o_.ps_elastic_min) return;
+    if (++replacements_ > 10 * o_.ps_elastic_max) {
+      fmt::print(stderr, "shoal run: {} workers replaced; no more replacements\n",
+                 replacements_ - 1);
+      return;
+    }
+    add_worker(fmt::format("a replacement: {} of at least {} training", live_workers(),
+                           o_.ps_elastic_min));
+  }
+  // Requests from `shoal ps join` (ps/grow counts the workers asked for);
+  // an elastic sync job is refused: its quorum is fixed.
+  void check_elastic() {
+    if (o_.ps_elastic_max == 0 || stopping_ || ticks_ % 5 != 2) return;
+    if (mode() == "sync") {
+      fail(procs_.size(),
+           "--ps-elastic needs an async or bounded job (shoal train --ps-mode async|bounded); "
+           "this one is sync, whose rounds need a fixed set of workers");
+      return;
+    }
+    auto g = client_->peek("ps/grow");
+    const long asked = g.ok() && !g->empty() ? std::atol(g->c_str()) : 0;
+    for (; granted_ < asked; ++granted_) {
+      if (live_workers() >= o_.ps_elastic_max) {
+        fmt::print(stderr,
+                   "shoal run: {} more worker(s) asked for, but {} train (--ps-elastic "
+                   "max {})\n",
+                   asked - granted_, live_workers(), o_.ps_elastic_max);
+        granted_ = asked;
+        break;
+      }
+      add_worker("asked for by shoal ps join");
+    }
+  }
+
   // A dead server starts again on its snapshot, under its index; workers
   // wait for its new address, reconnect and resend what was unanswered.
   void restart_server(std::size_t i, int status) {
@@ -297,9 +374,9 @@ class PsJob {
       fmt::print("shoal run: {}; the {} parameter server{} stopped{}\n", why_, o_.ps_servers,
                  o_.ps_servers == 1 ? "" : "s",
                  lost_workers_ ? fmt::format(" ({} of {} workers failed on the way)", lost_workers_,
-                                             o_.ps_workers)
+                                             workers())
                                : "");
-      return lost_workers_ == o_.ps_workers ? 1 : 0;
+      return lost_workers_ == workers() ? 1 : 0;
     }
     fmt::print(stderr, "shoal run: {}; stopped the job.\n", why_);
     if (failed_ >= 0) {
@@ -330,6 +407,9 @@ class PsJob {
   std::string snapshots_;
   std::vector<std::pair<std::vector<std::string>, Env>> specs_;  // per process, to restart
   std::string last_drop_;
+  Env worker_env_;  // a worker's, but for its id
+  long granted_ = 0;
+  int replacements_ = 0;
 };
 
 }  // namespace

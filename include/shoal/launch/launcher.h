@@ -48,6 +48,10 @@ struct LaunchOptions {
   // docs/ps.md for the cost). 0 (default): no snapshots, and a dead server
   // stops the job, named.
   int ps_snapshot_every = 0;
+  // --ps-elastic MIN:MAX (async or bounded jobs): a failed worker is
+  // replaced while fewer than MIN are training, and `shoal ps join` asks
+  // for more, up to MAX. 0:0 = not elastic.
+  int ps_elastic_min = 0, ps_elastic_max = 0;
 };
 Status validate(const LaunchOptions& o);
 

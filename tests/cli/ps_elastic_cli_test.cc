@@ -1,0 +1,86 @@
+// Elastic parameter-server jobs: `shoal run --ps S,W --ps-elastic MIN:MAX`.
+// A worker asked for with `shoal ps join` starts, takes the servers'
+// weights and its pushes count; a failed worker is replaced while fewer
+// than MIN train; requests beyond MAX are refused by count; an elastic sync
+// job is refused by name; `shoal ps join` on a job that is not elastic
+// says so.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cli/cli_results.h"
+#include "cli/run_shoal.h"
+#include "temp_dir.h"
+
+namespace shoal {
+namespace {
+
+using testing::numbers_after;
+using testing::run_shoal;
+
+// Each worker runs `before` (sh), then trains an async MLP for 2 epochs.
+testing::ShoalRun elastic_job(const std::string& dir, const std::string& elastic,
+                              const std::string& before, const std::string& mode = "async") {
+  return run_shoal(fmt::format(
+      "run --ps 1,2 --ps-elastic {2} --timeout 120 --ps-snapshots {0}/ps -- sh -c '{3} exec {1} "
+      "train --dist ps --ps-mode {4} --model mlp --limit-train 4096 --limit-test 256 --threads 1 "
+      "--optimizer sgd --lr 0.05 --batch 32 --epochs 2 --no-plot --quiet --out {0}/run'",
+      dir, SHOAL_BINARY, elastic, before, mode));
+}
+
+std::string join_once(const std::string& dir, int workers) {
+  return fmt::format(
+      "if mkdir {0}/once 2>/dev/null; then {1} ps join --job {0}/ps --workers {2}; "
+      "fi;",
+      dir, SHOAL_BINARY, workers);
+}
+
+TEST(PsElasticCli, AWorkerAskedForByPsJoinStartsAndItsPushesCount) {
+  const std::string dir = testing::scratch_dir("ps_elastic_join");
+  auto r = elastic_job(dir, "1:3", join_once(dir, 1));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("starting worker 2 (asked for by shoal ps join)"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(numbers_after(r.out, "final: test accuracy ").size(), 3u) << r.out;
+  // The servers count pushes from all three workers.
+  EXPECT_NE(r.out.find("worker 2: "), std::string::npos) << r.out;
+  const auto pushes = numbers_after(r.out, "ps server: stopped; ");
+  ASSERT_EQ(pushes.size(), 1u) << r.out;
+  EXPECT_GT(pushes[0], 0);
+}
+
+TEST(PsElasticCli, AFailedWorkerIsReplacedWhileFewerThanMinTrain) {
+  const std::string dir = testing::scratch_dir("ps_elastic_replace");
+  auto r =
+      elastic_job(dir, "2:2", fmt::format("if mkdir {}/victim 2>/dev/null; then exit 3; fi;", dir));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("exited with code 3; the job is "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("starting worker 2 (a replacement: 1 of at least 2 training)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(numbers_after(r.out, "final: test accuracy ").size(), 2u) << r.out;
+}
+
+TEST(PsElasticCli, LimitsAndMisuseAreNamed) {
+  const std::string dir = testing::scratch_dir("ps_elastic_limits");
+  // Asking for 3 more when MAX is 3 and 2 train: one starts, two refused.
+  auto r = elastic_job(dir + "/max", "2:3", join_once(dir + "/max", 3));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("2 more worker(s) asked for, but 3 train (--ps-elastic max 3)"),
+            std::string::npos)
+      << r.out;
+  auto s = elastic_job(dir + "/sync", "2:3", "", "sync");
+  EXPECT_NE(s.code, 0) << s.out;
+  EXPECT_NE(s.out.find("--ps-elastic needs an async or bounded job"), std::string::npos) << s.out;
+  auto bad = run_shoal(fmt::format("run --ps 1,2 --ps-elastic 3:4 -- true"));
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("--ps-elastic 3:4: expected MIN:MAX with 1 <= MIN <= 2"),
+            std::string::npos)
+      << bad.out;
+  auto nojob = run_shoal(fmt::format("ps join --job {}/nowhere", dir));
+  EXPECT_EQ(nojob.code, 2);
+  EXPECT_NE(nojob.out.find("job.env is not there"), std::string::npos) << nojob.out;
+}
+
+}  // namespace
+}  // namespace shoal
