@@ -2,12 +2,14 @@
 // them (tools/install-deps.sh installs all three): torchrun from Debian's
 // python3-torch (default static rendezvous through its agent's store, a
 // restart, --standalone), MPICH's and OpenMPI's own mpirun with no store
-// named, and an MPI library that does not match its launcher.
+// named, an MPI library that does not match its launcher, and a
+// parameter-server job started the ps-lite way under both mpiruns.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <functional>
 #include <string>
 
 #include "cli/run_shoal.h"
@@ -124,6 +126,50 @@ TEST(OpenMpi, BareMpirunTrainsWithoutAStoreNamed) {
   // OpenMPI binds each of 2 ranks to a core: each sees one.
   EXPECT_TRUE(has(r, "2 ranks on this host x 1 threads on 1 cores")) << r.out;
   EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
+}
+
+// A parameter-server job the ps-lite way under an MPI launcher: one program
+// per role (MPMD: scheduler, server, two workers), each told its role by
+// DMLC_ROLE, all finding the scheduler through DMLC_PS_ROOT_URI/PORT.
+// `per_role` gives the launcher's flag that sets a variable for one program.
+Result ps_under(const std::string& mpirun, const std::string& dir,
+                const std::function<std::string(const char*)>& per_role) {
+  const std::string env =
+      "env DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=" + std::to_string(free_port()) +
+      " DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=2 SHOAL_JOB_TOKEN=launcher-test ";
+  const std::string worker = kShoal +
+                             " train --dist ps --model mlp --limit-train 2048 --limit-test 256 "
+                             "--threads 1 --batch 32 --max-steps 20 --no-plot --quiet --out " +
+                             dir + "/run";
+  return run_sh(env + "timeout 120 " + mpirun + " " + per_role("scheduler") + " -n 1 " + kShoal +
+                " ps scheduler : " + per_role("server") + " -n 1 " + kShoal +
+                " ps server : " + per_role("worker") + " -n 2 " + worker);
+}
+
+void expect_ps_job(const Result& r) {
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "ps scheduler: every worker has left; done")) << r.out;
+  // Every push of both workers reached the server: 20 steps x 6 keys.
+  EXPECT_TRUE(has(r, "pushes by worker: worker 0: 120, worker 1: 120")) << r.out;
+  std::size_t finals = 0;
+  for (std::size_t at = 0; (at = r.out.find("final: test accuracy", at)) != std::string::npos; ++at)
+    ++finals;
+  EXPECT_EQ(finals, 2u) << r.out;
+}
+
+TEST(OpenMpi, AParameterServerJobOneProgramPerRole) {
+  if (run_sh("command -v mpirun.openmpi").code != 0)
+    GTEST_SKIP() << "openmpi-bin is not installed (tools/install-deps.sh installs it)";
+  shoal::testing::TempDir dir("ompi_ps");
+  expect_ps_job(ps_under("mpirun.openmpi --allow-run-as-root --oversubscribe", dir.path(),
+                         [](const char* role) { return std::string("-x DMLC_ROLE=") + role; }));
+}
+
+TEST(Mpich, AParameterServerJobOneProgramPerRole) {
+  if (!have_mpich()) GTEST_SKIP() << "mpich is not installed (tools/install-deps.sh installs it)";
+  shoal::testing::TempDir dir("mpich_ps");
+  expect_ps_job(ps_under("mpirun.mpich", dir.path(),
+                         [](const char* role) { return std::string("-env DMLC_ROLE ") + role; }));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Shoal under a real Slurm (munged, slurmctld, four slurmd on this host,
 // started by tools/slurm-cluster.sh for this suite): `shoal run --engine
 // srun`, a bare srun with no store named, an sbatch batch shell, engine
-// arguments, and a cancelled job that must not be restarted.
+// arguments, a cancelled job that must not be restarted, and a
+// parameter-server job with one job step per role.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -164,6 +165,36 @@ TEST_F(Srun, ACancelledJobIsNotRestarted) {
   EXPECT_TRUE(has(r, "CANCELLED AT")) << r.out;
   EXPECT_FALSE(has(r, "restarting all")) << r.out;
   EXPECT_LT(r.seconds, 30.0) << r.out;
+}
+
+// A parameter-server job under Slurm the ps-lite way: one job step per role
+// (scheduler, two servers, two workers), the role in DMLC_ROLE, the
+// scheduler's address in DMLC_PS_ROOT_URI/PORT; servers and workers take
+// their indices from the scheduler.
+TEST_F(Srun, AParameterServerJobOneStepPerRole) {
+  shoal::testing::TempDir dir("srun_ps");
+  const std::string d = dir.path(), b = SHOAL_BINARY;
+  const int port = 20000 + static_cast<int>(getpid() % 20000);
+  Result r = run_sh(
+      "export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=" + std::to_string(port) +
+      " DMLC_NUM_SERVER=2 DMLC_NUM_WORKER=2 SHOAL_JOB_TOKEN=srun-test; "
+      "DMLC_ROLE=scheduler timeout 120 srun -N1 -n1 " +
+      b + " ps scheduler > " + d + "/sched.log 2>&1 & DMLC_ROLE=server timeout 120 srun -N1 -n2 " +
+      b + " ps server > " + d + "/servers.log 2>&1 & DMLC_ROLE=worker timeout 120 srun -N1 -n2 " +
+      b +
+      " train --dist ps --model mlp --limit-train 2048 --limit-test 256 --threads 1 --batch 32 "
+      "--max-steps 20 --no-plot --quiet --out " +
+      d + "/run; code=$?; wait; cat " + d + "/sched.log " + d + "/servers.log; exit $code");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "ps scheduler: every worker has left; done")) << r.out;
+  EXPECT_TRUE(has(r, "server 1 at 127.0.0.1:")) << r.out;
+  // Six keys over two servers: each server's pushes from both workers, and
+  // all 20 x 6 x 2 of them in sum.
+  int pushes = 0;
+  for (std::size_t at = 0; (at = r.out.find("ps server: stopped; ", at)) != std::string::npos; ++at)
+    pushes += std::atoi(r.out.c_str() + at + 20);
+  EXPECT_EQ(pushes, 240) << r.out;
+  EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
 }
 
 }  // namespace
