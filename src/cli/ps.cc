@@ -16,6 +16,7 @@
 #include "shoal/net/store.h"
 #include "shoal/ps/attach.h"
 #include "shoal/ps/server.h"
+#include "shoal/runtime/backend.h"
 #include "shoal/runtime/kernel.h"
 
 namespace shoal::cli {
@@ -104,6 +105,7 @@ std::string metrics_line(const ps::Server& s, double elapsed) {
   nlohmann::json j = {
       {"kind", "ps_server"},
       {"elapsed_seconds", elapsed},
+      {"trace_us", runtime::trace_clock_us()},  // the workers' trace clock
       {"bytes_in", tr.bytes_in},
       {"bytes_out", tr.bytes_out},
       {"queue", tr.queue},

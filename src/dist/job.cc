@@ -94,6 +94,8 @@ Result<std::unique_ptr<Job>> Job::join(train::TrainOptions& o, const JoinOptions
   // (scripts written for MXNet/ps-lite set only the variables).
   if (j.dist == "ps" || (j.dist == "auto" && ps::in_ps_job())) {
     SHOAL_ASSIGN_OR_RETURN(job->ps_, join_ps(o, j));
+    // Workers are told apart by their ids, not a launcher rank.
+    if (!env.trace.empty()) o.trace = rank_path(env.trace, job->ps_->worker());
   } else if (env.world > 1) {
     SHOAL_ASSIGN_OR_RETURN(job->comm_, join_allreduce(o, j.dp));
   }

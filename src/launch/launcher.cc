@@ -51,8 +51,10 @@ Status validate(const LaunchOptions& o) {
         "--ps runs on the local engine only for now (--engine {}): under mpirun or srun start "
         "`shoal ps scheduler`, `shoal ps server` and the workers with DMLC_* set, see docs/ps.md",
         o.engine);
-  if (o.ps_servers > 0 && (o.max_restarts > 0 || !o.trace.empty()))
-    return invalid_argument("--ps does not take --max-restarts or --trace yet");
+  if (o.ps_servers > 0 && o.max_restarts > 0)
+    return invalid_argument(
+        "--ps does not take --max-restarts (a dead server restarts from its snapshot: "
+        "--ps-snapshot-every; async workers come and go: --ps-elastic)");
   return ok_status();
 }
 
@@ -248,8 +250,51 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
 
 }  // namespace
 
+namespace {
+
+// A parameter server's metrics lines as Chrome trace counter events.
+Status add_server_counters(nlohmann::json& events, const std::string& file, int pid, int index) {
+  SHOAL_ASSIGN_OR_RETURN(std::string text, read_file(file));
+  double last_ts = -1, last_in = 0, last_out = 0;
+  std::size_t start = 0;
+  for (int n = 1; start < text.size(); ++n) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    auto j = nlohmann::json::parse(text.substr(start, end - start), nullptr, false);
+    start = end + 1;
+    if (j.is_discarded() || !j.is_object())
+      return data_loss("{} line {}: not a JSON object", file, n);
+    if (!j.contains("trace_us")) continue;
+    const double ts = j.value("trace_us", 0.0);
+    const double in = j.value("bytes_in", 0.0), out = j.value("bytes_out", 0.0);
+    auto counter = [&](const char* name, nlohmann::json args) {
+      events.push_back({{"name", name}, {"ph", "C"}, {"ts", ts}, {"pid", pid}, {"args", args}});
+    };
+    if (last_ts >= 0 && ts > last_ts)
+      counter("traffic MB/s", {{"in", (in - last_in) / (ts - last_ts)},
+                               {"out", (out - last_out) / (ts - last_ts)}});
+    counter("answers waiting", {{"queue", j.value("queue", 0)}});
+    counter("round close ms", {{"mean", j.value("round_close_ms", 0.0)}});
+    nlohmann::json lag = nlohmann::json::object();
+    if (j.contains("lag") && j["lag"].is_object())
+      for (auto& [w, l] : j["lag"].items()) lag["worker " + w] = l;
+    if (!lag.empty()) counter("lag (steps)", lag);
+    last_ts = ts;
+    last_in = in;
+    last_out = out;
+  }
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", pid},
+                    {"args", {{"name", fmt::format("ps server {}", index)}}}});
+  return ok_status();
+}
+
+}  // namespace
+
 Result<std::vector<TraceSummary>> merge_traces(const std::vector<std::string>& rank_files,
-                                               const std::string& out) {
+                                               const std::string& out,
+                                               const std::vector<std::string>& server_metrics,
+                                               const std::string& rank_name) {
   nlohmann::json merged = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
   std::vector<TraceSummary> sums;
   for (std::size_t r = 0; r < rank_files.size(); ++r) {
@@ -285,7 +330,7 @@ Result<std::vector<TraceSummary>> merge_traces(const std::vector<std::string>& r
     merged["traceEvents"].push_back({{"name", "process_name"},
                                      {"ph", "M"},
                                      {"pid", r},
-                                     {"args", {{"name", fmt::format("rank {}", r)}}}});
+                                     {"args", {{"name", fmt::format("{} {}", rank_name, r)}}}});
     s.steps = static_cast<int>(steps.size());
     for (const auto& st : steps) {
       s.step_ms += st.dur / 1000;
@@ -299,6 +344,10 @@ Result<std::vector<TraceSummary>> merge_traces(const std::vector<std::string>& r
     }
     sums.push_back(s);
   }
+  for (std::size_t i = 0; i < server_metrics.size(); ++i)
+    SHOAL_RETURN_IF_ERROR(add_server_counters(merged["traceEvents"], server_metrics[i],
+                                              static_cast<int>(rank_files.size() + i),
+                                              static_cast<int>(i)));
   SHOAL_RETURN_IF_ERROR(write_file_atomic(out, merged.dump()));
   return sums;
 }

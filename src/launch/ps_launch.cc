@@ -19,7 +19,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -83,6 +85,14 @@ class PsJob {
     }
     worker_env_ = env;
     worker_env_.push_back({"DMLC_ROLE", "worker"});
+    if (!o_.trace.empty()) {
+      char tmpl[] = "/tmp/shoal-trace-XXXXXX";
+      if (mkdtemp(tmpl) == nullptr)
+        return fail_start("cannot make a directory for traces",
+                          unavailable("mkdtemp: {}", std::strerror(errno)));
+      trace_dir_ = tmpl;
+      worker_env_.push_back({"SHOAL_TRACE", trace_dir_ + "/trace.json"});
+    }
     for (int i = 0; i < o_.ps_workers; ++i) {
       Env e = worker_env_;
       e.push_back({"SHOAL_PS_WORKER_ID", std::to_string(i)});
@@ -113,7 +123,9 @@ class PsJob {
     }
     for (std::size_t i = 0; i < procs_.size(); ++i)
       drain(static_cast<int>(i), procs_[i], output_, true);
-    return report();
+    const int code = report();
+    merge_trace();
+    return code;
   }
 
  private:
@@ -268,6 +280,38 @@ class PsJob {
     }
   }
 
+  // --trace: every worker's trace (named by its id) and each server's
+  // metrics as counter tracks, in one Chrome trace.
+  void merge_trace() {
+    if (trace_dir_.empty()) return;
+    std::vector<std::string> traces, servers;
+    for (int w = 0; w < workers(); ++w) {
+      const std::string f = fmt::format("{}/trace.rank{}.json", trace_dir_, w);
+      if (std::filesystem::exists(f)) traces.push_back(f);
+    }
+    for (int i = 0; i < o_.ps_servers; ++i)
+      servers.push_back(fmt::format("{}/server{}.metrics.jsonl", snapshots_, i));
+    if (traces.size() != static_cast<std::size_t>(workers())) {
+      fmt::print(stderr,
+                 "shoal run: --trace: {} of {} workers wrote a trace (is the command `shoal "
+                 "train`?)\n",
+                 traces.size(), workers());
+    } else if (auto s = merge_traces(traces, o_.trace, servers, "worker"); !s.ok()) {
+      fmt::print(stderr, "shoal run: merging traces: {}\n", s.status().to_string());
+    } else {
+      fmt::print("shoal run: merged trace of {} workers and {} servers -> {}\n", traces.size(),
+                 servers.size(), o_.trace);
+      for (const auto& t : *s)
+        fmt::print(
+            "shoal run:   worker {}: {} steps, {:.2f} ms/step, exposed push-pull {:.2f} "
+            "ms/step ({:.0f}% of the step)\n",
+            t.rank, t.steps, t.step_ms, t.exposed_comm_ms,
+            t.step_ms > 0 ? 100 * t.exposed_comm_ms / t.step_ms : 0.0);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(trace_dir_, ec);
+  }
+
   // --ps-elastic: the job's store says MIN:MAX (what `shoal ps join`
   // checks), and <ps dir>/job.env holds the store's address and token for
   // it (readable by this user only).
@@ -407,7 +451,8 @@ class PsJob {
   std::string snapshots_;
   std::vector<std::pair<std::vector<std::string>, Env>> specs_;  // per process, to restart
   std::string last_drop_;
-  Env worker_env_;  // a worker's, but for its id
+  Env worker_env_;         // a worker's, but for its id
+  std::string trace_dir_;  // --trace: the workers' traces until merged
   long granted_ = 0;
   int replacements_ = 0;
 };

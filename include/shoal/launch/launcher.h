@@ -83,7 +83,14 @@ struct TraceSummary {
   int steps = 0;
   double step_ms = 0, exposed_comm_ms = 0, comm_ms = 0;
 };
+// `server_metrics` (a PS job): each parameter server's JSONL metrics
+// (`shoal ps server --metrics`), added as counter tracks after the ranks'
+// processes: traffic in and out (MB/s), answers waiting, mean round-close
+// time and each worker's lag. `rank_name` labels the ranks ("rank",
+// "worker").
 Result<std::vector<TraceSummary>> merge_traces(const std::vector<std::string>& rank_files,
-                                               const std::string& out);
+                                               const std::string& out,
+                                               const std::vector<std::string>& server_metrics = {},
+                                               const std::string& rank_name = "rank");
 
 }  // namespace shoal::launch
