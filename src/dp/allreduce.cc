@@ -163,6 +163,11 @@ std::int64_t register_communicator(comm::Communicator* c, bool overlap) {
   return static_cast<std::int64_t>(comms().size()) - 1;
 }
 
+comm::Communicator* communicator(std::int64_t id) {
+  std::optional<Registered> r = lookup(id);
+  return r ? r->c : nullptr;
+}
+
 Result<DpOptions::Overlap> parse_overlap(const std::string& s) {
   if (s == "auto") return DpOptions::Overlap::kAuto;
   if (s == "on") return DpOptions::Overlap::kOn;

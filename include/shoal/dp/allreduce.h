@@ -45,6 +45,9 @@ void register_ops();
 // thread, so overlap only adds thread hand-offs; see docs/data-parallel.md).
 // The choice is the executable's, not the graph's: ranks may differ in it.
 std::int64_t register_communicator(comm::Communicator* c, bool overlap = true);
+// The communicator registered as `id`, or null (graph ops of other passes,
+// mp/collectives.h, name theirs the same way).
+comm::Communicator* communicator(std::int64_t id);
 
 struct DpOptions {
   double bucket_mb = 25;       // cap per bucket (MiB of f32 gradient)

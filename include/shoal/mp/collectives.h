@@ -1,0 +1,29 @@
+// Collective operations as graph ops with gradient rules (issue 16): the
+// pieces tensor, pipeline and sharded data parallelism are built from. Each
+// runs over a communicator registered with dp::register_communicator (the
+// job's world, or a group from Communicator::split), named by the node's
+// "comm" attribute; `sizes` are every rank's rows along the first
+// dimension, in rank order, and need not be equal.
+//   allgather(x):      x [sizes[rank], ...] -> [sum(sizes), ...], the ranks'
+//                      blocks in rank order. Gradient: reduce_scatter(dy).
+//   reduce_scatter(x): x [sum(sizes), ...] -> [sizes[rank], ...], block
+//                      `rank` of the sum over ranks. Gradient: allgather(dy).
+// Every rank must build the same collectives in the same order (as with
+// the all-reduce buckets); a mismatch fails on the communicator's checks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shoal/graph/builder.h"
+
+namespace shoal::mp {
+
+void register_collective_ops();
+
+graph::Value allgather(graph::Builder& b, graph::Value x, std::int64_t comm,
+                       const std::vector<std::int64_t>& sizes);
+graph::Value reduce_scatter(graph::Builder& b, graph::Value x, std::int64_t comm,
+                            const std::vector<std::int64_t>& sizes);
+
+}  // namespace shoal::mp

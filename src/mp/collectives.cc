@@ -1,0 +1,119 @@
+#include "shoal/mp/collectives.h"
+
+#include <mutex>
+#include <numeric>
+
+#include "shoal/comm/communicator.h"
+#include "shoal/dp/allreduce.h"
+#include "shoal/graph/op_registry.h"
+#include "shoal/runtime/kernel.h"
+
+namespace shoal::mp {
+namespace {
+
+struct Group {
+  comm::Communicator* c;
+  std::vector<std::int64_t> sizes;
+  std::int64_t total;
+};
+
+// The node's communicator and sizes, checked against each other and x.
+Result<Group> group_of(const graph::Node& n) {
+  const std::int64_t id = n.attrs.get_int_or("comm", -1);
+  comm::Communicator* c = dp::communicator(id);
+  if (!c) return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
+  Group g{c, n.attrs.get_ints_or("sizes", {}), 0};
+  if (static_cast<int>(g.sizes.size()) != c->size())
+    return invalid_argument("{}: {} sizes for a group of {} ranks", n.label(), g.sizes.size(),
+                            c->size());
+  for (std::int64_t s : g.sizes) {
+    if (s < 0) return invalid_argument("{}: a rank's size is {}", n.label(), s);
+    g.total += s;
+  }
+  return g;
+}
+
+Result<std::vector<graph::TensorType>> infer(const graph::Node& n,
+                                             const std::vector<graph::TensorType>& in,
+                                             bool gather) {
+  SHOAL_ASSIGN_OR_RETURN(Group g, group_of(n));
+  const graph::TensorType& x = in[0];
+  if (x.dtype != DType::kF32 || x.shape.empty())
+    return invalid_argument("{}: needs an f32 tensor of rank >= 1, got {}", n.label(), x.str());
+  const std::int64_t mine = g.sizes[static_cast<std::size_t>(g.c->rank())];
+  const std::int64_t want = gather ? mine : g.total;
+  if (x.shape[0] != want)
+    return invalid_argument("{}: rank {} holds {} rows, the sizes say {}", n.label(), g.c->rank(),
+                            x.shape[0], want);
+  graph::TensorType out = x;
+  out.shape[0] = gather ? g.total : mine;
+  return std::vector<graph::TensorType>{out};
+}
+
+class CollectiveKernel final : public runtime::Kernel {
+ public:
+  CollectiveKernel(Group g, bool gather, std::int64_t row) : g_(std::move(g)), gather_(gather) {
+    for (std::int64_t s : g_.sizes) counts_.push_back(static_cast<std::size_t>(s * row));
+  }
+  Status run(const runtime::KernelContext&, std::span<const Tensor> in,
+             std::span<Tensor> out) override {
+    const Tensor x = in[0].contiguous();
+    if (gather_) return g_.c->allgatherv(x.raw_data(), out[0].raw_data(), counts_, DType::kF32);
+    return g_.c->reduce_scatter(x.raw_data(), out[0].raw_data(), counts_, DType::kF32,
+                                comm::ReduceOp::kSum);
+  }
+  const char* impl() const override { return "comm"; }
+
+ private:
+  Group g_;
+  bool gather_;
+  std::vector<std::size_t> counts_;
+};
+
+void add(const char* name, const char* grad_name, bool gather) {
+  graph::OpDef d;
+  d.name = name;
+  d.attrs = {"comm", "sizes"};
+  d.random = true;  // never constant-folded: its value depends on other ranks
+  d.infer = [gather](const graph::Node& n, const std::vector<graph::TensorType>& in) {
+    return infer(n, in, gather);
+  };
+  d.grad = [grad_name](graph::GradInputs& g) -> std::vector<graph::Value> {
+    return {g.b.op(grad_name, {g.output_grads[0]}, g.node.attrs)};
+  };
+  graph::OpRegistry::global().add(d);
+  runtime::KernelRegistry::cpu().add(
+      name,
+      [gather](const graph::Node& n, const std::vector<graph::TensorType>& in)
+          -> Result<std::unique_ptr<runtime::Kernel>> {
+        SHOAL_ASSIGN_OR_RETURN(Group g, group_of(n));
+        // Elements per row (a rank may hold no rows: not numel / rows).
+        const std::int64_t row = num_elements(Shape(in[0].shape.begin() + 1, in[0].shape.end()));
+        return std::unique_ptr<runtime::Kernel>(
+            std::make_unique<CollectiveKernel>(std::move(g), gather, row));
+      });
+}
+
+}  // namespace
+
+void register_collective_ops() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    add("allgather", "reduce_scatter", true);
+    add("reduce_scatter", "allgather", false);
+  });
+}
+
+graph::Value allgather(graph::Builder& b, graph::Value x, std::int64_t comm,
+                       const std::vector<std::int64_t>& sizes) {
+  register_collective_ops();
+  return b.op("allgather", {x}, {{"comm", comm}, {"sizes", sizes}});
+}
+
+graph::Value reduce_scatter(graph::Builder& b, graph::Value x, std::int64_t comm,
+                            const std::vector<std::int64_t>& sizes) {
+  register_collective_ops();
+  return b.op("reduce_scatter", {x}, {{"comm", comm}, {"sizes", sizes}});
+}
+
+}  // namespace shoal::mp
