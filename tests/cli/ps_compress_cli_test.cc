@@ -8,7 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/cli_results.h"
@@ -27,9 +27,9 @@ double metric(const std::string& file, const std::string& field) {
   std::string line, last;
   while (std::getline(in, line))
     if (!line.empty()) last = line;
-  std::smatch m;
-  if (!std::regex_search(last, m, std::regex("\"" + field + "\":([0-9.]+)"))) return -1;
-  return std::stod(m[1]);
+  auto j = nlohmann::json::parse(last, nullptr, false);
+  if (j.is_discarded() || !j.contains(field)) return -1;
+  return j[field].get<double>();
 }
 
 struct Trained {
