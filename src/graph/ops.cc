@@ -889,6 +889,9 @@ OpRegistry& OpRegistry::global() {
 
 void OpRegistry::add(OpDef def) {
   std::string n = def.name;
+  // A second op of one name would silently replace the first: the
+  // gradient rules that build the first would build the second.
+  SHOAL_CHECK(!ops_.count(n), "graph op '{}' is registered twice", n);
   ops_[n] = std::move(def);
 }
 

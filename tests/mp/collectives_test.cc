@@ -1,12 +1,14 @@
 // Collective graph ops (mp/collectives.h) across real ranks (threads with
-// TCP/shm communicators), at world sizes 2, 3 and 4 with uneven row counts:
-// allgather's and reduce_scatter's values, and their gradients through
-// autodiff (each the other collective), equal what one process computes
-// from every rank's inputs.
+// TCP/shm communicators), at world sizes 2, 3 and 4: allgather and
+// reduce_scatter with uneven row counts, broadcast and reduce from the last
+// rank; their values, and their gradients through autodiff (each the
+// other's collective), equal what one process computes from every rank's
+// inputs.
 #include "shoal/mp/collectives.h"
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <thread>
 
 #include "shoal/comm/communicator.h"
@@ -63,14 +65,18 @@ Result<Got> run_rank(int r, const std::vector<std::int64_t>& sizes, std::int64_t
   return Got{out[0].clone(), out[1].clone(), out[2].clone(), out[3].clone()};
 }
 
-std::vector<Result<Got>> run_world(int world) {
-  std::vector<std::int64_t> sizes(kRows.begin(), kRows.begin() + world);
+// Runs `rank_fn(rank, comm id)` on `world` ranks (threads), each with its
+// own communicator.
+std::vector<Result<Got>> run_world(int world,
+                                   const std::function<Result<Got>(int, std::int64_t)>& rank_fn) {
   std::vector<Result<Got>> got(static_cast<std::size_t>(world), internal_error("not run"));
   auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
   if (!srv.ok()) {
     got[0] = srv.status();
     return got;
   }
+  static int jobs = 0;
+  const int job = jobs++;
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
@@ -82,13 +88,13 @@ std::vector<Result<Got>> run_world(int world) {
       }
       comm::CommOptions o;
       o.timeout_seconds = 60;
-      o.prefix = "mp" + std::to_string(world);
+      o.prefix = fmt::format("mp{}-{}", world, job);
       auto c = comm::Communicator::create(r, world, **store, o);
       if (!c.ok()) {
         got[static_cast<std::size_t>(r)] = c.status();
         return;
       }
-      got[static_cast<std::size_t>(r)] = run_rank(r, sizes, dp::register_communicator(c->get()));
+      got[static_cast<std::size_t>(r)] = rank_fn(r, dp::register_communicator(c->get()));
     });
   for (auto& t : ts) t.join();
   return got;
@@ -105,7 +111,7 @@ TEST_P(Collectives, ValuesAndGradientsEqualOneProcess) {
     first.push_back(total);
     total += s;
   }
-  auto got = run_world(world);
+  auto got = run_world(world, [&](int r, std::int64_t id) { return run_rank(r, sizes, id); });
   // One process: the concatenation of every x_r, and the sums over ranks.
   std::vector<float> cat, sum_c(static_cast<std::size_t>(total * kCols), 0.f),
       sum_w(static_cast<std::size_t>(total * kCols), 0.f);
@@ -146,6 +152,54 @@ TEST_P(Collectives, ValuesAndGradientsEqualOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, Collectives, ::testing::Values(2, 3, 4));
+
+// On rank r: y = broadcast(x_r), loss += sum(y * c_r); z = reduce(w_r),
+// loss += sum(z * d_r); outputs y, dloss/dx_r, z, dloss/dw_r.
+Result<Got> run_rooted(int r, int root, std::int64_t comm) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {2, kCols});
+  Value w = b.input("w", DType::kF32, {2, kCols});
+  Value y = broadcast(b, x, comm, root);
+  Value z = reduce(b, w, comm, root);
+  Value loss = b.add(b.reduce_sum(b.mul(y, b.constant(block(r, 2, -0.5f))), {0, 1}),
+                     b.reduce_sum(b.mul(z, b.constant(block(r, 2, 2.0f))), {0, 1}));
+  if (!b.ok()) return b.status();
+  SHOAL_ASSIGN_OR_RETURN(auto grads, graph::autodiff(g, loss, {x, w}));
+  for (Value v : {y, grads[0], z, grads[1]}) g.mark_output(v);
+  SHOAL_ASSIGN_OR_RETURN(auto be, runtime::make_backend("cpu"));
+  SHOAL_ASSIGN_OR_RETURN(auto exe, be->compile(std::move(g), {}));
+  runtime::Executor ex(*exe);
+  SHOAL_ASSIGN_OR_RETURN(auto out, ex.run({{"x", block(r, 2, 1.0f)}, {"w", block(r, 2, 0.25f)}}));
+  return Got{out[0].clone(), out[1].clone(), out[2].clone(), out[3].clone()};
+}
+
+TEST_P(Collectives, BroadcastAndReduceEqualOneProcess) {
+  const int world = GetParam(), root = world - 1;
+  auto got = run_world(world, [&](int r, std::int64_t id) { return run_rooted(r, root, id); });
+  const auto n = static_cast<std::size_t>(2 * kCols);
+  std::vector<float> sum_c(n, 0.f), sum_w(n, 0.f);
+  for (int q = 0; q < world; ++q)
+    for (std::size_t i = 0; i < n; ++i) {
+      sum_c[i] += block(q, 2, -0.5f).data<float>()[i];
+      sum_w[i] += block(q, 2, 0.25f).data<float>()[i];
+    }
+  for (int r = 0; r < world; ++r) {
+    SCOPED_TRACE(fmt::format("world {}, rank {}, root {}", world, r, root));
+    ASSERT_TRUE(got[static_cast<std::size_t>(r)].ok())
+        << got[static_cast<std::size_t>(r)].status().to_string();
+    const Got& g = *got[static_cast<std::size_t>(r)];
+    EXPECT_EQ(g.gathered.to_vector<float>(), block(root, 2, 1.0f).to_vector<float>());
+    // Every rank's loss used the root's x: the root's gradient is the sum
+    // of every c_q, the others' zero.
+    const auto dx = g.gather_grad.to_vector<float>();
+    for (std::size_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(dx[i], r == root ? sum_c[i] : 0.f) << i;
+    const auto z = g.scattered.to_vector<float>();
+    for (std::size_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(z[i], r == root ? sum_w[i] : 0.f) << i;
+    // Only the root's output is not zero: every w_r gets the root's d.
+    EXPECT_EQ(g.scatter_grad.to_vector<float>(), block(root, 2, 2.0f).to_vector<float>());
+  }
+}
 
 TEST(CollectivesBuild, SizesThatDoNotMatchAreNamed) {
   net::FileStore unused("/nonexistent");

@@ -8,6 +8,10 @@
 //                      blocks in rank order. Gradient: reduce_scatter(dy).
 //   reduce_scatter(x): x [sum(sizes), ...] -> [sizes[rank], ...], block
 //                      `rank` of the sum over ranks. Gradient: allgather(dy).
+//   broadcast(x):      every rank gets the root's x (the others' x are
+//                      ignored). Gradient: reduce(dy) to the root.
+//   reduce(x):         the root gets the sum of every rank's x, the others
+//                      zeros. Gradient: broadcast(dy) from the root.
 // Every rank must build the same collectives in the same order (as with
 // the all-reduce buckets); a mismatch fails on the communicator's checks.
 #pragma once
@@ -25,5 +29,9 @@ graph::Value allgather(graph::Builder& b, graph::Value x, std::int64_t comm,
                        const std::vector<std::int64_t>& sizes);
 graph::Value reduce_scatter(graph::Builder& b, graph::Value x, std::int64_t comm,
                             const std::vector<std::int64_t>& sizes);
+
+void register_rooted_ops();
+graph::Value broadcast(graph::Builder& b, graph::Value x, std::int64_t comm, int root);
+graph::Value reduce(graph::Builder& b, graph::Value x, std::int64_t comm, int root);
 
 }  // namespace shoal::mp

@@ -1,0 +1,106 @@
+// broadcast and reduce as graph ops (mp/collectives.h; named comm_broadcast
+// and comm_reduce: "broadcast" is numpy's broadcast_to): one rank's tensor
+// to every rank, and every rank's tensors summed on one. Each is the
+// other's gradient: d/dx_root of broadcast is the sum of every rank's dy
+// (reduce to the root; zero elsewhere), and d/dx_r of reduce is the root's
+// dy on every rank (broadcast from the root).
+#include <cstring>
+#include <mutex>
+
+#include "shoal/comm/communicator.h"
+#include "shoal/dp/allreduce.h"
+#include "shoal/graph/op_registry.h"
+#include "shoal/mp/collectives.h"
+#include "shoal/runtime/kernel.h"
+
+namespace shoal::mp {
+namespace {
+
+struct Rooted {
+  comm::Communicator* c;
+  int root;
+};
+
+Result<Rooted> rooted(const graph::Node& n) {
+  const std::int64_t id = n.attrs.get_int_or("comm", -1);
+  comm::Communicator* c = dp::communicator(id);
+  if (!c) return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
+  const std::int64_t root = n.attrs.get_int_or("root", -1);
+  if (root < 0 || root >= c->size())
+    return invalid_argument("{}: root {} is not a rank of a group of {}", n.label(), root,
+                            c->size());
+  return Rooted{c, static_cast<int>(root)};
+}
+
+class RootedKernel final : public runtime::Kernel {
+ public:
+  RootedKernel(Rooted r, bool broadcast) : r_(r), broadcast_(broadcast) {}
+  Status run(const runtime::KernelContext&, std::span<const Tensor> in,
+             std::span<Tensor> out) override {
+    const Tensor x = in[0].contiguous();
+    Tensor& y = out[0];
+    const auto n = static_cast<std::size_t>(x.numel());
+    if (broadcast_) {
+      if (r_.c->rank() == r_.root) std::memcpy(y.raw_data(), x.raw_data(), x.nbytes());
+      return r_.c->broadcast(y.raw_data(), n, DType::kF32, r_.root);
+    }
+    SHOAL_RETURN_IF_ERROR(
+        r_.c->reduce(x.raw_data(), y.raw_data(), n, DType::kF32, comm::ReduceOp::kSum, r_.root));
+    // Only the root holds the sum; the others' outputs are zero (so that
+    // the reduce's value, and its gradient, are those of one tensor).
+    if (r_.c->rank() != r_.root) std::memset(y.raw_data(), 0, y.nbytes());
+    return ok_status();
+  }
+  const char* impl() const override { return "comm"; }
+
+ private:
+  Rooted r_;
+  bool broadcast_;
+};
+
+void add(const char* name, const char* grad_name, bool broadcast) {
+  graph::OpDef d;
+  d.name = name;
+  d.attrs = {"comm", "root"};
+  d.random = true;  // never constant-folded: its value depends on other ranks
+  d.infer = [](const graph::Node& n,
+               const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
+    SHOAL_RETURN_IF_ERROR(rooted(n).status());
+    if (in[0].dtype != DType::kF32)
+      return invalid_argument("{}: needs an f32 tensor, got {}", n.label(), in[0].str());
+    return in;
+  };
+  d.grad = [grad_name](graph::GradInputs& g) -> std::vector<graph::Value> {
+    return {g.b.op(grad_name, {g.output_grads[0]}, g.node.attrs)};
+  };
+  graph::OpRegistry::global().add(d);
+  runtime::KernelRegistry::cpu().add(
+      name,
+      [broadcast](const graph::Node& n, const std::vector<graph::TensorType>&)
+          -> Result<std::unique_ptr<runtime::Kernel>> {
+        SHOAL_ASSIGN_OR_RETURN(Rooted r, rooted(n));
+        return std::unique_ptr<runtime::Kernel>(std::make_unique<RootedKernel>(r, broadcast));
+      });
+}
+
+}  // namespace
+
+void register_rooted_ops() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    add("comm_broadcast", "comm_reduce", true);
+    add("comm_reduce", "comm_broadcast", false);
+  });
+}
+
+graph::Value broadcast(graph::Builder& b, graph::Value x, std::int64_t comm, int root) {
+  register_rooted_ops();
+  return b.op("comm_broadcast", {x}, {{"comm", comm}, {"root", std::int64_t{root}}});
+}
+
+graph::Value reduce(graph::Builder& b, graph::Value x, std::int64_t comm, int root) {
+  register_rooted_ops();
+  return b.op("comm_reduce", {x}, {{"comm", comm}, {"root", std::int64_t{root}}});
+}
+
+}  // namespace shoal::mp
