@@ -125,7 +125,9 @@ TEST(PsTrainCli, AnAsyncJobGoesOnWithoutAKilledWorker) {
                   SHOAL_BINARY, kAsyncMlp, dir);
   auto r = run_shoal(
       fmt::format("run --ps 1,2 --timeout 120 --ps-snapshots {0}/ps -- sh -c 'if mkdir {0}/victim "
-                  "2>/dev/null; then {1} & p=$!; sleep 1; kill -9 $p; wait $p; else exec {1}; fi'",
+                  "2>/dev/null; then {1} & p=$!; i=0; while [ $i -lt 600 ] && ! grep -qs "
+                  "\\\"pushes\\\":[1-9] {0}/ps/server0.metrics.jsonl; do sleep 0.1; i=$((i+1)); "
+                  "done; kill -9 $p; wait $p; else exec {1}; fi'",
                   dir, train));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("exited with code 137"), std::string::npos) << r.out;  // sh: 128 + 9
@@ -167,11 +169,11 @@ TEST(PsTrainCli, AWorkerJoinsARunningAsyncJobAndItsPushesCount) {
   const std::string train = fmt::format(
       "{} train --dist ps --ps-mode async {} --batch 16 --epochs 4", SHOAL_BINARY, kAsyncMlp);
   auto r = run_sh(fmt::format(
-      "{0}; cd {1}; DMLC_ROLE=scheduler timeout 60 {2} ps scheduler > sched.log 2>&1 & "
-      "DMLC_ROLE=server timeout 60 {2} ps server > server.log 2>&1 & "
-      "DMLC_ROLE=worker timeout 60 {3} --out {1}/a > a.log 2>&1 & a=$!; "
+      "{0}; cd {1}; DMLC_ROLE=scheduler timeout 180 {2} ps scheduler > sched.log 2>&1 & "
+      "DMLC_ROLE=server timeout 180 {2} ps server > server.log 2>&1 & "
+      "DMLC_ROLE=worker timeout 180 {3} --out {1}/a > a.log 2>&1 & a=$!; "
       "i=0; while [ $i -lt 100 ] && ! grep -q 'joined' a.log; do sleep 0.1; i=$((i+1)); done; "
-      "sleep 0.5; DMLC_ROLE=worker timeout 60 {3} --out {1}/b > b.log 2>&1; echo b=$?; "
+      "sleep 0.5; DMLC_ROLE=worker timeout 180 {3} --out {1}/b > b.log 2>&1; echo b=$?; "
       "wait $a; echo a=$?; wait; cat sched.log server.log a.log b.log",
       env, dir, SHOAL_BINARY, train));
   EXPECT_NE(r.out.find("b=0"), std::string::npos) << r.out;
