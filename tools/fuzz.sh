@@ -11,7 +11,7 @@ CXX="${CXX_FUZZ:-clang++-14}"
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -DSPDLOG_FMT_EXTERNAL -Iinclude \
   tests/fuzz/wire_fuzz.cc src/net/socket.cc src/net/auth.cc src/comm/handshake.cc src/core/status.cc src/core/env.cc \
-  src/ps/wire.cc src/tensor/tensor.cc src/tensor/dtype.cc \
+  src/ps/wire.cc src/ps/codec.cc src/tensor/tensor.cc src/tensor/dtype.cc \
   -lfmt -lsodium -o "$out/wire_fuzz"
 # Seeds: a valid data frame, a store request, a hello and a store challenge.
 printf 'SHOL\x02\x00\x04\x00\x04\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x01\x01\x00\x00\x00\x00\x00\x00abcd' > "$out/corpus/frame"
