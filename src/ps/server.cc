@@ -149,14 +149,7 @@ class Server::Handler final : public net::FrameServer::Handler {
       case 'P': {
         SHOAL_ASSIGN_OR_RETURN(PushResult pr,
                                shard_->push(r.worker, r.key, r.step, r.seq, r.value));
-        publish();  // stats count the push before its worker hears back
-        s.reply(c, net::FrameType::kPsReply, seq, std::string(1, static_cast<char>(pr)));
-        if (pr == PushResult::kApplied || pr == PushResult::kClosed) {
-          answer_pulls(s);
-          SHOAL_RETURN_IF_ERROR(maybe_snapshot());
-        }
-        publish_traffic();
-        return ok_status();
+        return answer_push(s, c, seq, pr);
       }
       case 'L': {
         SHOAL_RETURN_IF_ERROR(shard_->peek(r.key).status());
@@ -169,14 +162,7 @@ class Server::Handler final : public net::FrameServer::Handler {
       case 'S': {
         SHOAL_ASSIGN_OR_RETURN(PushResult pr, shard_->push_rows(r.worker, r.key, r.step, r.seq,
                                                                 r.rows, r.value, r.lr));
-        publish();
-        s.reply(c, net::FrameType::kPsReply, seq, std::string(1, static_cast<char>(pr)));
-        if (pr == PushResult::kApplied || pr == PushResult::kClosed) {
-          answer_pulls(s);
-          SHOAL_RETURN_IF_ERROR(maybe_snapshot());
-        }
-        publish_traffic();
-        return ok_status();
+        return answer_push(s, c, seq, pr);
       }
       case 'W': {
         SHOAL_RETURN_IF_ERROR(shard_->pull_rows(r.key, r.rows).status());
@@ -189,6 +175,19 @@ class Server::Handler final : public net::FrameServer::Handler {
     }
     s.reply(c, net::FrameType::kPsReply, seq, "");
     publish();
+    return ok_status();
+  }
+
+  // A push's (or pushrows') answer: its result; then, when an update was
+  // applied, the pulls waiting for it and the snapshot.
+  Status answer_push(net::FrameServer& s, ConnId c, std::uint64_t seq, PushResult pr) {
+    publish();  // stats count the push before its worker hears back
+    s.reply(c, net::FrameType::kPsReply, seq, std::string(1, static_cast<char>(pr)));
+    if (pr == PushResult::kApplied || pr == PushResult::kClosed) {
+      answer_pulls(s);
+      SHOAL_RETURN_IF_ERROR(maybe_snapshot());
+    }
+    publish_traffic();
     return ok_status();
   }
 

@@ -72,22 +72,26 @@ Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const
   for (const Part& p : ps) {
     r.seq = ++seq_;
     r.value = ps.size() == 1 ? whole : row_slice(whole, p.begin, p.end);
-    const std::string msg = encode(r);
-    for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
-      SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(p.server, msg, dl));
-      if (rep.size() != 1)
-        return invalid_argument("ps server: push reply of {} bytes, expected 1", rep.size());
-      last = static_cast<PushResult>(rep[0]);
-      if (last != PushResult::kWait) break;
-      if (dl.expired())
-        return deadline_exceeded(
-            "worker {}: key '{}' step {} still too far ahead of the slowest worker at the "
-            "deadline",
-            worker_, key, step);
-      std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
-    }
+    SHOAL_ASSIGN_OR_RETURN(last, push_until_taken(p.server, r, dl));
   }
   return last;
+}
+
+Result<PushResult> Worker::push_until_taken(std::size_t i, const Request& r, Deadline dl) {
+  const std::string msg = encode(r);
+  for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
+    SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(i, msg, dl));
+    if (rep.size() != 1)
+      return invalid_argument("ps server: push reply of {} bytes, expected 1", rep.size());
+    const auto pr = static_cast<PushResult>(rep[0]);
+    if (pr != PushResult::kWait) return pr;
+    if (dl.expired())
+      return deadline_exceeded(
+          "worker {}: key '{}' step {} still too far ahead of the slowest worker at the "
+          "deadline",
+          worker_, r.key, r.step);
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+  }
 }
 
 Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,

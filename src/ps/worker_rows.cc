@@ -1,8 +1,6 @@
 // A worker's row-sparse push and pull (embedding tables): only the rows a
 // step touched cross the wire, each to the server that holds it.
-#include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "shoal/ps/wire.h"
 #include "shoal/ps/worker.h"
@@ -61,18 +59,7 @@ Result<PushResult> Worker::push_rows(const std::string& key, std::int64_t step,
         }
     r.value = gather_rows(v, mine);
     r.seq = ++seq_;
-    const std::string msg = encode(r);
-    for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
-      SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(p.server, msg, dl));
-      if (rep.size() != 1)
-        return invalid_argument("ps server: push reply of {} bytes, expected 1", rep.size());
-      last = static_cast<PushResult>(rep[0]);
-      if (last != PushResult::kWait) break;
-      if (dl.expired())
-        return deadline_exceeded("worker {}: key '{}' step {} still too far ahead at the deadline",
-                                 worker_, key, step);
-      std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
-    }
+    SHOAL_ASSIGN_OR_RETURN(last, push_until_taken(p.server, r, dl));
   }
   return last;
 }

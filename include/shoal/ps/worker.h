@@ -110,6 +110,9 @@ class Worker {
   Result<Pulled> exchange(std::size_t i, const Request& r, Deadline dl, Tensor* into);
   Status send_request(std::size_t i, const Request& r, Deadline dl);
   Result<Pulled> recv_reply(std::size_t i, Deadline dl, Tensor* into);
+  // Sends push (or pushrows) `r` to server i, again while it says kWait
+  // (bounded staleness), until `dl`; its answer.
+  Result<PushResult> push_until_taken(std::size_t i, const Request& r, Deadline dl);
   // Finishes a push-pull whose first answer was `first`: reconnects and
   // resends when server i was lost, retries while it says kWait.
   Result<Pulled> settle(std::size_t i, const Request& r, Deadline dl, Tensor* into,
