@@ -15,6 +15,7 @@ pkgs=(
   libonnx-dev libprotobuf-dev libonnx-testdata python3-onnx python3-torchvision
   libzip-dev libstb-dev python3-numpy python3-pil
   python3-dev pybind11-dev python3-pytest
+  fortunes
 )
 if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
   pkgs+=(iperf3)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shoal/core/status.h"
+#include "shoal/train/sample.h"
 
 namespace CLI {
 class App;
@@ -54,6 +55,18 @@ struct EvalCommand {
 };
 EvalCommand add_eval_command(CLI::App& app);
 int run_eval(const train::TrainOptions& o);
+// `shoal sample`: text from a GPT checkpoint (train/sample.h).
+struct SampleFlags {
+  std::string weights;
+  train::SampleOptions sample;
+  int threads = 0;
+};
+struct SampleCommand {
+  CLI::App* app = nullptr;
+  std::shared_ptr<SampleFlags> opts;
+};
+SampleCommand add_sample_command(CLI::App& app);
+int run_sample(const SampleFlags& f);
 // `shoal ps server`: one parameter server until SIGTERM (ps/server.h).
 struct PsServerFlags {
   std::string host = "127.0.0.1";

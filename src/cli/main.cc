@@ -18,6 +18,7 @@ struct Cli {
   std::uint64_t seed = 1;
   shoal::cli::TrainCommand train;
   shoal::cli::EvalCommand eval;
+  shoal::cli::SampleCommand sample;
   shoal::cli::PsCommand ps;
   shoal::cli::OnnxCommand onnx;
   CLI::App* run = nullptr;
@@ -46,6 +47,7 @@ struct Cli {
     example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
     train = shoal::cli::add_train_command(app);
     eval = shoal::cli::add_eval_command(app);
+    sample = shoal::cli::add_sample_command(app);
     ps = shoal::cli::add_ps_command(app);
     onnx = shoal::cli::add_onnx_command(app);
     run = app.add_subcommand("run", "Launch N ranks of a command (gang: one fails, all stop)");
@@ -142,6 +144,7 @@ int main(int argc, char** argv) {
   }
   if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts, *cli->train.dist);
   if (cli->eval.app->parsed()) return shoal::cli::run_eval(*cli->eval.opts);
+  if (cli->sample.app->parsed()) return shoal::cli::run_sample(*cli->sample.opts);
   if (cli->ps.scheduler->parsed()) return shoal::cli::run_ps_scheduler(*cli->ps.sched);
   if (cli->ps.join->parsed()) return shoal::cli::run_ps_join(*cli->ps.join_flags);
   if (cli->ps.server->parsed()) {

@@ -12,6 +12,7 @@
 #include "shoal/dist/job.h"
 #include "shoal/dp/data_parallel.h"
 #include "shoal/train/model.h"
+#include "shoal/train/text.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -118,14 +119,30 @@ TrainCommand add_train_command(CLI::App& app) {
       app.add_subcommand("train", "Train a model on Fashion-MNIST, NumPy arrays or image folders");
   c.app = t;
   t->add_option("--model", o.model,
-                "mlp, cnn, resnet (ResNet-20), or an ONNX file (path ending in .onnx)")
+                "mlp, cnn, resnet (ResNet-20), gpt (a decoder-only transformer for --data "
+                "text:PATH), or an ONNX file (path ending in .onnx)")
       ->check(model_name_check())
       ->capture_default_str();
   t->add_option("--data", o.data,
-                "fashion-mnist, mnist, a .npz file (x_train, y_train, x_test, y_test), or a "
+                "fashion-mnist, mnist, a .npz file (x_train, y_train, x_test, y_test), a "
                 "directory of IDX files, of those arrays as .npy, or of train/ and test/ image "
-                "folders (one subfolder per class)")
+                "folders (one subfolder per class), or text:PATH[,PATH] (text files or "
+                "directories of them; characters are the tokens)")
       ->capture_default_str();
+  t->add_option("--layers", o.gpt.layers, "--model gpt: transformer blocks")
+      ->check(kPositive)
+      ->capture_default_str();
+  t->add_option("--heads", o.gpt.heads, "--model gpt: attention heads (must divide --dim)")
+      ->check(kPositive)
+      ->capture_default_str();
+  t->add_option("--dim", o.gpt.dim, "--model gpt: embedding width")
+      ->check(kPositive)
+      ->capture_default_str();
+  t->add_option("--context", o.gpt.context,
+                "--model gpt: tokens per sample (text data is cut into windows of this length)")
+      ->check(kPositive)
+      ->capture_default_str();
+  t->add_flag("!--untied", o.gpt.tied, "--model gpt: an output head of its own, not wte^T");
   t->add_option("--epochs", o.epochs, "Epochs")->check(kPositive)->capture_default_str();
   t->add_option("--batch", o.batch, "Batch size per rank")->check(kPositive)->capture_default_str();
   t->add_option("--optimizer", o.optimizer, "sgd, momentum, nesterov, adam, adamw, lars, lamb")
@@ -265,8 +282,14 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
     std::string when = last.partial
                            ? fmt::format("{} steps (epoch {}, partial)", last.step, last.epoch)
                            : fmt::format("{} epochs", last.epoch);
-    fmt::print("final: test accuracy {:.2f}% after {}, {:.0f} img/s, {:.1f} s\n",
-               100 * last.test_acc, when, last.images_per_s, secs);
+    if (train::is_text_data(o.data))
+      fmt::print(
+          "final: validation {:.3f} bits/char, accuracy {:.2f}% after {}, {:.0f} tok/s, "
+          "{:.1f} s\n",
+          last.test_loss / std::log(2.0), 100 * last.test_acc, when, last.images_per_s, secs);
+    else
+      fmt::print("final: test accuracy {:.2f}% after {}, {:.0f} img/s, {:.1f} s\n",
+                 100 * last.test_acc, when, last.images_per_s, secs);
   }
   return 0;
 }

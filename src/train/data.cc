@@ -214,12 +214,15 @@ Dataset Dataset::take_first(std::int64_t n) const {
   dims[0] = n;
   s.images = Tensor::empty(dims, images.dtype());
   std::memcpy(s.images.raw_data(), images.raw_data(), s.images.nbytes());
-  s.labels = Tensor::empty({n}, labels.dtype());
+  Shape ldims = labels.shape();
+  ldims[0] = n;
+  s.labels = Tensor::empty(ldims, labels.dtype());
   std::memcpy(s.labels.raw_data(), labels.raw_data(), s.labels.nbytes());
   return s;
 }
 
 std::pair<float, float> pixel_stats(const Dataset& d) {
+  if (d.tokens()) return {0.f, 1.f};
   const bool u8 = d.images.dtype() == DType::kU8;
   const std::uint8_t* p = u8 ? d.images.data<std::uint8_t>() : nullptr;
   const float* f = u8 ? nullptr : d.images.data<float>();
@@ -324,8 +327,11 @@ void Loader::fill(Batch& b, std::int64_t epoch, std::int64_t index) const {
     Shape bs = cs;
     bs.insert(bs.begin(), n);
     b.images = Tensor::empty(bs, DType::kF32);
-    b.labels = Tensor::empty({n}, DType::kI32);
+    Shape ls = d_.labels.shape();
+    ls[0] = n;
+    b.labels = Tensor::empty(ls, DType::kI32);
   }
+  const std::int64_t lper = d_.labels_per_sample();
   b.epoch = epoch;
   b.index = index;
   const bool u8 = d_.images.dtype() == DType::kU8;
@@ -335,7 +341,7 @@ void Loader::fill(Batch& b, std::int64_t epoch, std::int64_t index) const {
   const float scale = 1.f / ((u8 ? 255.f : 1.f) * o_.stddev), shift = -o_.mean / o_.stddev;
   for (std::int64_t s = 0; s < n; ++s) {
     std::int64_t k = idx[static_cast<std::size_t>(s)];
-    y[s] = lab[k];
+    std::copy_n(lab + k * lper, lper, y + s * lper);
     float* out = dst + s * per;
     if (!o_.augment) {
       if (u8)

@@ -14,7 +14,7 @@ Value ModelContext::param(const std::string& name, Shape shape, const std::strin
   auto it = pvals_.find(name);
   if (it != pvals_.end()) return it->second;
   Value v = b_.input("param/" + name, DType::kF32, shape);
-  params_.push_back({name, std::move(shape), init, fan_in, fan_out, {}});
+  params_.push_back({name, std::move(shape), init, fan_in, fan_out, {}, 0});
   pvals_[name] = v;
   return v;
 }
@@ -24,11 +24,18 @@ Value ModelContext::buffer(const std::string& name, Shape shape, double init) {
   return b_.input("buf/" + name, DType::kF32, std::move(shape));
 }
 
+Value ModelContext::normal_param(const std::string& name, Shape shape, double stddev) {
+  if (auto it = pvals_.find(name); it != pvals_.end()) return it->second;
+  Value v = param(name, std::move(shape), "normal", 1, 1);
+  params_.back().stddev = stddev;  // the spec param() just added
+  return v;
+}
+
 Value ModelContext::given_param(const std::string& name, const Tensor& value) {
   auto it = pvals_.find(name);
   if (it != pvals_.end()) return it->second;
   Value v = b_.input("param/" + name, DType::kF32, value.shape());
-  params_.push_back({name, value.shape(), "given", 1, 1, value.cast(DType::kF32)});
+  params_.push_back({name, value.shape(), "given", 1, 1, value.cast(DType::kF32), 0});
   pvals_[name] = v;
   return v;
 }
@@ -142,7 +149,7 @@ Value resnet(ModelContext& m, Value x, int classes) {
 
 }  // namespace
 
-std::vector<std::string> model_names() { return {"mlp", "cnn", "resnet"}; }
+std::vector<std::string> model_names() { return {"mlp", "cnn", "resnet", "gpt"}; }
 
 bool is_onnx_path(const std::string& name) { return name.size() > 5 && name.ends_with(".onnx"); }
 
@@ -166,7 +173,8 @@ std::function<Value(ModelContext&, Value)> on_images(const std::string& name, F 
   };
 }
 
-Result<Model> make_model(const std::string& name, int classes) {
+Result<Model> make_model(const std::string& name, int classes, const GptConfig& gpt) {
+  if (name == "gpt") return gpt_model(gpt, classes);
   Model m;
   m.name = name;
   if (name == "mlp") {
@@ -197,6 +205,8 @@ std::map<std::string, Tensor> init_params(const std::vector<ParamSpec>& specs, s
     } else if (s.init == "xavier") {
       double a = std::sqrt(6.0 / (s.fan_in + s.fan_out));
       rng.fill_uniform(t, -a, a);
+    } else if (s.init == "normal") {
+      rng.fill_normal(t, 0, s.stddev);
     } else if (s.init == "ones") {
       t = Tensor::full(s.shape, DType::kF32, 1.0);
     } else if (s.init == "given") {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "shoal/train/text.h"
+
 namespace shoal::train {
 
 namespace fs = std::filesystem;
@@ -128,7 +130,12 @@ Result<DataSplits> make_splits(Tensor x_train, Tensor y_train, Tensor x_test, Te
   return s;
 }
 
-Result<DataSplits> load_data(const std::string& data) {
+Result<DataSplits> load_data(const std::string& data, std::int64_t context) {
+  if (is_text_data(data)) {
+    TextOptions o;
+    o.context = context;
+    return load_text(std::string_view(data).substr(5), o);
+  }
   std::error_code ec;
   if (data.ends_with(".npz")) {
     if (!fs::is_regular_file(data, ec)) return not_found("--data {}: no such file", data);

@@ -25,6 +25,7 @@
 #include "shoal/train/data.h"
 #include "shoal/train/model.h"
 #include "shoal/train/sources.h"
+#include "shoal/train/text.h"
 #include "shoal/train/weights.h"
 #include "train/trainer_impl.h"
 
@@ -38,6 +39,7 @@ Status validate(const TrainOptions& o) {
   if (!is_model_name(o.model))
     return invalid_argument("--model '{}' is not one of {}, nor a .onnx file", o.model,
                             fmt::join(model_names(), ", "));
+  if (o.model == "gpt") SHOAL_RETURN_IF_ERROR(validate(o.gpt));
   if (o.epochs < 1) return invalid_argument("--epochs {} must be >= 1", o.epochs);
   if (o.batch < 1) return invalid_argument("--batch {} must be >= 1", o.batch);
   if (o.threads < 0) return invalid_argument("--threads {} must be >= 0", o.threads);
@@ -110,7 +112,7 @@ Status Trainer::init(const TrainOptions& o) {
   if (o.dataset) {
     splits = *o.dataset;
   } else {
-    SHOAL_ASSIGN_OR_RETURN(splits, load_data(o.data));
+    SHOAL_ASSIGN_OR_RETURN(splits, load_data(o.data, o.gpt.context));
   }
   m.train = splits.train.take_first(o.limit_train);
   m.test = splits.test.take_first(o.limit_test);
@@ -118,6 +120,13 @@ Status Trainer::init(const TrainOptions& o) {
     return invalid_argument("--augment crops and flips images [C, H, W]; {} holds samples of {}",
                             o.data, shape_str(m.train.sample_shape()));
   std::tie(m.mean, m.stddev) = pixel_stats(m.train);
+  if (m.train.tokens()) m.progress.unit = "tok/s";
+  if (m.train.tokens() && o.rank == 0 && !o.quiet)
+    fmt::print(
+        "{}: {} training and {} validation tokens, vocabulary {}, unigram entropy {:.3f} "
+        "bits/char\n",
+        o.data, m.train.labels.numel(), m.test.labels.numel(), m.train.vocab.size(),
+        unigram_bits(m.train));
   // Weights trained on inputs normalized another way see those inputs.
   if (float mu = 0, sd = 1; init_w && init_w->normalization(&mu, &sd)) {
     if (o.rank == 0 && (mu != m.mean || sd != m.stddev))
@@ -140,7 +149,7 @@ Status Trainer::init(const TrainOptions& o) {
     return invalid_argument("--batch {} x {} ranks is larger than the {} training samples", o.batch,
                             o.world, m.train.size());
 
-  SHOAL_ASSIGN_OR_RETURN(m.model, make_model(o.model, m.train.num_classes));
+  SHOAL_ASSIGN_OR_RETURN(m.model, make_model(o.model, m.train.num_classes, o.gpt));
 
   // The step graph: forward, loss, autodiff, [grad pass], update.
   Graph g;
@@ -148,10 +157,14 @@ Status Trainer::init(const TrainOptions& o) {
   Shape xshape = m.train.sample_shape();
   xshape.insert(xshape.begin(), o.batch);
   Value x = b.input("x", DType::kF32, xshape);
-  Value y = b.input("labels", DType::kI32, {o.batch});
+  Shape yshape = m.train.labels.shape();
+  yshape[0] = o.batch;
+  Value y = b.input("labels", DType::kI32, yshape);
   ModelContext mc(b, true);
   mc.seed = o.seed;
   Value logits = m.model.forward(mc, x);
+  // A language model scores every position: logits [B*T, V], labels [B, T].
+  if (yshape.size() > 1) y = b.reshape(y, {num_elements(yshape)});
   Value loss = b.cross_entropy(logits, y);
   if (!b.ok()) return b.status().with_context(fmt::format("building model '{}'", o.model));
   m.specs = mc.params();
@@ -170,6 +183,7 @@ Status Trainer::init(const TrainOptions& o) {
     auto v = [](const auto& x) { return fmt::format("{}", x); };
     SHOAL_RETURN_IF_ERROR(o.peers->agree_options({
         {"--model", o.model},
+        {"--layers --heads --dim --context", o.model == "gpt" ? o.gpt.str() : "-"},
         {"--data", o.data},
         {"--epochs", v(o.epochs)},
         {"--batch", v(o.batch)},
@@ -380,8 +394,8 @@ Result<EvalResult> Trainer::evaluate() {
     SHOAL_RETURN_IF_ERROR(exe->bind("x", b.images));
     SHOAL_RETURN_IF_ERROR(exe->run().with_context("evaluating"));
     const Tensor& lg = exe->output(0);
-    std::int64_t c = lg.shape()[1];
-    for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t rows = lg.shape()[0], c = lg.shape()[1];  // rows: n, or n*T tokens
+    for (std::int64_t i = 0; i < rows; ++i) {
       const float* row = lg.data<float>() + i * c;
       int label = b.labels.data<std::int32_t>()[i];
       ok += argmax_row(row, c) == label;
@@ -389,7 +403,7 @@ Result<EvalResult> Trainer::evaluate() {
       for (std::int64_t j = 0; j < c; ++j) se += std::exp(static_cast<double>(row[j]) - mx);
       loss_sum += mx + std::log(se) - row[label];
     }
-    r.samples += n;
+    r.samples += rows;
   }
   if (o_.peers) {
     std::vector<double> v = {loss_sum, static_cast<double>(ok), static_cast<double>(r.samples)};
@@ -436,7 +450,7 @@ Status Trainer::run() {
                        step_ - 1, epoch + 1);
       loss_sum += loss;
       correct += ok;
-      seen += o_.batch;
+      seen += o_.batch * m.train.labels_per_sample();
       ++steps;
       // The job's rate where ranks step together; a worker's own where
       // they do not (async parameter server).
@@ -500,15 +514,9 @@ Status Trainer::run() {
           {"images_per_s", em.images_per_s},
           {"train_seconds", em.train_seconds},
           {"elapsed_seconds", std::chrono::duration<double>(Clock::now() - wall0).count()}};
+      if (m.train.tokens()) j["test_bits_per_char"] = em.test_loss / std::log(2.0);
       m.metrics << j.dump() << "\n" << std::flush;
-      if (!o_.quiet)
-        fmt::print(
-            "epoch {}/{}{}: train loss {:.4f} acc {:.2f}%  test loss {:.4f} acc {:.2f}%  "
-            "{:.0f} img/s  {:.1f} s\n",
-            em.epoch, o_.epochs,
-            em.partial ? fmt::format(" (ended at step {} by --max-steps)", em.step) : "",
-            em.train_loss, 100 * em.train_acc, em.test_loss, 100 * em.test_acc, em.images_per_s,
-            em.wall_seconds);
+      if (!o_.quiet) print_epoch(em);
       if (o_.plot) {
         Status st = write_plot();
         if (!st.ok()) SHOAL_LOG_WARN("plot skipped: {}", st.to_string());
@@ -516,6 +524,19 @@ Status Trainer::run() {
     }
   }
   return ok_status();
+}
+
+void Trainer::print_epoch(const EpochMetrics& em) const {
+  const bool text = impl_->train.tokens();
+  // Text: the loss in bits per character too, and tokens (not images) per second.
+  std::string bpc = text ? fmt::format(" ({:.3f} bits/char)", em.test_loss / std::log(2.0)) : "";
+  fmt::print(
+      "epoch {}/{}{}: train loss {:.4f} acc {:.2f}%  test loss {:.4f}{} acc {:.2f}%  "
+      "{:.0f} {}  {:.1f} s\n",
+      em.epoch, o_.epochs,
+      em.partial ? fmt::format(" (ended at step {} by --max-steps)", em.step) : "", em.train_loss,
+      100 * em.train_acc, em.test_loss, bpc, 100 * em.test_acc, em.images_per_s,
+      text ? "tok/s" : "img/s", em.wall_seconds);
 }
 
 Status Trainer::write_plot() const {

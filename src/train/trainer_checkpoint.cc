@@ -5,6 +5,7 @@
 #include "shoal/core/logging.h"
 #include "shoal/runtime/kernel.h"
 #include "shoal/train/checkpoint.h"
+#include "shoal/train/text.h"
 #include "train/trainer_impl.h"
 
 namespace shoal::train {
@@ -61,6 +62,9 @@ Status Trainer::checkpoint() {
   s.meta["input_mean"] = fmt::format("{}", impl_->mean);
   s.meta["input_std"] = fmt::format("{}", impl_->stddev);
   s.meta["data"] = o_.data;
+  // A language model's vocabulary and size: what `shoal sample` rebuilds it from.
+  if (impl_->train.tokens()) s.meta["vocab"] = vocab_to_hex(impl_->train.vocab);
+  if (o_.model == "gpt") s.meta["gpt"] = o_.gpt.str();
   s.meta["lr"] = fmt::format("{}", o_.lr);
   s.meta["schedule"] = o_.schedule;
   s.meta["warmup_epochs"] = fmt::format("{}", o_.warmup_epochs);

@@ -33,6 +33,7 @@ class Progress {
   Progress(bool quiet)
       : quiet_(quiet),
         tty_(isatty(STDOUT_FILENO) != 0 && std::getenv("SHOAL_PLAIN_OUTPUT") == nullptr) {}
+  std::string unit = "img/s";  // tok/s for text
   void update(int epoch, int epochs, std::int64_t i, std::int64_t n, double loss, double ips,
               double eta_s) {
     if (quiet_) return;
@@ -44,15 +45,15 @@ class Progress {
       int width = 24, fill = n ? static_cast<int>(width * i / n) : width;
       std::string bar(static_cast<std::size_t>(fill), '#');
       bar.resize(static_cast<std::size_t>(width), '.');
-      fmt::print("\repoch {}/{} [{}] {}/{} loss {:.4f} {:.0f} img/s ETA {}   ", epoch, epochs, bar,
-                 i, n, loss, ips, eta(eta_s));
+      fmt::print("\repoch {}/{} [{}] {}/{} loss {:.4f} {:.0f} {} ETA {}   ", epoch, epochs, bar, i,
+                 n, loss, ips, unit, eta(eta_s));
       if (last) fmt::print("\n");
       std::fflush(stdout);
     } else {
       std::int64_t every = std::max<std::int64_t>(n / 10, 1);
       if (i % every != 0 && !last) return;
-      fmt::print("epoch {}/{} step {}/{} loss {:.4f} {:.0f} img/s ETA {}\n", epoch, epochs, i, n,
-                 loss, ips, eta(eta_s));
+      fmt::print("epoch {}/{} step {}/{} loss {:.4f} {:.0f} {} ETA {}\n", epoch, epochs, i, n, loss,
+                 ips, unit, eta(eta_s));
       std::fflush(stdout);
     }
   }

@@ -37,9 +37,16 @@ Result<IdxArray> parse_idx(std::string_view bytes, std::string_view where);
 struct Dataset {
   std::string name;  // "fashion-mnist:train"
   Tensor images;     // u8 or f32 [N, ...]
-  Tensor labels;     // i32 [N], each in [0, num_classes)
+  Tensor labels;     // i32 [N] (or [N, T]: one class per token), each in [0, num_classes)
   int num_classes = 10;
-  std::int64_t size() const { return labels.numel(); }
+  // Token datasets (train/text.h): the images are token ids held as f32
+  // (exact below 2^24), passed to the model as they are, and vocab[id] is
+  // the byte token id stands for. Empty for every other dataset.
+  std::string vocab;
+  bool tokens() const { return !vocab.empty(); }
+  std::int64_t size() const { return labels.defined() ? labels.shape()[0] : 0; }
+  // Labels per sample: 1, or T for a token dataset.
+  std::int64_t labels_per_sample() const { return size() ? labels.numel() / size() : 1; }
   // One sample as the model sees it: [N, H, W] data gives [1, H, W].
   Shape sample_shape() const;
   std::int64_t sample_numel() const { return num_elements(sample_shape()); }
@@ -71,12 +78,13 @@ struct LoaderOptions {
 };
 
 // Mean and standard deviation over a dataset of pixel/255 (u8) or of the
-// values themselves (f32).
+// values themselves (f32); (0, 1) for token datasets, whose ids are not
+// normalized.
 std::pair<float, float> pixel_stats(const Dataset& d);
 
 struct Batch {
   Tensor images;                      // f32 [b, ...sample_shape()]
-  Tensor labels;                      // i32 [b]
+  Tensor labels;                      // i32 [b] or [b, T]
   std::int64_t epoch = 0, index = 0;  // batch `index` of `epoch`
 };
 

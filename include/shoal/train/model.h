@@ -21,9 +21,10 @@ namespace shoal::train {
 struct ParamSpec {
   std::string name;
   Shape shape;
-  std::string init;  // kaiming, xavier, zeros, ones, given
+  std::string init;  // kaiming, xavier, normal (stddev), zeros, ones, given
   double fan_in = 1, fan_out = 1;
-  Tensor value;  // init == "given": an imported model's weights
+  Tensor value;       // init == "given": an imported model's weights
+  double stddev = 0;  // init == "normal"
 };
 
 struct BufferSpec {
@@ -43,6 +44,8 @@ class ModelContext {
   graph::Value param(const std::string& name, Shape shape, const std::string& init, double fan_in,
                      double fan_out);
   graph::Value buffer(const std::string& name, Shape shape, double init);
+  // A parameter drawn from N(0, stddev^2) (transformers' init).
+  graph::Value normal_param(const std::string& name, Shape shape, double stddev);
   // A parameter or buffer whose initial value comes with the model (ONNX).
   graph::Value given_param(const std::string& name, const Tensor& value);
   graph::Value given_buffer(const std::string& name, const Tensor& value);
@@ -78,15 +81,32 @@ class ModelContext {
   std::vector<std::pair<std::string, graph::Value>> updates_;
 };
 
+// The GPT-style decoder's size (--layers --heads --dim --context); its
+// vocabulary is the data's classes.
+struct GptConfig {
+  int layers = 2;
+  int heads = 4;
+  std::int64_t dim = 128;
+  std::int64_t context = 64;  // also the text data's tokens per sample
+  bool tied = true;           // the output head is the token embedding transposed
+  std::string str() const;    // "layers=2 heads=4 dim=128 context=64 tied=1"
+};
+Result<GptConfig> parse_gpt_config(std::string_view s);  // the form str() writes
+Status validate(const GptConfig& c);
+
 struct Model {
   std::string name;
-  // Input x is f32 [N, 1, H, W]; returns logits [N, classes].
+  // Input x is f32 [N, 1, H, W] (or token ids [N, T]); returns logits
+  // [N, classes] ([N*T, vocabulary] for a language model).
   std::function<graph::Value(ModelContext&, graph::Value x)> forward;
 };
 
-// "mlp", "cnn", "resnet" (ResNet-20), or a path ending in .onnx (an
-// ONNX model; onnx/import.h). The error lists the known names.
-Result<Model> make_model(const std::string& name, int classes);
+// "mlp", "cnn", "resnet" (ResNet-20), "gpt" (sized by `gpt`), or a path
+// ending in .onnx (an ONNX model; onnx/import.h). The error lists the
+// known names.
+Result<Model> make_model(const std::string& name, int classes, const GptConfig& gpt = {});
+// The GPT decoder over token ids [N, T] (T <= context): logits [N*T, vocab].
+Result<Model> gpt_model(const GptConfig& c, int vocab);
 std::vector<std::string> model_names();
 // Whether make_model accepts `name`: a built-in name, the alias "resnet20",
 // or a path ending in .onnx (the file is not opened).

@@ -10,6 +10,7 @@
 //   --data DIR                          x_train.npy y_train.npy x_test.npy y_test.npy
 //   --data FILE.npz                     arrays x_train y_train x_test y_test
 //   --data DIR                          DIR/train/<class>/*.png|jpg, DIR/test (or val)/<class>/...
+//   --data text:PATH[,PATH...]          text files: characters as tokens (train/text.h)
 //
 // Samples: u8 arrays are pixels (scaled by 1/255 at load time), any other
 // number type becomes f32 features. Labels: integers in [0, classes), the
@@ -34,8 +35,9 @@ struct DataSplits {
 };
 
 // Reads the training and test splits `data` names (see above). Errors name
-// the file or folder and what was expected.
-Result<DataSplits> load_data(const std::string& data);
+// the file or folder and what was expected. `context` is the tokens per
+// sample of text data (the GPT's --context); other data ignore it.
+Result<DataSplits> load_data(const std::string& data, std::int64_t context = 64);
 
 // Builds the splits from arrays already in memory (the Python bindings):
 // images u8 or any number type (-> f32) with N first, labels integers [N].

@@ -19,6 +19,7 @@
 #include "shoal/core/status.h"
 #include "shoal/graph/graph.h"
 #include "shoal/train/checkpoint.h"
+#include "shoal/train/model.h"
 #include "shoal/train/optim.h"
 #include "shoal/train/weights.h"
 
@@ -51,6 +52,7 @@ class Peers {
 
 struct TrainOptions {
   std::string model = "cnn";
+  GptConfig gpt;  // --model gpt's size; gpt.context is also text data's sample length
   std::string data = "fashion-mnist";  // what train/sources.h's load_data reads
   // Data already in memory (the Python bindings): used instead of `data`,
   // which then only names it (in messages and the ranks' agreement).
@@ -160,6 +162,7 @@ class Trainer {
   Status init(const TrainOptions& o);
   Status train_step(double* loss, std::int64_t* correct);
   Status write_plot() const;
+  void print_epoch(const EpochMetrics& em) const;
   Status sync_from_lead();
   CheckpointDir checkpoint_dir() const;  // <run dir>/checkpoints, keeping keep_checkpoints
   Status sync_buffers();

@@ -1,0 +1,108 @@
+#!/usr/bin/python3
+"""bench/gpt_train: the character-level GPT trained by Shoal and by PyTorch.
+
+For each size and thread count, trains `shoal train --model gpt --data
+text:FILE` for --steps steps, and the same decoder in PyTorch
+(tests/python/gpt_torch.py's forward: the same layers, weights as leaf
+tensors) on the same windows of the same text, batch 32, Adam. Prints
+training tokens/s side by side (the training loop only: no start-up, no
+evaluation), one row per (size, threads), and the ratio.
+
+usage: bench/gpt_train.py [--shoal build/shoal] [--threads 1,2] [--steps 150]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TEXT = "/usr/share/games/fortunes/cookie"
+SIZES = {"small": (2, 4, 64), "base": (4, 4, 128)}  # layers, heads, dim
+CONTEXT, BATCH = 64, 32
+
+
+def peer(size, threads, steps):
+    """PyTorch's side: prints {"tokens_per_s": ...}."""
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+    import gpt_torch as G
+    torch.set_num_threads(threads)
+    text = open(TEXT, "rb").read()
+    vocab = sorted(set(text))
+    index = {c: i for i, c in enumerate(vocab)}
+    train = text[: len(text) - int(len(text) * 0.1)]
+    tok = torch.tensor([index[c] for c in train])
+    n = (len(tok) - 1) // CONTEXT
+    x, y = tok[: n * CONTEXT].view(n, CONTEXT), tok[1 : n * CONTEXT + 1].view(n, CONTEXT)
+
+    class A:
+        pass
+    a = A()
+    a.layers, a.heads, a.dim = SIZES[size]
+    a.context, a.vocab, a.tied, a.seed = CONTEXT, len(vocab), True, 0
+    with tempfile.TemporaryDirectory() as d:
+        a.out = os.path.join(d, "w.safetensors")
+        G.init(a)
+        w0, _ = G.load(a.out)
+    w = {k: v.requires_grad_(True) for k, v in w0.items()}
+    opt = torch.optim.Adam(list(w.values()), lr=0.003)
+    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(n, generator=g)
+    t0 = None
+    for s in range(steps + 5):
+        if s == 5:
+            t0 = time.perf_counter()  # 5 warm-up steps
+        b = perm[(s * BATCH) % (n - BATCH):][:BATCH]
+        loss = F.cross_entropy(G.forward(w, x[b], a).reshape(-1, a.vocab), y[b].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    secs = time.perf_counter() - t0
+    print(json.dumps({"tokens_per_s": steps * BATCH * CONTEXT / secs}))
+
+
+def shoal(binary, size, threads, steps):
+    layers, heads, dim = SIZES[size]
+    with tempfile.TemporaryDirectory() as d:
+        out = subprocess.run(
+            [binary, "train", "--model", "gpt", "--data", "text:" + TEXT, "--layers", str(layers),
+             "--heads", str(heads), "--dim", str(dim), "--context", str(CONTEXT), "--batch",
+             str(BATCH), "--optimizer", "adam", "--lr", "0.003", "--max-steps", str(steps),
+             "--threads", str(threads), "--limit-test", "4", "--no-plot", "--no-checkpoints",
+             "--quiet", "--out", d], capture_output=True, text=True, check=True).stdout
+    line = [l for l in out.splitlines() if l.startswith("final:")][-1]
+    return float(line.split(" tok/s")[0].rsplit(" ", 1)[1])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--sizes", default="small,base")
+    p.add_argument("--peer", nargs=2, metavar=("SIZE", "THREADS"))
+    a = p.parse_args()
+    if a.peer:
+        peer(a.peer[0], int(a.peer[1]), a.steps)
+        return
+    print(f"GPT on {TEXT}, context {CONTEXT}, batch {BATCH}, Adam, {a.steps} steps")
+    print("| size (layers/heads/dim) | threads | Shoal tok/s | PyTorch tok/s | Shoal / PyTorch |")
+    print("|---|---|---|---|---|")
+    for size in a.sizes.split(","):
+        for t in [int(v) for v in a.threads.split(",")]:
+            mine = shoal(a.shoal, size, t, a.steps)
+            r = subprocess.run([sys.executable, __file__, "--peer", size, str(t), "--steps",
+                                str(a.steps)], capture_output=True, text=True, check=True)
+            theirs = json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"]
+            l, h, dm = SIZES[size]
+            print(f"| {size} ({l}/{h}/{dm}) | {t} | {mine:,.0f} | {theirs:,.0f} | "
+                  f"{mine / theirs:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
