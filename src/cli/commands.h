@@ -32,6 +32,7 @@ struct DistFlags {
   std::string ps_mode = "sync";
   int staleness = 2;
   std::string ps_compress = "none";
+  int zero = 0;
 };
 struct TrainCommand {
   CLI::App* app = nullptr;

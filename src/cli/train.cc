@@ -233,6 +233,12 @@ TrainCommand add_train_command(CLI::App& app) {
                 "2bit:THRESHOLD[,f16|bf16] (gradients as -t/0/+t with error feedback; pulls f32 or "
                 "the half type given)")
       ->capture_default_str();
+  t->add_option("--zero", d.zero,
+                "Data parallel: 1 shards the optimizer state over the ranks (ZeRO-1: gradients "
+                "reduce-scattered, each rank updates its shard, parameters all-gathered); 0 "
+                "all-reduces gradients")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
   t->add_option("--config", *c.config, "YAML or JSON file with the same options (flags win)");
   return c;
 }
@@ -246,6 +252,7 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   jo.dp.bucket_mb = d.bucket_mb;
   jo.dp.first_bucket_mb = d.first_bucket_mb;
   jo.dp.overlap = *dp::parse_overlap(d.overlap);
+  jo.dp.zero = d.zero;
   jo.ps_mode = d.ps_mode;
   jo.staleness = d.staleness;
   jo.ps_compress = d.ps_compress;

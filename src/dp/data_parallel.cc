@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "shoal/core/logging.h"
+#include "shoal/dp/sharded.h"
 #include "shoal/net/shared_memory.h"
 #include "shoal/runtime/kernel.h"
 
@@ -91,10 +92,10 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
   // The wire type changes the sums; the bucket sizes, the calls each rank
   // makes (a mismatch would otherwise surface as differing call sequences).
-  SHOAL_RETURN_IF_ERROR(
-      agree_named(c, {{"--wire", std::string(dtype_name(d.wire))},
-                      {"--bucket-mb", fmt::format("{}", d.bucket_mb)},
-                      {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)}}));
+  SHOAL_RETURN_IF_ERROR(agree_named(c, {{"--wire", std::string(dtype_name(d.wire))},
+                                        {"--bucket-mb", fmt::format("{}", d.bucket_mb)},
+                                        {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)},
+                                        {"--zero", std::to_string(d.zero)}}));
   const bool lead = c.rank() == 0;
   DpOptions dd = d;
   // Is a core free on every rank's host? With every core computing, a
@@ -123,18 +124,37 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
         spare ? "prefetched on a worker thread" : "prepared on the compute thread");
   dd.overlap = overlap ? DpOptions::Overlap::kOn : DpOptions::Overlap::kOff;
   std::int64_t id = register_communicator(&c, overlap);
-  o.grad_pass = [id, d = dd, lead](graph::Graph& g,
-                                   std::vector<train::ParamRef>& params) -> Status {
-    SHOAL_ASSIGN_OR_RETURN(BucketPlan plan, inject_allreduce(g, params, id, d));
-    if (lead) {
-      std::vector<std::int64_t> sizes;
-      for (const auto& b : plan.buckets) sizes.push_back(b.elements);
-      SHOAL_LOG_INFO("data parallel: {} gradient buckets of {} elements, wire {}",
-                     plan.buckets.size(), fmt::join(sizes, "+"), dtype_name(d.wire));
-      SHOAL_LOG_DEBUG("{}", plan.str());
-    }
-    return ok_status();
-  };
+  if (d.zero > 0) {
+    // ZeRO-1: the update pass reduce-scatters, updates a shard, all-gathers.
+    const train::OptimizerOptions oo = train::optimizer_options(o);
+    o.update_pass = [id, oo, lead](graph::Builder& b, const std::vector<train::ParamRef>& params)
+        -> Result<train::OptimizerGraph> {
+      SHOAL_ASSIGN_OR_RETURN(train::OptimizerGraph og, inject_sharded(b, params, oo, id));
+      if (lead) {
+        std::int64_t total = 0;
+        for (const auto& p : params) total += num_elements(b.shape(p.param));
+        SHOAL_LOG_INFO(
+            "data parallel, ZeRO-1: {} optimizer state slots sharded, {} of {} "
+            "elements each on rank 0",
+            og.state.size(), b.shape(og.state.empty() ? params[0].param : og.state[0].input)[0],
+            total);
+      }
+      return og;
+    };
+  } else {
+    o.grad_pass = [id, d = dd, lead](graph::Graph& g,
+                                     std::vector<train::ParamRef>& params) -> Status {
+      SHOAL_ASSIGN_OR_RETURN(BucketPlan plan, inject_allreduce(g, params, id, d));
+      if (lead) {
+        std::vector<std::int64_t> sizes;
+        for (const auto& b : plan.buckets) sizes.push_back(b.elements);
+        SHOAL_LOG_INFO("data parallel: {} gradient buckets of {} elements, wire {}",
+                       plan.buckets.size(), fmt::join(sizes, "+"), dtype_name(d.wire));
+        SHOAL_LOG_DEBUG("{}", plan.str());
+      }
+      return ok_status();
+    };
+  }
   o.peers = std::make_shared<CommPeers>(c);
   // The step's arena (where the planner puts each bucket's gradients) in
   // shared memory: ranks on one host all-reduce buckets over mappings of

@@ -35,6 +35,15 @@ using graph::Builder;
 using graph::Graph;
 using graph::Value;
 
+OptimizerOptions optimizer_options(const TrainOptions& o) {
+  OptimizerOptions oo;
+  oo.name = o.optimizer;
+  oo.momentum = o.momentum;
+  oo.weight_decay = o.weight_decay;
+  oo.trust = o.trust;
+  return oo;
+}
+
 Status validate(const TrainOptions& o) {
   if (!is_model_name(o.model))
     return invalid_argument("--model '{}' is not one of {}, nor a .onnx file", o.model,
@@ -53,12 +62,7 @@ Status validate(const TrainOptions& o) {
   if (o.step_epochs <= 0) return invalid_argument("--step-epochs {} must be > 0", o.step_epochs);
   if (o.rank < 0 || o.world < 1 || o.rank >= o.world)
     return invalid_argument("rank {} / world {} out of range", o.rank, o.world);
-  OptimizerOptions oo;
-  oo.name = o.optimizer;
-  oo.momentum = o.momentum;
-  oo.weight_decay = o.weight_decay;
-  oo.trust = o.trust;
-  SHOAL_RETURN_IF_ERROR(validate(oo).with_context("--optimizer"));
+  SHOAL_RETURN_IF_ERROR(validate(optimizer_options(o)).with_context("--optimizer"));
   LrSchedule s;
   s.kind = o.schedule;
   s.base = o.lr;
@@ -217,11 +221,7 @@ Status Trainer::init(const TrainOptions& o) {
                        fnv1a(graph::to_json(g)) ^ (fnv1a(opts) * 0x9e3779b97f4a7c15ull)));
   }
   if (o.grad_pass) SHOAL_RETURN_IF_ERROR(o.grad_pass(g, refs));
-  OptimizerOptions oo;
-  oo.name = o.optimizer;
-  oo.momentum = o.momentum;
-  oo.weight_decay = o.weight_decay;
-  oo.trust = o.trust;
+  const OptimizerOptions oo = optimizer_options(o);
   SHOAL_ASSIGN_OR_RETURN(OptimizerGraph og,
                          o.update_pass ? o.update_pass(b, refs) : append_optimizer(b, oo, refs));
 
@@ -247,6 +247,7 @@ Status Trainer::init(const TrainOptions& o) {
     g.mark_output(s.output);
   }
   for (const auto& s : og.state) m.writeback.push_back({out++, &state_[s.name]});
+  m.layout = og.layout;
   for (const auto& [name, v] : mc.buffer_updates()) {
     g.mark_output(v);
     m.writeback.push_back({out++, &buffers_[name]});
@@ -280,6 +281,16 @@ Status Trainer::init(const TrainOptions& o) {
     }
   }
   m.writeback = std::move(copies);
+  if (o.rank == 0) {  // measured from the tensors and the planned arena, per rank
+    auto bytes = [](const std::map<std::string, Tensor>& ts) {
+      std::size_t n = 0;
+      for (const auto& [name, t] : ts) n += t.nbytes();
+      return n;
+    };
+    SHOAL_LOG_INFO("memory on rank 0: parameters {} B, optimizer state {} B{}, step arena {} B",
+                   bytes(params_), bytes(state_), m.layout ? " (sharded)" : "",
+                   m.exe->arena_bytes());
+  }
   m.tracing = !o.trace.empty();
   m.exe->enable_trace(m.tracing);
 
@@ -310,8 +321,20 @@ Status Trainer::sync_from_lead() {
   pos.data<std::int64_t>()[0] = step_;
   pos.data<std::int64_t>()[1] = static_cast<std::int64_t>(m.exe->steps());
   SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(pos));
-  for (auto* group : {&params_, &buffers_, &state_})
+  for (auto* group : {&params_, &buffers_})
     for (auto& [name, t] : *group) SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));
+  if (!m.layout) {
+    for (auto& [name, t] : state_) SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));
+  } else if (pos.data<std::int64_t>()[0] > 0) {
+    // Resumed: rank 0 read the logical state; every rank takes its shard.
+    for (const auto& [name, shape] : m.layout->logical) {
+      Tensor& t = m.resumed_state[name];
+      if (!t.defined()) t = Tensor::zeros(shape, DType::kF32);
+      SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));
+    }
+    SHOAL_RETURN_IF_ERROR(m.layout->scatter(m.resumed_state, state_));
+    m.resumed_state.clear();
+  }
   if (o_.rank != 0 && pos.data<std::int64_t>()[0] != step_) {
     step_ = pos.data<std::int64_t>()[0];
     const std::int64_t spe = steps_per_epoch();

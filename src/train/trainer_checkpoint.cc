@@ -41,11 +41,15 @@ Status Trainer::checkpoint() {
   if (!o_.checkpoints) return ok_status();
   SHOAL_RETURN_IF_ERROR(sync_buffers());
   if (o_.on_checkpoint) SHOAL_RETURN_IF_ERROR(o_.on_checkpoint(checkpoint_dir().dir(), step_));
+  // A sharded optimizer state is saved as the logical per-parameter
+  // tensors (gathered from every rank), which any layout can load.
+  std::map<std::string, Tensor> logical;
+  if (impl_->layout) SHOAL_RETURN_IF_ERROR(impl_->layout->gather(state_, logical));
   if (o_.rank != 0) return ok_status();
   CheckpointState s;
   for (auto& [n, t] : params_) s.tensors["param/" + n] = t;
   for (auto& [n, t] : buffers_) s.tensors["buf/" + n] = t;
-  for (auto& [n, t] : state_) s.tensors[n] = t;
+  for (auto& [n, t] : impl_->layout ? logical : state_) s.tensors[n] = t;
   const std::int64_t spe = steps_per_epoch();
   s.meta["step"] = std::to_string(step_);
   s.meta["epoch"] = std::to_string(step_ / spe);
@@ -117,7 +121,14 @@ Status Trainer::resume_latest() {
   };
   for (auto& [n, t] : params_) SHOAL_RETURN_IF_ERROR(restore("param/" + n, t));
   for (auto& [n, t] : buffers_) SHOAL_RETURN_IF_ERROR(restore("buf/" + n, t));
-  for (auto& [n, t] : state_) SHOAL_RETURN_IF_ERROR(restore(n, t));
+  if (impl_->layout) {  // sync_from_lead gives each rank its shard of these
+    for (const auto& [n, shape] : impl_->layout->logical) {
+      Tensor& t = impl_->resumed_state[n] = Tensor::zeros(shape, DType::kF32);
+      SHOAL_RETURN_IF_ERROR(restore(n, t));
+    }
+  } else {
+    for (auto& [n, t] : state_) SHOAL_RETURN_IF_ERROR(restore(n, t));
+  }
   step_ = s.get_int("step", 0);
   const std::int64_t spe = steps_per_epoch();
   impl_->loader->seek(step_ / spe, step_ % spe);

@@ -95,6 +95,11 @@ struct Trainer::Impl {
   Progress progress{false};
   bool tracing = false;
   std::deque<std::vector<runtime::TraceEvent>> trace_steps;
+  // A sharded optimizer state's layout (null: per parameter, OptimizerGraph),
+  // and the logical state a resume read on rank 0, until sync_from_lead
+  // hands every rank its shard.
+  std::shared_ptr<OptimizerGraph::Layout> layout;
+  std::map<std::string, Tensor> resumed_state;
 };
 inline constexpr std::size_t kTraceSteps = 10;
 

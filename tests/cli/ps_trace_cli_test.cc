@@ -14,11 +14,13 @@
 namespace shoal {
 namespace {
 
+// The servers write a metrics line a second, and traffic is a rate between
+// two lines: the job must run for more than two seconds (24,576 images).
 TEST(PsTraceCli, WorkersAndServersShareOneTrace) {
   const std::string dir = testing::scratch_dir("ps_trace");
   auto r = testing::run_shoal(fmt::format(
       "run --ps 2,2 --timeout 120 --ps-snapshots {0}/ps --trace {0}/trace.json -- {1} train "
-      "--dist ps --model mlp --limit-train 8192 --limit-test 256 --threads 1 --batch 32 "
+      "--dist ps --model mlp --limit-train 24576 --limit-test 256 --threads 1 --batch 32 "
       "--epochs 1 --no-plot --quiet --out {0}/run",
       dir, SHOAL_BINARY));
   ASSERT_EQ(r.code, 0) << r.out;

@@ -59,6 +59,8 @@ struct DpOptions {
   // threads of each fill every core this process may use.
   enum class Overlap { kAuto, kOn, kOff };
   Overlap overlap = Overlap::kAuto;
+  // 1: shard the optimizer state instead of all-reducing (dp/sharded.h).
+  int zero = 0;
 };
 Result<DpOptions::Overlap> parse_overlap(const std::string& s);  // auto, on, off
 Status validate(const DpOptions& o);

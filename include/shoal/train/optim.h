@@ -10,6 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,22 @@ struct OptimizerGraph {
     graph::Value input, output;
   };
   std::vector<State> state;
+  // Set by a pass that shards the state (dp/sharded.h): how this rank's
+  // state tensors relate to the per-parameter ("logical") tensors one
+  // process would hold, so checkpoints hold the logical ones and load into
+  // any layout. Both functions are collective over the pass's ranks.
+  struct Layout {
+    std::map<std::string, Shape> logical;  // "opt/<param>/<slot>" -> the parameter's shape
+    // The logical tensors (whole on every rank) from each rank's state.
+    std::function<Status(const std::map<std::string, Tensor>& state,
+                         std::map<std::string, Tensor>& logical)>
+        gather;
+    // This rank's state from the logical tensors (every rank holds them).
+    std::function<Status(const std::map<std::string, Tensor>& logical,
+                         std::map<std::string, Tensor>& state)>
+        scatter;
+  };
+  std::shared_ptr<Layout> layout;  // null: the state is per parameter, the same on every rank
 };
 
 // Appends one update node per parameter. 1-D parameters (biases, norm

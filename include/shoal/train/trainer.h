@@ -116,6 +116,8 @@ struct TrainOptions {
 };
 // Checks ranges and names (model, optimizer, schedule); the error names the option.
 Status validate(const TrainOptions& o);
+// The optimizer the options name (what append_optimizer builds).
+OptimizerOptions optimizer_options(const TrainOptions& o);
 
 struct EpochMetrics {
   int epoch = 0;

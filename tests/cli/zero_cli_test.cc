@@ -1,0 +1,156 @@
+// Sharded data parallelism (ZeRO-1, `shoal train --zero 1`) end to end
+// under `shoal run -n N`: after k steps every parameter and every
+// optimizer-state tensor (the checkpoint's logical, per-parameter ones)
+// equals one process on the whole batch, at N = 2, 3, 4 (shards of unequal
+// size) for momentum and Adam and for the GPT; optimizer-state memory per
+// rank falls as 1/N; checkpoints move between sharded and plain data
+// parallelism in both directions; LAMB is refused by name.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "cli/cli_results.h"
+#include "cli/run_shoal.h"
+#include "temp_dir.h"
+
+namespace shoal {
+namespace {
+
+using testing::last_checkpoint;
+using testing::run_shoal;
+
+std::string tmpdir(const std::string& name) {
+  return testing::scratch_dir("zero_" + name) + "/run";
+}
+
+struct TrainRun {
+  std::string dir, out;
+  int code;
+};
+
+// `steps` steps of `model` with `ranks` ranks of batch `batch`.
+TrainRun train(const std::string& dir, int ranks, int batch, int steps, const std::string& extra,
+               const std::string& model = "--model mlp --limit-train 2048 --limit-test 256") {
+  auto r = run_shoal(
+      fmt::format("run -n {} --timeout 120 -- {} train {} --batch {} --max-steps {} --threads 1 "
+                  "--deterministic --no-plot --quiet --out {} {}",
+                  ranks, SHOAL_BINARY, model, batch, steps, dir, extra));
+  return {dir, r.out, r.code};
+}
+
+// Largest absolute difference over the tensors whose names start with
+// `prefix`; `count` gets how many were compared. Every one must exist in both.
+double worst_diff(const SafetensorsFile& a, const SafetensorsFile& b, const std::string& prefix,
+                  int* count) {
+  double worst = 0;
+  *count = 0;
+  for (const auto& [name, t] : a.tensors) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    ++*count;
+    const Tensor* u = b.find(name);
+    EXPECT_NE(u, nullptr) << name;
+    if (!u || u->shape() != t.shape()) return 1e30;
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(u->data<float>()[i]) -
+                                       static_cast<double>(t.data<float>()[i])));
+  }
+  return worst;
+}
+
+void expect_same_state(const std::string& one_dir, const std::string& many_dir, int expect_params,
+                       int expect_state, double tol = 1e-5) {
+  auto one = last_checkpoint(one_dir), many = last_checkpoint(many_dir);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  ASSERT_TRUE(many.ok()) << many.status().to_string();
+  int np = 0, ns = 0;
+  EXPECT_LE(worst_diff(*one, *many, "param/", &np), tol);
+  EXPECT_LE(worst_diff(*one, *many, "opt/", &ns), tol);
+  EXPECT_EQ(np, expect_params);
+  EXPECT_EQ(ns, expect_state);
+}
+
+// Momentum against one process on the whole batch. Adam against plain data
+// parallelism on the same ranks: Adam's m / sqrt(v) turns the last-bit
+// differences of a near-zero gradient (pixels that are almost always 0)
+// into whole steps of lr, so plain data parallelism itself is 2.4e-4 off
+// one process on fc1.weight after 6 steps; ZeRO (reduce-scatter, another
+// summation order) is 2e-6 to 1.3e-5 off plain: 5e-5 is 1/40 of one step.
+TEST(ZeroCli, NRanksMatchOneRankOnTheWholeBatchParamsAndOptimizerState) {
+  constexpr int kB = 16, kSteps = 6;
+  for (bool adam : {false, true}) {
+    const std::string opt = adam ? "--optimizer adam --lr 0.002" : "--optimizer momentum --lr 0.05";
+    for (int n : {2, 3, 4}) {
+      SCOPED_TRACE(fmt::format("{} ranks, {}", n, opt));
+      TrainRun ref = adam ? train(tmpdir("plain"), n, kB, kSteps, opt)
+                          : train(tmpdir("one"), 1, n * kB, kSteps, opt);
+      TrainRun many = train(tmpdir("many"), n, kB, kSteps, opt + " --zero 1");
+      ASSERT_EQ(ref.code, 0) << ref.out;
+      ASSERT_EQ(many.code, 0) << many.out;
+      EXPECT_NE(many.out.find("ZeRO-1"), std::string::npos) << many.out;
+      // 6 parameters; momentum keeps one slot per parameter, Adam two.
+      expect_same_state(ref.dir, many.dir, 6, adam ? 12 : 6, adam ? 5e-5 : 1e-5);
+    }
+  }
+}
+
+TEST(ZeroCli, OptimizerStatePerRankFallsAsOneOverN) {
+  std::vector<double> bytes;
+  for (int n : {1, 2, 4}) {
+    TrainRun r = train(tmpdir("mem"), n, 16, 1, "--optimizer adam --lr 0.001 --zero 1");
+    ASSERT_EQ(r.code, 0) << r.out;
+    auto v = testing::numbers_after(r.out, ", optimizer state ");
+    ASSERT_EQ(v.size(), 1u) << r.out;
+    bytes.push_back(v[0]);
+  }
+  // The MLP's 535,818 parameters x 2 Adam slots x 4 bytes, then the largest
+  // shard (rank 0's: ceil(535818 / N)) of each slot.
+  EXPECT_EQ(bytes[0], 535818.0 * 2 * 4);
+  EXPECT_EQ(bytes[1], 267909.0 * 2 * 4);
+  EXPECT_EQ(bytes[2], 133955.0 * 2 * 4);
+  std::printf("optimizer state on rank 0: N=1 %.0f B, N=2 %.0f B, N=4 %.0f B\n", bytes[0], bytes[1],
+              bytes[2]);
+}
+
+// 4 steps one way, 4 more the other way from its checkpoint: the same
+// parameters and logical optimizer state as 8 uninterrupted steps.
+TEST(ZeroCli, CheckpointsMoveBetweenShardedAndPlainDataParallelism) {
+  constexpr int kB = 16;
+  const std::string opt = "--optimizer adam --lr 0.002";
+  TrainRun ref = train(tmpdir("ref"), 3, kB, 8, opt);
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  for (std::string first : {"--zero 1", "--zero 0"}) {
+    std::string then = first == "--zero 1" ? "--zero 0" : "--zero 1";
+    SCOPED_TRACE(first + " then " + then);
+    const std::string dir = tmpdir("move");
+    TrainRun a = train(dir, 3, kB, 4, opt + " " + first);
+    ASSERT_EQ(a.code, 0) << a.out;
+    TrainRun b = train(dir, 3, kB, 8, opt + " --resume " + then);
+    ASSERT_EQ(b.code, 0) << b.out;
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    expect_same_state(ref.dir, dir, 6, 12, 5e-5);
+  }
+}
+
+TEST(ZeroCli, TheGptMatchesOneRank) {
+  const std::string text = "/usr/share/games/fortunes/fortunes";
+  if (!std::filesystem::exists(text))
+    GTEST_SKIP() << "Debian's fortunes package is not installed (tools/install-deps.sh does)";
+  const std::string model = "--model gpt --data text:" + text +
+                            " --layers 2 --heads 3 --dim 15 --context 7 --limit-train 400";
+  TrainRun one = train(tmpdir("gpt1"), 1, 10, 5, "--optimizer adam --lr 0.01", model);
+  TrainRun two = train(tmpdir("gpt2"), 2, 5, 5, "--optimizer adam --lr 0.01 --zero 1", model);
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_EQ(two.code, 0) << two.out;
+  // 2 blocks x 16 tensors + wte, wpe, ln_f (2): 36 parameters, 72 Adam slots.
+  expect_same_state(one.dir, two.dir, 36, 72);
+}
+
+TEST(ZeroCli, LayerWiseOptimizersAreRefused) {
+  TrainRun r = train(tmpdir("lamb"), 2, 16, 1, "--optimizer lamb --zero 1");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--zero needs an element-wise optimizer"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace shoal
