@@ -1,9 +1,10 @@
 // Collective graph ops (mp/collectives.h) across real ranks (threads with
 // TCP/shm communicators), at world sizes 2, 3 and 4: allgather and
 // reduce_scatter with uneven row counts, broadcast and reduce from the last
-// rank; their values, and their gradients through autodiff (each the
-// other's collective), equal what one process computes from every rank's
-// inputs.
+// rank, scatter and gather (uneven, from the first and the last rank);
+// their values, and their gradients through autodiff (each the other's
+// collective), equal what one process computes from every rank's inputs.
+// And an all-gather over groups from split().
 #include "shoal/mp/collectives.h"
 
 #include <gtest/gtest.h>
@@ -198,6 +199,146 @@ TEST_P(Collectives, BroadcastAndReduceEqualOneProcess) {
     for (std::size_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(z[i], r == root ? sum_w[i] : 0.f) << i;
     // Only the root's output is not zero: every w_r gets the root's d.
     EXPECT_EQ(g.scatter_grad.to_vector<float>(), block(root, 2, 2.0f).to_vector<float>());
+  }
+}
+
+// On rank r: y = scatter(x_r) from the root, loss += sum(y * c_r); z =
+// gather(w_r) to the root, loss += sum(z * d_r); outputs y, dloss/dx_r, z,
+// dloss/dw_r.
+Result<Got> run_dealt(int r, int root, const std::vector<std::int64_t>& sizes, std::int64_t comm) {
+  std::int64_t total = 0;
+  for (std::int64_t s : sizes) total += s;
+  const std::int64_t mine = sizes[static_cast<std::size_t>(r)];
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {total, kCols});
+  Value w = b.input("w", DType::kF32, {mine, kCols});
+  Value y = scatter(b, x, comm, root, sizes);
+  Value z = gather(b, w, comm, root, sizes);
+  Value loss = b.add(b.reduce_sum(b.mul(y, b.constant(block(r, mine, -0.5f))), {0, 1}),
+                     b.reduce_sum(b.mul(z, b.constant(block(r, total, 2.0f))), {0, 1}));
+  if (!b.ok()) return b.status();
+  SHOAL_ASSIGN_OR_RETURN(auto grads, graph::autodiff(g, loss, {x, w}));
+  for (Value v : {y, grads[0], z, grads[1]}) g.mark_output(v);
+  SHOAL_ASSIGN_OR_RETURN(auto be, runtime::make_backend("cpu"));
+  SHOAL_ASSIGN_OR_RETURN(auto exe, be->compile(std::move(g), {}));
+  runtime::Executor ex(*exe);
+  SHOAL_ASSIGN_OR_RETURN(auto out,
+                         ex.run({{"x", block(r, total, 1.0f)}, {"w", block(r, mine, 0.25f)}}));
+  return Got{out[0].clone(), out[1].clone(), out[2].clone(), out[3].clone()};
+}
+
+TEST_P(Collectives, ScatterAndGatherEqualOneProcess) {
+  const int world = GetParam();
+  const std::vector<std::int64_t> sizes(kRows.begin(), kRows.begin() + world);
+  std::int64_t total = 0;
+  std::vector<std::int64_t> first;
+  for (std::int64_t s : sizes) {
+    first.push_back(total);
+    total += s;
+  }
+  for (int root : {0, world - 1}) {
+    auto got =
+        run_world(world, [&](int r, std::int64_t id) { return run_dealt(r, root, sizes, id); });
+    const auto root_x = block(root, total, 1.0f).to_vector<float>();
+    std::vector<float> cat;  // every w_q in rank order
+    for (int q = 0; q < world; ++q) {
+      const Tensor wq = block(q, sizes[static_cast<std::size_t>(q)], 0.25f);
+      cat.insert(cat.end(), wq.data<float>(), wq.data<float>() + wq.numel());
+    }
+    for (int r = 0; r < world; ++r) {
+      SCOPED_TRACE(fmt::format("world {}, rank {}, root {}", world, r, root));
+      ASSERT_TRUE(got[static_cast<std::size_t>(r)].ok())
+          << got[static_cast<std::size_t>(r)].status().to_string();
+      const Got& g = *got[static_cast<std::size_t>(r)];
+      const auto at = static_cast<std::size_t>(first[static_cast<std::size_t>(r)] * kCols);
+      const auto n = static_cast<std::size_t>(sizes[static_cast<std::size_t>(r)] * kCols);
+      // y_r: block r of the root's x.
+      EXPECT_EQ(g.gathered.to_vector<float>(),
+                std::vector<float>(root_x.begin() + static_cast<std::ptrdiff_t>(at),
+                                   root_x.begin() + static_cast<std::ptrdiff_t>(at + n)));
+      // d/dx_root: every rank's c_q in its block's place; others' x unused.
+      std::vector<float> dx(static_cast<std::size_t>(total * kCols), 0.f);
+      if (r == root)
+        for (int q = 0; q < world; ++q) {
+          const Tensor cq = block(q, sizes[static_cast<std::size_t>(q)], -0.5f);
+          std::copy(cq.data<float>(), cq.data<float>() + cq.numel(),
+                    dx.begin() + first[static_cast<std::size_t>(q)] * kCols);
+        }
+      EXPECT_EQ(g.gather_grad.to_vector<float>(), dx);
+      // z: every w_q stacked on the root, zeros elsewhere.
+      EXPECT_EQ(g.scattered.to_vector<float>(),
+                r == root ? cat : std::vector<float>(cat.size(), 0.f));
+      // d/dw_r: block r of the root's d (the only z that is not zero).
+      const auto d_root = block(root, total, 2.0f).to_vector<float>();
+      EXPECT_EQ(g.scatter_grad.to_vector<float>(),
+                std::vector<float>(d_root.begin() + static_cast<std::ptrdiff_t>(at),
+                                   d_root.begin() + static_cast<std::ptrdiff_t>(at + n)));
+    }
+  }
+}
+
+// The ops over groups from split(): 4 ranks in two groups by rank parity
+// ({0, 2} and {1, 3}), each all-gathering its members' rows on its own
+// sub-communicator while the other group does the same.
+TEST(CollectivesGroups, AllgatherOverSplitGroupsGathersOnlyTheGroup) {
+  std::vector<Result<Tensor>> got(4, internal_error("not run"));
+  auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
+  ASSERT_TRUE(srv.ok()) << srv.status().to_string();
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 4; ++r)
+    ts.emplace_back([&, r] {
+      auto& out = got[static_cast<std::size_t>(r)];
+      auto store =
+          net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10), "");
+      if (!store.ok()) {
+        out = store.status();
+        return;
+      }
+      comm::CommOptions o;
+      o.timeout_seconds = 60;
+      o.prefix = "mpgroups";
+      auto world = comm::Communicator::create(r, 4, **store, o);
+      if (!world.ok()) {
+        out = world.status();
+        return;
+      }
+      auto group = (*world)->split(r % 2, r);
+      if (!group.ok()) {
+        out = group.status();
+        return;
+      }
+      const std::int64_t id = dp::register_communicator(group->get());
+      const std::vector<std::int64_t> sizes = {r % 2 ? 1 : 2, r % 2 ? 3 : 1};  // uneven
+      const std::int64_t mine = sizes[static_cast<std::size_t>((*group)->rank())];
+      Graph g;
+      Builder b(g);
+      Value y = allgather(b, b.input("x", DType::kF32, {mine, kCols}), id, sizes);
+      if (!b.ok()) {
+        out = b.status();
+        return;
+      }
+      g.mark_output(y);
+      auto exe = (*runtime::make_backend("cpu"))->compile(std::move(g), {});
+      if (!exe.ok()) {
+        out = exe.status();
+        return;
+      }
+      runtime::Executor ex(**exe);
+      auto res = ex.run({{"x", block(r, mine, 1.0f)}});
+      out = res.ok() ? Result<Tensor>((*res)[0].clone()) : Result<Tensor>(res.status());
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    ASSERT_TRUE(got[static_cast<std::size_t>(r)].ok())
+        << got[static_cast<std::size_t>(r)].status().to_string();
+    // Group members in group-rank order: world ranks r % 2 and r % 2 + 2.
+    const int a = r % 2, c = r % 2 + 2;
+    std::vector<float> want = block(a, r % 2 ? 1 : 2, 1.0f).to_vector<float>();
+    const auto more = block(c, r % 2 ? 3 : 1, 1.0f).to_vector<float>();
+    want.insert(want.end(), more.begin(), more.end());
+    EXPECT_EQ(got[static_cast<std::size_t>(r)]->to_vector<float>(), want);
   }
 }
 

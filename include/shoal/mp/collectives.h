@@ -12,6 +12,12 @@
 //                      ignored). Gradient: reduce(dy) to the root.
 //   reduce(x):         the root gets the sum of every rank's x, the others
 //                      zeros. Gradient: broadcast(dy) from the root.
+//   scatter(x):        rank r gets block r (sizes[r] rows) of the root's x
+//                      [sum(sizes), ...] (the others' x are ignored).
+//                      Gradient: gather(dy) to the root.
+//   gather(x):         the root gets every rank's x [sizes[r], ...] stacked
+//                      in rank order, the others zeros [sum(sizes), ...].
+//                      Gradient: scatter(dy) from the root.
 // Every rank must build the same collectives in the same order (as with
 // the all-reduce buckets); a mismatch fails on the communicator's checks.
 #pragma once
@@ -33,5 +39,11 @@ graph::Value reduce_scatter(graph::Builder& b, graph::Value x, std::int64_t comm
 void register_rooted_ops();
 graph::Value broadcast(graph::Builder& b, graph::Value x, std::int64_t comm, int root);
 graph::Value reduce(graph::Builder& b, graph::Value x, std::int64_t comm, int root);
+
+void register_dealt_ops();
+graph::Value scatter(graph::Builder& b, graph::Value x, std::int64_t comm, int root,
+                     const std::vector<std::int64_t>& sizes);
+graph::Value gather(graph::Builder& b, graph::Value x, std::int64_t comm, int root,
+                    const std::vector<std::int64_t>& sizes);
 
 }  // namespace shoal::mp

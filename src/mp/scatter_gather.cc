@@ -1,0 +1,149 @@
+// scatter and gather as graph ops (mp/collectives.h; named comm_scatter and
+// comm_gather): the root's rows dealt out by rank (`sizes`, uneven allowed),
+// and every rank's rows collected on the root. Each is the other's
+// gradient: d/dx_root of scatter is every rank's dy gathered on the root
+// (zero elsewhere: the other ranks' x are ignored), and d/dx_r of gather is
+// rank r's block of the root's dy (scatter from the root; the other ranks'
+// outputs are zeros, so their dy does not count).
+//
+// Transport: the communicator's gather and scatter take equal counts, so
+// uneven blocks travel as an all-gather (gather) and a broadcast of the
+// root's rows (scatter). Correct for any sizes; not the fewest bytes.
+#include <cstring>
+#include <mutex>
+
+#include "shoal/comm/communicator.h"
+#include "shoal/dp/allreduce.h"
+#include "shoal/graph/op_registry.h"
+#include "shoal/mp/collectives.h"
+#include "shoal/runtime/kernel.h"
+
+namespace shoal::mp {
+namespace {
+
+struct Dealt {
+  comm::Communicator* c;
+  int root;
+  std::vector<std::int64_t> sizes;
+  std::int64_t total = 0, first = 0;  // all rows; this rank's first row
+};
+
+Result<Dealt> dealt(const graph::Node& n) {
+  const std::int64_t id = n.attrs.get_int_or("comm", -1);
+  comm::Communicator* c = dp::communicator(id);
+  if (!c) return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
+  const std::int64_t root = n.attrs.get_int_or("root", -1);
+  if (root < 0 || root >= c->size())
+    return invalid_argument("{}: root {} is not a rank of a group of {}", n.label(), root,
+                            c->size());
+  Dealt d{c, static_cast<int>(root), n.attrs.get_ints_or("sizes", {})};
+  if (static_cast<int>(d.sizes.size()) != c->size())
+    return invalid_argument("{}: {} sizes for a group of {} ranks", n.label(), d.sizes.size(),
+                            c->size());
+  for (std::size_t r = 0; r < d.sizes.size(); ++r) {
+    if (d.sizes[r] < 0)
+      return invalid_argument("{}: rank {}'s size is {}", n.label(), r, d.sizes[r]);
+    if (static_cast<int>(r) < c->rank()) d.first += d.sizes[r];
+    d.total += d.sizes[r];
+  }
+  return d;
+}
+
+Result<std::vector<graph::TensorType>> infer(const graph::Node& n,
+                                             const std::vector<graph::TensorType>& in,
+                                             bool gather) {
+  SHOAL_ASSIGN_OR_RETURN(Dealt d, dealt(n));
+  const graph::TensorType& x = in[0];
+  if (x.dtype != DType::kF32 || x.shape.empty())
+    return invalid_argument("{}: needs an f32 tensor of rank >= 1, got {}", n.label(), x.str());
+  const std::int64_t mine = d.sizes[static_cast<std::size_t>(d.c->rank())];
+  const std::int64_t want = gather ? mine : d.total;
+  if (x.shape[0] != want)
+    return invalid_argument("{}: rank {} holds {} rows, the sizes say {}", n.label(), d.c->rank(),
+                            x.shape[0], want);
+  graph::TensorType out = x;
+  out.shape[0] = gather ? d.total : mine;
+  return std::vector<graph::TensorType>{out};
+}
+
+class DealtKernel final : public runtime::Kernel {
+ public:
+  DealtKernel(Dealt d, bool gather, std::int64_t row)
+      : d_(std::move(d)), gather_(gather), row_(row) {
+    for (std::int64_t s : d_.sizes) counts_.push_back(static_cast<std::size_t>(s * row));
+  }
+  Status run(const runtime::KernelContext&, std::span<const Tensor> in,
+             std::span<Tensor> out) override {
+    const Tensor x = in[0].contiguous();
+    Tensor& y = out[0];
+    const bool root = d_.c->rank() == d_.root;
+    if (gather_) {
+      SHOAL_RETURN_IF_ERROR(d_.c->allgatherv(x.raw_data(), y.raw_data(), counts_, DType::kF32));
+      if (!root) std::memset(y.raw_data(), 0, y.nbytes());  // only the root holds the rows
+      return ok_status();
+    }
+    // Every rank receives the root's rows, then keeps its own block.
+    if (all_.numel() != x.numel()) all_ = Tensor::empty(x.shape(), DType::kF32);
+    if (root) std::memcpy(all_.raw_data(), x.raw_data(), x.nbytes());
+    SHOAL_RETURN_IF_ERROR(d_.c->broadcast(all_.raw_data(), static_cast<std::size_t>(all_.numel()),
+                                          DType::kF32, d_.root));
+    std::memcpy(y.raw_data(), all_.data<float>() + d_.first * row_, y.nbytes());
+    return ok_status();
+  }
+  const char* impl() const override { return "comm"; }
+
+ private:
+  Dealt d_;
+  bool gather_;
+  std::int64_t row_;
+  std::vector<std::size_t> counts_;
+  Tensor all_;  // scatter: the root's rows, received whole
+};
+
+void add(const char* name, const char* grad_name, bool gather) {
+  graph::OpDef d;
+  d.name = name;
+  d.attrs = {"comm", "root", "sizes"};
+  d.random = true;  // never constant-folded: its value depends on other ranks
+  d.infer = [gather](const graph::Node& n, const std::vector<graph::TensorType>& in) {
+    return infer(n, in, gather);
+  };
+  d.grad = [grad_name](graph::GradInputs& g) -> std::vector<graph::Value> {
+    return {g.b.op(grad_name, {g.output_grads[0]}, g.node.attrs)};
+  };
+  graph::OpRegistry::global().add(d);
+  runtime::KernelRegistry::cpu().add(
+      name,
+      [gather](const graph::Node& n, const std::vector<graph::TensorType>& in)
+          -> Result<std::unique_ptr<runtime::Kernel>> {
+        SHOAL_ASSIGN_OR_RETURN(Dealt dd, dealt(n));
+        const std::int64_t row = num_elements(Shape(in[0].shape.begin() + 1, in[0].shape.end()));
+        return std::unique_ptr<runtime::Kernel>(
+            std::make_unique<DealtKernel>(std::move(dd), gather, row));
+      });
+}
+
+}  // namespace
+
+void register_dealt_ops() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    add("comm_scatter", "comm_gather", false);
+    add("comm_gather", "comm_scatter", true);
+  });
+}
+
+graph::Value scatter(graph::Builder& b, graph::Value x, std::int64_t comm, int root,
+                     const std::vector<std::int64_t>& sizes) {
+  register_dealt_ops();
+  return b.op("comm_scatter", {x},
+              {{"comm", comm}, {"root", std::int64_t{root}}, {"sizes", sizes}});
+}
+
+graph::Value gather(graph::Builder& b, graph::Value x, std::int64_t comm, int root,
+                    const std::vector<std::int64_t>& sizes) {
+  register_dealt_ops();
+  return b.op("comm_gather", {x}, {{"comm", comm}, {"root", std::int64_t{root}}, {"sizes", sizes}});
+}
+
+}  // namespace shoal::mp
