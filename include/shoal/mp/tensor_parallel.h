@@ -1,0 +1,61 @@
+// Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) as a rewrite of a
+// forward graph, before autodiff, for a group of T ranks that all see the
+// same batch. The plan is found in the graph: a *column* linear (weight a
+// parameter input) whose output flows only through shardable ops
+// (reshape, transpose, batched matmul, elementwise, softmax) into the input
+// of *row* linears. Several columns may feed one region (attention's q, k
+// and v meet in its matmuls); a linear that is a row is never also a
+// column. The rewrite splits each column's weight by output rows and its
+// bias, each row's weight by input columns, and divides the sharded
+// dimension of every reshape in the region by T (attention heads, MLP
+// hidden units). Two ops carry the communication, as in Megatron:
+//   tp_copy(x):      identity forward; its gradient is an all-reduce (the
+//                    column linears' input is used by every rank's shard).
+//   tp_allreduce(y): sum over the group forward (the row linear's partial
+//                    products); its gradient is the identity.
+// The row linear's bias is added once, after the all-reduce. Autodiff of
+// the rewritten graph gives one all-reduce forward and one backward per
+// region. Each rank's slice of a sharded parameter is a contiguous block of
+// its rows (columns) — for attention, whole heads — so the group computes
+// exactly what one process computes with the whole parameters.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shoal/graph/graph.h"
+#include "shoal/tensor/tensor.h"
+
+namespace shoal::mp {
+
+struct TpShard {
+  std::string input;  // the parameter's graph input ("param/h.0.attn.q.weight")
+  int axis = 0;       // 0: split by rows (column linears), 1: by columns (row linears)
+  Shape full;         // its whole shape
+};
+
+struct TpPlan {
+  struct Region {
+    std::vector<std::string> columns, rows;  // the linears' weight inputs
+  };
+  std::vector<Region> regions;
+  std::vector<TpShard> shards;  // every parameter input the rewrite splits
+  std::string str() const;      // one line per region, for logs
+};
+
+void register_tensor_parallel_ops();
+
+// Finds the plan for a group of `size` ranks; an error names a parameter
+// whose sharded dimension `size` does not divide.
+Result<TpPlan> plan_tensor_parallel(const graph::Graph& g, int size);
+
+// Rewrites `g` for this rank of the group registered as `comm_id`
+// (dp::register_communicator), following `plan` (from plan_tensor_parallel,
+// or edited). The parameter inputs then take this rank's slices.
+Status shard_tensor_parallel(graph::Graph& g, const TpPlan& plan, std::int64_t comm_id);
+
+// This rank's slice of a whole parameter, as the plan splits it.
+Tensor tp_slice(const Tensor& full, const TpShard& s, int rank, int size);
+
+}  // namespace shoal::mp

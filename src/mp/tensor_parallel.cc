@@ -1,0 +1,349 @@
+// Tensor parallelism: finding column/row linear regions in a forward graph
+// and rewriting them for one rank of the group (mp/tensor_parallel.h).
+#include "shoal/mp/tensor_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "shoal/comm/communicator.h"
+#include "shoal/dp/allreduce.h"
+#include "shoal/graph/graph.h"
+
+namespace shoal::mp {
+
+using graph::Graph;
+using graph::Node;
+using graph::Value;
+
+namespace {
+
+const std::set<std::string> kRegionOps = {"reshape", "transpose", "matmul",  "add",  "sub",
+                                          "mul",     "div",       "softmax", "gelu", "relu",
+                                          "tanh",    "sigmoid",   "neg",     "exp"};
+
+// The parameter input feeding node n's input i, or "".
+std::string param_input(const Graph& g, const Node& n, std::size_t i) {
+  if (i >= n.inputs.size()) return "";
+  const Node& p = g.node(n.inputs[i].node);
+  return p.op == "input" && p.name.starts_with("param/") ? p.name : "";
+}
+
+bool param_linear(const Graph& g, const Node& n) {
+  return n.alive && n.op == "linear" && !param_input(g, n, 1).empty();
+}
+
+using Users = std::map<int, std::vector<std::pair<int, std::size_t>>>;  // node -> (user, input)
+
+Users users_of(const Graph& g) {
+  Users u;
+  for (const Node& n : g.nodes())
+    if (n.alive)
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) u[n.inputs[i].node].push_back({n.id, i});
+  return u;
+}
+
+struct Flood {
+  std::set<int> region, rows;
+  bool ok = true;
+};
+
+// Everything downstream of column `c` up to the row linears' inputs.
+Flood flood(const Graph& g, const Users& users, int c, const std::set<int>& outputs) {
+  Flood f;
+  std::vector<int> stack = {c};
+  std::set<int> seen = {c};
+  while (!stack.empty() && f.ok) {
+    const int v = stack.back();
+    stack.pop_back();
+    if (outputs.count(v)) f.ok = false;  // a graph output cannot be a shard
+    auto it = users.find(v);
+    if (it == users.end()) continue;
+    for (const auto& [u, idx] : it->second) {
+      const Node& n = g.node(u);
+      if (param_linear(g, n) && idx == 0) {
+        // A fused activation would act on the partial sums.
+        if (!n.attrs.get_string_or("activation", "").empty()) f.ok = false;
+        f.rows.insert(u);
+      } else if (kRegionOps.count(n.op) && n.outputs.size() == 1) {
+        if (seen.insert(u).second) {
+          f.region.insert(u);
+          stack.push_back(u);
+        }
+      } else {
+        f.ok = false;
+      }
+    }
+  }
+  return f;
+}
+
+// The linear with a parameter weight that `v` comes from through reshapes
+// and transposes only, when `v` is not already in the region; else -1.
+int chain_source(const Graph& g, Value v, const std::set<int>& region) {
+  for (int hops = 0; hops < 8 && !region.count(v.node); ++hops) {
+    const Node& n = g.node(v.node);
+    if (param_linear(g, n)) return n.id;
+    if (n.op != "reshape" && n.op != "transpose") return -1;
+    v = n.inputs[0];
+  }
+  return -1;
+}
+
+// The sharded axis of every region value, on the graph's whole shapes; the
+// reshapes' axes to divide. An error names the node that cannot be sharded.
+struct Axes {
+  std::map<int, int> of;          // node id (single output) -> sharded axis
+  std::map<int, int> reshape_at;  // reshape node -> output axis divided by T
+};
+
+Status propagate(const Graph& g, const std::vector<int>& order, const std::set<int>& columns,
+                 const std::set<int>& region, int size, Axes& ax) {
+  auto shape = [&](Value v) -> const Shape& { return g.type(v).shape; };
+  for (int id : order) {
+    const Node& n = g.node(id);
+    if (columns.count(id)) {
+      ax.of[id] = 1;
+      continue;
+    }
+    if (!region.count(id)) continue;
+    const Shape& out = n.outputs[0].shape;
+    std::vector<int> in_axes;  // -1: not in the region
+    for (const Value& v : n.inputs) in_axes.push_back(ax.of.count(v.node) ? ax.of[v.node] : -1);
+    const int a = *std::max_element(in_axes.begin(), in_axes.end());
+    if (n.op == "reshape") {
+      const Shape& s = shape(n.inputs[0]);
+      std::int64_t prefix = 1, p = 1;
+      for (int i = 0; i < a; ++i) prefix *= s[static_cast<std::size_t>(i)];
+      int k = 0;
+      while (k < static_cast<int>(out.size()) && p < prefix)
+        p *= out[static_cast<std::size_t>(k++)];
+      if (p != prefix || k >= static_cast<int>(out.size()) ||
+          out[static_cast<std::size_t>(k)] % size != 0)
+        return failed_precondition(
+            "tensor parallelism over {} ranks: {} cannot split the sharded axis {} of {} "
+            "evenly in {} (attention heads and hidden units must divide by the ranks)",
+            size, n.label(), a, shape_str(s), shape_str(out));
+      ax.of[id] = ax.reshape_at[id] = k;
+    } else if (n.op == "transpose") {
+      auto perm = n.attrs.get_ints_or("perm", {});
+      auto j = std::find(perm.begin(), perm.end(), a) - perm.begin();
+      ax.of[id] = static_cast<int>(j);
+    } else if (n.op == "matmul") {
+      if (in_axes[0] != in_axes[1] || a >= static_cast<int>(out.size()) - 2)
+        return invalid_argument("{}: a matmul over a sharded dimension (axes {} and {})", n.label(),
+                                in_axes[0], in_axes[1]);
+      ax.of[id] = a;
+    } else {
+      // Elementwise and softmax: a whole operand must broadcast along the axis.
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        if (in_axes[i] >= 0) {
+          if (in_axes[i] != a)
+            return invalid_argument("{}: operands sharded on axes {} and {}", n.label(), in_axes[i],
+                                    a);
+          continue;
+        }
+        const Shape& s = shape(n.inputs[i]);
+        const auto at = static_cast<std::int64_t>(a) - static_cast<std::int64_t>(out.size()) +
+                        static_cast<std::int64_t>(s.size());
+        if (at >= 0 && s[static_cast<std::size_t>(at)] != 1)
+          return invalid_argument("{}: operand {} {} is whole along the sharded axis {}", n.label(),
+                                  i, shape_str(s), a);
+      }
+      if (n.op == "softmax") {
+        std::int64_t sa = n.attrs.get_int_or("axis", -1);
+        if (sa < 0) sa += static_cast<std::int64_t>(out.size());
+        if (sa == a) return invalid_argument("{}: softmax over the sharded axis", n.label());
+      }
+      ax.of[id] = a;
+    }
+  }
+  return ok_status();
+}
+
+Status check_divides(const Graph& g, const std::string& input, int axis, int size) {
+  SHOAL_ASSIGN_OR_RETURN(Value v, g.find_input(input));
+  const Shape& s = g.type(v).shape;
+  if (s[static_cast<std::size_t>(axis)] % size != 0)
+    return invalid_argument(
+        "tensor parallelism over {} ranks: {} {} does not split evenly along axis {}", size, input,
+        shape_str(s), axis);
+  return ok_status();
+}
+
+}  // namespace
+
+std::string TpPlan::str() const {
+  std::string s;
+  for (const auto& r : regions)
+    s += fmt::format("columns [{}] -> rows [{}]\n", fmt::join(r.columns, ", "),
+                     fmt::join(r.rows, ", "));
+  return s;
+}
+
+Result<TpPlan> plan_tensor_parallel(const Graph& g, int size) {
+  if (size < 1) return invalid_argument("tensor parallelism over {} ranks", size);
+  const Users users = users_of(g);
+  std::set<int> outputs;
+  for (const Value& v : g.outputs()) outputs.insert(v.node);
+  SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
+  TpPlan plan;
+  std::set<int> rows_taken, cols_taken;
+  for (int id : order) {
+    if (!param_linear(g, g.node(id)) || rows_taken.count(id) || cols_taken.count(id)) continue;
+    Flood f = flood(g, users, id, outputs);
+    if (!f.ok || f.rows.empty()) continue;
+    // Other columns feeding the same region (q, k and v meet in attention,
+    // each through its own reshape and transpose), to a fixed point.
+    std::set<int> cols = {id};
+    bool ok = true;
+    for (bool grew = true; grew && ok;) {
+      grew = false;
+      for (int r : std::set<int>(f.region))
+        for (const Value& v : g.node(r).inputs) {
+          const int src = chain_source(g, v, f.region);
+          if (src < 0 || cols.count(src)) continue;
+          Flood o = flood(g, users, src, outputs);
+          ok = ok && o.ok;
+          cols.insert(src);
+          f.region.insert(o.region.begin(), o.region.end());
+          f.rows.insert(o.rows.begin(), o.rows.end());
+          grew = true;
+        }
+    }
+    for (int c : cols) ok = ok && !rows_taken.count(c) && !f.rows.count(c);
+    if (!ok) continue;
+    Axes ax;
+    if (Status st = propagate(g, order, cols, f.region, size, ax); !st.ok()) {
+      if (st.code() == StatusCode::kFailedPrecondition) return st;  // the right shape, uneven
+      continue;  // not a region this rewrite can shard
+    }
+    TpPlan::Region reg;
+    for (int c : cols) {
+      reg.columns.push_back(param_input(g, g.node(c), 1));
+      plan.shards.push_back({reg.columns.back(), 0, g.type(g.node(c).inputs[1]).shape});
+      if (g.node(c).inputs.size() == 3 && !param_input(g, g.node(c), 2).empty())
+        plan.shards.push_back({param_input(g, g.node(c), 2), 0, g.type(g.node(c).inputs[2]).shape});
+      cols_taken.insert(c);
+    }
+    for (int r : f.rows) {
+      reg.rows.push_back(param_input(g, g.node(r), 1));
+      plan.shards.push_back({reg.rows.back(), 1, g.type(g.node(r).inputs[1]).shape});
+      rows_taken.insert(r);
+    }
+    plan.regions.push_back(std::move(reg));
+  }
+  for (const auto& s : plan.shards) SHOAL_RETURN_IF_ERROR(check_divides(g, s.input, s.axis, size));
+  return plan;
+}
+
+Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id) {
+  register_tensor_parallel_ops();
+  comm::Communicator* c = dp::communicator(comm_id);
+  if (!c)
+    return failed_precondition("tensor parallelism: no communicator registered as id {}", comm_id);
+  const int size = c->size();
+  const graph::Attrs comm_attr = {{"comm", comm_id}};
+  // The linear each weight input feeds.
+  std::map<std::string, int> linear_of;
+  for (const Node& n : g.nodes())
+    if (param_linear(g, n)) linear_of[param_input(g, n, 1)] = n.id;
+  auto node_of = [&](const std::string& w) -> Result<int> {
+    auto it = linear_of.find(w);
+    if (it == linear_of.end())
+      return not_found("tensor parallelism: no linear takes the weight {}", w);
+    return it->second;
+  };
+  for (const auto& s : plan.shards) SHOAL_RETURN_IF_ERROR(check_divides(g, s.input, s.axis, size));
+  const Users users = users_of(g);
+  std::set<int> outputs;
+  for (const Value& v : g.outputs()) outputs.insert(v.node);
+  SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
+  std::map<int, int> reshape_at;
+  std::vector<int> all_cols, all_rows;
+  for (const auto& reg : plan.regions) {
+    std::set<int> cols, region, rows;
+    for (const auto& w : reg.columns) {
+      SHOAL_ASSIGN_OR_RETURN(int id, node_of(w));
+      Flood f = flood(g, users, id, outputs);
+      if (!f.ok)
+        return invalid_argument("tensor parallelism: {} feeds ops that cannot be sharded", w);
+      cols.insert(id);
+      region.insert(f.region.begin(), f.region.end());
+      rows.insert(f.rows.begin(), f.rows.end());
+    }
+    for (const auto& w : reg.rows) {
+      SHOAL_ASSIGN_OR_RETURN(int id, node_of(w));
+      if (!rows.erase(id))
+        return invalid_argument("tensor parallelism: {} does not read the columns' region", w);
+      all_rows.push_back(id);
+    }
+    if (!rows.empty())
+      return invalid_argument(
+          "tensor parallelism: the region of {} also feeds {} (not in the plan)", reg.columns[0],
+          g.node(*rows.begin()).label());
+    Axes ax;
+    SHOAL_RETURN_IF_ERROR(propagate(g, order, cols, region, size, ax));
+    reshape_at.insert(ax.reshape_at.begin(), ax.reshape_at.end());
+    all_cols.insert(all_cols.end(), cols.begin(), cols.end());
+  }
+  // Parameter inputs take this rank's slices; the region's reshapes its share.
+  for (const auto& s : plan.shards) {
+    SHOAL_ASSIGN_OR_RETURN(Value v, g.find_input(s.input));
+    g.mutable_node(v.node).outputs[0].shape[static_cast<std::size_t>(s.axis)] /= size;
+  }
+  for (const auto& [id, k] : reshape_at) {
+    Node& n = g.mutable_node(id);
+    auto dims = n.attrs.get_ints_or("shape", {});
+    dims[static_cast<std::size_t>(k)] /= size;
+    n.attrs.set("shape", dims);
+  }
+  // f: one tp_copy per distinct input of the column linears.
+  std::map<Value, Value> copies;
+  for (int id : all_cols) {
+    const Value x = g.node(id).inputs[0];
+    if (!copies.count(x)) {
+      SHOAL_ASSIGN_OR_RETURN(copies[x], g.add("tp_copy", {x}, comm_attr));
+    }
+    g.mutable_node(id).inputs[0] = copies[x];
+  }
+  // g: each row linear's partial product summed over the group, then its bias.
+  for (int id : all_rows) {
+    const Value y{id, 0};
+    Value bias;
+    if (g.node(id).inputs.size() == 3) {
+      bias = g.node(id).inputs[2];
+      g.mutable_node(id).inputs.resize(2);
+    }
+    SHOAL_ASSIGN_OR_RETURN(Value sum, g.add("tp_allreduce", {y}, comm_attr));
+    Value out = sum;
+    if (bias.valid()) {
+      SHOAL_ASSIGN_OR_RETURN(out, g.add("add", {sum, bias}));
+    }
+    g.replace_all_uses(y, out);
+    g.mutable_node(sum.node).inputs[0] = y;  // replace_all_uses redirected it too
+  }
+  SHOAL_ASSIGN_OR_RETURN(order, g.topo_order());
+  for (int id : order) SHOAL_RETURN_IF_ERROR(g.reinfer(id).with_context("tensor parallelism"));
+  return ok_status();
+}
+
+Tensor tp_slice(const Tensor& full, const TpShard& s, int rank, int size) {
+  const Shape& f = full.shape();
+  Shape part = f;
+  part[static_cast<std::size_t>(s.axis)] /= size;
+  Tensor out = Tensor::empty(part, DType::kF32);
+  const Tensor src = full.cast(DType::kF32);
+  if (s.axis == 0) {
+    const std::int64_t row = f.size() > 1 ? f[1] : 1;
+    std::memcpy(out.raw_data(), src.data<float>() + rank * part[0] * row, out.nbytes());
+  } else {
+    for (std::int64_t i = 0; i < f[0]; ++i)
+      std::memcpy(out.data<float>() + i * part[1], src.data<float>() + i * f[1] + rank * part[1],
+                  static_cast<std::size_t>(part[1]) * sizeof(float));
+  }
+  return out;
+}
+
+}  // namespace shoal::mp

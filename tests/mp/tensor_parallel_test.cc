@@ -1,0 +1,181 @@
+// Tensor parallelism as a graph rewrite (mp/tensor_parallel.h) on the GPT:
+// the plan found in its forward graph (per block, attention's q, k, v ->
+// proj and the MLP's fc -> proj), and T ranks (threads with real
+// communicators), each running the rewritten graph with its slices of the
+// parameters, compute the loss and, through autodiff, gradients equal to
+// one process with the whole parameters, at T = 2, 3 and 4.
+#include "shoal/mp/tensor_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "shoal/comm/communicator.h"
+#include "shoal/dp/allreduce.h"
+#include "shoal/graph/passes.h"
+#include "shoal/net/store.h"
+#include "shoal/runtime/backend.h"
+#include "shoal/train/model.h"
+
+namespace shoal::mp {
+namespace {
+
+using graph::Builder;
+using graph::Graph;
+using graph::Value;
+
+constexpr std::int64_t kBatch = 3;
+constexpr int kVocab = 7;
+
+struct Step {
+  double loss = 0;
+  std::map<std::string, Tensor> grads;  // by parameter name
+  TpPlan plan;
+};
+
+train::GptConfig config(int heads) {
+  train::GptConfig c;
+  c.layers = 2;
+  c.heads = heads;
+  c.dim = 2 * heads;  // head size 2; MLP hidden 8 * heads
+  c.context = 5;
+  return c;
+}
+
+// Loss and gradients of the GPT on a fixed batch; with comm_id >= 0, after
+// the tensor-parallel rewrite for this rank of that group.
+Result<Step> step(const train::GptConfig& c, std::int64_t comm_id, int rank, int size) {
+  SHOAL_ASSIGN_OR_RETURN(train::Model model, train::gpt_model(c, kVocab));
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {kBatch, c.context});
+  Value y = b.input("y", DType::kI32, {kBatch * c.context});
+  train::ModelContext mc(b, true);
+  Value loss = b.cross_entropy(model.forward(mc, x), y);
+  if (!b.ok()) return b.status();
+  g.mark_output(loss);
+  Step out;
+  if (comm_id >= 0) {
+    SHOAL_ASSIGN_OR_RETURN(out.plan, plan_tensor_parallel(g, size));
+    SHOAL_RETURN_IF_ERROR(shard_tensor_parallel(g, out.plan, comm_id));
+  }
+  std::vector<Value> wrt;
+  for (const auto& s : mc.params()) wrt.push_back(mc.param_values().at(s.name));
+  SHOAL_ASSIGN_OR_RETURN(auto grads, graph::autodiff(g, loss, wrt));
+  for (Value v : grads) g.mark_output(v);
+  SHOAL_ASSIGN_OR_RETURN(auto be, runtime::make_backend("cpu"));
+  SHOAL_ASSIGN_OR_RETURN(auto exe, be->compile(std::move(g), {}));
+  std::map<std::string, Tensor> feeds;
+  auto params = train::init_params(mc.params(), 11);
+  for (auto& [name, t] : params) {
+    feeds["param/" + name] = t;
+    for (const auto& s : out.plan.shards)
+      if (s.input == "param/" + name) feeds["param/" + name] = tp_slice(t, s, rank, size);
+  }
+  Tensor xs = Tensor::empty({kBatch, c.context}, DType::kF32);
+  Tensor ys = Tensor::empty({kBatch * c.context}, DType::kI32);
+  for (std::int64_t i = 0; i < xs.numel(); ++i) {
+    xs.data<float>()[i] = static_cast<float>((i * 3 + 1) % kVocab);
+    ys.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 5 + 2) % kVocab);
+  }
+  feeds["x"] = xs;
+  feeds["y"] = ys;
+  runtime::Executor ex(*exe);
+  SHOAL_ASSIGN_OR_RETURN(auto res, ex.run(feeds));
+  out.loss = res[0].data<float>()[0];
+  for (std::size_t i = 0; i < mc.params().size(); ++i)
+    out.grads[mc.params()[i].name] = res[i + 1].clone();
+  return out;
+}
+
+std::vector<Result<Step>> run_group(const train::GptConfig& c, int size) {
+  std::vector<Result<Step>> got(static_cast<std::size_t>(size), internal_error("not run"));
+  auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
+  if (!srv.ok()) {
+    got[0] = srv.status();
+    return got;
+  }
+  static int jobs = 0;
+  const int job = jobs++;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < size; ++r)
+    ts.emplace_back([&, r] {
+      auto& out = got[static_cast<std::size_t>(r)];
+      auto store =
+          net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10), "");
+      if (!store.ok()) {
+        out = store.status();
+        return;
+      }
+      comm::CommOptions o;
+      o.timeout_seconds = 60;
+      o.prefix = fmt::format("tp{}", job);
+      auto comm = comm::Communicator::create(r, size, **store, o);
+      if (!comm.ok()) {
+        out = comm.status();
+        return;
+      }
+      out = step(c, dp::register_communicator(comm->get()), r, size);
+    });
+  for (auto& t : ts) t.join();
+  return got;
+}
+
+class TensorParallel : public ::testing::TestWithParam<int> {};
+
+TEST_P(TensorParallel, LossAndGradientsEqualOneProcess) {
+  const int size = GetParam();
+  const train::GptConfig c = config(size == 3 ? 3 : 4);  // heads divisible by T
+  auto ref = step(c, -1, 0, 1);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  auto got = run_group(c, size);
+  for (int r = 0; r < size; ++r) {
+    SCOPED_TRACE(fmt::format("T = {}, rank {}", size, r));
+    const auto& g = got[static_cast<std::size_t>(r)];
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    // Per block: attention (q, k, v -> proj) and the MLP (fc -> proj).
+    ASSERT_EQ(g->plan.regions.size(), 4u) << g->plan.str();
+    EXPECT_EQ(g->plan.regions[0].columns.size(), 3u) << g->plan.str();
+    EXPECT_EQ(g->plan.shards.size(), 20u) << g->plan.str();
+    EXPECT_NEAR(g->loss, ref->loss, 1e-5 * std::abs(ref->loss));
+    int sharded = 0;
+    for (const auto& [name, want_full] : ref->grads) {
+      Tensor want = want_full;
+      for (const auto& s : g->plan.shards)
+        if (s.input == "param/" + name) {
+          want = tp_slice(want_full, s, r, size);
+          ++sharded;
+        }
+      const Tensor& have = g->grads.at(name);
+      ASSERT_EQ(have.shape(), want.shape()) << name;
+      double scale = 1e-6;
+      for (std::int64_t i = 0; i < want.numel(); ++i)
+        scale = std::max(scale, std::abs(static_cast<double>(want.data<float>()[i])));
+      for (std::int64_t i = 0; i < want.numel(); ++i)
+        ASSERT_NEAR(have.data<float>()[i], want.data<float>()[i], 1e-4 * scale)
+            << name << " element " << i;
+    }
+    EXPECT_EQ(sharded, 20);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, TensorParallel, ::testing::Values(2, 3, 4));
+
+TEST(TensorParallelPlan, SizesThatDoNotDivideAreNamed) {
+  auto model = train::gpt_model(config(3), kVocab);
+  ASSERT_TRUE(model.ok());
+  Graph g;
+  Builder b(g);
+  train::ModelContext mc(b, true);
+  Value out = model->forward(mc, b.input("x", DType::kF32, {2, 5}));
+  g.mark_output(out);
+  auto plan = plan_tensor_parallel(g, 2);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("cannot split the sharded axis 1 of [10, 6] evenly in "
+                                         "[2, 5, 3, 2]"),
+            std::string::npos)
+      << plan.status().to_string();
+}
+
+}  // namespace
+}  // namespace shoal::mp
