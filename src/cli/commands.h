@@ -33,6 +33,7 @@ struct DistFlags {
   int staleness = 2;
   std::string ps_compress = "none";
   int zero = 0;
+  int tp = 1;
 };
 struct TrainCommand {
   CLI::App* app = nullptr;

@@ -239,6 +239,11 @@ TrainCommand add_train_command(CLI::App& app) {
                 "all-reduces gradients")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
+  t->add_option("--tp", d.tp,
+                "Tensor parallelism over this many ranks (the job's ranks, all on the same "
+                "batches): attention heads and MLP units split Megatron's way")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   t->add_option("--config", *c.config, "YAML or JSON file with the same options (flags win)");
   return c;
 }
@@ -253,6 +258,7 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   jo.dp.first_bucket_mb = d.first_bucket_mb;
   jo.dp.overlap = *dp::parse_overlap(d.overlap);
   jo.dp.zero = d.zero;
+  jo.dp.tp = d.tp;
   jo.ps_mode = d.ps_mode;
   jo.staleness = d.staleness;
   jo.ps_compress = d.ps_compress;

@@ -5,6 +5,7 @@
 
 #include "shoal/core/logging.h"
 #include "shoal/dp/sharded.h"
+#include "shoal/mp/tensor_parallel.h"
 #include "shoal/net/shared_memory.h"
 #include "shoal/runtime/kernel.h"
 
@@ -89,13 +90,24 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   SHOAL_RETURN_IF_ERROR(validate(d));
   o.rank = c.rank();
   o.world = c.size();
+  if (d.tp > 1 && c.size() != d.tp)
+    return invalid_argument(
+        "--tp {} needs exactly {} ranks, this job has {} (tensor and data parallelism together "
+        "are not built yet)",
+        d.tp, d.tp, c.size());
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
   // The wire type changes the sums; the bucket sizes, the calls each rank
   // makes (a mismatch would otherwise surface as differing call sequences).
   SHOAL_RETURN_IF_ERROR(agree_named(c, {{"--wire", std::string(dtype_name(d.wire))},
                                         {"--bucket-mb", fmt::format("{}", d.bucket_mb)},
                                         {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)},
-                                        {"--zero", std::to_string(d.zero)}}));
+                                        {"--zero", std::to_string(d.zero)},
+                                        {"--tp", std::to_string(d.tp)}}));
+  if (d.tp > 1) {
+    if (d.zero > 0) return invalid_argument("--tp and --zero together are not built yet");
+    o.peers = std::make_shared<CommPeers>(c);
+    return mp::attach_tensor_parallel(o, register_communicator(&c, false));
+  }
   const bool lead = c.rank() == 0;
   DpOptions dd = d;
   // Is a core free on every rank's host? With every core computing, a

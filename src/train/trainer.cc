@@ -143,15 +143,15 @@ Status Trainer::init(const TrainOptions& o) {
   lo.batch = o.batch;
   lo.seed = o.seed;
   lo.augment = o.augment;
-  lo.rank = o.rank;
-  lo.world = o.world;
+  lo.rank = o.drank();
+  lo.world = o.dworld();
   lo.mean = m.mean;
   lo.stddev = m.stddev;
   if (!o.prefetch) lo.prefetch = 0;
   m.loader = std::make_unique<Loader>(m.train, lo);
   if (m.loader->batches_per_epoch() < 1)
     return invalid_argument("--batch {} x {} ranks is larger than the {} training samples", o.batch,
-                            o.world, m.train.size());
+                            o.dworld(), m.train.size());
 
   SHOAL_ASSIGN_OR_RETURN(m.model, make_model(o.model, m.train.num_classes, o.gpt));
 
@@ -171,6 +171,9 @@ Status Trainer::init(const TrainOptions& o) {
   if (yshape.size() > 1) y = b.reshape(y, {num_elements(yshape)});
   Value loss = b.cross_entropy(logits, y);
   if (!b.ok()) return b.status().with_context(fmt::format("building model '{}'", o.model));
+  if (o.forward_pass) {
+    SHOAL_ASSIGN_OR_RETURN(m.slices, o.forward_pass(g));
+  }
   m.specs = mc.params();
   m.bspecs = mc.buffers();
   std::vector<Value> wrt;
@@ -235,6 +238,8 @@ Status Trainer::init(const TrainOptions& o) {
           "initialized {} tensors from {}{}", *n, o.init_from,
           init_w->shoal_checkpoint ? " (a Shoal checkpoint; its optimizer state is not used)" : "");
   }
+  if (m.slices)  // this rank's slices of the whole initial values
+    for (const auto& name : m.slices->names) params_[name] = m.slices->slice(name, params_[name]);
   g.mark_output(loss);
   g.mark_output(logits);
   int out = 2;
@@ -295,7 +300,7 @@ Status Trainer::init(const TrainOptions& o) {
   m.exe->enable_trace(m.tracing);
 
   const std::int64_t spe = m.loader->batches_per_epoch();
-  double base = o.lr * (o.linear_scaling ? static_cast<double>(o.batch * o.world) / 256.0 : 1.0);
+  double base = o.lr * (o.linear_scaling ? static_cast<double>(o.batch * o.dworld()) / 256.0 : 1.0);
   m.sched.kind = o.schedule;
   m.sched.base = base;
   m.sched.warmup =
@@ -321,10 +326,13 @@ Status Trainer::sync_from_lead() {
   pos.data<std::int64_t>()[0] = step_;
   pos.data<std::int64_t>()[1] = static_cast<std::int64_t>(m.exe->steps());
   SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(pos));
-  for (auto* group : {&params_, &buffers_})
-    for (auto& [name, t] : *group) SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));
+  SHOAL_RETURN_IF_ERROR(sync_slices(pos.data<std::int64_t>()[0] > 0));
+  for (auto& [name, t] : params_)
+    if (!sliced(name)) SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));
+  for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));
   if (!m.layout) {
-    for (auto& [name, t] : state_) SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));
+    for (auto& [name, t] : state_)
+      if (!sliced(state_param(name))) SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));
   } else if (pos.data<std::int64_t>()[0] > 0) {
     // Resumed: rank 0 read the logical state; every rank takes its shard.
     for (const auto& [name, shape] : m.layout->logical) {
@@ -397,7 +405,7 @@ Result<EvalResult> Trainer::evaluate() {
   for (std::int64_t bi = 0; bi < ld.batches_per_epoch(); ++bi) {
     const Batch& b = ld.next();
     // Each rank scores its share of the test set (summed over ranks below).
-    if (o_.peers && o_.peers->collective() && bi % o_.world != o_.rank) continue;
+    if (o_.peers && o_.peers->collective() && bi % o_.dworld() != o_.drank()) continue;
     std::int64_t n = b.images.shape()[0];
     auto& exe = m.eval_exes[n];
     if (!exe) {  // one eval graph per batch size (the tail gets its own)
@@ -408,6 +416,7 @@ Result<EvalResult> Trainer::evaluate() {
       Value logits = m.model.forward(mc, x);
       if (!bl.ok()) return bl.status().with_context("building the eval graph");
       g.mark_output(logits);
+      if (o_.forward_pass) SHOAL_RETURN_IF_ERROR(o_.forward_pass(g).status());
       auto backend = runtime::make_backend("cpu");
       if (!backend.ok()) return backend.status();
       SHOAL_ASSIGN_OR_RETURN(exe, (*backend)->compile(std::move(g), {}));
@@ -431,9 +440,10 @@ Result<EvalResult> Trainer::evaluate() {
   if (o_.peers) {
     std::vector<double> v = {loss_sum, static_cast<double>(ok), static_cast<double>(r.samples)};
     SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("summing evaluation over ranks"));
-    loss_sum = v[0];
-    ok = static_cast<std::int64_t>(v[1]);
-    r.samples = static_cast<std::int64_t>(v[2]);
+    const double copies = static_cast<double>(o_.world / o_.dworld());  // ranks per batch
+    loss_sum = v[0] / copies;
+    ok = static_cast<std::int64_t>(v[1] / copies);
+    r.samples = static_cast<std::int64_t>(v[2] / copies);
   }
   r.accuracy = r.samples ? static_cast<double>(ok) / static_cast<double>(r.samples) : 0;
   r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0;
@@ -477,7 +487,7 @@ Status Trainer::run() {
       ++steps;
       // The job's rate where ranks step together; a worker's own where
       // they do not (async parameter server).
-      const std::int64_t ranks = o_.peers && !o_.peers->collective() ? 1 : o_.world;
+      const std::int64_t ranks = o_.peers && !o_.peers->collective() ? 1 : o_.dworld();
       double ips = static_cast<double>(seen * ranks) / std::max(train_s, 1e-9);
       std::int64_t in_epoch = (step_ - 1) % spe + 1;
       double eta = static_cast<double>(limit - step_) * train_s / static_cast<double>(steps);
@@ -507,9 +517,10 @@ Status Trainer::run() {
     if (o_.peers && o_.peers->collective()) {
       std::vector<double> v = {loss_sum, static_cast<double>(correct), static_cast<double>(seen)};
       SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("summing epoch metrics over ranks"));
+      const double copies = static_cast<double>(o_.world / o_.dworld());  // ranks per batch
       loss_sum = v[0] / o_.world;  // a mean of per-rank mean losses
-      correct = static_cast<std::int64_t>(v[1]);
-      seen = static_cast<std::int64_t>(v[2]);
+      correct = static_cast<std::int64_t>(v[1] / copies);
+      seen = static_cast<std::int64_t>(v[2] / copies);
     }
     EpochMetrics em;
     em.epoch = epoch + 1;
@@ -546,63 +557,6 @@ Status Trainer::run() {
       }
     }
   }
-  return ok_status();
-}
-
-void Trainer::print_epoch(const EpochMetrics& em) const {
-  const bool text = impl_->train.tokens();
-  // Text: the loss in bits per character too, and tokens (not images) per second.
-  std::string bpc = text ? fmt::format(" ({:.3f} bits/char)", em.test_loss / std::log(2.0)) : "";
-  fmt::print(
-      "epoch {}/{}{}: train loss {:.4f} acc {:.2f}%  test loss {:.4f}{} acc {:.2f}%  "
-      "{:.0f} {}  {:.1f} s\n",
-      em.epoch, o_.epochs,
-      em.partial ? fmt::format(" (ended at step {} by --max-steps)", em.step) : "", em.train_loss,
-      100 * em.train_acc, em.test_loss, bpc, 100 * em.test_acc, em.images_per_s,
-      text ? "tok/s" : "img/s", em.wall_seconds);
-}
-
-Status Trainer::write_plot() const {
-  // gnuplot reads metrics.jsonl through a small TSV it is given.
-  std::string tsv_train, tsv_epoch;
-  std::ifstream in(fs::path(dir_) / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded()) continue;
-    if (j.value("kind", "") == "train")
-      tsv_train += fmt::format("{}\t{}\n", j.value("step", 0), j.value("loss", 0.0));
-    else if (j.value("kind", "") == "epoch")
-      tsv_epoch += fmt::format("{}\t{}\t{}\n", j.value("step", 0), 100 * j.value("test_acc", 0.0),
-                               100 * j.value("train_acc", 0.0));
-  }
-  if (access("/usr/bin/gnuplot", X_OK) != 0)
-    return not_found("gnuplot not found (apt-get install gnuplot-nox)");
-  std::string base = (fs::path(dir_) / ".plot").string();
-  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".train.tsv", tsv_train));
-  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".epoch.tsv", tsv_epoch));
-  std::string png = (fs::path(dir_) / "metrics.png").string();
-  std::string script = fmt::format(
-      "set terminal pngcairo size 1000,420 noenhanced\n"
-      "set output '{0}.tmp'\n"
-      "set multiplot layout 1,2 title 'shoal train: {1} ({2})'\n"
-      "set xlabel 'step'; set ylabel 'train loss'; set grid\n"
-      "plot '{3}.train.tsv' using 1:2 with lines lw 2 title 'train loss'\n"
-      "set ylabel 'accuracy (%)'; set key bottom right\n"
-      "plot '{3}.epoch.tsv' using 1:2 with linespoints lw 2 title 'test', "
-      "'{3}.epoch.tsv' using 1:3 with linespoints lw 2 title 'train'\n"
-      "unset multiplot\n",
-      png, o_.model, o_.optimizer, base);
-  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".gp", script));
-  std::string cmd = fmt::format("/usr/bin/gnuplot '{}.gp' 2>'{}.err'", base, base);
-  int rc = std::system(cmd.c_str());
-  if (rc != 0) {
-    auto err = read_file(base + ".err");
-    return unavailable("gnuplot exited with {}: {}", rc, err.ok() ? *err : "");
-  }
-  std::error_code ec;
-  fs::rename(png + ".tmp", png, ec);
-  if (ec) return unavailable("renaming {}.tmp: {}", png, ec.message());
   return ok_status();
 }
 

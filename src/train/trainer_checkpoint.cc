@@ -45,11 +45,14 @@ Status Trainer::checkpoint() {
   // tensors (gathered from every rank), which any layout can load.
   std::map<std::string, Tensor> logical;
   if (impl_->layout) SHOAL_RETURN_IF_ERROR(impl_->layout->gather(state_, logical));
+  // Sliced parameters (tensor parallelism) and their state, whole.
+  SHOAL_ASSIGN_OR_RETURN(auto whole, gather_slices());
   if (o_.rank != 0) return ok_status();
   CheckpointState s;
   for (auto& [n, t] : params_) s.tensors["param/" + n] = t;
   for (auto& [n, t] : buffers_) s.tensors["buf/" + n] = t;
   for (auto& [n, t] : impl_->layout ? logical : state_) s.tensors[n] = t;
+  for (auto& [n, t] : whole) s.tensors[n] = t;
   const std::int64_t spe = steps_per_epoch();
   s.meta["step"] = std::to_string(step_);
   s.meta["epoch"] = std::to_string(step_ / spe);
@@ -119,7 +122,13 @@ Status Trainer::resume_latest() {
     copy_into(dst, it->second);
     return ok_status();
   };
-  for (auto& [n, t] : params_) SHOAL_RETURN_IF_ERROR(restore("param/" + n, t));
+  // Sliced parameters and their state are read whole; sync_from_lead cuts the slices.
+  auto restore_whole = [&](const std::string& key, const std::string& param) -> Status {
+    Tensor& t = impl_->resumed_whole[key] = Tensor::zeros(whole_shape(param), DType::kF32);
+    return restore(key, t);
+  };
+  for (auto& [n, t] : params_)
+    SHOAL_RETURN_IF_ERROR(sliced(n) ? restore_whole("param/" + n, n) : restore("param/" + n, t));
   for (auto& [n, t] : buffers_) SHOAL_RETURN_IF_ERROR(restore("buf/" + n, t));
   if (impl_->layout) {  // sync_from_lead gives each rank its shard of these
     for (const auto& [n, shape] : impl_->layout->logical) {
@@ -127,7 +136,9 @@ Status Trainer::resume_latest() {
       SHOAL_RETURN_IF_ERROR(restore(n, t));
     }
   } else {
-    for (auto& [n, t] : state_) SHOAL_RETURN_IF_ERROR(restore(n, t));
+    for (auto& [n, t] : state_)
+      SHOAL_RETURN_IF_ERROR(sliced(state_param(n)) ? restore_whole(n, state_param(n))
+                                                   : restore(n, t));
   }
   step_ = s.get_int("step", 0);
   const std::int64_t spe = steps_per_epoch();

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "shoal/runtime/backend.h"
@@ -100,7 +101,19 @@ struct Trainer::Impl {
   // hands every rank its shard.
   std::shared_ptr<OptimizerGraph::Layout> layout;
   std::map<std::string, Tensor> resumed_state;
+  // Parameters held as slices (TrainOptions::forward_pass), and the whole
+  // tensors a resume read on rank 0 ("param/<p>", "opt/<p>/<slot>") until
+  // sync_from_lead cuts every rank's slices from them.
+  std::optional<TrainOptions::ParamSlices> slices;
+  std::map<std::string, Tensor> resumed_whole;
 };
 inline constexpr std::size_t kTraceSteps = 10;
+
+// "opt/<param>/<slot>" -> "<param>" ("" for other names).
+inline std::string state_param(const std::string& name) {
+  if (!name.starts_with("opt/")) return "";
+  const std::size_t slot = name.rfind('/');
+  return slot > 4 ? name.substr(4, slot - 4) : "";
+}
 
 }  // namespace shoal::train

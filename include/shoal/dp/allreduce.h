@@ -61,6 +61,8 @@ struct DpOptions {
   Overlap overlap = Overlap::kAuto;
   // 1: shard the optimizer state instead of all-reducing (dp/sharded.h).
   int zero = 0;
+  // > 1: tensor parallelism over the job's ranks instead (mp/tensor_parallel.h).
+  int tp = 1;
 };
 Result<DpOptions::Overlap> parse_overlap(const std::string& s);  // auto, on, off
 Status validate(const DpOptions& o);

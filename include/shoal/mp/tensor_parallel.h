@@ -26,6 +26,7 @@
 
 #include "shoal/graph/graph.h"
 #include "shoal/tensor/tensor.h"
+#include "shoal/train/trainer.h"
 
 namespace shoal::mp {
 
@@ -57,5 +58,11 @@ Status shard_tensor_parallel(graph::Graph& g, const TpPlan& plan, std::int64_t c
 
 // This rank's slice of a whole parameter, as the plan splits it.
 Tensor tp_slice(const Tensor& full, const TpShard& s, int rank, int size);
+
+// Makes `o` one rank of a tensor-parallel group (the communicator
+// registered as `comm_id`; every rank trains on the same batches): the
+// training and evaluation graphs are rewritten, the parameters held as
+// slices, checkpoints whole.
+Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id);
 
 }  // namespace shoal::mp

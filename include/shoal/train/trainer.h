@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,24 @@ struct TrainOptions {
   // do (ps::attach). The returned lr input ("lr", a scalar) is fed the
   // schedule's rate each step; state and step may be left empty.
   std::function<Result<OptimizerGraph>(graph::Builder&, const std::vector<ParamRef>&)> update_pass;
+  // Rewrites the forward graph (the training graph before autodiff, and
+  // every evaluation graph) so that some parameters are held as per-rank
+  // slices (tensor parallelism, mp::attach_tensor_parallel). The trainer
+  // keeps this rank's slices; checkpoints, a resume and the start-up hold
+  // whole tensors, built and cut with these functions.
+  struct ParamSlices {
+    std::set<std::string> names;  // parameters held as slices
+    // This rank's slice of a whole parameter (or of its optimizer state).
+    std::function<Tensor(const std::string& param, const Tensor& whole)> slice;
+    // The whole tensor from every rank's slice (collective).
+    std::function<Result<Tensor>(const std::string& param, const Tensor& mine)> gather;
+  };
+  std::function<Result<ParamSlices>(graph::Graph&)> forward_pass;
+  // The share of each global batch this rank trains on, when it is not
+  // (rank, world): tensor-parallel ranks all see the same batch (0 of 1).
+  int data_rank = -1, data_world = -1;
+  int drank() const { return data_world > 0 ? data_rank : rank; }
+  int dworld() const { return data_world > 0 ? data_world : world; }
   // Runs once when start-up is done (after a resume and rank 0's
   // broadcast), with the parameters: ps::attach initializes the servers'
   // keys and pulls their current values into them.
@@ -166,6 +185,11 @@ class Trainer {
   Status write_plot() const;
   void print_epoch(const EpochMetrics& em) const;
   Status sync_from_lead();
+  // Parameters held as slices (trainer_slices.cc).
+  bool sliced(const std::string& param) const;
+  Shape whole_shape(const std::string& param) const;
+  Result<std::map<std::string, Tensor>> gather_slices();  // collective: "param/..", "opt/.."
+  Status sync_slices(bool resumed);
   CheckpointDir checkpoint_dir() const;  // <run dir>/checkpoints, keeping keep_checkpoints
   Status sync_buffers();
   TrainOptions o_;

@@ -1,0 +1,76 @@
+// Tensor parallelism in the trainer: the forward-graph hook and the slices'
+// cut and gather (mp/tensor_parallel.h).
+#include <cstring>
+
+#include "shoal/comm/communicator.h"
+#include "shoal/core/logging.h"
+#include "shoal/dp/allreduce.h"
+#include "shoal/mp/tensor_parallel.h"
+
+namespace shoal::mp {
+
+namespace {
+
+// The whole tensor from every rank's slice along s.axis.
+Result<Tensor> gather_whole(comm::Communicator* c, const TpShard& s, const Tensor& mine) {
+  const int size = c->size();
+  const auto n = static_cast<std::size_t>(mine.numel());
+  Tensor all = Tensor::empty({static_cast<std::int64_t>(n) * size}, DType::kF32);
+  SHOAL_RETURN_IF_ERROR(c->allgather(mine.raw_data(), all.raw_data(), n, DType::kF32)
+                            .with_context("gathering a tensor-parallel parameter"));
+  Tensor whole = Tensor::empty(s.full, DType::kF32);
+  if (s.axis == 0) {  // blocks of rows, in rank order
+    std::memcpy(whole.raw_data(), all.raw_data(), whole.nbytes());
+    return whole;
+  }
+  const std::int64_t rows = s.full[0], part = mine.shape()[1];  // blocks of columns
+  for (int r = 0; r < size; ++r)
+    for (std::int64_t i = 0; i < rows; ++i)
+      std::memcpy(whole.data<float>() + i * s.full[1] + r * part,
+                  all.data<float>() + static_cast<std::int64_t>(n) * r + i * part,
+                  static_cast<std::size_t>(part) * sizeof(float));
+  return whole;
+}
+
+}  // namespace
+
+Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id) {
+  comm::Communicator* c = dp::communicator(comm_id);
+  if (!c) return failed_precondition("--tp: no communicator registered as id {}", comm_id);
+  const int rank = c->rank(), size = c->size();
+  o.data_rank = 0;  // every rank of the group sees the whole batch
+  o.data_world = 1;
+  auto logged = std::make_shared<bool>(false);
+  o.forward_pass = [c, comm_id, rank, size,
+                    logged](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
+    SHOAL_ASSIGN_OR_RETURN(TpPlan plan, plan_tensor_parallel(g, size));
+    if (plan.regions.empty())
+      return invalid_argument(
+          "--tp {}: the model has no pair of linears to split (a linear whose output reaches "
+          "another linear through reshapes, transposes, matmuls and elementwise ops only)",
+          size);
+    SHOAL_RETURN_IF_ERROR(shard_tensor_parallel(g, plan, comm_id));
+    if (rank == 0 && !*logged) {
+      SHOAL_LOG_INFO("tensor parallel over {} ranks: {} regions, {} tensors split\n{}", size,
+                     plan.regions.size(), plan.shards.size(), plan.str());
+      *logged = true;
+    }
+    auto by_param = std::make_shared<std::map<std::string, TpShard>>();
+    train::TrainOptions::ParamSlices ps;
+    for (const auto& s : plan.shards) {
+      const std::string name = s.input.substr(std::string("param/").size());
+      (*by_param)[name] = s;
+      ps.names.insert(name);
+    }
+    ps.slice = [by_param, rank, size](const std::string& p, const Tensor& whole) {
+      return tp_slice(whole, by_param->at(p), rank, size);
+    };
+    ps.gather = [by_param, c](const std::string& p, const Tensor& mine) {
+      return gather_whole(c, by_param->at(p), mine);
+    };
+    return ps;
+  };
+  return ok_status();
+}
+
+}  // namespace shoal::mp

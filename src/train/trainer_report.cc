@@ -1,0 +1,75 @@
+// Trainer: what a run shows of itself: the epoch line and the metrics plot
+// (gnuplot over metrics.jsonl).
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "shoal/core/file.h"
+#include "shoal/train/trainer.h"
+#include "train/trainer_impl.h"
+
+namespace shoal::train {
+
+namespace fs = std::filesystem;
+
+void Trainer::print_epoch(const EpochMetrics& em) const {
+  const bool text = impl_->train.tokens();
+  // Text: the loss in bits per character too, and tokens (not images) per second.
+  std::string bpc = text ? fmt::format(" ({:.3f} bits/char)", em.test_loss / std::log(2.0)) : "";
+  fmt::print(
+      "epoch {}/{}{}: train loss {:.4f} acc {:.2f}%  test loss {:.4f}{} acc {:.2f}%  "
+      "{:.0f} {}  {:.1f} s\n",
+      em.epoch, o_.epochs,
+      em.partial ? fmt::format(" (ended at step {} by --max-steps)", em.step) : "", em.train_loss,
+      100 * em.train_acc, em.test_loss, bpc, 100 * em.test_acc, em.images_per_s,
+      text ? "tok/s" : "img/s", em.wall_seconds);
+}
+
+Status Trainer::write_plot() const {
+  // gnuplot reads metrics.jsonl through a small TSV it is given.
+  std::string tsv_train, tsv_epoch;
+  std::ifstream in(fs::path(dir_) / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;
+    if (j.value("kind", "") == "train")
+      tsv_train += fmt::format("{}\t{}\n", j.value("step", 0), j.value("loss", 0.0));
+    else if (j.value("kind", "") == "epoch")
+      tsv_epoch += fmt::format("{}\t{}\t{}\n", j.value("step", 0), 100 * j.value("test_acc", 0.0),
+                               100 * j.value("train_acc", 0.0));
+  }
+  if (access("/usr/bin/gnuplot", X_OK) != 0)
+    return not_found("gnuplot not found (apt-get install gnuplot-nox)");
+  std::string base = (fs::path(dir_) / ".plot").string();
+  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".train.tsv", tsv_train));
+  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".epoch.tsv", tsv_epoch));
+  std::string png = (fs::path(dir_) / "metrics.png").string();
+  std::string script = fmt::format(
+      "set terminal pngcairo size 1000,420 noenhanced\n"
+      "set output '{0}.tmp'\n"
+      "set multiplot layout 1,2 title 'shoal train: {1} ({2})'\n"
+      "set xlabel 'step'; set ylabel 'train loss'; set grid\n"
+      "plot '{3}.train.tsv' using 1:2 with lines lw 2 title 'train loss'\n"
+      "set ylabel 'accuracy (%)'; set key bottom right\n"
+      "plot '{3}.epoch.tsv' using 1:2 with linespoints lw 2 title 'test', "
+      "'{3}.epoch.tsv' using 1:3 with linespoints lw 2 title 'train'\n"
+      "unset multiplot\n",
+      png, o_.model, o_.optimizer, base);
+  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".gp", script));
+  std::string cmd = fmt::format("/usr/bin/gnuplot '{}.gp' 2>'{}.err'", base, base);
+  int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    auto err = read_file(base + ".err");
+    return unavailable("gnuplot exited with {}: {}", rc, err.ok() ? *err : "");
+  }
+  std::error_code ec;
+  fs::rename(png + ".tmp", png, ec);
+  if (ec) return unavailable("renaming {}.tmp: {}", png, ec.message());
+  return ok_status();
+}
+
+}  // namespace shoal::train

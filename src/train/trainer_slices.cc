@@ -1,0 +1,51 @@
+// Trainer: parameters held as per-rank slices (TrainOptions::forward_pass,
+// tensor parallelism). Each rank trains its slices; checkpoints hold the
+// whole tensors, gathered from every rank, and a resume cuts each rank's
+// slices from the whole tensors rank 0 read.
+#include "shoal/train/trainer.h"
+#include "train/trainer_impl.h"
+
+namespace shoal::train {
+
+bool Trainer::sliced(const std::string& param) const {
+  return impl_->slices && impl_->slices->names.count(param) != 0;
+}
+
+Shape Trainer::whole_shape(const std::string& param) const {
+  for (const auto& s : impl_->specs)
+    if (s.name == param) return s.shape;
+  return {};
+}
+
+Result<std::map<std::string, Tensor>> Trainer::gather_slices() {
+  std::map<std::string, Tensor> whole;
+  if (!impl_->slices) return whole;
+  const auto& sl = *impl_->slices;
+  for (const auto& p : sl.names) {
+    SHOAL_ASSIGN_OR_RETURN(whole["param/" + p], sl.gather(p, params_.at(p)));
+  }
+  for (const auto& [name, t] : state_)
+    if (sliced(state_param(name))) {
+      SHOAL_ASSIGN_OR_RETURN(whole[name], sl.gather(state_param(name), t));
+    }
+  return whole;
+}
+
+Status Trainer::sync_slices(bool resumed) {
+  Impl& m = *impl_;
+  if (!m.slices || !resumed) return ok_status();  // fresh: every rank cut the same whole values
+  auto take = [&](const std::string& key, const std::string& param, Tensor& dst) -> Status {
+    Tensor& whole = m.resumed_whole[key];
+    if (!whole.defined()) whole = Tensor::zeros(whole_shape(param), DType::kF32);
+    SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(whole));
+    copy_into(dst, m.slices->slice(param, whole));
+    return ok_status();
+  };
+  for (const auto& p : m.slices->names) SHOAL_RETURN_IF_ERROR(take("param/" + p, p, params_.at(p)));
+  for (auto& [name, t] : state_)
+    if (sliced(state_param(name))) SHOAL_RETURN_IF_ERROR(take(name, state_param(name), t));
+  m.resumed_whole.clear();
+  return ok_status();
+}
+
+}  // namespace shoal::train

@@ -1,0 +1,136 @@
+// Tensor parallelism in `shoal train --tp T` under `shoal run -n T`: every
+// rank trains its slices of the GPT's attention and MLP on the same
+// batches, and the checkpoint (whole tensors, gathered) equals one process
+// after k steps, parameters and optimizer state, at T = 2 and 4; the MLP's
+// fc1 -> fc2 pair splits the same way; a checkpoint moves from one process
+// to T ranks and back; wrong sizes are refused by name.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "cli/cli_results.h"
+#include "cli/run_shoal.h"
+#include "temp_dir.h"
+
+namespace shoal {
+namespace {
+
+using testing::last_checkpoint;
+using testing::run_shoal;
+
+const std::string kText = "/usr/share/games/fortunes/fortunes";
+
+std::string gpt() {
+  return "--model gpt --data text:" + kText +
+         " --layers 2 --heads 4 --dim 16 --context 8 --limit-train 200 --limit-test 40";
+}
+
+struct TrainRun {
+  std::string dir, out;
+  int code;
+};
+
+TrainRun train(const std::string& dir, int ranks, int steps, const std::string& extra,
+               const std::string& model = gpt()) {
+  auto r = run_shoal(fmt::format(
+      "run -n {} --timeout 120 -- {} train {} --batch 8 --max-steps {} --threads 1 --optimizer "
+      "momentum --lr 0.05 --deterministic --no-plot --quiet --out {} {}",
+      ranks, SHOAL_BINARY, model, steps, dir, extra));
+  return {dir, r.out, r.code};
+}
+
+std::string tmpdir(const std::string& name) { return testing::scratch_dir("tp_" + name) + "/run"; }
+
+// Largest absolute difference over tensors named `prefix`...; counts them.
+double worst(const SafetensorsFile& a, const SafetensorsFile& b, const std::string& prefix,
+             int* count) {
+  double w = 0;
+  *count = 0;
+  for (const auto& [name, t] : a.tensors) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    ++*count;
+    const Tensor* u = b.find(name);
+    if (!u || u->shape() != t.shape()) return 1e30;
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      w = std::max(w, std::abs(static_cast<double>(u->data<float>()[i]) -
+                               static_cast<double>(t.data<float>()[i])));
+  }
+  return w;
+}
+
+void expect_same(const std::string& a_dir, const std::string& b_dir, int params) {
+  auto a = last_checkpoint(a_dir), b = last_checkpoint(b_dir);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  int np = 0, ns = 0;
+  EXPECT_LE(worst(*a, *b, "param/", &np), 1e-5);
+  EXPECT_LE(worst(*a, *b, "opt/", &ns), 1e-5);
+  EXPECT_EQ(np, params);
+  EXPECT_EQ(ns, params);  // one momentum buffer each
+}
+
+bool have_text() { return std::filesystem::exists(kText); }
+
+TEST(TpCli, TRanksEqualOneProcessOnTheGpt) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun one = train(tmpdir("one"), 1, 6, "");
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (int t : {2, 4}) {
+    SCOPED_TRACE(fmt::format("--tp {}", t));
+    TrainRun tp = train(tmpdir("tp"), t, 6, fmt::format("--tp {}", t));
+    ASSERT_EQ(tp.code, 0) << tp.out;
+    EXPECT_NE(tp.out.find("tensor parallel over " + std::to_string(t) +
+                          " ranks: 4 regions, 20 "
+                          "tensors split"),
+              std::string::npos)
+        << tp.out;
+    // 2 blocks x 16 tensors + wte, wpe, ln_f (2).
+    expect_same(one.dir, tp.dir, 36);
+  }
+}
+
+TEST(TpCli, TheMlpSplitsItsFirstPairToo) {
+  const std::string mlp = "--model mlp --limit-train 512 --limit-test 64";
+  TrainRun one = train(tmpdir("mlp1"), 1, 4, "", mlp);
+  TrainRun tp = train(tmpdir("mlp2"), 2, 4, "--tp 2", mlp);
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_EQ(tp.code, 0) << tp.out;
+  EXPECT_NE(tp.out.find("columns [param/fc1.weight] -> rows [param/fc2.weight]"), std::string::npos)
+      << tp.out;
+  expect_same(one.dir, tp.dir, 6);
+}
+
+TEST(TpCli, CheckpointsMoveBetweenOneProcessAndTRanks) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun ref = train(tmpdir("ref"), 1, 6, "");
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  std::string dir;
+  for (bool tp_first : {true, false}) {
+    SCOPED_TRACE(tp_first ? "--tp 2, then one process" : "one process, then --tp 2");
+    dir = tmpdir("move");
+    TrainRun a = train(dir, tp_first ? 2 : 1, 3, tp_first ? "--tp 2" : "");
+    ASSERT_EQ(a.code, 0) << a.out;
+    TrainRun b = train(dir, tp_first ? 1 : 2, 6, tp_first ? "--resume" : "--resume --tp 2");
+    ASSERT_EQ(b.code, 0) << b.out;
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    expect_same(ref.dir, dir, 36);
+  }
+  // The whole weights serve `shoal sample` as any checkpoint does.
+  auto s = run_shoal("sample --weights " + dir + " --chars 20");
+  EXPECT_EQ(s.code, 0) << s.out;
+}
+
+TEST(TpCli, SizesThatDoNotFitAreRefusedByName) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun ranks = train(tmpdir("bad1"), 3, 1, "--tp 2");
+  EXPECT_NE(ranks.code, 0);
+  EXPECT_NE(ranks.out.find("--tp 2 needs exactly 2 ranks, this job has 3"), std::string::npos)
+      << ranks.out;
+  TrainRun heads = train(tmpdir("bad2"), 3, 1, "--tp 3");
+  EXPECT_NE(heads.code, 0);
+  EXPECT_NE(heads.out.find("cannot split the sharded axis"), std::string::npos) << heads.out;
+}
+
+}  // namespace
+}  // namespace shoal
