@@ -34,6 +34,7 @@ struct DistFlags {
   std::string ps_compress = "none";
   int zero = 0;
   int tp = 1;
+  int dp = 0;
 };
 struct TrainCommand {
   CLI::App* app = nullptr;

@@ -244,6 +244,11 @@ TrainCommand add_train_command(CLI::App& app) {
                 "batches): attention heads and MLP units split Megatron's way")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  t->add_option("--dp", d.dp,
+                "With --tp: data-parallel groups (checked: --dp x --tp must be the job's ranks; "
+                "0 = the ranks / --tp)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   t->add_option("--config", *c.config, "YAML or JSON file with the same options (flags win)");
   return c;
 }
@@ -259,6 +264,7 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   jo.dp.overlap = *dp::parse_overlap(d.overlap);
   jo.dp.zero = d.zero;
   jo.dp.tp = d.tp;
+  jo.dp.dp = d.dp;
   jo.ps_mode = d.ps_mode;
   jo.staleness = d.staleness;
   jo.ps_compress = d.ps_compress;

@@ -1,5 +1,6 @@
 #include "shoal/dp/data_parallel.h"
 
+#include <mutex>
 #include <numeric>
 #include <string_view>
 
@@ -84,17 +85,55 @@ class CommPeers final : public train::Peers {
   comm::Communicator& c_;
 };
 
+// Sub-communicators live as long as the process (the trainers built over
+// them hold their ids).
+comm::Communicator* keep(std::unique_ptr<comm::Communicator> c) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<comm::Communicator>> kept;
+  std::lock_guard<std::mutex> lk(mu);
+  kept.push_back(std::move(c));
+  return kept.back().get();
+}
+
+// Tensor parallelism over groups of T consecutive ranks; with more ranks
+// than T, data parallelism across the groups (each gradient, sliced or
+// whole, all-reduced among the ranks holding the same slice).
+Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
+  if (d.zero > 0) return invalid_argument("--tp and --zero together are not built yet");
+  o.peers = std::make_shared<CommPeers>(c);
+  if (c.size() == d.tp) return mp::attach_tensor_parallel(o, register_communicator(&c, false));
+  SHOAL_ASSIGN_OR_RETURN(auto tp, c.split(c.rank() / d.tp, c.rank()));
+  SHOAL_ASSIGN_OR_RETURN(auto dp, c.split(c.rank() % d.tp, c.rank()));
+  comm::Communicator* tpc = keep(std::move(tp));
+  comm::Communicator* dpc = keep(std::move(dp));
+  SHOAL_RETURN_IF_ERROR(mp::attach_tensor_parallel(o, register_communicator(tpc, false)));
+  o.data_rank = dpc->rank();
+  o.data_world = dpc->size();
+  o.prefetch = false;
+  const std::int64_t id = register_communicator(dpc, false);
+  DpOptions dd = d;
+  dd.overlap = DpOptions::Overlap::kOff;
+  const bool lead = c.rank() == 0;
+  if (lead) SHOAL_LOG_INFO("{} data-parallel groups x {} tensor-parallel ranks", dpc->size(), d.tp);
+  o.grad_pass = [id, dd, lead](graph::Graph& g, std::vector<train::ParamRef>& params) -> Status {
+    SHOAL_ASSIGN_OR_RETURN(BucketPlan plan, inject_allreduce(g, params, id, dd));
+    if (lead) SHOAL_LOG_INFO("data parallel: {} gradient buckets", plan.buckets.size());
+    return ok_status();
+  };
+  return ok_status();
+}
+
 }  // namespace
 
 Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
   SHOAL_RETURN_IF_ERROR(validate(d));
   o.rank = c.rank();
   o.world = c.size();
-  if (d.tp > 1 && c.size() != d.tp)
-    return invalid_argument(
-        "--tp {} needs exactly {} ranks, this job has {} (tensor and data parallelism together "
-        "are not built yet)",
-        d.tp, d.tp, c.size());
+  if (c.size() % d.tp != 0)
+    return invalid_argument("--tp {} must divide the job's {} ranks", d.tp, c.size());
+  if (d.dp > 0 && d.dp * d.tp != c.size())
+    return invalid_argument("--dp {} x --tp {} is {} ranks, the job has {}", d.dp, d.tp,
+                            d.dp * d.tp, c.size());
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
   // The wire type changes the sums; the bucket sizes, the calls each rank
   // makes (a mismatch would otherwise surface as differing call sequences).
@@ -103,11 +142,7 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
                                         {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)},
                                         {"--zero", std::to_string(d.zero)},
                                         {"--tp", std::to_string(d.tp)}}));
-  if (d.tp > 1) {
-    if (d.zero > 0) return invalid_argument("--tp and --zero together are not built yet");
-    o.peers = std::make_shared<CommPeers>(c);
-    return mp::attach_tensor_parallel(o, register_communicator(&c, false));
-  }
+  if (d.tp > 1) return attach_tp(o, c, d);
   const bool lead = c.rank() == 0;
   DpOptions dd = d;
   // Is a core free on every rank's host? With every core computing, a

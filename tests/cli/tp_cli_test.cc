@@ -121,12 +121,33 @@ TEST(TpCli, CheckpointsMoveBetweenOneProcessAndTRanks) {
   EXPECT_EQ(s.code, 0) << s.out;
 }
 
+// 4 ranks: 2 data-parallel groups of 2 tensor-parallel ranks, each group
+// on its half of the global batch of 16, against one process on all 16.
+TEST(TpCli, DataParallelGroupsOfTensorParallelRanksEqualOneProcess) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  const std::string one_dir = tmpdir("dp1");
+  auto one = run_shoal(
+      fmt::format("train {} --batch 16 --max-steps 5 --threads 1 --optimizer momentum --lr 0.05 "
+                  "--deterministic --no-plot --quiet --out {}",
+                  gpt(), one_dir));
+  ASSERT_EQ(one.code, 0) << one.out;
+  // --batch 8 per rank: each group of 2 TP ranks trains on 8 of the 16.
+  TrainRun both = train(tmpdir("dp2tp2"), 4, 5, "--tp 2 --dp 2");
+  ASSERT_EQ(both.code, 0) << both.out;
+  EXPECT_NE(both.out.find("2 data-parallel groups x 2 tensor-parallel ranks"), std::string::npos)
+      << both.out;
+  expect_same(one_dir, both.dir, 36);
+  TrainRun bad = train(tmpdir("dp3"), 4, 1, "--tp 2 --dp 3");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--dp 3 x --tp 2 is 6 ranks, the job has 4"), std::string::npos)
+      << bad.out;
+}
+
 TEST(TpCli, SizesThatDoNotFitAreRefusedByName) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
   TrainRun ranks = train(tmpdir("bad1"), 3, 1, "--tp 2");
   EXPECT_NE(ranks.code, 0);
-  EXPECT_NE(ranks.out.find("--tp 2 needs exactly 2 ranks, this job has 3"), std::string::npos)
-      << ranks.out;
+  EXPECT_NE(ranks.out.find("--tp 2 must divide the job's 3 ranks"), std::string::npos) << ranks.out;
   TrainRun heads = train(tmpdir("bad2"), 3, 1, "--tp 3");
   EXPECT_NE(heads.code, 0);
   EXPECT_NE(heads.out.find("cannot split the sharded axis"), std::string::npos) << heads.out;

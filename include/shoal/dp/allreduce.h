@@ -63,6 +63,7 @@ struct DpOptions {
   int zero = 0;
   // > 1: tensor parallelism over the job's ranks instead (mp/tensor_parallel.h).
   int tp = 1;
+  int dp = 0;  // with tp: data-parallel groups (0: the job's ranks / tp)
 };
 Result<DpOptions::Overlap> parse_overlap(const std::string& s);  // auto, on, off
 Status validate(const DpOptions& o);
