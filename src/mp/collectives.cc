@@ -3,6 +3,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "mp/op_group.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/graph/op_registry.h"
@@ -19,35 +20,17 @@ struct Group {
 
 // The node's communicator and sizes, checked against each other and x.
 Result<Group> group_of(const graph::Node& n) {
-  const std::int64_t id = n.attrs.get_int_or("comm", -1);
-  comm::Communicator* c = dp::communicator(id);
-  if (!c) return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
-  Group g{c, n.attrs.get_ints_or("sizes", {}), 0};
-  if (static_cast<int>(g.sizes.size()) != c->size())
-    return invalid_argument("{}: {} sizes for a group of {} ranks", n.label(), g.sizes.size(),
-                            c->size());
-  for (std::int64_t s : g.sizes) {
-    if (s < 0) return invalid_argument("{}: a rank's size is {}", n.label(), s);
-    g.total += s;
-  }
-  return g;
+  SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, detail::communicator_of(n));
+  SHOAL_ASSIGN_OR_RETURN(detail::Rows r, detail::rows_of(n, *c));
+  return Group{c, r.sizes, r.total};
 }
 
 Result<std::vector<graph::TensorType>> infer(const graph::Node& n,
                                              const std::vector<graph::TensorType>& in,
                                              bool gather) {
-  SHOAL_ASSIGN_OR_RETURN(Group g, group_of(n));
-  const graph::TensorType& x = in[0];
-  if (x.dtype != DType::kF32 || x.shape.empty())
-    return invalid_argument("{}: needs an f32 tensor of rank >= 1, got {}", n.label(), x.str());
-  const std::int64_t mine = g.sizes[static_cast<std::size_t>(g.c->rank())];
-  const std::int64_t want = gather ? mine : g.total;
-  if (x.shape[0] != want)
-    return invalid_argument("{}: rank {} holds {} rows, the sizes say {}", n.label(), g.c->rank(),
-                            x.shape[0], want);
-  graph::TensorType out = x;
-  out.shape[0] = gather ? g.total : mine;
-  return std::vector<graph::TensorType>{out};
+  SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, detail::communicator_of(n));
+  SHOAL_ASSIGN_OR_RETURN(detail::Rows r, detail::rows_of(n, *c));
+  return detail::infer_rows(n, in[0], *c, r, gather);
 }
 
 class CollectiveKernel final : public runtime::Kernel {

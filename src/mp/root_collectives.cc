@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "mp/op_group.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/graph/op_registry.h"
@@ -22,14 +23,9 @@ struct Rooted {
 };
 
 Result<Rooted> rooted(const graph::Node& n) {
-  const std::int64_t id = n.attrs.get_int_or("comm", -1);
-  comm::Communicator* c = dp::communicator(id);
-  if (!c) return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
-  const std::int64_t root = n.attrs.get_int_or("root", -1);
-  if (root < 0 || root >= c->size())
-    return invalid_argument("{}: root {} is not a rank of a group of {}", n.label(), root,
-                            c->size());
-  return Rooted{c, static_cast<int>(root)};
+  SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, detail::communicator_of(n));
+  SHOAL_ASSIGN_OR_RETURN(int root, detail::root_of(n, *c));
+  return Rooted{c, root};
 }
 
 class RootedKernel final : public runtime::Kernel {

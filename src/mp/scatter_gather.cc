@@ -12,6 +12,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "mp/op_group.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/graph/op_registry.h"
@@ -29,41 +30,19 @@ struct Dealt {
 };
 
 Result<Dealt> dealt(const graph::Node& n) {
-  const std::int64_t id = n.attrs.get_int_or("comm", -1);
-  comm::Communicator* c = dp::communicator(id);
-  if (!c) return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
-  const std::int64_t root = n.attrs.get_int_or("root", -1);
-  if (root < 0 || root >= c->size())
-    return invalid_argument("{}: root {} is not a rank of a group of {}", n.label(), root,
-                            c->size());
-  Dealt d{c, static_cast<int>(root), n.attrs.get_ints_or("sizes", {})};
-  if (static_cast<int>(d.sizes.size()) != c->size())
-    return invalid_argument("{}: {} sizes for a group of {} ranks", n.label(), d.sizes.size(),
-                            c->size());
-  for (std::size_t r = 0; r < d.sizes.size(); ++r) {
-    if (d.sizes[r] < 0)
-      return invalid_argument("{}: rank {}'s size is {}", n.label(), r, d.sizes[r]);
-    if (static_cast<int>(r) < c->rank()) d.first += d.sizes[r];
-    d.total += d.sizes[r];
-  }
-  return d;
+  SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, detail::communicator_of(n));
+  SHOAL_ASSIGN_OR_RETURN(int root, detail::root_of(n, *c));
+  SHOAL_ASSIGN_OR_RETURN(detail::Rows r, detail::rows_of(n, *c));
+  return Dealt{c, root, r.sizes, r.total, r.first};
 }
 
 Result<std::vector<graph::TensorType>> infer(const graph::Node& n,
                                              const std::vector<graph::TensorType>& in,
                                              bool gather) {
-  SHOAL_ASSIGN_OR_RETURN(Dealt d, dealt(n));
-  const graph::TensorType& x = in[0];
-  if (x.dtype != DType::kF32 || x.shape.empty())
-    return invalid_argument("{}: needs an f32 tensor of rank >= 1, got {}", n.label(), x.str());
-  const std::int64_t mine = d.sizes[static_cast<std::size_t>(d.c->rank())];
-  const std::int64_t want = gather ? mine : d.total;
-  if (x.shape[0] != want)
-    return invalid_argument("{}: rank {} holds {} rows, the sizes say {}", n.label(), d.c->rank(),
-                            x.shape[0], want);
-  graph::TensorType out = x;
-  out.shape[0] = gather ? d.total : mine;
-  return std::vector<graph::TensorType>{out};
+  SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, detail::communicator_of(n));
+  SHOAL_RETURN_IF_ERROR(detail::root_of(n, *c).status());
+  SHOAL_ASSIGN_OR_RETURN(detail::Rows r, detail::rows_of(n, *c));
+  return detail::infer_rows(n, in[0], *c, r, gather);
 }
 
 class DealtKernel final : public runtime::Kernel {

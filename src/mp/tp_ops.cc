@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "mp/op_group.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/graph/builder.h"
@@ -15,12 +16,7 @@
 namespace shoal::mp {
 namespace {
 
-Result<comm::Communicator*> group_of(const graph::Node& n) {
-  const std::int64_t id = n.attrs.get_int_or("comm", -1);
-  comm::Communicator* c = dp::communicator(id);
-  if (!c) return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
-  return c;
-}
+Result<comm::Communicator*> group_of(const graph::Node& n) { return detail::communicator_of(n); }
 
 class TpKernel final : public runtime::Kernel {
  public:

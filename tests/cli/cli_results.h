@@ -2,6 +2,8 @@
 // run directory, and the numbers a run printed. Shared by the CLI tests.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -28,6 +30,25 @@ inline std::vector<double> numbers_after(const std::string& out, const std::stri
   for (std::size_t at = out.find(prefix); at != std::string::npos; at = out.find(prefix, at + 1))
     v.push_back(std::strtod(out.c_str() + at + prefix.size(), nullptr));
   return v;
+}
+
+// Largest absolute difference between the f32 tensors of `a` whose names
+// start with `prefix` and their namesakes in `b`; `count` gets how many.
+// A tensor missing from `b` or of another shape counts as 1e30.
+inline double max_abs_diff(const SafetensorsFile& a, const SafetensorsFile& b,
+                           const std::string& prefix, int* count) {
+  double worst = 0;
+  *count = 0;
+  for (const auto& [name, t] : a.tensors) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    ++*count;
+    const Tensor* u = b.find(name);
+    if (!u || u->shape() != t.shape()) return 1e30;
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(u->data<float>()[i]) -
+                                       static_cast<double>(t.data<float>()[i])));
+  }
+  return worst;
 }
 
 }  // namespace shoal::testing

@@ -42,30 +42,13 @@ TrainRun train(const std::string& dir, int ranks, int steps, const std::string& 
 
 std::string tmpdir(const std::string& name) { return testing::scratch_dir("tp_" + name) + "/run"; }
 
-// Largest absolute difference over tensors named `prefix`...; counts them.
-double worst(const SafetensorsFile& a, const SafetensorsFile& b, const std::string& prefix,
-             int* count) {
-  double w = 0;
-  *count = 0;
-  for (const auto& [name, t] : a.tensors) {
-    if (name.rfind(prefix, 0) != 0) continue;
-    ++*count;
-    const Tensor* u = b.find(name);
-    if (!u || u->shape() != t.shape()) return 1e30;
-    for (std::int64_t i = 0; i < t.numel(); ++i)
-      w = std::max(w, std::abs(static_cast<double>(u->data<float>()[i]) -
-                               static_cast<double>(t.data<float>()[i])));
-  }
-  return w;
-}
-
 void expect_same(const std::string& a_dir, const std::string& b_dir, int params) {
   auto a = last_checkpoint(a_dir), b = last_checkpoint(b_dir);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   int np = 0, ns = 0;
-  EXPECT_LE(worst(*a, *b, "param/", &np), 1e-5);
-  EXPECT_LE(worst(*a, *b, "opt/", &ns), 1e-5);
+  EXPECT_LE(testing::max_abs_diff(*a, *b, "param/", &np), 1e-5);
+  EXPECT_LE(testing::max_abs_diff(*a, *b, "opt/", &ns), 1e-5);
   EXPECT_EQ(np, params);
   EXPECT_EQ(ns, params);  // one momentum buffer each
 }

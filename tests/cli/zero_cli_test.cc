@@ -39,33 +39,14 @@ TrainRun train(const std::string& dir, int ranks, int batch, int steps, const st
   return {dir, r.out, r.code};
 }
 
-// Largest absolute difference over the tensors whose names start with
-// `prefix`; `count` gets how many were compared. Every one must exist in both.
-double worst_diff(const SafetensorsFile& a, const SafetensorsFile& b, const std::string& prefix,
-                  int* count) {
-  double worst = 0;
-  *count = 0;
-  for (const auto& [name, t] : a.tensors) {
-    if (name.rfind(prefix, 0) != 0) continue;
-    ++*count;
-    const Tensor* u = b.find(name);
-    EXPECT_NE(u, nullptr) << name;
-    if (!u || u->shape() != t.shape()) return 1e30;
-    for (std::int64_t i = 0; i < t.numel(); ++i)
-      worst = std::max(worst, std::abs(static_cast<double>(u->data<float>()[i]) -
-                                       static_cast<double>(t.data<float>()[i])));
-  }
-  return worst;
-}
-
 void expect_same_state(const std::string& one_dir, const std::string& many_dir, int expect_params,
                        int expect_state, double tol = 1e-5) {
   auto one = last_checkpoint(one_dir), many = last_checkpoint(many_dir);
   ASSERT_TRUE(one.ok()) << one.status().to_string();
   ASSERT_TRUE(many.ok()) << many.status().to_string();
   int np = 0, ns = 0;
-  EXPECT_LE(worst_diff(*one, *many, "param/", &np), tol);
-  EXPECT_LE(worst_diff(*one, *many, "opt/", &ns), tol);
+  EXPECT_LE(testing::max_abs_diff(*one, *many, "param/", &np), tol);
+  EXPECT_LE(testing::max_abs_diff(*one, *many, "opt/", &ns), tol);
   EXPECT_EQ(np, expect_params);
   EXPECT_EQ(ns, expect_state);
 }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <thread>
 
+#include "mp/ranks.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/graph/passes.h"
@@ -70,35 +71,9 @@ Result<Got> run_rank(int r, const std::vector<std::int64_t>& sizes, std::int64_t
 // own communicator.
 std::vector<Result<Got>> run_world(int world,
                                    const std::function<Result<Got>(int, std::int64_t)>& rank_fn) {
-  std::vector<Result<Got>> got(static_cast<std::size_t>(world), internal_error("not run"));
-  auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
-  if (!srv.ok()) {
-    got[0] = srv.status();
-    return got;
-  }
-  static int jobs = 0;
-  const int job = jobs++;
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r)
-    ts.emplace_back([&, r] {
-      auto store =
-          net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10), "");
-      if (!store.ok()) {
-        got[static_cast<std::size_t>(r)] = store.status();
-        return;
-      }
-      comm::CommOptions o;
-      o.timeout_seconds = 60;
-      o.prefix = fmt::format("mp{}-{}", world, job);
-      auto c = comm::Communicator::create(r, world, **store, o);
-      if (!c.ok()) {
-        got[static_cast<std::size_t>(r)] = c.status();
-        return;
-      }
-      got[static_cast<std::size_t>(r)] = rank_fn(r, dp::register_communicator(c->get()));
-    });
-  for (auto& t : ts) t.join();
-  return got;
+  return testing::run_on_ranks<Got>(
+      world, fmt::format("mp{}-", world),
+      [&](int r, comm::Communicator& c) { return rank_fn(r, dp::register_communicator(&c)); });
 }
 
 class Collectives : public ::testing::TestWithParam<int> {};
@@ -282,53 +257,23 @@ TEST_P(Collectives, ScatterAndGatherEqualOneProcess) {
 // ({0, 2} and {1, 3}), each all-gathering its members' rows on its own
 // sub-communicator while the other group does the same.
 TEST(CollectivesGroups, AllgatherOverSplitGroupsGathersOnlyTheGroup) {
-  std::vector<Result<Tensor>> got(4, internal_error("not run"));
-  auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
-  ASSERT_TRUE(srv.ok()) << srv.status().to_string();
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 4; ++r)
-    ts.emplace_back([&, r] {
-      auto& out = got[static_cast<std::size_t>(r)];
-      auto store =
-          net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10), "");
-      if (!store.ok()) {
-        out = store.status();
-        return;
-      }
-      comm::CommOptions o;
-      o.timeout_seconds = 60;
-      o.prefix = "mpgroups";
-      auto world = comm::Communicator::create(r, 4, **store, o);
-      if (!world.ok()) {
-        out = world.status();
-        return;
-      }
-      auto group = (*world)->split(r % 2, r);
-      if (!group.ok()) {
-        out = group.status();
-        return;
-      }
-      const std::int64_t id = dp::register_communicator(group->get());
-      const std::vector<std::int64_t> sizes = {r % 2 ? 1 : 2, r % 2 ? 3 : 1};  // uneven
-      const std::int64_t mine = sizes[static_cast<std::size_t>((*group)->rank())];
-      Graph g;
-      Builder b(g);
-      Value y = allgather(b, b.input("x", DType::kF32, {mine, kCols}), id, sizes);
-      if (!b.ok()) {
-        out = b.status();
-        return;
-      }
-      g.mark_output(y);
-      auto exe = (*runtime::make_backend("cpu"))->compile(std::move(g), {});
-      if (!exe.ok()) {
-        out = exe.status();
-        return;
-      }
-      runtime::Executor ex(**exe);
-      auto res = ex.run({{"x", block(r, mine, 1.0f)}});
-      out = res.ok() ? Result<Tensor>((*res)[0].clone()) : Result<Tensor>(res.status());
-    });
-  for (auto& t : ts) t.join();
+  auto got = testing::run_on_ranks<Tensor>(
+      4, "mpgroups", [](int r, comm::Communicator& world) -> Result<Tensor> {
+        SHOAL_ASSIGN_OR_RETURN(auto group, world.split(r % 2, r));
+        const std::int64_t id = dp::register_communicator(group.get());
+        const std::vector<std::int64_t> sizes = {r % 2 ? 1 : 2, r % 2 ? 3 : 1};  // uneven
+        const std::int64_t mine = sizes[static_cast<std::size_t>(group->rank())];
+        Graph g;
+        Builder b(g);
+        Value y = allgather(b, b.input("x", DType::kF32, {mine, kCols}), id, sizes);
+        if (!b.ok()) return b.status();
+        g.mark_output(y);
+        SHOAL_ASSIGN_OR_RETURN(auto be, runtime::make_backend("cpu"));
+        SHOAL_ASSIGN_OR_RETURN(auto exe, be->compile(std::move(g), {}));
+        runtime::Executor ex(*exe);
+        SHOAL_ASSIGN_OR_RETURN(auto res, ex.run({{"x", block(r, mine, 1.0f)}}));
+        return res[0].clone();
+      });
   for (int r = 0; r < 4; ++r) {
     SCOPED_TRACE(fmt::format("rank {}", r));
     ASSERT_TRUE(got[static_cast<std::size_t>(r)].ok())

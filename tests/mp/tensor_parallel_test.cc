@@ -10,6 +10,7 @@
 
 #include <thread>
 
+#include "mp/ranks.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/graph/passes.h"
@@ -89,36 +90,9 @@ Result<Step> step(const train::GptConfig& c, std::int64_t comm_id, int rank, int
 }
 
 std::vector<Result<Step>> run_group(const train::GptConfig& c, int size) {
-  std::vector<Result<Step>> got(static_cast<std::size_t>(size), internal_error("not run"));
-  auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
-  if (!srv.ok()) {
-    got[0] = srv.status();
-    return got;
-  }
-  static int jobs = 0;
-  const int job = jobs++;
-  std::vector<std::thread> ts;
-  for (int r = 0; r < size; ++r)
-    ts.emplace_back([&, r] {
-      auto& out = got[static_cast<std::size_t>(r)];
-      auto store =
-          net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10), "");
-      if (!store.ok()) {
-        out = store.status();
-        return;
-      }
-      comm::CommOptions o;
-      o.timeout_seconds = 60;
-      o.prefix = fmt::format("tp{}", job);
-      auto comm = comm::Communicator::create(r, size, **store, o);
-      if (!comm.ok()) {
-        out = comm.status();
-        return;
-      }
-      out = step(c, dp::register_communicator(comm->get()), r, size);
-    });
-  for (auto& t : ts) t.join();
-  return got;
+  return testing::run_on_ranks<Step>(size, "tp", [&](int r, comm::Communicator& comm) {
+    return step(c, dp::register_communicator(&comm), r, size);
+  });
 }
 
 class TensorParallel : public ::testing::TestWithParam<int> {};

@@ -1,0 +1,70 @@
+// What the collective graph ops (collectives.cc, root_collectives.cc,
+// scatter_gather.cc, tp_ops.cc) read from a node: its communicator, root
+// and every rank's rows, each checked with errors that name the node.
+#pragma once
+
+#include <vector>
+
+#include "shoal/comm/communicator.h"
+#include "shoal/dp/allreduce.h"
+#include "shoal/graph/graph.h"
+
+namespace shoal::mp::detail {
+
+// The communicator the node's "comm" attribute names (dp::register_communicator).
+inline Result<comm::Communicator*> communicator_of(const graph::Node& n) {
+  const std::int64_t id = n.attrs.get_int_or("comm", -1);
+  comm::Communicator* c = dp::communicator(id);
+  if (!c) return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
+  return c;
+}
+
+// The node's "root": a rank of c.
+inline Result<int> root_of(const graph::Node& n, const comm::Communicator& c) {
+  const std::int64_t root = n.attrs.get_int_or("root", -1);
+  if (root < 0 || root >= c.size())
+    return invalid_argument("{}: root {} is not a rank of a group of {}", n.label(), root,
+                            c.size());
+  return static_cast<int>(root);
+}
+
+// Every rank's rows ("sizes"), their total, and this rank's first row.
+struct Rows {
+  std::vector<std::int64_t> sizes;
+  std::int64_t total = 0, first = 0;
+  std::int64_t mine(const comm::Communicator& c) const {
+    return sizes[static_cast<std::size_t>(c.rank())];
+  }
+};
+
+inline Result<Rows> rows_of(const graph::Node& n, const comm::Communicator& c) {
+  Rows r{n.attrs.get_ints_or("sizes", {})};
+  if (static_cast<int>(r.sizes.size()) != c.size())
+    return invalid_argument("{}: {} sizes for a group of {} ranks", n.label(), r.sizes.size(),
+                            c.size());
+  for (std::size_t i = 0; i < r.sizes.size(); ++i) {
+    if (r.sizes[i] < 0) return invalid_argument("{}: a rank's size is {}", n.label(), r.sizes[i]);
+    if (static_cast<int>(i) < c.rank()) r.first += r.sizes[i];
+    r.total += r.sizes[i];
+  }
+  return r;
+}
+
+// The output of an op that takes this rank's rows to every rank's
+// (`to_all`: gathers) or every rank's rows to this rank's (scatters).
+inline Result<std::vector<graph::TensorType>> infer_rows(const graph::Node& n,
+                                                         const graph::TensorType& x,
+                                                         const comm::Communicator& c, const Rows& r,
+                                                         bool to_all) {
+  if (x.dtype != DType::kF32 || x.shape.empty())
+    return invalid_argument("{}: needs an f32 tensor of rank >= 1, got {}", n.label(), x.str());
+  const std::int64_t want = to_all ? r.mine(c) : r.total;
+  if (x.shape[0] != want)
+    return invalid_argument("{}: rank {} holds {} rows, the sizes say {}", n.label(), c.rank(),
+                            x.shape[0], want);
+  graph::TensorType out = x;
+  out.shape[0] = to_all ? r.total : r.mine(c);
+  return std::vector<graph::TensorType>{out};
+}
+
+}  // namespace shoal::mp::detail
