@@ -131,6 +131,11 @@ TEST(TpCli, SizesThatDoNotFitAreRefusedByName) {
   TrainRun ranks = train(tmpdir("bad1"), 3, 1, "--tp 2");
   EXPECT_NE(ranks.code, 0);
   EXPECT_NE(ranks.out.find("--tp 2 must divide the job's 3 ranks"), std::string::npos) << ranks.out;
+  auto ps = run_shoal("train --dist ps --tp 2 --max-steps 1 --no-checkpoints --quiet");
+  EXPECT_NE(ps.code, 0);
+  EXPECT_NE(ps.out.find("a parameter-server job (--dist ps) shards it over its servers"),
+            std::string::npos)
+      << ps.out;
   TrainRun heads = train(tmpdir("bad2"), 3, 1, "--tp 3");
   EXPECT_NE(heads.code, 0);
   EXPECT_NE(heads.out.find("cannot split the sharded axis"), std::string::npos) << heads.out;
