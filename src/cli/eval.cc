@@ -3,9 +3,11 @@
 // wrote, with the input normalization the file records (a Shoal
 // checkpoint) or, failing that, the training split's.
 #include <CLI/CLI.hpp>
+#include <cmath>
 
 #include "cli/commands.h"
 #include "shoal/core/logging.h"
+#include "shoal/train/sample.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -17,11 +19,13 @@ EvalCommand add_eval_command(CLI::App& app) {
   CLI::App* e = app.add_subcommand("eval", "Evaluate weights on a dataset's test split");
   c.app = e;
   e->add_option("--model", o.model,
-                "mlp, cnn, resnet (ResNet-20), or an ONNX file (path ending in .onnx)")
+                "mlp, cnn, resnet (ResNet-20), gpt (its size read from the checkpoint), or an "
+                "ONNX file (path ending in .onnx)")
       ->check(model_name_check())
       ->capture_default_str();
   e->add_option("--weights", o.init_from,
-                "A Shoal checkpoint or a safetensors state_dict (PyTorch names)")
+                "A Shoal checkpoint, a run directory (its newest checkpoint), or a safetensors "
+                "state_dict (PyTorch names)")
       ->required();
   e->add_option("--data", o.data,
                 "fashion-mnist, mnist, a .npz file (x_train, y_train, x_test, y_test), or a "
@@ -40,6 +44,20 @@ EvalCommand add_eval_command(CLI::App& app) {
 
 int run_eval(const train::TrainOptions& given) {
   train::TrainOptions o = given;
+  // A run directory means its newest checkpoint that loads.
+  auto w = train::read_model_weights(o.init_from);
+  if (w.ok()) o.init_from = w->path;
+  if (o.model == "gpt" && w.ok()) {  // the size is the checkpoint's (train --model gpt writes it)
+    auto it = w->meta.find("gpt");
+    if (it != w->meta.end()) {
+      auto cfg = train::parse_gpt_config(it->second);
+      if (!cfg.ok()) {
+        SHOAL_LOG_ERROR("shoal eval: {}: {}", o.init_from, cfg.status().to_string());
+        return 2;
+      }
+      o.gpt = *cfg;
+    }
+  }
   o.checkpoints = false;  // nothing is written: no run directory is made
   o.plot = false;
   o.quiet = true;
@@ -54,8 +72,14 @@ int run_eval(const train::TrainOptions& given) {
     SHOAL_LOG_ERROR("shoal eval: {}", r.status().to_string());
     return 1;
   }
-  fmt::print("eval: test loss {:.4f} accuracy {:.2f}% on {} images ({} on {})\n", r->loss,
-             100 * r->accuracy, r->samples, o.init_from, o.data);
+  if (o.model == "gpt")
+    fmt::print(
+        "eval: validation {:.3f} bits/char, loss {:.4f} accuracy {:.2f}% on {} tokens ({} "
+        "on {})\n",
+        r->loss / std::log(2.0), r->loss, 100 * r->accuracy, r->samples, o.init_from, o.data);
+  else
+    fmt::print("eval: test loss {:.4f} accuracy {:.2f}% on {} images ({} on {})\n", r->loss,
+               100 * r->accuracy, r->samples, o.init_from, o.data);
   return 0;
 }
 

@@ -28,7 +28,9 @@ using Field = std::variant<int train::TrainOptions::*, std::int64_t train::Train
                            double train::TrainOptions::*, bool train::TrainOptions::*,
                            std::string train::TrainOptions::*, std::uint64_t train::TrainOptions::*,
                            std::string dist::JoinOptions::*, int dist::JoinOptions::*,
-                           double dp::DpOptions::*, std::string Options::*>;
+                           double dp::DpOptions::*, int dp::DpOptions::*, int train::GptConfig::*,
+                           std::int64_t train::GptConfig::*, bool train::GptConfig::*,
+                           std::string Options::*>;
 
 // Keyword -> field: the CLI's flags with '_' for '-' (`checkpoints` and
 // `plot` are the positive forms of --no-checkpoints and --no-plot).
@@ -70,6 +72,14 @@ const std::vector<std::pair<const char*, Field>>& fields() {
       {"ps_compress", &dist::JoinOptions::ps_compress},
       {"bucket_mb", &dp::DpOptions::bucket_mb},
       {"first_bucket_mb", &dp::DpOptions::first_bucket_mb},
+      {"zero", &dp::DpOptions::zero},
+      {"tp", &dp::DpOptions::tp},
+      {"dp", &dp::DpOptions::dp},
+      {"layers", &train::GptConfig::layers},
+      {"heads", &train::GptConfig::heads},
+      {"dim", &train::GptConfig::dim},
+      {"context", &train::GptConfig::context},
+      {"tied", &train::GptConfig::tied},
       {"wire", &Options::wire},
       {"overlap", &Options::overlap},
   };
@@ -111,6 +121,8 @@ void set_option(Options& o, const std::string& key, py::handle v) {
               assign(o.j);
             else if constexpr (requires { o.j.dp.*ptr; })
               assign(o.j.dp);
+            else if constexpr (requires { o.t.gpt.*ptr; })
+              assign(o.t.gpt);
             else
               assign(o);
           }

@@ -92,6 +92,11 @@ TEST(GptCli, ASmallModelLearnsTheFortunesAndSamplesFromItsCheckpoint) {
   // Measured 3.61 against 4.69 (PyTorch, same model and recipe: 3.80 after 2 epochs).
   EXPECT_LT(bpc, unigram - 0.8) << tr.out;
   std::printf("validation %.3f bits/char, unigram entropy %.3f\n", bpc, unigram);
+  // shoal eval reads the size from the checkpoint and scores what the run scored.
+  Result ev =
+      run_shoal("eval --model gpt --weights " + run + " --data text:" + kFortunes + "/cookie");
+  ASSERT_EQ(ev.code, 0) << ev.out;
+  EXPECT_NEAR(number_after(ev.out, "eval: validation "), bpc, 0.0015) << ev.out << tr.out;
 
   Result a = run_shoal("sample --weights " + run + " --prompt 'The ' --chars 120 --seed 4");
   ASSERT_EQ(a.code, 0) << a.out;

@@ -111,6 +111,23 @@ def test_dict_data_and_errors_carry_shoals_message(tmp_path):
         shoal.onnx.load(str(tmp_path / "none.onnx"))
 
 
+FORTUNES = "/usr/share/games/fortunes/fortunes"
+
+
+@pytest.mark.skipif(not os.path.exists(FORTUNES), reason="Debian's fortunes package is not installed")
+def test_gpt_on_text_takes_its_size_as_keywords(tmp_path):
+    t = shoal.Trainer("gpt", "text:" + FORTUNES, layers=1, heads=2, dim=16, context=8, batch=16,
+                      optimizer="adam", lr=0.01, max_steps=40, quiet=True, plot=False,
+                      out=str(tmp_path / "gpt"))
+    m = t.fit()
+    # A model that knows nothing scores ln(vocabulary) = ln(80) = 4.38 nats per character.
+    assert m[-1]["test_loss"] < 3.6, m
+    assert sorted(k for k in t.state_dict() if k.startswith("h.0.attn."))[:2] == [
+        "h.0.attn.k.bias", "h.0.attn.k.weight"]
+    with pytest.raises(ValueError, match="--dim 15 must be a positive multiple of --heads 2"):
+        shoal.Trainer("gpt", "text:" + FORTUNES, heads=2, dim=15)
+
+
 def test_training_releases_the_gil(tmp_path):
     xtr, ytr = blobs(8192, dim=256)
     t = shoal.Trainer("mlp", (xtr, ytr, xtr[:256], ytr[:256]), epochs=3, batch=32, quiet=True,
