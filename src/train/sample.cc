@@ -2,6 +2,7 @@
 #include "shoal/train/sample.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <numeric>
