@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -49,6 +50,18 @@ inline double max_abs_diff(const SafetensorsFile& a, const SafetensorsFile& b,
                                        static_cast<double>(t.data<float>()[i])));
   }
   return worst;
+}
+
+// Whether every tensor of `a` is in `b` with the same bytes, and the reverse.
+inline bool same_bits(const SafetensorsFile& a, const SafetensorsFile& b) {
+  if (a.tensors.size() != b.tensors.size()) return false;
+  for (const auto& [name, t] : a.tensors) {
+    const Tensor* u = b.find(name);
+    if (!u || u->shape() != t.shape() || u->dtype() != t.dtype() ||
+        std::memcmp(u->raw_data(), t.raw_data(), t.nbytes()) != 0)
+      return false;
+  }
+  return true;
 }
 
 }  // namespace shoal::testing

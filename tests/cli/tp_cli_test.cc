@@ -126,6 +126,21 @@ TEST(TpCli, DataParallelGroupsOfTensorParallelRanksEqualOneProcess) {
       << bad.out;
 }
 
+// The same layout resumed: the same bits as the uninterrupted run.
+TEST(TpCli, AResumeInTheSameLayoutIsBitIdentical) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun whole = train(tmpdir("bits1"), 2, 6, "--tp 2");
+  const std::string dir = tmpdir("bits2");
+  TrainRun a = train(dir, 2, 3, "--tp 2");
+  TrainRun b = train(dir, 2, 6, "--tp 2 --resume");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  auto x = last_checkpoint(whole.dir), y = last_checkpoint(dir);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_TRUE(testing::same_bits(*x, *y));
+}
+
 TEST(TpCli, SizesThatDoNotFitAreRefusedByName) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
   TrainRun ranks = train(tmpdir("bad1"), 3, 1, "--tp 2");

@@ -113,6 +113,21 @@ TEST(ZeroCli, CheckpointsMoveBetweenShardedAndPlainDataParallelism) {
   }
 }
 
+// The same layout resumed: the same bits as the uninterrupted run.
+TEST(ZeroCli, AResumeInTheSameLayoutIsBitIdentical) {
+  const std::string opt = "--optimizer adam --lr 0.002 --zero 1";
+  TrainRun whole = train(tmpdir("bits1"), 3, 16, 6, opt);
+  const std::string dir = tmpdir("bits2");
+  TrainRun a = train(dir, 3, 16, 3, opt);
+  TrainRun b = train(dir, 3, 16, 6, opt + " --resume");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  auto x = last_checkpoint(whole.dir), y = last_checkpoint(dir);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_TRUE(testing::same_bits(*x, *y));
+}
+
 TEST(ZeroCli, TheGptMatchesOneRank) {
   const std::string text = "/usr/share/games/fortunes/fortunes";
   if (!std::filesystem::exists(text))
