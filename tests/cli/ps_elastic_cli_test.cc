@@ -18,12 +18,14 @@ namespace {
 using testing::numbers_after;
 using testing::run_shoal;
 
-// Each worker runs `before` (sh), then trains an async MLP for 2 epochs.
+// Each worker runs `before` (sh), then trains an async MLP for 2 epochs of
+// 12,288 images: long enough (several seconds) that a worker asked for by
+// `shoal ps join` starts before the others finish.
 testing::ShoalRun elastic_job(const std::string& dir, const std::string& elastic,
                               const std::string& before, const std::string& mode = "async") {
   return run_shoal(fmt::format(
       "run --ps 1,2 --ps-elastic {2} --timeout 120 --ps-snapshots {0}/ps -- sh -c '{3} exec {1} "
-      "train --dist ps --ps-mode {4} --model mlp --limit-train 4096 --limit-test 256 --threads 1 "
+      "train --dist ps --ps-mode {4} --model mlp --limit-train 12288 --limit-test 256 --threads 1 "
       "--optimizer sgd --lr 0.05 --batch 32 --epochs 2 --no-plot --quiet --out {0}/run'",
       dir, SHOAL_BINARY, elastic, before, mode));
 }
