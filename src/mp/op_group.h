@@ -3,11 +3,15 @@
 // and every rank's rows, each checked with errors that name the node.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/graph/graph.h"
+#include "shoal/graph/op_registry.h"
+#include "shoal/runtime/kernel.h"
 
 namespace shoal::mp::detail {
 
@@ -65,6 +69,27 @@ inline Result<std::vector<graph::TensorType>> infer_rows(const graph::Node& n,
   graph::TensorType out = x;
   out.shape[0] = to_all ? r.total : r.mine(c);
   return std::vector<graph::TensorType>{out};
+}
+
+// Registers a collective graph op whose gradient is its twin `grad_name`
+// applied to dy with the same attributes (allgather/reduce_scatter,
+// broadcast/reduce, scatter/gather, tp_copy/tp_allreduce), and its CPU
+// kernel. Never constant-folded: its value depends on other ranks.
+inline void add_paired_op(const char* name, const char* grad_name, std::vector<std::string> attrs,
+                          std::function<Result<std::vector<graph::TensorType>>(
+                              const graph::Node&, const std::vector<graph::TensorType>&)>
+                              infer,
+                          runtime::KernelFactory kernel) {
+  graph::OpDef d;
+  d.name = name;
+  d.attrs = std::move(attrs);
+  d.random = true;
+  d.infer = std::move(infer);
+  d.grad = [grad_name](graph::GradInputs& g) -> std::vector<graph::Value> {
+    return {g.b.op(grad_name, {g.output_grads[0]}, g.node.attrs)};
+  };
+  graph::OpRegistry::global().add(d);
+  runtime::KernelRegistry::cpu().add(name, std::move(kernel));
 }
 
 }  // namespace shoal::mp::detail

@@ -55,23 +55,15 @@ class RootedKernel final : public runtime::Kernel {
 };
 
 void add(const char* name, const char* grad_name, bool broadcast) {
-  graph::OpDef d;
-  d.name = name;
-  d.attrs = {"comm", "root"};
-  d.random = true;  // never constant-folded: its value depends on other ranks
-  d.infer = [](const graph::Node& n,
-               const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
-    SHOAL_RETURN_IF_ERROR(rooted(n).status());
-    if (in[0].dtype != DType::kF32)
-      return invalid_argument("{}: needs an f32 tensor, got {}", n.label(), in[0].str());
-    return in;
-  };
-  d.grad = [grad_name](graph::GradInputs& g) -> std::vector<graph::Value> {
-    return {g.b.op(grad_name, {g.output_grads[0]}, g.node.attrs)};
-  };
-  graph::OpRegistry::global().add(d);
-  runtime::KernelRegistry::cpu().add(
-      name,
+  detail::add_paired_op(
+      name, grad_name, {"comm", "root"},
+      [](const graph::Node& n,
+         const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
+        SHOAL_RETURN_IF_ERROR(rooted(n).status());
+        if (in[0].dtype != DType::kF32)
+          return invalid_argument("{}: needs an f32 tensor, got {}", n.label(), in[0].str());
+        return in;
+      },
       [broadcast](const graph::Node& n, const std::vector<graph::TensorType>&)
           -> Result<std::unique_ptr<runtime::Kernel>> {
         SHOAL_ASSIGN_OR_RETURN(Rooted r, rooted(n));

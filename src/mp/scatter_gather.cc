@@ -80,19 +80,11 @@ class DealtKernel final : public runtime::Kernel {
 };
 
 void add(const char* name, const char* grad_name, bool gather) {
-  graph::OpDef d;
-  d.name = name;
-  d.attrs = {"comm", "root", "sizes"};
-  d.random = true;  // never constant-folded: its value depends on other ranks
-  d.infer = [gather](const graph::Node& n, const std::vector<graph::TensorType>& in) {
-    return infer(n, in, gather);
-  };
-  d.grad = [grad_name](graph::GradInputs& g) -> std::vector<graph::Value> {
-    return {g.b.op(grad_name, {g.output_grads[0]}, g.node.attrs)};
-  };
-  graph::OpRegistry::global().add(d);
-  runtime::KernelRegistry::cpu().add(
-      name,
+  detail::add_paired_op(
+      name, grad_name, {"comm", "root", "sizes"},
+      [gather](const graph::Node& n, const std::vector<graph::TensorType>& in) {
+        return infer(n, in, gather);
+      },
       [gather](const graph::Node& n, const std::vector<graph::TensorType>& in)
           -> Result<std::unique_ptr<runtime::Kernel>> {
         SHOAL_ASSIGN_OR_RETURN(Dealt dd, dealt(n));

@@ -38,29 +38,16 @@ class TpKernel final : public runtime::Kernel {
   bool reduce_;
 };
 
-void add(const char* name, bool reduce) {
-  graph::OpDef d;
-  d.name = name;
-  d.attrs = {"comm"};
-  d.random = true;  // never constant-folded: its value (or gradient) involves other ranks
-  d.infer = [](const graph::Node& n,
-               const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
-    SHOAL_RETURN_IF_ERROR(group_of(n).status());
-    if (in[0].dtype != DType::kF32)
-      return invalid_argument("{}: needs an f32 tensor, got {}", n.label(), in[0].str());
-    return in;
-  };
-  if (reduce)
-    d.grad = [](graph::GradInputs& g) -> std::vector<graph::Value> {
-      return {g.b.op("tp_copy", {g.output_grads[0]}, g.node.attrs)};
-    };
-  else
-    d.grad = [](graph::GradInputs& g) -> std::vector<graph::Value> {
-      return {g.b.op("tp_allreduce", {g.output_grads[0]}, g.node.attrs)};
-    };
-  graph::OpRegistry::global().add(d);
-  runtime::KernelRegistry::cpu().add(
-      name,
+void add(const char* name, const char* grad_name, bool reduce) {
+  detail::add_paired_op(
+      name, grad_name, {"comm"},
+      [](const graph::Node& n,
+         const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
+        SHOAL_RETURN_IF_ERROR(group_of(n).status());
+        if (in[0].dtype != DType::kF32)
+          return invalid_argument("{}: needs an f32 tensor, got {}", n.label(), in[0].str());
+        return in;
+      },
       [reduce](const graph::Node& n,
                const std::vector<graph::TensorType>&) -> Result<std::unique_ptr<runtime::Kernel>> {
         SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, group_of(n));
@@ -73,8 +60,8 @@ void add(const char* name, bool reduce) {
 void register_tensor_parallel_ops() {
   static std::once_flag once;
   std::call_once(once, [] {
-    add("tp_copy", false);
-    add("tp_allreduce", true);
+    add("tp_copy", "tp_allreduce", false);  // f: identity; its gradient sums
+    add("tp_allreduce", "tp_copy", true);   // g: sums; its gradient is the identity
   });
 }
 

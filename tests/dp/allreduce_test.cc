@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "ranks.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/passes.h"
 #include "shoal/net/store.h"
@@ -91,40 +92,16 @@ Result<RankRun> train(std::int64_t first, std::int64_t rows, int steps, std::int
 
 // Runs `world` ranks (threads) on equal shards of the 24-row batch.
 std::vector<Result<RankRun>> train_ranks(int world, const DpOptions& dpo, int steps = 4) {
-  std::vector<Result<RankRun>> got(static_cast<std::size_t>(world),
-                                   Result<RankRun>(internal_error("not run")));
-  auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
-  if (!srv.ok()) {
-    got[0] = srv.status();
-    return got;
-  }
-  static int job = 0;
-  const int this_job = job++;
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r)
-    ts.emplace_back([&, r] {
-      auto& out = got[static_cast<std::size_t>(r)];
-      auto store =
-          net::TcpStore::connect("127.0.0.1", (*srv)->port(), Deadline::after_seconds(10), "");
-      if (!store.ok()) {
-        out = store.status();
-        return;
-      }
-      comm::CommOptions o;
-      o.timeout_seconds = 60;
-      o.deterministic = true;
-      o.prefix = "dp" + std::to_string(this_job);
-      auto c = comm::Communicator::create(r, world, **store, o);
-      if (!c.ok()) {
-        out = c.status();
-        return;
-      }
-      std::int64_t id = register_communicator(c->get(), dpo.overlap != DpOptions::Overlap::kOff);
-      std::int64_t rows = 24 / world;
-      out = train(r * rows, rows, steps, id, dpo);
-    });
-  for (auto& t : ts) t.join();
-  return got;
+  comm::CommOptions o = testing::test_comm_options();
+  o.deterministic = true;
+  return testing::run_on_ranks<RankRun>(
+      world, "dp",
+      [&](int r, comm::Communicator& c) -> Result<RankRun> {
+        std::int64_t id = register_communicator(&c, dpo.overlap != DpOptions::Overlap::kOff);
+        std::int64_t rows = 24 / world;
+        return train(r * rows, rows, steps, id, dpo);
+      },
+      o);
 }
 
 void expect_near(const RankRun& got, const RankRun& want, double tol, const std::string& what) {

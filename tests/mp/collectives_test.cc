@@ -12,7 +12,7 @@
 #include <functional>
 #include <thread>
 
-#include "mp/ranks.h"
+#include "ranks.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/graph/passes.h"
@@ -41,6 +41,19 @@ struct Got {
   Tensor gathered, gather_grad, scattered, scatter_grad;
 };
 
+// Differentiates `loss` for inputs x and w, runs the graph on xs and ws,
+// and returns y, dloss/dx, z, dloss/dw.
+Result<Got> run_graph(Graph& g, Value loss, Value x, Value w, Value y, Value z, Tensor xs,
+                      Tensor ws) {
+  SHOAL_ASSIGN_OR_RETURN(auto grads, graph::autodiff(g, loss, {x, w}));
+  for (Value v : {y, grads[0], z, grads[1]}) g.mark_output(v);
+  SHOAL_ASSIGN_OR_RETURN(auto be, runtime::make_backend("cpu"));
+  SHOAL_ASSIGN_OR_RETURN(auto exe, be->compile(std::move(g), {}));
+  runtime::Executor ex(*exe);
+  SHOAL_ASSIGN_OR_RETURN(auto out, ex.run({{"x", std::move(xs)}, {"w", std::move(ws)}}));
+  return Got{out[0].clone(), out[1].clone(), out[2].clone(), out[3].clone()};
+}
+
 // On rank r: y = allgather(x_r), loss += sum(y * c_r); z = reduce_scatter(w_r),
 // loss += sum(z * d_r); outputs y, dloss/dx_r, z, dloss/dw_r.
 Result<Got> run_rank(int r, const std::vector<std::int64_t>& sizes, std::int64_t comm) {
@@ -57,14 +70,7 @@ Result<Got> run_rank(int r, const std::vector<std::int64_t>& sizes, std::int64_t
   Value d = b.constant(block(r, mine, 2.0f));
   Value loss = b.add(b.reduce_sum(b.mul(y, c), {0, 1}), b.reduce_sum(b.mul(z, d), {0, 1}));
   if (!b.ok()) return b.status();
-  SHOAL_ASSIGN_OR_RETURN(auto grads, graph::autodiff(g, loss, {x, w}));
-  for (Value v : {y, grads[0], z, grads[1]}) g.mark_output(v);
-  SHOAL_ASSIGN_OR_RETURN(auto be, runtime::make_backend("cpu"));
-  SHOAL_ASSIGN_OR_RETURN(auto exe, be->compile(std::move(g), {}));
-  runtime::Executor ex(*exe);
-  SHOAL_ASSIGN_OR_RETURN(auto out,
-                         ex.run({{"x", block(r, mine, 1.0f)}, {"w", block(r, total, 0.25f)}}));
-  return Got{out[0].clone(), out[1].clone(), out[2].clone(), out[3].clone()};
+  return run_graph(g, loss, x, w, y, z, block(r, mine, 1.0f), block(r, total, 0.25f));
 }
 
 // Runs `rank_fn(rank, comm id)` on `world` ranks (threads), each with its
@@ -141,13 +147,7 @@ Result<Got> run_rooted(int r, int root, std::int64_t comm) {
   Value loss = b.add(b.reduce_sum(b.mul(y, b.constant(block(r, 2, -0.5f))), {0, 1}),
                      b.reduce_sum(b.mul(z, b.constant(block(r, 2, 2.0f))), {0, 1}));
   if (!b.ok()) return b.status();
-  SHOAL_ASSIGN_OR_RETURN(auto grads, graph::autodiff(g, loss, {x, w}));
-  for (Value v : {y, grads[0], z, grads[1]}) g.mark_output(v);
-  SHOAL_ASSIGN_OR_RETURN(auto be, runtime::make_backend("cpu"));
-  SHOAL_ASSIGN_OR_RETURN(auto exe, be->compile(std::move(g), {}));
-  runtime::Executor ex(*exe);
-  SHOAL_ASSIGN_OR_RETURN(auto out, ex.run({{"x", block(r, 2, 1.0f)}, {"w", block(r, 2, 0.25f)}}));
-  return Got{out[0].clone(), out[1].clone(), out[2].clone(), out[3].clone()};
+  return run_graph(g, loss, x, w, y, z, block(r, 2, 1.0f), block(r, 2, 0.25f));
 }
 
 TEST_P(Collectives, BroadcastAndReduceEqualOneProcess) {
@@ -193,14 +193,7 @@ Result<Got> run_dealt(int r, int root, const std::vector<std::int64_t>& sizes, s
   Value loss = b.add(b.reduce_sum(b.mul(y, b.constant(block(r, mine, -0.5f))), {0, 1}),
                      b.reduce_sum(b.mul(z, b.constant(block(r, total, 2.0f))), {0, 1}));
   if (!b.ok()) return b.status();
-  SHOAL_ASSIGN_OR_RETURN(auto grads, graph::autodiff(g, loss, {x, w}));
-  for (Value v : {y, grads[0], z, grads[1]}) g.mark_output(v);
-  SHOAL_ASSIGN_OR_RETURN(auto be, runtime::make_backend("cpu"));
-  SHOAL_ASSIGN_OR_RETURN(auto exe, be->compile(std::move(g), {}));
-  runtime::Executor ex(*exe);
-  SHOAL_ASSIGN_OR_RETURN(auto out,
-                         ex.run({{"x", block(r, total, 1.0f)}, {"w", block(r, mine, 0.25f)}}));
-  return Got{out[0].clone(), out[1].clone(), out[2].clone(), out[3].clone()};
+  return run_graph(g, loss, x, w, y, z, block(r, total, 1.0f), block(r, mine, 0.25f));
 }
 
 TEST_P(Collectives, ScatterAndGatherEqualOneProcess) {

@@ -10,7 +10,7 @@
 
 #include <thread>
 
-#include "mp/ranks.h"
+#include "ranks.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/graph/passes.h"

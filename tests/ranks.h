@@ -1,5 +1,5 @@
 // Runs one function per rank on threads, each rank with its own real
-// Communicator over a loopback TCP store (the mp tests' harness).
+// Communicator over a loopback TCP store (the harness of the dp and mp tests).
 #pragma once
 
 #include <functional>
@@ -12,11 +12,20 @@
 
 namespace shoal::testing {
 
+// The tests' communicator options: a 60 s deadline.
+inline comm::CommOptions test_comm_options() {
+  comm::CommOptions o;
+  o.timeout_seconds = 60;
+  return o;
+}
+
 // fn(rank, communicator) on `world` threads; each rank's result, or the
-// error that kept it from running.
+// error that kept it from running. Every rank gets options `o`, its prefix
+// followed by a number per job.
 template <typename T>
 std::vector<Result<T>> run_on_ranks(int world, const std::string& prefix,
-                                    const std::function<Result<T>(int, comm::Communicator&)>& fn) {
+                                    const std::function<Result<T>(int, comm::Communicator&)>& fn,
+                                    const comm::CommOptions& o = test_comm_options()) {
   std::vector<Result<T>> got(static_cast<std::size_t>(world), internal_error("not run"));
   auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
   if (!srv.ok()) {
@@ -35,10 +44,9 @@ std::vector<Result<T>> run_on_ranks(int world, const std::string& prefix,
         out = store.status();
         return;
       }
-      comm::CommOptions o;
-      o.timeout_seconds = 60;
-      o.prefix = prefix + std::to_string(job);
-      auto c = comm::Communicator::create(r, world, **store, o);
+      comm::CommOptions mine = o;
+      mine.prefix = prefix + std::to_string(job);
+      auto c = comm::Communicator::create(r, world, **store, mine);
       if (!c.ok()) {
         out = c.status();
         return;
