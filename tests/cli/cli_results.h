@@ -2,11 +2,14 @@
 // run directory, and the numbers a run printed. Shared by the CLI tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +65,30 @@ inline bool same_bits(const SafetensorsFile& a, const SafetensorsFile& b) {
       return false;
   }
   return true;
+}
+
+// What a `shoal train` run left: its directory, output and exit code.
+struct TrainRun {
+  std::string dir, out;
+  int code;
+};
+
+// Trains `steps` steps in one run (in `whole_dir`) and in two (in
+// `split_dir`, the second resuming the first's checkpoint) with
+// train(dir, steps, extra flags); expects every tensor of the final
+// checkpoints to have the same bytes.
+inline void expect_resume_bit_identical(
+    const std::function<TrainRun(const std::string&, int, const std::string&)>& train,
+    const std::string& whole_dir, const std::string& split_dir, int steps) {
+  TrainRun whole = train(whole_dir, steps, "");
+  TrainRun a = train(split_dir, steps / 2, "");
+  TrainRun b = train(split_dir, steps, "--resume");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  auto x = last_checkpoint(whole_dir), y = last_checkpoint(split_dir);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_TRUE(same_bits(*x, *y));
 }
 
 }  // namespace shoal::testing

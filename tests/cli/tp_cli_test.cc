@@ -26,10 +26,7 @@ std::string gpt() {
          " --layers 2 --heads 4 --dim 16 --context 8 --limit-train 200 --limit-test 40";
 }
 
-struct TrainRun {
-  std::string dir, out;
-  int code;
-};
+using testing::TrainRun;
 
 TrainRun train(const std::string& dir, int ranks, int steps, const std::string& extra,
                const std::string& model = gpt()) {
@@ -129,16 +126,11 @@ TEST(TpCli, DataParallelGroupsOfTensorParallelRanksEqualOneProcess) {
 // The same layout resumed: the same bits as the uninterrupted run.
 TEST(TpCli, AResumeInTheSameLayoutIsBitIdentical) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
-  TrainRun whole = train(tmpdir("bits1"), 2, 6, "--tp 2");
-  const std::string dir = tmpdir("bits2");
-  TrainRun a = train(dir, 2, 3, "--tp 2");
-  TrainRun b = train(dir, 2, 6, "--tp 2 --resume");
-  ASSERT_EQ(whole.code, 0) << whole.out;
-  ASSERT_EQ(a.code, 0) << a.out;
-  ASSERT_EQ(b.code, 0) << b.out;
-  auto x = last_checkpoint(whole.dir), y = last_checkpoint(dir);
-  ASSERT_TRUE(x.ok() && y.ok());
-  EXPECT_TRUE(testing::same_bits(*x, *y));
+  testing::expect_resume_bit_identical(
+      [](const std::string& dir, int steps, const std::string& extra) {
+        return train(dir, 2, steps, "--tp 2 " + extra);
+      },
+      tmpdir("bits1"), tmpdir("bits2"), 6);
 }
 
 TEST(TpCli, SizesThatDoNotFitAreRefusedByName) {

@@ -24,10 +24,7 @@ std::string tmpdir(const std::string& name) {
   return testing::scratch_dir("zero_" + name) + "/run";
 }
 
-struct TrainRun {
-  std::string dir, out;
-  int code;
-};
+using testing::TrainRun;
 
 // `steps` steps of `model` with `ranks` ranks of batch `batch`.
 TrainRun train(const std::string& dir, int ranks, int batch, int steps, const std::string& extra,
@@ -115,17 +112,11 @@ TEST(ZeroCli, CheckpointsMoveBetweenShardedAndPlainDataParallelism) {
 
 // The same layout resumed: the same bits as the uninterrupted run.
 TEST(ZeroCli, AResumeInTheSameLayoutIsBitIdentical) {
-  const std::string opt = "--optimizer adam --lr 0.002 --zero 1";
-  TrainRun whole = train(tmpdir("bits1"), 3, 16, 6, opt);
-  const std::string dir = tmpdir("bits2");
-  TrainRun a = train(dir, 3, 16, 3, opt);
-  TrainRun b = train(dir, 3, 16, 6, opt + " --resume");
-  ASSERT_EQ(whole.code, 0) << whole.out;
-  ASSERT_EQ(a.code, 0) << a.out;
-  ASSERT_EQ(b.code, 0) << b.out;
-  auto x = last_checkpoint(whole.dir), y = last_checkpoint(dir);
-  ASSERT_TRUE(x.ok() && y.ok());
-  EXPECT_TRUE(testing::same_bits(*x, *y));
+  testing::expect_resume_bit_identical(
+      [](const std::string& dir, int steps, const std::string& extra) {
+        return train(dir, 3, 16, steps, "--optimizer adam --lr 0.002 --zero 1 " + extra);
+      },
+      tmpdir("bits1"), tmpdir("bits2"), 6);
 }
 
 TEST(ZeroCli, TheGptMatchesOneRank) {
