@@ -35,6 +35,10 @@ struct DistFlags {
   int zero = 0;
   int tp = 1;
   int dp = 0;
+  int pp = 1;
+  int micro_batches = 4;
+  std::string pp_schedule = "1f1b";
+  std::vector<std::size_t> pp_cuts;
 };
 struct TrainCommand {
   CLI::App* app = nullptr;

@@ -245,10 +245,28 @@ TrainCommand add_train_command(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   t->add_option("--dp", d.dp,
-                "With --tp: data-parallel groups (checked: --dp x --tp must be the job's ranks; "
-                "0 = the ranks / --tp)")
+                "With --tp or --pp: data-parallel groups (checked: --dp x --tp x --pp must be "
+                "the job's ranks; 0 = the ranks / (--tp x --pp))")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  t->add_option("--pp", d.pp,
+                "Pipeline parallelism over this many ranks: the model's layers cut into stages "
+                "(balanced by estimated cost), each batch run as --micro-batches")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  t->add_option("--micro-batches", d.micro_batches,
+                "With --pp: micro-batches per batch (must divide --batch)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  t->add_option("--pp-schedule", d.pp_schedule,
+                "With --pp: 1f1b (one forward, one backward in turn: at most --pp micro-batches' "
+                "activations alive) or gpipe (all forwards, then all backwards)")
+      ->check(CLI::IsMember({"1f1b", "gpipe"}))
+      ->capture_default_str();
+  t->add_option("--pp-cuts", d.pp_cuts,
+                "With --pp: where to cut, as indices of the model's cut places (the log lists "
+                "them); default: balanced by estimated cost")
+      ->delimiter(',');
   t->add_option("--config", *c.config, "YAML or JSON file with the same options (flags win)");
   return c;
 }
@@ -265,6 +283,10 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   jo.dp.zero = d.zero;
   jo.dp.tp = d.tp;
   jo.dp.dp = d.dp;
+  jo.dp.pp = d.pp;
+  jo.dp.micro_batches = d.micro_batches;
+  jo.dp.pp_schedule = d.pp_schedule;
+  jo.dp.pp_cuts = d.pp_cuts;
   jo.ps_mode = d.ps_mode;
   jo.staleness = d.staleness;
   jo.ps_compress = d.ps_compress;

@@ -66,9 +66,9 @@ Result<std::unique_ptr<comm::Communicator>> join_allreduce(train::TrainOptions& 
 
 // A worker of a parameter-server job.
 Result<std::unique_ptr<ps::WorkerJob>> join_ps(train::TrainOptions& o, const JoinOptions& j) {
-  if (j.dp.zero > 0 || j.dp.tp > 1)
+  if (j.dp.zero > 0 || j.dp.tp > 1 || j.dp.pp > 1)
     return invalid_argument(
-        "--zero and --tp shard the model over all-reduce ranks; a parameter-server job "
+        "--zero, --tp and --pp shard the model over all-reduce ranks; a parameter-server job "
         "(--dist ps) shards it over its servers: drop them or use --dist allreduce");
   SHOAL_ASSIGN_OR_RETURN(ps::JobEnv e, ps::job_env());
   if (!e.role.empty() && e.role != "worker")

@@ -181,7 +181,10 @@ Status validate(const DpOptions& o) {
     return invalid_argument("--first-bucket-mb {} must be > 0", o.first_bucket_mb);
   if (o.wire != DType::kF32 && o.wire != DType::kF16 && o.wire != DType::kBF16)
     return invalid_argument("--wire {} is not one of f32, f16, bf16", dtype_name(o.wire));
-  if (o.tp < 1 || o.dp < 0) return invalid_argument("--tp {} / --dp {} out of range", o.tp, o.dp);
+  if (o.tp < 1 || o.dp < 0 || o.pp < 1)
+    return invalid_argument("--tp {} / --dp {} / --pp {} out of range", o.tp, o.dp, o.pp);
+  if (o.micro_batches < 1)
+    return invalid_argument("--micro-batches {} must be >= 1", o.micro_batches);
   return ok_status();
 }
 

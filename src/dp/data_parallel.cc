@@ -6,6 +6,7 @@
 
 #include "shoal/core/logging.h"
 #include "shoal/dp/sharded.h"
+#include "shoal/mp/pipeline.h"
 #include "shoal/mp/tensor_parallel.h"
 #include "shoal/net/shared_memory.h"
 #include "shoal/runtime/kernel.h"
@@ -123,17 +124,54 @@ Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
   return ok_status();
 }
 
+// Pipeline stages over groups of P consecutive ranks; with more ranks than
+// P, data parallelism across the groups (each stage's gradients all-reduced
+// among the ranks holding that stage).
+Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
+  if (d.zero > 0 || d.tp > 1)
+    return invalid_argument("--pp with --zero or --tp is not built yet");
+  o.peers = std::make_shared<CommPeers>(c);
+  mp::PipelineOptions po;
+  po.stages = d.pp;
+  po.micro_batches = d.micro_batches;
+  SHOAL_ASSIGN_OR_RETURN(po.schedule, mp::parse_schedule(d.pp_schedule));
+  po.cuts = d.pp_cuts;
+  if (c.size() == d.pp) return mp::attach_pipeline(o, c, po);
+  SHOAL_ASSIGN_OR_RETURN(auto pp, c.split(c.rank() / d.pp, c.rank()));
+  SHOAL_ASSIGN_OR_RETURN(auto dp, c.split(c.rank() % d.pp, c.rank()));
+  comm::Communicator* ppc = keep(std::move(pp));
+  comm::Communicator* dpc = keep(std::move(dp));
+  o.data_rank = dpc->rank();
+  o.data_world = dpc->size();
+  o.prefetch = false;
+  SHOAL_RETURN_IF_ERROR(mp::attach_pipeline(o, *ppc, po));
+  const std::int64_t id = register_communicator(dpc, false);
+  DpOptions dd = d;
+  dd.overlap = DpOptions::Overlap::kOff;
+  const bool lead = c.rank() == 0;
+  if (lead) SHOAL_LOG_INFO("{} data-parallel groups x {} pipeline stages", dpc->size(), d.pp);
+  o.grad_pass = [id, dd](graph::Graph& g, std::vector<train::ParamRef>& params) -> Status {
+    return inject_allreduce(g, params, id, dd).status();
+  };
+  return ok_status();
+}
+
 }  // namespace
 
 Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
   SHOAL_RETURN_IF_ERROR(validate(d));
   o.rank = c.rank();
   o.world = c.size();
-  if (c.size() % d.tp != 0)
-    return invalid_argument("--tp {} must divide the job's {} ranks", d.tp, c.size());
-  if (d.dp > 0 && d.dp * d.tp != c.size())
-    return invalid_argument("--dp {} x --tp {} is {} ranks, the job has {}", d.dp, d.tp,
-                            d.dp * d.tp, c.size());
+  // The model's split: "--tp T", "--pp P" or "--tp T x --pp P".
+  const std::string split =
+      d.pp == 1   ? fmt::format("--tp {}", d.tp)
+      : d.tp == 1 ? fmt::format("--pp {}", d.pp)
+                  : fmt::format("--tp {} x --pp {}", d.tp, d.pp);
+  if (c.size() % (d.tp * d.pp) != 0)
+    return invalid_argument("{} must divide the job's {} ranks", split, c.size());
+  if (d.dp > 0 && d.dp * d.tp * d.pp != c.size())
+    return invalid_argument("--dp {} x {} is {} ranks, the job has {}", d.dp, split,
+                            d.dp * d.tp * d.pp, c.size());
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
   // The wire type changes the sums; the bucket sizes, the calls each rank
   // makes (a mismatch would otherwise surface as differing call sequences).
@@ -141,7 +179,12 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
                                         {"--bucket-mb", fmt::format("{}", d.bucket_mb)},
                                         {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)},
                                         {"--zero", std::to_string(d.zero)},
-                                        {"--tp", std::to_string(d.tp)}}));
+                                        {"--tp", std::to_string(d.tp)},
+                                        {"--pp", std::to_string(d.pp)},
+                                        {"--micro-batches", std::to_string(d.micro_batches)},
+                                        {"--pp-schedule", d.pp_schedule},
+                                        {"--pp-cuts", fmt::format("{}", fmt::join(d.pp_cuts, ","))}}));
+  if (d.pp > 1) return attach_pp(o, c, d);
   if (d.tp > 1) return attach_tp(o, c, d);
   const bool lead = c.rank() == 0;
   DpOptions dd = d;

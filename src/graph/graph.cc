@@ -203,18 +203,21 @@ Result<std::vector<int>> Graph::topo_order(const std::set<int>& urgent,
       users[v.node].push_back(n.id);
     }
   }
-  std::set<int> ready, ready_urgent, ready_deferred;
+  // Ready sets ordered by (slot, id): a schedule's slots first, then ids.
+  using Key = std::pair<std::int64_t, int>;
+  std::set<Key> ready, ready_urgent, ready_deferred;
   auto make_ready = [&](int id) {
-    (urgent.count(id) ? ready_urgent : deferred.count(id) ? ready_deferred : ready).insert(id);
+    const Key k{nodes_[id].slot, id};
+    (urgent.count(id) ? ready_urgent : deferred.count(id) ? ready_deferred : ready).insert(k);
   };
   for (const Node& n : nodes_)
     if (n.alive && indeg[n.id] == 0) make_ready(n.id);
   std::vector<int> order;
   while (!ready.empty() || !ready_urgent.empty() || !ready_deferred.empty()) {
-    std::set<int>& from = !ready_urgent.empty() ? ready_urgent
+    std::set<Key>& from = !ready_urgent.empty() ? ready_urgent
                           : !ready.empty()      ? ready
                                                 : ready_deferred;
-    int id = *from.begin();
+    const int id = from.begin()->second;
     from.erase(from.begin());
     order.push_back(id);
     for (int u : users[id])

@@ -51,6 +51,8 @@ Status validate(const TrainOptions& o) {
   if (o.model == "gpt") SHOAL_RETURN_IF_ERROR(validate(o.gpt));
   if (o.epochs < 1) return invalid_argument("--epochs {} must be >= 1", o.epochs);
   if (o.batch < 1) return invalid_argument("--batch {} must be >= 1", o.batch);
+  if (o.micro_batches < 1 || o.batch % o.micro_batches != 0)
+    return invalid_argument("--micro-batches {} must divide --batch {}", o.micro_batches, o.batch);
   if (o.threads < 0) return invalid_argument("--threads {} must be >= 0", o.threads);
   if (o.eval_batch < 1) return invalid_argument("--eval-batch {} must be >= 1", o.eval_batch);
   if (o.keep_checkpoints < 1)
@@ -155,14 +157,16 @@ Status Trainer::init(const TrainOptions& o) {
 
   SHOAL_ASSIGN_OR_RETURN(m.model, make_model(o.model, m.train.num_classes, o.gpt));
 
-  // The step graph: forward, loss, autodiff, [grad pass], update.
+  // The step graph: forward, loss, autodiff, [grad pass], update. With a
+  // step pass, the forward is one micro-batch's and the pass builds the step.
   Graph g;
   Builder b(g);
+  const std::int64_t rows = o.batch / o.micro_batches;
   Shape xshape = m.train.sample_shape();
-  xshape.insert(xshape.begin(), o.batch);
+  xshape.insert(xshape.begin(), rows);
   Value x = b.input("x", DType::kF32, xshape);
   Shape yshape = m.train.labels.shape();
-  yshape[0] = o.batch;
+  yshape[0] = rows;
   Value y = b.input("labels", DType::kI32, yshape);
   ModelContext mc(b, true);
   mc.seed = o.seed;
@@ -171,16 +175,11 @@ Status Trainer::init(const TrainOptions& o) {
   if (yshape.size() > 1) y = b.reshape(y, {num_elements(yshape)});
   Value loss = b.cross_entropy(logits, y);
   if (!b.ok()) return b.status().with_context(fmt::format("building model '{}'", o.model));
-  if (o.forward_pass) {
+  if (o.forward_pass && !o.step_pass) {
     SHOAL_ASSIGN_OR_RETURN(m.slices, o.forward_pass(g));
   }
   m.specs = mc.params();
   m.bspecs = mc.buffers();
-  std::vector<Value> wrt;
-  for (const auto& s : m.specs) wrt.push_back(mc.param_values().at(s.name));
-  SHOAL_ASSIGN_OR_RETURN(std::vector<Value> grads, graph::autodiff(g, loss, wrt));
-  std::vector<ParamRef> refs;
-  for (std::size_t i = 0; i < wrt.size(); ++i) refs.push_back({m.specs[i].name, wrt[i], grads[i]});
   if (o.peers) {
     // Same graph (model, batch, loss, autodiff) and same build on every rank,
     // checked before any gradient travels.
@@ -223,6 +222,24 @@ Status Trainer::init(const TrainOptions& o) {
         o.peers->agree("training graph (model, batch, options)",
                        fnv1a(graph::to_json(g)) ^ (fnv1a(opts) * 0x9e3779b97f4a7c15ull)));
   }
+  std::vector<ParamRef> refs;
+  for (const auto& s : m.specs) refs.push_back({s.name, mc.param_values().at(s.name), {}});
+  if (o.step_pass) {
+    if (!m.bspecs.empty())
+      return invalid_argument(
+          "{} keeps running statistics (batch norm); a pipeline of stages does not carry them yet",
+          o.model);
+    TrainOptions::Step st{loss, logits, refs};
+    SHOAL_ASSIGN_OR_RETURN(m.slices, o.step_pass(g, st));
+    loss = st.loss;
+    logits = st.logits;
+    refs = st.params;
+  } else {
+    std::vector<Value> wrt;
+    for (const auto& r : refs) wrt.push_back(r.param);
+    SHOAL_ASSIGN_OR_RETURN(std::vector<Value> grads, graph::autodiff(g, loss, wrt));
+    for (std::size_t i = 0; i < refs.size(); ++i) refs[i].grad = grads[i];
+  }
   if (o.grad_pass) SHOAL_RETURN_IF_ERROR(o.grad_pass(g, refs));
   const OptimizerOptions oo = optimizer_options(o);
   SHOAL_ASSIGN_OR_RETURN(OptimizerGraph og,
@@ -240,9 +257,13 @@ Status Trainer::init(const TrainOptions& o) {
   }
   if (m.slices)  // this rank's slices of the whole initial values
     for (const auto& name : m.slices->names) params_[name] = m.slices->slice(name, params_[name]);
+  m.loss_out = static_cast<int>(g.outputs().size());
   g.mark_output(loss);
-  g.mark_output(logits);
-  int out = 2;
+  if (logits.valid()) {
+    m.logits_out = static_cast<int>(g.outputs().size());
+    g.mark_output(logits);
+  }
+  int out = static_cast<int>(g.outputs().size());
   for (std::size_t i = 0; i < refs.size(); ++i) {
     g.mark_output(og.new_params[i]);
     m.writeback.push_back({out++, &params_[refs[i].name]});
@@ -252,6 +273,7 @@ Status Trainer::init(const TrainOptions& o) {
     g.mark_output(s.output);
   }
   for (const auto& s : og.state) m.writeback.push_back({out++, &state_[s.name]});
+  hold_empty_state(og);
   m.layout = og.layout;
   for (const auto& [name, v] : mc.buffer_updates()) {
     g.mark_output(v);
@@ -263,9 +285,13 @@ Status Trainer::init(const TrainOptions& o) {
   runtime::CompileOptions copts;
   copts.arena_allocator = o_.arena_allocator;
   SHOAL_ASSIGN_OR_RETURN(m.exe, (*backend)->compile(std::move(g), copts));
-  for (auto& [name, t] : params_) SHOAL_RETURN_IF_ERROR(m.exe->bind("param/" + name, t));
+  // Tensors with no elements are parameters (and state) another pipeline
+  // stage holds.
+  for (auto& [name, t] : params_)
+    if (t.numel() > 0) SHOAL_RETURN_IF_ERROR(m.exe->bind("param/" + name, t));
   for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(m.exe->bind("buf/" + name, t));
-  for (auto& [name, t] : state_) SHOAL_RETURN_IF_ERROR(m.exe->bind(name, t));
+  for (auto& [name, t] : state_)
+    if (t.numel() > 0) SHOAL_RETURN_IF_ERROR(m.exe->bind(name, t));
   m.lr = Tensor::scalar(0.0);
   SHOAL_RETURN_IF_ERROR(m.exe->bind("lr", m.lr));
   if (og.step.valid()) {
@@ -310,6 +336,7 @@ Status Trainer::init(const TrainOptions& o) {
       std::max<std::int64_t>(1, std::llround(o.step_epochs * static_cast<double>(spe)));
   m.sched.gamma = o.gamma;
   SHOAL_RETURN_IF_ERROR(validate(m.sched));
+  SHOAL_RETURN_IF_ERROR(count_reporters());
   if (o.resume && o.rank == 0) SHOAL_RETURN_IF_ERROR(resume_latest());
   if (o.peers) SHOAL_RETURN_IF_ERROR(sync_from_lead().with_context("start-up broadcast"));
   if (o.on_start) SHOAL_RETURN_IF_ERROR(o.on_start(params_));
@@ -364,8 +391,7 @@ Status Trainer::sync_buffers() {
 Status Trainer::train_step(double* loss, std::int64_t* correct) {
   Impl& m = *impl_;
   const Batch& b = m.loader->next();
-  SHOAL_RETURN_IF_ERROR(m.exe->bind("x", b.images));
-  SHOAL_RETURN_IF_ERROR(m.exe->bind("labels", b.labels));
+  SHOAL_RETURN_IF_ERROR(bind_batch(*m.exe, b, true));
   m.lr.data<float>()[0] = static_cast<float>(m.sched.at(step_));
   if (m.opt_step.defined()) m.opt_step.data<float>()[0] = static_cast<float>(step_ + 1);
   const double t0 = m.tracing ? runtime::trace_clock_us() : 0;
@@ -378,13 +404,15 @@ Status Trainer::train_step(double* loss, std::int64_t* correct) {
     if (m.trace_steps.size() > kTraceSteps) m.trace_steps.pop_front();
   }
   for (auto& [idx, dst] : m.writeback) copy_into(*dst, m.exe->output(idx));
-  *loss = m.exe->output(0).data<float>()[0];
-  const Tensor& lg = m.exe->output(1);
+  *loss = m.exe->output(m.loss_out).data<float>()[0];
+  *correct = 0;
+  ++step_;
+  if (m.logits_out < 0) return ok_status();  // an earlier pipeline stage
+  const Tensor& lg = m.exe->output(m.logits_out);
   std::int64_t n = lg.shape()[0], c = lg.shape()[1], ok = 0;
   for (std::int64_t i = 0; i < n; ++i)
     ok += argmax_row(lg.data<float>() + i * c, c) == b.labels.data<std::int32_t>()[i];
   *correct = ok;
-  ++step_;
   return ok_status();
 }
 
@@ -420,11 +448,13 @@ Result<EvalResult> Trainer::evaluate() {
       auto backend = runtime::make_backend("cpu");
       if (!backend.ok()) return backend.status();
       SHOAL_ASSIGN_OR_RETURN(exe, (*backend)->compile(std::move(g), {}));
-      for (auto& [name, t] : params_) SHOAL_RETURN_IF_ERROR(exe->bind("param/" + name, t));
+      for (auto& [name, t] : params_)
+        if (t.numel() > 0) SHOAL_RETURN_IF_ERROR(exe->bind("param/" + name, t));
       for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(exe->bind("buf/" + name, t));
     }
-    SHOAL_RETURN_IF_ERROR(exe->bind("x", b.images));
+    SHOAL_RETURN_IF_ERROR(bind_batch(*exe, b, false));
     SHOAL_RETURN_IF_ERROR(exe->run().with_context("evaluating"));
+    if (m.slices && !m.slices->reports) continue;  // an earlier pipeline stage
     const Tensor& lg = exe->output(0);
     const std::int64_t rows = lg.shape()[0], c = lg.shape()[1];  // rows: n, or n*T tokens
     for (std::int64_t i = 0; i < rows; ++i) {
@@ -440,10 +470,9 @@ Result<EvalResult> Trainer::evaluate() {
   if (o_.peers) {
     std::vector<double> v = {loss_sum, static_cast<double>(ok), static_cast<double>(r.samples)};
     SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("summing evaluation over ranks"));
-    const double copies = static_cast<double>(o_.world / o_.dworld());  // ranks per batch
-    loss_sum = v[0] / copies;
-    ok = static_cast<std::int64_t>(v[1] / copies);
-    r.samples = static_cast<std::int64_t>(v[2] / copies);
+    loss_sum = v[0] / m.report_copies;  // the ranks that score each batch
+    ok = static_cast<std::int64_t>(v[1] / m.report_copies);
+    r.samples = static_cast<std::int64_t>(v[2] / m.report_copies);
   }
   r.accuracy = r.samples ? static_cast<double>(ok) / static_cast<double>(r.samples) : 0;
   r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0;
@@ -519,7 +548,7 @@ Status Trainer::run() {
       SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("summing epoch metrics over ranks"));
       const double copies = static_cast<double>(o_.world / o_.dworld());  // ranks per batch
       loss_sum = v[0] / o_.world;  // a mean of per-rank mean losses
-      correct = static_cast<std::int64_t>(v[1] / copies);
+      correct = static_cast<std::int64_t>(v[1] / m.report_copies);
       seen = static_cast<std::int64_t>(v[2] / copies);
     }
     EpochMetrics em;

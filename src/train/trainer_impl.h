@@ -106,7 +106,21 @@ struct Trainer::Impl {
   // sync_from_lead cuts every rank's slices from them.
   std::optional<TrainOptions::ParamSlices> slices;
   std::map<std::string, Tensor> resumed_whole;
+  // The step's outputs: its loss and logits (-1: an earlier pipeline stage
+  // computes none), and how many ranks score each batch (the ones whose
+  // slices report: all of a tensor-parallel group, a pipeline's last stage).
+  int loss_out = 0, logits_out = -1;
+  double report_copies = 1;
 };
+
+// Binds a batch's images (and labels) where the graph reads them: a
+// pipeline's later stages read no images, its earlier ones no labels.
+inline Status bind_batch(runtime::Executable& exe, const Batch& b, bool labels) {
+  if (exe.graph().find_input("x").ok()) SHOAL_RETURN_IF_ERROR(exe.bind("x", b.images));
+  if (labels && exe.graph().find_input("labels").ok())
+    SHOAL_RETURN_IF_ERROR(exe.bind("labels", b.labels));
+  return ok_status();
+}
 inline constexpr std::size_t kTraceSteps = 10;
 
 // "opt/<param>/<slot>" -> "<param>" ("" for other names).

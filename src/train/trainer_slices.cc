@@ -48,4 +48,28 @@ Status Trainer::sync_slices(bool resumed) {
   return ok_status();
 }
 
+// A pipeline stage holds some parameters and none of the others' state: it
+// keeps empty tensors under those names, so every rank lists the same
+// state and gathers and scatters it in the same order. Every parameter has
+// the same slots (one optimizer).
+void Trainer::hold_empty_state(const OptimizerGraph& og) {
+  if (!impl_->slices) return;
+  std::set<std::string> slots;
+  for (const auto& s : og.state) slots.insert(s.name.substr(s.name.rfind('/') + 1));
+  for (const auto& [name, t] : params_)
+    if (t.numel() == 0)
+      for (const auto& slot : slots)
+        state_[fmt::format("opt/{}/{}", name, slot)] = Tensor::empty({0}, DType::kF32);
+}
+
+// How many ranks score each batch: the mean over them is the job's.
+Status Trainer::count_reporters() {
+  Impl& m = *impl_;
+  std::vector<double> v = {!m.slices || m.slices->reports ? 1.0 : 0.0};
+  if (o_.peers) SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("counting scoring ranks"));
+  m.report_copies = v[0] / o_.dworld();
+  if (m.report_copies <= 0) return internal_error("no rank computes the model's logits");
+  return ok_status();
+}
+
 }  // namespace shoal::train

@@ -63,7 +63,14 @@ struct DpOptions {
   int zero = 0;
   // > 1: tensor parallelism over the job's ranks instead (mp/tensor_parallel.h).
   int tp = 1;
-  int dp = 0;  // with tp: data-parallel groups (0: the job's ranks / tp)
+  int dp = 0;  // with tp or pp: data-parallel groups (0: the job's ranks / (tp * pp))
+  // > 1: pipeline stages (mp/pipeline.h), each batch in micro_batches under
+  // pp_schedule ("1f1b", "gpipe"); pp_cuts: indices of the model's cut
+  // places (empty: balanced by estimated cost).
+  int pp = 1;
+  int micro_batches = 4;
+  std::string pp_schedule = "1f1b";
+  std::vector<std::size_t> pp_cuts;
 };
 Result<DpOptions::Overlap> parse_overlap(const std::string& s);  // auto, on, off
 Status validate(const DpOptions& o);

@@ -65,6 +65,9 @@ struct Node {
   std::vector<TensorType> outputs;
   Tensor constant;  // payload of "constant" nodes
   bool alive = true;
+  // Schedule slot (pipeline parallelism's micro-batch schedule): among ready
+  // nodes, topo_order takes lower slots first. 0 everywhere else.
+  std::int64_t slot = 0;
   std::string label() const;  // "node 12 'fc1' (linear)"
 };
 
@@ -101,7 +104,7 @@ class Graph {
 
   // Alive nodes in a valid execution order (inputs before users); an error
   // names a node on a cycle.
-  // Kahn's order, smallest ready id first; ready nodes in `urgent` go
+  // Kahn's order, smallest ready (slot, id) first; ready nodes in `urgent` go
   // before any other ready node (collectives start as early as possible),
   // ready nodes in `deferred` only when nothing else is ready (consumers of
   // a collective wait as late as possible).

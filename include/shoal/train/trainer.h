@@ -109,8 +109,25 @@ struct TrainOptions {
     std::function<Tensor(const std::string& param, const Tensor& whole)> slice;
     // The whole tensor from every rank's slice (collective).
     std::function<Result<Tensor>(const std::string& param, const Tensor& mine)> gather;
+    // Whether this rank computes the model's logits (false on a pipeline's
+    // earlier stages, whose slices of the parameters they do not hold are
+    // empty tensors).
+    bool reports = true;
   };
   std::function<Result<ParamSlices>(graph::Graph&)> forward_pass;
+  // Replaces autodiff (pipeline parallelism, mp::attach_pipeline): given the
+  // forward of one micro-batch (batch / micro_batches samples) with its
+  // loss, logits and every parameter, it may replace the graph with this
+  // rank's whole step, and returns in `step` the step's loss, the logits
+  // (invalid where the rank computes none) and the parameters the rank
+  // holds, with their gradients. forward_pass then rewrites only the
+  // evaluation graphs.
+  struct Step {
+    graph::Value loss, logits;
+    std::vector<ParamRef> params;
+  };
+  std::function<Result<ParamSlices>(graph::Graph&, Step& step)> step_pass;
+  int micro_batches = 1;
   // The share of each global batch this rank trains on, when it is not
   // (rank, world): tensor-parallel ranks all see the same batch (0 of 1).
   int data_rank = -1, data_world = -1;
@@ -190,6 +207,8 @@ class Trainer {
   Shape whole_shape(const std::string& param) const;
   Result<std::map<std::string, Tensor>> gather_slices();  // collective: "param/..", "opt/.."
   Status sync_slices(bool resumed);
+  void hold_empty_state(const OptimizerGraph& og);
+  Status count_reporters();
   CheckpointDir checkpoint_dir() const;  // <run dir>/checkpoints, keeping keep_checkpoints
   Status sync_buffers();
   TrainOptions o_;

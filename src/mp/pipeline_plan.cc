@@ -1,0 +1,212 @@
+// Where a forward graph is cut into pipeline stages, and in which order a
+// stage runs its micro-batches (mp/pipeline.h).
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "shoal/mp/pipeline.h"
+
+namespace shoal::mp {
+namespace {
+
+// Estimated cost of one node: 2·M·N·K for products, the output's elements
+// otherwise. Only the ratios between stages matter.
+double node_cost(const graph::Graph& g, const graph::Node& n) {
+  double out = 0;
+  for (const auto& t : n.outputs) out += static_cast<double>(num_elements(t.shape));
+  if (n.op == "matmul" || n.op == "linear") {
+    const Shape& a = g.type(n.inputs[0]).shape;
+    const bool ta = n.attrs.get_int_or("transpose_a", 0) != 0;
+    const std::int64_t k = a.size() < 2 ? 1 : ta ? a[a.size() - 2] : a.back();
+    return 2.0 * out * static_cast<double>(k);
+  }
+  if (n.op == "conv2d") {
+    const Shape& w = g.type(n.inputs[1]).shape;  // [Cout, Cin, kh, kw]
+    return 2.0 * out * static_cast<double>(num_elements(w) / std::max<std::int64_t>(w[0], 1));
+  }
+  return out;
+}
+
+bool is_activation(const graph::Node& n) { return n.op != "input" && n.op != "constant"; }
+
+// The cheapest way to put `stages` - 1 cuts among the candidates so that the
+// largest stage is smallest (prefix costs; candidates are few).
+std::vector<std::size_t> balance(const std::vector<double>& before, double total, int stages) {
+  const std::size_t n = before.size();
+  auto seg = [&](std::size_t from, std::size_t to) {  // candidate indices; n = the end
+    const double a = from == n + 1 ? 0 : before[from];
+    const double b = to == n ? total : before[to];
+    return b - a;
+  };
+  // best[k][j]: the largest stage when k cuts end with candidate j.
+  const double inf = std::numeric_limits<double>::infinity();
+  const auto k_max = static_cast<std::size_t>(stages - 1);
+  std::vector<std::vector<double>> best(k_max + 1, std::vector<double>(n, inf));
+  std::vector<std::vector<std::size_t>> from(k_max + 1, std::vector<std::size_t>(n, 0));
+  for (std::size_t j = 0; j < n; ++j) best[1][j] = before[j];
+  for (std::size_t k = 2; k <= k_max; ++k)
+    for (std::size_t j = 0; j < n; ++j)
+      for (std::size_t i = 0; i < j; ++i) {
+        const double v = std::max(best[k - 1][i], seg(i, j));
+        if (v < best[k][j]) {
+          best[k][j] = v;
+          from[k][j] = i;
+        }
+      }
+  std::size_t last = 0;
+  double top = inf;
+  for (std::size_t j = 0; j < n; ++j)
+    if (const double v = std::max(best[k_max][j], seg(j, n)); v < top) {
+      top = v;
+      last = j;
+    }
+  std::vector<std::size_t> cuts(k_max);
+  for (std::size_t k = k_max; k >= 1; --k) {
+    cuts[k - 1] = last;
+    last = from[k][last];
+  }
+  return cuts;
+}
+
+}  // namespace
+
+std::pair<std::size_t, std::size_t> PipelinePlan::range(int s) const {
+  const auto k = static_cast<std::size_t>(s);
+  const std::size_t first = k == 0 ? 0 : candidates[cuts[k - 1]].pos;
+  const std::size_t last = k == cuts.size() ? order.size() : candidates[cuts[k]].pos;
+  return {first, last};
+}
+
+std::string PipelinePlan::str(const graph::Graph& g) const {
+  std::string s;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const bool chosen = std::find(cuts.begin(), cuts.end(), i) != cuts.end();
+    s += fmt::format("  {} cut {}: before {}, {:.1f}% of the cost before it\n", chosen ? "*" : " ",
+                     i, g.node(order[candidates[i].pos]).label(),
+                     100.0 * candidates[i].cost_before / std::max(total_cost, 1.0));
+  }
+  for (std::size_t k = 0; k < stage_cost.size(); ++k)
+    s += fmt::format("  stage {}: {:.1f}% of the cost\n", k,
+                     100.0 * stage_cost[k] / std::max(total_cost, 1.0));
+  return s;
+}
+
+Result<PipelinePlan> plan_pipeline(const graph::Graph& g, const std::vector<graph::Value>& outputs,
+                                   int stages, const std::vector<std::size_t>& cuts) {
+  if (stages < 1) return invalid_argument("pipeline: {} stages", stages);
+  SHOAL_ASSIGN_OR_RETURN(std::vector<int> all, g.topo_order());
+  std::vector<bool> needed(static_cast<std::size_t>(g.num_nodes()), false);
+  for (const auto& v : outputs) needed[static_cast<std::size_t>(v.node)] = true;
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (needed[static_cast<std::size_t>(*it)])
+      for (const auto& v : g.node(*it).inputs) needed[static_cast<std::size_t>(v.node)] = true;
+  PipelinePlan p;
+  for (int id : all)
+    if (needed[static_cast<std::size_t>(id)] && is_activation(g.node(id))) p.order.push_back(id);
+  // Last use (position) of every activation; a cut before position i is one
+  // where exactly one activation made before i is used at or after i.
+  std::map<graph::Value, std::size_t> last_use;
+  std::map<int, std::size_t> pos_of;
+  for (std::size_t i = 0; i < p.order.size(); ++i) pos_of[p.order[i]] = i;
+  for (std::size_t i = 0; i < p.order.size(); ++i)
+    for (const auto& v : g.node(p.order[i]).inputs)
+      if (pos_of.count(v.node)) last_use[v] = std::max(last_use[v], i);
+  std::set<graph::Value> live;
+  double cost = 0;
+  std::vector<double> before;
+  for (std::size_t i = 0; i < p.order.size(); ++i) {
+    if (i > 0 && live.size() == 1 && g.type(*live.begin()).dtype == DType::kF32) {
+      p.candidates.push_back({i, *live.begin(), cost});
+      before.push_back(cost);
+    }
+    const graph::Node& n = g.node(p.order[i]);
+    cost += node_cost(g, n);
+    for (const auto& v : n.inputs)
+      if (live.count(v) && last_use[v] == i) live.erase(v);
+    for (std::size_t o = 0; o < n.outputs.size(); ++o) {
+      const graph::Value v{n.id, static_cast<int>(o)};
+      if (last_use.count(v)) live.insert(v);
+    }
+  }
+  p.total_cost = cost;
+  if (static_cast<int>(p.candidates.size()) < stages - 1)
+    return invalid_argument(
+        "pipeline: {} stages need {} cuts; the model has {} places where one activation "
+        "crosses between layers",
+        stages, stages - 1, p.candidates.size());
+  if (!cuts.empty()) {
+    if (static_cast<int>(cuts.size()) != stages - 1)
+      return invalid_argument("pipeline: {} cuts given for {} stages (need {})", cuts.size(),
+                              stages, stages - 1);
+    for (std::size_t k = 0; k < cuts.size(); ++k)
+      if (cuts[k] >= p.candidates.size() || (k > 0 && cuts[k] <= cuts[k - 1]))
+        return invalid_argument(
+            "pipeline: cuts must be increasing indices below {} (the model's cut places), got "
+            "{}",
+            p.candidates.size(), fmt::join(cuts, ","));
+    p.cuts = cuts;
+  } else if (stages > 1) {
+    p.cuts = balance(before, cost, stages);
+  }
+  for (int s = 0; s < stages; ++s) {
+    const auto [first, last] = p.range(s);
+    const double a = first == 0 ? 0 : p.candidates[p.cuts[static_cast<std::size_t>(s) - 1]].cost_before;
+    const double b = last == p.order.size() ? cost : p.candidates[p.cuts[static_cast<std::size_t>(s)]].cost_before;
+    p.stage_cost.push_back(b - a);
+  }
+  return p;
+}
+
+Result<std::vector<std::vector<std::string>>> stage_params(const graph::Graph& g,
+                                                           const PipelinePlan& plan) {
+  const int stages = static_cast<int>(plan.cuts.size()) + 1;
+  std::vector<std::vector<std::string>> out(static_cast<std::size_t>(stages));
+  std::map<std::string, int> owner;
+  for (int s = 0; s < stages; ++s) {
+    const auto [first, last] = plan.range(s);
+    for (std::size_t i = first; i < last; ++i)
+      for (const auto& v : g.node(plan.order[i]).inputs) {
+        const graph::Node& in = g.node(v.node);
+        if (in.op != "input" || !in.name.starts_with("param/")) continue;
+        const std::string name = in.name.substr(6);
+        auto [it, fresh] = owner.emplace(name, s);
+        if (fresh) out[static_cast<std::size_t>(s)].push_back(name);
+        if (it->second != s)
+          return invalid_argument(
+              "pipeline: parameter '{}' is used by stages {} and {} (a tied embedding and output "
+              "head?); each parameter must live on one stage (--untied for the GPT)",
+              name, it->second, s);
+      }
+  }
+  for (int s = 0; s < stages; ++s)
+    if (out[static_cast<std::size_t>(s)].empty())
+      return invalid_argument("pipeline: stage {} of {} holds no parameter; use fewer stages",
+                              s, stages);
+  return out;
+}
+
+Result<Schedule> parse_schedule(const std::string& name) {
+  if (name == "gpipe") return Schedule::kGPipe;
+  if (name == "1f1b") return Schedule::k1F1B;
+  return invalid_argument("pipeline schedule '{}' is not gpipe or 1f1b", name);
+}
+
+std::vector<std::pair<int, bool>> schedule_order(Schedule s, int stage, int stages, int micro) {
+  std::vector<std::pair<int, bool>> out;
+  if (s == Schedule::kGPipe) {
+    for (int i = 0; i < micro; ++i) out.emplace_back(i, true);
+    for (int i = 0; i < micro; ++i) out.emplace_back(i, false);
+    return out;
+  }
+  const int warm = std::min(stages - stage - 1, micro);
+  for (int i = 0; i < warm; ++i) out.emplace_back(i, true);
+  for (int i = 0; i < micro - warm; ++i) {
+    out.emplace_back(warm + i, true);
+    out.emplace_back(i, false);
+  }
+  for (int i = micro - warm; i < micro; ++i) out.emplace_back(i, false);
+  return out;
+}
+
+}  // namespace shoal::mp

@@ -1,0 +1,109 @@
+// Pipeline parallelism in the trainer (mp/pipeline.h): the step pass that
+// builds this rank's stage, the evaluation graphs cut the same way, and
+// the parameters each stage holds (the others' are empty; checkpoints
+// hold every tensor, broadcast from the stage that holds it).
+#include <memory>
+
+#include "shoal/core/logging.h"
+#include "shoal/dp/allreduce.h"
+#include "shoal/mp/collectives.h"
+#include "shoal/mp/pipeline.h"
+
+namespace shoal::mp {
+namespace {
+
+// What the step pass learns and the evaluation graphs reuse.
+struct Shared {
+  PipelinePlan plan;
+  std::vector<std::vector<std::string>> owners;  // per stage
+  std::map<std::string, int> stage_of;
+  std::map<std::string, Shape> shape_of;
+  std::vector<std::unique_ptr<comm::Communicator>> comms;  // the two directions
+};
+
+train::TrainOptions::ParamSlices placement(std::shared_ptr<Shared> sh, comm::Communicator* pipe) {
+  train::TrainOptions::ParamSlices ps;
+  const int stage = pipe->rank();
+  for (const auto& [name, s] : sh->stage_of) ps.names.insert(name);
+  ps.reports = stage + 1 == pipe->size();
+  ps.slice = [sh, stage](const std::string& p, const Tensor& whole) {
+    return sh->stage_of.at(p) == stage ? whole : Tensor::empty({0}, DType::kF32);
+  };
+  ps.gather = [sh, pipe, stage](const std::string& p, const Tensor& mine) -> Result<Tensor> {
+    const int owner = sh->stage_of.at(p);
+    Tensor whole = owner == stage ? mine.clone() : Tensor::zeros(sh->shape_of.at(p), DType::kF32);
+    SHOAL_RETURN_IF_ERROR(pipe->broadcast(whole.raw_data(), static_cast<std::size_t>(whole.numel()),
+                                          DType::kF32, owner)
+                              .with_context(fmt::format("gathering '{}' from pipeline stage {}",
+                                                        p, owner)));
+    return whole;
+  };
+  return ps;
+}
+
+}  // namespace
+
+Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
+                       const PipelineOptions& po) {
+  if (pipe.size() != po.stages)
+    return invalid_argument("--pp {}: the pipeline group has {} ranks", po.stages, pipe.size());
+  register_pipeline_ops();
+  register_rooted_ops();
+  auto sh = std::make_shared<Shared>();
+  for (int k = 0; k < 2; ++k) {
+    SHOAL_ASSIGN_OR_RETURN(auto c, pipe.split(0, pipe.rank()));
+    sh->comms.push_back(std::move(c));
+  }
+  StageOptions so;
+  so.stage = pipe.rank();
+  so.stages = pipe.size();
+  so.micro_batches = po.micro_batches;
+  so.schedule = po.schedule;
+  so.fwd_comm = dp::register_communicator(sh->comms[0].get(), false);
+  so.bwd_comm = dp::register_communicator(sh->comms[1].get(), false);
+  so.loss_comm = dp::register_communicator(&pipe, false);
+  o.micro_batches = po.micro_batches;
+  if (o.data_world <= 0) {  // every stage sees the same batches
+    o.data_rank = 0;
+    o.data_world = 1;
+  }
+  comm::Communicator* c = &pipe;
+  const bool lead = o.rank == 0;
+  o.step_pass = [sh, so, c, po, lead](graph::Graph& g, train::TrainOptions::Step& st)
+      -> Result<train::TrainOptions::ParamSlices> {
+    SHOAL_ASSIGN_OR_RETURN(sh->plan, plan_pipeline(g, {st.loss, st.logits}, so.stages, po.cuts));
+    SHOAL_ASSIGN_OR_RETURN(sh->owners, stage_params(g, sh->plan));
+    for (std::size_t s = 0; s < sh->owners.size(); ++s)
+      for (const auto& p : sh->owners[s]) sh->stage_of[p] = static_cast<int>(s);
+    for (const auto& r : st.params) {
+      if (!sh->stage_of.count(r.name))
+        return invalid_argument("pipeline: no stage uses parameter '{}'", r.name);
+      sh->shape_of[r.name] = g.type(r.param).shape;
+    }
+    if (lead)
+      SHOAL_LOG_INFO("pipeline of {} stages, {} micro-batches per batch, schedule {}:\n{}",
+                     so.stages, so.micro_batches, so.schedule == Schedule::kGPipe ? "gpipe" : "1f1b", sh->plan.str(g));
+    SHOAL_ASSIGN_OR_RETURN(StageStep step, build_stage_step(g, st.loss, st.logits, sh->plan, so));
+    st.loss = step.loss;
+    st.logits = step.logits;
+    st.params = std::move(step.params);
+    return placement(sh, c);
+  };
+  o.forward_pass = [sh, so, c](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
+    if (g.outputs().size() != 1)
+      return invalid_argument("pipeline: an evaluation graph has one output, not {}",
+                              g.outputs().size());
+    SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan,
+                           plan_pipeline(g, {g.outputs()[0]}, so.stages, sh->plan.cuts));
+    SHOAL_ASSIGN_OR_RETURN(auto owners, stage_params(g, plan));
+    if (owners != sh->owners)
+      return internal_error(
+          "pipeline: the evaluation graph's cuts place the parameters differently from the "
+          "training graph's");
+    SHOAL_RETURN_IF_ERROR(build_stage_forward(g, plan, so));
+    return placement(sh, c);
+  };
+  return ok_status();
+}
+
+}  // namespace shoal::mp

@@ -1,0 +1,166 @@
+// Pipeline parallelism in `shoal train --pp P` under `shoal run`: the
+// GPT's layers cut into P stages, each batch run as micro-batches under
+// 1F1B or GPipe; after k momentum steps every parameter and its momentum
+// (gathered from the stage that holds it) equal one process on the whole
+// batch, at P = 2, 3 and 4 and as 2 data-parallel groups of 2 stages; the
+// two schedules give the same bits; 1F1B keeps fewer activations alive;
+// checkpoints move between layouts; what does not fit is refused by name.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "cli/cli_results.h"
+#include "cli/run_shoal.h"
+#include "temp_dir.h"
+
+namespace shoal {
+namespace {
+
+using testing::last_checkpoint;
+using testing::run_shoal;
+using testing::TrainRun;
+
+const std::string kText = "/usr/share/games/fortunes/fortunes";
+
+std::string gpt(int layers = 3) {
+  return fmt::format(
+      "--model gpt --untied --data text:{} --layers {} --heads 4 --dim 16 --context 8 "
+      "--limit-train 200 --limit-test 40",
+      kText, layers);
+}
+
+TrainRun train(const std::string& dir, int ranks, int steps, const std::string& extra,
+               int batch = 8, const std::string& model = gpt()) {
+  const std::string flags = fmt::format(
+      "train {} --batch {} --max-steps {} --threads 1 --optimizer momentum --lr 0.05 "
+      "--deterministic --no-plot --quiet --out {} {}",
+      model, batch, steps, dir, extra);
+  auto r = ranks == 1 ? run_shoal(flags)
+                      : run_shoal(fmt::format("run -n {} --timeout 120 -- {} {}", ranks,
+                                              SHOAL_BINARY, flags));
+  return {dir, r.out, r.code};
+}
+
+std::string tmpdir(const std::string& name) { return testing::scratch_dir("pp_" + name) + "/run"; }
+
+// 3 blocks x 16 tensors + wte, wpe, ln_f (2), the untied head: 53.
+constexpr int kParams = 53;
+
+void expect_same(const std::string& a_dir, const std::string& b_dir, double tol = 1e-5) {
+  auto a = last_checkpoint(a_dir), b = last_checkpoint(b_dir);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  int np = 0, ns = 0;
+  EXPECT_LE(testing::max_abs_diff(*a, *b, "param/", &np), tol);
+  EXPECT_LE(testing::max_abs_diff(*a, *b, "opt/", &ns), tol);
+  EXPECT_EQ(np, kParams);
+  EXPECT_EQ(ns, kParams);  // one momentum buffer each
+}
+
+bool have_text() { return std::filesystem::exists(kText); }
+
+TEST(PpCli, StagesEqualOneProcessOnTheGpt) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun one = train(tmpdir("one"), 1, 6, "");
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (int p : {2, 3, 4}) {
+    SCOPED_TRACE(fmt::format("--pp {}", p));
+    TrainRun pp = train(tmpdir("pp"), p, 6, fmt::format("--pp {} --micro-batches 4", p));
+    ASSERT_EQ(pp.code, 0) << pp.out;
+    EXPECT_NE(pp.out.find(fmt::format("pipeline of {} stages, 4 micro-batches", p)),
+              std::string::npos)
+        << pp.out;
+    expect_same(one.dir, pp.dir);
+    // The job's metrics are the last stage's, reported once.
+    EXPECT_NE(pp.out.find("final: validation"), std::string::npos) << pp.out;
+  }
+}
+
+TEST(PpCli, GPipeAndOneForwardOneBackwardGiveTheSameBits) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun a = train(tmpdir("1f1b"), 2, 4, "--pp 2 --micro-batches 8 --pp-schedule 1f1b", 16);
+  TrainRun b = train(tmpdir("gpipe"), 2, 4, "--pp 2 --micro-batches 8 --pp-schedule gpipe", 16);
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  auto ca = last_checkpoint(a.dir), cb = last_checkpoint(b.dir);
+  ASSERT_TRUE(ca.ok() && cb.ok());
+  EXPECT_TRUE(testing::same_bits(*ca, *cb));
+  // 1F1B holds at most P micro-batches' activations on the first stage,
+  // GPipe all 8: rank 0's planned step arena is smaller.
+  auto arena = [](const std::string& out) {
+    auto v = testing::numbers_after(out, "step arena ");
+    return v.empty() ? 0.0 : v[0];
+  };
+  EXPECT_GT(arena(a.out), 0);
+  EXPECT_LT(arena(a.out), 0.8 * arena(b.out)) << a.out << b.out;
+}
+
+// 4 ranks: 2 data-parallel groups of 2 stages, each group on its half of
+// the global batch of 16, against one process on all 16.
+TEST(PpCli, DataParallelGroupsOfPipelinesEqualOneProcess) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun one = train(tmpdir("dp1"), 1, 5, "", 16);
+  ASSERT_EQ(one.code, 0) << one.out;
+  TrainRun both = train(tmpdir("dp2pp2"), 4, 5, "--pp 2 --dp 2 --micro-batches 2");
+  ASSERT_EQ(both.code, 0) << both.out;
+  EXPECT_NE(both.out.find("2 data-parallel groups x 2 pipeline stages"), std::string::npos)
+      << both.out;
+  expect_same(one.dir, both.dir);
+}
+
+TEST(PpCli, CheckpointsMoveBetweenOneProcessAndStages) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun ref = train(tmpdir("ref"), 1, 6, "");
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  for (bool pp_first : {true, false}) {
+    SCOPED_TRACE(pp_first ? "--pp 2, then one process" : "one process, then --pp 3");
+    const std::string dir = tmpdir("move");
+    TrainRun a = train(dir, pp_first ? 2 : 1, 3, pp_first ? "--pp 2" : "");
+    ASSERT_EQ(a.code, 0) << a.out;
+    TrainRun b = train(dir, pp_first ? 1 : 3, 6, pp_first ? "--resume" : "--resume --pp 3");
+    ASSERT_EQ(b.code, 0) << b.out;
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    expect_same(ref.dir, dir);
+  }
+}
+
+TEST(PpCli, AResumeInTheSameLayoutIsBitIdentical) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  testing::expect_resume_bit_identical(
+      [](const std::string& dir, int steps, const std::string& extra) {
+        return train(dir, 2, steps, "--pp 2 " + extra);
+      },
+      tmpdir("bits1"), tmpdir("bits2"), 6);
+}
+
+TEST(PpCli, WhatDoesNotFitIsRefusedByName) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  const std::string tied =
+      "--model gpt --data text:" + kText + " --layers 2 --heads 4 --dim 16 --context 8";
+  TrainRun t = train(tmpdir("tied"), 2, 1, "--pp 2", 8, tied);
+  EXPECT_NE(t.code, 0);
+  EXPECT_NE(t.out.find("parameter 'wte.weight' is used by stages 0 and 1"), std::string::npos) << t.out;
+  TrainRun mb = train(tmpdir("mb"), 2, 1, "--pp 2 --micro-batches 3");
+  EXPECT_NE(mb.code, 0);
+  EXPECT_NE(mb.out.find("--micro-batches 3 must divide --batch 8"), std::string::npos) << mb.out;
+  TrainRun ranks = train(tmpdir("ranks"), 3, 1, "--pp 2");
+  EXPECT_NE(ranks.code, 0);
+  EXPECT_NE(ranks.out.find("--pp 2 must divide the job's 3 ranks"), std::string::npos)
+      << ranks.out;
+  // Cuts 1 and 2 leave the middle stage reshapes and no parameter.
+  TrainRun empty = train(tmpdir("empty"), 3, 1, "--pp 3 --pp-cuts 1,2");
+  EXPECT_NE(empty.code, 0);
+  EXPECT_NE(empty.out.find("stage 1 of 3 holds no parameter"), std::string::npos) << empty.out;
+  TrainRun order = train(tmpdir("order"), 3, 1, "--pp 3 --pp-cuts 4,2");
+  EXPECT_NE(order.code, 0);
+  EXPECT_NE(order.out.find("cuts must be increasing indices below"), std::string::npos)
+      << order.out;
+  TrainRun bn = train(tmpdir("bn"), 2, 1, "--pp 2", 8, "--model cnn --limit-train 64");
+  EXPECT_NE(bn.code, 0);
+  EXPECT_NE(bn.out.find("a pipeline of stages does not carry them yet"), std::string::npos)
+      << bn.out;
+}
+
+}  // namespace
+}  // namespace shoal
