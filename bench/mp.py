@@ -1,15 +1,24 @@
 #!/usr/bin/python3
 """bench/mp: the GPT under each way of distributing it, in one run.
 
-One process, then at N ranks (1 thread each, context 64, Adam, per-rank
-batch 16): plain data parallelism, ZeRO-1, tensor parallelism over the N
-ranks, and (at 4) 2 data-parallel groups of 2 tensor-parallel ranks. Prints
-the job's training tokens/s (global tokens over the training loop's time)
-and rank 0's memory as its log reports it: parameters, optimizer state, the
-step's planned arena.
+One process, then at N ranks (1 thread each, context 64, Adam, untied
+head, batch 16 per data-parallel rank or per pipeline): plain data
+parallelism, ZeRO-1, tensor parallelism over the N ranks, pipelines of N
+stages (GPipe and 1F1B), and (at 4) 2 data-parallel groups of 2 tensor- or
+pipeline-parallel ranks. Prints the job's training tokens/s (global tokens
+over the training loop's time) and rank 0's memory as its log reports it:
+parameters, optimizer state, the step's planned arena.
+
+For the pipelines, a second short run with --trace measures each stage's
+idle fraction (time in pp_recv and the loss broadcast over the step's time,
+the last 10 steps) against the schedule's bubble (p-1)/(m+p-1), and the
+bound: one process's tokens/s x the host's measured concurrency for N
+processes (N copies of the one-process run at once) x m/(m+p-1).
 
 usage: bench/mp.py [--shoal build/shoal] [--ranks 2,4] [--steps 100]
 """
+import glob
+import json
 import argparse
 import os
 import subprocess
@@ -18,20 +27,55 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TEXT = "/usr/share/games/fortunes/cookie"
-MODEL = ["--model", "gpt", "--data", "text:" + TEXT, "--layers", "4", "--heads", "4", "--dim",
-         "128", "--context", "64"]
+MODEL = ["--model", "gpt", "--untied", "--data", "text:" + TEXT, "--layers", "4", "--heads", "4",
+         "--dim", "128", "--context", "64"]
+
+
+def command(binary, ranks, steps, extra, d):
+    cmd = [binary, "train"] + MODEL + [
+        "--batch", "16", "--optimizer", "adam", "--lr", "0.003", "--max-steps", str(steps),
+        "--threads", "1", "--limit-test", "4", "--no-plot", "--no-checkpoints", "--quiet",
+        "--out", d] + extra
+    if ranks > 1:
+        cmd = [binary, "run", "-n", str(ranks), "--"] + cmd
+    return cmd
+
+
+def tokens_per_s(out):
+    final = [l for l in out.splitlines() if "final:" in l][-1]
+    return float(final.split(" tok/s")[0].rsplit(" ", 1)[1])
+
+
+def concurrency(binary, n, steps, one):
+    """N one-process runs at once: their summed tokens/s over one run's."""
+    dirs = [tempfile.TemporaryDirectory() for _ in range(n)]
+    procs = [subprocess.Popen(command(binary, 1, steps, [], d.name), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for d in dirs]
+    total = sum(tokens_per_s(p.communicate()[0]) for p in procs)
+    for d in dirs:
+        d.cleanup()
+    return total / one
+
+
+def idle(binary, ranks, extra):
+    """Per rank: time waiting in pp_recv and the loss broadcast / step time."""
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(command(binary, ranks, 30, extra + ["--trace", d + "/trace.json"], d),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=True)
+        fractions = []
+        for f in sorted(glob.glob(d + "/trace.rank*.json")):
+            ev = json.load(open(f))
+            ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+            step = sum(e["dur"] for e in ev if e.get("name") == "train_step")
+            wait = sum(e["dur"] for e in ev if e.get("name") in ("pp_recv", "comm_broadcast"))
+            fractions.append(wait / step)
+    return fractions
 
 
 def run(binary, ranks, steps, extra):
     with tempfile.TemporaryDirectory() as d:
-        cmd = [binary, "train"] + MODEL + [
-            "--batch", "16", "--optimizer", "adam", "--lr", "0.003", "--max-steps", str(steps),
-            "--threads", "1", "--limit-test", "4", "--no-plot", "--no-checkpoints", "--quiet",
-            "--out", d] + extra
-        if ranks > 1:
-            cmd = [binary, "run", "-n", str(ranks), "--"] + cmd
-        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             check=True).stdout
+        out = subprocess.run(command(binary, ranks, steps, extra, d), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, check=True).stdout
     final = [l for l in out.splitlines() if "final:" in l][-1]
     mem = [l for l in out.splitlines() if "memory on rank 0" in l][-1]
     tps = float(final.split(" tok/s")[0].rsplit(" ", 1)[1])
@@ -45,20 +89,45 @@ def main():
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--steps", type=int, default=100)
     a = p.parse_args()
-    print(f"GPT 4 layers x 128, 4 heads, context 64, batch 16 per rank, Adam, {a.steps} steps, "
-          "1 thread per rank")
+    print(f"GPT 4 layers x 128, 4 heads, context 64, untied, batch 16 per data-parallel rank "
+          f"(or pipeline), Adam, {a.steps} steps, 1 thread per rank")
     print("| layout | ranks | tokens/s | rank 0: parameters | optimizer state | step arena |")
     print("|---|---|---|---|---|---|")
     rows = [("one process", 1, [])]
+    pipes = []
     for n in [int(v) for v in a.ranks.split(",")]:
         rows += [("data parallel", n, []), ("ZeRO-1", n, ["--zero", "1"]),
                  (f"tensor parallel {n}", n, ["--tp", str(n)])]
+        for sched, m in (("gpipe", 4), ("1f1b", 4), ("1f1b", 8)):
+            pipes.append((f"pipeline {n}, {sched}, m={m}", n, m,
+                          ["--pp", str(n), "--pp-schedule", sched, "--micro-batches", str(m)]))
         if n == 4:
             rows.append(("2 DP groups x TP 2", 4, ["--tp", "2", "--dp", "2"]))
-    for name, n, extra in rows:
+            pipes.append(("2 DP groups x pipeline 2, 1f1b, m=4", 4, 4,
+                          ["--pp", "2", "--dp", "2", "--micro-batches", "4"]))
+    one, measured = None, {}
+    for name, n, extra in rows + [(p[0], p[1], p[3]) for p in pipes]:
         tps, params, state, arena = run(a.shoal, n, a.steps, extra)
+        one = one or tps
+        measured[name] = tps
         print(f"| {name} | {n} | {tps:,.0f} | {params:,} B | {state:,} B | {arena:,} B |",
               flush=True)
+    print()
+    print("| pipeline | stages | bubble (p-1)/(m+p-1) | measured idle per stage | "
+          "bound tokens/s | measured / bound |")
+    print("|---|---|---|---|---|---|")
+    ceiling = {}
+    for name, n, m, extra in pipes:
+        p = int(extra[1])
+        if n not in ceiling:
+            ceiling[n] = concurrency(a.shoal, n, a.steps, one)
+            print(f"(host: {n} one-process runs at once reach {ceiling[n]:.2f}x one)", flush=True)
+        bubble = (p - 1) / (m + p - 1)
+        fr = idle(a.shoal, n, extra)
+        bound = one * ceiling[n] * (1 - bubble)
+        tps = measured[name]
+        print(f"| {name} | {p} | {bubble:.1%} | {', '.join(f'{x:.1%}' for x in fr)} | "
+              f"{bound:,.0f} | {tps / bound:.2f} ({tps:,.0f}) |", flush=True)
 
 
 if __name__ == "__main__":
