@@ -12,8 +12,8 @@ parameters, optimizer state, the step's planned arena.
 For the pipelines, a second short run with --trace measures each stage's
 idle fraction (time in pp_recv and the loss broadcast over the step's time,
 the last 10 steps) against the schedule's bubble (p-1)/(m+p-1), and the
-bound: one process's tokens/s x the host's measured concurrency for N
-processes (N copies of the one-process run at once) x m/(m+p-1).
+bound: one process's tokens/s x min(the host's measured concurrency for N
+processes (N copies of the one-process run at once), N x m/(m+p-1)).
 
 usage: bench/mp.py [--shoal build/shoal] [--ranks 2,4] [--steps 100]
 """
@@ -97,6 +97,7 @@ def main():
     pipes = []
     for n in [int(v) for v in a.ranks.split(",")]:
         rows += [("data parallel", n, []), ("ZeRO-1", n, ["--zero", "1"]),
+                 ("ZeRO-3", n, ["--zero", "3"]),
                  (f"tensor parallel {n}", n, ["--tp", str(n)])]
         for sched, m in (("gpipe", 4), ("1f1b", 4), ("1f1b", 8)):
             pipes.append((f"pipeline {n}, {sched}, m={m}", n, m,
@@ -124,7 +125,9 @@ def main():
             print(f"(host: {n} one-process runs at once reach {ceiling[n]:.2f}x one)", flush=True)
         bubble = (p - 1) / (m + p - 1)
         fr = idle(a.shoal, n, extra)
-        bound = one * ceiling[n] * (1 - bubble)
+        # Each of the n ranks computes (1 - bubble) of the time, and the host
+        # gives at most its measured concurrency.
+        bound = one * min(ceiling[n], n * (1 - bubble))
         tps = measured[name]
         print(f"| {name} | {p} | {bubble:.1%} | {', '.join(f'{x:.1%}' for x in fr)} | "
               f"{bound:,.0f} | {tps / bound:.2f} ({tps:,.0f}) |", flush=True)

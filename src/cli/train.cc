@@ -235,9 +235,10 @@ TrainCommand add_train_command(CLI::App& app) {
       ->capture_default_str();
   t->add_option("--zero", d.zero,
                 "Data parallel: 1 shards the optimizer state over the ranks (ZeRO-1: gradients "
-                "reduce-scattered, each rank updates its shard, parameters all-gathered); 0 "
+                "reduce-scattered, each rank updates its shard, parameters all-gathered); 3 "
+                "shards the parameters too (each gathered where the step uses it); 0 "
                 "all-reduces gradients")
-      ->check(CLI::Range(0, 1))
+      ->check(CLI::Range(0, 3))
       ->capture_default_str();
   t->add_option("--tp", d.tp,
                 "Tensor parallelism over this many ranks (the job's ranks, all on the same "

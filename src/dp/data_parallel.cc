@@ -156,6 +156,38 @@ Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
   return ok_status();
 }
 
+// ZeRO-3: the forward reads every parameter through an all-gather of its
+// rows (dp/sharded.h); after autodiff the backward gathers again, and each
+// rank's summed row gradients become the global batch's mean.
+Status attach_zero3(train::TrainOptions& o, comm::Communicator& c, std::int64_t id) {
+  if (o.optimizer == "lars" || o.optimizer == "lamb")
+    return invalid_argument(
+        "--zero needs an element-wise optimizer (sgd, momentum, nesterov, adam, adamw): {} "
+        "scales each layer by norms of the whole layer, which a shard does not hold",
+        o.optimizer);
+  auto gathers = std::make_shared<std::vector<Zero3Gather>>();
+  auto forward_end = std::make_shared<int>(0);
+  o.forward_pass = [id, gathers, forward_end](graph::Graph& g) {
+    gathers->clear();
+    auto ps = shard_parameters(g, id, gathers.get());
+    *forward_end = g.num_nodes();
+    return ps;
+  };
+  const double scale = 1.0 / c.size();
+  const bool lead = c.rank() == 0;
+  o.grad_pass = [id, gathers, forward_end, scale, lead](
+                    graph::Graph& g, std::vector<train::ParamRef>& params) -> Status {
+    SHOAL_RETURN_IF_ERROR(regather_for_backward(g, *forward_end, *gathers, id));
+    graph::Builder b(g);
+    for (auto& p : params) p.grad = b.mul(p.grad, b.scalar(scale));
+    if (lead)
+      SHOAL_LOG_INFO("data parallel, ZeRO-3: {} parameters held as row blocks, gathered where used",
+                     gathers->size());
+    return b.status();
+  };
+  return ok_status();
+}
+
 }  // namespace
 
 Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
@@ -214,7 +246,9 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
         spare ? "prefetched on a worker thread" : "prepared on the compute thread");
   dd.overlap = overlap ? DpOptions::Overlap::kOn : DpOptions::Overlap::kOff;
   std::int64_t id = register_communicator(&c, overlap);
-  if (d.zero > 0) {
+  if (d.zero == 3) {
+    SHOAL_RETURN_IF_ERROR(attach_zero3(o, c, register_communicator(&c, false)));
+  } else if (d.zero > 0) {
     // ZeRO-1: the update pass reduce-scatters, updates a shard, all-gathers.
     const train::OptimizerOptions oo = train::optimizer_options(o);
     o.update_pass = [id, oo, lead](graph::Builder& b, const std::vector<train::ParamRef>& params)

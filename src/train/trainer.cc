@@ -175,9 +175,6 @@ Status Trainer::init(const TrainOptions& o) {
   if (yshape.size() > 1) y = b.reshape(y, {num_elements(yshape)});
   Value loss = b.cross_entropy(logits, y);
   if (!b.ok()) return b.status().with_context(fmt::format("building model '{}'", o.model));
-  if (o.forward_pass && !o.step_pass) {
-    SHOAL_ASSIGN_OR_RETURN(m.slices, o.forward_pass(g));
-  }
   m.specs = mc.params();
   m.bspecs = mc.buffers();
   if (o.peers) {
@@ -221,6 +218,11 @@ Status Trainer::init(const TrainOptions& o) {
     SHOAL_RETURN_IF_ERROR(
         o.peers->agree("training graph (model, batch, options)",
                        fnv1a(graph::to_json(g)) ^ (fnv1a(opts) * 0x9e3779b97f4a7c15ull)));
+  }
+  // Rewrites after the agreement: ranks' rewritten graphs may differ (their
+  // slices' shapes).
+  if (o.forward_pass && !o.step_pass) {
+    SHOAL_ASSIGN_OR_RETURN(m.slices, o.forward_pass(g));
   }
   std::vector<ParamRef> refs;
   for (const auto& s : m.specs) refs.push_back({s.name, mc.param_values().at(s.name), {}});
@@ -285,13 +287,12 @@ Status Trainer::init(const TrainOptions& o) {
   runtime::CompileOptions copts;
   copts.arena_allocator = o_.arena_allocator;
   SHOAL_ASSIGN_OR_RETURN(m.exe, (*backend)->compile(std::move(g), copts));
-  // Tensors with no elements are parameters (and state) another pipeline
-  // stage holds.
+  // Parameters (and state) another pipeline stage holds are not inputs here.
   for (auto& [name, t] : params_)
-    if (t.numel() > 0) SHOAL_RETURN_IF_ERROR(m.exe->bind("param/" + name, t));
+    if (has_input(*m.exe, "param/" + name)) SHOAL_RETURN_IF_ERROR(m.exe->bind("param/" + name, t));
   for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(m.exe->bind("buf/" + name, t));
   for (auto& [name, t] : state_)
-    if (t.numel() > 0) SHOAL_RETURN_IF_ERROR(m.exe->bind(name, t));
+    if (has_input(*m.exe, name)) SHOAL_RETURN_IF_ERROR(m.exe->bind(name, t));
   m.lr = Tensor::scalar(0.0);
   SHOAL_RETURN_IF_ERROR(m.exe->bind("lr", m.lr));
   if (og.step.valid()) {
@@ -427,6 +428,9 @@ Result<EvalResult> Trainer::evaluate() {
   lo.mean = m.mean;
   lo.stddev = m.stddev;
   Loader ld(m.test, lo);
+  // Whole parameters gathered from their slices (ZeRO-3), or the rewrite.
+  const bool whole = m.slices && m.slices->whole_for_eval;
+  if (whole) SHOAL_RETURN_IF_ERROR(gather_eval_params());
   EvalResult r;
   double loss_sum = 0;
   std::int64_t ok = 0;
@@ -444,12 +448,12 @@ Result<EvalResult> Trainer::evaluate() {
       Value logits = m.model.forward(mc, x);
       if (!bl.ok()) return bl.status().with_context("building the eval graph");
       g.mark_output(logits);
-      if (o_.forward_pass) SHOAL_RETURN_IF_ERROR(o_.forward_pass(g).status());
+      if (o_.forward_pass && !whole) SHOAL_RETURN_IF_ERROR(o_.forward_pass(g).status());
       auto backend = runtime::make_backend("cpu");
       if (!backend.ok()) return backend.status();
       SHOAL_ASSIGN_OR_RETURN(exe, (*backend)->compile(std::move(g), {}));
-      for (auto& [name, t] : params_)
-        if (t.numel() > 0) SHOAL_RETURN_IF_ERROR(exe->bind("param/" + name, t));
+      for (auto& [name, t] : whole ? m.eval_params : params_)
+        if (has_input(*exe, "param/" + name)) SHOAL_RETURN_IF_ERROR(exe->bind("param/" + name, t));
       for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(exe->bind("buf/" + name, t));
     }
     SHOAL_RETURN_IF_ERROR(bind_batch(*exe, b, false));

@@ -4,7 +4,9 @@
 // equals one process on the whole batch, at N = 2, 3, 4 (shards of unequal
 // size) for momentum and Adam and for the GPT; optimizer-state memory per
 // rank falls as 1/N; checkpoints move between sharded and plain data
-// parallelism in both directions; LAMB is refused by name.
+// parallelism in both directions; LAMB is refused by name. ZeRO-3
+// (`--zero 3`, parameters held as row blocks too) likewise, with
+// parameters, state and the step's arena per rank falling with N.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -137,6 +139,92 @@ TEST(ZeroCli, LayerWiseOptimizersAreRefused) {
   TrainRun r = train(tmpdir("lamb"), 2, 16, 1, "--optimizer lamb --zero 1");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("--zero needs an element-wise optimizer"), std::string::npos) << r.out;
+}
+
+// ZeRO-3: momentum at N = 2, 3, 4 (row blocks of unequal size) and the
+// GPT with Adam (its tied embedding gathered once, used twice) equal one
+// process on the whole batch; evaluation on the gathered whole parameters
+// scores what one process scores.
+TEST(ZeroCli, ZeroThreeMatchesOneProcess) {
+  constexpr int kB = 16, kSteps = 6;
+  const std::string opt = "--optimizer momentum --lr 0.05";
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(fmt::format("{} ranks", n));
+    TrainRun one = train(tmpdir("z3one"), 1, n * kB, kSteps, opt);
+    TrainRun many = train(tmpdir("z3many"), n, kB, kSteps, opt + " --zero 3");
+    ASSERT_EQ(one.code, 0) << one.out;
+    ASSERT_EQ(many.code, 0) << many.out;
+    EXPECT_NE(many.out.find("ZeRO-3: 6 parameters held as row blocks"), std::string::npos)
+        << many.out;
+    expect_same_state(one.dir, many.dir, 6, 6);
+    EXPECT_EQ(testing::numbers_after(one.out, "test accuracy "),
+              testing::numbers_after(many.out, "test accuracy "));
+  }
+  const std::string text = "/usr/share/games/fortunes/fortunes";
+  if (!std::filesystem::exists(text))
+    GTEST_SKIP() << "Debian's fortunes package is not installed (tools/install-deps.sh does)";
+  const std::string model = "--model gpt --data text:" + text +
+                            " --layers 2 --heads 3 --dim 15 --context 7 --limit-train 400";
+  TrainRun one = train(tmpdir("z3gpt1"), 1, 10, 5, "--optimizer adam --lr 0.01", model);
+  TrainRun two = train(tmpdir("z3gpt2"), 2, 5, 5, "--optimizer adam --lr 0.01 --zero 3", model);
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_EQ(two.code, 0) << two.out;
+  expect_same_state(one.dir, two.dir, 36, 72);
+}
+
+// Rank 0's parameters, optimizer state and planned step arena, from its
+// log, under plain data parallelism and ZeRO-3 at N = 2 and 4.
+TEST(ZeroCli, ZeroThreeShrinksParametersStateAndArenaPerRank) {
+  auto memory = [](int n, const std::string& extra) {
+    TrainRun r = train(tmpdir("z3mem"), n, 16, 1, "--optimizer adam --lr 0.001 " + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    auto p = testing::numbers_after(r.out, "memory on rank 0: parameters ");
+    auto s = testing::numbers_after(r.out, ", optimizer state ");
+    auto a = testing::numbers_after(r.out, ", step arena ");
+    EXPECT_EQ(p.size(), 1u) << r.out;
+    return p.empty() || s.empty() || a.empty() ? std::vector<double>{0, 0, 0}
+                                               : std::vector<double>{p[0], s[0], a[0]};
+  };
+  const auto plain = memory(2, ""), two = memory(2, "--zero 3"), four = memory(4, "--zero 3");
+  std::printf("rank 0 (parameters, Adam state, step arena): plain %.0f %.0f %.0f B; ZeRO-3 N=2 "
+              "%.0f %.0f %.0f B, N=4 %.0f %.0f %.0f B\n",
+              plain[0], plain[1], plain[2], two[0], two[1], two[2], four[0], four[1], four[2]);
+  // The MLP's 535,818 parameters in row blocks: rank 0 holds the larger
+  // block of each (within a row of 1/N).
+  EXPECT_NEAR(two[0], plain[0] / 2, 0.01 * plain[0]);
+  EXPECT_NEAR(four[0], plain[0] / 4, 0.01 * plain[0]);
+  EXPECT_EQ(two[1], 2 * two[0]);  // Adam: two slots per element held
+  EXPECT_EQ(four[1], 2 * four[0]);
+  // The arena holds a whole parameter only between its gather and its last
+  // use, and gradients only as row blocks after their reduce-scatter.
+  EXPECT_LT(two[2], 0.75 * plain[2]);
+  EXPECT_LT(four[2], two[2]);
+}
+
+TEST(ZeroCli, ZeroThreeCheckpointsMoveAndResumeBitIdentical) {
+  constexpr int kB = 16;
+  const std::string opt = "--optimizer adam --lr 0.002";
+  TrainRun ref = train(tmpdir("z3ref"), 3, kB, 8, opt);
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  for (std::string first : {"--zero 3", "--zero 1"}) {
+    std::string then = first == "--zero 3" ? "--zero 1" : "--zero 3";
+    SCOPED_TRACE(first + " then " + then);
+    const std::string dir = tmpdir("z3move");
+    TrainRun a = train(dir, 3, kB, 4, opt + " " + first);
+    ASSERT_EQ(a.code, 0) << a.out;
+    TrainRun b = train(dir, 3, kB, 8, opt + " --resume " + then);
+    ASSERT_EQ(b.code, 0) << b.out;
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    expect_same_state(ref.dir, dir, 6, 12, 5e-5);
+  }
+  testing::expect_resume_bit_identical(
+      [](const std::string& dir, int steps, const std::string& extra) {
+        return train(dir, 3, 16, steps, "--optimizer adam --lr 0.002 --zero 3 " + extra);
+      },
+      tmpdir("z3bits1"), tmpdir("z3bits2"), 6);
+  TrainRun two = train(tmpdir("z2"), 2, 16, 1, "--zero 2");
+  EXPECT_NE(two.code, 0);
+  EXPECT_NE(two.out.find("--zero 2 is not built"), std::string::npos) << two.out;
 }
 
 }  // namespace

@@ -17,7 +17,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "shoal/graph/graph.h"
 #include "shoal/train/optim.h"
+#include "shoal/train/trainer.h"
 
 namespace shoal::dp {
 
@@ -30,5 +32,29 @@ Result<train::OptimizerGraph> inject_sharded(graph::Builder& b,
                                              const std::vector<train::ParamRef>& params,
                                              const train::OptimizerOptions& o,
                                              std::int64_t comm_id);
+
+// ZeRO-3 (FSDP's full sharding) as a rewrite of the forward graph: every
+// parameter input becomes this rank's block of its rows (as even as N
+// allows) and each use reads an all-gather of the blocks. Autodiff makes
+// the gradient of each gather a reduce-scatter, so each rank receives the
+// summed gradient of its rows only and updates them with its rows of the
+// optimizer state: parameters, gradients and state per rank all fall as
+// 1/N. The gathers are synchronous kernels appended after the forward, so
+// the executor (smallest ready id first) runs each just before its first
+// use, and the memory planner frees the whole tensor after its last.
+struct Zero3Gather {
+  std::string name;  // the parameter, without "param/"
+  graph::Value shard, whole;
+  std::vector<std::int64_t> sizes;  // rows per rank
+};
+// Rewrites `g` for communicator `comm_id`; the slices cut and gather whole
+// tensors for checkpoints, and evaluation uses the whole parameters.
+Result<train::TrainOptions::ParamSlices> shard_parameters(graph::Graph& g, std::int64_t comm_id,
+                                                          std::vector<Zero3Gather>* gathers);
+// After autodiff: the backward's uses of each gathered parameter (nodes
+// from `forward_end` on) read a second gather instead, so the whole tensor
+// is not kept alive from the forward to the backward.
+Status regather_for_backward(graph::Graph& g, int forward_end,
+                             const std::vector<Zero3Gather>& gathers, std::int64_t comm_id);
 
 }  // namespace shoal::dp

@@ -113,6 +113,10 @@ struct TrainOptions {
     // earlier stages, whose slices of the parameters they do not hold are
     // empty tensors).
     bool reports = true;
+    // Evaluate with the whole parameters, gathered before each evaluation,
+    // instead of rewriting the evaluation graphs (ZeRO-3: ranks evaluate
+    // different batches, so they cannot gather in the graph).
+    bool whole_for_eval = false;
   };
   std::function<Result<ParamSlices>(graph::Graph&)> forward_pass;
   // Replaces autodiff (pipeline parallelism, mp::attach_pipeline): given the
@@ -209,6 +213,7 @@ class Trainer {
   Status sync_slices(bool resumed);
   void hold_empty_state(const OptimizerGraph& og);
   Status count_reporters();
+  Status gather_eval_params();  // collective
   CheckpointDir checkpoint_dir() const;  // <run dir>/checkpoints, keeping keep_checkpoints
   Status sync_buffers();
   TrainOptions o_;
