@@ -128,8 +128,7 @@ Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
 // P, data parallelism across the groups (each stage's gradients all-reduced
 // among the ranks holding that stage).
 Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
-  if (d.zero > 0 || d.tp > 1)
-    return invalid_argument("--pp with --zero or --tp is not built yet");
+  if (d.zero > 0 || d.tp > 1) return invalid_argument("--pp with --zero or --tp is not built yet");
   o.peers = std::make_shared<CommPeers>(c);
   mp::PipelineOptions po;
   po.stages = d.pp;
@@ -195,10 +194,9 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   o.rank = c.rank();
   o.world = c.size();
   // The model's split: "--tp T", "--pp P" or "--tp T x --pp P".
-  const std::string split =
-      d.pp == 1   ? fmt::format("--tp {}", d.tp)
-      : d.tp == 1 ? fmt::format("--pp {}", d.pp)
-                  : fmt::format("--tp {} x --pp {}", d.tp, d.pp);
+  const std::string split = d.pp == 1   ? fmt::format("--tp {}", d.tp)
+                            : d.tp == 1 ? fmt::format("--pp {}", d.pp)
+                                        : fmt::format("--tp {} x --pp {}", d.tp, d.pp);
   if (c.size() % (d.tp * d.pp) != 0)
     return invalid_argument("{} must divide the job's {} ranks", split, c.size());
   if (d.dp > 0 && d.dp * d.tp * d.pp != c.size())
@@ -207,15 +205,16 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
   // The wire type changes the sums; the bucket sizes, the calls each rank
   // makes (a mismatch would otherwise surface as differing call sequences).
-  SHOAL_RETURN_IF_ERROR(agree_named(c, {{"--wire", std::string(dtype_name(d.wire))},
-                                        {"--bucket-mb", fmt::format("{}", d.bucket_mb)},
-                                        {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)},
-                                        {"--zero", std::to_string(d.zero)},
-                                        {"--tp", std::to_string(d.tp)},
-                                        {"--pp", std::to_string(d.pp)},
-                                        {"--micro-batches", std::to_string(d.micro_batches)},
-                                        {"--pp-schedule", d.pp_schedule},
-                                        {"--pp-cuts", fmt::format("{}", fmt::join(d.pp_cuts, ","))}}));
+  SHOAL_RETURN_IF_ERROR(
+      agree_named(c, {{"--wire", std::string(dtype_name(d.wire))},
+                      {"--bucket-mb", fmt::format("{}", d.bucket_mb)},
+                      {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)},
+                      {"--zero", std::to_string(d.zero)},
+                      {"--tp", std::to_string(d.tp)},
+                      {"--pp", std::to_string(d.pp)},
+                      {"--micro-batches", std::to_string(d.micro_batches)},
+                      {"--pp-schedule", d.pp_schedule},
+                      {"--pp-cuts", fmt::format("{}", fmt::join(d.pp_cuts, ","))}}));
   if (d.pp > 1) return attach_pp(o, c, d);
   if (d.tp > 1) return attach_tp(o, c, d);
   const bool lead = c.rank() == 0;

@@ -3,11 +3,12 @@
 // boundary sends and receives, autodiff per micro-batch, the gradients
 // summed, and every node given the slot of its micro-batch's forward or
 // backward in the schedule.
+#include "shoal/mp/pipeline.h"
+
 #include <map>
 
 #include "shoal/graph/passes.h"
 #include "shoal/mp/collectives.h"
-#include "shoal/mp/pipeline.h"
 
 namespace shoal::mp {
 namespace {
@@ -33,7 +34,8 @@ class StageCopier {
     const auto [first, last] = plan_.range(o_.stage);
     if (o_.stage > 0) {
       const Value cut = plan_.candidates[plan_.cuts[static_cast<std::size_t>(o_.stage) - 1]].value;
-      local_[cut] = pp_recv(b_, after, t_.type(cut).shape, link(o_.stage - 1, o_.fwd_comm, o_.bwd_comm));
+      local_[cut] =
+          pp_recv(b_, after, t_.type(cut).shape, link(o_.stage - 1, o_.fwd_comm, o_.bwd_comm));
     }
     for (std::size_t k = first; k < last; ++k) {
       const graph::Node& n = t_.node(plan_.order[k]);
@@ -43,8 +45,7 @@ class StageCopier {
         in.push_back(x);
       }
       auto outs = g_.add_node(n.op, in, n.attrs, n.name);
-      if (!outs.ok())
-        return outs.status().with_context(fmt::format("pipeline stage {}", o_.stage));
+      if (!outs.ok()) return outs.status().with_context(fmt::format("pipeline stage {}", o_.stage));
       for (std::size_t j = 0; j < outs->size(); ++j)
         local_[Value{n.id, static_cast<int>(j)}] = (*outs)[j];
     }
@@ -106,7 +107,6 @@ class StageCopier {
   std::map<Value, Value> local_, constants_;
   std::map<std::string, Value> inputs_, params_;
 };
-
 
 void set_slot(Graph& g, int from, std::int64_t slot) {
   for (int id = from; id < g.num_nodes(); ++id) g.mutable_node(id).slot = slot;

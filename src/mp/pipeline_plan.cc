@@ -151,8 +151,11 @@ Result<PipelinePlan> plan_pipeline(const graph::Graph& g, const std::vector<grap
   }
   for (int s = 0; s < stages; ++s) {
     const auto [first, last] = p.range(s);
-    const double a = first == 0 ? 0 : p.candidates[p.cuts[static_cast<std::size_t>(s) - 1]].cost_before;
-    const double b = last == p.order.size() ? cost : p.candidates[p.cuts[static_cast<std::size_t>(s)]].cost_before;
+    const double a =
+        first == 0 ? 0 : p.candidates[p.cuts[static_cast<std::size_t>(s) - 1]].cost_before;
+    const double b = last == p.order.size()
+                         ? cost
+                         : p.candidates[p.cuts[static_cast<std::size_t>(s)]].cost_before;
     p.stage_cost.push_back(b - a);
   }
   return p;
@@ -181,8 +184,8 @@ Result<std::vector<std::vector<std::string>>> stage_params(const graph::Graph& g
   }
   for (int s = 0; s < stages; ++s)
     if (out[static_cast<std::size_t>(s)].empty())
-      return invalid_argument("pipeline: stage {} of {} holds no parameter; use fewer stages",
-                              s, stages);
+      return invalid_argument("pipeline: stage {} of {} holds no parameter; use fewer stages", s,
+                              stages);
   return out;
 }
 

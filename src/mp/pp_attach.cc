@@ -32,10 +32,10 @@ train::TrainOptions::ParamSlices placement(std::shared_ptr<Shared> sh, comm::Com
   ps.gather = [sh, pipe, stage](const std::string& p, const Tensor& mine) -> Result<Tensor> {
     const int owner = sh->stage_of.at(p);
     Tensor whole = owner == stage ? mine.clone() : Tensor::zeros(sh->shape_of.at(p), DType::kF32);
-    SHOAL_RETURN_IF_ERROR(pipe->broadcast(whole.raw_data(), static_cast<std::size_t>(whole.numel()),
-                                          DType::kF32, owner)
-                              .with_context(fmt::format("gathering '{}' from pipeline stage {}",
-                                                        p, owner)));
+    SHOAL_RETURN_IF_ERROR(
+        pipe->broadcast(whole.raw_data(), static_cast<std::size_t>(whole.numel()), DType::kF32,
+                        owner)
+            .with_context(fmt::format("gathering '{}' from pipeline stage {}", p, owner)));
     return whole;
   };
   return ps;
@@ -69,8 +69,9 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
   }
   comm::Communicator* c = &pipe;
   const bool lead = o.rank == 0;
-  o.step_pass = [sh, so, c, po, lead](graph::Graph& g, train::TrainOptions::Step& st)
-      -> Result<train::TrainOptions::ParamSlices> {
+  o.step_pass = [sh, so, c, po, lead](
+                    graph::Graph& g,
+                    train::TrainOptions::Step& st) -> Result<train::TrainOptions::ParamSlices> {
     SHOAL_ASSIGN_OR_RETURN(sh->plan, plan_pipeline(g, {st.loss, st.logits}, so.stages, po.cuts));
     SHOAL_ASSIGN_OR_RETURN(sh->owners, stage_params(g, sh->plan));
     for (std::size_t s = 0; s < sh->owners.size(); ++s)
@@ -82,7 +83,8 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
     }
     if (lead)
       SHOAL_LOG_INFO("pipeline of {} stages, {} micro-batches per batch, schedule {}:\n{}",
-                     so.stages, so.micro_batches, so.schedule == Schedule::kGPipe ? "gpipe" : "1f1b", sh->plan.str(g));
+                     so.stages, so.micro_batches,
+                     so.schedule == Schedule::kGPipe ? "gpipe" : "1f1b", sh->plan.str(g));
     SHOAL_ASSIGN_OR_RETURN(StageStep step, build_stage_step(g, st.loss, st.logits, sh->plan, so));
     st.loss = step.loss;
     st.logits = step.logits;

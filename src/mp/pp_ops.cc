@@ -44,7 +44,8 @@ Result<Link> link_of(const graph::Node& n) {
     return invalid_argument("{}: peer {} is not another rank of a group of {} (this is rank {})",
                             n.label(), peer, c->size(), c->rank());
   const std::int64_t tag = n.attrs.get_int_or("tag", 0);
-  if (tag < 0 || tag > 0x7fffffff) return invalid_argument("{}: tag {} out of range", n.label(), tag);
+  if (tag < 0 || tag > 0x7fffffff)
+    return invalid_argument("{}: tag {} out of range", n.label(), tag);
   return Link{c, static_cast<int>(peer), static_cast<int>(tag)};
 }
 
@@ -83,9 +84,10 @@ class RecvKernel final : public runtime::Kernel {
   Status run(const runtime::KernelContext&, std::span<const Tensor>,
              std::span<Tensor> out) override {
     Tensor& y = out[0];
-    return l_.c->recv(y.raw_data(), static_cast<std::size_t>(y.numel()), DType::kF32, l_.peer,
-                      l_.tag)
-        .with_context(fmt::format("receiving micro-batch {} from pipeline rank {}", l_.tag, l_.peer));
+    return l_.c
+        ->recv(y.raw_data(), static_cast<std::size_t>(y.numel()), DType::kF32, l_.peer, l_.tag)
+        .with_context(
+            fmt::format("receiving micro-batch {} from pipeline rank {}", l_.tag, l_.peer));
   }
   const char* impl() const override { return "comm"; }
 
@@ -106,8 +108,8 @@ void add_send() {
   d.name = "pp_send";
   d.attrs = {"comm", "grad_comm", "peer", "tag"};
   d.random = true;
-  d.infer = [](const graph::Node& n, const std::vector<graph::TensorType>& in)
-      -> Result<std::vector<graph::TensorType>> {
+  d.infer = [](const graph::Node& n,
+               const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
     SHOAL_RETURN_IF_ERROR(link_of(n).status());
     if (in[0].dtype != DType::kF32)
       return invalid_argument("{}: sends f32 tensors, got {}", n.label(), in[0].str());
@@ -121,8 +123,9 @@ void add_send() {
   };
   graph::OpRegistry::global().add(d);
   runtime::KernelRegistry::cpu().add(
-      "pp_send", [](const graph::Node& n, const std::vector<graph::TensorType>&)
-                     -> Result<std::unique_ptr<runtime::Kernel>> {
+      "pp_send",
+      [](const graph::Node& n,
+         const std::vector<graph::TensorType>&) -> Result<std::unique_ptr<runtime::Kernel>> {
         SHOAL_ASSIGN_OR_RETURN(Link l, link_of(n));
         return std::unique_ptr<runtime::Kernel>(std::make_unique<SendKernel>(l));
       });
@@ -133,8 +136,8 @@ void add_recv() {
   d.name = "pp_recv";
   d.attrs = {"comm", "grad_comm", "peer", "tag", "shape"};
   d.random = true;
-  d.infer = [](const graph::Node& n, const std::vector<graph::TensorType>& in)
-      -> Result<std::vector<graph::TensorType>> {
+  d.infer = [](const graph::Node& n,
+               const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
     SHOAL_RETURN_IF_ERROR(link_of(n).status());
     if (!in[0].shape.empty())
       return invalid_argument("{}: its input is a scalar that orders it, got {}", n.label(),
@@ -150,8 +153,9 @@ void add_recv() {
   };
   graph::OpRegistry::global().add(d);
   runtime::KernelRegistry::cpu().add(
-      "pp_recv", [](const graph::Node& n, const std::vector<graph::TensorType>&)
-                     -> Result<std::unique_ptr<runtime::Kernel>> {
+      "pp_recv",
+      [](const graph::Node& n,
+         const std::vector<graph::TensorType>&) -> Result<std::unique_ptr<runtime::Kernel>> {
         SHOAL_ASSIGN_OR_RETURN(Link l, link_of(n));
         return std::unique_ptr<runtime::Kernel>(std::make_unique<RecvKernel>(l));
       });
@@ -173,8 +177,7 @@ graph::Value pp_send(graph::Builder& b, graph::Value x, const PipeLink& l) {
               {{"comm", l.comm}, {"grad_comm", l.grad_comm}, {"peer", l.peer}, {"tag", l.tag}});
 }
 
-graph::Value pp_recv(graph::Builder& b, graph::Value after, const Shape& shape,
-                     const PipeLink& l) {
+graph::Value pp_recv(graph::Builder& b, graph::Value after, const Shape& shape, const PipeLink& l) {
   register_pipeline_ops();
   return b.op("pp_recv", {after},
               {{"comm", l.comm},

@@ -36,9 +36,10 @@ TrainRun train(const std::string& dir, int ranks, int steps, const std::string& 
       "train {} --batch {} --max-steps {} --threads 1 --optimizer momentum --lr 0.05 "
       "--deterministic --no-plot --quiet --out {} {}",
       model, batch, steps, dir, extra);
-  auto r = ranks == 1 ? run_shoal(flags)
-                      : run_shoal(fmt::format("run -n {} --timeout 120 -- {} {}", ranks,
-                                              SHOAL_BINARY, flags));
+  auto r =
+      ranks == 1
+          ? run_shoal(flags)
+          : run_shoal(fmt::format("run -n {} --timeout 120 -- {} {}", ranks, SHOAL_BINARY, flags));
   return {dir, r.out, r.code};
 }
 
@@ -140,14 +141,14 @@ TEST(PpCli, WhatDoesNotFitIsRefusedByName) {
       "--model gpt --data text:" + kText + " --layers 2 --heads 4 --dim 16 --context 8";
   TrainRun t = train(tmpdir("tied"), 2, 1, "--pp 2", 8, tied);
   EXPECT_NE(t.code, 0);
-  EXPECT_NE(t.out.find("parameter 'wte.weight' is used by stages 0 and 1"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("parameter 'wte.weight' is used by stages 0 and 1"), std::string::npos)
+      << t.out;
   TrainRun mb = train(tmpdir("mb"), 2, 1, "--pp 2 --micro-batches 3");
   EXPECT_NE(mb.code, 0);
   EXPECT_NE(mb.out.find("--micro-batches 3 must divide --batch 8"), std::string::npos) << mb.out;
   TrainRun ranks = train(tmpdir("ranks"), 3, 1, "--pp 2");
   EXPECT_NE(ranks.code, 0);
-  EXPECT_NE(ranks.out.find("--pp 2 must divide the job's 3 ranks"), std::string::npos)
-      << ranks.out;
+  EXPECT_NE(ranks.out.find("--pp 2 must divide the job's 3 ranks"), std::string::npos) << ranks.out;
   // Cuts 1 and 2 leave the middle stage reshapes and no parameter.
   TrainRun empty = train(tmpdir("empty"), 3, 1, "--pp 3 --pp-cuts 1,2");
   EXPECT_NE(empty.code, 0);

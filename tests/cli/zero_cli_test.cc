@@ -186,9 +186,10 @@ TEST(ZeroCli, ZeroThreeShrinksParametersStateAndArenaPerRank) {
                                                : std::vector<double>{p[0], s[0], a[0]};
   };
   const auto plain = memory(2, ""), two = memory(2, "--zero 3"), four = memory(4, "--zero 3");
-  std::printf("rank 0 (parameters, Adam state, step arena): plain %.0f %.0f %.0f B; ZeRO-3 N=2 "
-              "%.0f %.0f %.0f B, N=4 %.0f %.0f %.0f B\n",
-              plain[0], plain[1], plain[2], two[0], two[1], two[2], four[0], four[1], four[2]);
+  std::printf(
+      "rank 0 (parameters, Adam state, step arena): plain %.0f %.0f %.0f B; ZeRO-3 N=2 "
+      "%.0f %.0f %.0f B, N=4 %.0f %.0f %.0f B\n",
+      plain[0], plain[1], plain[2], two[0], two[1], two[2], four[0], four[1], four[2]);
   // The MLP's 535,818 parameters in row blocks: rank 0 holds the larger
   // block of each (within a row of 1/N).
   EXPECT_NEAR(two[0], plain[0] / 2, 0.01 * plain[0]);

@@ -13,8 +13,8 @@
 
 #include "ranks.h"
 #include "shoal/dp/allreduce.h"
-#include "shoal/mp/collectives.h"
 #include "shoal/graph/passes.h"
+#include "shoal/mp/collectives.h"
 #include "shoal/runtime/backend.h"
 
 namespace shoal::mp {
@@ -29,8 +29,8 @@ TEST(PipelineSchedule, EveryMicroBatchRunsForwardThenBackwardInOrder) {
     for (int p = 1; p <= 4; ++p)
       for (int m = 1; m <= 6; ++m)
         for (int st = 0; st < p; ++st) {
-          SCOPED_TRACE(fmt::format("{} p={} m={} stage={}", s == Schedule::kGPipe ? "gpipe" : "1f1b",
-                                   p, m, st));
+          SCOPED_TRACE(fmt::format("{} p={} m={} stage={}",
+                                   s == Schedule::kGPipe ? "gpipe" : "1f1b", p, m, st));
           auto order = schedule_order(s, st, p, m);
           ASSERT_EQ(order.size(), static_cast<std::size_t>(2 * m));
           int next_f = 0, next_b = 0, alive = 0, most = 0;

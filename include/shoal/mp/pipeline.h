@@ -42,8 +42,7 @@ struct PipeLink {
 };
 void register_pipeline_ops();
 graph::Value pp_send(graph::Builder& b, graph::Value x, const PipeLink& l);
-graph::Value pp_recv(graph::Builder& b, graph::Value after, const Shape& shape,
-                     const PipeLink& l);
+graph::Value pp_recv(graph::Builder& b, graph::Value after, const Shape& shape, const PipeLink& l);
 
 struct PipelinePlan {
   std::vector<int> order;  // the forward's nodes, in execution order
@@ -80,8 +79,8 @@ struct StageOptions {
 };
 
 struct StageStep {
-  graph::Value loss;    // the step's mean loss on every stage (from the last)
-  graph::Value logits;  // the last stage: every micro-batch's, in batch order
+  graph::Value loss;                    // the step's mean loss on every stage (from the last)
+  graph::Value logits;                  // the last stage: every micro-batch's, in batch order
   std::vector<train::ParamRef> params;  // this stage's, gradients summed over micro-batches
 };
 // Replaces `g` (the forward of one micro-batch: inputs "x" and "labels" of
@@ -105,7 +104,6 @@ struct PipelineOptions {
 // Makes `o` train stage (rank of `pipe`) of a pipeline over the ranks of
 // `pipe`: the trainer's step_pass and forward_pass, and each parameter held
 // by the one stage that uses it. The communicators must outlive the trainer.
-Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
-                       const PipelineOptions& po);
+Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe, const PipelineOptions& po);
 
 }  // namespace shoal::mp

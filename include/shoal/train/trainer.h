@@ -213,7 +213,7 @@ class Trainer {
   Status sync_slices(bool resumed);
   void hold_empty_state(const OptimizerGraph& og);
   Status count_reporters();
-  Status gather_eval_params();  // collective
+  Status gather_eval_params();           // collective
   CheckpointDir checkpoint_dir() const;  // <run dir>/checkpoints, keeping keep_checkpoints
   Status sync_buffers();
   TrainOptions o_;
