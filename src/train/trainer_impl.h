@@ -119,6 +119,15 @@ inline bool has_input(const runtime::Executable& exe, const std::string& name) {
   return exe.graph().find_input(name).ok();
 }
 
+// The step graph while init builds it.
+struct StepBuild {
+  graph::Graph g;
+  graph::Value loss, logits;
+  std::vector<ParamRef> refs;
+  OptimizerGraph og;
+  std::vector<std::pair<std::string, graph::Value>> buffer_updates;
+};
+
 // Binds a batch's images (and labels) where the graph reads them: a
 // pipeline's later stages read no images, its earlier ones no labels.
 inline Status bind_batch(runtime::Executable& exe, const Batch& b, bool labels) {

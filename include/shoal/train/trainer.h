@@ -27,6 +27,7 @@
 namespace shoal::train {
 
 struct DataSplits;  // train/sources.h
+struct StepBuild;   // train/trainer_impl.h
 
 // What a trainer needs from the other ranks of a data-parallel job
 // (dp::attach implements it over a Communicator). Every call is collective:
@@ -202,6 +203,13 @@ class Trainer {
   Trainer() = default;
   struct Impl;
   Status init(const TrainOptions& o);
+  // init's parts (trainer.cc).
+  Status load_splits(const std::optional<WeightsFile>& init_w);
+  Status build_forward(StepBuild& sb);
+  Status agree_with_peers(const graph::Graph& g);
+  Status differentiate(StepBuild& sb);
+  Status init_state(StepBuild& sb, const std::optional<WeightsFile>& init_w);
+  Status compile_step(StepBuild& sb);
   Status train_step(double* loss, std::int64_t* correct);
   Status write_plot() const;
   void print_epoch(const EpochMetrics& em) const;

@@ -1,0 +1,298 @@
+// Trainer::init's parts: the data and loader, the step graph (forward,
+// the ranks' agreement, gradients and update), the initial state, and the
+// compiled step. trainer.cc: init itself, steps, evaluation, the loop.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "shoal/core/hash.h"
+#include "shoal/core/logging.h"
+#include "shoal/core/version.h"
+#include "shoal/graph/builder.h"
+#include "shoal/graph/passes.h"
+#include "shoal/runtime/backend.h"
+#include "shoal/runtime/kernel.h"
+#include "shoal/tensor/safetensors.h"
+#include "shoal/train/checkpoint.h"
+#include "shoal/train/data.h"
+#include "shoal/train/model.h"
+#include "shoal/train/sources.h"
+#include "shoal/train/text.h"
+#include "shoal/train/trainer.h"
+#include "shoal/train/weights.h"
+#include "train/trainer_impl.h"
+
+namespace shoal::train {
+using graph::Builder;
+using graph::Graph;
+using graph::Value;
+
+// The data, its statistics and the loader.
+Status Trainer::load_splits(const std::optional<WeightsFile>& init_w) {
+  const TrainOptions& o = o_;
+  Impl& m = *impl_;
+  DataSplits splits;
+  if (o.dataset) {
+    splits = *o.dataset;
+  } else {
+    SHOAL_ASSIGN_OR_RETURN(splits, load_data(o.data, o.gpt.context));
+  }
+  m.train = splits.train.take_first(o.limit_train);
+  m.test = splits.test.take_first(o.limit_test);
+  if (o.augment && m.train.sample_shape().size() != 3)
+    return invalid_argument("--augment crops and flips images [C, H, W]; {} holds samples of {}",
+                            o.data, shape_str(m.train.sample_shape()));
+  std::tie(m.mean, m.stddev) = pixel_stats(m.train);
+  if (m.train.tokens()) m.progress.unit = "tok/s";
+  if (m.train.tokens() && o.rank == 0 && !o.quiet)
+    fmt::print(
+        "{}: {} training and {} validation tokens, vocabulary {}, unigram entropy {:.3f} "
+        "bits/char\n",
+        o.data, m.train.labels.numel(), m.test.labels.numel(), m.train.vocab.size(),
+        unigram_bits(m.train));
+  // Weights trained on inputs normalized another way see those inputs.
+  if (float mu = 0, sd = 1; init_w && init_w->normalization(&mu, &sd)) {
+    if (o.rank == 0 && (mu != m.mean || sd != m.stddev))
+      SHOAL_LOG_INFO("inputs normalized as {} was trained: mean {} std {} (this data: {} {})",
+                     o.init_from, mu, sd, m.mean, m.stddev);
+    m.mean = mu;
+    m.stddev = sd;
+  }
+  LoaderOptions lo;
+  lo.batch = o.batch;
+  lo.seed = o.seed;
+  lo.augment = o.augment;
+  lo.rank = o.drank();
+  lo.world = o.dworld();
+  lo.mean = m.mean;
+  lo.stddev = m.stddev;
+  if (!o.prefetch) lo.prefetch = 0;
+  m.loader = std::make_unique<Loader>(m.train, lo);
+  if (m.loader->batches_per_epoch() < 1)
+    return invalid_argument("--batch {} x {} ranks is larger than the {} training samples", o.batch,
+                            o.dworld(), m.train.size());
+
+  return ok_status();
+}
+
+// The forward of one (micro-)batch and its loss; the parameters.
+Status Trainer::build_forward(StepBuild& sb) {
+  const TrainOptions& o = o_;
+  Impl& m = *impl_;
+  // The step graph: forward, loss, autodiff, [grad pass], update. With a
+  // step pass, the forward is one micro-batch's and the pass builds the step.
+  Graph& g = sb.g;
+  Builder b(g);
+  const std::int64_t rows = o.batch / o.micro_batches;
+  Shape xshape = m.train.sample_shape();
+  xshape.insert(xshape.begin(), rows);
+  Value x = b.input("x", DType::kF32, xshape);
+  Shape yshape = m.train.labels.shape();
+  yshape[0] = rows;
+  Value y = b.input("labels", DType::kI32, yshape);
+  ModelContext mc(b, true);
+  mc.seed = o.seed;
+  Value logits = m.model.forward(mc, x);
+  // A language model scores every position: logits [B*T, V], labels [B, T].
+  if (yshape.size() > 1) y = b.reshape(y, {num_elements(yshape)});
+  sb.logits = logits;
+  sb.loss = b.cross_entropy(logits, y);
+  if (!b.ok()) return b.status().with_context(fmt::format("building model '{}'", o.model));
+  m.specs = mc.params();
+  m.bspecs = mc.buffers();
+  for (const auto& s : m.specs) sb.refs.push_back({s.name, mc.param_values().at(s.name), {}});
+  sb.buffer_updates = mc.buffer_updates();
+  return ok_status();
+}
+
+// The same build, graph and math-changing options on every rank.
+Status Trainer::agree_with_peers(const Graph& g) {
+  const TrainOptions& o = o_;
+  if (o.peers) {
+    // Same graph (model, batch, loss, autodiff) and same build on every rank,
+    // checked before any gradient travels.
+    SHOAL_RETURN_IF_ERROR(o.peers->agree("shoal build", fnv1a(build_id())));
+    // Everything that changes the math or the number of steps, by name: a
+    // rank started with another --lr would train silently otherwise.
+    auto v = [](const auto& x) { return fmt::format("{}", x); };
+    SHOAL_RETURN_IF_ERROR(o.peers->agree_options({
+        {"--model", o.model},
+        {"--layers --heads --dim --context", o.model == "gpt" ? o.gpt.str() : "-"},
+        {"--data", o.data},
+        {"--epochs", v(o.epochs)},
+        {"--batch", v(o.batch)},
+        {"--optimizer", o.optimizer},
+        {"--lr", v(o.lr)},
+        {"--momentum", v(o.momentum)},
+        {"--weight-decay", v(o.weight_decay)},
+        {"--trust", v(o.trust)},
+        {"--schedule", o.schedule},
+        {"--warmup-epochs", v(o.warmup_epochs)},
+        {"--step-epochs", v(o.step_epochs)},
+        {"--gamma", v(o.gamma)},
+        {"--linear-scaling", v(o.linear_scaling)},
+        {"--seed", v(o.seed)},
+        {"--augment", v(o.augment)},
+        {"--deterministic", v(o.deterministic)},
+        {"--max-steps", v(o.max_steps)},
+        {"--limit-train", v(o.limit_train)},
+        {"--limit-test", v(o.limit_test)},
+        {"--eval-batch", v(o.eval_batch)},
+        {"--resume", v(o.resume)},
+        // A checkpoint averages batch-norm statistics over the ranks: all
+        // must checkpoint at the same steps.
+        {"--checkpoint-every", v(o.checkpoint_every)},
+        {"--no-checkpoints", v(!o.checkpoints)},
+    }));
+    std::string opts = fmt::format("{} {} {} {} {} {}", o.optimizer, o.momentum, o.weight_decay,
+                                   o.trust, o.seed, o.augment);
+    SHOAL_RETURN_IF_ERROR(
+        o.peers->agree("training graph (model, batch, options)",
+                       fnv1a(graph::to_json(g)) ^ (fnv1a(opts) * 0x9e3779b97f4a7c15ull)));
+  }
+  return ok_status();
+}
+
+// Rewrites, gradients (autodiff, or the step pass), the gradient pass and
+// the optimizer's update.
+Status Trainer::differentiate(StepBuild& sb) {
+  const TrainOptions& o = o_;
+  Impl& m = *impl_;
+  // Rewrites after the agreement: ranks' rewritten graphs may differ (their
+  // slices' shapes).
+  Graph& g = sb.g;
+  std::vector<ParamRef>& refs = sb.refs;
+  if (o.forward_pass && !o.step_pass) {
+    SHOAL_ASSIGN_OR_RETURN(m.slices, o.forward_pass(g));
+  }
+  if (o.step_pass) {
+    if (!m.bspecs.empty())
+      return invalid_argument(
+          "{} keeps running statistics (batch norm); a pipeline of stages does not carry them yet",
+          o.model);
+    TrainOptions::Step st{sb.loss, sb.logits, refs};
+    SHOAL_ASSIGN_OR_RETURN(m.slices, o.step_pass(g, st));
+    sb.loss = st.loss;
+    sb.logits = st.logits;
+    refs = st.params;
+  } else {
+    std::vector<Value> wrt;
+    for (const auto& r : refs) wrt.push_back(r.param);
+    SHOAL_ASSIGN_OR_RETURN(std::vector<Value> grads, graph::autodiff(g, sb.loss, wrt));
+    for (std::size_t i = 0; i < refs.size(); ++i) refs[i].grad = grads[i];
+  }
+  if (o.grad_pass) SHOAL_RETURN_IF_ERROR(o.grad_pass(g, refs));
+  Builder b(g);
+  const OptimizerOptions oo = optimizer_options(o);
+  SHOAL_ASSIGN_OR_RETURN(sb.og,
+                         o.update_pass ? o.update_pass(b, refs) : append_optimizer(b, oo, refs));
+
+  return ok_status();
+}
+
+// Initial parameters and state, and the step's outputs that write them back.
+Status Trainer::init_state(StepBuild& sb, const std::optional<WeightsFile>& init_w) {
+  const TrainOptions& o = o_;
+  Impl& m = *impl_;
+  params_ = init_params(m.specs, o.seed);
+  buffers_ = init_buffers(m.bspecs);
+  if (init_w) {
+    auto n = apply_weights(*init_w, params_, buffers_);
+    if (!n.ok()) return n.status().with_context("initial weights");
+    if (o.rank == 0)
+      SHOAL_LOG_INFO(
+          "initialized {} tensors from {}{}", *n, o.init_from,
+          init_w->shoal_checkpoint ? " (a Shoal checkpoint; its optimizer state is not used)" : "");
+  }
+  if (m.slices)  // this rank's slices of the whole initial values
+    for (const auto& name : m.slices->names) params_[name] = m.slices->slice(name, params_[name]);
+  Graph& g = sb.g;
+  const OptimizerGraph& og = sb.og;
+  const std::vector<ParamRef>& refs = sb.refs;
+  m.loss_out = static_cast<int>(g.outputs().size());
+  g.mark_output(sb.loss);
+  if (sb.logits.valid()) {
+    m.logits_out = static_cast<int>(g.outputs().size());
+    g.mark_output(sb.logits);
+  }
+  int out = static_cast<int>(g.outputs().size());
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    g.mark_output(og.new_params[i]);
+    m.writeback.push_back({out++, &params_[refs[i].name]});
+  }
+  for (const auto& s : og.state) {
+    state_[s.name] = Tensor::zeros(g.type(s.input).shape, DType::kF32);
+    g.mark_output(s.output);
+  }
+  for (const auto& s : og.state) m.writeback.push_back({out++, &state_[s.name]});
+  hold_empty_state(og);
+  m.layout = og.layout;
+  for (const auto& [name, v] : sb.buffer_updates) {
+    g.mark_output(v);
+    m.writeback.push_back({out++, &buffers_[name]});
+  }
+
+  return ok_status();
+}
+
+// Compiles the step and binds the persistent tensors to it.
+Status Trainer::compile_step(StepBuild& sb) {
+  const TrainOptions& o = o_;
+  Impl& m = *impl_;
+  auto backend = runtime::make_backend("cpu");
+  if (!backend.ok()) return backend.status();
+  runtime::CompileOptions copts;
+  copts.arena_allocator = o_.arena_allocator;
+  SHOAL_ASSIGN_OR_RETURN(m.exe, (*backend)->compile(std::move(sb.g), copts));
+  // Parameters (and state) another pipeline stage holds are not inputs here.
+  for (auto& [name, t] : params_)
+    if (has_input(*m.exe, "param/" + name)) SHOAL_RETURN_IF_ERROR(m.exe->bind("param/" + name, t));
+  for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(m.exe->bind("buf/" + name, t));
+  for (auto& [name, t] : state_)
+    if (has_input(*m.exe, name)) SHOAL_RETURN_IF_ERROR(m.exe->bind(name, t));
+  m.lr = Tensor::scalar(0.0);
+  SHOAL_RETURN_IF_ERROR(m.exe->bind("lr", m.lr));
+  if (sb.og.step.valid()) {
+    m.opt_step = Tensor::scalar(0.0);
+    SHOAL_RETURN_IF_ERROR(m.exe->bind("opt_step", m.opt_step));
+  }
+  // New parameters, optimizer state and buffers are written straight over
+  // the bound old ones where the executable can prove that safe (every
+  // other reader runs first; the update kernels work element-wise in place).
+  // That saves a copy of every parameter and state tensor per step: 4.3 MB
+  // for the MLP with momentum. Anything refused keeps the copy.
+  std::vector<std::pair<int, Tensor*>> copies;
+  for (auto& [idx, dst] : m.writeback) {
+    Status st = m.exe->bind_output(idx, *dst);
+    if (!st.ok()) {
+      SHOAL_LOG_DEBUG("training step copies output {}: {}", idx, st.message());
+      copies.emplace_back(idx, dst);
+    }
+  }
+  m.writeback = std::move(copies);
+  if (o.rank == 0) {  // measured from the tensors and the planned arena, per rank
+    auto bytes = [](const std::map<std::string, Tensor>& ts) {
+      std::size_t n = 0;
+      for (const auto& [name, t] : ts) n += t.nbytes();
+      return n;
+    };
+    SHOAL_LOG_INFO("memory on rank 0: parameters {} B, optimizer state {} B{}, step arena {} B",
+                   bytes(params_), bytes(state_), m.layout ? " (sharded)" : "",
+                   m.exe->arena_bytes());
+  }
+  m.tracing = !o.trace.empty();
+  m.exe->enable_trace(m.tracing);
+
+  return ok_status();
+}
+
+}  // namespace shoal::train
