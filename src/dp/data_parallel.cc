@@ -128,29 +128,43 @@ Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
 // P, data parallelism across the groups (each stage's gradients all-reduced
 // among the ranks holding that stage).
 Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
-  if (d.zero > 0 || d.tp > 1) return invalid_argument("--pp with --zero or --tp is not built yet");
+  if (d.zero > 0) return invalid_argument("--pp with --zero is not built yet");
   o.peers = std::make_shared<CommPeers>(c);
   mp::PipelineOptions po;
   po.stages = d.pp;
   po.micro_batches = d.micro_batches;
   SHOAL_ASSIGN_OR_RETURN(po.schedule, mp::parse_schedule(d.pp_schedule));
   po.cuts = d.pp_cuts;
-  if (c.size() == d.pp) return mp::attach_pipeline(o, c, po);
-  SHOAL_ASSIGN_OR_RETURN(auto pp, c.split(c.rank() / d.pp, c.rank()));
-  SHOAL_ASSIGN_OR_RETURN(auto dp, c.split(c.rank() % d.pp, c.rank()));
-  comm::Communicator* ppc = keep(std::move(pp));
+  // Rank r = (data group g, stage s, tensor rank t): r = g·P·T + s·T + t.
+  const int T = d.tp, P = d.pp, r = c.rank(), t = r % T, g = r / (P * T);
+  if (T > 1) {  // each stage's T ranks split its layers
+    SHOAL_ASSIGN_OR_RETURN(auto tp, c.split(r / T, r));
+    SHOAL_RETURN_IF_ERROR(
+        mp::attach_tensor_parallel(o, register_communicator(keep(std::move(tp)), false)));
+  }
+  comm::Communicator* ppc = &c;
+  if (c.size() != P) {
+    SHOAL_ASSIGN_OR_RETURN(auto pp, c.split(g * T + t, r));
+    ppc = keep(std::move(pp));
+  }
+  o.data_rank = 0;
+  o.data_world = 1;
+  SHOAL_RETURN_IF_ERROR(mp::attach_pipeline(o, *ppc, po));
+  if (c.size() == P * T) return ok_status();
+  // The ranks holding the same stage and slice all-reduce its gradients.
+  SHOAL_ASSIGN_OR_RETURN(auto dp, c.split(r % (P * T), r));
   comm::Communicator* dpc = keep(std::move(dp));
   o.data_rank = dpc->rank();
   o.data_world = dpc->size();
   o.prefetch = false;
-  SHOAL_RETURN_IF_ERROR(mp::attach_pipeline(o, *ppc, po));
   const std::int64_t id = register_communicator(dpc, false);
   DpOptions dd = d;
   dd.overlap = DpOptions::Overlap::kOff;
-  const bool lead = c.rank() == 0;
-  if (lead) SHOAL_LOG_INFO("{} data-parallel groups x {} pipeline stages", dpc->size(), d.pp);
-  o.grad_pass = [id, dd](graph::Graph& g, std::vector<train::ParamRef>& params) -> Status {
-    return inject_allreduce(g, params, id, dd).status();
+  if (r == 0)
+    SHOAL_LOG_INFO("{} data-parallel groups x {} pipeline stages{}", dpc->size(), P,
+                   T > 1 ? fmt::format(" x {} tensor-parallel ranks", T) : "");
+  o.grad_pass = [id, dd](graph::Graph& gr, std::vector<train::ParamRef>& params) -> Status {
+    return inject_allreduce(gr, params, id, dd).status();
   };
   return ok_status();
 }

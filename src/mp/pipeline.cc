@@ -76,6 +76,17 @@ class StageCopier {
       if (fresh) it->second = g_.constant(n.constant, n.name);
       return it->second;
     }
+    if (n.op != "input" && from_inputs_only(t_, v.node)) {  // computed where it is read
+      std::vector<Value> in;
+      for (const Value& u : n.inputs) {
+        SHOAL_ASSIGN_OR_RETURN(Value x, value(u));
+        in.push_back(x);
+      }
+      SHOAL_ASSIGN_OR_RETURN(auto outs, g_.add_node(n.op, in, n.attrs, n.name));
+      for (std::size_t j = 0; j < outs.size(); ++j)
+        local_[Value{n.id, static_cast<int>(j)}] = outs[j];
+      return local_.at(v);
+    }
     if (n.op != "input")
       return internal_error("pipeline stage {}: {} is computed on an earlier stage", o_.stage,
                             n.label());

@@ -28,7 +28,19 @@ double node_cost(const graph::Graph& g, const graph::Node& n) {
   return out;
 }
 
-bool is_activation(const graph::Node& n) { return n.op != "input" && n.op != "constant"; }
+}  // namespace
+
+bool from_inputs_only(const graph::Graph& g, int id) {
+  const graph::Node& n = g.node(id);
+  if (n.op == "input") return !n.name.starts_with("param/");  // parameters place their users
+  if (n.op == "constant") return true;
+  if (n.attrs.has("comm")) return false;  // a collective runs where the schedule puts it
+  for (const auto& v : n.inputs)
+    if (!from_inputs_only(g, v.node)) return false;
+  return true;
+}
+
+namespace {
 
 // The cheapest way to put `stages` - 1 cuts among the candidates so that the
 // largest stage is smallest (prefix costs; candidates are few).
@@ -101,9 +113,13 @@ Result<PipelinePlan> plan_pipeline(const graph::Graph& g, const std::vector<grap
   for (auto it = all.rbegin(); it != all.rend(); ++it)
     if (needed[static_cast<std::size_t>(*it)])
       for (const auto& v : g.node(*it).inputs) needed[static_cast<std::size_t>(v.node)] = true;
+  // Nodes computed from inputs and constants only (the labels' reshape)
+  // are not placed: each stage that reads one computes it (StageCopier).
   PipelinePlan p;
   for (int id : all)
-    if (needed[static_cast<std::size_t>(id)] && is_activation(g.node(id))) p.order.push_back(id);
+    if (needed[static_cast<std::size_t>(id)] && g.node(id).op != "input" &&
+        !from_inputs_only(g, id))
+      p.order.push_back(id);
   // Last use (position) of every activation; a cut before position i is one
   // where exactly one activation made before i is used at or after i.
   std::map<graph::Value, std::size_t> last_use;

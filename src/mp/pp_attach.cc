@@ -3,6 +3,7 @@
 // the parameters each stage holds (the others' are empty; checkpoints
 // hold every tensor, broadcast from the stage that holds it).
 #include <memory>
+#include <optional>
 
 #include "shoal/core/logging.h"
 #include "shoal/dp/allreduce.h"
@@ -17,8 +18,12 @@ struct Shared {
   PipelinePlan plan;
   std::vector<std::vector<std::string>> owners;  // per stage
   std::map<std::string, int> stage_of;
-  std::map<std::string, Shape> shape_of;
+  std::map<std::string, Shape> shape_of;                   // whole
   std::vector<std::unique_ptr<comm::Communicator>> comms;  // the two directions
+  // Slices within a stage (tensor parallelism inside each stage), from the
+  // forward pass this pipeline wraps.
+  std::optional<train::TrainOptions::ParamSlices> inner;
+  bool inner_has(const std::string& p) const { return inner && inner->names.count(p); }
 };
 
 train::TrainOptions::ParamSlices placement(std::shared_ptr<Shared> sh, comm::Communicator* pipe) {
@@ -27,11 +32,19 @@ train::TrainOptions::ParamSlices placement(std::shared_ptr<Shared> sh, comm::Com
   for (const auto& [name, s] : sh->stage_of) ps.names.insert(name);
   ps.reports = stage + 1 == pipe->size();
   ps.slice = [sh, stage](const std::string& p, const Tensor& whole) {
-    return sh->stage_of.at(p) == stage ? whole : Tensor::empty({0}, DType::kF32);
+    if (sh->stage_of.at(p) != stage) return Tensor::empty({0}, DType::kF32);
+    return sh->inner_has(p) ? sh->inner->slice(p, whole) : whole;
   };
+  // The owning stage's ranks first gather their slices (collective within
+  // the stage), then the owner's whole tensor is broadcast along the pipeline.
   ps.gather = [sh, pipe, stage](const std::string& p, const Tensor& mine) -> Result<Tensor> {
     const int owner = sh->stage_of.at(p);
-    Tensor whole = owner == stage ? mine.clone() : Tensor::zeros(sh->shape_of.at(p), DType::kF32);
+    Tensor whole = Tensor::zeros(sh->shape_of.at(p), DType::kF32);
+    if (owner == stage && sh->inner_has(p)) {
+      SHOAL_ASSIGN_OR_RETURN(whole, sh->inner->gather(p, mine));
+    } else if (owner == stage) {
+      whole = mine.clone();
+    }
     SHOAL_RETURN_IF_ERROR(
         pipe->broadcast(whole.raw_data(), static_cast<std::size_t>(whole.numel()), DType::kF32,
                         owner)
@@ -69,18 +82,23 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
   }
   comm::Communicator* c = &pipe;
   const bool lead = o.rank == 0;
-  o.step_pass = [sh, so, c, po, lead](
+  // A forward pass already installed (tensor parallelism) rewrites each
+  // stage's graphs first; its slices live inside the stage that owns them.
+  auto inner = o.forward_pass;
+  o.step_pass = [sh, so, c, po, lead, inner](
                     graph::Graph& g,
                     train::TrainOptions::Step& st) -> Result<train::TrainOptions::ParamSlices> {
+    for (const auto& r : st.params) sh->shape_of[r.name] = g.type(r.param).shape;
+    if (inner) {
+      SHOAL_ASSIGN_OR_RETURN(sh->inner, inner(g));
+    }
     SHOAL_ASSIGN_OR_RETURN(sh->plan, plan_pipeline(g, {st.loss, st.logits}, so.stages, po.cuts));
     SHOAL_ASSIGN_OR_RETURN(sh->owners, stage_params(g, sh->plan));
     for (std::size_t s = 0; s < sh->owners.size(); ++s)
       for (const auto& p : sh->owners[s]) sh->stage_of[p] = static_cast<int>(s);
-    for (const auto& r : st.params) {
+    for (const auto& r : st.params)
       if (!sh->stage_of.count(r.name))
         return invalid_argument("pipeline: no stage uses parameter '{}'", r.name);
-      sh->shape_of[r.name] = g.type(r.param).shape;
-    }
     if (lead)
       SHOAL_LOG_INFO("pipeline of {} stages, {} micro-batches per batch, schedule {}:\n{}",
                      so.stages, so.micro_batches,
@@ -91,7 +109,8 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
     st.params = std::move(step.params);
     return placement(sh, c);
   };
-  o.forward_pass = [sh, so, c](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
+  o.forward_pass = [sh, so, c, inner](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
+    if (inner) SHOAL_RETURN_IF_ERROR(inner(g).status());
     if (g.outputs().size() != 1)
       return invalid_argument("pipeline: an evaluation graph has one output, not {}",
                               g.outputs().size());

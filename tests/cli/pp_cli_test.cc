@@ -4,7 +4,9 @@
 // (gathered from the stage that holds it) equal one process on the whole
 // batch, at P = 2, 3 and 4 and as 2 data-parallel groups of 2 stages; the
 // two schedules give the same bits; 1F1B keeps fewer activations alive;
-// checkpoints move between layouts; what does not fit is refused by name.
+// checkpoints move between layouts; stages of tensor-parallel ranks
+// (`--tp 2 --pp 2`) equal one process too; what does not fit is refused by
+// name.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -108,6 +110,39 @@ TEST(PpCli, DataParallelGroupsOfPipelinesEqualOneProcess) {
   EXPECT_NE(both.out.find("2 data-parallel groups x 2 pipeline stages"), std::string::npos)
       << both.out;
   expect_same(one.dir, both.dir);
+}
+
+// 4 ranks as 2 stages of 2 tensor-parallel ranks each, and 8 with 2
+// data-parallel groups of those: the pipeline cuts
+// the tensor-parallel graph; each stage's slices are gathered within the
+// stage, then broadcast along the pipeline. A checkpoint of that layout
+// resumes in one process onto the uninterrupted run.
+TEST(PpCli, TensorParallelStagesEqualOneProcess) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun one = train(tmpdir("tp1"), 1, 6, "");
+  ASSERT_EQ(one.code, 0) << one.out;
+  TrainRun both = train(tmpdir("tp2pp2"), 4, 6, "--tp 2 --pp 2");
+  ASSERT_EQ(both.code, 0) << both.out;
+  EXPECT_NE(both.out.find("pipeline of 2 stages"), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("tensor parallel over 2 ranks"), std::string::npos) << both.out;
+  expect_same(one.dir, both.dir);
+  const std::string dir = tmpdir("tp2pp2move");
+  TrainRun a = train(dir, 4, 3, "--tp 2 --pp 2");
+  ASSERT_EQ(a.code, 0) << a.out;
+  TrainRun b = train(dir, 1, 6, "--resume");
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  expect_same(one.dir, dir);
+  // All three on 8 ranks: 2 data-parallel groups (batch 8 each) x 2 stages
+  // x 2 tensor-parallel ranks, against one process on the batch of 16.
+  TrainRun one16 = train(tmpdir("one16"), 1, 5, "", 16);
+  ASSERT_EQ(one16.code, 0) << one16.out;
+  TrainRun all = train(tmpdir("3d"), 8, 5, "--tp 2 --pp 2 --dp 2");
+  ASSERT_EQ(all.code, 0) << all.out;
+  EXPECT_NE(all.out.find("2 data-parallel groups x 2 pipeline stages x 2 tensor-parallel ranks"),
+            std::string::npos)
+      << all.out;
+  expect_same(one16.dir, all.dir);
 }
 
 TEST(PpCli, CheckpointsMoveBetweenOneProcessAndStages) {

@@ -64,6 +64,10 @@ struct PipelinePlan {
 Result<PipelinePlan> plan_pipeline(const graph::Graph& g, const std::vector<graph::Value>& outputs,
                                    int stages, const std::vector<std::size_t>& cuts = {});
 
+// Whether node `id` is computed from graph inputs other than parameters and
+// from constants only (no communication): such nodes belong to no stage.
+bool from_inputs_only(const graph::Graph& g, int id);
+
 enum class Schedule { kGPipe, k1F1B };
 Result<Schedule> parse_schedule(const std::string& name);  // "gpipe", "1f1b"
 // Stage s's order of work: (micro-batch, true for its forward) pairs.
