@@ -106,6 +106,8 @@ def main():
             rows.append(("2 DP groups x TP 2", 4, ["--tp", "2", "--dp", "2"]))
             pipes.append(("2 DP groups x pipeline 2, 1f1b, m=4", 4, 4,
                           ["--pp", "2", "--dp", "2", "--micro-batches", "4"]))
+            pipes.append(("pipeline 2 of TP 2, 1f1b, m=4", 4, 4,
+                          ["--pp", "2", "--tp", "2", "--micro-batches", "4"]))
     one, measured = None, {}
     for name, n, extra in rows + [(p[0], p[1], p[3]) for p in pipes]:
         tps, params, state, arena = run(a.shoal, n, a.steps, extra)
