@@ -15,10 +15,11 @@ the last 10 steps) against the schedule's bubble (p-1)/(m+p-1), and the
 bound: one process's tokens/s x min(the host's measured concurrency for N
 processes (N copies of the one-process run at once), N x m/(m+p-1)).
 
-usage: bench/mp.py [--shoal build/shoal] [--ranks 2,4] [--steps 100]
+usage: bench/mp.py [--shoal build/shoal] [--ranks 2,4] [--steps 100] [--png docs/mp_bench.png]
 """
 import glob
 import json
+import shutil
 import argparse
 import os
 import subprocess
@@ -83,11 +84,54 @@ def run(binary, ranks, steps, extra):
     return tps, field("parameters"), field("optimizer state"), field("step arena")
 
 
+def chart(rows, png):
+    """Tokens/s and rank 0's memory per layout, side by side (gnuplot)."""
+    if shutil.which("gnuplot") is None:
+        print("(no gnuplot: chart skipped)")
+        return
+    d = tempfile.mkdtemp(prefix="shoal_mp_chart_")
+    try:
+        tsv = os.path.join(d, "data.tsv")
+        with open(tsv, "w") as f:
+            for name, n, tps, params, state, arena in rows:
+                f.write(f'"{name} ({n})"\t{tps:.0f}\t{params / 1e6:.3f}\t{state / 1e6:.3f}'
+                        f'\t{arena / 1e6:.3f}\n')
+        script = f"""
+set terminal pngcairo size 1400,560 noenhanced
+set output '{png}.tmp'
+set multiplot layout 1,2 title 'GPT 4 x 128 under each layout (ranks); 1 thread per rank, 2 cores'
+set style data histograms
+set style fill solid 0.85 border -1
+set grid ytics
+set xtics rotate by 35 right font ',8'
+set bmargin 12
+set title 'training tokens/s (whole job)'
+set yrange [0:*]
+set style histogram clustered gap 1
+plot '{tsv}' using 2:xtic(1) notitle
+set title 'rank 0 memory, MB'
+set style histogram rowstacked
+set key top right
+plot '{tsv}' using 3:xtic(1) title 'parameters', '' using 4 title 'optimizer state', \\
+     '' using 5 title 'step arena'
+unset multiplot
+"""
+        gp = os.path.join(d, "chart.gp")
+        with open(gp, "w") as f:
+            f.write(script)
+        subprocess.run(["gnuplot", gp], check=True)
+        os.replace(png + ".tmp", png)
+        print(f"chart: {png}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--png", default="", help="write a chart of the first table here")
     a = p.parse_args()
     print(f"GPT 4 layers x 128, 4 heads, context 64, untied, batch 16 per data-parallel rank "
           f"(or pipeline), Adam, {a.steps} steps, 1 thread per rank")
@@ -108,13 +152,16 @@ def main():
                           ["--pp", "2", "--dp", "2", "--micro-batches", "4"]))
             pipes.append(("pipeline 2 of TP 2, 1f1b, m=4", 4, 4,
                           ["--pp", "2", "--tp", "2", "--micro-batches", "4"]))
-    one, measured = None, {}
+    one, measured, table = None, {}, []
     for name, n, extra in rows + [(p[0], p[1], p[3]) for p in pipes]:
         tps, params, state, arena = run(a.shoal, n, a.steps, extra)
         one = one or tps
         measured[name] = tps
+        table.append((name, n, tps, params, state, arena))
         print(f"| {name} | {n} | {tps:,.0f} | {params:,} B | {state:,} B | {arena:,} B |",
               flush=True)
+    if a.png:
+        chart(table, a.png)
     print()
     print("| pipeline | stages | bubble (p-1)/(m+p-1) | measured idle per stage | "
           "bound tokens/s | measured / bound |")
