@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "shoal/cluster/sim.h"
 #include "shoal/core/status.h"
 #include "shoal/train/sample.h"
 
@@ -125,5 +126,27 @@ struct OnnxCommand {
 };
 OnnxCommand add_onnx_command(CLI::App& app);
 int run_onnx_conformance(const OnnxFlags& f);
+// `shoal simulate` and `shoal place` (cluster.cc).
+struct ClusterFlags {
+  std::string cluster;
+  int nodes = 1000, per_switch = 32, accels = 8, cpus = 64;
+  std::int64_t mem_mb = 512000;
+  std::string chip_links = "ring";
+  std::string pai;
+  int jobs = 10000;
+  cluster::SyntheticOptions synth;
+  std::vector<std::string> policies = {"fifo-first-fit", "backfill", "shoal"};
+  cluster::SimOptions sim;
+  std::vector<std::string> job_files;
+  std::string topology_conf;
+};
+struct ClusterCommand {
+  CLI::App* simulate = nullptr;
+  CLI::App* place = nullptr;
+  std::shared_ptr<ClusterFlags> flags;
+};
+ClusterCommand add_cluster_commands(CLI::App& app);
+int run_simulate(const ClusterFlags& f);
+int run_place(const ClusterFlags& f);
 int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared);
 }  // namespace shoal::cli

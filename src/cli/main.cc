@@ -21,6 +21,7 @@ struct Cli {
   shoal::cli::SampleCommand sample;
   shoal::cli::PsCommand ps;
   shoal::cli::OnnxCommand onnx;
+  shoal::cli::ClusterCommand cluster;
   CLI::App* run = nullptr;
   shoal::launch::LaunchOptions launch;
   std::string ps_roles;    // shoal run --ps S,W
@@ -50,6 +51,7 @@ struct Cli {
     sample = shoal::cli::add_sample_command(app);
     ps = shoal::cli::add_ps_command(app);
     onnx = shoal::cli::add_onnx_command(app);
+    cluster = shoal::cli::add_cluster_commands(app);
     run = app.add_subcommand("run", "Launch N ranks of a command (gang: one fails, all stop)");
     run->add_option("-n,--ranks", launch.ranks, "Number of ranks (required unless --ps)")
         ->check(CLI::Range(1, 4096));
@@ -156,6 +158,8 @@ int main(int argc, char** argv) {
     return shoal::cli::run_ps_server(*cli->ps.opts);
   }
   if (cli->info->parsed()) return shoal::cli::run_info();
+  if (cli->cluster.simulate->parsed()) return shoal::cli::run_simulate(*cli->cluster.flags);
+  if (cli->cluster.place->parsed()) return shoal::cli::run_place(*cli->cluster.flags);
   if (cli->onnx.conformance->parsed()) return shoal::cli::run_onnx_conformance(*cli->onnx.flags);
   if (cli->run->parsed()) {
     auto& l = cli->launch;

@@ -1,0 +1,98 @@
+// A trace-driven simulator of a cluster under a scheduling policy: jobs
+// arrive, wait, run for their duration stretched by their placement's
+// all-reduce cost, and finish; nodes fail and come back. Reports
+// utilization, waits, fragmentation, fairness across queues and whether
+// any gang was ever partly started (it must not be).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shoal/cluster/placer.h"
+
+namespace shoal::cluster {
+
+struct TraceJob {
+  JobSpec spec;
+  double submit = 0;    // seconds
+  double duration = 0;  // at full ranks on an ideal placement
+};
+struct NodeFailure {
+  double at = 0;
+  int node = 0;
+  double repair_s = 0;
+};
+struct Trace {
+  std::vector<TraceJob> jobs;  // by submit time
+  std::vector<NodeFailure> failures;
+  std::string source;  // what it came from, for reports
+};
+
+struct SyntheticOptions {
+  int jobs = 10000;
+  std::uint64_t seed = 1;
+  double load = 1.3;            // offered accelerator-seconds over the cluster's
+  int queues = 3;               // tenants, submitting 50%, 30%, 20%, … of the jobs
+  double ring_share = 0.25;     // of multi-chip sync jobs: links: ring
+  double elastic_share = 0.15;  // of multi-rank jobs: elastic, min = ranks/2
+  double urgent_share = 0.03;   // priority 10: may preempt
+  double failures_per_node_day = 0;
+  double comm_fraction = 0.3;  // of a multi-chip job's step, on an ideal placement
+};
+// Job sizes, durations and arrivals in the shape the Philly and PAI
+// studies report: most jobs one chip, a tail of large gangs in powers of
+// two, log-normal durations, Poisson arrivals at the given load.
+Trace synthetic_trace(const Topology& t, const SyntheticOptions& o);
+// Alibaba PAI's GPU trace (cluster-trace-gpu-v2020), pai_task_table.csv:
+// headerless, columns job_name, task_name, inst_num, status, start_time,
+// end_time, plan_cpu (percent of a core), plan_mem (GB), plan_gpu (percent
+// of a GPU), gpu_type. One job per job_name; its tasks' instances are its
+// ranks (a `ps` task makes it a ps job); only Terminated jobs are kept;
+// fractional GPUs round up to one. `max_jobs` 0: all.
+Result<Trace> load_pai_trace(const std::string& path, int max_jobs);
+
+enum class Policy {
+  kFifoFirstFit,  // one queue in submit order, head-of-line blocking, first fit
+  kBackfill,      // Slurm-like: priority then submit order, EASY backfill, first fit
+  kShoal,         // fair share across queues (DRF), EASY backfill, best fit,
+                  // ring/mesh adjacency, elastic shrink before preemption
+};
+const char* policy_name(Policy p);
+
+struct SimOptions {
+  int max_tries = 100;  // jobs looked at per scheduling pass (Slurm: bf_max_job_test)
+  // The baselines place ring/mesh jobs on any chips, as a scheduler that
+  // knows only chip counts does (the cost shows as slowdown); true: they
+  // honour adjacency too (first fit), to compare the scheduling alone.
+  bool baseline_adjacency = false;
+};
+
+struct SimReport {
+  std::string policy;
+  int jobs = 0, finished = 0, never_fit = 0;
+  double makespan_s = 0;
+  // Over the arrival window (first to last submit): chips (CPUs on a
+  // chipless cluster) held by jobs over capacity, and the same with each
+  // job's chips divided by its placement slowdown (the work done).
+  double utilization = 0, goodput = 0;
+  // The same two while some job waits (the time a policy can be blamed for
+  // idle chips), and that time's share of the makespan.
+  double backlog_utilization = 0, backlog_goodput = 0, backlog_share = 0;
+  double wait_p50 = 0, wait_p90 = 0, wait_p99 = 0;
+  double fragmentation = 0;  // time-weighted ClusterState::fragmentation, same window
+  double jain = 1;           // time-weighted Jain index of backlogged queues' dominant shares
+  int partial_gangs = 0;     // starts of a sync job with fewer ranks than asked: must be 0
+  int overcommits = 0;       // refused takes: must be 0
+  int linked_jobs = 0, linked_adjacent = 0;  // ring/mesh jobs, and those placed adjacent
+  double mean_slowdown = 1;                  // over multi-rank jobs
+  int shrinks = 0, kills = 0, restarts = 0;
+  double wall_s = 0;                     // the simulation's own run time
+  std::vector<double> first_start, end;  // per job (−1: never)
+};
+
+SimReport simulate(const Topology& t, const Trace& trace, Policy p, const SimOptions& o);
+// A text table, one row per report.
+std::string format_reports(const std::vector<SimReport>& r);
+
+}  // namespace shoal::cluster

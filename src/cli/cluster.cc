@@ -1,0 +1,187 @@
+// `shoal simulate` and `shoal place`: the cluster module's placer and
+// trace-driven simulator from the command line (cluster/*.h).
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "shoal/cluster/sim.h"
+#include "shoal/core/file.h"
+#include "shoal/core/logging.h"
+
+namespace shoal::cli {
+
+namespace {
+
+void add_topology_flags(CLI::App* a, ClusterFlags& f) {
+  a->add_option("--cluster", f.cluster,
+                "Cluster model (YAML: nodes and switches, or generate:); default: generated "
+                "from --nodes --per-switch --accels --cpus --mem-mb --chip-links");
+  a->add_option("--nodes", f.nodes, "Generated cluster: nodes")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  a->add_option("--per-switch", f.per_switch, "Generated cluster: nodes per leaf switch")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  a->add_option("--accels", f.accels, "Generated cluster: accelerators per node (0..64)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  a->add_option("--cpus", f.cpus, "Generated cluster: CPUs per node")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  a->add_option("--mem-mb", f.mem_mb, "Generated cluster: memory per node (MB)")
+      ->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
+  a->add_option("--chip-links", f.chip_links, "Generated cluster: chip links in a node")
+      ->check(CLI::IsMember({"none", "ring"}))
+      ->capture_default_str();
+}
+
+Result<cluster::Topology> topology_of(const ClusterFlags& f) {
+  if (!f.cluster.empty()) return cluster::load_topology(f.cluster);
+  return cluster::generate_topology(
+      f.nodes, f.per_switch, f.cpus, f.mem_mb, f.accels,
+      f.chip_links == "ring" ? cluster::ChipLinks::kRing : cluster::ChipLinks::kNone);
+}
+
+Result<std::vector<cluster::Policy>> policies_of(const std::vector<std::string>& names) {
+  std::vector<cluster::Policy> out;
+  for (const std::string& n : names) {
+    bool found = false;
+    for (auto p :
+         {cluster::Policy::kFifoFirstFit, cluster::Policy::kBackfill, cluster::Policy::kShoal})
+      if (n == cluster::policy_name(p)) out.push_back(p), found = true;
+    if (!found)
+      return invalid_argument("--policies: `{}` is not fifo-first-fit, backfill or shoal", n);
+  }
+  return out;
+}
+
+std::string chips_text(std::uint64_t mask) {
+  std::string out;
+  for (int c = 0; c < 64; ++c)
+    if (mask >> c & 1) out += (out.empty() ? "" : ",") + std::to_string(c);
+  return out.empty() ? "-" : out;
+}
+
+}  // namespace
+
+ClusterCommand add_cluster_commands(CLI::App& app) {
+  ClusterCommand c;
+  c.flags = std::make_shared<ClusterFlags>();
+  auto& f = *c.flags;
+  c.simulate = app.add_subcommand(
+      "simulate", "Simulate a job trace on a cluster under each scheduling policy, side by side");
+  add_topology_flags(c.simulate, f);
+  c.simulate->add_option("--pai", f.pai,
+                         "Alibaba PAI GPU trace (cluster-trace-gpu-v2020 pai_task_table.csv) "
+                         "instead of a synthetic trace");
+  c.simulate->add_option("--jobs", f.jobs, "Synthetic trace: jobs (with --pai: at most)")
+      ->check(CLI::Range(0, 10000000))
+      ->capture_default_str();
+  c.simulate
+      ->add_option("--load", f.synth.load, "Synthetic: offered load (1 = the cluster's capacity)")
+      ->check(CLI::Range(0.01, 100.0))
+      ->capture_default_str();
+  c.simulate->add_option("--queues", f.synth.queues, "Synthetic: tenant queues")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  c.simulate->add_option("--seed", f.synth.seed, "Synthetic: random seed")->capture_default_str();
+  c.simulate
+      ->add_option("--failures-per-node-day", f.synth.failures_per_node_day,
+                   "Synthetic: node failures (each repaired after an hour)")
+      ->check(CLI::Range(0.0, 100.0));
+  c.simulate
+      ->add_option("--comm-fraction", f.synth.comm_fraction,
+                   "Synthetic: share of a multi-chip job's step spent in its all-reduce on "
+                   "an ideal placement (0: placement costs nothing)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  c.simulate->add_option("--policies", f.policies, "Policies to compare")
+      ->delimiter(',')
+      ->capture_default_str();
+  c.simulate->add_option("--max-tries", f.sim.max_tries, "Jobs looked at per scheduling pass")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  c.simulate->add_flag("--baseline-adjacency", f.sim.baseline_adjacency,
+                       "The baselines also keep ring jobs on linked chips (first fit), so the "
+                       "comparison is of scheduling alone");
+  c.place = app.add_subcommand(
+      "place", "Place jobs (YAML specs) one after another on a cluster and show where they go");
+  add_topology_flags(c.place, f);
+  c.place->add_option("jobs", f.job_files, "Job spec files (YAML)")->required();
+  c.place->add_option("--topology-conf", f.topology_conf,
+                      "Also write the cluster as Slurm's topology.conf to FILE");
+  return c;
+}
+
+int run_simulate(const ClusterFlags& f) {
+  auto t = topology_of(f);
+  auto policies = policies_of(f.policies);
+  if (!t.ok() || !policies.ok()) {
+    SHOAL_LOG_ERROR("shoal simulate: {}", (t.ok() ? policies.status() : t.status()).to_string());
+    return 2;
+  }
+  cluster::Trace trace;
+  if (!f.pai.empty()) {
+    auto tr = cluster::load_pai_trace(f.pai, f.jobs);
+    if (!tr.ok()) {
+      SHOAL_LOG_ERROR("shoal simulate: {}", tr.status().to_string());
+      return 2;
+    }
+    trace = std::move(*tr);
+  } else {
+    cluster::SyntheticOptions o = f.synth;
+    o.jobs = f.jobs;
+    trace = cluster::synthetic_trace(*t, o);
+  }
+  fmt::print("cluster: {} nodes, {} switches, {} chips, {} CPUs; trace: {}\n", t->nodes.size(),
+             t->switches.size(), t->total_accels(), t->total_cpus(), trace.source);
+  std::vector<cluster::SimReport> reports;
+  for (auto p : *policies) reports.push_back(cluster::simulate(*t, trace, p, f.sim));
+  fmt::print("{}", cluster::format_reports(reports));
+  return 0;
+}
+
+int run_place(const ClusterFlags& f) {
+  auto t = topology_of(f);
+  if (!t.ok()) {
+    SHOAL_LOG_ERROR("shoal place: {}", t.status().to_string());
+    return 2;
+  }
+  if (!f.topology_conf.empty()) {
+    if (Status st = write_file_atomic(f.topology_conf, cluster::to_topology_conf(*t)); !st.ok()) {
+      SHOAL_LOG_ERROR("shoal place: {}", st.to_string());
+      return 2;
+    }
+  }
+  cluster::ClusterState state(*t);
+  int unplaced = 0;
+  for (const std::string& file : f.job_files) {
+    auto j = cluster::load_job_spec(file);
+    if (!j.ok()) {
+      SHOAL_LOG_ERROR("shoal place: {}", j.status().to_string());
+      return 2;
+    }
+    auto p = cluster::place(state, *j, j->ranks, {});
+    if (!p || !state.take(*j, p->ranks).ok()) {
+      fmt::print("{}: does not fit now ({} ranks × {} chips, links {}; free: {} chips, {} CPUs)\n",
+                 j->name, j->ranks, j->accels_per_rank, cluster::link_need_name(j->links),
+                 state.free_accels_total(), state.free_cpus_total());
+      ++unplaced;
+      continue;
+    }
+    fmt::print(
+        "{}: {} ranks, links {} ({}), all-reduce of {} MB {:.2f} ms (best {:.2f} ms), "
+        "step slowdown {:.3f}\n",
+        j->name, p->ranks.size(), cluster::link_need_name(j->links),
+        cluster::adjacent(*t, *j, *p) ? "adjacent" : "not adjacent", j->allreduce_mb,
+        1e3 * cluster::allreduce_seconds(*t, *j, *p),
+        1e3 * cluster::ideal_allreduce_seconds(*t, *j, j->ranks), cluster::slowdown(*t, *j, *p));
+    for (std::size_t r = 0; r < p->ranks.size(); ++r)
+      fmt::print("  rank {:>3}: node {} chips {}\n", r, t->nodes[p->ranks[r].node].name,
+                 chips_text(p->ranks[r].accels));
+  }
+  fmt::print("fragmentation after: {:.3f}\n", state.fragmentation());
+  return unplaced == 0 ? 0 : 3;
+}
+
+}  // namespace shoal::cli

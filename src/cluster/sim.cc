@@ -1,0 +1,367 @@
+// The simulator's event loop: arrivals, finishes, node failures and
+// repairs; progress of running jobs; the accounting behind the report.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "cluster/sim_engine.h"
+
+namespace shoal::cluster {
+
+const char* policy_name(Policy p) {
+  switch (p) {
+    case Policy::kFifoFirstFit:
+      return "fifo-first-fit";
+    case Policy::kBackfill:
+      return "backfill";
+    case Policy::kShoal:
+      return "shoal";
+  }
+  return "?";
+}
+
+Engine::Engine(const Topology& t, const Trace& tr, Policy p, const SimOptions& o)
+    : t_(t), tr_(tr), policy_(p), o_(o), s_(t), empty_(t), chips_(t.total_accels() > 0) {
+  place_.best_fit = p == Policy::kShoal;
+  place_.adjacency = p == Policy::kShoal || o.baseline_adjacency;
+  jobs_.resize(tr.jobs.size());
+  for (std::size_t j = 0; j < tr.jobs.size(); ++j) {
+    auto [it, fresh] =
+        queue_index_.emplace(tr.jobs[j].spec.queue, static_cast<int>(queue_index_.size()));
+    jobs_[j].queue = it->second;
+  }
+  pending_.resize(p == Policy::kShoal ? queue_index_.size() : 1);
+  backlog_.assign(queue_index_.size(), 0);
+  usage_.assign(queue_index_.size(), {0, 0, 0});
+  total_ = {static_cast<double>(t.total_cpus()), static_cast<double>(t.total_mem_mb()),
+            static_cast<double>(t.total_accels())};
+}
+
+double Engine::units(const JobSpec& s, int slots) const {
+  return chips_ ? static_cast<double>(slots - s.servers) * s.accels_per_rank
+                : static_cast<double>(slots) * s.cpus_per_rank;
+}
+
+double Engine::dominant_share(int q) const {
+  const auto& u = usage_[q];
+  double share = 0;
+  for (int r = 0; r < 3; ++r)
+    if (total_[r] > 0) share = std::max(share, u[r] / total_[r]);
+  return share;
+}
+
+void Engine::note_slots(int j, const std::vector<RankSlot>& slots, int sign) {
+  const JobSpec& s = tr_.jobs[j].spec;
+  auto& u = usage_[jobs_[j].queue];
+  for (const RankSlot& r : slots) {
+    u[0] += sign * s.cpus_per_rank;
+    u[1] += sign * static_cast<double>(s.mem_mb_per_rank);
+    u[2] += sign * std::popcount(r.accels);
+    used_units_ += sign * (chips_ ? std::popcount(r.accels) : s.cpus_per_rank);
+  }
+}
+
+void Engine::enqueue(int j) {
+  Job& job = jobs_[j];
+  const TraceJob& tj = tr_.jobs[j];
+  int prio = policy_ == Policy::kFifoFirstFit ? 0 : -tj.spec.priority;
+  pending_[policy_ == Policy::kShoal ? job.queue : 0].insert({prio, tj.submit, j});
+  job.pending = true;
+  ++backlog_[job.queue];
+}
+
+void Engine::dequeue(int j) {
+  Job& job = jobs_[j];
+  if (!job.pending) return;
+  const TraceJob& tj = tr_.jobs[j];
+  int prio = policy_ == Policy::kFifoFirstFit ? 0 : -tj.spec.priority;
+  pending_[policy_ == Policy::kShoal ? job.queue : 0].erase({prio, tj.submit, j});
+  job.pending = false;
+  --backlog_[job.queue];
+}
+
+void Engine::advance(double t) {
+  // Utilization is measured while jobs still arrive (first to last
+  // submit): a finite trace's tail, a few long jobs alone, says nothing of
+  // the policy. The backlog figures count whenever a job waits.
+  const double dt = t - now_;
+  const double in_window = std::min(t, window_end_) - std::min(now_, window_end_);
+  now_ = t;
+  if (dt <= 0) return;
+  busy_ += used_units_ * in_window;
+  useful_ += useful_units_ * in_window;
+  frag_area_ += frag_now_ * in_window;
+  double sum = 0, sq = 0;
+  int n = 0;
+  for (std::size_t q = 0; q < backlog_.size(); ++q) {
+    if (backlog_[q] == 0) continue;
+    double x = dominant_share(static_cast<int>(q));
+    sum += x;
+    sq += x * x;
+    ++n;
+  }
+  if (n >= 1) {  // someone waits: every idle chip now is the policy's doing
+    backlog_busy_ += used_units_ * dt;
+    backlog_useful_ += useful_units_ * dt;
+    backlog_time_ += dt;
+  }
+  if (n >= 2) {
+    jain_area_ += (sq > 0 ? sum * sum / (n * sq) : 1) * dt;
+    jain_time_ += dt;
+  }
+}
+
+void Engine::update_progress(int j) {
+  Job& job = jobs_[j];
+  if (job.running) job.remaining = std::max(0.0, job.remaining - job.rate * (now_ - job.last));
+  job.last = now_;
+}
+
+void Engine::drop_end(int j) {
+  Job& job = jobs_[j];
+  if (job.planned_end < 0) return;
+  for (auto it = ends_.lower_bound(job.planned_end); it != ends_.end(); ++it)
+    if (it->second == j) {
+      ends_.erase(it);
+      break;
+    }
+  job.planned_end = -1;
+}
+
+void Engine::set_rate(int j) {
+  Job& job = jobs_[j];
+  const TraceJob& tj = tr_.jobs[j];
+  const double stretch = slowdown(t_, tj.spec, job.p);
+  useful_units_ -= job.useful;
+  job.useful = units(tj.spec, static_cast<int>(job.p.ranks.size())) / stretch;
+  useful_units_ += job.useful;
+  job.rate = static_cast<double>(job.ranks) / tj.spec.ranks / (tj.duration * stretch);
+  const double end = now_ + job.remaining / job.rate;
+  drop_end(j);
+  // Plan with the job's limit, unless it is known to run longer.
+  job.planned_end =
+      tj.spec.max_runtime_s > 0 ? std::max(end, job.run_start + tj.spec.max_runtime_s) : end;
+  ends_.emplace(job.planned_end, j);
+  events_.push({end, kFinish, j, ++job.gen});
+}
+
+bool Engine::start(int j, const Placement& p) {
+  Job& job = jobs_[j];
+  const TraceJob& tj = tr_.jobs[j];
+  const int workers = static_cast<int>(p.ranks.size()) - tj.spec.servers;
+  if (workers < tj.spec.fewest_ranks() || workers > tj.spec.ranks) {
+    ++r_.partial_gangs;
+    return false;
+  }
+  if (!s_.take(tj.spec, p.ranks).ok()) {
+    ++r_.overcommits;
+    return false;
+  }
+  dequeue(j);
+  running_.insert(j);
+  running_prio_.insert(tj.spec.priority);
+  job.running = true;
+  job.p = p;
+  job.ranks = workers;
+  job.run_start = job.last = now_;
+  job.planned_end = -1;
+  if (job.first_start < 0) {
+    job.first_start = now_;
+    waits_.push_back(now_ - tj.submit);
+  }
+  if (tj.spec.links != LinkNeed::kNone) {
+    ++r_.linked_jobs;
+    r_.linked_adjacent += adjacent(t_, tj.spec, p);
+  }
+  if (workers > 1) {
+    slow_sum_ += slowdown(t_, tj.spec, p);
+    ++slow_n_;
+  }
+  note_slots(j, p.ranks, +1);
+  set_rate(j);
+  return true;
+}
+
+void Engine::stop(int j, bool requeue) {
+  Job& job = jobs_[j];
+  const JobSpec& s = tr_.jobs[j].spec;
+  s_.give(s, job.p.ranks);
+  note_slots(j, job.p.ranks, -1);
+  drop_end(j);
+  running_.erase(j);
+  running_prio_.erase(running_prio_.find(s.priority));
+  useful_units_ -= job.useful;
+  job.useful = 0;
+  job.running = false;
+  ++job.gen;  // its finish event is void
+  job.p.ranks.clear();
+  if (requeue) enqueue(j);
+}
+
+void Engine::restart(int j) {
+  Job& job = jobs_[j];
+  const JobSpec& s = tr_.jobs[j].spec;
+  update_progress(j);
+  const double ran = now_ - job.run_start;
+  if (s.checkpoint_every_s > 0)
+    job.remaining = std::min(1.0, job.remaining + job.rate * std::fmod(ran, s.checkpoint_every_s));
+  else
+    job.remaining = 1;
+  stop(j, true);
+}
+
+void Engine::shrink(int j, int drop) {
+  Job& job = jobs_[j];
+  const JobSpec& s = tr_.jobs[j].spec;
+  update_progress(j);
+  auto first = job.p.ranks.end() - s.servers - drop;
+  std::vector<RankSlot> gone(first, first + drop);
+  job.p.ranks.erase(first, first + drop);
+  s_.give(s, gone);
+  note_slots(j, gone, -1);
+  job.ranks -= drop;
+  ++r_.shrinks;
+  set_rate(j);
+}
+
+void Engine::arrive(int j) {
+  const JobSpec& s = tr_.jobs[j].spec;
+  if (!place(empty_, s, s.fewest_ranks(), place_)) {
+    ++r_.never_fit;  // bigger than the whole cluster: refused at submit
+    jobs_[j].done = true;
+    return;
+  }
+  enqueue(j);
+}
+
+void Engine::finish(int j) {
+  update_progress(j);
+  stop(j, false);
+  jobs_[j].done = true;
+  ++r_.finished;
+  last_end_ = now_;
+  r_.end[j] = now_;
+}
+
+void Engine::fail(int n) {
+  if (!s_.up(n)) return;
+  s_.set_up(n, false);
+  const std::vector<int> running(running_.begin(), running_.end());
+  for (int j : running) {
+    Job& job = jobs_[j];
+    const JobSpec& s = tr_.jobs[j].spec;
+    int on_node = 0, last = static_cast<int>(job.p.ranks.size()) - s.servers;
+    bool server_lost = false;
+    for (int r = 0; r < static_cast<int>(job.p.ranks.size()); ++r)
+      if (job.p.ranks[r].node == n) (r < last ? ++on_node : server_lost = true);
+    if (on_node == 0 && !server_lost) continue;
+    if (s.kind == JobKind::kSync || server_lost || job.ranks - on_node < s.min_ranks) {
+      restart(j);
+      ++r_.restarts;
+      continue;
+    }
+    // Elastic: the ranks on the dead node leave, the rest go on.
+    update_progress(j);
+    std::vector<RankSlot> keep, gone;
+    for (int r = 0; r < static_cast<int>(job.p.ranks.size()); ++r)
+      (job.p.ranks[r].node == n && r < last ? gone : keep).push_back(job.p.ranks[r]);
+    job.p.ranks = keep;
+    s_.give(s, gone);
+    note_slots(j, gone, -1);
+    job.ranks -= on_node;
+    ++r_.shrinks;
+    set_rate(j);
+  }
+}
+
+void Engine::repair(int n) { s_.set_up(n, true); }
+
+SimReport Engine::run() {
+  auto wall0 = std::chrono::steady_clock::now();
+  r_.policy = policy_name(policy_);
+  r_.jobs = static_cast<int>(tr_.jobs.size());
+  r_.end.assign(tr_.jobs.size(), -1);
+  first_submit_ = now_ = tr_.jobs.empty() ? 0 : tr_.jobs.front().submit;
+  window_end_ = tr_.jobs.empty() ? 0 : tr_.jobs.back().submit;
+  for (std::size_t j = 0; j < tr_.jobs.size(); ++j)
+    events_.push({tr_.jobs[j].submit, kArrive, static_cast<int>(j), 0});
+  for (const NodeFailure& f : tr_.failures) events_.push({f.at, kFail, f.node, 0});
+  // Bounded: every event is an arrival, a failure, a repair or the finish of
+  // a start; starts are bounded by arrivals plus restarts plus shrinks.
+  const long limit = 1000L * static_cast<long>(tr_.jobs.size() + tr_.failures.size()) + 100000;
+  for (long steps = 0; !events_.empty() && steps < limit; ++steps) {
+    Event e = events_.top();
+    events_.pop();
+    advance(e.t);
+    if (e.kind == kArrive) arrive(e.id);
+    if (e.kind == kFinish && jobs_[e.id].running && e.gen == jobs_[e.id].gen) finish(e.id);
+    if (e.kind == kFail) {
+      fail(e.id);
+      for (const NodeFailure& f : tr_.failures)
+        if (f.node == e.id && f.at == e.t) events_.push({e.t + f.repair_s, kRepair, e.id, 0});
+    }
+    if (e.kind == kRepair) repair(e.id);
+    if (events_.empty() || events_.top().t > now_) {
+      schedule();
+      frag_now_ = s_.fragmentation();
+    }
+  }
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return report(wall);
+}
+
+SimReport Engine::report(double wall) {
+  r_.makespan_s = last_end_ - first_submit_;
+  const double window = window_end_ - first_submit_;
+  const double cap = (chips_ ? t_.total_accels() : t_.total_cpus()) * window;
+  r_.utilization = cap > 0 ? busy_ / cap : 0;
+  r_.goodput = cap > 0 ? useful_ / cap : 0;
+  const double units_total = chips_ ? t_.total_accels() : t_.total_cpus();
+  if (backlog_time_ > 0) {
+    r_.backlog_utilization = backlog_busy_ / (units_total * backlog_time_);
+    r_.backlog_goodput = backlog_useful_ / (units_total * backlog_time_);
+  }
+  r_.backlog_share = r_.makespan_s > 0 ? backlog_time_ / r_.makespan_s : 0;
+  std::sort(waits_.begin(), waits_.end());
+  auto pct = [&](double q) {
+    return waits_.empty() ? 0.0
+                          : waits_[std::min(waits_.size() - 1, std::size_t(q * waits_.size()))];
+  };
+  r_.wait_p50 = pct(0.5);
+  r_.wait_p90 = pct(0.9);
+  r_.wait_p99 = pct(0.99);
+  r_.fragmentation = window > 0 ? frag_area_ / window : 0;
+  r_.jain = jain_time_ > 0 ? jain_area_ / jain_time_ : 1;
+  r_.mean_slowdown = slow_n_ ? slow_sum_ / slow_n_ : 1;
+  r_.wall_s = wall;
+  r_.first_start.resize(jobs_.size());
+  for (std::size_t j = 0; j < jobs_.size(); ++j) r_.first_start[j] = jobs_[j].first_start;
+  return r_;
+}
+
+SimReport simulate(const Topology& t, const Trace& trace, Policy p, const SimOptions& o) {
+  Engine e(t, trace, p, o);
+  return e.run();
+}
+
+std::string format_reports(const std::vector<SimReport>& rs) {
+  std::string out = fmt::format(
+      "{:<15} {:>6} {:>6} {:>6} {:>7} {:>7} {:>15} {:>9} {:>9} {:>9} {:>6} {:>6} {:>8} {:>9} {:>8} "
+      "{:>16} "
+      "{:>7}\n",
+      "policy", "jobs", "done", "refused", "util", "goodput", "waiting: util/good", "wait p50",
+      "wait p90", "wait p99", "frag", "jain", "partial", "adjacent", "slowdown", "shrink/kill/rest",
+      "wall s");
+  for (const SimReport& r : rs)
+    out += fmt::format(
+        "{:<15} {:>6} {:>6} {:>6} {:>6.1f}% {:>6.1f}% {:>6.1f}%/{:>5.1f}% {:>8.0f}s {:>8.0f}s "
+        "{:>8.0f}s {:>6.2f} {:>6.3f} {:>8} "
+        "{:>4}/{:<4} {:>8.3f} {:>16} {:>7.3f}\n",
+        r.policy, r.jobs, r.finished, r.never_fit, 100 * r.utilization, 100 * r.goodput,
+        100 * r.backlog_utilization, 100 * r.backlog_goodput, r.wait_p50, r.wait_p90, r.wait_p99,
+        r.fragmentation, r.jain, r.partial_gangs + r.overcommits, r.linked_adjacent, r.linked_jobs,
+        r.mean_slowdown, fmt::format("{}/{}/{}", r.shrinks, r.kills, r.restarts), r.wall_s);
+  return out;
+}
+
+}  // namespace shoal::cluster

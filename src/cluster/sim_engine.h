@@ -1,0 +1,105 @@
+// The simulator's event loop and scheduler state (sim.cc: events and
+// accounting; sim_sched.cc: the scheduling pass of each policy).
+#pragma once
+
+#include <array>
+#include <map>
+#include <optional>
+#include <queue>
+#include <set>
+#include <tuple>
+
+#include "shoal/cluster/sim.h"
+
+namespace shoal::cluster {
+
+class Engine {
+ public:
+  Engine(const Topology& t, const Trace& tr, Policy p, const SimOptions& o);
+  SimReport run();
+
+ private:
+  enum Kind { kRepair = 0, kFinish = 1, kFail = 2, kArrive = 3 };  // same-time order
+  struct Event {
+    double t;
+    int kind, id, gen;
+    bool operator>(const Event& e) const {
+      return std::tie(t, kind, id) > std::tie(e.t, e.kind, e.id);
+    }
+  };
+  struct Job {
+    int queue = 0;
+    bool pending = false, running = false, done = false;
+    double remaining = 1;  // fraction of the work left
+    double rate = 0;       // fraction per second while running
+    double useful = 0;     // its chips (CPUs) divided by its slowdown
+    double last = 0;       // when remaining was last brought up to date
+    double run_start = 0, first_start = -1, planned_end = -1;
+    int gen = 0, ranks = 0;
+    Placement p;
+  };
+  using Key = std::tuple<int, double, int>;  // (−priority, submit, id)
+
+  // sim.cc
+  void advance(double t);
+  void arrive(int j);
+  void finish(int j);
+  void fail(int n);
+  void update_progress(int j);
+  bool start(int j, const Placement& p);
+  void stop(int j, bool requeue);
+  void restart(int j);  // back to its last checkpoint, to the queue
+  void repair(int n);
+  void note_slots(int j, const std::vector<RankSlot>& slots, int sign);
+  void shrink(int j, int drop);
+  void set_rate(int j);
+  void drop_end(int j);  // out of ends_
+  void enqueue(int j);
+  void dequeue(int j);
+  double units(const JobSpec& s, int ranks) const;  // chips (CPUs on a chipless cluster)
+  double dominant_share(int q) const;
+  SimReport report(double wall);
+
+  // sim_sched.cc
+  void schedule();
+  void pass_fifo();
+  void pass_backfill(bool drf);
+  int pick_queue(const std::vector<std::set<Key>::iterator>& it) const;
+  std::optional<Placement> try_place(int j) const;
+  bool preempt_for(int j);
+  void grow_elastic();
+  struct Reservation {
+    double shadow = 0, extra = 0;
+  };
+  Reservation reserve(int j) const;
+
+  const Topology& t_;
+  const Trace& tr_;
+  Policy policy_;
+  SimOptions o_;
+  PlaceOptions place_;
+  ClusterState s_, empty_;
+  bool chips_;
+  std::vector<Job> jobs_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  std::vector<std::set<Key>> pending_;  // per queue (one queue unless fair share)
+  std::set<int> running_;
+  std::multiset<int> running_prio_;  // priorities of running jobs
+  int holder_ = -1;                  // the job holding the backfill reservation
+  std::multimap<double, int> ends_;  // planned end → running job
+  std::map<std::string, int> queue_index_;
+  std::vector<int> backlog_;  // pending jobs per real queue
+  std::vector<std::array<double, 3>> usage_;
+  std::array<double, 3>
+      total_{};  // the cluster's CPUs, MB, chips  // per real queue: CPUs, MB, chips in use
+  double now_ = 0, busy_ = 0, frag_area_ = 0, jain_area_ = 0, jain_time_ = 0;
+  double backlog_busy_ = 0, backlog_time_ = 0, backlog_useful_ = 0;
+  double frag_now_ = 0, used_units_ = 0, useful_units_ = 0, useful_ = 0, window_end_ = 0,
+         first_submit_ = 0, last_end_ = 0;
+  SimReport r_;
+  std::vector<double> waits_;
+  double slow_sum_ = 0;
+  int slow_n_ = 0;
+};
+
+}  // namespace shoal::cluster

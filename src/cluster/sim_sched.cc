@@ -1,0 +1,205 @@
+// One scheduling pass under each policy. FIFO: the head starts or everyone
+// waits. Backfill (EASY, as Slurm's backfill does it): the first job that
+// does not fit gets a reservation at the earliest time enough resources
+// free up (the shadow time), and later jobs start now only if they end
+// before it or use only what the reservation leaves over, so a waiting
+// gang is never starved. Shoal adds fair share (the queue with the smallest
+// dominant share goes next), best-fit adjacent placement, elastic jobs
+// that start smaller, and for a higher-priority job: shrink elastic jobs
+// first, kill (back to checkpoint) only when shrinking is not enough.
+#include <algorithm>
+#include <limits>
+
+#include "cluster/sim_engine.h"
+
+namespace shoal::cluster {
+
+void Engine::schedule() {
+  if (policy_ == Policy::kFifoFirstFit) return pass_fifo();
+  pass_backfill(policy_ == Policy::kShoal);
+  if (policy_ == Policy::kShoal) grow_elastic();
+}
+
+std::optional<Placement> Engine::try_place(int j) const {
+  const JobSpec& s = tr_.jobs[j].spec;
+  auto p = place(s_, s, s.ranks, place_);
+  if (p || s.kind == JobKind::kSync || policy_ != Policy::kShoal) return p;
+  // Elastic: the most ranks that fit, at least its minimum.
+  int lo = s.min_ranks, hi = s.ranks - 1;
+  auto best = place(s_, s, lo, place_);
+  if (!best) return best;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (auto q = place(s_, s, mid, place_)) {
+      best = q;
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return best;
+}
+
+void Engine::pass_fifo() {
+  auto& q = pending_[0];
+  while (!q.empty()) {
+    int j = std::get<2>(*q.begin());
+    auto p = try_place(j);
+    if (!p || !start(j, *p)) return;
+  }
+}
+
+int Engine::pick_queue(const std::vector<std::set<Key>::iterator>& it) const {
+  int best = -1;
+  double share = 0;
+  for (std::size_t q = 0; q < it.size(); ++q) {
+    if (it[q] == pending_[q].end()) continue;
+    double s = dominant_share(static_cast<int>(q));
+    if (best < 0 || s < share) best = static_cast<int>(q), share = s;
+  }
+  return best;
+}
+
+Engine::Reservation Engine::reserve(int j) const {
+  const JobSpec& s = tr_.jobs[j].spec;
+  const double need = units(s, s.ranks + s.servers);
+  double free = chips_ ? s_.free_accels_total() : s_.free_cpus_total();
+  // Counted from the next end on: when enough is free now but the job
+  // does not fit (scattered, or not adjacent), it waits for that end.
+  for (const auto& [end, r] : ends_) {
+    free += units(tr_.jobs[r].spec, static_cast<int>(jobs_[r].p.ranks.size()));
+    if (free >= need) return {end, free - need};
+  }
+  return {std::numeric_limits<double>::infinity(), 0};
+}
+
+void Engine::pass_backfill(bool drf) {
+  std::optional<Reservation> res;
+  std::set<std::tuple<int, int, std::int64_t, int, int, int, int>> failed;  // shapes
+  // The reservation stays with the job that first got it until it starts:
+  // under fair share the head changes from pass to pass, and a reservation
+  // that moved with it would starve the big gangs of every queue in turn.
+  if (holder_ >= 0 && !jobs_[holder_].pending) holder_ = -1;
+  if (holder_ >= 0) {
+    auto p = try_place(holder_);
+    if ((p && start(holder_, *p)) || (drf && preempt_for(holder_))) {
+      holder_ = -1;
+    } else {
+      res = reserve(holder_);
+    }
+  }
+  std::vector<std::set<Key>::iterator> it;  // after the holder's start: it leaves pending_
+  for (auto& q : pending_) it.push_back(q.begin());
+  for (int tries = 0; tries < o_.max_tries; ++tries) {
+    int q = drf ? pick_queue(it) : (it[0] == pending_[0].end() ? -1 : 0);
+    if (q < 0) break;
+    const int j = std::get<2>(*it[q]++);
+    if (j == holder_) continue;
+    const TraceJob& tj = tr_.jobs[j];
+    const JobSpec& s = tj.spec;
+    const double need = units(s, s.ranks + s.servers);
+    const double limit = s.max_runtime_s > 0 ? s.max_runtime_s : tj.duration;
+    const bool before_shadow = res && now_ + limit <= res->shadow;
+    if (res && !before_shadow && need > res->extra) continue;
+    auto shape = std::tuple{s.ranks,           s.cpus_per_rank,           s.mem_mb_per_rank,
+                            s.accels_per_rank, static_cast<int>(s.links), static_cast<int>(s.kind),
+                            s.servers};
+    if (s.kind == JobKind::kSync && failed.contains(shape)) continue;
+    if (auto p = try_place(j); p && start(j, *p)) {
+      if (res && !before_shadow) res->extra -= need;
+      continue;
+    }
+    failed.insert(shape);
+    // A job of higher priority than some running one may preempt, with or
+    // without a reservation in place.
+    if (drf && !running_prio_.empty() && *running_prio_.begin() < s.priority && preempt_for(j))
+      continue;
+    if (res) continue;
+    res = reserve(j);
+    holder_ = j;
+  }
+}
+
+bool Engine::preempt_for(int j) {
+  const JobSpec& h = tr_.jobs[j].spec;
+  const double need = units(h, h.ranks + h.servers);
+  double free = chips_ ? s_.free_accels_total() : s_.free_cpus_total();
+  // Victims: lower priority only. Elastic jobs shrink toward their
+  // minimum; sync jobs are killed back to their checkpoint.
+  std::vector<std::pair<double, int>> shrinkable, killable;
+  double can_shrink = 0, can_kill = 0;
+  for (int r : running_) {
+    const Job& v = jobs_[r];
+    const JobSpec& vs = tr_.jobs[r].spec;
+    if (vs.priority >= h.priority) continue;
+    const double per_rank = units(vs, vs.servers + 1);
+    if (vs.kind == JobKind::kElastic && v.ranks > vs.min_ranks) {
+      shrinkable.push_back({(v.ranks - vs.min_ranks) * per_rank, r});
+      can_shrink += shrinkable.back().first;
+    } else if (vs.kind == JobKind::kSync) {
+      killable.push_back({-v.run_start, r});  // latest started first
+      can_kill += units(vs, static_cast<int>(v.p.ranks.size()));
+    }
+  }
+  if (free + can_shrink + can_kill < need || (can_shrink == 0 && can_kill == 0)) return false;
+  // Choose the victims on a copy first: preempt only when the job then
+  // fits (else a killed job restarts in the same place, and again).
+  struct Cut {
+    int job, drop;  // drop −1: kill
+  };
+  std::vector<Cut> cuts;
+  ClusterState trial = s_;
+  std::sort(shrinkable.rbegin(), shrinkable.rend());
+  for (const auto& [surplus, r] : shrinkable) {
+    if (free >= need) break;
+    const JobSpec& vs = tr_.jobs[r].spec;
+    const double per_rank = units(vs, vs.servers + 1);
+    int drop = std::min(jobs_[r].ranks - vs.min_ranks,
+                        per_rank > 0 ? static_cast<int>(std::ceil((need - free) / per_rank)) : 0);
+    if (drop <= 0) continue;
+    auto last = jobs_[r].p.ranks.end() - vs.servers;
+    trial.give(vs, std::vector<RankSlot>(last - drop, last));
+    cuts.push_back({r, drop});
+    free += drop * per_rank;
+  }
+  std::sort(killable.begin(), killable.end());
+  for (const auto& [when, r] : killable) {
+    if (free >= need) break;
+    free += units(tr_.jobs[r].spec, static_cast<int>(jobs_[r].p.ranks.size()));
+    trial.give(tr_.jobs[r].spec, jobs_[r].p.ranks);
+    cuts.push_back({r, -1});
+  }
+  if (!place(trial, h, h.ranks, place_)) return false;
+  for (const Cut& c : cuts) {
+    if (c.drop > 0) {
+      shrink(c.job, c.drop);
+    } else {
+      restart(c.job);
+      ++r_.kills;
+    }
+  }
+  auto p = try_place(j);
+  return p && start(j, *p);
+}
+
+void Engine::grow_elastic() {
+  for (const auto& q : pending_)
+    if (!q.empty()) return;  // room goes to waiting jobs first
+  const std::vector<int> running(running_.begin(), running_.end());
+  for (int j : running) {
+    Job& job = jobs_[j];
+    const JobSpec& s = tr_.jobs[j].spec;
+    if (s.kind != JobKind::kElastic || job.ranks >= s.ranks) continue;
+    std::optional<Placement> more;
+    for (int extra = s.ranks - job.ranks; extra > 0 && !more; extra /= 2)
+      more = place(s_, s, extra, place_);
+    if (!more || !s_.take(s, more->ranks).ok()) continue;
+    update_progress(j);
+    job.p.ranks.insert(job.p.ranks.end(), more->ranks.begin(), more->ranks.end());
+    note_slots(j, more->ranks, +1);
+    job.ranks += static_cast<int>(more->ranks.size());
+    set_rate(j);
+  }
+}
+
+}  // namespace shoal::cluster
