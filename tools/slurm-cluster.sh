@@ -7,6 +7,9 @@
 #   tools/slurm-cluster.sh status
 #   tools/slurm-cluster.sh stop
 #
+# SHOAL_SLURM_TOPOLOGY=FILE adds switches (topology.conf for topology/tree);
+# SHOAL_SLURM_GPUS=K gives each node K GPUs as counted GRES (no devices).
+#
 # State lives in $SHOAL_SLURM_DIR (default /tmp/shoal-slurm). Runs as root
 # without cgroups (proctrack/pgid, task/none), as measured in
 # ../shared/notes/slurm-and-launchers.md. Every wait is bounded, and every
@@ -17,6 +20,10 @@ DIR=${SHOAL_SLURM_DIR:-/tmp/shoal-slurm}
 HOST=$(hostname -s)
 NODES=${SHOAL_SLURM_NODES:-4}
 CONF=$DIR/slurm.conf
+TOPOLOGY=${SHOAL_SLURM_TOPOLOGY:-}  # a topology.conf: switches over n1..n4
+GPUS=${SHOAL_SLURM_GPUS:-0}  # GPUs (GRES, counted only) per node
+GRES_NODE=""
+if [ "$GPUS" != 0 ]; then GRES_NODE=" Gres=gpu:$GPUS"; fi
 
 die() { echo "slurm-cluster: $*" >&2; exit 1; }
 
@@ -60,9 +67,25 @@ SlurmctldLogFile=$DIR/slurmctld.log
 SlurmdLogFile=$DIR/slurmd-%n.log
 KillWait=5
 InactiveLimit=0
-NodeName=n[1-$NODES] NodeHostname=$HOST Port=$2-$(($2 + NODES - 1)) CPUs=2 RealMemory=4000 State=UNKNOWN
+NodeName=n[1-$NODES] NodeHostname=$HOST Port=$2-$(($2 + NODES - 1)) CPUs=2 RealMemory=4000 State=UNKNOWN$GRES_NODE
 PartitionName=debug Nodes=n[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
+  # Optional: switches (Slurm's topology/tree) and GPUs per node (counted
+  # only: no devices, for placement tests).
+  if [ -n "$TOPOLOGY" ]; then
+    cp "$TOPOLOGY" "$DIR/topology.conf"
+    echo "TopologyPlugin=topology/tree" >> "$CONF"
+  fi
+  if [ "$GPUS" != 0 ]; then
+    echo "GresTypes=gpu" >> "$CONF"
+    # Slurm counts GPUs by their device files: character devices with
+    # /dev/null's numbers stand in.
+    mkdir -p "$DIR/dev"
+    for i in $(seq 0 $((GPUS - 1))); do
+      mknod "$DIR/dev/gpu$i" c 1 3 2>/dev/null || touch "$DIR/dev/gpu$i"  # /dev/null's numbers
+    done
+    echo "NodeName=n[1-$NODES] Name=gpu File=$DIR/dev/gpu[0-$((GPUS - 1))]" > "$DIR/gres.conf"
+  fi
 }
 
 stop_daemons() {

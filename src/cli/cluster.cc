@@ -1,9 +1,11 @@
 // `shoal simulate` and `shoal place`: the cluster module's placer and
 // trace-driven simulator from the command line (cluster/*.h).
 #include <CLI/CLI.hpp>
+#include <filesystem>
 
 #include "cli/commands.h"
 #include "shoal/cluster/sim.h"
+#include "shoal/cluster/slurm.h"
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
 
@@ -110,7 +112,68 @@ ClusterCommand add_cluster_commands(CLI::App& app) {
   c.place->add_option("jobs", f.job_files, "Job spec files (YAML)")->required();
   c.place->add_option("--topology-conf", f.topology_conf,
                       "Also write the cluster as Slurm's topology.conf to FILE");
+  c.submit = app.add_subcommand(
+      "submit",
+      "Place a job (YAML spec) and submit it to Slurm: sbatch on the placer's nodes, "
+      "ranks under shoal run --engine srun");
+  c.submit->add_option("job", f.job, "Job spec (YAML)")->required();
+  c.submit->add_option("--engine", f.engine, "Where to run it")
+      ->check(CLI::IsMember({"slurm"}))
+      ->capture_default_str();
+  c.submit->add_option("--cluster", f.cluster,
+                       "Place on this cluster model instead of the live Slurm cluster's "
+                       "(scontrol show nodes + topology.conf)");
+  c.submit
+      ->add_option("--chip-links", f.live_chip_links,
+                   "How the live cluster's GPUs are linked within a node (Slurm does not "
+                   "say)")
+      ->check(CLI::IsMember({"none", "ring"}));
+  c.submit->add_option("--dir", f.dir,
+                       "Where the sbatch script, topology.conf and output go (default "
+                       "runs/submit-<job name>)");
+  c.submit->add_flag("--dry-run", f.dry_run, "Write the script and print it; submit nothing");
+  c.submit->add_flag("--wait", f.wait, "Wait for the job to end; exit with its exit code");
+  c.submit->add_option("--wait-seconds", f.wait_s, "With --wait: cancel the job after S seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c.submit
+      ->add_option("--rank-timeout", f.rank_timeout_s,
+                   "shoal run --timeout for the ranks (0 = none)")
+      ->check(CLI::NonNegativeNumber);
+  c.submit->add_option("cmd", f.cmd, "Each rank's command (after --)")->required();
   return c;
+}
+
+int run_submit(const ClusterFlags& f) {
+  auto j = cluster::load_job_spec(f.job);
+  if (!j.ok()) {
+    SHOAL_LOG_ERROR("shoal submit: {}", j.status().to_string());
+    return 2;
+  }
+  cluster::SubmitOptions o;
+  o.dir = f.dir.empty() ? "runs/submit-" + j->name : f.dir;
+  o.dir = std::filesystem::absolute(o.dir).string();
+  o.shoal = std::filesystem::read_symlink("/proc/self/exe").string();
+  o.cmd = f.cmd;
+  o.rank_timeout_s = f.rank_timeout_s;
+  o.live_links =
+      f.live_chip_links == "ring" ? cluster::ChipLinks::kRing : cluster::ChipLinks::kNone;
+  auto s = cluster::submit_slurm(*j, o, f.cluster, f.dry_run, f.wait, f.wait_s);
+  if (!s.ok()) {
+    SHOAL_LOG_ERROR("shoal submit: {}", s.status().to_string());
+    return 2;
+  }
+  if (s->rank_nodes.empty())
+    fmt::print("{}: does not fit now; Slurm queues it until it does\n", j->name);
+  else
+    fmt::print("{}: placed on {}{}\n", j->name, fmt::join(s->rank_nodes, " "),
+               s->one_switch ? " (one switch)" : "");
+  if (f.dry_run) {
+    fmt::print("{}", s->script);
+    return 0;
+  }
+  fmt::print("{}: Slurm job {} ({})\n", j->name, s->job_id, s->script_path);
+  return f.wait ? s->exit_code : 0;
 }
 
 int run_simulate(const ClusterFlags& f) {

@@ -139,14 +139,21 @@ struct ClusterFlags {
   cluster::SimOptions sim;
   std::vector<std::string> job_files;
   std::string topology_conf;
+  // shoal submit
+  std::string job, engine = "slurm", dir, live_chip_links = "none";
+  bool dry_run = false, wait = false;
+  double wait_s = 3600, rank_timeout_s = 0;
+  std::vector<std::string> cmd;
 };
 struct ClusterCommand {
   CLI::App* simulate = nullptr;
   CLI::App* place = nullptr;
+  CLI::App* submit = nullptr;
   std::shared_ptr<ClusterFlags> flags;
 };
 ClusterCommand add_cluster_commands(CLI::App& app);
 int run_simulate(const ClusterFlags& f);
 int run_place(const ClusterFlags& f);
+int run_submit(const ClusterFlags& f);
 int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared);
 }  // namespace shoal::cli

@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
   if (cli->info->parsed()) return shoal::cli::run_info();
   if (cli->cluster.simulate->parsed()) return shoal::cli::run_simulate(*cli->cluster.flags);
   if (cli->cluster.place->parsed()) return shoal::cli::run_place(*cli->cluster.flags);
+  if (cli->cluster.submit->parsed()) return shoal::cli::run_submit(*cli->cluster.flags);
   if (cli->onnx.conformance->parsed()) return shoal::cli::run_onnx_conformance(*cli->onnx.flags);
   if (cli->run->parsed()) {
     auto& l = cli->launch;

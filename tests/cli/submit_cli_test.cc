@@ -1,0 +1,198 @@
+// `shoal submit --engine slurm` on a real Slurm (munged, slurmctld, four
+// slurmd on this host with 4 counted GPUs each, n1-n2 under switch s1 and
+// n3-n4 under s2; tools/slurm-cluster.sh starts it for this suite): a
+// 2-node ring job lands on one switch, a gang that does not fit waits in
+// Slurm's queue and runs when room frees, a cancelled job leaves no
+// process behind. Plus `shoal place` and `shoal simulate`, which need no
+// Slurm.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "cli/run_shoal.h"
+#include "temp_dir.h"
+
+namespace {
+
+using Result = shoal::testing::ShoalRun;
+using shoal::testing::run_sh;
+Result shoal(const std::string& args) { return shoal::testing::run_shoal(args); }
+bool has(const Result& r, const std::string& s) { return r.out.find(s) != std::string::npos; }
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// Polls `cond` (a shell line that succeeds when true), at most `seconds`.
+bool eventually(const std::string& cond, double seconds) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (run_sh(cond).code == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  return false;
+}
+
+std::string state_of(const std::string& id) {
+  Result r = run_sh("timeout 5 squeue -h -j " + id + " -o %T");
+  return r.out.substr(0, r.out.find('\n'));
+}
+
+class Submit : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (std::system("command -v slurmctld >/dev/null") != 0) return;
+    dir_ = ::testing::TempDir() + "/shoal-submit-" + std::to_string(getpid());
+    std::filesystem::create_directories(dir_);
+    write(dir_ + "/topology.in",
+          "SwitchName=s1 Nodes=n[1-2]\nSwitchName=s2 Nodes=n[3-4]\n"
+          "SwitchName=top Switches=s[1-2]\n");
+    setenv("SHOAL_SLURM_DIR", (dir_ + "/slurm").c_str(), 1);
+    setenv("SHOAL_SLURM_TOPOLOGY", (dir_ + "/topology.in").c_str(), 1);
+    setenv("SHOAL_SLURM_GPUS", "4", 1);
+    started_ = std::system(("timeout 90 " + script() + " start").c_str()) == 0;
+    if (!started_) (void)std::system(("timeout 30 " + script() + " stop").c_str());
+    setenv("SLURM_CONF", (dir_ + "/slurm/slurm.conf").c_str(), 1);
+  }
+  static void TearDownTestSuite() {
+    if (started_) (void)std::system(("timeout 30 " + script() + " stop").c_str());
+    for (int i = 0; i < 50 && !dir_.empty() && std::filesystem::exists(dir_); ++i) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+      if (std::filesystem::exists(dir_))
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  void SetUp() override {
+    if (std::system("command -v slurmctld >/dev/null") != 0)
+      GTEST_SKIP() << "slurm-wlm is not installed (tools/install-deps.sh installs it)";
+    ASSERT_TRUE(started_) << "tools/slurm-cluster.sh start failed";
+  }
+  void TearDown() override {
+    (void)run_sh("timeout 5 scancel --full -u root");
+    EXPECT_TRUE(eventually("test -z \"$(timeout 3 squeue -h)\"", 20)) << "jobs left behind";
+  }
+  static std::string script() { return std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh"; }
+  static std::string job(const std::string& name, const std::string& body) {
+    std::string path = dir_ + "/" + name + ".yaml";
+    write(path, "name: " + name + "\n" + body);
+    return path;
+  }
+  static std::string submit(const std::string& spec, const std::string& cmd,
+                            const std::string& extra = "") {
+    return "submit " + spec + " --chip-links ring --dir " + dir_ + "/runs " + extra + " -- " + cmd;
+  }
+  static std::string id_of(const Result& r) {
+    auto at = r.out.find("Slurm job ");
+    return at == std::string::npos ? "" : r.out.substr(at + 10, r.out.find(' ', at + 10) - at - 10);
+  }
+  static std::string dir_;
+  static bool started_;
+};
+std::string Submit::dir_;
+bool Submit::started_ = false;
+
+TEST_F(Submit, ARingOfTwoNodesLandsOnOneSwitch) {
+  // n1 busy with a one-GPU job: the only two idle nodes of one switch are n3-n4.
+  Result busy = shoal(submit(job("busy", "ranks: 1\naccels_per_rank: 1\n"), "sleep 60"));
+  ASSERT_EQ(busy.code, 0) << busy.out;
+  EXPECT_TRUE(has(busy, "busy: placed on n1")) << busy.out;
+  ASSERT_TRUE(eventually("timeout 3 squeue -h -t R | grep -q busy", 20));
+  Result ring = shoal(submit(job("ring", "ranks: 2\naccels_per_rank: 4\nlinks: ring\n"),
+                             "sh -c 'echo rank $SLURM_PROCID on $SLURMD_NODENAME'",
+                             "--wait --wait-seconds 60"));
+  ASSERT_EQ(ring.code, 0) << ring.out;
+  EXPECT_TRUE(has(ring, "ring: placed on n3 n4 (one switch)")) << ring.out;
+  const std::string out = run_sh("cat " + dir_ + "/runs/ring-" + id_of(ring) + ".out").out;
+  EXPECT_NE(out.find("rank 0 on n3"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1 on n4"), std::string::npos) << out;
+  const std::string sbatch = run_sh("cat " + dir_ + "/runs/ring.sbatch").out;
+  EXPECT_NE(sbatch.find("#SBATCH --nodelist=n[3-4]"), std::string::npos) << sbatch;
+  EXPECT_NE(sbatch.find("#SBATCH --switches=1"), std::string::npos) << sbatch;
+  const std::string topo = run_sh("cat " + dir_ + "/runs/topology.conf").out;
+  EXPECT_NE(topo.find("SwitchName=s2 Nodes=n[3-4]"), std::string::npos) << topo;
+}
+
+TEST_F(Submit, AGangThatDoesNotFitWaitsThenRuns) {
+  // Two-node rings on both switches hold every GPU.
+  const std::string ring = job("hold", "ranks: 2\naccels_per_rank: 4\nlinks: ring\n");
+  Result a = shoal(submit(ring, "sleep 60"));
+  ASSERT_EQ(a.code, 0) << a.out;
+  // The placer sees what Slurm reports in use: wait until `a` holds its nodes.
+  ASSERT_TRUE(eventually("timeout 3 squeue -h -t R | grep -q hold", 20));
+  Result b = shoal(submit(ring, "sleep 60"));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_TRUE(has(a, "hold: placed on n1 n1 n2 n2") || has(a, "hold: placed on n1 n2")) << a.out;
+  EXPECT_TRUE(has(b, "hold: placed on n3")) << b.out;
+  ASSERT_TRUE(eventually("test $(timeout 3 squeue -h -t R | wc -l) = 2", 20));
+  Result c = shoal(submit(job("gang", "ranks: 2\naccels_per_rank: 4\nlinks: ring\n"),
+                          "sh -c 'echo gang rank $SLURM_PROCID on $SLURMD_NODENAME'"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_TRUE(has(c, "gang: does not fit now; Slurm queues it")) << c.out;
+  const std::string id = id_of(c);
+  ASSERT_FALSE(id.empty()) << c.out;
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  EXPECT_EQ(state_of(id), "PENDING");  // whole or not at all: no rank started
+  EXPECT_EQ(run_sh("cat " + dir_ + "/runs/gang-" + id + ".out 2>/dev/null").out, "");
+  (void)run_sh("timeout 5 scancel " + id_of(a));
+  ASSERT_TRUE(eventually("test -z \"$(timeout 3 squeue -h -j " + id + ")\"", 40)) << state_of(id);
+  const std::string out = run_sh("cat " + dir_ + "/runs/gang-" + id + ".out").out;
+  EXPECT_NE(out.find("gang rank 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("gang rank 1"), std::string::npos) << out;
+}
+
+TEST_F(Submit, ACancelledJobLeavesNothingBehind) {
+  const std::string marker = "shoal_submit_cancel_" + std::to_string(getpid());
+  Result r = shoal(submit(job("cancel", "ranks: 2\naccels_per_rank: 1\n"),
+                          "sh -c 'sleep 300; echo " + marker + "'"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string id = id_of(r);
+  // The pattern must not match the shell that runs pgrep: "[_]" does not
+  // match itself.
+  const std::string pattern = "'shoal_submit_cancel[_]" + std::to_string(getpid()) + "'";
+  ASSERT_TRUE(eventually("test $(pgrep -fc " + pattern + ") -ge 2", 30)) << "its ranks never ran";
+  (void)run_sh("timeout 5 scancel " + id);
+  EXPECT_TRUE(eventually("! pgrep -f " + pattern + " >/dev/null", 20))
+      << run_sh("pgrep -af " + pattern).out;
+  EXPECT_TRUE(eventually("test -z \"$(timeout 3 squeue -h -j " + id + ")\"", 20));
+}
+
+TEST(Place, ShowsWhereJobsGoAndRefusesBadSpecs) {
+  shoal::testing::TempDir dir("place");
+  write(dir.path() + "/c.yaml",
+        "switches: [{name: s1}, {name: s2}]\nnodes:\n"
+        "  - {name: \"n[1-2]\", cpus: 8, mem_mb: 16000, accels: 4, links: ring, switch: s1}\n"
+        "  - {name: \"n[3-4]\", cpus: 8, mem_mb: 16000, accels: 4, links: ring, switch: s2}\n");
+  write(dir.path() + "/one.yaml", "name: one\nranks: 1\naccels_per_rank: 1\n");
+  write(dir.path() + "/ring.yaml", "name: ring\nranks: 8\naccels_per_rank: 1\nlinks: ring\n");
+  write(dir.path() + "/huge.yaml", "name: huge\nranks: 16\naccels_per_rank: 1\nlinks: ring\n");
+  Result r = shoal("place --cluster " + dir.path() + "/c.yaml " + dir.path() + "/one.yaml " +
+                   dir.path() + "/ring.yaml " + dir.path() + "/huge.yaml --topology-conf " +
+                   dir.path() + "/topology.conf");
+  EXPECT_EQ(r.code, 3) << r.out;  // something did not fit
+  EXPECT_TRUE(has(r, "rank   0: node n1 chips 0")) << r.out;
+  EXPECT_TRUE(has(r, "ring: 8 ranks, links ring (adjacent)")) << r.out;
+  EXPECT_TRUE(has(r, "rank   0: node n3 chips 0")) << r.out;  // whole n3-n4, one switch
+  EXPECT_TRUE(has(r, "huge: does not fit now")) << r.out;
+  EXPECT_TRUE(has(run_sh("cat " + dir.path() + "/topology.conf"), "SwitchName=s2 Nodes=n[3-4]"));
+  write(dir.path() + "/bad.yaml", "name: bad\nranks: 4\nlinks: torus\n");
+  Result bad = shoal("place --cluster " + dir.path() + "/c.yaml " + dir.path() + "/bad.yaml");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(has(bad, "bad.yaml:3: field `links`: `torus` is not one of")) << bad.out;
+}
+
+TEST(Simulate, ComparesThePoliciesOnOneTrace) {
+  Result r = shoal("simulate --nodes 64 --per-switch 16 --jobs 2000");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "cluster: 64 nodes, 5 switches, 512 chips")) << r.out;
+  for (const char* p : {"fifo-first-fit", "backfill", "shoal"}) EXPECT_TRUE(has(r, p)) << r.out;
+  Result bad = shoal("simulate --policies fifo,shoal");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(has(bad, "`fifo` is not fifo-first-fit, backfill or shoal")) << bad.out;
+}
+
+}  // namespace
