@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "shoal/cluster/project.h"
 #include "shoal/cluster/sim.h"
 #include "shoal/cluster/slurm.h"
 #include "shoal/core/file.h"
@@ -106,6 +107,23 @@ ClusterCommand add_cluster_commands(CLI::App& app) {
   c.simulate->add_flag("--baseline-adjacency", f.sim.baseline_adjacency,
                        "The baselines also keep ring jobs on linked chips (first fit), so the "
                        "comparison is of scheduling alone");
+  auto* sim = c.simulate;
+  sim->add_flag("--project", f.project,
+                "Instead: project all-reduce (ring, halving-doubling, hierarchical) and the "
+                "data-parallel step to 8..4096 ranks from the link costs");
+  sim->add_option("--ranks-per-node", f.ranks_per_node, "--project: ranks sharing a node")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  sim->add_option("--project-ranks", f.project_ranks, "--project: world sizes")->delimiter(',');
+  sim->add_option("--bytes", f.project_bytes, "--project: all-reduce sizes")->delimiter(',');
+  sim->add_option("--compute-ms", f.compute_ms,
+                  "--project: one step's compute, for the step efficiency column");
+  sim->add_option("--host-alpha-us", f.host_alpha_us, "Link cost within a node: α (µs)");
+  sim->add_option("--host-gbit-s", f.host_gbit_s, "Link cost within a node: bandwidth (Gbit/s)");
+  sim->add_option("--net-alpha-us", f.net_alpha_us, "Link cost under one switch: α (µs)");
+  sim->add_option("--net-gbit-s", f.net_gbit_s, "Link cost under one switch: Gbit/s");
+  sim->add_option("--spine-alpha-us", f.spine_alpha_us, "Link cost across switches: α (µs)");
+  sim->add_option("--spine-gbit-s", f.spine_gbit_s, "Link cost across switches: Gbit/s");
   c.place = app.add_subcommand(
       "place", "Place jobs (YAML specs) one after another on a cluster and show where they go");
   add_topology_flags(c.place, f);
@@ -176,8 +194,35 @@ int run_submit(const ClusterFlags& f) {
   return f.wait ? s->exit_code : 0;
 }
 
+namespace {
+
+void override_costs(const ClusterFlags& f, cluster::LinkCosts& c) {
+  auto set = [](cluster::LinkCost& l, double alpha_us, double gbit_s) {
+    if (alpha_us >= 0) l.alpha = alpha_us * 1e-6;
+    if (gbit_s > 0) l.beta = 8 / (gbit_s * 1e9);
+  };
+  set(c.host, f.host_alpha_us, f.host_gbit_s);
+  set(c.leaf, f.net_alpha_us, f.net_gbit_s);
+  set(c.spine, f.spine_alpha_us, f.spine_gbit_s);
+}
+
+}  // namespace
+
 int run_simulate(const ClusterFlags& f) {
   auto t = topology_of(f);
+  if (t.ok()) override_costs(f, t->costs);
+  if (t.ok() && f.project) {
+    const auto& c = t->costs;
+    fmt::print(
+        "link costs: node α {:.2f} µs {:.2f} Gbit/s; switch α {:.2f} µs {:.2f} Gbit/s; "
+        "spine α {:.2f} µs {:.2f} Gbit/s; {} ranks per node, {} nodes per switch\n",
+        c.host.alpha * 1e6, 8e-9 / c.host.beta, c.leaf.alpha * 1e6, 8e-9 / c.leaf.beta,
+        c.spine.alpha * 1e6, 8e-9 / c.spine.beta, f.ranks_per_node, f.per_switch);
+    auto rows = cluster::project_allreduce(c, f.project_ranks, f.project_bytes, f.ranks_per_node,
+                                           f.per_switch);
+    fmt::print("{}", cluster::format_projection(rows, f.compute_ms / 1e3));
+    return 0;
+  }
   auto policies = policies_of(f.policies);
   if (!t.ok() || !policies.ok()) {
     SHOAL_LOG_ERROR("shoal simulate: {}", (t.ok() ? policies.status() : t.status()).to_string());

@@ -139,6 +139,13 @@ struct ClusterFlags {
   cluster::SimOptions sim;
   std::vector<std::string> job_files;
   std::string topology_conf;
+  // shoal simulate --project
+  bool project = false;
+  int ranks_per_node = 8;
+  std::vector<int> project_ranks = {8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+  std::vector<double> project_bytes = {1e6, 25e6, 100e6};
+  double host_alpha_us = -1, host_gbit_s = -1, net_alpha_us = -1, net_gbit_s = -1;
+  double spine_alpha_us = -1, spine_gbit_s = -1, compute_ms = 0;
   // shoal submit
   std::string job, engine = "slurm", dir, live_chip_links = "none";
   bool dry_run = false, wait = false;

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "shoal/cluster/project.h"
+
 namespace shoal::cluster {
 namespace {
 
@@ -142,6 +144,33 @@ TEST(Simulator, NodeFailureRestartsSyncAndShrinksElastic) {
   EXPECT_EQ(s.restarts, 1);
   // Back at 150 from its checkpoint at 60: 940 s left.
   EXPECT_NEAR(s.end[0], 150 + 940, 1e-6);
+}
+
+// The projection's algorithms against their closed forms, and what the
+// α-β model with one NIC per node predicts: halving-doubling wins
+// latency-bound sizes; across nodes the flat ring pushes ~2n bytes through
+// each node's NIC where the two-level algorithm (and near-first
+// halving-doubling, which is one) pushes n; and the flat ring's 2(p−1)
+// latencies sink it at scale.
+TEST(Projection, AlgorithmsWinWhereTheModelSays) {
+  LinkCosts c;
+  c.host = {1e-6, 1 / 50e9};
+  c.leaf = {10e-6, 1 / 12.5e9};
+  c.spine = {20e-6, 1 / 6.25e9};
+  auto rows = project_allreduce(c, {8, 16, 4096}, {1e3, 100e6}, 8, 32);
+  ASSERT_EQ(rows.size(), 6u);
+  // One node (8 ranks): the ring in closed form, 2(p−1)(α + n/p β).
+  EXPECT_NEAR(rows[0].ring, 14 * (1e-6 + 1e3 / 8 / 50e9), 1e-12);
+  EXPECT_STREQ(rows[2].best, "halving-doubling");  // 1 kB on 4096 ranks: latency
+  // 100 MB on 2 nodes: ring 2·15·(n/16)·β_net through the NIC, against
+  // n·β_net (+ the node's own links) for the two-level algorithm.
+  EXPECT_NEAR(rows[4].ring, 30 * (10e-6 + 100e6 / 16 / 12.5e9), 1e-9);
+  EXPECT_LT(rows[4].hierarchical, rows[4].ring);
+  EXPECT_LT(rows[5].hierarchical * 5, rows[5].ring);  // 4096 ranks: 8190 α's
+  for (const auto& r : rows) {
+    EXPECT_GT(r.halving_doubling, 0);
+    EXPECT_GT(r.hierarchical, 0);
+  }
 }
 
 }  // namespace
