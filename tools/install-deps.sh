@@ -24,11 +24,18 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
-echo "install-deps: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-$SUDO apt-get update
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+# Offline Kubernetes schema checks of `shoal submit --engine kubernetes`
+# (npm kubernetes-models; its test says so and skips when this failed).
+npm_dir="${SHOAL_NPM_DIR:-$HOME/.cache/shoal-npm}"
+if command -v npm >/dev/null && [ ! -d "$npm_dir/node_modules/kubernetes-models" ]; then
+  mkdir -p "$npm_dir"
+  (cd "$npm_dir" && timeout 300 npm install --no-audit --no-fund --silent \
+     kubernetes-models@5.1.0 js-yaml@4) || echo "install-deps: npm install kubernetes-models failed" >&2
+fi

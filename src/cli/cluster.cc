@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "shoal/cluster/k8s.h"
 #include "shoal/cluster/project.h"
 #include "shoal/cluster/sim.h"
 #include "shoal/cluster/slurm.h"
@@ -132,12 +133,23 @@ ClusterCommand add_cluster_commands(CLI::App& app) {
                       "Also write the cluster as Slurm's topology.conf to FILE");
   c.submit = app.add_subcommand(
       "submit",
-      "Place a job (YAML spec) and submit it to Slurm: sbatch on the placer's nodes, "
-      "ranks under shoal run --engine srun");
+      "Place a job (YAML spec) and submit it: to Slurm (sbatch on the placer's nodes, ranks "
+      "under shoal run --engine srun) or as Kubernetes manifests");
   c.submit->add_option("job", f.job, "Job spec (YAML)")->required();
   c.submit->add_option("--engine", f.engine, "Where to run it")
-      ->check(CLI::IsMember({"slurm"}))
+      ->check(CLI::IsMember({"slurm", "kubernetes"}))
       ->capture_default_str();
+  c.submit->add_option("--image", f.image, "kubernetes: the container image")
+      ->capture_default_str();
+  c.submit->add_option("--k8s-kind", f.k8s_kind,
+                       "kubernetes: job (Indexed Job + headless Service + Volcano PodGroup), "
+                       "pytorchjob or mpijob (Kubeflow)")
+      ->check(CLI::IsMember({"job", "pytorchjob", "mpijob"}))
+      ->capture_default_str();
+  c.submit->add_option("--namespace", f.k8s_namespace, "kubernetes: the namespace")
+      ->capture_default_str();
+  c.submit->add_flag("--no-volcano", f.no_volcano,
+                     "kubernetes: no PodGroup (the default scheduler; no gang scheduling)");
   c.submit->add_option("--cluster", f.cluster,
                        "Place on this cluster model instead of the live Slurm cluster's "
                        "(scontrol show nodes + topology.conf)");
@@ -162,6 +174,27 @@ ClusterCommand add_cluster_commands(CLI::App& app) {
   return c;
 }
 
+namespace {
+
+int run_submit_k8s(const cluster::JobSpec& j, const ClusterFlags& f, const std::string& dir) {
+  cluster::K8sOptions k;
+  k.kind = f.k8s_kind;
+  k.image = f.image;
+  k.namespace_ = f.k8s_namespace;
+  k.volcano = !f.no_volcano;
+  k.cmd = f.cmd;
+  auto s = cluster::submit_kubernetes(j, k, dir, f.cluster, f.dry_run);
+  if (!s.ok()) {
+    SHOAL_LOG_ERROR("shoal submit: {}", s.status().to_string());
+    return 2;
+  }
+  if (!s->nodes.empty()) fmt::print("{}: placed on {}\n", j.name, fmt::join(s->nodes, " "));
+  fmt::print("{}: manifests in {}\n{}", j.name, s->path, f.dry_run ? s->manifests : s->applied);
+  return 0;
+}
+
+}  // namespace
+
 int run_submit(const ClusterFlags& f) {
   auto j = cluster::load_job_spec(f.job);
   if (!j.ok()) {
@@ -176,6 +209,7 @@ int run_submit(const ClusterFlags& f) {
   o.rank_timeout_s = f.rank_timeout_s;
   o.live_links =
       f.live_chip_links == "ring" ? cluster::ChipLinks::kRing : cluster::ChipLinks::kNone;
+  if (f.engine == "kubernetes") return run_submit_k8s(*j, f, o.dir);
   auto s = cluster::submit_slurm(*j, o, f.cluster, f.dry_run, f.wait, f.wait_s);
   if (!s.ok()) {
     SHOAL_LOG_ERROR("shoal submit: {}", s.status().to_string());

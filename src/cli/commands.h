@@ -151,6 +151,8 @@ struct ClusterFlags {
   bool dry_run = false, wait = false;
   double wait_s = 3600, rank_timeout_s = 0;
   std::vector<std::string> cmd;
+  std::string image = "shoal:latest", k8s_kind = "job", k8s_namespace = "default";
+  bool no_volcano = false;
 };
 struct ClusterCommand {
   CLI::App* simulate = nullptr;

@@ -1,0 +1,242 @@
+#include "shoal/cluster/k8s.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace shoal::cluster {
+
+namespace {
+
+using json = nlohmann::json;
+
+// JSON → YAML with every string quoted (an env value "29500" must stay a
+// string, not become a number).
+void emit(YAML::Emitter& e, const json& v) {
+  if (v.is_object()) {
+    e << YAML::BeginMap;
+    for (const auto& [k, x] : v.items()) {
+      e << YAML::Key << k << YAML::Value;
+      emit(e, x);
+    }
+    e << YAML::EndMap;
+  } else if (v.is_array()) {
+    e << YAML::BeginSeq;
+    for (const auto& x : v) emit(e, x);
+    e << YAML::EndSeq;
+  } else if (v.is_string()) {
+    e << YAML::DoubleQuoted << v.get<std::string>();
+  } else if (v.is_boolean()) {
+    e << v.get<bool>();
+  } else if (v.is_number_integer()) {
+    e << v.get<long long>();
+  } else if (v.is_number()) {
+    e << v.get<double>();
+  } else {
+    e << YAML::Null;
+  }
+}
+
+json resources(const JobSpec& j) {
+  json r = json::object();
+  if (j.cpus_per_rank > 0) r["cpu"] = std::to_string(j.cpus_per_rank);
+  if (j.mem_mb_per_rank > 0) r["memory"] = std::to_string(j.mem_mb_per_rank) + "Mi";
+  if (j.accels_per_rank > 0) r["nvidia.com/gpu"] = std::to_string(j.accels_per_rank);
+  return {{"limits", r}, {"requests", r}};
+}
+
+json labels(const JobSpec& j) {
+  return {{"app.kubernetes.io/managed-by", "shoal"}, {"shoal.dev/job", j.name}};
+}
+
+// Required node affinity to the placer's nodes.
+json affinity(const Topology* t, const std::optional<Placement>& p) {
+  if (!t || !p) return nullptr;
+  std::set<std::string> nodes;
+  for (const RankSlot& r : p->ranks) nodes.insert(t->nodes[r.node].name);
+  json values(std::vector<std::string>(nodes.begin(), nodes.end()));
+  return {{"nodeAffinity",
+           {{"requiredDuringSchedulingIgnoredDuringExecution",
+             {{"nodeSelectorTerms",
+               json::array({{{"matchExpressions", json::array({{{"key", "kubernetes.io/hostname"},
+                                                                {"operator", "In"},
+                                                                {"values", values}}})}}})}}}}}};
+}
+
+json container(const std::string& name, const JobSpec& j, const K8sOptions& o, json env) {
+  if (!o.token.empty())
+    env.push_back(
+        {{"name", "SHOAL_JOB_TOKEN"},
+         {"valueFrom", {{"secretKeyRef", {{"name", j.name + "-token"}, {"key", "token"}}}}}});
+  json c = {{"name", name},
+            {"image", o.image},
+            {"command", o.cmd},
+            {"resources", resources(j)},
+            {"ports", json::array({{{"name", "store"}, {"containerPort", o.port}}})}};
+  if (!env.empty()) c["env"] = std::move(env);
+  return c;
+}
+
+std::vector<json> indexed_job(const Topology* t, const JobSpec& j,
+                              const std::optional<Placement>& p, const K8sOptions& o) {
+  const int ranks = j.ranks;
+  json env =
+      json::array({{{"name", "MASTER_ADDR"}, {"value", j.name + "-0." + j.name}},
+                   {{"name", "MASTER_PORT"}, {"value", std::to_string(o.port)}},
+                   {{"name", "WORLD_SIZE"}, {"value", std::to_string(ranks)}},
+                   {{"name", "RANK"},
+                    {"valueFrom",
+                     {{"fieldRef",
+                       {{"fieldPath",
+                         "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}}}}});
+  json pod = {{"subdomain", j.name},
+              {"restartPolicy", "Never"},
+              {"containers", json::array({container("rank", j, o, env)})}};
+  if (auto a = affinity(t, p); !a.is_null()) pod["affinity"] = a;
+  json meta = {{"labels", labels(j)}};
+  if (o.volcano) {
+    pod["schedulerName"] = "volcano";
+    meta["annotations"] = {{"scheduling.k8s.io/group-name", j.name}};
+  }
+  json spec = {{"completionMode", "Indexed"},
+               {"completions", ranks},
+               {"parallelism", ranks},
+               // A sync gang: one pod fails, the Job fails (and its pods stop).
+               {"backoffLimit", 0},
+               {"template", {{"metadata", meta}, {"spec", pod}}}};
+  if (j.max_runtime_s > 0) spec["activeDeadlineSeconds"] = static_cast<long long>(j.max_runtime_s);
+  std::vector<json> docs;
+  docs.push_back(
+      {{"apiVersion", "v1"},
+       {"kind", "Service"},
+       {"metadata", {{"name", j.name}, {"namespace", o.namespace_}, {"labels", labels(j)}}},
+       {"spec",
+        {{"clusterIP", "None"},
+         {"publishNotReadyAddresses", true},
+         {"selector", {{"shoal.dev/job", j.name}}},
+         {"ports", json::array({{{"name", "store"}, {"port", o.port}}})}}}});
+  if (o.volcano) {
+    json min_res = json::object();
+    if (j.cpus_per_rank > 0) min_res["cpu"] = std::to_string(j.cpus_per_rank * ranks);
+    if (j.accels_per_rank > 0)
+      min_res["nvidia.com/gpu"] = std::to_string(j.accels_per_rank * ranks);
+    docs.push_back(
+        {{"apiVersion", "scheduling.volcano.sh/v1beta1"},
+         {"kind", "PodGroup"},
+         {"metadata", {{"name", j.name}, {"namespace", o.namespace_}}},
+         {"spec",
+          {{"minMember", j.fewest_ranks()}, {"minResources", min_res}, {"queue", j.queue}}}});
+  }
+  docs.push_back(
+      {{"apiVersion", "batch/v1"},
+       {"kind", "Job"},
+       {"metadata", {{"name", j.name}, {"namespace", o.namespace_}, {"labels", labels(j)}}},
+       {"spec", spec}});
+  return docs;
+}
+
+json replica(int n, json pod_spec, const json& meta) {
+  return {{"replicas", n},
+          {"restartPolicy", "Never"},
+          {"template", {{"metadata", meta}, {"spec", std::move(pod_spec)}}}};
+}
+
+json run_policy(const JobSpec& j, int min_available) {
+  json rp = {{"cleanPodPolicy", "All"},
+             {"backoffLimit", 0},
+             {"schedulingPolicy", {{"minAvailable", min_available}, {"queue", j.queue}}}};
+  if (j.max_runtime_s > 0) rp["activeDeadlineSeconds"] = static_cast<long long>(j.max_runtime_s);
+  return rp;
+}
+
+std::vector<json> pytorch_job(const Topology* t, const JobSpec& j,
+                              const std::optional<Placement>& p, const K8sOptions& o) {
+  // The operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK (one
+  // process per pod: RANK is the process's rank).
+  json pod = {{"containers", json::array({container("pytorch", j, o, json::array())})}};
+  if (auto a = affinity(t, p); !a.is_null()) pod["affinity"] = a;
+  json meta = {{"labels", labels(j)}};
+  json replicas = {{"Master", replica(1, pod, meta)}};
+  if (j.ranks > 1) replicas["Worker"] = replica(j.ranks - 1, pod, meta);
+  return {{{"apiVersion", "kubeflow.org/v1"},
+           {"kind", "PyTorchJob"},
+           {"metadata", {{"name", j.name}, {"namespace", o.namespace_}, {"labels", labels(j)}}},
+           {"spec",
+            {{"runPolicy", run_policy(j, j.fewest_ranks())}, {"pytorchReplicaSpecs", replicas}}}}};
+}
+
+std::vector<json> mpi_job(const Topology* t, const JobSpec& j, const std::optional<Placement>& p,
+                          const K8sOptions& o) {
+  std::vector<std::string> launch = {"mpirun", "-n", std::to_string(j.ranks),
+                                     "--allow-run-as-root"};
+  launch.insert(launch.end(), o.cmd.begin(), o.cmd.end());
+  K8sOptions lo = o;
+  lo.cmd = launch;
+  JobSpec light = j;  // the launcher only starts mpirun
+  light.accels_per_rank = 0;
+  light.cpus_per_rank = 1;
+  light.mem_mb_per_rank = 0;
+  json launcher = {{"containers", json::array({container("launcher", light, lo, json::array())})}};
+  K8sOptions wo = o;
+  wo.cmd = {"/usr/sbin/sshd", "-De"};
+  json worker = {{"containers", json::array({container("worker", j, wo, json::array())})}};
+  if (auto a = affinity(t, p); !a.is_null()) worker["affinity"] = a;
+  json meta = {{"labels", labels(j)}};
+  return {{{"apiVersion", "kubeflow.org/v2beta1"},
+           {"kind", "MPIJob"},
+           {"metadata", {{"name", j.name}, {"namespace", o.namespace_}, {"labels", labels(j)}}},
+           {"spec",
+            {{"slotsPerWorker", 1},
+             {"mpiImplementation", "OpenMPI"},
+             {"runPolicy", run_policy(j, j.fewest_ranks() + 1)},
+             {"mpiReplicaSpecs",
+              {{"Launcher", replica(1, launcher, meta)},
+               {"Worker", replica(j.ranks, worker, meta)}}}}}}};
+}
+
+}  // namespace
+
+Result<std::string> kubernetes_manifests(const Topology* t, const JobSpec& j,
+                                         const std::optional<Placement>& p, const K8sOptions& o) {
+  if (o.cmd.empty()) return invalid_argument("kubernetes: job `{}` has no command", j.name);
+  if (j.kind == JobKind::kPs)
+    return invalid_argument(
+        "kubernetes: job `{}` is a ps job; manifests for its servers are not "
+        "built yet",
+        j.name);
+  // A DNS-1123 label: the Job's pods are named <job>-<index> under it.
+  for (char c : j.name)
+    if (!(std::islower(static_cast<unsigned char>(c)) ||
+          std::isdigit(static_cast<unsigned char>(c)) || c == '-'))
+      return invalid_argument(
+          "kubernetes: job name `{}` must be lower-case letters, digits and '-'", j.name);
+  std::vector<json> docs;
+  if (o.kind == "job") {
+    docs = indexed_job(t, j, p, o);
+  } else if (o.kind == "pytorchjob") {
+    docs = pytorch_job(t, j, p, o);
+  } else if (o.kind == "mpijob") {
+    docs = mpi_job(t, j, p, o);
+  } else {
+    return invalid_argument("kubernetes: kind `{}` is not job, pytorchjob or mpijob", o.kind);
+  }
+  if (!o.token.empty())
+    docs.insert(
+        docs.begin(),
+        json{{"apiVersion", "v1"},
+             {"kind", "Secret"},
+             {"metadata",
+              {{"name", j.name + "-token"}, {"namespace", o.namespace_}, {"labels", labels(j)}}},
+             {"type", "Opaque"},
+             {"stringData", {{"token", o.token}}}});
+  std::string out = "# Written by shoal submit --engine kubernetes for job `" + j.name + "`.\n";
+  for (std::size_t i = 0; i < docs.size(); ++i) {
+    YAML::Emitter e;
+    emit(e, docs[i]);
+    out += (i ? "---\n" : "") + std::string(e.c_str()) + "\n";
+  }
+  return out;
+}
+
+}  // namespace shoal::cluster
