@@ -30,6 +30,8 @@ Result<LaunchEnv> launch_env() {
   } srcs[] = {
       {"SHOAL_RANK", "SHOAL_WORLD_SIZE", "SHOAL_LOCAL_RANK", "SHOAL_*"},
       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun (RANK/WORLD_SIZE)"},
+      // A Kubernetes Indexed Job's pod whose manifest sets no RANK.
+      {"JOB_COMPLETION_INDEX", "WORLD_SIZE", nullptr, "Kubernetes Indexed Job"},
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OpenMPI"},
       {"PMIX_RANK", "PMI_SIZE", nullptr, "PMIx"},
       {"PMI_RANK", "PMI_SIZE", nullptr, "PMI"},

@@ -91,7 +91,7 @@ TEST_F(K8s, ManifestsPassTheKubernetesSchemas) {
 // manifest gives it, the Service's names on loopback in a private mount
 // namespace. `late` seconds before the master starts; `kill_after`
 // seconds before pod 1 is killed (0: never).
-Result pods(const std::string& dir, int late, int kill_after, int steps) {
+Result pods(const std::string& dir, int late, int kill_after, int steps, bool rank = true) {
   const std::string train = std::string(SHOAL_BINARY) +
                             " train --model mlp --limit-train 4096 --limit-test 256 --threads 1 "
                             "--no-checkpoints --no-plot --epochs 1000 --max-steps " +
@@ -103,9 +103,9 @@ Result pods(const std::string& dir, int late, int kill_after, int steps) {
   const std::string script =
       "set -u; cp /etc/hosts " + dir + "/hosts && echo '127.0.0.1 gang-0.gang gang-1.gang' >> " +
       dir + "/hosts && mount --bind " + dir + "/hosts /etc/hosts || exit 77\n" + pod +
-      "RANK=1 JOB_COMPLETION_INDEX=1 HOSTNAME=gang-1 " + train + " > " + dir +
+      (rank ? "RANK=1 " : "") + "JOB_COMPLETION_INDEX=1 HOSTNAME=gang-1 " + train + " > " + dir +
       "/pod1.log 2>&1 & p1=$!\nsleep " + std::to_string(late) + "\n" + pod +
-      "RANK=0 JOB_COMPLETION_INDEX=0 HOSTNAME=gang-0 " + train + " > " + dir +
+      (rank ? "RANK=0 " : "") + "JOB_COMPLETION_INDEX=0 HOSTNAME=gang-0 " + train + " > " + dir +
       "/pod0.log 2>&1 & p0=$!\n" +
       (kill_after > 0 ? "sleep " + std::to_string(kill_after) + "; kill -9 $p1\n" : "") +
       "wait $p0; e0=$?; wait $p1; e1=$?\necho pod0-exit=$e0 pod1-exit=$e1\n"
@@ -123,6 +123,16 @@ TEST_F(K8s, PodsMeetThroughTheHeadlessServiceWhenTheMasterIsLate) {
   EXPECT_TRUE(has(r, "waiting for the store at gang-0.gang:")) << r.out;
   EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
   EXPECT_TRUE(has(r, "pod0: final: test accuracy")) << r.out;
+}
+
+// A manifest of the user's own that sets no RANK: the completion index is
+// the rank.
+TEST_F(K8s, TheCompletionIndexAloneIsTheRank) {
+  Result r = pods(dir_.path(), 0, 0, 10, false);
+  if (r.code == 77 || has(r, "unshare failed"))
+    GTEST_SKIP() << "no private mount namespace here (unshare --mount needs root): " << r.out;
+  EXPECT_TRUE(has(r, "pod0-exit=0 pod1-exit=0")) << r.out;
+  EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
 }
 
 TEST_F(K8s, AKilledPodStopsItsPeerWithItsName) {

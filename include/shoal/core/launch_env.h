@@ -3,6 +3,7 @@
 // restart count and where traces go. One place reads launcher variables;
 // the communicator and the command line ask it. Sources, first found wins:
 // SHOAL_* (shoal run), torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT),
+// a Kubernetes Indexed Job (JOB_COMPLETION_INDEX with WORLD_SIZE),
 // OpenMPI (OMPI_COMM_WORLD_*), PMI/PMIx (MPICH's Hydra), a Slurm job step
 // (SLURM_PROCID/SLURM_STEP_NUM_TASKS; a batch shell without SLURM_STEP_ID
 // is one process).
