@@ -226,7 +226,9 @@ void Engine::shrink(int j, int drop) {
 
 void Engine::arrive(int j) {
   const JobSpec& s = tr_.jobs[j].spec;
-  if (!place(empty_, s, s.fewest_ranks(), place_)) {
+  // Only Shoal's policy starts an elastic job smaller than asked.
+  const int least = policy_ == Policy::kShoal ? s.fewest_ranks() : s.ranks;
+  if (!place(empty_, s, least, place_)) {
     ++r_.never_fit;  // bigger than the whole cluster: refused at submit
     jobs_[j].done = true;
     return;
