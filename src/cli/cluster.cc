@@ -112,6 +112,7 @@ ClusterCommand add_cluster_commands(CLI::App& app) {
   sim->add_flag("--project", f.project,
                 "Instead: project all-reduce (ring, halving-doubling, hierarchical) and the "
                 "data-parallel step to 8..4096 ranks from the link costs");
+  sim->add_option("--png", f.png, "Also chart the policies (utilization, goodput, waits) here");
   sim->add_option("--ranks-per-node", f.ranks_per_node, "--project: ranks sharing a node")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -141,9 +142,10 @@ ClusterCommand add_cluster_commands(CLI::App& app) {
       ->capture_default_str();
   c.submit->add_option("--image", f.image, "kubernetes: the container image")
       ->capture_default_str();
-  c.submit->add_option("--k8s-kind", f.k8s_kind,
-                       "kubernetes: job (Indexed Job + headless Service + Volcano PodGroup), "
-                       "pytorchjob or mpijob (Kubeflow)")
+  c.submit
+      ->add_option("--k8s-kind", f.k8s_kind,
+                   "kubernetes: job (Indexed Job + headless Service + Volcano PodGroup), "
+                   "pytorchjob or mpijob (Kubeflow)")
       ->check(CLI::IsMember({"job", "pytorchjob", "mpijob"}))
       ->capture_default_str();
   c.submit->add_option("--namespace", f.k8s_namespace, "kubernetes: the namespace")
@@ -280,6 +282,13 @@ int run_simulate(const ClusterFlags& f) {
   std::vector<cluster::SimReport> reports;
   for (auto p : *policies) reports.push_back(cluster::simulate(*t, trace, p, f.sim));
   fmt::print("{}", cluster::format_reports(reports));
+  if (!f.png.empty()) {
+    if (Status st = cluster::plot_reports(reports, trace, f.png); !st.ok()) {
+      SHOAL_LOG_ERROR("shoal simulate: {}", st.to_string());
+      return 2;
+    }
+    fmt::print("chart: {}\n", f.png);
+  }
   return 0;
 }
 

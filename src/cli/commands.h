@@ -141,6 +141,7 @@ struct ClusterFlags {
   std::string topology_conf;
   // shoal simulate --project
   bool project = false;
+  std::string png;
   int ranks_per_node = 8;
   std::vector<int> project_ranks = {8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
   std::vector<double> project_bytes = {1e6, 25e6, 100e6};

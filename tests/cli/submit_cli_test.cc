@@ -186,8 +186,15 @@ TEST(Place, ShowsWhereJobsGoAndRefusesBadSpecs) {
 }
 
 TEST(Simulate, ComparesThePoliciesOnOneTrace) {
-  Result r = shoal("simulate --nodes 64 --per-switch 16 --jobs 2000");
+  shoal::testing::TempDir dir("simulate");
+  const std::string png = dir.path() + "/sim.png";
+  Result r = shoal("simulate --nodes 64 --per-switch 16 --jobs 2000 --png " + png);
   ASSERT_EQ(r.code, 0) << r.out;
+  if (run_sh("test -x /usr/bin/gnuplot").code == 0) {
+    // A PNG's signature, and nothing of gnuplot's input left beside it.
+    EXPECT_EQ(run_sh("head -c 4 " + png + " | od -An -c | tr -d ' '").out, "211PNG\n");
+    EXPECT_EQ(run_sh("ls " + dir.path()).out, "sim.png\n");
+  }
   EXPECT_TRUE(has(r, "cluster: 64 nodes, 5 switches, 512 chips")) << r.out;
   for (const char* p : {"fifo-first-fit", "backfill", "shoal"}) EXPECT_TRUE(has(r, p)) << r.out;
   Result bad = shoal("simulate --policies fifo,shoal");

@@ -94,5 +94,8 @@ struct SimReport {
 SimReport simulate(const Topology& t, const Trace& trace, Policy p, const SimOptions& o);
 // A text table, one row per report.
 std::string format_reports(const std::vector<SimReport>& r);
+// A PNG (gnuplot): utilization and goodput per policy, and each policy's
+// wait-time distribution over the trace's jobs.
+Status plot_reports(const std::vector<SimReport>& r, const Trace& trace, const std::string& png);
 
 }  // namespace shoal::cluster
