@@ -313,6 +313,16 @@ int run_place(const ClusterFlags& f) {
       return 2;
     }
     auto p = cluster::place(state, *j, j->ranks, {});
+    if (!p && !cluster::place(cluster::ClusterState(*t), *j, j->ranks, {})) {
+      fmt::print(
+          "{}: can never fit on this cluster, even empty ({} ranks × {} chips, links {}{})\n",
+          j->name, j->ranks, j->accels_per_rank, cluster::link_need_name(j->links),
+          j->links == cluster::LinkNeed::kMesh
+              ? fmt::format(" {}x{}: a mesh must fit in one node's mesh", j->mesh_w, j->mesh_h)
+              : "");
+      ++unplaced;
+      continue;
+    }
     if (!p || !state.take(*j, p->ranks).ok()) {
       fmt::print("{}: does not fit now ({} ranks × {} chips, links {}; free: {} chips, {} CPUs)\n",
                  j->name, j->ranks, j->accels_per_rank, cluster::link_need_name(j->links),

@@ -169,15 +169,23 @@ TEST(Place, ShowsWhereJobsGoAndRefusesBadSpecs) {
         "  - {name: \"n[3-4]\", cpus: 8, mem_mb: 16000, accels: 4, links: ring, switch: s2}\n");
   write(dir.path() + "/one.yaml", "name: one\nranks: 1\naccels_per_rank: 1\n");
   write(dir.path() + "/ring.yaml", "name: ring\nranks: 8\naccels_per_rank: 1\nlinks: ring\n");
+  write(dir.path() + "/ring2.yaml", "name: ring2\nranks: 8\naccels_per_rank: 1\nlinks: ring\n");
   write(dir.path() + "/huge.yaml", "name: huge\nranks: 16\naccels_per_rank: 1\nlinks: ring\n");
   Result r = shoal("place --cluster " + dir.path() + "/c.yaml " + dir.path() + "/one.yaml " +
-                   dir.path() + "/ring.yaml " + dir.path() + "/huge.yaml --topology-conf " +
-                   dir.path() + "/topology.conf");
+                   dir.path() + "/ring.yaml " + dir.path() + "/ring2.yaml " + dir.path() +
+                   "/huge.yaml --topology-conf " + dir.path() + "/topology.conf");
   EXPECT_EQ(r.code, 3) << r.out;  // something did not fit
   EXPECT_TRUE(has(r, "rank   0: node n1 chips 0")) << r.out;
   EXPECT_TRUE(has(r, "ring: 8 ranks, links ring (adjacent)")) << r.out;
   EXPECT_TRUE(has(r, "rank   0: node n3 chips 0")) << r.out;  // whole n3-n4, one switch
-  EXPECT_TRUE(has(r, "huge: does not fit now")) << r.out;
+  EXPECT_TRUE(has(r, "ring2: does not fit now")) << r.out;    // n1 is partly used
+  // 16 chips as a ring: whole consecutive nodes of one switch, and the
+  // switches hold two each.
+  EXPECT_TRUE(has(r, "huge: can never fit on this cluster, even empty")) << r.out;
+  write(dir.path() + "/mesh.yaml", "name: mesh\nranks: 8\naccels_per_rank: 1\nlinks: mesh 4x2\n");
+  Result m = shoal("place --cluster " + dir.path() + "/c.yaml " + dir.path() + "/mesh.yaml");
+  EXPECT_EQ(m.code, 3);
+  EXPECT_TRUE(has(m, "mesh: can never fit on this cluster, even empty")) << m.out;
   EXPECT_TRUE(has(run_sh("cat " + dir.path() + "/topology.conf"), "SwitchName=s2 Nodes=n[3-4]"));
   write(dir.path() + "/bad.yaml", "name: bad\nranks: 4\nlinks: torus\n");
   Result bad = shoal("place --cluster " + dir.path() + "/c.yaml " + dir.path() + "/bad.yaml");
