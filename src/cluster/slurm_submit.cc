@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cluster/slurm_text.h"
 #include "shoal/cluster/slurm.h"
 #include "shoal/core/deadline.h"
 #include "shoal/core/file.h"
@@ -23,24 +24,13 @@ std::string quote(const std::string& s) {
   return out + "'";
 }
 
-std::map<std::string, std::string> tokens(const std::string& block) {
-  std::map<std::string, std::string> kv;
-  std::istringstream in(block);
-  std::string tok;
-  while (in >> tok) {
-    auto eq = tok.find('=');
-    if (eq != std::string::npos) kv[tok.substr(0, eq)] = tok.substr(eq + 1);
-  }
-  return kv;
-}
-
 // AllocTRES=cpu=2,mem=1000M,gres/gpu=4 → 4.
 int alloc_gpus(const std::string& tres) {
   auto at = tres.find("gres/gpu=");
   return at == std::string::npos ? 0 : std::atoi(tres.c_str() + at + 9);
 }
 
-Status occupy_node(ClusterState& s, int n, const std::map<std::string, std::string>& kv) {
+Status occupy_node(ClusterState& s, int n, const KeyValues& kv) {
   auto get = [&](const char* k) {
     auto it = kv.find(k);
     return it == kv.end() ? std::string() : it->second;
@@ -66,21 +56,11 @@ Status occupy_node(ClusterState& s, int n, const std::map<std::string, std::stri
 }  // namespace
 
 Status occupy_from_scontrol(ClusterState& s, const std::string& text) {
-  std::istringstream in(text);
-  std::string line, block;
-  auto flush = [&]() -> Status {
-    auto kv = tokens(block);
-    block.clear();
-    if (!kv.contains("NodeName")) return ok_status();
+  return for_each_node(text, [&](KeyValues& kv) -> Status {
     int n = s.topology().find_node(kv["NodeName"]);
     if (n < 0) return ok_status();  // a node outside the model: not ours to place on
     return occupy_node(s, n, kv);
-  };
-  while (std::getline(in, line)) {
-    if (line.find("NodeName=") != std::string::npos) SHOAL_RETURN_IF_ERROR(flush());
-    block += line + "\n";
-  }
-  return flush();
+  });
 }
 
 std::string sbatch_script(const Topology& t, const JobSpec& j, const std::optional<Placement>& p,
@@ -174,7 +154,7 @@ Result<int> wait_for_job(const std::string& id, double wait_s) {
   const Deadline d = Deadline::after_seconds(wait_s);
   for (int polls = 0; polls < 1000000; ++polls) {
     SHOAL_ASSIGN_OR_RETURN(CommandResult r, run_command({"scontrol", "show", "job", id}, 10));
-    auto kv = tokens(r.out);
+    auto kv = key_values(r.out);
     const std::string state = kv["JobState"];
     if (r.code == 0 && state != "PENDING" && state != "RUNNING" && state != "CONFIGURING" &&
         state != "COMPLETING" && !state.empty()) {

@@ -3,23 +3,12 @@
 #include <map>
 #include <sstream>
 
+#include "cluster/slurm_text.h"
 #include "shoal/cluster/topology.h"
 
 namespace shoal::cluster {
 
 namespace {
-
-// "Key=Value Key2=Value2" tokens of one line or block.
-std::map<std::string, std::string> key_values(const std::string& text) {
-  std::map<std::string, std::string> kv;
-  std::istringstream in(text);
-  std::string tok;
-  while (in >> tok) {
-    auto eq = tok.find('=');
-    if (eq != std::string::npos) kv[tok.substr(0, eq)] = tok.substr(eq + 1);
-  }
-  return kv;
-}
 
 // Gres=gpu:4, gpu:a100:4(S:0-1), (null).
 int gres_gpus(const std::string& gres) {
@@ -48,12 +37,7 @@ struct SlurmNode {
 
 Result<std::map<std::string, SlurmNode>> parse_scontrol(const std::string& text) {
   std::map<std::string, SlurmNode> out;
-  std::istringstream in(text);
-  std::string line, block;
-  auto flush = [&]() -> Status {
-    auto kv = key_values(block);
-    block.clear();
-    if (!kv.contains("NodeName")) return ok_status();
+  SHOAL_RETURN_IF_ERROR(for_each_node(text, [&](KeyValues& kv) -> Status {
     SlurmNode n;
     try {
       n.cpus = std::stoi(kv["CPUTot"]);
@@ -65,17 +49,37 @@ Result<std::map<std::string, SlurmNode>> parse_scontrol(const std::string& text)
     n.gpus = gres_gpus(kv["Gres"]);
     out[kv["NodeName"]] = n;
     return ok_status();
-  };
-  while (std::getline(in, line)) {
-    if (line.find("NodeName=") != std::string::npos && !block.empty())
-      SHOAL_RETURN_IF_ERROR(flush());
-    block += line + "\n";
-  }
-  SHOAL_RETURN_IF_ERROR(flush());
+  }));
   return out;
 }
 
 }  // namespace
+
+KeyValues key_values(const std::string& text) {
+  KeyValues kv;
+  std::istringstream in(text);
+  std::string tok;
+  while (in >> tok) {
+    auto eq = tok.find('=');
+    if (eq != std::string::npos) kv[tok.substr(0, eq)] = tok.substr(eq + 1);
+  }
+  return kv;
+}
+
+Status for_each_node(const std::string& text, const std::function<Status(KeyValues&)>& fn) {
+  std::istringstream in(text);
+  std::string line, block;
+  auto flush = [&]() -> Status {
+    KeyValues kv = key_values(block);
+    block.clear();
+    return kv.contains("NodeName") ? fn(kv) : ok_status();
+  };
+  while (std::getline(in, line)) {
+    if (line.find("NodeName=") != std::string::npos) SHOAL_RETURN_IF_ERROR(flush());
+    block += line + "\n";
+  }
+  return flush();
+}
 
 Result<Topology> from_slurm(const std::string& topology_conf, const std::string& scontrol_nodes) {
   SHOAL_ASSIGN_OR_RETURN(auto nodes, parse_scontrol(scontrol_nodes));

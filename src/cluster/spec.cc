@@ -61,21 +61,10 @@ Status validate(const JobSpec& j) {
 namespace {
 
 Status read_links(const Fields& f, JobSpec& j) {
-  SHOAL_ASSIGN_OR_RETURN(std::string links, f.text("links", "none"));
-  if (links == "none") {
-    j.links = LinkNeed::kNone;
-  } else if (links == "ring") {
-    j.links = LinkNeed::kRing;
-  } else if (links.rfind("mesh", 0) == 0) {
-    std::string dims = links.substr(4);
-    while (!dims.empty() && dims.front() == ' ') dims.erase(dims.begin());
-    SHOAL_ASSIGN_OR_RETURN(auto wh, parse_dims(dims, f.at("links")));
-    j.links = LinkNeed::kMesh;
-    j.mesh_w = wh.first;
-    j.mesh_h = wh.second;
-  } else {
-    return invalid_argument("{}: `{}` is not one of none, ring, mesh WxH", f.at("links"), links);
-  }
+  SHOAL_ASSIGN_OR_RETURN(LinkShape l, read_link_shape(f, "links"));
+  j.links = l.kind == 2 ? LinkNeed::kMesh : l.kind == 1 ? LinkNeed::kRing : LinkNeed::kNone;
+  j.mesh_w = l.w;
+  j.mesh_h = l.h;
   return ok_status();
 }
 

@@ -118,21 +118,10 @@ Status read_costs(const Fields& root, const std::string& where, LinkCosts& c) {
 }
 
 Status read_chip_links(const Fields& f, Node& n) {
-  SHOAL_ASSIGN_OR_RETURN(std::string links, f.text("links", "none"));
-  if (links == "none") {
-    n.links = ChipLinks::kNone;
-  } else if (links == "ring") {
-    n.links = ChipLinks::kRing;
-  } else if (links.rfind("mesh", 0) == 0) {
-    std::string dims = links.substr(4);
-    while (!dims.empty() && dims.front() == ' ') dims.erase(dims.begin());
-    SHOAL_ASSIGN_OR_RETURN(auto wh, parse_dims(dims, f.at("links")));
-    n.links = ChipLinks::kMesh;
-    n.mesh_w = wh.first;
-    n.mesh_h = wh.second;
-  } else {
-    return invalid_argument("{}: `{}` is not one of none, ring, mesh WxH", f.at("links"), links);
-  }
+  SHOAL_ASSIGN_OR_RETURN(LinkShape l, read_link_shape(f, "links"));
+  n.links = l.kind == 2 ? ChipLinks::kMesh : l.kind == 1 ? ChipLinks::kRing : ChipLinks::kNone;
+  n.mesh_w = l.w;
+  n.mesh_h = l.h;
   return ok_status();
 }
 

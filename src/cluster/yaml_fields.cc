@@ -69,6 +69,19 @@ Result<std::int64_t> Fields::integer(const std::string& key, std::int64_t fallba
   return x;
 }
 
+Result<LinkShape> read_link_shape(const Fields& f, const std::string& key) {
+  SHOAL_ASSIGN_OR_RETURN(std::string links, f.text(key, "none"));
+  if (links == "none") return LinkShape{0, 0, 0};
+  if (links == "ring") return LinkShape{1, 0, 0};
+  if (links.rfind("mesh", 0) == 0) {
+    std::string dims = links.substr(4);
+    while (!dims.empty() && dims.front() == ' ') dims.erase(dims.begin());
+    SHOAL_ASSIGN_OR_RETURN(auto wh, parse_dims(dims, f.at(key)));
+    return LinkShape{2, wh.first, wh.second};
+  }
+  return invalid_argument("{}: `{}` is not one of none, ring, mesh WxH", f.at(key), links);
+}
+
 Result<std::pair<int, int>> parse_dims(const std::string& s, const std::string& at) {
   auto x = s.find_first_of("xX×");
   int w = 0, h = 0;

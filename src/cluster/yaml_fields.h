@@ -33,6 +33,11 @@ class Fields {
 
 // YAML text → root node; parse errors name the place.
 Result<YAML::Node> load_yaml(const std::string& text, const std::string& where);
+// A `links:` field: none, ring or mesh WxH (kind 0, 1, 2; w, h for mesh).
+struct LinkShape {
+  int kind = 0, w = 0, h = 0;
+};
+Result<LinkShape> read_link_shape(const Fields& f, const std::string& key);
 // "WxH" → (w, h), both ≥ 1.
 Result<std::pair<int, int>> parse_dims(const std::string& s, const std::string& at);
 
