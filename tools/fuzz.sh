@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds tests/fuzz/wire_fuzz.cc with clang's libFuzzer + ASan + UBSan and
-# runs it for FUZZ_SECONDS (default 60) from a small seed corpus of valid
-# messages. Exits non-zero on any crash or sanitizer report.
+# Builds tests/fuzz/wire_fuzz.cc and tests/fuzz/cluster_fuzz.cc with clang's
+# libFuzzer + ASan + UBSan and runs each for FUZZ_SECONDS (default 60) from a
+# small seed corpus of valid inputs. Exits non-zero on any crash or sanitizer report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${FUZZ_SECONDS:-60}"
@@ -26,3 +26,16 @@ printf 'W\x01\x00\x00\x00k\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x
 printf 'C\x0b\x00\x00\x00mode=sync lr' > "$out/corpus/ps-config"
 printf 'H\x02\x00\x00\x00' > "$out/corpus/ps-heartbeat"
 "$out/wire_fuzz" -max_total_time="$secs" -max_len=4096 -print_final_stats=1 "$out/corpus" 2>&1 | tail -15
+
+# The cluster module's text parsers (job specs, cluster models, Slurm's files).
+"$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -DSPDLOG_FMT_EXTERNAL -Iinclude -Isrc \
+  tests/fuzz/cluster_fuzz.cc src/cluster/spec.cc src/cluster/topology.cc src/cluster/hostlist.cc \
+  src/cluster/slurm_topology.cc src/cluster/yaml_fields.cc src/cluster/placer.cc \
+  src/cluster/state.cc src/cluster/cost.cc src/core/status.cc src/core/file.cc \
+  -lfmt -lyaml-cpp -o "$out/cluster_fuzz"
+mkdir -p "$out/cluster-corpus"
+printf '\x00name: a\nranks: 4\naccels_per_rank: 1\nlinks: ring\n\x00generate: {nodes: 4, per_switch: 2, accels: 4, links: ring}\n' > "$out/cluster-corpus/place"
+printf '\x01switches: [{name: s}]\nnodes: [{name: "n[1-2]", accels: 4, links: mesh 2x2, switch: s}]\n' > "$out/cluster-corpus/topology"
+printf '\x02SwitchName=s1 Nodes=n[1-2]\nSwitchName=t Switches=s1\n\x00NodeName=n1 CPUTot=2 RealMemory=4000 Gres=gpu:4\nNodeName=n2 CPUTot=2 RealMemory=4000\n' > "$out/cluster-corpus/slurm"
+"$out/cluster_fuzz" -max_total_time="$secs" -max_len=4096 -print_final_stats=1 "$out/cluster-corpus" 2>&1 | tail -15
