@@ -2,6 +2,7 @@
 // serves until SIGINT or SIGTERM, then writes its last snapshot and prints
 // what it served. Workers prove the job token (SHOAL_JOB_TOKEN).
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
@@ -88,7 +89,13 @@ Result<std::unique_ptr<net::Store>> register_server(const std::string& host, int
   }
   if (index >= e.num_servers)
     return invalid_argument("server index {} is beyond DMLC_NUM_SERVER={}", index, e.num_servers);
-  const std::string advertised = env::get("DMLC_NODE_HOST").value_or(host);
+  // Listening on every interface, it is reached by its node's name.
+  std::string self = host;
+  if (host == "0.0.0.0") {
+    char name[256] = {0};
+    if (gethostname(name, sizeof name - 1) == 0) self = name;
+  }
+  const std::string advertised = env::get("DMLC_NODE_HOST").value_or(self);
   SHOAL_RETURN_IF_ERROR(
       store->set(ps::server_key(static_cast<int>(index)), fmt::format("{}:{}", advertised, port)));
   fmt::print("ps server: registered as server {} of {} with the scheduler at {}\n", index,

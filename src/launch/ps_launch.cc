@@ -8,6 +8,9 @@
 // A worker that finishes early is fine; one that fails stops the job in
 // sync mode (named), and in async or bounded mode the others go on (the
 // servers drop it from the quorum). A server that dies stops the job.
+// With --engine srun each of those processes is a one-task Slurm job step
+// (the scheduler's store stays in the launcher: --store-host must be an
+// address the nodes reach).
 // With --ps-elastic MIN:MAX (async or bounded jobs) the launcher replaces a
 // failed worker while fewer than MIN train, and starts more on request
 // (`shoal ps join`: the store counter ps/grow) up to MAX; a new worker takes
@@ -24,6 +27,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "launch/output.h"
 #include "launch/process.h"
@@ -70,11 +74,15 @@ class PsJob {
     for (int i = 0; i < o_.ps_servers; ++i) {
       Env e = env;
       e.insert(e.end(), {{"DMLC_ROLE", "server"}, {"SHOAL_PS_SERVER_INDEX", std::to_string(i)}});
+      // On other nodes (srun with a routable store host) a server listens
+      // on every interface and gives the scheduler its node's name.
+      const bool loopback = o_.store_host.rfind("127.", 0) == 0 || o_.store_host == "localhost";
+      const std::string host = o_.engine == "srun" && !loopback ? "0.0.0.0" : o_.store_host;
       std::vector<std::string> argv = {self_exe(),
                                        "ps",
                                        "server",
                                        "--host",
-                                       o_.store_host,
+                                       host,
                                        "--metrics",
                                        fmt::format("{}/server{}.metrics.jsonl", snapshots_, i)};
       if (o_.ps_snapshot_every > 0)
@@ -116,6 +124,10 @@ class PsJob {
       if (!stopping_ && o_.timeout_s > 0 &&
           Clock::now() - t0_ > std::chrono::duration<double>(o_.timeout_s))
         stop_all(fmt::format("--timeout {} s passed", o_.timeout_s), true);
+      if (stopping_ && term_at_ && Clock::now() > *term_at_) {
+        signal_all(SIGTERM);
+        term_at_.reset();
+      }
       if (stopping_ && Clock::now() > kill_at_) signal_all(SIGKILL);
       bool alive = false;
       for (const auto& p : procs_) alive = alive || !p.exited;
@@ -153,7 +165,23 @@ class PsJob {
     code_ = 2;
     return false;
   }
-  bool spawn_unit(const std::vector<std::string>& argv, const Env& env) {
+  bool spawn_unit(const std::vector<std::string>& role_argv, const Env& env) {
+    // Under srun every process of the job is its own one-task job step
+    // (the by-hand recipe of docs/ps.md: one step per role), so Slurm
+    // places, accounts for and cancels each; signals reach it through srun.
+    std::vector<std::string> argv;
+    if (o_.engine == "srun") {
+      argv = {"srun",
+              "-N",
+              "1",
+              "-n",
+              "1",
+              "--kill-on-bad-exit=1",
+              "--export=ALL",
+              "--job-name=shoal-ps-" + job_id_};
+      argv.insert(argv.end(), o_.engine_args.begin(), o_.engine_args.end());
+    }
+    argv.insert(argv.end(), role_argv.begin(), role_argv.end());
     specs_.emplace_back(argv, env);
     auto p = spawn(argv, env);
     if (!p.ok()) {
@@ -400,9 +428,19 @@ class PsJob {
     why_ = std::move(why);
     failure_ = failure;
     stopping_ = true;
+    auto after = [](double s) {
+      return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+    };
+    if (!failure && o_.engine == "srun") {
+      // Every worker has left, and the servers see it within a second and
+      // end by themselves. A SIGTERM to srun would cancel the step, and
+      // their last words with it: only if they are still there in 10 s.
+      term_at_ = Clock::now() + after(10);
+      kill_at_ = *term_at_ + after(o_.grace_s);
+      return;
+    }
     signal_all(SIGTERM);
-    kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(o_.grace_s));
+    kill_at_ = Clock::now() + after(o_.grace_s);
   }
   void signal_all(int sig) {
     for (auto& p : procs_)
@@ -442,6 +480,7 @@ class PsJob {
   std::unique_ptr<net::TcpStore> client_;
   std::vector<Proc> procs_;  // servers, then workers
   Clock::time_point t0_{}, kill_at_{};
+  std::optional<Clock::time_point> term_at_;  // srun: SIGTERM late, servers end by themselves
   bool stopping_ = false, failure_ = false;
   std::string why_;
   int failed_ = -1, lost_workers_ = 0, code_ = 0;

@@ -197,4 +197,29 @@ TEST_F(Srun, AParameterServerJobOneStepPerRole) {
   EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
 }
 
+// The same job from `shoal run --ps 2,2 --engine srun`: every server and
+// worker a one-task job step of its own, the launcher the scheduler.
+TEST_F(Srun, ShoalRunPsPutsEveryRoleInAJobStep) {
+  shoal::testing::TempDir dir("srun_run_ps");
+  const std::string d = dir.path();
+  Result r = shoal("run --ps 2,2 --engine srun --timeout 120 --ps-snapshots " + d +
+                   "/ps -- sh -c 'echo slurm-job=$SLURM_JOB_ID; exec " + SHOAL_BINARY +
+                   " train --dist ps --model mlp --limit-train 2048 --limit-test 256 --threads 1 "
+                   "--batch 32 --max-steps 20 --no-plot --quiet --out " +
+                   d + "/run'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
+  int pushes = 0;
+  for (std::size_t at = 0; (at = r.out.find("ps server: stopped; ", at)) != std::string::npos; ++at)
+    pushes += std::atoi(r.out.c_str() + at + 20);
+  EXPECT_EQ(pushes, 240) << r.out;  // 20 steps x 6 keys x 2 workers, over both servers
+  // Slurm ran them: each worker in a job of its own, and two servers beside.
+  int workers = 0;
+  for (std::size_t at = 0; (at = r.out.find("slurm-job=", at)) != std::string::npos; ++at)
+    workers += std::isdigit(static_cast<unsigned char>(r.out[at + 10])) ? 1 : 0;
+  EXPECT_EQ(workers, 2) << r.out;
+  Result jobs = run_sh("timeout 5 squeue -h --states=all -o %j | grep -c '^shoal-ps-'");
+  EXPECT_EQ(jobs.out, "4\n") << jobs.out;
+}
+
 }  // namespace
