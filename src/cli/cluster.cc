@@ -66,6 +66,66 @@ std::string chips_text(std::uint64_t mask) {
   return out.empty() ? "-" : out;
 }
 
+// The flags of `shoal simulate --project` and --png.
+void add_projection_flags(CLI::App* sim, ClusterFlags& f) {
+  sim->add_flag("--project", f.project,
+                "Instead: project all-reduce (ring, halving-doubling, hierarchical) and the "
+                "data-parallel step to 8..4096 ranks from the link costs");
+  sim->add_option("--png", f.png, "Also chart the policies (utilization, goodput, waits) here");
+  sim->add_option("--ranks-per-node", f.ranks_per_node, "--project: ranks sharing a node")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  sim->add_option("--project-ranks", f.project_ranks, "--project: world sizes")->delimiter(',');
+  sim->add_option("--bytes", f.project_bytes, "--project: all-reduce sizes")->delimiter(',');
+  sim->add_option("--compute-ms", f.compute_ms,
+                  "--project: one step's compute, for the step efficiency column");
+  sim->add_option("--host-alpha-us", f.host_alpha_us, "Link cost within a node: α (µs)");
+  sim->add_option("--host-gbit-s", f.host_gbit_s, "Link cost within a node: bandwidth (Gbit/s)");
+  sim->add_option("--net-alpha-us", f.net_alpha_us, "Link cost under one switch: α (µs)");
+  sim->add_option("--net-gbit-s", f.net_gbit_s, "Link cost under one switch: Gbit/s");
+  sim->add_option("--spine-alpha-us", f.spine_alpha_us, "Link cost across switches: α (µs)");
+  sim->add_option("--spine-gbit-s", f.spine_gbit_s, "Link cost across switches: Gbit/s");
+}
+
+CLI::App* add_submit_command(CLI::App& app, ClusterFlags& f) {
+  CLI::App* s = app.add_subcommand(
+      "submit",
+      "Place a job (YAML spec) and submit it: to Slurm (sbatch on the placer's nodes, ranks "
+      "under shoal run --engine srun) or as Kubernetes manifests");
+  s->add_option("job", f.job, "Job spec (YAML)")->required();
+  s->add_option("--engine", f.engine, "Where to run it")
+      ->check(CLI::IsMember({"slurm", "kubernetes"}))
+      ->capture_default_str();
+  s->add_option("--image", f.image, "kubernetes: the container image")->capture_default_str();
+  s->add_option("--k8s-kind", f.k8s_kind,
+                "kubernetes: job (Indexed Job + headless Service + Volcano PodGroup), "
+                "pytorchjob or mpijob (Kubeflow)")
+      ->check(CLI::IsMember({"job", "pytorchjob", "mpijob"}))
+      ->capture_default_str();
+  s->add_option("--namespace", f.k8s_namespace, "kubernetes: the namespace")->capture_default_str();
+  s->add_flag("--no-volcano", f.no_volcano,
+              "kubernetes: no PodGroup (the default scheduler; no gang scheduling)");
+  s->add_option("--cluster", f.cluster,
+                "Place on this cluster model instead of the live Slurm cluster's "
+                "(scontrol show nodes + topology.conf)");
+  s->add_option("--chip-links", f.live_chip_links,
+                "How the live cluster's GPUs are linked within a node (Slurm does not "
+                "say)")
+      ->check(CLI::IsMember({"none", "ring"}));
+  s->add_option("--dir", f.dir,
+                "Where the sbatch script, topology.conf and output go (default "
+                "runs/submit-<job name>)");
+  s->add_flag("--dry-run", f.dry_run, "Write the script and print it; submit nothing");
+  s->add_flag("--wait", f.wait, "Wait for the job to end; exit with its exit code");
+  s->add_option("--wait-seconds", f.wait_s, "With --wait: cancel the job after S seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  s->add_option("--rank-timeout", f.rank_timeout_s, "shoal run --timeout for the ranks (0 = none)")
+      ->check(CLI::NonNegativeNumber);
+  s->add_option("cmd", f.cmd, "Each rank's command (after --)")->required();
+  return s;
+}
+
 }  // namespace
 
 ClusterCommand add_cluster_commands(CLI::App& app) {
@@ -108,71 +168,14 @@ ClusterCommand add_cluster_commands(CLI::App& app) {
   c.simulate->add_flag("--baseline-adjacency", f.sim.baseline_adjacency,
                        "The baselines also keep ring jobs on linked chips (first fit), so the "
                        "comparison is of scheduling alone");
-  auto* sim = c.simulate;
-  sim->add_flag("--project", f.project,
-                "Instead: project all-reduce (ring, halving-doubling, hierarchical) and the "
-                "data-parallel step to 8..4096 ranks from the link costs");
-  sim->add_option("--png", f.png, "Also chart the policies (utilization, goodput, waits) here");
-  sim->add_option("--ranks-per-node", f.ranks_per_node, "--project: ranks sharing a node")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  sim->add_option("--project-ranks", f.project_ranks, "--project: world sizes")->delimiter(',');
-  sim->add_option("--bytes", f.project_bytes, "--project: all-reduce sizes")->delimiter(',');
-  sim->add_option("--compute-ms", f.compute_ms,
-                  "--project: one step's compute, for the step efficiency column");
-  sim->add_option("--host-alpha-us", f.host_alpha_us, "Link cost within a node: α (µs)");
-  sim->add_option("--host-gbit-s", f.host_gbit_s, "Link cost within a node: bandwidth (Gbit/s)");
-  sim->add_option("--net-alpha-us", f.net_alpha_us, "Link cost under one switch: α (µs)");
-  sim->add_option("--net-gbit-s", f.net_gbit_s, "Link cost under one switch: Gbit/s");
-  sim->add_option("--spine-alpha-us", f.spine_alpha_us, "Link cost across switches: α (µs)");
-  sim->add_option("--spine-gbit-s", f.spine_gbit_s, "Link cost across switches: Gbit/s");
+  add_projection_flags(c.simulate, f);
   c.place = app.add_subcommand(
       "place", "Place jobs (YAML specs) one after another on a cluster and show where they go");
   add_topology_flags(c.place, f);
   c.place->add_option("jobs", f.job_files, "Job spec files (YAML)")->required();
   c.place->add_option("--topology-conf", f.topology_conf,
                       "Also write the cluster as Slurm's topology.conf to FILE");
-  c.submit = app.add_subcommand(
-      "submit",
-      "Place a job (YAML spec) and submit it: to Slurm (sbatch on the placer's nodes, ranks "
-      "under shoal run --engine srun) or as Kubernetes manifests");
-  c.submit->add_option("job", f.job, "Job spec (YAML)")->required();
-  c.submit->add_option("--engine", f.engine, "Where to run it")
-      ->check(CLI::IsMember({"slurm", "kubernetes"}))
-      ->capture_default_str();
-  c.submit->add_option("--image", f.image, "kubernetes: the container image")
-      ->capture_default_str();
-  c.submit
-      ->add_option("--k8s-kind", f.k8s_kind,
-                   "kubernetes: job (Indexed Job + headless Service + Volcano PodGroup), "
-                   "pytorchjob or mpijob (Kubeflow)")
-      ->check(CLI::IsMember({"job", "pytorchjob", "mpijob"}))
-      ->capture_default_str();
-  c.submit->add_option("--namespace", f.k8s_namespace, "kubernetes: the namespace")
-      ->capture_default_str();
-  c.submit->add_flag("--no-volcano", f.no_volcano,
-                     "kubernetes: no PodGroup (the default scheduler; no gang scheduling)");
-  c.submit->add_option("--cluster", f.cluster,
-                       "Place on this cluster model instead of the live Slurm cluster's "
-                       "(scontrol show nodes + topology.conf)");
-  c.submit
-      ->add_option("--chip-links", f.live_chip_links,
-                   "How the live cluster's GPUs are linked within a node (Slurm does not "
-                   "say)")
-      ->check(CLI::IsMember({"none", "ring"}));
-  c.submit->add_option("--dir", f.dir,
-                       "Where the sbatch script, topology.conf and output go (default "
-                       "runs/submit-<job name>)");
-  c.submit->add_flag("--dry-run", f.dry_run, "Write the script and print it; submit nothing");
-  c.submit->add_flag("--wait", f.wait, "Wait for the job to end; exit with its exit code");
-  c.submit->add_option("--wait-seconds", f.wait_s, "With --wait: cancel the job after S seconds")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  c.submit
-      ->add_option("--rank-timeout", f.rank_timeout_s,
-                   "shoal run --timeout for the ranks (0 = none)")
-      ->check(CLI::NonNegativeNumber);
-  c.submit->add_option("cmd", f.cmd, "Each rank's command (after --)")->required();
+  c.submit = add_submit_command(app, f);
   return c;
 }
 
