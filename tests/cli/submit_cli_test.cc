@@ -145,6 +145,15 @@ TEST_F(Submit, AGangThatDoesNotFitWaitsThenRuns) {
   EXPECT_NE(out.find("gang rank 1"), std::string::npos) << out;
 }
 
+TEST_F(Submit, WaitGivesTheJobsExitCode) {
+  Result r = shoal(submit(job("fails", "ranks: 2\naccels_per_rank: 1\n"),
+                          "sh -c 'exit $((SLURM_PROCID + 3))'", "--wait --wait-seconds 60"));
+  // Rank 0 exits 3, rank 1 exits 4: shoal run names the first to fail, and
+  // Slurm's ExitCode carries it back.
+  EXPECT_TRUE(r.code == 3 || r.code == 4) << r.out;
+  EXPECT_TRUE(has(r, "fails: Slurm job ")) << r.out;
+}
+
 TEST_F(Submit, ACancelledJobLeavesNothingBehind) {
   const std::string marker = "shoal_submit_cancel_" + std::to_string(getpid());
   Result r = shoal(submit(job("cancel", "ranks: 2\naccels_per_rank: 1\n"),
