@@ -16,6 +16,7 @@ bound: one process's tokens/s x min(the host's measured concurrency for N
 processes (N copies of the one-process run at once), N x m/(m+p-1)).
 
 usage: bench/mp.py [--shoal build/shoal] [--ranks 2,4] [--steps 100] [--png docs/mp_bench.png]
+       bench/mp.py --tp-bound   (tensor parallelism against its compute/communication bound)
 """
 import glob
 import json
@@ -84,6 +85,44 @@ def run(binary, ranks, steps, extra):
     return tps, field("parameters"), field("optimizer state"), field("step arena")
 
 
+def allreduce_s(binary, n, nbytes):
+    """`shoal bench comm -n N`: one all-reduce of nbytes (interpolated between
+    the table's sizes, linear in bytes as the alpha-beta model is)."""
+    out = subprocess.run([binary, "bench", "comm", "-n", str(n), "--max-bytes",
+                          str(4 * nbytes), "--seconds", "0.3"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, check=True).stdout
+    rows = sorted((int(f[0]), float(f[2]) * 1e-6) for f in
+                  (l.split() for l in out.splitlines()) if len(f) >= 6 and f[0].isdigit())
+    lo = max(r for r in rows if r[0] <= nbytes)
+    hi = min(r for r in rows if r[0] >= nbytes)
+    if hi[0] == lo[0]:
+        return lo[1]
+    return lo[1] + (hi[1] - lo[1]) * (nbytes - lo[0]) / (hi[0] - lo[0])
+
+
+def tp_bound(a):
+    """Tensor parallelism against its compute/communication bound, in one
+    run: per step, the one-process compute split over the host's measured
+    concurrency, plus 4 all-reduces per layer (2 forward at the row-parallel
+    outputs, 2 backward at the column-parallel inputs) of batch x context x
+    dim floats, each as long as `shoal bench comm` measures it."""
+    tokens = 16 * 64
+    act = 16 * 64 * 128 * 4
+    one = run(a.shoal, 1, a.steps, [])[0]
+    print(f"one process: {one:,.0f} tok/s; all-reduces of {act:,} B, 16 per step")
+    print("| layout | ranks | concurrency | all-reduce ms | compute-only bound | bound tokens/s | "
+          "measured / bound |")
+    print("|---|---|---|---|---|---|---|")
+    for n in [int(v) for v in a.ranks.split(",")]:
+        c = concurrency(a.shoal, n, a.steps, one)
+        ar = allreduce_s(a.shoal, n, act)
+        step = tokens / (one * c) + 16 * ar
+        bound = tokens / step
+        tps = run(a.shoal, n, a.steps, ["--tp", str(n)])[0]
+        print(f"| tensor parallel {n} | {n} | {c:.2f}x | {ar * 1e3:.3f} | {one * c:,.0f} | "
+              f"{bound:,.0f} | {tps / bound:.2f} ({tps:,.0f}) |", flush=True)
+
+
 def chart(rows, png):
     """Tokens/s and rank 0's memory per layout, side by side (gnuplot)."""
     if shutil.which("gnuplot") is None:
@@ -132,7 +171,11 @@ def main():
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--png", default="", help="write a chart of the first table here")
+    p.add_argument("--tp-bound", action="store_true",
+                   help="only tensor parallelism against its compute/communication bound")
     a = p.parse_args()
+    if a.tp_bound:
+        return tp_bound(a)
     print(f"GPT 4 layers x 128, 4 heads, context 64, untied, batch 16 per data-parallel rank "
           f"(or pipeline), Adam, {a.steps} steps, 1 thread per rank")
     print("| layout | ranks | tokens/s | rank 0: parameters | optimizer state | step arena |")
