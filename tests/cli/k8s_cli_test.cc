@@ -9,10 +9,7 @@
 // Service's names resolving to loopback through an /etc/hosts mounted in
 // a private mount namespace (unshare): a master that starts late, and a
 // pod that is killed.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -20,6 +17,7 @@
 #include <string>
 
 #include "cli/run_shoal.h"
+#include "free_port.h"
 #include "temp_dir.h"
 
 namespace {
@@ -90,21 +88,6 @@ TEST_F(K8s, ManifestsPassTheKubernetesSchemas) {
   EXPECT_TRUE(has(bad, "document 3 (batch/v1/Job)")) << bad.out;
 }
 
-// A loopback port nobody listens on now (the pods' MASTER_PORT).
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port > 0 ? port : 20000 + getpid() % 10000;
-}
-
 // Two "pods" of the Indexed Job, each with only the environment its
 // manifest gives it, the Service's names on loopback in a private mount
 // namespace. `late` seconds before the master starts; `kill_after`
@@ -114,7 +97,7 @@ Result pods(const std::string& dir, int late, int kill_after, int steps, bool ra
                             " train --model mlp --limit-train 4096 --limit-test 256 --threads 1 "
                             "--no-checkpoints --no-plot --epochs 1000 --max-steps " +
                             std::to_string(steps) + " --out " + dir + "/run";
-  const int port = free_port();
+  const int port = shoal::testing::free_port();
   const std::string pod = "env -i PATH=/usr/bin:/bin HOME=" + dir +
                           " MASTER_ADDR=gang-0.gang MASTER_PORT=" + std::to_string(port) +
                           " WORLD_SIZE=2 SHOAL_JOB_TOKEN=" + std::string(64, 'a') + " ";

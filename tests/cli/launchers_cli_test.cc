@@ -5,14 +5,13 @@
 // named, an MPI library that does not match its launcher, and a
 // parameter-server job started the ps-lite way under both mpiruns.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <functional>
 #include <string>
 
 #include "cli/run_shoal.h"
+#include "free_port.h"
 #include "temp_dir.h"
 
 namespace {
@@ -31,24 +30,12 @@ std::string train(const std::string& dir) {
          dir + "/run";
 }
 
-// A port free now (torchrun's agent binds it; parallel tests must not share 29500).
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  (void)bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  (void)getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // Debian's own python3 (not another one earlier on PATH) with its torch,
 // through the wrapper that fixes torch 1.13's start-up on Python 3.11.
 std::string torchrun(const std::string& args) {
   return "timeout 120 /usr/bin/python3 " + std::string(SHOAL_SOURCE_DIR) +
-         "/tools/torchrun.py --master_port " + std::to_string(free_port()) + " " + args;
+         "/tools/torchrun.py --master_port " + std::to_string(shoal::testing::free_port()) + " " +
+         args;
 }
 bool have_torch() { return run_sh("/usr/bin/python3 -c 'import torch'").code == 0; }
 
@@ -134,9 +121,9 @@ TEST(OpenMpi, BareMpirunTrainsWithoutAStoreNamed) {
 // `per_role` gives the launcher's flag that sets a variable for one program.
 Result ps_under(const std::string& mpirun, const std::string& dir,
                 const std::function<std::string(const char*)>& per_role) {
-  const std::string env =
-      "env DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=" + std::to_string(free_port()) +
-      " DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=2 SHOAL_JOB_TOKEN=launcher-test ";
+  const std::string env = "env DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=" +
+                          std::to_string(shoal::testing::free_port()) +
+                          " DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=2 SHOAL_JOB_TOKEN=launcher-test ";
   const std::string worker = kShoal +
                              " train --dist ps --model mlp --limit-train 2048 --limit-test 256 "
                              "--threads 1 --batch 32 --max-steps 20 --no-plot --quiet --out " +

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/local_slurm.h"
 #include "cli/run_shoal.h"
 #include "temp_dir.h"
 
@@ -29,36 +30,20 @@ bool has(const Result& r, const std::string& s) { return r.out.find(s) != std::s
 class Srun : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (std::system("command -v slurmctld >/dev/null") != 0) return;
-    std::string dir = ::testing::TempDir() + "/shoal-slurm-" + std::to_string(getpid());
-    setenv("SHOAL_SLURM_DIR", dir.c_str(), 1);
-    const std::string script = std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh";
-    started_ = std::system(("timeout 90 " + script + " start").c_str()) == 0;
-    if (!started_) (void)std::system(("timeout 30 " + script + " stop").c_str());
-    setenv("SLURM_CONF", (dir + "/slurm.conf").c_str(), 1);
+    if (!shoal::testing::have_slurm()) return;
+    dir_ = ::testing::TempDir() + "/shoal-slurm-" + std::to_string(getpid());
+    started_ = shoal::testing::start_local_slurm(dir_);
   }
-  static void TearDownTestSuite() {
-    if (started_)
-      (void)std::system(
-          ("timeout 30 " + std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh stop").c_str());
-    // State, spool and logs of this suite's Slurm. Its daemons may still
-    // write a last file while they exit: retry, bounded.
-    if (const char* dir = std::getenv("SHOAL_SLURM_DIR")) {
-      for (int i = 0; i < 50 && std::filesystem::exists(dir); ++i) {
-        std::error_code ec;
-        std::filesystem::remove_all(dir, ec);
-        if (std::filesystem::exists(dir))
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    }
-  }
+  static void TearDownTestSuite() { shoal::testing::stop_local_slurm(started_, dir_); }
   void SetUp() override {
-    if (std::system("command -v slurmctld >/dev/null") != 0)
+    if (!shoal::testing::have_slurm())
       GTEST_SKIP() << "slurm-wlm is not installed (tools/install-deps.sh installs it)";
     ASSERT_TRUE(started_) << "tools/slurm-cluster.sh start failed";
   }
+  static std::string dir_;
   static bool started_;
 };
+std::string Srun::dir_;
 bool Srun::started_ = false;
 
 TEST_F(Srun, RanksRunAsASlurmJobStep) {

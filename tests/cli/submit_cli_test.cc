@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/local_slurm.h"
 #include "cli/run_shoal.h"
 #include "temp_dir.h"
 
@@ -45,30 +46,19 @@ std::string state_of(const std::string& id) {
 class Submit : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (std::system("command -v slurmctld >/dev/null") != 0) return;
+    if (!shoal::testing::have_slurm()) return;
     dir_ = ::testing::TempDir() + "/shoal-submit-" + std::to_string(getpid());
     std::filesystem::create_directories(dir_);
     write(dir_ + "/topology.in",
           "SwitchName=s1 Nodes=n[1-2]\nSwitchName=s2 Nodes=n[3-4]\n"
           "SwitchName=top Switches=s[1-2]\n");
-    setenv("SHOAL_SLURM_DIR", (dir_ + "/slurm").c_str(), 1);
     setenv("SHOAL_SLURM_TOPOLOGY", (dir_ + "/topology.in").c_str(), 1);
     setenv("SHOAL_SLURM_GPUS", "4", 1);
-    started_ = std::system(("timeout 90 " + script() + " start").c_str()) == 0;
-    if (!started_) (void)std::system(("timeout 30 " + script() + " stop").c_str());
-    setenv("SLURM_CONF", (dir_ + "/slurm/slurm.conf").c_str(), 1);
+    started_ = shoal::testing::start_local_slurm(dir_ + "/slurm");
   }
-  static void TearDownTestSuite() {
-    if (started_) (void)std::system(("timeout 30 " + script() + " stop").c_str());
-    for (int i = 0; i < 50 && !dir_.empty() && std::filesystem::exists(dir_); ++i) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-      if (std::filesystem::exists(dir_))
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
+  static void TearDownTestSuite() { shoal::testing::stop_local_slurm(started_, dir_); }
   void SetUp() override {
-    if (std::system("command -v slurmctld >/dev/null") != 0)
+    if (!shoal::testing::have_slurm())
       GTEST_SKIP() << "slurm-wlm is not installed (tools/install-deps.sh installs it)";
     ASSERT_TRUE(started_) << "tools/slurm-cluster.sh start failed";
   }
@@ -76,7 +66,6 @@ class Submit : public ::testing::Test {
     (void)run_sh("timeout 5 scancel --full -u root");
     EXPECT_TRUE(eventually("test -z \"$(timeout 3 squeue -h)\"", 20)) << "jobs left behind";
   }
-  static std::string script() { return std::string(SHOAL_SOURCE_DIR) + "/tools/slurm-cluster.sh"; }
   static std::string job(const std::string& name, const std::string& body) {
     std::string path = dir_ + "/" + name + ".yaml";
     write(path, "name: " + name + "\n" + body);
