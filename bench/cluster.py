@@ -17,10 +17,9 @@ usage: bench/cluster.py [--shoal build/shoal] [--png docs/cluster_bench.png]
 """
 import argparse
 import os
-import re
-import shutil
 import subprocess
-import tempfile
+
+import gnuplot_chart
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,11 +45,7 @@ def link_cost(shoal, transport):
 
 
 def chart(png, projection, sims):
-    if shutil.which("gnuplot") is None:
-        print("(no gnuplot: chart skipped)")
-        return
-    d = tempfile.mkdtemp(prefix="shoal_cluster_chart_")
-    try:
+    def commands(d, out):
         for size, rows in projection.items():
             with open(os.path.join(d, f"p{size}.tsv"), "w") as f:
                 for r in rows:
@@ -65,7 +60,7 @@ def chart(png, projection, sims):
             for s in sizes for c, name in ((2, "ring"), (3, "halving-doubling"), (4, "two-level")))
         script = f"""
 set terminal pngcairo size 1400,560 noenhanced
-set output '{png}.tmp'
+set output '{out}'
 set multiplot layout 1,2 title 'Shoal cluster module: projected all-reduce (link costs measured here) and the simulator'
 set logscale xy
 set xlabel 'ranks (8 per node)'
@@ -86,14 +81,9 @@ set bmargin 10
 plot '{d}/sim.tsv' using 2:xtic(1) title 'utilization', '' using 3 title 'goodput'
 unset multiplot
 """
-        gp = os.path.join(d, "chart.gp")
-        with open(gp, "w") as f:
-            f.write(script)
-        subprocess.run(["gnuplot", gp], check=True)
-        os.replace(png + ".tmp", png)
-        print(f"chart: {png}")
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+        return script
+
+    gnuplot_chart.render(png, commands)
 
 
 def parse_sim(out):

@@ -23,6 +23,8 @@ import shutil
 import subprocess
 import tempfile
 
+import gnuplot_chart
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 STEPS = {"mlp": 400, "cnn": 120, "resnet": 30}  # timed steps per run
@@ -83,11 +85,7 @@ def torch_ips(model, ranks, data, steps):
 
 
 def chart(results, models, ranks, png):
-    if shutil.which("gnuplot") is None:
-        print("(no gnuplot: chart skipped)")
-        return
-    d = tempfile.mkdtemp(prefix="shoal_dp_chart_")
-    try:
+    def commands(d, out):
         tsv = os.path.join(d, "data.tsv")
         with open(tsv, "w") as f:
             for m in models:
@@ -96,7 +94,7 @@ def chart(results, models, ranks, png):
                     f.write(f'"{m} x{n}"\t{s:.1f}\t{t:.1f}\n')
         script = f"""
 set terminal pngcairo size 1100,480 noenhanced
-set output '{png}.tmp'
+set output '{out}'
 set title 'Data-parallel training, images/s (1 thread per rank, batch 64 per rank; 4 ranks oversubscribe 2 cores)'
 set style data histograms
 set style histogram clustered gap 1
@@ -108,14 +106,9 @@ set key top right
 set xtics rotate by -30
 plot '{tsv}' using 2:xtic(1) title 'Shoal (graph all-reduce)', '' using 3 title 'PyTorch DDP (gloo)'
 """
-        gp = os.path.join(d, "chart.gp")
-        with open(gp, "w") as f:
-            f.write(script)
-        subprocess.run(["gnuplot", gp], check=True)
-        os.replace(png + ".tmp", png)
-        print(f"chart: {png}")
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+        return script
+
+    gnuplot_chart.render(png, commands)
 
 
 def ceiling(a):

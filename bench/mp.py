@@ -20,11 +20,12 @@ usage: bench/mp.py [--shoal build/shoal] [--ranks 2,4] [--steps 100] [--png docs
 """
 import glob
 import json
-import shutil
 import argparse
 import os
 import subprocess
 import tempfile
+
+import gnuplot_chart
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -125,11 +126,7 @@ def tp_bound(a):
 
 def chart(rows, png):
     """Tokens/s and rank 0's memory per layout, side by side (gnuplot)."""
-    if shutil.which("gnuplot") is None:
-        print("(no gnuplot: chart skipped)")
-        return
-    d = tempfile.mkdtemp(prefix="shoal_mp_chart_")
-    try:
+    def commands(d, out):
         tsv = os.path.join(d, "data.tsv")
         with open(tsv, "w") as f:
             for name, n, tps, params, state, arena in rows:
@@ -137,7 +134,7 @@ def chart(rows, png):
                         f'\t{arena / 1e6:.3f}\n')
         script = f"""
 set terminal pngcairo size 1400,560 noenhanced
-set output '{png}.tmp'
+set output '{out}'
 set multiplot layout 1,2 title 'GPT 4 x 128 under each layout (ranks); 1 thread per rank, 2 cores'
 set style data histograms
 set style fill solid 0.85 border -1
@@ -155,14 +152,9 @@ plot '{tsv}' using 3:xtic(1) title 'parameters', '' using 4 title 'optimizer sta
      '' using 5 title 'step arena'
 unset multiplot
 """
-        gp = os.path.join(d, "chart.gp")
-        with open(gp, "w") as f:
-            f.write(script)
-        subprocess.run(["gnuplot", gp], check=True)
-        os.replace(png + ".tmp", png)
-        print(f"chart: {png}")
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+        return script
+
+    gnuplot_chart.render(png, commands)
 
 
 def main():
