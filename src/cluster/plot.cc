@@ -1,19 +1,17 @@
 // `shoal simulate --png`: the policies side by side (gnuplot).
-#include <unistd.h>
+#include "shoal/core/plot.h"
 
 #include <algorithm>
 #include <filesystem>
 
 #include "shoal/cluster/sim.h"
-#include "shoal/cluster/slurm.h"
 #include "shoal/core/file.h"
 
 namespace shoal::cluster {
 
 Status plot_reports(const std::vector<SimReport>& reports, const Trace& trace,
                     const std::string& png) {
-  if (access("/usr/bin/gnuplot", X_OK) != 0)
-    return not_found("gnuplot not found (apt-get install gnuplot-nox)");
+  SHOAL_RETURN_IF_ERROR(check_gnuplot());
   const std::string base = png + ".plot";
   std::string bars, cdf_plot;
   for (std::size_t i = 0; i < reports.size(); ++i) {
@@ -47,17 +45,11 @@ Status plot_reports(const std::vector<SimReport>& reports, const Trace& trace,
       "plot {3}\n"
       "unset multiplot\n",
       png, trace.source, base, cdf_plot);
-  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".gp", script));
-  SHOAL_ASSIGN_OR_RETURN(CommandResult r, run_command({"/usr/bin/gnuplot", base + ".gp"}, 60));
+  Status st = render_gnuplot(script, png, base);
   for (std::size_t i = 0; i < reports.size(); ++i)
     std::filesystem::remove(fmt::format("{}.wait{}.tsv", base, i));
   std::filesystem::remove(base + ".bars.tsv");
-  std::filesystem::remove(base + ".gp");
-  if (r.code != 0) return unavailable("gnuplot exited with {}: {}", r.code, r.out);
-  std::error_code ec;
-  std::filesystem::rename(png + ".tmp", png, ec);
-  if (ec) return unavailable("renaming {}.tmp: {}", png, ec.message());
-  return ok_status();
+  return st;
 }
 
 }  // namespace shoal::cluster

@@ -1,13 +1,12 @@
 // Trainer: what a run shows of itself: the epoch line and the metrics plot
 // (gnuplot over metrics.jsonl).
-#include <unistd.h>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "shoal/core/file.h"
+#include "shoal/core/plot.h"
 #include "shoal/train/trainer.h"
 #include "train/trainer_impl.h"
 
@@ -42,8 +41,7 @@ Status Trainer::write_plot() const {
       tsv_epoch += fmt::format("{}\t{}\t{}\n", j.value("step", 0), 100 * j.value("test_acc", 0.0),
                                100 * j.value("train_acc", 0.0));
   }
-  if (access("/usr/bin/gnuplot", X_OK) != 0)
-    return not_found("gnuplot not found (apt-get install gnuplot-nox)");
+  SHOAL_RETURN_IF_ERROR(check_gnuplot());  // before any file is written
   std::string base = (fs::path(dir_) / ".plot").string();
   SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".train.tsv", tsv_train));
   SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".epoch.tsv", tsv_epoch));
@@ -59,17 +57,7 @@ Status Trainer::write_plot() const {
       "'{3}.epoch.tsv' using 1:3 with linespoints lw 2 title 'train'\n"
       "unset multiplot\n",
       png, o_.model, o_.optimizer, base);
-  SHOAL_RETURN_IF_ERROR(write_file_atomic(base + ".gp", script));
-  std::string cmd = fmt::format("/usr/bin/gnuplot '{}.gp' 2>'{}.err'", base, base);
-  int rc = std::system(cmd.c_str());
-  if (rc != 0) {
-    auto err = read_file(base + ".err");
-    return unavailable("gnuplot exited with {}: {}", rc, err.ok() ? *err : "");
-  }
-  std::error_code ec;
-  fs::rename(png + ".tmp", png, ec);
-  if (ec) return unavailable("renaming {}.tmp: {}", png, ec.message());
-  return ok_status();
+  return render_gnuplot(script, png, base);
 }
 
 }  // namespace shoal::train
