@@ -211,15 +211,22 @@ void Engine::restart(int j) {
 }
 
 void Engine::shrink(int j, int drop) {
+  const int workers = static_cast<int>(jobs_[j].p.ranks.size()) - tr_.jobs[j].spec.servers;
+  shrink_where(j, [&](int r, const RankSlot&) { return r >= workers - drop; });
+}
+
+void Engine::shrink_where(int j, const std::function<bool(int, const RankSlot&)>& leaves) {
   Job& job = jobs_[j];
   const JobSpec& s = tr_.jobs[j].spec;
   update_progress(j);
-  auto first = job.p.ranks.end() - s.servers - drop;
-  std::vector<RankSlot> gone(first, first + drop);
-  job.p.ranks.erase(first, first + drop);
+  const int workers = static_cast<int>(job.p.ranks.size()) - s.servers;
+  std::vector<RankSlot> keep, gone;
+  for (int r = 0; r < static_cast<int>(job.p.ranks.size()); ++r)
+    (r < workers && leaves(r, job.p.ranks[r]) ? gone : keep).push_back(job.p.ranks[r]);
+  job.p.ranks = std::move(keep);
   s_.give(s, gone);
   note_slots(j, gone, -1);
-  job.ranks -= drop;
+  job.ranks -= static_cast<int>(gone.size());
   ++r_.shrinks;
   set_rate(j);
 }
@@ -263,16 +270,7 @@ void Engine::fail(int n) {
       continue;
     }
     // Elastic: the ranks on the dead node leave, the rest go on.
-    update_progress(j);
-    std::vector<RankSlot> keep, gone;
-    for (int r = 0; r < static_cast<int>(job.p.ranks.size()); ++r)
-      (job.p.ranks[r].node == n && r < last ? gone : keep).push_back(job.p.ranks[r]);
-    job.p.ranks = keep;
-    s_.give(s, gone);
-    note_slots(j, gone, -1);
-    job.ranks -= on_node;
-    ++r_.shrinks;
-    set_rate(j);
+    shrink_where(j, [n](int, const RankSlot& slot) { return slot.node == n; });
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <map>
 #include <optional>
 #include <queue>
@@ -51,7 +52,9 @@ class Engine {
   void restart(int j);  // back to its last checkpoint, to the queue
   void repair(int n);
   void note_slots(int j, const std::vector<RankSlot>& slots, int sign);
-  void shrink(int j, int drop);
+  void shrink(int j, int drop);  // its last `drop` workers leave
+  // The workers for which `leaves` holds give their slots back.
+  void shrink_where(int j, const std::function<bool(int, const RankSlot&)>& leaves);
   void set_rate(int j);
   void drop_end(int j);  // out of ends_
   void enqueue(int j);
