@@ -4,12 +4,14 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <map>
 
+#include "net/in_buffer.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/auth.h"
 
@@ -34,7 +36,9 @@ struct Conn {
   enum class Phase { kHello, kProof, kServing };
   Socket sock;
   std::string peer, addr;
-  std::string in, out;
+  InBuffer in;
+  std::size_t frame_rest = 0;  // bytes the frame begun in `in` still lacks
+  std::string out;
   std::size_t out_pos = 0;
   Phase phase = Phase::kHello;
   std::string client_nonce, server_nonce;
@@ -42,15 +46,31 @@ struct Conn {
   bool frame_begun = false, close_after_flush = false, dead = false;
 };
 
-void queue_frame(Conn& c, FrameType type, std::uint64_t seq, std::string_view payload) {
+using Parts = std::span<const std::string_view>;
+
+void encode_frame_header(FrameType type, std::uint64_t seq, Parts parts,
+                         std::uint8_t (&hb)[kHeaderBytes]) {
   FrameHeader h;
   h.type = static_cast<std::uint16_t>(type);
-  h.length = payload.size();
   h.seq = seq;
-  std::uint8_t hb[kHeaderBytes];
+  for (auto p : parts) h.length += p.size();
   encode_header(h, hb);
-  c.out.append(reinterpret_cast<const char*>(hb), kHeaderBytes);
-  c.out.append(payload);
+}
+
+// Queues (copies) a frame of `parts` but its first `skip` bytes (sent).
+void queue_frame(Conn& c, FrameType type, std::uint64_t seq, Parts parts, std::size_t skip = 0) {
+  std::uint8_t hb[kHeaderBytes];
+  encode_frame_header(type, seq, parts, hb);
+  auto queue = [&](const char* p, std::size_t len) {
+    const std::size_t k = std::min(skip, len);
+    skip -= k;
+    c.out.append(p + k, len - k);
+  };
+  queue(reinterpret_cast<const char*>(hb), kHeaderBytes);
+  for (auto p : parts) queue(p.data(), p.size());
+}
+void queue_frame(Conn& c, FrameType type, std::uint64_t seq, std::string_view payload) {
+  queue_frame(c, type, seq, Parts(&payload, 1));
 }
 
 // Sends what the socket takes now; false when the connection is gone.
@@ -70,19 +90,64 @@ bool flush(Conn& c) {
   return !c.close_after_flush;
 }
 
-// Reads what the socket has now (bounded per round, so one fast client
-// cannot starve the loop); false on EOF or error.
+// Reads what the socket has now into place (bounded per wake, so one fast
+// client cannot starve the loop); false on EOF or error.
 bool fill(Conn& c) {
-  char buf[65536];
-  for (int round = 0; round < 16; ++round) {
-    ssize_t n = ::recv(c.sock.fd(), buf, sizeof buf, MSG_DONTWAIT);
+  constexpr std::size_t kChunk = 256 << 10, kPerWake = 4 << 20;
+  for (std::size_t got = 0; got < kPerWake;) {
+    const std::size_t room = c.in.make_room(std::max(kChunk, c.frame_rest));
+    ssize_t n = ::recv(c.sock.fd(), c.in.tail(), std::min(room, kPerWake - got), MSG_DONTWAIT);
     if (n > 0) {
-      c.in.append(buf, static_cast<std::size_t>(n));
+      c.in.commit(static_cast<std::size_t>(n));
+      got += static_cast<std::size_t>(n);
+      c.frame_rest -= std::min(c.frame_rest, static_cast<std::size_t>(n));
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
     return false;
   }
+  return true;
+}
+
+// Sends a frame of `parts` straight from their memory while the socket
+// takes it, then queues (copies) the rest: for a reply when nothing is
+// queued before it. False when the connection is gone.
+bool send_direct(Conn& c, FrameType type, std::uint64_t seq, Parts parts) {
+  constexpr std::size_t kMaxParts = 7;
+  if (parts.size() > kMaxParts) {
+    queue_frame(c, type, seq, parts);
+    return true;
+  }
+  std::uint8_t hb[kHeaderBytes];
+  encode_frame_header(type, seq, parts, hb);
+  iovec iov[kMaxParts + 1];
+  std::size_t n_iov = 0, total = kHeaderBytes, sent = 0;
+  iov[n_iov++] = {hb, kHeaderBytes};
+  for (auto p : parts) {
+    iov[n_iov++] = {const_cast<char*>(p.data()), p.size()};
+    total += p.size();
+  }
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = n_iov;
+  while (sent < total) {
+    ssize_t n = ::sendmsg(c.sock.fd(), &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    if (n <= 0) break;
+    sent += static_cast<std::size_t>(n);
+    for (auto k = static_cast<std::size_t>(n); k > 0;) {  // past what went
+      const std::size_t take = std::min(k, m.msg_iov->iov_len);
+      m.msg_iov->iov_base = static_cast<char*>(m.msg_iov->iov_base) + take;
+      m.msg_iov->iov_len -= take;
+      k -= take;
+      if (m.msg_iov->iov_len == 0 && m.msg_iovlen > 1) {
+        ++m.msg_iov;
+        --m.msg_iovlen;
+      }
+    }
+  }
+  if (sent < total) queue_frame(c, type, seq, parts, sent);
   return true;
 }
 
@@ -168,9 +233,9 @@ class FrameServer::Loop {
 
   std::map<std::uint64_t, Conn>& conns() { return conns_; }
 
-  void reply_to(ConnId id, FrameType type, std::uint64_t seq, std::string_view payload) {
+  void reply_to(ConnId id, FrameType type, std::uint64_t seq, Parts parts) {
     auto it = conns_.find(id);
-    if (it != conns_.end() && !it->second.dead) reply(it->second, type, seq, payload);
+    if (it != conns_.end() && !it->second.dead) reply(it->second, type, seq, parts);
   }
   std::string peer_of(ConnId id) const {
     auto it = conns_.find(id);
@@ -192,8 +257,18 @@ class FrameServer::Loop {
     c.dead = true;
   }
   void reply(Conn& c, FrameType type, std::uint64_t seq, std::string_view payload) {
-    if (c.out.empty()) c.reply_until = after(limits_.io_seconds);
-    queue_frame(c, type, seq, payload);
+    reply(c, type, seq, Parts(&payload, 1));
+  }
+  void reply(Conn& c, FrameType type, std::uint64_t seq, Parts parts) {
+    if (c.out.empty()) {
+      c.reply_until = after(limits_.io_seconds);
+      if (!send_direct(c, type, seq, parts)) {
+        c.dead = true;
+        return;
+      }
+    } else {
+      queue_frame(c, type, seq, parts);
+    }
     if (c.out.size() - c.out_pos > limits_.max_reply_backlog)
       drop(c, fmt::format("left {} bytes of replies unread", c.out.size() - c.out_pos));
     else if (!flush(c))
@@ -212,6 +287,7 @@ class FrameServer::Loop {
         break;
       }
       if (c.in.size() - pos - kHeaderBytes < h->length) {
+        c.frame_rest = kHeaderBytes + h->length - (c.in.size() - pos);
         if (!c.frame_begun) c.frame_until = after(limits_.io_seconds);
         c.frame_begun = true;
         break;
@@ -225,7 +301,7 @@ class FrameServer::Loop {
       c.frame_until = after(limits_.io_seconds);  // a header begun
       c.frame_begun = true;
     }
-    c.in.erase(0, pos);
+    c.in.consume(pos);
   }
 
   void handle(std::uint64_t id, Conn& c, const FrameHeader& h, std::string_view body) {
@@ -287,7 +363,12 @@ FrameServer::~FrameServer() {
 }
 
 void FrameServer::reply(ConnId c, FrameType type, std::uint64_t seq, std::string_view payload) {
-  loop_->reply_to(c, type, seq, payload);
+  loop_->reply_to(c, type, seq, Parts(&payload, 1));
+}
+
+void FrameServer::reply(ConnId c, FrameType type, std::uint64_t seq,
+                        std::span<const std::string_view> parts) {
+  loop_->reply_to(c, type, seq, parts);
 }
 
 std::string FrameServer::peer(ConnId c) const { return loop_->peer_of(c); }

@@ -86,10 +86,10 @@ Status Shard::init(const std::string& key, const Tensor& value) {
   }
   SHOAL_ASSIGN_OR_RETURN(auto backend, runtime::make_backend("cpu"));
   SHOAL_ASSIGN_OR_RETURN(k->update, backend->compile(std::move(g), {}));
-  k->grad = Tensor::zeros(value.shape(), DType::kF32);
+  k->sum = Tensor::zeros(value.shape(), DType::kF32);
   k->lr = Tensor::scalar(o_.lr);
   SHOAL_RETURN_IF_ERROR(k->update->bind("param", k->value));
-  SHOAL_RETURN_IF_ERROR(k->update->bind("grad", k->grad));
+  SHOAL_RETURN_IF_ERROR(k->update->bind("grad", k->sum));
   SHOAL_RETURN_IF_ERROR(k->update->bind("lr", k->lr));
   if (og.step.valid()) {
     k->opt_step = Tensor::scalar(0.0);
@@ -119,8 +119,9 @@ Status Shard::remove_worker(int worker) {
   return close_ready_rounds();
 }
 
-// The update with `grad` (an average, for sync rounds) through the
-// training kernels; the outputs replace value and state.
+// The update with the gradient bound as "grad" (k.sum, the mean of a sync
+// round, unless the caller bound another) through the training kernels;
+// the outputs replace value and state.
 Status Shard::apply(Key& k, double lr) {
   k.lr.data<float>()[0] = static_cast<float>(lr > 0 ? lr : o_.lr);
   if (k.opt_step.defined()) k.opt_step.data<float>()[0] = static_cast<float>(k.version + 1);
@@ -142,12 +143,14 @@ Status Shard::close_ready_rounds() {
         std::includes(k->pushed.begin(), k->pushed.end(), k->waits_for.begin(), k->waits_for.end());
     if (!all) continue;
     // The mean over the workers that pushed (a worker that left mid-round
-    // after pushing still counts: its gradient is in the sum).
-    const float* sum = k->sum.data<float>();
-    float* m = k->grad.data<float>();
-    const float inv = 1.0f / static_cast<float>(k->pushed.size());
-    const std::int64_t n = k->grad.numel();
-    for (std::int64_t i = 0; i < n; ++i) m[i] = sum[i] * inv;
+    // after pushing still counts: its gradient is in the sum), in place:
+    // one pass over the key, none for a single worker.
+    if (k->pushed.size() > 1) {
+      float* m = k->sum.data<float>();
+      const float inv = 1.0f / static_cast<float>(k->pushed.size());
+      const std::int64_t n = k->sum.numel();
+      for (std::int64_t i = 0; i < n; ++i) m[i] *= inv;
+    }
     SHOAL_RETURN_IF_ERROR(apply(*k, k->round_lr));
     stats_.round_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - k->opened).count();
@@ -182,8 +185,12 @@ Result<PushResult> Shard::push(int worker, const std::string& key, std::int64_t 
     if (step - slowest > o_.staleness) return PushResult::kWait;
   }
   if (o_.mode != Mode::kSync) {
-    SHOAL_RETURN_IF_ERROR(k.grad.copy_from(grad));
-    SHOAL_RETURN_IF_ERROR(apply(k, lr));
+    // The push itself is the update's gradient (no copy); k.sum is bound
+    // back after, so the executable keeps no caller's buffer.
+    SHOAL_RETURN_IF_ERROR(k.update->bind("grad", grad));
+    Status st = apply(k, lr);
+    SHOAL_RETURN_IF_ERROR(k.update->bind("grad", k.sum));
+    SHOAL_RETURN_IF_ERROR(st);
     mark = seq;
     last = std::max(last, step);
     ++stats_.pushes;
@@ -203,8 +210,6 @@ Result<PushResult> Shard::push(int worker, const std::string& key, std::int64_t 
     k.waits_for = live_;
     // The round's sum reuses its buffer: a fresh one per round costs page
     // faults and zeroing (16% of a 16 MiB push-pull's time, perf).
-    if (!k.sum.defined() || k.sum.shape() != grad.shape())
-      k.sum = Tensor::zeros(grad.shape(), DType::kF32);
     SHOAL_RETURN_IF_ERROR(k.sum.copy_from(grad));
     k.round_lr = lr;
   } else {

@@ -21,10 +21,12 @@ struct Shard::Key {
   std::vector<std::string> state_order;  // the update's outputs 1.. in this order
   std::unique_ptr<runtime::Executable> update;
   std::vector<bool> copy_out;  // per update output: copied (not written in place)
-  Tensor grad, lr, opt_step;
+  Tensor lr, opt_step;
   std::uint64_t version = 0;  // updates applied
-  // Sync: the open round (for step == version): summed gradients, who
-  // pushed, and who it waits for (the workers live when it opened).
+  // The update's gradient input. Sync: the open round's (for step ==
+  // version) sum of gradients, made the mean in place when it closes; who
+  // pushed, and who it waits for (the workers live when it opened). Async
+  // pushes are bound in its place for their update, without a copy.
   Tensor sum;
   double round_lr = 0;                             // the learning rate the round's pushes carried
   std::chrono::steady_clock::time_point opened{};  // the round's first push

@@ -100,7 +100,10 @@ Status Shard::restore(const std::string& path) {
       if (!split_list(meta("pushed/" + name), &p, false) ||
           !split_list(meta("waits/" + name), &w, false))
         return data_loss("{}: malformed open round of key '{}'", path, name);
-      k->sum = sum->second.clone();
+      if (sum->second.shape() != k->sum.shape())
+        return data_loss("{}: the open round of key '{}' is {}, the key {}", path, name,
+                         shape_str(sum->second.shape()), shape_str(k->sum.shape()));
+      SHOAL_RETURN_IF_ERROR(k->sum.copy_from(sum->second));
       for (auto& [x, unused] : p) k->pushed.insert(static_cast<int>(x));
       for (auto& [x, unused] : w) k->waits_for.insert(static_cast<int>(x));
     }

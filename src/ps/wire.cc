@@ -35,7 +35,7 @@ void put_tensor(std::string& out, const Tensor& t, Codec c = Codec::kF32, float 
 // Reads fields off the front of a message; the first failure is kept.
 class Reader {
  public:
-  explicit Reader(std::string_view in) : in_(in) {}
+  explicit Reader(std::string_view in, const MakeTensor* make = nullptr) : in_(in), make_(make) {}
   template <typename T>
   T get(const char* field) {
     T v{};
@@ -94,7 +94,9 @@ class Reader {
                               need, in_.size() - pos_));
       return {};
     }
-    Tensor t = Tensor::empty(shape, DType::kF32);
+    Tensor t = make_ && *make_ ? (*make_)(shape) : Tensor();
+    if (!t.defined() || t.dtype() != DType::kF32 || t.shape() != shape || !t.is_contiguous())
+      t = Tensor::empty(shape, DType::kF32);
     auto used = decode_coded(in_.substr(pos_), numel, t.data<float>());
     if (!used.ok()) {
       fail(field, std::string(used.status().message()));
@@ -145,6 +147,7 @@ class Reader {
     if (err_.empty()) err_ = fmt::format("field '{}' at byte {}: {}", field, pos_, why);
   }
   std::string_view in_;
+  const MakeTensor* make_;
   std::size_t pos_ = 0;
   std::string err_;
   Codec codec_ = Codec::kF32;
@@ -225,8 +228,8 @@ std::string encode_impl(const Request& r, bool data) {
 std::string encode(const Request& r) { return encode_impl(r, true); }
 std::string encode_head(const Request& r) { return encode_impl(r, false); }
 
-Result<Request> decode_request(std::string_view in) {
-  Reader rd(in);
+Result<Request> decode_request(std::string_view in, const MakeTensor& make) {
+  Reader rd(in, &make);
   Request r;
   r.op = static_cast<char>(rd.get<std::uint8_t>("op"));
   switch (r.op) {
@@ -298,6 +301,13 @@ void append_pull_reply(std::string& out, std::uint64_t version, const Tensor& va
               codec_payload_bytes(c, static_cast<std::uint64_t>(value.numel())));
   put<std::uint64_t>(out, version);
   put_tensor(out, value, c);
+}
+
+void append_pull_reply_head(std::string& out, std::uint64_t version, const Tensor& value, Codec c) {
+  if (c != Codec::kF32) return append_pull_reply(out, version, value, c);
+  put<std::uint64_t>(out, version);
+  put_tensor_head(out, value);
+  put<std::uint8_t>(out, static_cast<std::uint8_t>(Codec::kF32));
 }
 
 std::string encode_pull_reply(std::uint64_t version, const Tensor& value, Codec c) {

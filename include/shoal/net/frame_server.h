@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -70,6 +71,11 @@ class FrameServer {
   // the request's. A client whose unread replies pass the backlog limit is
   // dropped. A reply to a client that is gone is ignored.
   void reply(ConnId c, FrameType type, std::uint64_t seq, std::string_view payload);
+  // The same with the payload in pieces (e.g. a reply's fields, then a
+  // tensor's bytes where they lie): sent from their memory while the
+  // socket takes them, and copied only for what must wait. At most 7
+  // pieces go out without a copy.
+  void reply(ConnId c, FrameType type, std::uint64_t seq, std::span<const std::string_view> parts);
   // Serving thread only: the client's address ("host:port").
   std::string peer(ConnId c) const;
 

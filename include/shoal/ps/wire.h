@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,12 +59,22 @@ std::string encode(const Request& r);
 // last): for an f32 tensor, encode(r) == encode_head(r) + its bytes, so a
 // sender can write the data from the tensor's own memory.
 std::string encode_head(const Request& r);
-Result<Request> decode_request(std::string_view in);
+// `make`, when given, supplies the request's tensor for a shape (an f32,
+// contiguous tensor of exactly that shape, e.g. a reused buffer): a server
+// decodes each push into memory it already has instead of fresh pages.
+using MakeTensor = std::function<Tensor(const Shape&)>;
+Result<Request> decode_request(std::string_view in, const MakeTensor& make = {});
 
 std::string encode_pull_reply(std::uint64_t version, const Tensor& value, Codec c = Codec::kF32);
 // The same appended to `out` (one copy of the value, no temporary).
 void append_pull_reply(std::string& out, std::uint64_t version, const Tensor& value,
                        Codec c = Codec::kF32);
+// The same without an f32 value's data (it is last): for f32,
+// append_pull_reply == append_pull_reply_head + the value's bytes, so a
+// server can send the data from the value's own memory. Other codecs are
+// appended whole.
+void append_pull_reply_head(std::string& out, std::uint64_t version, const Tensor& value,
+                            Codec c = Codec::kF32);
 Result<std::pair<std::uint64_t, Tensor>> decode_pull_reply(std::string_view in);
 
 }  // namespace shoal::ps
