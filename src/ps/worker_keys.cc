@@ -1,12 +1,15 @@
 // A worker's per-key operations: init, push, pull and push-pull, over one
 // server or, for arrays of at least the job's slice bound, over all of
-// them. A big array is cut along its first dimension into as many blocks of
-// rows as there are servers (block i on server i, under the key's own
-// name; rows so that row-sparse pushes find their server), so its traffic
-// and its update are spread over every server; a push-pull sends every
-// slice before it waits for the first answer. Slicing is exact for the
-// optimizers that update element by element; LARS and LAMB scale a whole
-// tensor by its norm, so their keys are never sliced.
+// them. A big array is cut along its first dimension into blocks of rows
+// of at most 2^20 elements, as many on every server (block b on
+// server b % S, under the key's own name for a server's first block and
+// "key#j" for its j-th; rows so that row-sparse pushes find their server),
+// so its traffic and its update are spread over every server; a push-pull
+// sends every block before it waits for the first answer, so a server
+// updates and answers one block while the next is still arriving (one
+// server too: a 64 MiB key is 16 blocks in flight, not one round trip).
+// Slicing is exact for the optimizers that update element by element; LARS
+// and LAMB scale a whole tensor by its norm, so their keys are never sliced.
 #include <chrono>
 #include <thread>
 
@@ -24,11 +27,17 @@ std::vector<Worker::Part> Worker::parts(const std::string& key) const {
   const bool by_norm =
       config_ && (config_->optimizer.name == "lars" || config_->optimizer.name == "lamb");
   const std::int64_t rows = it == shapes_.end() || it->second.empty() ? 1 : it->second[0];
-  if (s == 1 || bound <= 0 || n < bound || rows < 2 || by_norm) return {{server_of(key), 0, rows}};
+  // Blocks of at most kBlockElements (as rows allow), the same number on
+  // every server: block b on server b % s.
+  constexpr std::int64_t kBlockElements = std::int64_t{1} << 20;  // 4 MiB of f32
+  const std::int64_t per_server = (n + kBlockElements * s - 1) / (kBlockElements * s);
+  const std::int64_t blocks = std::min(rows, s * per_server);
+  if (bound <= 0 || n < bound || blocks < 2 || by_norm) return {{server_of(key), 0, rows, key}};
   std::vector<Part> out;
-  for (std::int64_t i = 0; i < s; ++i)
-    if (rows * (i + 1) / s > rows * i / s)
-      out.push_back({static_cast<std::size_t>(i), rows * i / s, rows * (i + 1) / s});
+  for (std::int64_t b = 0; b < blocks; ++b)
+    if (rows * (b + 1) / blocks > rows * b / blocks)
+      out.push_back({static_cast<std::size_t>(b % s), rows * b / blocks, rows * (b + 1) / blocks,
+                     b < s ? key : fmt::format("{}#{}", key, b / s)});
   return out;
 }
 
@@ -48,7 +57,7 @@ Status Worker::init(const std::string& key, const Tensor& value) {
   for (const Part& p : ps) {
     Request r;
     r.op = 'I';
-    r.key = key;
+    r.key = p.name;
     r.value = ps.size() == 1 ? v : row_slice(v, p.begin, p.end);
     SHOAL_RETURN_IF_ERROR(
         call_server(p.server, encode(r), Deadline::after_seconds(60))
@@ -71,6 +80,7 @@ Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const
   PushResult last = PushResult::kApplied;
   for (const Part& p : ps) {
     r.seq = ++seq_;
+    r.key = p.name;
     r.value = ps.size() == 1 ? whole : row_slice(whole, p.begin, p.end);
     SHOAL_ASSIGN_OR_RETURN(last, push_until_taken(p.server, r, dl));
   }
@@ -109,6 +119,7 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
   Tensor out = Tensor::empty(shapes_.at(key), DType::kF32);
   std::uint64_t version = UINT64_MAX;
   for (const Part& p : ps) {
+    r.key = p.name;
     SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(p.server, encode(r), dl));
     SHOAL_ASSIGN_OR_RETURN(auto got, decode_pull_reply(rep));
     Tensor dst = row_slice(out, p.begin, p.end);
@@ -167,6 +178,7 @@ Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t st
   std::vector<Status> sent(ps.size());
   for (std::size_t k = 0; k < ps.size(); ++k) {
     reqs[k].seq = ++seq_;
+    reqs[k].key = ps[k].name;
     reqs[k].value = row_slice(whole, ps[k].begin, ps[k].end);
     sent[k] = send_request(ps[k].server, reqs[k], dl);
   }

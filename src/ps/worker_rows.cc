@@ -58,6 +58,7 @@ Result<PushResult> Worker::push_rows(const std::string& key, std::int64_t step,
           r.rows.push_back(rows[i]);
         }
     r.value = gather_rows(v, mine);
+    r.key = p.name;
     r.seq = ++seq_;
     SHOAL_ASSIGN_OR_RETURN(last, push_until_taken(p.server, r, dl));
   }
@@ -79,7 +80,7 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull_rows(const std::string& ke
   for (const Part& p : parts(key)) {
     Request r;
     r.op = 'W';
-    r.key = key;
+    r.key = p.name;
     r.min_version = min_version;
     r.reply = compression_.pull;
     std::vector<std::size_t> mine;

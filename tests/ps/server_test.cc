@@ -95,6 +95,61 @@ TEST(PsServer, SyncWorkersEqualOneProcessOnTheMeanGradient) {
   EXPECT_EQ(server->stats().duplicates, 0u);
 }
 
+// A key of over 2^20 elements goes in blocks of at most 2^20, as many on
+// every server, all in flight at once; on one server too. Sync push-pulls of
+// two workers over 1 and 2 servers equal one process on the mean gradient.
+TEST(PsServer, ABigKeyGoesInBlocksAndEqualsOneProcess) {
+  const std::int64_t n = 3 * (std::int64_t{1} << 20) + 5;  // no even split
+  constexpr int kSteps = 3;
+  constexpr float kLr = 0.5f;
+  auto g = [](int w, std::int64_t i, int step) {
+    return 0.001f * static_cast<float>((i * 7 + w * 3 + step) % 11) - 0.005f;
+  };
+  for (int servers : {1, 2}) {
+    SCOPED_TRACE(fmt::format("{} servers", servers));
+    ServerOptions o;
+    o.shard.lr = kLr;
+    std::vector<std::unique_ptr<Server>> ss;
+    std::vector<std::string> addrs;
+    for (int i = 0; i < servers; ++i) {
+      ss.push_back(serve(Mode::kSync, kLr));
+      addrs.push_back(addr(*ss.back()));
+    }
+    std::vector<Tensor> got(2);
+    std::latch joined(2);
+    auto work = [&](int id) {
+      auto w = Worker::connect(addrs, kToken, id, soon(), &o.shard);
+      const Status init = w.ok() ? (*w)->init("big", Tensor::zeros({n}, DType::kF32)) : w.status();
+      joined.arrive_and_wait();
+      ASSERT_TRUE(init.ok()) << init.to_string();
+      Tensor into = Tensor::zeros({n}, DType::kF32), grad = Tensor::empty({n}, DType::kF32);
+      for (int step = 0; step < kSteps; ++step) {
+        for (std::int64_t i = 0; i < n; ++i) grad.data<float>()[i] = g(id, i, step);
+        auto p = (*w)->push_pull("big", step, grad, 0, soon(), &into);
+        ASSERT_TRUE(p.ok()) << p.status().to_string();
+        ASSERT_EQ(p->version, static_cast<std::uint64_t>(step + 1));
+      }
+      got[static_cast<std::size_t>(id)] = into;
+    };
+    std::thread a(work, 0), b(work, 1);
+    a.join();
+    b.join();
+    for (int id : {0, 1}) {
+      ASSERT_TRUE(got[static_cast<std::size_t>(id)].defined());
+      const float* v = got[static_cast<std::size_t>(id)].data<float>();
+      for (std::int64_t i = 0; i < n; i += 4099) {  // one process: SGD on the mean
+        float ref = 0;
+        for (int step = 0; step < kSteps; ++step)
+          ref -= kLr * ((g(0, i, step) + g(1, i, step)) * 0.5f);
+        ASSERT_NEAR(v[i], ref, 1e-6f) << "worker " << id << " element " << i;
+      }
+    }
+    // 4 blocks of at most 2^20: all on the one server, or 2 on each of two.
+    for (const auto& s : ss)
+      EXPECT_EQ(s->stats().rounds, static_cast<std::uint64_t>(kSteps * 4 / servers));
+  }
+}
+
 // A worker process that joins and dies (no leave) must not hold the sync
 // round: its connection closes and the server drops it from the quorum.
 TEST(PsServer, AWorkerWhoseProcessDiesReleasesItsRounds) {

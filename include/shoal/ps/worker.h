@@ -2,7 +2,7 @@
 // gradients (each with the next sequence number, so a retry is recognized)
 // and pull values. A key lives on one server, chosen by a stable hash of
 // its name, unless it has at least the job's slice_bound elements: then it
-// is cut into one block of rows per server (worker_keys.cc). A key's slicing
+// is cut into blocks of rows spread over every server (worker_keys.cc). A key's slicing
 // is known from its init, which every worker sends before it pushes or
 // pulls. Not thread-safe: one per thread.
 #pragma once
@@ -100,6 +100,7 @@ class Worker {
   struct Part {
     std::size_t server;
     std::int64_t begin, end;  // rows
+    std::string name;         // the block's key on its server
   };
   std::vector<Part> parts(const std::string& key) const;
   Result<std::string> call(net::Socket& s, const std::string& payload, Deadline dl);
