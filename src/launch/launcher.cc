@@ -46,10 +46,6 @@ Status validate(const LaunchOptions& o) {
         "--ps {},{}: a parameter-server job needs at least one server and one "
         "worker",
         o.ps_servers, o.ps_workers);
-  if (o.ps_servers > 0 && o.engine == "mpirun")
-    return invalid_argument(
-        "--ps runs on the local and srun engines (--engine mpirun): under mpirun start `shoal ps "
-        "scheduler`, `shoal ps server` and the workers as one MPMD program, see docs/ps.md");
   if (o.ps_servers > 0 && o.max_restarts > 0)
     return invalid_argument(
         "--ps does not take --max-restarts (a dead server restarts from its snapshot: "

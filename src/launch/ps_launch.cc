@@ -8,9 +8,9 @@
 // A worker that finishes early is fine; one that fails stops the job in
 // sync mode (named), and in async or bounded mode the others go on (the
 // servers drop it from the quorum). A server that dies stops the job.
-// With --engine srun each of those processes is a one-task Slurm job step
-// (the scheduler's store stays in the launcher: --store-host must be an
-// address the nodes reach).
+// With --engine srun each of those processes is a one-task Slurm job step,
+// with --engine mpirun a one-process mpirun launch (the scheduler's store
+// stays in the launcher: --store-host must be an address the nodes reach).
 // With --ps-elastic MIN:MAX (async or bounded jobs) the launcher replaces a
 // failed worker while fewer than MIN train, and starts more on request
 // (`shoal ps join`: the store counter ps/grow) up to MAX; a new worker takes
@@ -74,10 +74,10 @@ class PsJob {
     for (int i = 0; i < o_.ps_servers; ++i) {
       Env e = env;
       e.insert(e.end(), {{"DMLC_ROLE", "server"}, {"SHOAL_PS_SERVER_INDEX", std::to_string(i)}});
-      // On other nodes (srun with a routable store host) a server listens
+      // On other nodes (srun or mpirun with a routable store host) a server listens
       // on every interface and gives the scheduler its node's name.
       const bool loopback = o_.store_host.rfind("127.", 0) == 0 || o_.store_host == "localhost";
-      const std::string host = o_.engine == "srun" && !loopback ? "0.0.0.0" : o_.store_host;
+      const std::string host = o_.engine != "local" && !loopback ? "0.0.0.0" : o_.store_host;
       std::vector<std::string> argv = {self_exe(),
                                        "ps",
                                        "server",
@@ -170,7 +170,24 @@ class PsJob {
     // (the by-hand recipe of docs/ps.md: one step per role), so Slurm
     // places, accounts for and cancels each; signals reach it through srun.
     std::vector<std::string> argv;
-    if (o_.engine == "srun") {
+    Env e = env;
+    if (o_.engine == "mpirun") {
+      // Under mpirun every process is a one-process launch of its own (as
+      // dmlc-tracker starts ps-lite roles under MPI), placed by the engine
+      // arguments (--host, --hostfile); the launcher supervises each. The
+      // same words for OpenMPI and MPICH: OpenMPI's settings go as its
+      // environment variables (MPICH ignores them), and the job's variables
+      // reach remote nodes through OpenMPI's env list (Hydra forwards every
+      // variable) -- never on a command line, where the token would show.
+      argv = {"mpirun", "-n", "1"};
+      argv.insert(argv.end(), o_.engine_args.begin(), o_.engine_args.end());
+      std::string names;
+      for (const auto& [k, v] : env) names += (names.empty() ? "" : ";") + k;
+      e.insert(e.end(), {{"OMPI_MCA_mca_base_env_list", names},
+                         {"OMPI_MCA_hwloc_base_binding_policy", "none"},
+                         {"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+                         {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}});
+    } else if (o_.engine == "srun") {
       argv = {"srun",
               "-N",
               "1",
@@ -182,8 +199,8 @@ class PsJob {
       argv.insert(argv.end(), o_.engine_args.begin(), o_.engine_args.end());
     }
     argv.insert(argv.end(), role_argv.begin(), role_argv.end());
-    specs_.emplace_back(argv, env);
-    auto p = spawn(argv, env);
+    specs_.emplace_back(argv, e);
+    auto p = spawn(argv, e);
     if (!p.ok()) {
       fmt::print(stderr, "shoal run: {}\n", p.status().message());
       signal_all(SIGKILL);
@@ -431,10 +448,11 @@ class PsJob {
     auto after = [](double s) {
       return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
     };
-    if (!failure && o_.engine == "srun") {
+    if (!failure && o_.engine != "local") {
       // Every worker has left, and the servers see it within a second and
-      // end by themselves. A SIGTERM to srun would cancel the step, and
-      // their last words with it: only if they are still there in 10 s.
+      // end by themselves. A SIGTERM to srun or mpirun would cancel the
+      // step or job, and their last words with it: only if they are still
+      // there in 10 s.
       term_at_ = Clock::now() + after(10);
       kill_at_ = *term_at_ + after(o_.grace_s);
       return;

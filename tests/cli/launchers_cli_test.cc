@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -157,6 +159,55 @@ TEST(Mpich, AParameterServerJobOneProgramPerRole) {
   shoal::testing::TempDir dir("mpich_ps");
   expect_ps_job(ps_under("mpirun.mpich", dir.path(),
                          [](const char* role) { return std::string("-env DMLC_ROLE ") + role; }));
+}
+
+// `shoal run --ps S,W --engine mpirun`: each server and worker is its own
+// one-process mpirun launch (the launcher stays the scheduler), with the
+// same flags under OpenMPI and MPICH. `mpirun` is the one first on PATH:
+// `flavor` is put there.
+void ps_through_shoal_run(const std::string& flavor) {
+  shoal::testing::TempDir dir("run_ps_mpirun");
+  const std::string d = dir.path();
+  std::filesystem::create_directories(d + "/bin");
+  {
+    std::ofstream f(d + "/bin/mpirun");
+    f << "#!/bin/sh\nexec " << flavor << " \"$@\"\n";
+  }
+  std::filesystem::permissions(d + "/bin/mpirun", std::filesystem::perms::owner_all);
+  const std::string path = "PATH=" + d + "/bin:$PATH ";
+  Result r = run_sh(path + "timeout 150 " + kShoal +
+                    " run --ps 2,2 --engine mpirun --timeout 120 --ps-snapshots " + d +
+                    "/ps -- sh -c 'echo mpi=${OMPI_COMM_WORLD_SIZE:-$PMI_SIZE}; exec " + kShoal +
+                    " train --dist ps --model mlp --limit-train 2048 --limit-test 256 --threads 1 "
+                    "--batch 32 --max-steps 20 --no-plot --quiet --out " +
+                    d + "/run'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  int pushes = 0;
+  for (std::size_t at = 0; (at = r.out.find("ps server: stopped; ", at)) != std::string::npos; ++at)
+    pushes += std::atoi(r.out.c_str() + at + 20);
+  EXPECT_EQ(pushes, 240) << r.out;  // 20 steps x 6 keys x 2 workers, over both servers
+  // mpirun started each worker, as a world of one.
+  std::size_t worlds = 0;
+  for (std::size_t at = 0; (at = r.out.find("mpi=1\n", at)) != std::string::npos; ++at) ++worlds;
+  EXPECT_EQ(worlds, 2u) << r.out;
+  EXPECT_TRUE(has(r, "every worker has finished; the 2 parameter servers stopped")) << r.out;
+  // A worker's exit code comes through mpirun, and the worker is named.
+  Result bad = run_sh(path + "timeout 100 " + kShoal +
+                      " run --ps 1,1 --engine mpirun --timeout 60 --ps-snapshots " + d +
+                      "/ps2 -- sh -c 'exit 3'");
+  EXPECT_NE(bad.code, 0) << bad.out;
+  EXPECT_TRUE(has(bad, "worker 0 exited with code 3")) << bad.out;
+}
+
+TEST(OpenMpi, ShoalRunPsLaunchesEveryRoleThroughMpirun) {
+  if (run_sh("command -v mpirun.openmpi").code != 0)
+    GTEST_SKIP() << "openmpi-bin is not installed (tools/install-deps.sh installs it)";
+  ps_through_shoal_run("/usr/bin/mpirun.openmpi");
+}
+
+TEST(Mpich, ShoalRunPsLaunchesEveryRoleThroughMpirun) {
+  if (!have_mpich()) GTEST_SKIP() << "mpich is not installed (tools/install-deps.sh installs it)";
+  ps_through_shoal_run("/usr/bin/mpirun.mpich");
 }
 
 }  // namespace
