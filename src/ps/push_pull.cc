@@ -1,8 +1,13 @@
 // The "ps_push_pull" graph op: (grad, lr) -> the parameter's new value from
 // its server. Its async kernel hands the work to the job's client thread,
-// which runs push-pulls one after another in the order the backward pass
-// produced the gradients; the executor waits for each only when the step
-// ends.
+// which sends each push-pull as soon as the backward pass has produced its
+// gradient (of several ready together, the highest priority first) and
+// finishes them as answers come back, all in flight at once; the executor
+// waits for each only when the step ends.
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <mutex>
 #include <optional>
 
@@ -30,7 +35,8 @@ WorkerJob::Impl* lookup(std::int64_t id) {
 
 class PushPullKernel final : public runtime::Kernel {
  public:
-  PushPullKernel(WorkerJob::Impl* j, std::string key) : j_(j), key_(std::move(key)) {}
+  PushPullKernel(WorkerJob::Impl* j, std::string key, int priority)
+      : j_(j), key_(std::move(key)), priority_(priority) {}
 
   Status run(const runtime::KernelContext&, std::span<const Tensor> in,
              std::span<Tensor> out) override {
@@ -38,6 +44,7 @@ class PushPullKernel final : public runtime::Kernel {
     task_->key = key_;
     task_->grad = in[0];
     task_->lr = static_cast<double>(in[1].data<float>()[0]);
+    task_->priority = priority_;
     task_->out = out[0];
     j_->enqueue(task_);
     return ok_status();
@@ -71,6 +78,7 @@ class PushPullKernel final : public runtime::Kernel {
  private:
   WorkerJob::Impl* j_;
   std::string key_;
+  int priority_;
   std::shared_ptr<PushPullTask> task_;
   std::chrono::steady_clock::time_point start_{}, end_{};
 };
@@ -89,6 +97,7 @@ void unregister_job(std::int64_t id) {
 }
 
 void WorkerJob::Impl::start_thread() {
+  wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   thread = std::thread([this] { loop(); });
 }
 
@@ -98,7 +107,10 @@ void WorkerJob::Impl::stop_thread() {
     stopping = true;
   }
   cv.notify_all();
+  if (wake >= 0) (void)::eventfd_write(wake, 1);
   if (thread.joinable()) thread.join();
+  if (wake >= 0) ::close(wake);
+  wake = -1;
 }
 
 void WorkerJob::Impl::enqueue(std::shared_ptr<PushPullTask> t) {
@@ -107,43 +119,76 @@ void WorkerJob::Impl::enqueue(std::shared_ptr<PushPullTask> t) {
     queue.push_back(std::move(t));
   }
   cv.notify_one();
+  if (wake >= 0) (void)::eventfd_write(wake, 1);
 }
 
 void WorkerJob::Impl::loop() {
   while (true) {
-    std::shared_ptr<PushPullTask> t;
+    std::vector<std::shared_ptr<PushPullTask>> ready;
     {
       std::unique_lock<std::mutex> lk(mu);
-      cv.wait(lk, [&] { return stopping || !queue.empty(); });
-      if (queue.empty()) return;
-      t = std::move(queue.front());
-      queue.pop_front();
+      if (in_flight.empty()) cv.wait(lk, [&] { return stopping || !queue.empty(); });
+      ready.assign(queue.begin(), queue.end());
+      queue.clear();
+      if (stopping) {
+        // Training is over (every step waits for its push-pulls) or failing:
+        // whatever is left is not waited for; its waiters hear why.
+        for (auto& t : ready) complete(*t, aborted("the parameter-server client stopped"));
+        for (auto& [tk, t] : in_flight)
+          complete(*t, aborted("the parameter-server client stopped"));
+        in_flight.clear();
+        return;
+      }
     }
-    const auto start = std::chrono::steady_clock::now();
-    Status st = run(*t);
-    std::lock_guard<std::mutex> lk(t->mu);
-    t->status = std::move(st);
-    t->start = start;
-    t->end = std::chrono::steady_clock::now();
-    t->done = true;
-    t->cv.notify_all();
+    eventfd_t drained;
+    (void)::eventfd_read(wake, &drained);
+    std::stable_sort(ready.begin(), ready.end(),
+                     [](const auto& a, const auto& b) { return a->priority > b->priority; });
+    for (const auto& t : ready) start(t);
+    if (in_flight.empty()) continue;
+    for (Worker::Done& d : worker->poll_push_pulls(wake, Deadline::after_seconds(timeout_s)))
+      finish(d);
   }
 }
 
-Status WorkerJob::Impl::run(PushPullTask& t) {
+void WorkerJob::Impl::start(const std::shared_ptr<PushPullTask>& t) {
   if (delay_ms > 0 && params > 0 && tasks++ % params == 0)
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
-  std::int64_t& step = next_step[t.key];
-  SHOAL_ASSIGN_OR_RETURN(
-      Worker::Pulled p,
-      worker->push_pull(t.key, step, t.grad, t.lr, Deadline::after_seconds(timeout_s), &t.out));
-  if (p.value.shape() != t.out.shape())
-    return failed_precondition("key '{}': the server sent {}, the parameter is {}", t.key,
-                               shape_str(p.value.shape()), shape_str(t.out.shape()));
-  // Received straight into the output when it could be; else copied.
-  if (p.value.raw_data() != t.out.raw_data()) SHOAL_RETURN_IF_ERROR(t.out.copy_from(p.value));
-  step = mode == Mode::kSync ? static_cast<std::int64_t>(p.version) : step + 1;
-  return ok_status();
+  t->start = std::chrono::steady_clock::now();
+  t->step = next_step[t->key];
+  t->sent = ++sent;
+  auto tk = worker->start_push_pull(t->key, t->step, t->grad, t->lr, t->out,
+                                    Deadline::after_seconds(timeout_s));
+  if (!tk.ok()) return complete(*t, tk.status());
+  in_flight[*tk] = t;
+}
+
+void WorkerJob::Impl::finish(Worker::Done& d) {
+  auto it = in_flight.find(d.ticket);
+  if (it == in_flight.end()) return;
+  std::shared_ptr<PushPullTask> t = std::move(it->second);
+  in_flight.erase(it);
+  Status st = d.pulled.status();
+  if (st.ok()) {
+    const Tensor& v = d.pulled->value;
+    if (v.shape() != t->out.shape())
+      st = failed_precondition("key '{}': the server sent {}, the parameter is {}", t->key,
+                               shape_str(v.shape()), shape_str(t->out.shape()));
+    else if (v.raw_data() != t->out.raw_data())  // received in place when it could be
+      st = t->out.copy_from(v);
+  }
+  if (st.ok())
+    next_step[t->key] =
+        mode == Mode::kSync ? static_cast<std::int64_t>(d.pulled->version) : t->step + 1;
+  complete(*t, std::move(st));
+}
+
+void WorkerJob::Impl::complete(PushPullTask& t, Status st) {
+  std::lock_guard<std::mutex> lk(t.mu);
+  t.status = std::move(st);
+  t.end = std::chrono::steady_clock::now();
+  t.done = true;
+  t.cv.notify_all();
 }
 
 void register_push_pull_op() {
@@ -153,7 +198,7 @@ void register_push_pull_op() {
     d.name = "ps_push_pull";
     d.min_inputs = 2;
     d.max_inputs = 2;
-    d.attrs = {"job", "key"};
+    d.attrs = {"job", "key", "priority"};
     d.random = true;  // never constant-folded: its value comes from a server
     d.infer =
         [](const graph::Node& n,
@@ -174,8 +219,9 @@ void register_push_pull_op() {
           if (!j)
             return failed_precondition("{}: no parameter-server job registered as {}", n.label(),
                                        id);
-          return std::unique_ptr<runtime::Kernel>(
-              std::make_unique<PushPullKernel>(j, n.attrs.get_string_or("key", "")));
+          return std::unique_ptr<runtime::Kernel>(std::make_unique<PushPullKernel>(
+              j, n.attrs.get_string_or("key", ""),
+              static_cast<int>(n.attrs.get_int_or("priority", 0))));
         });
   });
 }
@@ -186,9 +232,14 @@ Result<train::OptimizerGraph> inject_push_pull(graph::Builder& b,
   register_push_pull_op();
   train::OptimizerGraph og;
   og.lr = b.input("lr", DType::kF32, {});
-  for (const auto& p : params) {
-    og.new_params.push_back(b.op("ps_push_pull", {p.grad, og.lr},
-                                 {{"job", job.impl().id}, {"key", p.name}}, "ps/" + p.name));
+  // Priorities as MXNet gives them: the first parameter (the first layer,
+  // which the next step needs first) highest.
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    og.new_params.push_back(
+        b.op("ps_push_pull", {p.grad, og.lr},
+             {{"job", job.impl().id}, {"key", p.name}, {"priority", -static_cast<std::int64_t>(i)}},
+             "ps/" + p.name));
     if (!b.ok()) return b.status().with_context(fmt::format("push-pull of '{}'", p.name));
   }
   return og;

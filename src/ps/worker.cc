@@ -4,6 +4,7 @@
 #include <cstring>
 #include <thread>
 
+#include "ps/pipeline.h"
 #include "shoal/core/hash.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/frame_server.h"
@@ -99,13 +100,7 @@ Status Worker::configure(const ShardOptions& o, Deadline dl) {
   return ok_status();
 }
 
-Result<Worker::Pulled> Worker::exchange(std::size_t i, const Request& r, Deadline dl,
-                                        Tensor* into) {
-  SHOAL_RETURN_IF_ERROR(send_request(i, r, dl));
-  return recv_reply(i, dl, into);
-}
-
-Status Worker::send_request(std::size_t i, const Request& r, Deadline dl) {
+Result<std::uint64_t> Worker::send_request(std::size_t i, const Request& r, Deadline dl) {
   net::Socket& s = servers_[i];
   // An f32 gradient is sent from its own memory; a coded one is encoded.
   const bool raw = r.codec == Codec::kF32;
@@ -122,13 +117,13 @@ Status Worker::send_request(std::size_t i, const Request& r, Deadline dl) {
   SHOAL_RETURN_IF_ERROR(s.send_all(head.data(), head.size(), dl).with_context(s.peer()));
   if (raw)
     SHOAL_RETURN_IF_ERROR(s.send_all(grad.raw_data(), data_bytes, dl).with_context(s.peer()));
-  return ok_status();
+  return h.seq;
 }
 
-Result<Worker::Pulled> Worker::recv_reply(std::size_t i, Deadline dl, Tensor* into) {
+Result<Worker::Pulled> Worker::recv_answer(std::size_t i, const net::FrameHeader& rh, Deadline dl,
+                                           Tensor* into) {
   net::Socket& s = servers_[i];
   // The reply: result, then (unless kWait) version, rank, dims, coded data.
-  SHOAL_ASSIGN_OR_RETURN(net::FrameHeader rh, s.recv_header(std::uint64_t{1} << 34, dl));
   if (rh.type == static_cast<std::uint16_t>(net::FrameType::kStoreError) ||
       rh.type != static_cast<std::uint16_t>(net::FrameType::kPsReply) || rh.length < 1) {
     std::string v(rh.length, '\0');

@@ -19,6 +19,11 @@ struct PushPullTask {
   std::string key;
   Tensor grad, out;  // views of the kernel's input and output
   double lr = 0;
+  int priority = 0;  // of tasks ready together, the highest goes first
+  // Set by the client thread: the step it pushed for, and the order it was
+  // sent in among all of this job's push-pulls (1, 2, ...).
+  std::int64_t step = 0;
+  std::uint64_t sent = 0;
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -42,12 +47,17 @@ struct WorkerJob::Impl {
   double delay_ms = 0;
   std::size_t params = 0, tasks = 0;
 
-  // The client thread: runs tasks in the order the kernels started them.
+  // The client thread: sends every task as soon as it is queued (of those
+  // queued together, the highest priority first: the first layers', as
+  // MXNet orders them) and finishes each as its answers come back.
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::shared_ptr<PushPullTask>> queue;
   bool stopping = false;
   std::thread thread;
+  int wake = -1;  // eventfd: a task was queued (the thread may be polling)
+  std::map<Worker::Ticket, std::shared_ptr<PushPullTask>> in_flight;  // client thread's
+  std::uint64_t sent = 0;
 
   void start_thread();
   void stop_thread();
@@ -55,7 +65,9 @@ struct WorkerJob::Impl {
 
  private:
   void loop();
-  Status run(PushPullTask& t);
+  void start(const std::shared_ptr<PushPullTask>& t);
+  void finish(Worker::Done& d);
+  static void complete(PushPullTask& t, Status st);
 };
 
 // The op's registry of jobs, so that a graph attribute can name one.

@@ -11,8 +11,10 @@
 // Slicing is exact for the optimizers that update element by element; LARS
 // and LAMB scale a whole tensor by its norm, so their keys are never sliced.
 #include <chrono>
+#include <optional>
 #include <thread>
 
+#include "ps/pipeline.h"
 #include "shoal/core/logging.h"
 #include "shoal/ps/wire.h"
 #include "shoal/ps/worker.h"
@@ -133,74 +135,24 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
   return std::pair{version, std::move(out)};
 }
 
-Result<Worker::Pulled> Worker::settle(std::size_t i, const Request& r, Deadline dl, Tensor* into,
-                                      Result<Pulled> first) {
-  auto p = std::move(first);
-  for (int wait_ms = 1, lost = 0;;) {
-    if (!p.ok() && p.status().code() == StatusCode::kUnavailable && resolve_ && !dl.expired() &&
-        lost++ < 5) {
-      SHOAL_LOG_WARN("worker {}: lost parameter server {} at {} ({}); waiting for it to restart",
-                     worker_, i, addrs_[i], p.status().message());
-      if (Status st = reconnect(i, dl); !st.ok())
-        return st.with_context(fmt::format("reconnecting to parameter server {}", i));
-      p = exchange(i, r, dl, into);  // the same request, the same sequence number
-      continue;
-    }
-    if (!p.ok() || p->result != PushResult::kWait) return p;
-    if (dl.expired())
-      return deadline_exceeded(
-          "worker {}: key '{}' step {} still too far ahead of the slowest worker at the deadline",
-          worker_, r.key, r.step);
-    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
-    wait_ms = std::min(wait_ms * 2, 100);
-    p = exchange(i, r, dl, into);
-  }
-}
-
 Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t step,
                                          const Tensor& grad, double lr, Deadline dl, Tensor* into) {
-  Request r;
-  r.op = 'X';
-  r.worker = worker_;
-  r.key = key;
-  r.step = step;
-  r.lr = lr;
-  SHOAL_RETURN_IF_ERROR(code_push(r, grad));
-  const auto ps = parts(key);
-  if (ps.size() == 1) {
-    r.seq = ++seq_;
-    return settle(ps[0].server, r, dl, into, exchange(ps[0].server, r, dl, into));
+  SHOAL_ASSIGN_OR_RETURN(Ticket t,
+                         start_push_pull(key, step, grad, lr, into ? *into : Tensor(), dl));
+  while (true) {
+    std::optional<Result<Pulled>> mine;
+    for (Done& d : poll_push_pulls(-1, dl)) {
+      if (d.ticket == t)
+        mine = std::move(d.pulled);
+      else
+        pipeline_->done.push_back(std::move(d));  // another caller's, kept for it
+    }
+    if (mine) return std::move(*mine);
+    if (dl.expired())
+      return deadline_exceeded(
+          "worker {}: push-pull of key '{}' step {} not answered by the deadline", worker_, key,
+          step);
   }
-  // Every slice goes out before the first answer is awaited: the servers
-  // apply their slices at the same time.
-  const Tensor whole = r.value.contiguous();
-  std::vector<Request> reqs(ps.size(), r);
-  std::vector<Status> sent(ps.size());
-  for (std::size_t k = 0; k < ps.size(); ++k) {
-    reqs[k].seq = ++seq_;
-    reqs[k].key = ps[k].name;
-    reqs[k].value = row_slice(whole, ps[k].begin, ps[k].end);
-    sent[k] = send_request(ps[k].server, reqs[k], dl);
-  }
-  const Shape& shape = shapes_.at(key);
-  Tensor out =
-      into && into->dtype() == DType::kF32 && into->shape() == shape && into->is_contiguous()
-          ? *into
-          : Tensor::empty(shape, DType::kF32);
-  Pulled all{PushResult::kApplied, UINT64_MAX, out};
-  for (std::size_t k = 0; k < ps.size(); ++k) {
-    Tensor dst = row_slice(out, ps[k].begin, ps[k].end);
-    auto first = sent[k].ok() ? recv_reply(ps[k].server, dl, &dst) : Result<Pulled>(sent[k]);
-    SHOAL_ASSIGN_OR_RETURN(Pulled got, settle(ps[k].server, reqs[k], dl, &dst, std::move(first)));
-    if (got.value.shape() != dst.shape())
-      return failed_precondition("key '{}': parameter server {} sent a slice of {}, expected {}",
-                                 key, ps[k].server, shape_str(got.value.shape()),
-                                 shape_str(dst.shape()));
-    if (got.value.raw_data() != dst.raw_data()) SHOAL_RETURN_IF_ERROR(dst.copy_from(got.value));
-    all.result = got.result;
-    all.version = std::min(all.version, got.version);
-  }
-  return all;
 }
 
 }  // namespace shoal::ps

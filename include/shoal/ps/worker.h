@@ -31,6 +31,8 @@ class Worker {
                                                  const std::string& token, int worker, Deadline dl,
                                                  const ShardOptions* config = nullptr);
   ~Worker();  // leaves, when it has not
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
 
   int id() const { return worker_; }
   int num_servers() const { return static_cast<int>(servers_.size()); }
@@ -59,6 +61,27 @@ class Worker {
   // (Pulled::value then shares its storage).
   Result<Pulled> push_pull(const std::string& key, std::int64_t step, const Tensor& grad, double lr,
                            Deadline dl, Tensor* into = nullptr);
+  // Pipelined push-pulls (the graph pass's client thread): start_push_pull
+  // sends every block of a push-pull and returns at once, so a step's
+  // push-pulls are all in flight together; answers are matched to their
+  // requests by frame, in whatever order the servers' rounds close. The
+  // value is received into `into` when it is an f32 tensor of the key's
+  // shape (keep it alive until the push-pull is done), else into a new one.
+  using Ticket = std::uint64_t;
+  Result<Ticket> start_push_pull(const std::string& key, std::int64_t step, const Tensor& grad,
+                                 double lr, Tensor into, Deadline dl);
+  struct Done {
+    Ticket ticket;
+    Result<Pulled> pulled;
+  };
+  // Waits until a started push-pull is done (every block answered), `wake`
+  // (a file descriptor, or -1) is readable, or `dl` passes; returns what is
+  // done (maybe nothing). A bounded-staleness kWait is resent after a
+  // back-off; a lost server is reconnected through the resolver and its
+  // unanswered requests resent with their sequence numbers (applied once).
+  std::vector<Done> poll_push_pulls(int wake, Deadline dl);
+  std::size_t push_pulls_in_flight() const;
+
   // How pushes and pulls travel (default f32 both ways). With two-bit
   // pushes the worker keeps each key's residual (error feedback).
   void set_compression(const Compression& c);
@@ -107,17 +130,23 @@ class Worker {
   // call() on server i, reconnecting and resending when it is lost.
   Result<std::string> call_server(std::size_t i, const std::string& payload, Deadline dl);
   Status reconnect(std::size_t i, Deadline dl);
-  // One push-pull exchange on server i without copies of the tensors.
-  Result<Pulled> exchange(std::size_t i, const Request& r, Deadline dl, Tensor* into);
-  Status send_request(std::size_t i, const Request& r, Deadline dl);
-  Result<Pulled> recv_reply(std::size_t i, Deadline dl, Tensor* into);
+  // Sends `r` to server i without copying its tensor; the frame number
+  // its answer will carry.
+  Result<std::uint64_t> send_request(std::size_t i, const Request& r, Deadline dl);
+  // The rest of a push-pull answer whose header `rh` was read from server
+  // i: a refusal, kWait, or the value (into `into` when it fits).
+  Result<Pulled> recv_answer(std::size_t i, const net::FrameHeader& rh, Deadline dl, Tensor* into);
   // Sends push (or pushrows) `r` to server i, again while it says kWait
   // (bounded staleness), until `dl`; its answer.
   Result<PushResult> push_until_taken(std::size_t i, const Request& r, Deadline dl);
-  // Finishes a push-pull whose first answer was `first`: reconnects and
-  // resends when server i was lost, retries while it says kWait.
-  Result<Pulled> settle(std::size_t i, const Request& r, Deadline dl, Tensor* into,
-                        Result<Pulled> first);
+  // The pipeline's steps (worker_pipeline.cc): send a block and file it
+  // under its frame; file an answer (or a failure) to a block; reconnect to
+  // a lost server and resend what it had not answered; read one answer.
+  struct PipelineBlock;
+  void send_block(PipelineBlock&& b);
+  void answer(const PipelineBlock& b, Result<Pulled> got);
+  void recover(std::size_t i, const Status& why);
+  void read_answer(std::size_t i);
   // The rest of a pushpull reply after its fixed part: dims, codec, data.
   Result<Tensor> recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,
                             Tensor* into);
@@ -134,6 +163,8 @@ class Worker {
   int worker_ = -1;
   std::uint64_t seq_ = 0, frame_ = 0;
   bool left_ = false;
+  struct Pipeline;  // ps/pipeline.h: push-pulls in flight
+  std::unique_ptr<Pipeline> pipeline_;
 };
 
 }  // namespace shoal::ps
