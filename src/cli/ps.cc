@@ -228,8 +228,9 @@ int run_ps_server(const PsServerFlags& f) {
   fmt::print("ps server: stopping: {}\n", why);
   const ps::ShardStats st = (*s)->stats();
   s->reset();  // stops serving and writes the last snapshot
-  fmt::print("ps server: stopped; {} pushes, {} updates, {} sync rounds, {} duplicates ignored\n",
-             st.pushes, st.applied, st.rounds, st.duplicates);
+  fmt::print("ps server: stopped; {} pushes{}, {} updates, {} sync rounds, {} duplicates ignored\n",
+             st.pushes, st.row_pushes ? fmt::format(" ({} of them rows)", st.row_pushes) : "",
+             st.applied, st.rounds, st.duplicates);
   std::string per;
   for (const auto& [w, n] : st.by_worker)
     per += fmt::format("{}worker {}: {}", per.empty() ? "" : ", ", w, n);

@@ -33,19 +33,61 @@ WorkerJob::Impl* lookup(std::int64_t id) {
   return it == jobs().end() ? nullptr : it->second;
 }
 
+// An embedding table's gradient as rows: the distinct ids in `ids` (in
+// order of first use) and, for each, the sum of its rows of `dy` ([...,
+// dim], one row per id), added in the order the dense scatter adds them, so
+// the server's dense sum is bit for bit the dense gradient's.
+Status rows_of_ids(const Tensor& ids_in, const Tensor& dy_in, std::int64_t table_rows,
+                   const std::string& key, std::vector<std::int64_t>* rows, Tensor* values) {
+  const Tensor ids = ids_in.contiguous(), dy = dy_in.contiguous();
+  const std::int64_t n = ids.numel(), dim = dy.rank() ? dy.shape().back() : 0;
+  if (dy.numel() != n * dim)
+    return invalid_argument("rows of '{}': {} ids for a gradient of shape {}", key, n,
+                            shape_str(dy.shape()));
+  std::vector<std::int64_t> slot(static_cast<std::size_t>(table_rows), -1);
+  std::vector<float> sum;
+  const float* d = dy.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t id = ids.dtype() == DType::kI32
+                                ? static_cast<std::int64_t>(ids.data<std::int32_t>()[i])
+                                : ids.data<std::int64_t>()[i];
+    if (id < 0 || id >= table_rows)
+      return invalid_argument("rows of '{}': id {} at position {} is outside the table's {} rows",
+                              key, id, i, table_rows);
+    auto& k = slot[static_cast<std::size_t>(id)];
+    if (k < 0) {
+      k = static_cast<std::int64_t>(rows->size());
+      rows->push_back(id);
+      sum.resize(sum.size() + static_cast<std::size_t>(dim), 0.f);
+    }
+    float* row = sum.data() + k * dim;
+    for (std::int64_t j = 0; j < dim; ++j) row[j] += d[i * dim + j];
+  }
+  *values = Tensor::from_vector(sum, {static_cast<std::int64_t>(rows->size()), dim});
+  return ok_status();
+}
+
+// (grad, lr) -> value, or for an embedding table (ids, dy, lr) -> value
+// with the gradient pushed as rows.
 class PushPullKernel final : public runtime::Kernel {
  public:
-  PushPullKernel(WorkerJob::Impl* j, std::string key, int priority)
-      : j_(j), key_(std::move(key)), priority_(priority) {}
+  PushPullKernel(WorkerJob::Impl* j, std::string key, int priority, std::int64_t table_rows)
+      : j_(j), key_(std::move(key)), priority_(priority), table_rows_(table_rows) {}
 
   Status run(const runtime::KernelContext&, std::span<const Tensor> in,
              std::span<Tensor> out) override {
-    task_ = std::make_shared<PushPullTask>();
-    task_->key = key_;
-    task_->grad = in[0];
-    task_->lr = static_cast<double>(in[1].data<float>()[0]);
-    task_->priority = priority_;
-    task_->out = out[0];
+    auto t = std::make_shared<PushPullTask>();
+    t->key = key_;
+    if (table_rows_ > 0) {
+      t->by_rows = true;
+      SHOAL_RETURN_IF_ERROR(rows_of_ids(in[0], in[1], table_rows_, key_, &t->rows, &t->grad));
+    } else {
+      t->grad = in[0];
+    }
+    t->lr = static_cast<double>(in[in.size() - 1].data<float>()[0]);
+    t->priority = priority_;
+    t->out = out[0];
+    task_ = std::move(t);
     j_->enqueue(task_);
     return ok_status();
   }
@@ -79,6 +121,7 @@ class PushPullKernel final : public runtime::Kernel {
   WorkerJob::Impl* j_;
   std::string key_;
   int priority_;
+  std::int64_t table_rows_;  // > 0: an embedding table, pushed as rows
   std::shared_ptr<PushPullTask> task_;
   std::chrono::steady_clock::time_point start_{}, end_{};
 };
@@ -157,8 +200,10 @@ void WorkerJob::Impl::start(const std::shared_ptr<PushPullTask>& t) {
   t->start = std::chrono::steady_clock::now();
   t->step = next_step[t->key];
   t->sent = ++sent;
-  auto tk = worker->start_push_pull(t->key, t->step, t->grad, t->lr, t->out,
-                                    Deadline::after_seconds(timeout_s));
+  const Deadline dl = Deadline::after_seconds(timeout_s);
+  auto tk = t->by_rows
+                ? worker->start_push_rows_pull(t->key, t->step, t->rows, t->grad, t->lr, t->out, dl)
+                : worker->start_push_pull(t->key, t->step, t->grad, t->lr, t->out, dl);
   if (!tk.ok()) return complete(*t, tk.status());
   in_flight[*tk] = t;
 }
@@ -191,6 +236,20 @@ void WorkerJob::Impl::complete(PushPullTask& t, Status st) {
   t.cv.notify_all();
 }
 
+namespace {
+
+Result<std::unique_ptr<runtime::Kernel>> make_kernel(const graph::Node& n,
+                                                     const std::vector<graph::TensorType>&) {
+  const std::int64_t id = n.attrs.get_int_or("job", -1);
+  WorkerJob::Impl* j = lookup(id);
+  if (!j) return failed_precondition("{}: no parameter-server job registered as {}", n.label(), id);
+  return std::unique_ptr<runtime::Kernel>(std::make_unique<PushPullKernel>(
+      j, n.attrs.get_string_or("key", ""), static_cast<int>(n.attrs.get_int_or("priority", 0)),
+      n.op == "ps_push_rows_pull" ? n.attrs.get_int_or("rows", 0) : 0));
+}
+
+}  // namespace
+
 void register_push_pull_op() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -210,19 +269,30 @@ void register_push_pull_op() {
       return std::vector<graph::TensorType>{in[0]};
     };
     graph::OpRegistry::global().add(d);
-    runtime::KernelRegistry::cpu().add(
-        "ps_push_pull",
+    // (ids, dy, lr) -> the table's new value: an embedding table's gradient
+    // pushed as the rows the step touched.
+    graph::OpDef r;
+    r.name = "ps_push_rows_pull";
+    r.min_inputs = 3;
+    r.max_inputs = 3;
+    r.attrs = {"job", "key", "priority", "rows"};
+    r.random = true;
+    r.infer =
         [](const graph::Node& n,
-           const std::vector<graph::TensorType>&) -> Result<std::unique_ptr<runtime::Kernel>> {
-          const std::int64_t id = n.attrs.get_int_or("job", -1);
-          WorkerJob::Impl* j = lookup(id);
-          if (!j)
-            return failed_precondition("{}: no parameter-server job registered as {}", n.label(),
-                                       id);
-          return std::unique_ptr<runtime::Kernel>(std::make_unique<PushPullKernel>(
-              j, n.attrs.get_string_or("key", ""),
-              static_cast<int>(n.attrs.get_int_or("priority", 0))));
-        });
+           const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
+      SHOAL_ASSIGN_OR_RETURN(std::int64_t rows, n.attrs.get_int("rows"));
+      if (in[0].dtype != DType::kI32 && in[0].dtype != DType::kI64)
+        return invalid_argument("{}: ids must be i32 or i64, got {}", n.label(), in[0].str());
+      if (in[1].dtype != DType::kF32 || in[1].shape.empty())
+        return invalid_argument("{}: the gradient must be f32 [..., dim], got {}", n.label(),
+                                in[1].str());
+      if (!in[2].shape.empty())
+        return invalid_argument("{}: lr must be a scalar, got {}", n.label(), in[2].str());
+      return std::vector<graph::TensorType>{{DType::kF32, {rows, in[1].shape.back()}}};
+    };
+    graph::OpRegistry::global().add(r);
+    runtime::KernelRegistry::cpu().add("ps_push_pull", make_kernel);
+    runtime::KernelRegistry::cpu().add("ps_push_rows_pull", make_kernel);
   });
 }
 
@@ -236,10 +306,20 @@ Result<train::OptimizerGraph> inject_push_pull(graph::Builder& b,
   // which the next step needs first) highest.
   for (std::size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
-    og.new_params.push_back(
-        b.op("ps_push_pull", {p.grad, og.lr},
-             {{"job", job.impl().id}, {"key", p.name}, {"priority", -static_cast<std::int64_t>(i)}},
-             "ps/" + p.name));
+    graph::Attrs a{
+        {"job", job.impl().id}, {"key", p.name}, {"priority", -static_cast<std::int64_t>(i)}};
+    // A table whose whole gradient is one embedding's scatter: the rows
+    // that step touched go instead of the dense table (the scatter is then
+    // dead code).
+    const graph::Node& g = b.graph().node(p.grad.node);
+    if (g.op == "embedding_grad") {
+      a.set("rows", g.attrs.get_int_or("rows", 0));
+      og.new_params.push_back(
+          b.op("ps_push_rows_pull", {g.inputs[0], g.inputs[1], og.lr}, a, "ps/" + p.name));
+      SHOAL_LOG_INFO("ps: '{}' (an embedding table) is pushed as the rows each step uses", p.name);
+    } else {
+      og.new_params.push_back(b.op("ps_push_pull", {p.grad, og.lr}, a, "ps/" + p.name));
+    }
     if (!b.ok()) return b.status().with_context(fmt::format("push-pull of '{}'", p.name));
   }
   return og;

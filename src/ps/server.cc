@@ -153,7 +153,8 @@ class Server::Handler final : public net::FrameServer::Handler {
     if (!shard_)
       return failed_precondition(
           "this server has no options yet: a worker sends them first (config, wire op 'C')");
-    if (r.op == 'P' || r.op == 'X' || r.op == 'S') SHOAL_RETURN_IF_ERROR(check_coding(r));
+    if (r.op == 'P' || r.op == 'X' || r.op == 'S' || r.op == 'R')
+      SHOAL_RETURN_IF_ERROR(check_coding(r));
     switch (r.op) {
       case 'J':
         SHOAL_RETURN_IF_ERROR(shard_->add_worker(r.worker));
@@ -179,6 +180,7 @@ class Server::Handler final : public net::FrameServer::Handler {
         return ok_status();
       }
       case 'X':
+      case 'R':
         return push_pull(s, c, seq, r);
       case 'S': {
         SHOAL_ASSIGN_OR_RETURN(PushResult pr, shard_->push_rows(r.worker, r.key, r.step, r.seq,
@@ -218,8 +220,11 @@ class Server::Handler final : public net::FrameServer::Handler {
     const Compression& want = shard_->options().compression;
     // Row-sparse pushes are never two-bit (residuals are kept for dense
     // keys): f32 then.
-    if (r.op == 'S' && want.push == Codec::kTwoBit && r.codec == Codec::kF32) return ok_status();
-    const Compression got{r.codec, r.op == 'X' ? r.reply : want.pull,
+    const bool rows = r.op == 'S' || r.op == 'R';
+    if (rows && want.push == Codec::kTwoBit && r.codec == Codec::kF32 &&
+        (r.op == 'S' || r.reply == want.pull))
+      return ok_status();
+    const Compression got{r.codec, r.op == 'X' || r.op == 'R' ? r.reply : want.pull,
                           r.codec == Codec::kTwoBit ? r.threshold : want.threshold};
     if (got.push == want.push && got.pull == want.pull &&
         (want.push != Codec::kTwoBit || got.threshold == want.threshold))
@@ -231,9 +236,12 @@ class Server::Handler final : public net::FrameServer::Handler {
   // Push, then answer with the key's value once the update the push
   // belongs to is applied: at once in async mode, when its round closes in
   // sync mode (a retried push of a closed round is answered at once too).
+  // A pushrowspull is the same with a row-sparse push.
   Status push_pull(net::FrameServer& s, ConnId c, std::uint64_t seq, const Request& r) {
-    SHOAL_ASSIGN_OR_RETURN(PushResult pr,
-                           shard_->push(r.worker, r.key, r.step, r.seq, r.value, r.lr));
+    SHOAL_ASSIGN_OR_RETURN(
+        PushResult pr,
+        r.op == 'R' ? shard_->push_rows(r.worker, r.key, r.step, r.seq, r.rows, r.value, r.lr)
+                    : shard_->push(r.worker, r.key, r.step, r.seq, r.value, r.lr));
     if (pr == PushResult::kWait) {
       s.reply(c, net::FrameType::kPsReply, seq, std::string(1, static_cast<char>(pr)));
       return ok_status();

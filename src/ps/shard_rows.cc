@@ -42,7 +42,9 @@ Result<PushResult> Shard::push_rows(int worker, const std::string& key, std::int
   for (std::size_t i = 0; i < rows.size(); ++i)
     for (std::int64_t j = 0; j < width; ++j)
       d[rows[i] * width + j] += s[static_cast<std::int64_t>(i) * width + j];
-  return push(worker, key, step, seq, dense, lr);
+  SHOAL_ASSIGN_OR_RETURN(PushResult pr, push(worker, key, step, seq, dense, lr));
+  if (pr != PushResult::kDuplicate && pr != PushResult::kWait) ++stats_.row_pushes;
+  return pr;
 }
 
 Result<std::pair<std::uint64_t, Tensor>> Shard::pull_rows(

@@ -19,6 +19,9 @@ struct PushPullTask {
   std::string key;
   Tensor grad, out;  // views of the kernel's input and output
   double lr = 0;
+  // An embedding table's gradient as rows: `grad` holds rows `rows`.
+  bool by_rows = false;
+  std::vector<std::int64_t> rows;
   int priority = 0;  // of tasks ready together, the highest goes first
   // Set by the client thread: the step it pushed for, and the order it was
   // sent in among all of this job's push-pulls (1, 2, ...).

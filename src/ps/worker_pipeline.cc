@@ -31,9 +31,6 @@ std::size_t Worker::push_pulls_in_flight() const {
 Result<Worker::Ticket> Worker::start_push_pull(const std::string& key, std::int64_t step,
                                                const Tensor& grad, double lr, Tensor into,
                                                Deadline dl) {
-  if (!pipeline_) pipeline_ = std::make_unique<Pipeline>();
-  Pipeline& pl = *pipeline_;
-  pl.dl = dl;
   Request r;
   r.op = 'X';
   r.worker = worker_;
@@ -41,10 +38,21 @@ Result<Worker::Ticket> Worker::start_push_pull(const std::string& key, std::int6
   r.step = step;
   r.lr = lr;
   SHOAL_RETURN_IF_ERROR(code_push(r, grad));
-  const auto ps = parts(key);
   const Tensor whole = r.value.contiguous();
+  const auto ps = parts(key);
   auto shape = shapes_.find(key);
   const Shape want = shape == shapes_.end() ? whole.shape() : shape->second;
+  return launch(r, ps, want, into, dl, [&](Request& q, const Part& p) {
+    q.value = ps.size() == 1 ? whole : row_block(whole, p.begin, p.end);
+  });
+}
+
+Worker::Ticket Worker::launch(const Request& r, const std::vector<Part>& ps, const Shape& want,
+                              Tensor into, Deadline dl,
+                              const std::function<void(Request&, const Part&)>& fill) {
+  if (!pipeline_) pipeline_ = std::make_unique<Pipeline>();
+  Pipeline& pl = *pipeline_;
+  pl.dl = dl;
   if (!into.defined() || into.dtype() != DType::kF32 || into.shape() != want ||
       !into.is_contiguous())
     into = Tensor::empty(want, DType::kF32);
@@ -59,7 +67,7 @@ Result<Worker::Ticket> Worker::start_push_pull(const std::string& key, std::int6
     b.req = r;
     b.req.seq = ++seq_;
     b.req.key = p.name;
-    b.req.value = ps.size() == 1 ? whole : row_block(whole, p.begin, p.end);
+    fill(b.req, p);
     b.dst = ps.size() == 1 ? into : row_block(into, p.begin, p.end);
     send_block(std::move(b));
   }

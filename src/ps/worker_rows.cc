@@ -21,6 +21,21 @@ Tensor gather_rows(const Tensor& src, const std::vector<std::size_t>& which) {
   return out;
 }
 
+// The entries of `rows` part `p` takes (into `mine`) and their indices on
+// its server (into `local`): its own rows, slice-local; the first part also
+// takes rows outside the key, so that its server names them.
+void rows_of_part(std::int64_t begin, std::int64_t end, std::int64_t total,
+                  const std::vector<std::int64_t>& rows, std::vector<std::size_t>* mine,
+                  std::vector<std::int64_t>* local) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const bool in = rows[i] >= begin && rows[i] < end;
+    if (in || (begin == 0 && (rows[i] < 0 || rows[i] >= total))) {
+      mine->push_back(i);
+      local->push_back(in ? rows[i] - begin : rows[i]);
+    }
+  }
+}
+
 }  // namespace
 
 Result<PushResult> Worker::push_rows(const std::string& key, std::int64_t step,
@@ -45,18 +60,7 @@ Result<PushResult> Worker::push_rows(const std::string& key, std::int64_t step,
   for (const Part& p : parts(key)) {
     std::vector<std::size_t> mine;
     r.rows.clear();
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      if (rows[i] >= p.begin && rows[i] < p.end) {
-        mine.push_back(i);
-        r.rows.push_back(rows[i] - p.begin);
-      }
-    // Rows outside the key go to the first part, whose server names them.
-    if (p.begin == 0)
-      for (std::size_t i = 0; i < rows.size(); ++i)
-        if (rows[i] < 0 || rows[i] >= shape->second[0]) {
-          mine.push_back(i);
-          r.rows.push_back(rows[i]);
-        }
+    rows_of_part(p.begin, p.end, shape->second[0], rows, &mine, &r.rows);
     r.value = gather_rows(v, mine);
     r.key = p.name;
     r.seq = ++seq_;
@@ -84,12 +88,7 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull_rows(const std::string& ke
     r.min_version = min_version;
     r.reply = compression_.pull;
     std::vector<std::size_t> mine;
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      if ((rows[i] >= p.begin && rows[i] < p.end) ||
-          (p.begin == 0 && (rows[i] < 0 || rows[i] >= shape->second[0]))) {
-        mine.push_back(i);
-        r.rows.push_back(rows[i] >= p.begin && rows[i] < p.end ? rows[i] - p.begin : rows[i]);
-      }
+    rows_of_part(p.begin, p.end, shape->second[0], rows, &mine, &r.rows);
     if (mine.empty()) continue;
     SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(p.server, encode(r), dl));
     SHOAL_ASSIGN_OR_RETURN(auto got, decode_pull_reply(rep));
@@ -104,6 +103,34 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull_rows(const std::string& ke
   }
   if (version == UINT64_MAX) version = 0;
   return std::pair{version, std::move(out)};
+}
+
+Result<Worker::Ticket> Worker::start_push_rows_pull(const std::string& key, std::int64_t step,
+                                                    const std::vector<std::int64_t>& rows,
+                                                    const Tensor& values, double lr, Tensor into,
+                                                    Deadline dl) {
+  auto shape = shapes_.find(key);
+  if (shape == shapes_.end() || shape->second.empty())
+    return failed_precondition("push-rows-pull of key '{}': {}", key,
+                               shape == shapes_.end() ? "init it first" : "it is a scalar");
+  if (values.rank() == 0 || values.dim(0) != static_cast<std::int64_t>(rows.size()))
+    return invalid_argument("push-rows-pull of key '{}': {} row ids for values of shape {}", key,
+                            rows.size(), shape_str(values.shape()));
+  const Tensor v = values.contiguous();
+  Request r;
+  r.op = 'R';
+  r.worker = worker_;
+  r.key = key;
+  r.step = step;
+  r.lr = lr;
+  r.codec = compression_.push == Codec::kTwoBit ? Codec::kF32 : compression_.push;
+  r.reply = compression_.pull;
+  const std::int64_t total = shape->second[0];
+  return launch(r, parts(key), shape->second, into, dl, [&](Request& q, const Part& p) {
+    std::vector<std::size_t> mine;
+    rows_of_part(p.begin, p.end, total, rows, &mine, &q.rows);
+    q.value = gather_rows(v, mine);
+  });
 }
 
 }  // namespace shoal::ps

@@ -96,6 +96,47 @@ TEST(PsTrainCli, SyncWorkersMatchOneProcessOnTheWholeBatch) {
   }
 }
 
+// The GPT's untied token embedding is pushed as the rows each step uses,
+// not as a dense table: a sync job of two
+// workers still equals one process on the whole batch, momentum included
+// (the servers update densely), and the servers count the row pushes.
+TEST(PsTrainCli, EmbeddingTablesGoAsRowsAndMatchOneProcess) {
+  const std::string text = "/usr/share/games/fortunes/cookie";
+  if (!std::filesystem::exists(text))
+    GTEST_SKIP() << "Debian's fortunes package is not installed (tools/install-deps.sh does)";
+  constexpr int kB = 6, kSteps = 5;
+  const std::string gpt = "--model gpt --data text:" + text +
+                          " --untied --layers 1 --heads 2 --dim 12 --context 9 --limit-train 400 "
+                          "--threads 1 --optimizer momentum --lr 0.05 --no-plot --quiet";
+  const std::string one = tmpdir("gpt_one");
+  auto r1 = run_shoal(
+      fmt::format("train {} --batch {} --max-steps {} --out {}", gpt, 2 * kB, kSteps, one));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  auto a = last_checkpoint(one);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  // One server; then two with the table sliced over both (a slice bound of
+  // 100 elements): each worker's rows go to the block that holds them.
+  for (auto [servers, bound] : {std::pair{1, 1000000}, std::pair{2, 100}}) {
+    SCOPED_TRACE(fmt::format("{} servers, slice bound {}", servers, bound));
+    const std::string many = tmpdir(fmt::format("gpt_many{}", servers));
+    auto r2 = run_sh(fmt::format(
+        "MXNET_KVSTORE_BIGARRAY_BOUND={} {} run --ps {},2 --timeout 120 --ps-snapshots {}.ps -- "
+        "{} train --dist ps {} --batch {} --max-steps {} --out {}",
+        bound, SHOAL_BINARY, servers, many, SHOAL_BINARY, gpt, kB, kSteps, many));
+    ASSERT_EQ(r2.code, 0) << r2.out;
+    EXPECT_NE(r2.out.find("is pushed as the rows each step uses"), std::string::npos) << r2.out;
+    double rows = 0;
+    for (double n : numbers_after(r2.out, "pushes (")) rows += n;
+    // The token table: 2 workers x 5 steps, to each server holding a block.
+    EXPECT_EQ(rows, kSteps * 2 * servers) << r2.out;
+    auto b = last_checkpoint(many);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    int params = 0;
+    EXPECT_LE(worst_param_diff(*a, *b, &params), 1e-5);
+    EXPECT_GT(params, 8);
+  }
+}
+
 // Pushes over all servers, from their last lines.
 double total_pushes(const std::string& out) {
   double n = 0;

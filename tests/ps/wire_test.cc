@@ -48,6 +48,20 @@ TEST(PsWire, RowSparseRequestsRoundTripAndTheirRowsAreChecked) {
   ASSERT_TRUE(dw.ok()) << dw.status().to_string();
   EXPECT_EQ(dw->rows, w.rows);
   EXPECT_EQ(dw->min_version, 3u);
+  // A push-rows-pull: the row push's fields and the reply codec.
+  Request x = r;
+  x.op = 'R';
+  x.reply = Codec::kBF16;
+  const std::string mx = encode(x);
+  auto dx = decode_request(mx);
+  ASSERT_TRUE(dx.ok()) << dx.status().to_string();
+  EXPECT_EQ(dx->rows, x.rows);
+  EXPECT_EQ(dx->reply, Codec::kBF16);
+  EXPECT_EQ(dx->lr, 0.5);
+  EXPECT_EQ(encode(*dx), mx);
+  EXPECT_EQ(
+      encode_head(x) + std::string(static_cast<const char*>(x.value.raw_data()), x.value.nbytes()),
+      mx);
   // A row count beyond the bytes that follow is refused by field.
   std::string cut = encode(w);
   cut.resize(cut.size() - 1);

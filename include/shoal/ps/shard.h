@@ -74,6 +74,7 @@ struct ShardStats {
   std::uint64_t applied = 0;               // updates applied to values
   std::uint64_t pushes = 0;                // pushes accepted (collected or applied)
   std::uint64_t duplicates = 0;            // pushes recognized as seen before
+  std::uint64_t row_pushes = 0;            // of `pushes`, row-sparse
   std::uint64_t rounds = 0;                // sync rounds closed
   std::map<int, std::uint64_t> by_worker;  // pushes accepted per worker
   double round_seconds = 0;                // sync: first push to close, summed over rounds

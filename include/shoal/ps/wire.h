@@ -16,9 +16,12 @@
 //         (a row-sparse push: grad holds the listed rows of the key's gradient)
 //     'W' pullrows key:str min_version:u64 reply:u8 rows (answered like 'L',
 //         with only the listed rows)
+//     'R' pushrowspull worker:i32 key:str step:i64 seq:u64 lr:f64 reply:u8 rows
+//         grad:tensor (a row-sparse push answered like 'X', with the whole
+//         value: what the graph pass sends for an embedding table)
 //   rows = n:u32 (<= 2^24) then i64[n]
 //   push and pushrows reply = result:u8 (PushResult); pull reply = version:u64 value:tensor
-//   pushpull reply = result:u8, then (unless kWait) a pull reply, sent once
+//   pushpull (and pushrowspull) reply = result:u8, then (unless kWait) a pull reply, sent once
 //   the update the push belongs to is applied (sync: its round closed)
 //   str = n:u32 bytes; tensor = ndim:u8 (<= 8) dims:i64[ndim] then its data
 //   coded (ps/codec.h: codec:u8, 2bit threshold:f32, payload); reply = the

@@ -70,6 +70,12 @@ class Worker {
   using Ticket = std::uint64_t;
   Result<Ticket> start_push_pull(const std::string& key, std::int64_t step, const Tensor& grad,
                                  double lr, Tensor into, Deadline dl);
+  // The same for a row-sparse push (embedding tables: `values` holds rows
+  // `rows` of the gradient, as push_rows takes them), answered with the
+  // key's whole value: the graph pass's push for a table's gradient.
+  Result<Ticket> start_push_rows_pull(const std::string& key, std::int64_t step,
+                                      const std::vector<std::int64_t>& rows, const Tensor& values,
+                                      double lr, Tensor into, Deadline dl);
   struct Done {
     Ticket ticket;
     Result<Pulled> pulled;
@@ -143,6 +149,11 @@ class Worker {
   // under its frame; file an answer (or a failure) to a block; reconnect to
   // a lost server and resend what it had not answered; read one answer.
   struct PipelineBlock;
+  // Starts a push-pull of `ps` parts of a key of shape `want`, each
+  // request `r` with its part's block name, sequence number and what `fill`
+  // puts in.
+  Ticket launch(const Request& r, const std::vector<Part>& ps, const Shape& want, Tensor into,
+                Deadline dl, const std::function<void(Request&, const Part&)>& fill);
   void send_block(PipelineBlock&& b);
   void answer(const PipelineBlock& b, Result<Pulled> got);
   void recover(std::size_t i, const Status& why);
