@@ -193,13 +193,15 @@ std::string encode_impl(const Request& r, bool data) {
     case 'C':
       put_str(out, r.config);
       break;
-    case 'X':
+    case 'X':  // pushpull
+    case 'R':  // pushrowspull: the same with rows
       put<std::int32_t>(out, r.worker);
       put_str(out, r.key);
       put<std::int64_t>(out, r.step);
       put<std::uint64_t>(out, r.seq);
       put<double>(out, r.lr);
       put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
+      if (r.op == 'R') put_rows(out, r.rows);
       tensor(out, r.value);
       break;
     case 'S':
@@ -216,16 +218,6 @@ std::string encode_impl(const Request& r, bool data) {
       put<std::uint64_t>(out, r.min_version);
       put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
       put_rows(out, r.rows);
-      break;
-    case 'R':
-      put<std::int32_t>(out, r.worker);
-      put_str(out, r.key);
-      put<std::int64_t>(out, r.step);
-      put<std::uint64_t>(out, r.seq);
-      put<double>(out, r.lr);
-      put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
-      put_rows(out, r.rows);
-      tensor(out, r.value);
       break;
     default:
       break;
@@ -268,12 +260,14 @@ Result<Request> decode_request(std::string_view in, const MakeTensor& make) {
       r.config = rd.str("config");
       break;
     case 'X':
+    case 'R':
       r.worker = rd.get<std::int32_t>("worker");
       r.key = rd.str("key");
       r.step = rd.get<std::int64_t>("step");
       r.seq = rd.get<std::uint64_t>("seq");
       r.lr = rd.get<double>("lr");
       r.reply = rd.codec("reply");
+      if (r.op == 'R') r.rows = rd.rows("rows");
       r.value = rd.tensor("grad");
       if (rd.ok() && !(r.lr >= 0 && r.lr < 1e6))
         return invalid_argument("ps message: field 'lr' is {}, outside [0, 1e6)", r.lr);
@@ -284,18 +278,6 @@ Result<Request> decode_request(std::string_view in, const MakeTensor& make) {
       r.step = rd.get<std::int64_t>("step");
       r.seq = rd.get<std::uint64_t>("seq");
       r.lr = rd.get<double>("lr");
-      r.rows = rd.rows("rows");
-      r.value = rd.tensor("grad");
-      if (rd.ok() && !(r.lr >= 0 && r.lr < 1e6))
-        return invalid_argument("ps message: field 'lr' is {}, outside [0, 1e6)", r.lr);
-      break;
-    case 'R':
-      r.worker = rd.get<std::int32_t>("worker");
-      r.key = rd.str("key");
-      r.step = rd.get<std::int64_t>("step");
-      r.seq = rd.get<std::uint64_t>("seq");
-      r.lr = rd.get<double>("lr");
-      r.reply = rd.codec("reply");
       r.rows = rd.rows("rows");
       r.value = rd.tensor("grad");
       if (rd.ok() && !(r.lr >= 0 && r.lr < 1e6))

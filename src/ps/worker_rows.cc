@@ -36,31 +36,45 @@ void rows_of_part(std::int64_t begin, std::int64_t end, std::int64_t total,
   }
 }
 
+// What both row pushes start from, checked: the request (`op`: 'S' or
+// 'R') without rows or values, and the key's shape.
+Result<std::pair<Request, Shape>> row_request(const std::map<std::string, Shape>& shapes,
+                                              const char* what, char op, int worker,
+                                              const Compression& c, const std::string& key,
+                                              std::int64_t step, std::size_t rows,
+                                              const Tensor& values, double lr) {
+  auto shape = shapes.find(key);
+  if (shape == shapes.end() || shape->second.empty())
+    return failed_precondition("{} of key '{}': {}", what, key,
+                               shape == shapes.end() ? "init it first" : "it is a scalar");
+  if (values.rank() == 0 || values.dim(0) != static_cast<std::int64_t>(rows))
+    return invalid_argument("{} of key '{}': {} row ids for values of shape {}", what, key, rows,
+                            shape_str(values.shape()));
+  Request r;
+  r.op = op;
+  r.worker = worker;
+  r.key = key;
+  r.step = step;
+  r.lr = lr;
+  r.codec = c.push == Codec::kTwoBit ? Codec::kF32 : c.push;  // rows never go two-bit
+  r.reply = c.pull;
+  return std::pair{std::move(r), shape->second};
+}
+
 }  // namespace
 
 Result<PushResult> Worker::push_rows(const std::string& key, std::int64_t step,
                                      const std::vector<std::int64_t>& rows, const Tensor& values,
                                      double lr, Deadline dl) {
-  auto shape = shapes_.find(key);
-  if (shape == shapes_.end() || shape->second.empty())
-    return failed_precondition("push_rows of key '{}': {}", key,
-                               shape == shapes_.end() ? "init it first" : "it is a scalar");
-  if (values.rank() == 0 || values.dim(0) != static_cast<std::int64_t>(rows.size()))
-    return invalid_argument("push_rows of key '{}': {} row ids for values of shape {}", key,
-                            rows.size(), shape_str(values.shape()));
+  SHOAL_ASSIGN_OR_RETURN(auto rs, row_request(shapes_, "push_rows", 'S', worker_, compression_, key,
+                                              step, rows.size(), values, lr));
+  Request& r = rs.first;
   const Tensor v = values.contiguous();
-  Request r;
-  r.op = 'S';
-  r.worker = worker_;
-  r.key = key;
-  r.step = step;
-  r.lr = lr;
-  r.codec = compression_.push == Codec::kTwoBit ? Codec::kF32 : compression_.push;
   PushResult last = PushResult::kApplied;
   for (const Part& p : parts(key)) {
     std::vector<std::size_t> mine;
     r.rows.clear();
-    rows_of_part(p.begin, p.end, shape->second[0], rows, &mine, &r.rows);
+    rows_of_part(p.begin, p.end, rs.second[0], rows, &mine, &r.rows);
     r.value = gather_rows(v, mine);
     r.key = p.name;
     r.seq = ++seq_;
@@ -109,24 +123,11 @@ Result<Worker::Ticket> Worker::start_push_rows_pull(const std::string& key, std:
                                                     const std::vector<std::int64_t>& rows,
                                                     const Tensor& values, double lr, Tensor into,
                                                     Deadline dl) {
-  auto shape = shapes_.find(key);
-  if (shape == shapes_.end() || shape->second.empty())
-    return failed_precondition("push-rows-pull of key '{}': {}", key,
-                               shape == shapes_.end() ? "init it first" : "it is a scalar");
-  if (values.rank() == 0 || values.dim(0) != static_cast<std::int64_t>(rows.size()))
-    return invalid_argument("push-rows-pull of key '{}': {} row ids for values of shape {}", key,
-                            rows.size(), shape_str(values.shape()));
+  SHOAL_ASSIGN_OR_RETURN(auto rs, row_request(shapes_, "push-rows-pull", 'R', worker_, compression_,
+                                              key, step, rows.size(), values, lr));
   const Tensor v = values.contiguous();
-  Request r;
-  r.op = 'R';
-  r.worker = worker_;
-  r.key = key;
-  r.step = step;
-  r.lr = lr;
-  r.codec = compression_.push == Codec::kTwoBit ? Codec::kF32 : compression_.push;
-  r.reply = compression_.pull;
-  const std::int64_t total = shape->second[0];
-  return launch(r, parts(key), shape->second, into, dl, [&](Request& q, const Part& p) {
+  const std::int64_t total = rs.second[0];
+  return launch(rs.first, parts(key), rs.second, into, dl, [&](Request& q, const Part& p) {
     std::vector<std::size_t> mine;
     rows_of_part(p.begin, p.end, total, rows, &mine, &q.rows);
     q.value = gather_rows(v, mine);
