@@ -222,9 +222,14 @@ void register_layout_ops(OpRegistry& r) {
 
 void register_embedding_ops(OpRegistry& r) {
   {
+    // With attr `vocab` > 0 the table is a shard of a vocabulary of that
+    // size, holding its rows [offset, offset + rows): other ids (within the
+    // vocabulary) give zero rows, and their gradient goes elsewhere
+    // (tensor parallelism's vocabulary-parallel embedding).
     OpDef d;
     d.name = "embedding";
     d.min_inputs = d.max_inputs = 2;
+    d.attrs = {"offset", "vocab"};
     d.infer = [](const Node&, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
       if (in[0].shape.size() != 2) return invalid_argument("table must be [rows, dim]");
@@ -235,13 +240,17 @@ void register_embedding_ops(OpRegistry& r) {
       return Types{{in[0].dtype, s}};
     };
     d.grad = GRAD {
-      return {g.b.op("embedding_grad", {X(1), DY}, {{"rows", SHAPE_OF(0)[0]}}), Value{}};
+      return {g.b.op("embedding_grad", {X(1), DY},
+                     {{"rows", SHAPE_OF(0)[0]},
+                      {"offset", g.node.attrs.get_int_or("offset", 0)},
+                      {"vocab", g.node.attrs.get_int_or("vocab", 0)}}),
+              Value{}};
     };
     r.add(d);
     OpDef gd;
     gd.name = "embedding_grad";  // scatter-add dy rows into a [rows, dim] table
     gd.min_inputs = gd.max_inputs = 2;
-    gd.attrs = {"rows"};
+    gd.attrs = {"rows", "offset", "vocab"};
     gd.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_ASSIGN_OR_RETURN(std::int64_t rows, n.attrs.get_int("rows"));
       SHOAL_RETURN_IF_ERROR(need_float(in[1], 1));

@@ -162,6 +162,27 @@ Status propagate(const Graph& g, const std::vector<int>& order, const std::set<i
   return ok_status();
 }
 
+// Each vocabulary-parallel table's lookup reads this rank's rows (zeros
+// for ids another rank holds), summed over the group by a tp_allreduce.
+Status shard_vocabulary(Graph& g, const TpPlan& plan, int rank, int size,
+                        const graph::Attrs& comm_attr) {
+  for (const std::string& t : plan.tables) {
+    int id = -1;
+    for (const Node& n : g.nodes())
+      if (n.alive && n.op == "embedding" && param_input(g, n, 0) == t) id = n.id;
+    if (id < 0) return not_found("tensor parallelism: no embedding reads the table {}", t);
+    const std::int64_t vocab = g.type(g.node(id).inputs[0]).shape[0];
+    Node& e = g.mutable_node(id);
+    e.attrs.set("offset", split_at(vocab, rank, size));
+    e.attrs.set("vocab", vocab);
+    const Value y{id, 0};
+    SHOAL_ASSIGN_OR_RETURN(Value sum, g.add("tp_allreduce", {y}, comm_attr));
+    g.replace_all_uses(y, sum);
+    g.mutable_node(sum.node).inputs[0] = y;  // replace_all_uses redirected it too
+  }
+  return ok_status();
+}
+
 Status check_divides(const Graph& g, const std::string& input, int axis, int size) {
   SHOAL_ASSIGN_OR_RETURN(Value v, g.find_input(input));
   const Shape& s = g.type(v).shape;
@@ -179,6 +200,7 @@ std::string TpPlan::str() const {
   for (const auto& r : regions)
     s += fmt::format("columns [{}] -> rows [{}]\n", fmt::join(r.columns, ", "),
                      fmt::join(r.rows, ", "));
+  for (const auto& t : tables) s += fmt::format("vocabulary-parallel embedding {}\n", t);
   return s;
 }
 
@@ -234,7 +256,20 @@ Result<TpPlan> plan_tensor_parallel(const Graph& g, int size) {
     }
     plan.regions.push_back(std::move(reg));
   }
-  for (const auto& s : plan.shards) SHOAL_RETURN_IF_ERROR(check_divides(g, s.input, s.axis, size));
+  // Vocabulary-parallel embeddings: an untied table (no user but its one
+  // lookup) with at least a row per rank.
+  for (int id : order) {
+    const Node& n = g.node(id);
+    if (!n.alive || n.op != "embedding" || n.attrs.get_int_or("vocab", 0) > 0) continue;
+    const std::string t = param_input(g, n, 0);
+    auto u = users.find(n.inputs[0].node);
+    const Shape& full = g.type(n.inputs[0]).shape;
+    if (t.empty() || u == users.end() || u->second.size() != 1 || full[0] < size) continue;
+    plan.tables.push_back(t);
+    plan.shards.push_back({t, 0, full, true});
+  }
+  for (const auto& s : plan.shards)
+    if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s.input, s.axis, size));
   return plan;
 }
 
@@ -255,7 +290,9 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id)
       return not_found("tensor parallelism: no linear takes the weight {}", w);
     return it->second;
   };
-  for (const auto& s : plan.shards) SHOAL_RETURN_IF_ERROR(check_divides(g, s.input, s.axis, size));
+  for (const auto& s : plan.shards)
+    if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s.input, s.axis, size));
+  SHOAL_RETURN_IF_ERROR(shard_vocabulary(g, plan, c->rank(), size, comm_attr));
   const Users users = users_of(g);
   std::set<int> outputs;
   for (const Value& v : g.outputs()) outputs.insert(v.node);
@@ -291,7 +328,9 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id)
   // Parameter inputs take this rank's slices; the region's reshapes its share.
   for (const auto& s : plan.shards) {
     SHOAL_ASSIGN_OR_RETURN(Value v, g.find_input(s.input));
-    g.mutable_node(v.node).outputs[0].shape[static_cast<std::size_t>(s.axis)] /= size;
+    auto& dim = g.mutable_node(v.node).outputs[0].shape[static_cast<std::size_t>(s.axis)];
+    const int r = c->rank();
+    dim = s.uneven ? split_at(s.full[0], r + 1, size) - split_at(s.full[0], r, size) : dim / size;
   }
   for (const auto& [id, k] : reshape_at) {
     Node& n = g.mutable_node(id);
@@ -332,12 +371,19 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id)
 Tensor tp_slice(const Tensor& full, const TpShard& s, int rank, int size) {
   const Shape& f = full.shape();
   Shape part = f;
-  part[static_cast<std::size_t>(s.axis)] /= size;
+  std::int64_t first = 0;  // axis 0: the first row
+  if (s.uneven) {
+    first = split_at(f[0], rank, size);
+    part[0] = split_at(f[0], rank + 1, size) - first;
+  } else {
+    part[static_cast<std::size_t>(s.axis)] /= size;
+    first = rank * part[0];
+  }
   Tensor out = Tensor::empty(part, DType::kF32);
   const Tensor src = full.cast(DType::kF32);
   if (s.axis == 0) {
     const std::int64_t row = f.size() > 1 ? f[1] : 1;
-    std::memcpy(out.raw_data(), src.data<float>() + rank * part[0] * row, out.nbytes());
+    std::memcpy(out.raw_data(), src.data<float>() + first * row, out.nbytes());
   } else {
     for (std::int64_t i = 0; i < f[0]; ++i)
       std::memcpy(out.data<float>() + i * part[1], src.data<float>() + i * f[1] + rank * part[1],

@@ -11,8 +11,30 @@ namespace shoal::mp {
 
 namespace {
 
+// The whole table from every rank's rows when they differ in number: each
+// sends its rows padded to the most any rank holds.
+Result<Tensor> gather_uneven_rows(comm::Communicator* c, const TpShard& s, const Tensor& mine) {
+  const int size = c->size();
+  const std::int64_t width = s.full.size() > 1 ? s.full[1] : 1;
+  const std::int64_t most = split_at(s.full[0], 1, size) + (s.full[0] % size ? 1 : 0);
+  Tensor padded = Tensor::zeros({most * width}, DType::kF32);
+  std::memcpy(padded.raw_data(), mine.contiguous().raw_data(), mine.nbytes());
+  Tensor all = Tensor::empty({most * width * size}, DType::kF32);
+  SHOAL_RETURN_IF_ERROR(c->allgather(padded.raw_data(), all.raw_data(),
+                                     static_cast<std::size_t>(most * width), DType::kF32)
+                            .with_context("gathering a vocabulary-parallel table"));
+  Tensor whole = Tensor::empty(s.full, DType::kF32);
+  for (int r = 0; r < size; ++r) {
+    const std::int64_t b = split_at(s.full[0], r, size), e = split_at(s.full[0], r + 1, size);
+    std::memcpy(whole.data<float>() + b * width, all.data<float>() + r * most * width,
+                static_cast<std::size_t>((e - b) * width) * sizeof(float));
+  }
+  return whole;
+}
+
 // The whole tensor from every rank's slice along s.axis.
 Result<Tensor> gather_whole(comm::Communicator* c, const TpShard& s, const Tensor& mine) {
+  if (s.uneven) return gather_uneven_rows(c, s, mine);
   const int size = c->size();
   const auto n = static_cast<std::size_t>(mine.numel());
   Tensor all = Tensor::empty({static_cast<std::int64_t>(n) * size}, DType::kF32);

@@ -70,6 +70,27 @@ TEST(TpCli, TRanksEqualOneProcessOnTheGpt) {
   }
 }
 
+// An untied token table is split by vocabulary rows, in any number of
+// ranks: the fortunes file's 91 characters over 2 and 3 ranks (46 + 45,
+// 30 + 30 + 31 rows), each rank looking up the ids it holds and the group
+// summing; K steps equal one process, and so does the table in the
+// checkpoint, gathered from uneven slices.
+TEST(TpCli, AnUntiedTableSplitsByVocabularyInAnyNumberOfRanks) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  const std::string model = "--model gpt --data text:" + kText +
+                            " --layers 1 --heads 6 --dim 12 --context 8 --untied --limit-train 200 "
+                            "--limit-test 40";
+  TrainRun one = train(tmpdir("vocab1"), 1, 5, "", model);
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (int t : {2, 3}) {
+    SCOPED_TRACE(fmt::format("--tp {}", t));
+    TrainRun tp = train(tmpdir(fmt::format("vocab{}", t)), t, 5, fmt::format("--tp {}", t), model);
+    ASSERT_EQ(tp.code, 0) << tp.out;
+    EXPECT_NE(tp.out.find("vocabulary-parallel embedding param/wte"), std::string::npos) << tp.out;
+    expect_same(one.dir, tp.dir, 21);
+  }
+}
+
 TEST(TpCli, TheMlpSplitsItsFirstPairToo) {
   const std::string mlp = "--model mlp --limit-train 512 --limit-test 64";
   TrainRun one = train(tmpdir("mlp1"), 1, 4, "", mlp);

@@ -349,6 +349,47 @@ TEST(GradCheck, ShapeOps) {
   });
   gradcheck("embedding", {{{7, 3}}, {{2, 5}, DType::kI64, Init::kLabels, 7}},
             [](Builder& b, const std::vector<Value>& x) { return b.embedding(x[0], x[1]); });
+  // A vocabulary shard (tensor parallelism): rows 3..9 of a 12-id
+  // vocabulary; the other ids read zeros and send their gradient nowhere.
+  gradcheck("embedding shard", {{{7, 3}}, {{3, 5}, DType::kI64, Init::kLabels, 12}},
+            [](Builder& b, const std::vector<Value>& x) {
+              return b.op("embedding", {x[0], x[1]},
+                          {{"offset", std::int64_t{3}}, {"vocab", std::int64_t{12}}});
+            });
+}
+
+// A vocabulary shard's lookup reads its rows of the whole table and zeros
+// for the ids other shards hold (the gradient check above cannot tell a
+// wrong row from a right one: it checks the backward against the forward).
+TEST(Embedding, AVocabularyShardReadsItsRowsAndZerosElsewhere) {
+  Graph g;
+  Builder b(g);
+  std::vector<float> whole(12 * 2);
+  for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = 1.0f + static_cast<float>(i);
+  // Rows 3..9 of the 12-row table, looked up at ids 0, 3, 9, 11, 5.
+  Tensor shard =
+      Tensor::from_vector(std::vector<float>(whole.begin() + 6, whole.begin() + 20), {7, 2});
+  Value t = b.input("t", DType::kF32, {7, 2});
+  Value ids = b.input("ids", DType::kI64, {5});
+  g.mark_output(
+      b.op("embedding", {t, ids}, {{"offset", std::int64_t{3}}, {"vocab", std::int64_t{12}}}));
+  auto exe = (*runtime::make_backend("cpu"))->compile(g, {});
+  ASSERT_TRUE(exe.ok()) << exe.status().to_string();
+  Tensor id = Tensor::from_vector(std::vector<std::int64_t>{0, 3, 9, 11, 5}, {5});
+  ASSERT_TRUE((*exe)->bind("t", shard).ok());
+  ASSERT_TRUE((*exe)->bind("ids", id).ok());
+  ASSERT_TRUE((*exe)->run().ok());
+  const float* y = (*exe)->output(0).data<float>();
+  const std::vector<float> want = {0,         0, whole[6], whole[7],  whole[18],
+                                   whole[19], 0, 0,        whole[10], whole[11]};
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y[i], want[i]) << "element " << i;
+  // An id outside the vocabulary is still an error, naming it.
+  Tensor bad = Tensor::from_vector(std::vector<std::int64_t>{12, 0, 0, 0, 0}, {5});
+  ASSERT_TRUE((*exe)->bind("ids", bad).ok());
+  const Status st = (*exe)->run();
+  EXPECT_NE(st.message().find("id 12 at position 0 is outside the vocabulary's 12 rows"),
+            std::string::npos)
+      << st.to_string();
 }
 
 TEST(GradCheck, EveryRegisteredOpIsCoveredOrAHelper) {

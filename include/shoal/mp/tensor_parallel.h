@@ -8,7 +8,9 @@
 // column. The rewrite splits each column's weight by output rows and its
 // bias, each row's weight by input columns, and divides the sharded
 // dimension of every reshape in the region by T (attention heads, MLP
-// hidden units). Two ops carry the communication, as in Megatron:
+// hidden units). An untied embedding's table is split by vocabulary rows
+// (any vocabulary size: ranks hold r*V/T..(r+1)*V/T), its lookup summed
+// over the group. Two ops carry the communication, as in Megatron:
 //   tp_copy(x):      identity forward; its gradient is an all-reduce (the
 //                    column linears' input is used by every rank's shard).
 //   tp_allreduce(y): sum over the group forward (the row linear's partial
@@ -34,13 +36,22 @@ struct TpShard {
   std::string input;  // the parameter's graph input ("param/h.0.attn.q.weight")
   int axis = 0;       // 0: split by rows (column linears), 1: by columns (row linears)
   Shape full;         // its whole shape
+  // Rows [r*n/T, (r+1)*n/T) on rank r, for any n (an embedding's
+  // vocabulary); else the split must be even.
+  bool uneven = false;
 };
+// A range of `n` split over `size` ranks as evenly as it goes: rank r's start.
+inline std::int64_t split_at(std::int64_t n, int r, int size) { return n * r / size; }
 
 struct TpPlan {
   struct Region {
     std::vector<std::string> columns, rows;  // the linears' weight inputs
   };
   std::vector<Region> regions;
+  // Vocabulary-parallel embeddings (Megatron): tables read by one embedding
+  // and nothing else (an untied one), split by rows; each rank looks up
+  // the ids it holds, zeros for the others, and the group sums.
+  std::vector<std::string> tables;
   std::vector<TpShard> shards;  // every parameter input the rewrite splits
   std::string str() const;      // one line per region, for logs
 };

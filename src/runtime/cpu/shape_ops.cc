@@ -19,37 +19,55 @@ std::int64_t slice_axis(const Node& n, std::size_t rank) {
   return a < 0 ? a + static_cast<std::int64_t>(rank) : a;
 }
 
+// Which row of a table (or of a vocabulary shard: attrs offset, vocab) id
+// `k` reads: its index, -1 for an id another shard holds, or an error.
+struct RowMap {
+  std::int64_t rows, offset, vocab;
+  RowMap(const Node& n, std::int64_t table_rows)
+      : rows(table_rows),
+        offset(n.attrs.get_int_or("offset", 0)),
+        vocab(n.attrs.get_int_or("vocab", 0)) {}
+  Result<std::int64_t> operator()(std::int64_t k, std::int64_t i, const Node& node) const {
+    const std::int64_t limit = vocab > 0 ? vocab : rows;
+    if (k < 0 || k >= limit)
+      return out_of_range("{}: id {} at position {} is outside the {}'s {} rows", node.label(), k,
+                          i, vocab > 0 ? "vocabulary" : "table", limit);
+    if (vocab <= 0) return k;
+    return k >= offset && k < offset + rows ? k - offset : -1;
+  }
+};
+
 template <typename I>
 Status gather_rows(const Tensor& table, const Tensor& ids, Tensor& out, const Node& node) {
-  std::int64_t rows = table.dim(0), d = table.dim(1), m = ids.numel();
+  std::int64_t d = table.dim(1), m = ids.numel();
+  const RowMap map(node, table.dim(0));
   std::size_t row_bytes = static_cast<std::size_t>(d) * dtype_size(table.dtype());
   const I* id = ids.data<I>();
   for (std::int64_t i = 0; i < m; ++i) {
-    auto k = static_cast<std::int64_t>(id[i]);
-    if (k < 0 || k >= rows)
-      return out_of_range("{}: id {} at position {} is outside the table's {} rows", node.label(),
-                          k, i, rows);
-    std::memcpy(
-        static_cast<char*>(out.raw_data()) + static_cast<std::size_t>(i) * row_bytes,
-        static_cast<const char*>(table.raw_data()) + static_cast<std::size_t>(k) * row_bytes,
-        row_bytes);
+    SHOAL_ASSIGN_OR_RETURN(std::int64_t k, map(static_cast<std::int64_t>(id[i]), i, node));
+    char* dst = static_cast<char*>(out.raw_data()) + static_cast<std::size_t>(i) * row_bytes;
+    if (k < 0)
+      std::memset(dst, 0, row_bytes);
+    else
+      std::memcpy(
+          dst, static_cast<const char*>(table.raw_data()) + static_cast<std::size_t>(k) * row_bytes,
+          row_bytes);
   }
   return ok_status();
 }
 
 template <typename I, typename T>
 Status scatter_rows(const Tensor& ids, const Tensor& dy, Tensor& out, const Node& node) {
-  std::int64_t rows = out.dim(0), d = out.dim(1), m = ids.numel();
+  std::int64_t d = out.dim(1), m = ids.numel();
+  const RowMap map(node, out.dim(0));
   T* po = out.data<T>();
   const T* pd = dy.data<T>();
   std::fill(po, po + out.numel(), T(0));
   const I* id = ids.data<I>();
   for (std::int64_t i = 0; i < m; ++i) {
-    auto k = static_cast<std::int64_t>(id[i]);
-    if (k < 0 || k >= rows)
-      return out_of_range("{}: id {} at position {} is outside the table's {} rows", node.label(),
-                          k, i, rows);
-    for (std::int64_t j = 0; j < d; ++j) po[k * d + j] += pd[i * d + j];
+    SHOAL_ASSIGN_OR_RETURN(std::int64_t k, map(static_cast<std::int64_t>(id[i]), i, node));
+    if (k >= 0)
+      for (std::int64_t j = 0; j < d; ++j) po[k * d + j] += pd[i * d + j];
   }
   return ok_status();
 }
