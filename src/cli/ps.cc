@@ -226,6 +226,7 @@ int run_ps_server(const PsServerFlags& f) {
     }
   }
   fmt::print("ps server: stopping: {}\n", why);
+  std::fflush(stdout);  // a pipe buffers: out before the last snapshot
   const ps::ShardStats st = (*s)->stats();
   s->reset();  // stops serving and writes the last snapshot
   fmt::print("ps server: stopped; {} pushes{}, {} updates, {} sync rounds, {} duplicates ignored\n",

@@ -448,11 +448,11 @@ class PsJob {
     auto after = [](double s) {
       return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
     };
-    if (!failure && o_.engine != "local") {
+    if (!failure) {
       // Every worker has left, and the servers see it within a second and
-      // end by themselves. A SIGTERM to srun or mpirun would cancel the
-      // step or job, and their last words with it: only if they are still
-      // there in 10 s.
+      // end by themselves, with their counts. A SIGTERM races that (and to
+      // srun or mpirun it would cancel the step or job, and their last
+      // words with it): only if they are still there in 10 s.
       term_at_ = Clock::now() + after(10);
       kill_at_ = *term_at_ + after(o_.grace_s);
       return;
