@@ -139,7 +139,18 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
         "worker {}: waiting for all {} workers to join the sync job", id, e.num_workers)));
   }
   if (e.heartbeat_s > 0) {
-    SHOAL_ASSIGN_OR_RETURN(m.heartbeat, Heartbeat::start(servers, e.token, id, e.heartbeat_s / 4));
+    // A restarted server registers a new address: heartbeats go there too.
+    auto lookup = [store = std::shared_ptr<net::Store>(), e](int i) mutable -> std::string {
+      if (!store) {
+        auto s = connect_scheduler(e);
+        if (!s.ok()) return "";
+        store = std::move(s).value();
+      }
+      auto addr = store->peek(server_key(i));
+      return addr.ok() ? *addr : "";
+    };
+    SHOAL_ASSIGN_OR_RETURN(m.heartbeat,
+                           Heartbeat::start(servers, e.token, id, e.heartbeat_s / 4, lookup));
   }
   m.peers = make_store_peers(*m.store, id, e.num_workers, o.mode == Mode::kSync, e.timeout_s);
   register_push_pull_op();

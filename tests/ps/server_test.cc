@@ -12,9 +12,11 @@
 #include <chrono>
 #include <cmath>
 #include <latch>
+#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "ps/heartbeat.h"
 #include "shoal/net/frame_server.h"
 #include "shoal/ps/wire.h"
 #include "shoal/ps/worker.h"
@@ -290,6 +292,37 @@ TEST(PsServer, ASilentWorkerIsDroppedAtItsHeartbeatDeadline) {
   for (const auto& [w, line] : (*s)->take_drops())
     if (w == 1) one = line.find("worker 1 sent nothing for") != std::string::npos;
   EXPECT_TRUE(one);
+}
+
+// A worker's heartbeats follow a server that restarted at a new address:
+// the new server keeps the worker (whose own connection stays idle) past
+// its heartbeat deadline, where heartbeats that gave up would let it go.
+TEST(PsServer, HeartbeatsReachARestartedServer) {
+  ServerOptions o;
+  o.shard.mode = Mode::kAsync;
+  o.heartbeat_s = 1;
+  auto first = Server::start("127.0.0.1", 0, kToken, o);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  std::mutex mu;
+  std::string registered = addr(**first);
+  auto hb = Heartbeat::start({registered}, kToken, 0, 0.2, [&](int) {
+    std::lock_guard<std::mutex> lk(mu);
+    return registered;
+  });
+  ASSERT_TRUE(hb.ok()) << hb.status().to_string();
+  first->reset();  // the server dies; heartbeats to it fail
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto second = Server::start("127.0.0.1", 0, kToken, o);
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    registered = addr(**second);  // it registers again
+  }
+  auto w = Worker::connect({addr(**second)}, kToken, 0, soon(), &o.shard);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // 2.5 deadlines, idle
+  const auto drops = (*second)->take_drops();
+  EXPECT_TRUE(drops.empty()) << drops.front().second;
 }
 
 }  // namespace
