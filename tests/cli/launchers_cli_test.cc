@@ -166,6 +166,7 @@ TEST(Mpich, AParameterServerJobOneProgramPerRole) {
 // same flags under OpenMPI and MPICH. `mpirun` is the one first on PATH:
 // `flavor` is put there.
 void ps_through_shoal_run(const std::string& flavor) {
+  const bool mpich = flavor.find("mpich") != std::string::npos;
   shoal::testing::TempDir dir("run_ps_mpirun");
   const std::string d = dir.path();
   std::filesystem::create_directories(d + "/bin");
@@ -196,7 +197,11 @@ void ps_through_shoal_run(const std::string& flavor) {
                       " run --ps 1,1 --engine mpirun --timeout 60 --ps-snapshots " + d +
                       "/ps2 -- sh -c 'exit 3'");
   EXPECT_NE(bad.code, 0) << bad.out;
-  EXPECT_TRUE(has(bad, "worker 0 exited with code 3")) << bad.out;
+  // MPICH's mpiexec, under load, at times dies of SIGPIPE (its proxy closed
+  // first) instead of passing the code on: the worker is named either way.
+  EXPECT_TRUE(has(bad, "worker 0 exited with code 3") ||
+              (mpich && has(bad, "worker 0 was killed by signal 13")))
+      << bad.out;
 }
 
 TEST(OpenMpi, ShoalRunPsLaunchesEveryRoleThroughMpirun) {
