@@ -181,6 +181,9 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--checkpoint-every", o.checkpoint_every, "Steps between checkpoints (0 = epoch)")
       ->check(kNonNegative);
   t->add_flag("!--no-checkpoints", o.checkpoints, "Write no checkpoints");
+  t->add_flag("--sharded-checkpoints", o.sharded_checkpoints,
+              "Every rank writes its share of each checkpoint: ckpt-<step>/ with one "
+              "safetensors file per rank and a Hugging Face index (model.safetensors.index.json)");
   t->add_flag("--resume", o.resume, "Continue from the newest loadable checkpoint in <out>");
   t->add_option("--init-from", o.init_from,
                 "Start from these weights: a Shoal checkpoint or a safetensors state_dict "

@@ -44,6 +44,8 @@ Status save_checkpoint(const std::string& path, const CheckpointState& s) {
 }
 
 Result<CheckpointState> load_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return load_sharded_checkpoint(path);
   SHOAL_ASSIGN_OR_RETURN(SafetensorsFile f, read_safetensors(path));
   auto fmt_it = f.metadata.find("format");
   if (fmt_it == f.metadata.end() || fmt_it->second != kCheckpointFormat)
@@ -70,27 +72,49 @@ Result<std::string> CheckpointDir::save(std::int64_t step, const CheckpointState
   if (ec) return unavailable("creating checkpoint directory {}: {}", dir_, ec.message());
   std::string path = (fs::path(dir_) / fmt::format("ckpt-{:010d}.safetensors", step)).string();
   SHOAL_RETURN_IF_ERROR(save_checkpoint(path, s));
-  auto all = list();
-  for (std::size_t i = static_cast<std::size_t>(std::max(keep_, 1)); i < all.size(); ++i)
-    fs::remove(all[i], ec);
+  prune();
   return path;
+}
+
+std::string CheckpointDir::partial(std::int64_t step) const {
+  return (fs::path(dir_) / fmt::format("ckpt-{:010d}.partial", step)).string();
+}
+
+Result<std::string> CheckpointDir::publish(std::int64_t step) {
+  std::string path = (fs::path(dir_) / fmt::format("ckpt-{:010d}", step)).string();
+  std::error_code ec;
+  fs::remove_all(path, ec);  // a checkpoint of the same step from an earlier run
+  fs::rename(partial(step), path, ec);
+  if (ec) return unavailable("renaming {} to {}: {}", partial(step), path, ec.message());
+  prune();
+  return path;
+}
+
+void CheckpointDir::prune() const {
+  auto all = list();
+  std::error_code ec;
+  for (std::size_t i = static_cast<std::size_t>(std::max(keep_, 1)); i < all.size(); ++i)
+    fs::remove_all(all[i], ec);
 }
 
 std::vector<std::string> CheckpointDir::list() const {
   std::vector<std::string> out;
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) return out;
-  // ckpt-<10 digits>.safetensors (no <regex>: GCC 12 warns inside it under sanitizers)
-  auto is_ckpt = [](const std::string& f) {
-    const std::string pre = "ckpt-", suf = ".safetensors";
+  // ckpt-<10 digits>.safetensors files and ckpt-<10 digits>/ directories
+  // (no <regex>: GCC 12 warns inside it under sanitizers)
+  auto is_ckpt = [](const std::string& f, bool dir) {
+    const std::string pre = "ckpt-", suf = dir ? "" : ".safetensors";
     if (f.size() != pre.size() + 10 + suf.size() || f.rfind(pre, 0) != 0 ||
         f.compare(pre.size() + 10, suf.size(), suf) != 0)
       return false;
     return std::all_of(f.begin() + 5, f.begin() + 15, [](char c) { return c >= '0' && c <= '9'; });
   };
   for (const auto& e : fs::directory_iterator(dir_, ec))
-    if (is_ckpt(e.path().filename().string())) out.push_back(e.path().string());
-  std::sort(out.rbegin(), out.rend());  // zero-padded step: lexical order is step order
+    if (is_ckpt(e.path().filename().string(), e.is_directory(ec))) out.push_back(e.path().string());
+  // Zero-padded step: lexical order is step order (a file and a directory of
+  // one step: the directory, "ckpt-N" < "ckpt-N.safetensors", comes second).
+  std::sort(out.rbegin(), out.rend());
   return out;
 }
 

@@ -47,12 +47,22 @@ Status Trainer::checkpoint() {
   if (impl_->layout) SHOAL_RETURN_IF_ERROR(impl_->layout->gather(state_, logical));
   // Sliced parameters (tensor parallelism) and their state, whole.
   SHOAL_ASSIGN_OR_RETURN(auto whole, gather_slices());
-  if (o_.rank != 0) return ok_status();
+  // Every rank holds the same whole tensors now; unless sharded, rank 0 writes.
+  if (o_.rank != 0 && !o_.sharded_checkpoints) return ok_status();
   CheckpointState s;
   for (auto& [n, t] : params_) s.tensors["param/" + n] = t;
   for (auto& [n, t] : buffers_) s.tensors["buf/" + n] = t;
   for (auto& [n, t] : impl_->layout ? logical : state_) s.tensors[n] = t;
   for (auto& [n, t] : whole) s.tensors[n] = t;
+  describe_checkpoint(s);
+  if (o_.sharded_checkpoints) return save_sharded(s);
+  CheckpointDir cd = checkpoint_dir();
+  SHOAL_ASSIGN_OR_RETURN(std::string path, cd.save(step_, s));
+  SHOAL_LOG_DEBUG("checkpoint {} (step {})", path, step_);
+  return ok_status();
+}
+
+void Trainer::describe_checkpoint(CheckpointState& s) const {
   const std::int64_t spe = steps_per_epoch();
   s.meta["step"] = std::to_string(step_);
   s.meta["epoch"] = std::to_string(step_ / spe);
@@ -79,9 +89,51 @@ Status Trainer::checkpoint() {
   s.meta["linear_scaling"] = o_.linear_scaling ? "1" : "0";
   s.meta["momentum"] = fmt::format("{}", o_.momentum);
   s.meta["weight_decay"] = fmt::format("{}", o_.weight_decay);
+}
+
+// Each rank writes its shard into the partial directory; once every rank
+// has, rank 0 writes the index and renames the directory into place. Every
+// rank returns the same verdict.
+Status Trainer::save_sharded(const CheckpointState& s) {
   CheckpointDir cd = checkpoint_dir();
-  SHOAL_ASSIGN_OR_RETURN(std::string path, cd.save(step_, s));
-  SHOAL_LOG_DEBUG("checkpoint {} (step {})", path, step_);
+  const int n = o_.peers ? o_.world : 1;
+  if (n > 1 && !o_.peers->collective())
+    return failed_precondition("--sharded-checkpoints needs collective ranks (not --dist ps)");
+  auto all = [&](bool failed) -> Result<int> {  // how many ranks failed; a barrier
+    std::vector<double> v = {failed ? 1.0 : 0.0};
+    if (n > 1) SHOAL_RETURN_IF_ERROR(o_.peers->sum(v));
+    return static_cast<int>(v[0]);
+  };
+  const std::string part = cd.partial(step_);
+  if (n > 1)  // the same tensors, so the same assignment, on every rank
+    SHOAL_RETURN_IF_ERROR(o_.peers->agree("checkpoint tensors (names, dtypes, shapes)",
+                                          checkpoint_layout_hash(s.tensors)));
+  std::error_code ec;
+  if (o_.rank == 0) fs::remove_all(part, ec);  // left by a run that died mid-checkpoint
+  SHOAL_RETURN_IF_ERROR(all(false).status());
+  Status mine = save_checkpoint_shard(part, o_.rank, n, s);
+  SHOAL_ASSIGN_OR_RETURN(int failed, all(!mine.ok()));
+  SHOAL_RETURN_IF_ERROR(mine);
+  if (failed > 0)
+    return unavailable("checkpoint at step {}: {} of {} ranks could not write their shard into {}",
+                       step_, failed, n, part);
+  Result<std::string> path = std::string();
+  if (o_.rank == 0) {
+    // Every shard must be in one directory: ranks on other hosts need a shared file system.
+    Status idx = ok_status();
+    for (int i = 0; i < n && idx.ok(); ++i)
+      if (!fs::exists(fs::path(part) / checkpoint_shard_name(i, n), ec))
+        idx = unavailable(
+            "checkpoint at step {}: rank {} wrote its shard, but {} is not in {} "
+            "(is {} on a file system every host shares?)",
+            step_, i, checkpoint_shard_name(i, n), part, cd.dir());
+    if (idx.ok()) idx = write_checkpoint_index(part, n, s);
+    path = idx.ok() ? cd.publish(step_) : Result<std::string>(idx);
+  }
+  SHOAL_ASSIGN_OR_RETURN(failed, all(!path.ok()));
+  SHOAL_RETURN_IF_ERROR(path.status());
+  if (failed > 0) return unavailable("checkpoint at step {}: rank 0 could not publish it", step_);
+  if (o_.rank == 0) SHOAL_LOG_DEBUG("checkpoint {} ({} shards, step {})", *path, n, step_);
   return ok_status();
 }
 

@@ -1,6 +1,7 @@
 #include "shoal/train/weights.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <set>
 #include <vector>
 
@@ -36,6 +37,18 @@ bool WeightsFile::normalization(float* mean, float* stddev) const {
 Result<WeightsFile> read_weights(const std::string& path) {
   WeightsFile w;
   w.path = path;
+  // A sharded checkpoint: its directory, or its index file.
+  const bool index = std::filesystem::path(path).filename() == kCheckpointIndex;
+  std::error_code ec;
+  if (index || std::filesystem::is_directory(path, ec)) {
+    std::string dir = index ? std::filesystem::path(path).parent_path().string() : path;
+    if (dir.empty()) dir = ".";
+    SHOAL_ASSIGN_OR_RETURN(CheckpointState s, load_sharded_checkpoint(dir));
+    w.tensors = std::move(s.tensors);
+    w.meta = std::move(s.meta);
+    w.shoal_checkpoint = true;
+    return w;
+  }
   SHOAL_ASSIGN_OR_RETURN(SafetensorsFile f, read_safetensors(path));
   auto format = f.metadata.find("format");
   if (format != f.metadata.end() && format->second == kCheckpointFormat) {

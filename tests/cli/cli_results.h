@@ -14,17 +14,21 @@
 #include <vector>
 
 #include "shoal/tensor/safetensors.h"
+#include "shoal/train/checkpoint.h"
 
 namespace shoal::testing {
 
-// The newest checkpoint of a run directory.
+// The newest checkpoint of a run directory: a file, or a sharded
+// checkpoint's directory read through its index.
 inline Result<SafetensorsFile> last_checkpoint(const std::string& dir) {
-  std::string best;
-  for (const auto& e : std::filesystem::directory_iterator(dir + "/checkpoints"))
-    if (e.path().extension() == ".safetensors" && e.path().string() > best)
-      best = e.path().string();
-  if (best.empty()) return not_found("no checkpoint in {}", dir);
-  return read_safetensors(best);
+  auto all = train::CheckpointDir(dir + "/checkpoints", 1).list();
+  if (all.empty()) return not_found("no checkpoint in {}", dir);
+  if (!std::filesystem::is_directory(all[0])) return read_safetensors(all[0]);
+  SHOAL_ASSIGN_OR_RETURN(train::CheckpointState s, train::load_checkpoint(all[0]));
+  SafetensorsFile f;
+  for (auto& [name, t] : s.tensors) f.tensors.emplace_back(name, t);
+  f.metadata = s.meta;
+  return f;
 }
 
 // The number after each occurrence of `prefix` in `out`, in order (no

@@ -7,12 +7,14 @@ format, not on a library that implements it.
 
     torch_roundtrip.py train OUT.safetensors --limit-train N   # train, evaluate, save
     torch_roundtrip.py eval FILE.safetensors                   # load (Shoal or own), evaluate
+    torch_roundtrip.py eval DIR/model.safetensors.index.json   # a sharded checkpoint
 
 Both print "torch: test accuracy XX.XX% on N images".
 """
 import argparse
 import gzip
 import json
+import os
 import struct
 import sys
 
@@ -86,6 +88,21 @@ def load(path):
     return out, meta
 
 
+def load_index(path):
+    """A sharded checkpoint: Hugging Face's index maps each tensor to its file."""
+    with open(path) as f:
+        index = json.load(f)
+    out, where = {}, os.path.dirname(path)
+    for file in sorted(set(index["weight_map"].values())):
+        tensors, _ = load(os.path.join(where, file))
+        for name, t in tensors.items():
+            assert index["weight_map"][name] == file, f"{name} in {file}, index says otherwise"
+            out[name] = t
+    assert set(out) == set(index["weight_map"]), "the shards miss tensors the index lists"
+    print(f"torch: {len(out)} tensors from {len(set(index['weight_map'].values()))} shards")
+    return out, index["metadata"]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("cmd", choices=["train", "eval"])
@@ -109,7 +126,7 @@ def main():
         evaluate(m, mean, std)
         save(a.path, dict(m.state_dict()), {"input_mean": repr(mean), "input_std": repr(std)})
     else:
-        tensors, meta = load(a.path)
+        tensors, meta = load_index(a.path) if a.path.endswith(".index.json") else load(a.path)
         state = {}
         for name, t in tensors.items():
             if name.startswith("param/") or name.startswith("buf/"):

@@ -27,14 +27,42 @@ struct CheckpointState {
 
 std::uint32_t checkpoint_crc(const std::map<std::string, Tensor>& tensors);
 Status save_checkpoint(const std::string& path, const CheckpointState& s);
+// A file, or a sharded checkpoint's directory (below).
 Result<CheckpointState> load_checkpoint(const std::string& path);
 
-// A directory of ckpt-<step>.safetensors files, newest K kept.
+// Sharded checkpoints (`--sharded-checkpoints`): a directory ckpt-<step>/
+// of model-0000i-of-0000N.safetensors files, each a checkpoint file of its
+// share of the tensors (its own format, crc32, step and "shard": "i of N"
+// metadata), and model.safetensors.index.json, Hugging Face's index:
+// {"metadata": {...}, "weight_map": {tensor: file}}. Every rank builds the
+// same state and writes its shard in parallel; rank 0 writes the index once
+// all are written, then the directory is renamed into place.
+inline constexpr const char* kCheckpointIndex = "model.safetensors.index.json";
+std::string checkpoint_shard_name(int shard, int shards);  // shard counts from 0
+// Which shard holds each tensor (in the map's order): largest first onto the
+// shard with the fewest bytes so far; ties to the lower shard.
+std::vector<int> assign_checkpoint_shards(const std::map<std::string, Tensor>& tensors, int shards);
+// A hash of every tensor's name, dtype and shape: ranks about to write one
+// checkpoint agree on it first.
+std::uint64_t checkpoint_layout_hash(const std::map<std::string, Tensor>& tensors);
+Status save_checkpoint_shard(const std::string& dir, int shard, int shards,
+                             const CheckpointState& s);
+Status write_checkpoint_index(const std::string& dir, int shards, const CheckpointState& s);
+// Reads the index and every shard; checks that each shard holds exactly the
+// tensors the index maps to it, at the index's step, with its checksum.
+Result<CheckpointState> load_sharded_checkpoint(const std::string& dir);
+
+// A directory of ckpt-<step>.safetensors files and ckpt-<step>/ sharded
+// checkpoints, newest K kept.
 class CheckpointDir {
  public:
   CheckpointDir(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
   // Writes step's checkpoint, then deletes all but the newest `keep`.
   Result<std::string> save(std::int64_t step, const CheckpointState& s);
+  // A sharded checkpoint: its shards are written into partial(step), then
+  // publish renames it to ckpt-<step> and deletes all but the newest `keep`.
+  std::string partial(std::int64_t step) const;
+  Result<std::string> publish(std::int64_t step);
   std::vector<std::string> list() const;  // newest first
   // The newest checkpoint that loads; each refused newer one is reported
   // in `refused` ("path: reason"). NotFound when none loads.
@@ -43,6 +71,8 @@ class CheckpointDir {
   const std::string& dir() const { return dir_; }
 
  private:
+  void prune() const;
+
   std::string dir_;
   int keep_;
 };

@@ -77,6 +77,9 @@ struct TrainOptions {
   int keep_checkpoints = 3;
   std::int64_t checkpoint_every = 0;  // steps; 0 = at the end of each epoch
   bool checkpoints = true;
+  // Every rank writes its share of each checkpoint (checkpoint.h's sharded
+  // directory with an index) instead of rank 0 writing one file.
+  bool sharded_checkpoints = false;
   bool resume = false;
   // Start from these weights (a checkpoint, or a safetensors state_dict
   // another tool wrote; train/weights.h) instead of a random init.
@@ -181,7 +184,7 @@ class Trainer {
   // Trains until `epochs` (or max_steps), evaluating after each epoch.
   Status run();
   Result<EvalResult> evaluate();
-  Status checkpoint();  // saves now (rank 0 only)
+  Status checkpoint();  // saves now (collective; rank 0 writes unless sharded)
   Status resume_latest();
 
   std::int64_t global_step() const { return step_; }
@@ -223,6 +226,8 @@ class Trainer {
   Status count_reporters();
   Status gather_eval_params();           // collective
   CheckpointDir checkpoint_dir() const;  // <run dir>/checkpoints, keeping keep_checkpoints
+  void describe_checkpoint(CheckpointState& s) const;  // the metadata
+  Status save_sharded(const CheckpointState& s);       // collective
   Status sync_buffers();
   TrainOptions o_;
   std::string dir_;

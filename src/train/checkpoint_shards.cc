@@ -1,0 +1,174 @@
+// Sharded checkpoints: one safetensors file per rank plus Hugging Face's
+// index file (weight_map: tensor name -> file). Each shard is a complete
+// checkpoint file of its tensors, so it verifies on its own; the index ties
+// them together and the loader checks that they agree with it and with one
+// another.
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <set>
+
+#include "shoal/core/env.h"
+#include "shoal/core/file.h"
+#include "shoal/core/hash.h"
+#include "shoal/train/checkpoint.h"
+
+namespace shoal::train {
+namespace fs = std::filesystem;
+
+std::string checkpoint_shard_name(int shard, int shards) {
+  return fmt::format("model-{:05d}-of-{:05d}.safetensors", shard + 1, shards);
+}
+
+std::vector<int> assign_checkpoint_shards(const std::map<std::string, Tensor>& tensors,
+                                          int shards) {
+  std::vector<const Tensor*> list;
+  for (const auto& [name, t] : tensors) list.push_back(&t);
+  std::vector<std::size_t> order(list.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return list[a]->nbytes() > list[b]->nbytes();
+  });
+  std::vector<std::size_t> load(static_cast<std::size_t>(std::max(shards, 1)), 0);
+  std::vector<int> out(list.size(), 0);
+  for (std::size_t i : order) {
+    auto least = std::min_element(load.begin(), load.end());  // the first of equals
+    out[i] = static_cast<int>(least - load.begin());
+    *least += list[i]->nbytes();
+  }
+  return out;
+}
+
+std::uint64_t checkpoint_layout_hash(const std::map<std::string, Tensor>& tensors) {
+  std::string text;
+  for (const auto& [name, t] : tensors)
+    text += fmt::format("{}:{}:{};", name, dtype_name(t.dtype()), shape_str(t.shape()));
+  return fnv1a(text);
+}
+
+namespace {
+
+// The tensors of one shard.
+std::map<std::string, Tensor> shard_tensors(const std::map<std::string, Tensor>& all, int shard,
+                                            int shards) {
+  std::vector<int> owner = assign_checkpoint_shards(all, shards);
+  std::map<std::string, Tensor> mine;
+  std::size_t i = 0;
+  for (const auto& [name, t] : all)
+    if (owner[i++] == shard) mine.emplace(name, t);
+  return mine;
+}
+
+std::string shard_label(int shard, int shards) {
+  return fmt::format("{} of {}", shard + 1, shards);
+}
+
+}  // namespace
+
+Status save_checkpoint_shard(const std::string& dir, int shard, int shards,
+                             const CheckpointState& s) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return unavailable("creating checkpoint directory {}: {}", dir, ec.message());
+  CheckpointState mine;
+  mine.tensors = shard_tensors(s.tensors, shard, shards);
+  mine.meta = s.meta;
+  mine.meta["shard"] = shard_label(shard, shards);
+  return save_checkpoint((fs::path(dir) / checkpoint_shard_name(shard, shards)).string(), mine);
+}
+
+Status write_checkpoint_index(const std::string& dir, int shards, const CheckpointState& s) {
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  std::uint64_t total = 0;
+  for (const auto& [name, t] : s.tensors) total += t.nbytes();
+  meta["total_size"] = total;  // what Hugging Face's loaders read
+  meta["format"] = kCheckpointFormat;
+  meta["shards"] = std::to_string(shards);
+  for (const auto& [k, v] : s.meta) meta[k] = v;
+  nlohmann::ordered_json map = nlohmann::ordered_json::object();
+  std::vector<int> owner = assign_checkpoint_shards(s.tensors, shards);
+  std::size_t i = 0;
+  for (const auto& [name, t] : s.tensors) map[name] = checkpoint_shard_name(owner[i++], shards);
+  nlohmann::ordered_json j = {{"metadata", meta}, {"weight_map", map}};
+  return write_file_atomic((fs::path(dir) / kCheckpointIndex).string(), j.dump(1) + "\n");
+}
+
+namespace {
+
+struct Index {
+  std::map<std::string, std::string> meta;
+  std::map<std::string, std::set<std::string>> files;  // file -> its tensors
+  int shards = 0;
+};
+
+Result<Index> read_index(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kCheckpointIndex).string();
+  SHOAL_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return data_loss("{}: not a JSON object", path);
+  if (!j.contains("metadata") || !j["metadata"].is_object() || !j.contains("weight_map") ||
+      !j["weight_map"].is_object())
+    return data_loss("{}: needs the objects \"metadata\" and \"weight_map\"", path);
+  Index ix;
+  for (auto it = j["metadata"].begin(); it != j["metadata"].end(); ++it)
+    if (it.value().is_string()) ix.meta[it.key()] = it.value().get<std::string>();
+  if (ix.meta["format"] != kCheckpointFormat)
+    return invalid_argument("{}: not a Shoal checkpoint (metadata format is '{}', expected '{}')",
+                            path, ix.meta["format"], kCheckpointFormat);
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string())
+      return data_loss("{}: weight_map entry '{}' is not a file name", path, it.key());
+    std::string file = it.value().get<std::string>();
+    if (file.find('/') != std::string::npos || file.empty() || file[0] == '.')
+      return data_loss("{}: weight_map entry '{}' names '{}', not a file of this directory", path,
+                       it.key(), file);
+    ix.files[file].insert(it.key());
+  }
+  auto n = env::parse_int(ix.meta["shards"], "shards");
+  if (!n.ok() || *n < 1 || *n > 1 << 20)
+    return data_loss("{}: metadata shards is '{}', expected a count", path, ix.meta["shards"]);
+  ix.shards = static_cast<int>(*n);
+  return ix;
+}
+
+}  // namespace
+
+Result<CheckpointState> load_sharded_checkpoint(const std::string& dir) {
+  SHOAL_ASSIGN_OR_RETURN(Index ix, read_index(dir));
+  CheckpointState out;
+  out.meta = ix.meta;
+  for (int i = 0; i < ix.shards; ++i) {
+    const std::string name = checkpoint_shard_name(i, ix.shards);
+    const std::string path = (fs::path(dir) / name).string();
+    std::error_code ec;
+    if (!fs::exists(path, ec))
+      return data_loss("{}: shard {} of {} ({}) is missing", dir, i + 1, ix.shards, name);
+    SHOAL_ASSIGN_OR_RETURN(CheckpointState s, load_checkpoint(path));
+    auto field = [&](const char* k) {
+      auto it = s.meta.find(k);
+      return it == s.meta.end() ? std::string() : it->second;
+    };
+    if (field("shard") != shard_label(i, ix.shards) || field("step") != ix.meta["step"])
+      return data_loss(
+          "{}: says shard '{}' at step '{}'; the index expects shard '{}' at step '{}'", path,
+          field("shard"), field("step"), shard_label(i, ix.shards), ix.meta["step"]);
+    const std::set<std::string>& listed = ix.files[name];
+    for (auto& [tname, t] : s.tensors) {
+      if (!listed.count(tname))
+        return data_loss("{}: holds tensor '{}', which the index does not map to it", path, tname);
+      out.tensors.emplace(tname, std::move(t));
+    }
+    for (const auto& tname : listed)
+      if (!out.tensors.count(tname))
+        return data_loss("{}: the index maps tensor '{}' to it, but it does not hold it", path,
+                         tname);
+    ix.files.erase(name);
+  }
+  if (!ix.files.empty())
+    return data_loss("{}: the index maps tensor '{}' to '{}', which is not one of its {} shards",
+                     dir, *ix.files.begin()->second.begin(), ix.files.begin()->first, ix.shards);
+  return out;
+}
+
+}  // namespace shoal::train
