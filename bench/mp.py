@@ -165,6 +165,8 @@ def main():
     p.add_argument("--png", default="", help="write a chart of the first table here")
     p.add_argument("--tp-bound", action="store_true",
                    help="only tensor parallelism against its compute/communication bound")
+    p.add_argument("--only", default="",
+                   help="comma-separated prefixes: only the layouts whose name starts with one")
     a = p.parse_args()
     if a.tp_bound:
         return tp_bound(a)
@@ -176,7 +178,7 @@ def main():
     pipes = []
     for n in [int(v) for v in a.ranks.split(",")]:
         rows += [("data parallel", n, []), ("ZeRO-1", n, ["--zero", "1"]),
-                 ("ZeRO-3", n, ["--zero", "3"]),
+                 ("ZeRO-2", n, ["--zero", "2"]), ("ZeRO-3", n, ["--zero", "3"]),
                  (f"tensor parallel {n}", n, ["--tp", str(n)])]
         for sched, m in (("gpipe", 4), ("1f1b", 4), ("1f1b", 8)):
             pipes.append((f"pipeline {n}, {sched}, m={m}", n, m,
@@ -187,6 +189,10 @@ def main():
                           ["--pp", "2", "--dp", "2", "--micro-batches", "4"]))
             pipes.append(("pipeline 2 of TP 2, 1f1b, m=4", 4, 4,
                           ["--pp", "2", "--tp", "2", "--micro-batches", "4"]))
+    if a.only:
+        keep = tuple(a.only.split(","))
+        rows = [r for r in rows if r[0] == "one process" or r[0].startswith(keep)]
+        pipes = [p for p in pipes if p[0].startswith(keep)]
     one, measured, table = None, {}, []
     for name, n, extra in rows + [(p[0], p[1], p[3]) for p in pipes]:
         tps, params, state, arena = run(a.shoal, n, a.steps, extra)

@@ -27,7 +27,7 @@ std::string cpu_features();
 // more than one rank: shoal run, mpirun, srun, torchrun).
 struct DistFlags {
   std::string wire = "f32";
-  double bucket_mb = 25, first_bucket_mb = 1;
+  double bucket_mb = 25, first_bucket_mb = 1, zero_bucket_mb = 1;
   std::string overlap = "auto";
   std::string dist = "auto";  // auto, allreduce, ps
   std::string ps_mode = "sync";

@@ -238,10 +238,15 @@ TrainCommand add_train_command(CLI::App& app) {
       ->capture_default_str();
   t->add_option("--zero", d.zero,
                 "Data parallel: 1 shards the optimizer state over the ranks (ZeRO-1: gradients "
-                "reduce-scattered, each rank updates its shard, parameters all-gathered); 3 "
-                "shards the parameters too (each gathered where the step uses it); 0 "
+                "reduce-scattered, each rank updates its shard, parameters all-gathered); 2 "
+                "the gradients too (each bucket reduce-scattered as soon as the backward pass "
+                "has it); 3 the parameters too (each gathered where the step uses it); 0 "
                 "all-reduces gradients")
       ->check(CLI::Range(0, 3))
+      ->capture_default_str();
+  t->add_option("--zero-bucket-mb", d.zero_bucket_mb,
+                "--zero 2: gradient bucket cap (MiB): smaller buckets free gradients sooner")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   t->add_option("--tp", d.tp,
                 "Tensor parallelism over this many ranks (the job's ranks, all on the same "
@@ -283,6 +288,7 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   jo.dp.wire = *parse_dtype(d.wire);
   jo.dp.bucket_mb = d.bucket_mb;
   jo.dp.first_bucket_mb = d.first_bucket_mb;
+  jo.dp.zero_bucket_mb = d.zero_bucket_mb;
   jo.dp.overlap = *dp::parse_overlap(d.overlap);
   jo.dp.zero = d.zero;
   jo.dp.tp = d.tp;

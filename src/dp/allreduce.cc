@@ -183,11 +183,13 @@ Status validate(const DpOptions& o) {
     return invalid_argument("--wire {} is not one of f32, f16, bf16", dtype_name(o.wire));
   if (o.tp < 1 || o.dp < 0 || o.pp < 1)
     return invalid_argument("--tp {} / --dp {} / --pp {} out of range", o.tp, o.dp, o.pp);
-  if (o.zero != 0 && o.zero != 1 && o.zero != 3)
+  if (o.zero < 0 || o.zero > 3)
     return invalid_argument(
-        "--zero {} is not built: 1 shards the optimizer state (its flat gradient already dies "
-        "after its reduce-scatter), 3 the parameters too",
+        "--zero {} is not a ZeRO stage: 1 shards the optimizer state, 2 the gradients too, 3 "
+        "the parameters too",
         o.zero);
+  if (!(o.zero_bucket_mb > 0))
+    return invalid_argument("--zero-bucket-mb {} must be > 0", o.zero_bucket_mb);
   if (o.micro_batches < 1)
     return invalid_argument("--micro-batches {} must be >= 1", o.micro_batches);
   return ok_status();

@@ -224,6 +224,7 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
                       {"--bucket-mb", fmt::format("{}", d.bucket_mb)},
                       {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)},
                       {"--zero", std::to_string(d.zero)},
+                      {"--zero-bucket-mb", fmt::format("{}", d.zero_bucket_mb)},
                       {"--tp", std::to_string(d.tp)},
                       {"--pp", std::to_string(d.pp)},
                       {"--micro-batches", std::to_string(d.micro_batches)},
@@ -262,19 +263,27 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   if (d.zero == 3) {
     SHOAL_RETURN_IF_ERROR(attach_zero3(o, c, register_communicator(&c, false)));
   } else if (d.zero > 0) {
-    // ZeRO-1: the update pass reduce-scatters, updates a shard, all-gathers.
+    // ZeRO-1 and 2: the update pass reduce-scatters, updates a shard, all-gathers.
     const train::OptimizerOptions oo = train::optimizer_options(o);
-    o.update_pass = [id, oo, lead](graph::Builder& b, const std::vector<train::ParamRef>& params)
-        -> Result<train::OptimizerGraph> {
-      SHOAL_ASSIGN_OR_RETURN(train::OptimizerGraph og, inject_sharded(b, params, oo, id));
+    const std::int64_t bucket =
+        d.zero == 2
+            ? std::max<std::int64_t>(1, static_cast<std::int64_t>(d.zero_bucket_mb * (1 << 20) / 4))
+            : 0;
+    o.update_pass =
+        [id, oo, lead, bucket, stage = d.zero](
+            graph::Builder& b,
+            const std::vector<train::ParamRef>& params) -> Result<train::OptimizerGraph> {
+      std::vector<std::int64_t> shards;
+      SHOAL_ASSIGN_OR_RETURN(train::OptimizerGraph og,
+                             inject_sharded(b, params, oo, id, bucket, &shards));
       if (lead) {
-        std::int64_t total = 0;
+        std::int64_t total = 0, mine = 0;
         for (const auto& p : params) total += num_elements(b.shape(p.param));
+        for (std::int64_t n : shards) mine += n;
         SHOAL_LOG_INFO(
-            "data parallel, ZeRO-1: {} optimizer state slots sharded, {} of {} "
-            "elements each on rank 0",
-            og.state.size(), b.shape(og.state.empty() ? params[0].param : og.state[0].input)[0],
-            total);
+            "data parallel, ZeRO-{}: gradients reduce-scattered in {} part(s); rank 0 holds {} "
+            "of the {} elements of each optimizer slot",
+            stage, shards.size(), mine, total);
       }
       return og;
     };

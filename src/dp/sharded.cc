@@ -1,7 +1,9 @@
-// ZeRO-1: reduce-scatter gradients, update a shard, all-gather parameters.
+// ZeRO-1 and 2: reduce-scatter gradients, update a shard, all-gather parameters.
 #include "shoal/dp/sharded.h"
 
 #include <cstring>
+#include <map>
+#include <set>
 
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
@@ -14,16 +16,16 @@ using graph::Value;
 
 namespace {
 
-constexpr const char* kShard = "zero";  // the ParamRef name of this rank's flat shard
-
-struct Flat {
+// One reduce-scattered unit: its parameters flattened in order, split over
+// the ranks. ZeRO-1 has one for all parameters; ZeRO-2 one per bucket.
+struct Part {
+  std::string ref;  // the ParamRef name of this rank's shard ("zero", "zero.<k>")
   std::vector<std::string> names;
   std::vector<Shape> shapes;
-  std::vector<std::int64_t> offsets;  // of each parameter in the flat vector
+  std::vector<std::int64_t> offsets;  // of each parameter in the part
   std::int64_t total = 0;
   std::vector<std::int64_t> sizes;  // each rank's shard
   std::int64_t begin = 0;           // this rank's first element
-  int rank = 0;
 };
 
 // "opt/zero/<slot>" -> "<slot>"
@@ -35,47 +37,79 @@ std::string logical_name(const std::string& param, const std::string& slot) {
   return "opt/" + param + "/" + slot;
 }
 
-std::shared_ptr<train::OptimizerGraph::Layout> layout_of(const Flat& f, comm::Communicator* c,
+std::shared_ptr<train::OptimizerGraph::Layout> layout_of(const std::vector<Part>& parts, int rank,
+                                                         comm::Communicator* c,
                                                          const train::OptimizerGraph& og) {
   auto l = std::make_shared<train::OptimizerGraph::Layout>();
-  std::vector<std::string> slots;
-  for (const auto& s : og.state) slots.push_back(slot_of(s.name));
+  std::set<std::string> slot_set;
+  for (const auto& s : og.state) slot_set.insert(slot_of(s.name));
+  std::vector<std::string> slots(slot_set.begin(), slot_set.end());
   for (const auto& slot : slots)
-    for (std::size_t i = 0; i < f.names.size(); ++i)
-      l->logical[logical_name(f.names[i], slot)] = f.shapes[i];
-  std::vector<std::size_t> counts(f.sizes.begin(), f.sizes.end());
-  l->gather = [f, c, slots, counts](const std::map<std::string, Tensor>& state,
-                                    std::map<std::string, Tensor>& logical) -> Status {
-    Tensor full = Tensor::empty({f.total}, DType::kF32);
-    for (const auto& slot : slots) {
-      const Tensor& mine = state.at(logical_name(kShard, slot));
-      SHOAL_RETURN_IF_ERROR(c->allgatherv(mine.raw_data(), full.raw_data(), counts, DType::kF32)
-                                .with_context("gathering the sharded optimizer state"));
-      for (std::size_t i = 0; i < f.names.size(); ++i) {
-        Tensor t = Tensor::empty(f.shapes[i], DType::kF32);
-        std::memcpy(t.raw_data(), full.data<float>() + f.offsets[i], t.nbytes());
-        logical[logical_name(f.names[i], slot)] = t;
+    for (const Part& f : parts)
+      for (std::size_t i = 0; i < f.names.size(); ++i)
+        l->logical[logical_name(f.names[i], slot)] = f.shapes[i];
+  l->gather = [parts, c, slots](const std::map<std::string, Tensor>& state,
+                                std::map<std::string, Tensor>& logical) -> Status {
+    for (const Part& f : parts) {
+      Tensor full = Tensor::empty({f.total}, DType::kF32);
+      std::vector<std::size_t> counts(f.sizes.begin(), f.sizes.end());
+      for (const auto& slot : slots) {
+        const Tensor& mine = state.at(logical_name(f.ref, slot));
+        SHOAL_RETURN_IF_ERROR(c->allgatherv(mine.raw_data(), full.raw_data(), counts, DType::kF32)
+                                  .with_context("gathering the sharded optimizer state"));
+        for (std::size_t i = 0; i < f.names.size(); ++i) {
+          Tensor t = Tensor::empty(f.shapes[i], DType::kF32);
+          std::memcpy(t.raw_data(), full.data<float>() + f.offsets[i], t.nbytes());
+          logical[logical_name(f.names[i], slot)] = t;
+        }
       }
     }
     return ok_status();
   };
-  l->scatter = [f, slots](const std::map<std::string, Tensor>& logical,
-                          std::map<std::string, Tensor>& state) -> Status {
-    const std::int64_t end = f.begin + f.sizes[static_cast<std::size_t>(f.rank)];
-    for (const auto& slot : slots) {
-      float* dst = state.at(logical_name(kShard, slot)).data<float>();
-      for (std::size_t i = 0; i < f.names.size(); ++i) {
-        const std::int64_t lo = std::max(f.begin, f.offsets[i]);
-        const std::int64_t hi = std::min(end, f.offsets[i] + num_elements(f.shapes[i]));
-        if (lo >= hi) continue;
-        const Tensor& src = logical.at(logical_name(f.names[i], slot));
-        std::memcpy(dst + (lo - f.begin), src.data<float>() + (lo - f.offsets[i]),
-                    static_cast<std::size_t>(hi - lo) * sizeof(float));
+  l->scatter = [parts, slots, rank](const std::map<std::string, Tensor>& logical,
+                                    std::map<std::string, Tensor>& state) -> Status {
+    for (const Part& f : parts) {
+      const std::int64_t end = f.begin + f.sizes[static_cast<std::size_t>(rank)];
+      for (const auto& slot : slots) {
+        float* dst = state.at(logical_name(f.ref, slot)).data<float>();
+        for (std::size_t i = 0; i < f.names.size(); ++i) {
+          const std::int64_t lo = std::max(f.begin, f.offsets[i]);
+          const std::int64_t hi = std::min(end, f.offsets[i] + num_elements(f.shapes[i]));
+          if (lo >= hi) continue;
+          const Tensor& src = logical.at(logical_name(f.names[i], slot));
+          std::memcpy(dst + (lo - f.begin), src.data<float>() + (lo - f.offsets[i]),
+                      static_cast<std::size_t>(hi - lo) * sizeof(float));
+        }
       }
     }
     return ok_status();
   };
   return l;
+}
+
+// The parts: one of every parameter (ZeRO-1), or buckets in the order the
+// backward pass produces the gradients (ZeRO-2): up to bucket_elements each.
+std::vector<std::vector<std::size_t>> group(const Builder& b,
+                                            const std::vector<train::ParamRef>& params,
+                                            std::int64_t bucket_elements) {
+  std::vector<std::size_t> order(params.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (bucket_elements <= 0) return {order};
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t c) {
+    return params[a].grad.node < params[c].grad.node;
+  });
+  std::vector<std::vector<std::size_t>> out;
+  std::int64_t filled = 0;
+  for (std::size_t i : order) {
+    const std::int64_t n = num_elements(b.shape(params[i].param));
+    if (out.empty() || filled + n > bucket_elements) {
+      out.emplace_back();
+      filled = 0;
+    }
+    out.back().push_back(i);
+    filled += n;
+  }
+  return out;
 }
 
 }  // namespace
@@ -87,8 +121,9 @@ std::vector<std::int64_t> shard_sizes(std::int64_t total, int world) {
 }
 
 Result<train::OptimizerGraph> inject_sharded(Builder& b, const std::vector<train::ParamRef>& params,
-                                             const train::OptimizerOptions& o,
-                                             std::int64_t comm_id) {
+                                             const train::OptimizerOptions& o, std::int64_t comm_id,
+                                             std::int64_t bucket_elements,
+                                             std::vector<std::int64_t>* shard_elements) {
   if (o.name == "lars" || o.name == "lamb")
     return invalid_argument(
         "--zero needs an element-wise optimizer (sgd, momentum, nesterov, adam, adamw): {} "
@@ -97,38 +132,49 @@ Result<train::OptimizerGraph> inject_sharded(Builder& b, const std::vector<train
   comm::Communicator* c = communicator(comm_id);
   if (!c) return failed_precondition("--zero: no communicator registered as id {}", comm_id);
   if (params.empty()) return invalid_argument("--zero: the model has no parameters");
-  Flat f;
-  f.rank = c->rank();
-  std::vector<Value> grads, weights;
-  for (const auto& p : params) {
-    f.names.push_back(p.name);
-    f.shapes.push_back(b.shape(p.param));
-    f.offsets.push_back(f.total);
-    const std::int64_t n = num_elements(f.shapes.back());
-    f.total += n;
-    grads.push_back(b.reshape(p.grad, {n}));
-    weights.push_back(b.reshape(p.param, {n}));
-  }
-  f.sizes = shard_sizes(f.total, c->size());
-  for (int r = 0; r < f.rank; ++r) f.begin += f.sizes[static_cast<std::size_t>(r)];
-  const std::int64_t mine = f.sizes[static_cast<std::size_t>(f.rank)];
-  // The gradient of the global batch's mean loss: the ranks' sum / N.
-  Value g =
-      mp::reduce_scatter(b, grads.size() == 1 ? grads[0] : b.concat(grads, 0), comm_id, f.sizes);
-  g = b.mul(g, b.scalar(1.0 / c->size()));
-  Value flat_w = weights.size() == 1 ? weights[0] : b.concat(weights, 0);
-  Value w = b.slice(flat_w, 0, f.begin, f.begin + mine, 1);
-  SHOAL_ASSIGN_OR_RETURN(train::OptimizerGraph og,
-                         train::append_optimizer(b, o, {train::ParamRef{kShard, w, g}}));
-  Value all = mp::allgather(b, og.new_params[0], comm_id, f.sizes);
-  og.new_params.clear();
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::int64_t n = num_elements(f.shapes[i]);
-    og.new_params.push_back(
-        b.reshape(b.slice(all, 0, f.offsets[i], f.offsets[i] + n, 1), f.shapes[i]));
+  const int rank = c->rank();
+  std::vector<Part> parts;
+  std::vector<train::ParamRef> shards;
+  for (const auto& members : group(b, params, bucket_elements)) {
+    Part& f = parts.emplace_back();
+    f.ref = bucket_elements > 0 ? fmt::format("zero.{}", parts.size() - 1) : "zero";
+    std::vector<Value> grads;
+    for (std::size_t i : members) {
+      f.names.push_back(params[i].name);
+      f.shapes.push_back(b.shape(params[i].param));
+      f.offsets.push_back(f.total);
+      f.total += num_elements(f.shapes.back());
+      grads.push_back(b.reshape(params[i].grad, {num_elements(f.shapes.back())}));
+    }
+    f.sizes = shard_sizes(f.total, c->size());
+    for (int r = 0; r < rank; ++r) f.begin += f.sizes[static_cast<std::size_t>(r)];
+    // The gradient of the global batch's mean loss: the ranks' sum / N.
+    Value gr =
+        mp::reduce_scatter(b, grads.size() == 1 ? grads[0] : b.concat(grads, 0), comm_id, f.sizes);
+    gr = b.mul(gr, b.scalar(1.0 / c->size()));
+    std::vector<Value> weights;
+    for (std::size_t i : members)
+      weights.push_back(b.reshape(params[i].param, {num_elements(b.shape(params[i].param))}));
+    Value flat_w = weights.size() == 1 ? weights[0] : b.concat(weights, 0);
+    Value w = b.slice(flat_w, 0, f.begin, f.begin + f.sizes[static_cast<std::size_t>(rank)], 1);
+    shards.push_back(train::ParamRef{f.ref, w, gr});
   }
   if (!b.ok()) return b.status().with_context("building the sharded (ZeRO) update");
-  og.layout = layout_of(f, c, og);
+  SHOAL_ASSIGN_OR_RETURN(train::OptimizerGraph og, train::append_optimizer(b, o, shards));
+  std::map<std::string, Value> new_param;
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const Part& f = parts[k];
+    Value all = mp::allgather(b, og.new_params[k], comm_id, f.sizes);
+    for (std::size_t i = 0; i < f.names.size(); ++i)
+      new_param[f.names[i]] = b.reshape(
+          b.slice(all, 0, f.offsets[i], f.offsets[i] + num_elements(f.shapes[i]), 1), f.shapes[i]);
+  }
+  og.new_params.clear();
+  for (const auto& p : params) og.new_params.push_back(new_param.at(p.name));
+  if (!b.ok()) return b.status().with_context("building the sharded (ZeRO) update");
+  og.layout = layout_of(parts, rank, c, og);
+  if (shard_elements)
+    for (const Part& f : parts) shard_elements->push_back(f.sizes[static_cast<std::size_t>(rank)]);
   return og;
 }
 

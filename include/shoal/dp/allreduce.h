@@ -59,8 +59,11 @@ struct DpOptions {
   // threads of each fill every core this process may use.
   enum class Overlap { kAuto, kOn, kOff };
   Overlap overlap = Overlap::kAuto;
-  // 1: shard the optimizer state instead of all-reducing (dp/sharded.h).
+  // 1: shard the optimizer state instead of all-reducing; 2: the gradients
+  // too, reduce-scattered in buckets of zero_bucket_mb; 3: the parameters
+  // too (dp/sharded.h).
   int zero = 0;
+  double zero_bucket_mb = 1;
   // > 1: tensor parallelism over the job's ranks instead (mp/tensor_parallel.h).
   int tp = 1;
   int dp = 0;  // with tp or pp: data-parallel groups (0: the job's ranks / (tp * pp))

@@ -1,4 +1,4 @@
-// Sharded data parallelism, ZeRO stage 1 (Rajbhandari et al. 2020) as a
+// Sharded data parallelism, ZeRO stages 1 and 2 (Rajbhandari et al. 2020) as a
 // graph pass: instead of all-reducing gradients and updating every
 // parameter on every rank, the step's gradients (flattened into one vector
 // of all parameters, in parameter order) are reduce-scattered, each rank
@@ -26,12 +26,21 @@ namespace shoal::dp {
 // Rank r's [offset, offset + size) of `total` elements split over `world`.
 std::vector<std::int64_t> shard_sizes(std::int64_t total, int world);
 
-// Builds the sharded update for `params` over communicator `comm_id` (this
-// process being `rank` of `world`). Fits train::TrainOptions::update_pass.
+// Builds the sharded update for `params` over communicator `comm_id`. Fits
+// train::TrainOptions::update_pass. bucket_elements 0: ZeRO-1, one flat
+// vector of every parameter, reduce-scattered after the backward pass.
+// Otherwise ZeRO-2: the gradients, in the order the backward pass produces
+// them, form buckets of up to bucket_elements; each bucket is flattened and
+// reduce-scattered, updated as this rank's shard of it and all-gathered on
+// its own, so no buffer of every parameter exists (ZeRO-1's flat gradient
+// and flat gathered weights): the gradients a rank keeps are its shards.
+// Each rank's optimizer state is its shard of every bucket (still 1/N, and
+// the same logical tensors in checkpoints).
 Result<train::OptimizerGraph> inject_sharded(graph::Builder& b,
                                              const std::vector<train::ParamRef>& params,
-                                             const train::OptimizerOptions& o,
-                                             std::int64_t comm_id);
+                                             const train::OptimizerOptions& o, std::int64_t comm_id,
+                                             std::int64_t bucket_elements = 0,
+                                             std::vector<std::int64_t>* shard_elements = nullptr);
 
 // ZeRO-3 (FSDP's full sharding) as a rewrite of the forward graph: every
 // parameter input becomes this rank's block of its rows (as even as N
