@@ -96,11 +96,45 @@ comm::Communicator* keep(std::unique_ptr<comm::Communicator> c) {
   return kept.back().get();
 }
 
+// ZeRO-1 and 2 over communicator `id`: the update pass reduce-scatters the
+// gradients, updates this rank's shard, all-gathers the parameters.
+Status attach_sharded_update(train::TrainOptions& o, std::int64_t id, const DpOptions& d,
+                             bool lead) {
+  const train::OptimizerOptions oo = train::optimizer_options(o);
+  const std::int64_t bucket =
+      d.zero == 2
+          ? std::max<std::int64_t>(1, static_cast<std::int64_t>(d.zero_bucket_mb * (1 << 20) / 4))
+          : 0;
+  o.update_pass = [id, oo, lead, bucket, stage = d.zero](
+                      graph::Builder& b,
+                      const std::vector<train::ParamRef>& params) -> Result<train::OptimizerGraph> {
+    std::vector<std::int64_t> shards;
+    SHOAL_ASSIGN_OR_RETURN(train::OptimizerGraph og,
+                           inject_sharded(b, params, oo, id, bucket, &shards));
+    if (lead) {
+      std::int64_t total = 0, mine = 0;
+      for (const auto& p : params) total += num_elements(b.shape(p.param));
+      for (std::int64_t n : shards) mine += n;
+      SHOAL_LOG_INFO(
+          "data parallel, ZeRO-{}: gradients reduce-scattered in {} part(s); rank 0 holds {} "
+          "of the {} elements of each optimizer slot",
+          stage, shards.size(), mine, total);
+    }
+    return og;
+  };
+  return ok_status();
+}
+
 // Tensor parallelism over groups of T consecutive ranks; with more ranks
 // than T, data parallelism across the groups (each gradient, sliced or
 // whole, all-reduced among the ranks holding the same slice).
 Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
-  if (d.zero > 0) return invalid_argument("--tp and --zero together are not built yet");
+  if (d.zero == 3) return invalid_argument("--tp with --zero 3 is not built (--zero 1 or 2 is)");
+  if (d.zero > 0 && c.size() == d.tp)
+    return invalid_argument(
+        "--zero {} with --tp {} on {} ranks: no data-parallel group to shard over (run D x {} "
+        "ranks, D > 1)",
+        d.zero, d.tp, c.size(), d.tp);
   o.peers = std::make_shared<CommPeers>(c);
   if (c.size() == d.tp) return mp::attach_tensor_parallel(o, register_communicator(&c, false));
   SHOAL_ASSIGN_OR_RETURN(auto tp, c.split(c.rank() / d.tp, c.rank()));
@@ -116,6 +150,9 @@ Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
   dd.overlap = DpOptions::Overlap::kOff;
   const bool lead = c.rank() == 0;
   if (lead) SHOAL_LOG_INFO("{} data-parallel groups x {} tensor-parallel ranks", dpc->size(), d.tp);
+  // ZeRO over each slice's data-parallel group: the ranks holding the same
+  // slices shard its gradients and state among them.
+  if (d.zero > 0) return attach_sharded_update(o, id, d, lead);
   o.grad_pass = [id, dd, lead](graph::Graph& g, std::vector<train::ParamRef>& params) -> Status {
     SHOAL_ASSIGN_OR_RETURN(BucketPlan plan, inject_allreduce(g, params, id, dd));
     if (lead) SHOAL_LOG_INFO("data parallel: {} gradient buckets", plan.buckets.size());
@@ -263,30 +300,7 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   if (d.zero == 3) {
     SHOAL_RETURN_IF_ERROR(attach_zero3(o, c, register_communicator(&c, false)));
   } else if (d.zero > 0) {
-    // ZeRO-1 and 2: the update pass reduce-scatters, updates a shard, all-gathers.
-    const train::OptimizerOptions oo = train::optimizer_options(o);
-    const std::int64_t bucket =
-        d.zero == 2
-            ? std::max<std::int64_t>(1, static_cast<std::int64_t>(d.zero_bucket_mb * (1 << 20) / 4))
-            : 0;
-    o.update_pass =
-        [id, oo, lead, bucket, stage = d.zero](
-            graph::Builder& b,
-            const std::vector<train::ParamRef>& params) -> Result<train::OptimizerGraph> {
-      std::vector<std::int64_t> shards;
-      SHOAL_ASSIGN_OR_RETURN(train::OptimizerGraph og,
-                             inject_sharded(b, params, oo, id, bucket, &shards));
-      if (lead) {
-        std::int64_t total = 0, mine = 0;
-        for (const auto& p : params) total += num_elements(b.shape(p.param));
-        for (std::int64_t n : shards) mine += n;
-        SHOAL_LOG_INFO(
-            "data parallel, ZeRO-{}: gradients reduce-scattered in {} part(s); rank 0 holds {} "
-            "of the {} elements of each optimizer slot",
-            stage, shards.size(), mine, total);
-      }
-      return og;
-    };
+    SHOAL_RETURN_IF_ERROR(attach_sharded_update(o, id, d, lead));
   } else {
     o.grad_pass = [id, d = dd, lead](graph::Graph& g,
                                      std::vector<train::ParamRef>& params) -> Status {

@@ -161,8 +161,10 @@ Status Trainer::sync_from_lead() {
     for (auto& [name, t] : state_)
       if (!sliced(state_param(name))) SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));
   } else if (pos.data<std::int64_t>()[0] > 0) {
-    // Resumed: rank 0 read the logical state; every rank takes its shard.
+    // Resumed: rank 0 read the logical state; every rank takes its shard
+    // (of its own slice, cut by sync_slices, where the parameter is sliced).
     for (const auto& [name, shape] : m.layout->logical) {
+      if (sliced(state_param(name))) continue;
       Tensor& t = m.resumed_state[name];
       if (!t.defined()) t = Tensor::zeros(shape, DType::kF32);
       SHOAL_RETURN_IF_ERROR(o_.peers->broadcast(t));

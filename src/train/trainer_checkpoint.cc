@@ -46,7 +46,7 @@ Status Trainer::checkpoint() {
   std::map<std::string, Tensor> logical;
   if (impl_->layout) SHOAL_RETURN_IF_ERROR(impl_->layout->gather(state_, logical));
   // Sliced parameters (tensor parallelism) and their state, whole.
-  SHOAL_ASSIGN_OR_RETURN(auto whole, gather_slices());
+  SHOAL_ASSIGN_OR_RETURN(auto whole, gather_slices(impl_->layout ? logical : state_));
   // Every rank holds the same whole tensors now; unless sharded, rank 0 writes.
   if (o_.rank != 0 && !o_.sharded_checkpoints) return ok_status();
   CheckpointState s;
@@ -184,6 +184,10 @@ Status Trainer::resume_latest() {
   for (auto& [n, t] : buffers_) SHOAL_RETURN_IF_ERROR(restore("buf/" + n, t));
   if (impl_->layout) {  // sync_from_lead gives each rank its shard of these
     for (const auto& [n, shape] : impl_->layout->logical) {
+      if (sliced(state_param(n))) {  // sync_slices cuts this rank's slice first
+        SHOAL_RETURN_IF_ERROR(restore_whole(n, state_param(n)));
+        continue;
+      }
       Tensor& t = impl_->resumed_state[n] = Tensor::zeros(shape, DType::kF32);
       SHOAL_RETURN_IF_ERROR(restore(n, t));
     }

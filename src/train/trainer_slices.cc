@@ -17,14 +17,15 @@ Shape Trainer::whole_shape(const std::string& param) const {
   return {};
 }
 
-Result<std::map<std::string, Tensor>> Trainer::gather_slices() {
+Result<std::map<std::string, Tensor>> Trainer::gather_slices(
+    const std::map<std::string, Tensor>& state) {
   std::map<std::string, Tensor> whole;
   if (!impl_->slices) return whole;
   const auto& sl = *impl_->slices;
   for (const auto& p : sl.names) {
     SHOAL_ASSIGN_OR_RETURN(whole["param/" + p], sl.gather(p, params_.at(p)));
   }
-  for (const auto& [name, t] : state_)
+  for (const auto& [name, t] : state)
     if (sliced(state_param(name))) {
       SHOAL_ASSIGN_OR_RETURN(whole[name], sl.gather(state_param(name), t));
     }
@@ -44,6 +45,14 @@ Status Trainer::sync_slices(bool resumed) {
   for (const auto& p : m.slices->names) SHOAL_RETURN_IF_ERROR(take("param/" + p, p, params_.at(p)));
   for (auto& [name, t] : state_)
     if (sliced(state_param(name))) SHOAL_RETURN_IF_ERROR(take(name, state_param(name), t));
+  // A sharded state (ZeRO over the data-parallel groups): each rank's slice
+  // of the logical tensors, which sync_from_lead then shards.
+  if (m.layout)
+    for (const auto& [name, shape] : m.layout->logical)
+      if (sliced(state_param(name))) {
+        Tensor& t = m.resumed_state[name] = Tensor::zeros(shape, DType::kF32);
+        SHOAL_RETURN_IF_ERROR(take(name, state_param(name), t));
+      }
   m.resumed_whole.clear();
   return ok_status();
 }

@@ -144,6 +144,57 @@ TEST(TpCli, DataParallelGroupsOfTensorParallelRanksEqualOneProcess) {
       << bad.out;
 }
 
+// ZeRO over the data-parallel groups of tensor-parallel ranks: the ranks
+// holding the same slices shard their gradients and optimizer state. 2 x 2
+// ranks equal one process on the whole batch at stages 1 and 2; the
+// checkpoint (whole tensors: state gathered over the group, then over the
+// slices) resumes without ZeRO and the reverse, landing on one process;
+// a resume in the same layout is bit-identical.
+TEST(TpCli, ZeroShardsEachSliceOverItsDataParallelGroup) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  const std::string one_dir = tmpdir("z1");
+  auto one = run_shoal(
+      fmt::format("train {} --batch 16 --max-steps 6 --threads 1 --optimizer momentum --lr 0.05 "
+                  "--deterministic --no-plot --quiet --out {}",
+                  gpt(), one_dir));
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (const char* zero : {"--zero 1", "--zero 2 --zero-bucket-mb 0.001"}) {
+    SCOPED_TRACE(zero);
+    TrainRun r = train(tmpdir("z4"), 4, 6, std::string("--tp 2 --dp 2 ") + zero);
+    ASSERT_EQ(r.code, 0) << r.out;
+    // Rank 0's momentum: half its slices' elements (plus at most one per
+    // bucket where a bucket does not split evenly).
+    auto params = testing::numbers_after(r.out, "parameters ");
+    auto state = testing::numbers_after(r.out, ", optimizer state ");
+    ASSERT_EQ(state.size(), 1u) << r.out;
+    ASSERT_FALSE(params.empty());
+    EXPECT_GE(state[0], params.back() / 2) << r.out;
+    EXPECT_LE(state[0], params.back() / 2 + 4 * 32) << r.out;
+    expect_same(one_dir, r.dir, 36);
+  }
+  for (bool zero_first : {true, false}) {
+    SCOPED_TRACE(zero_first ? "--zero 1, then without" : "without, then --zero 2");
+    const std::string dir = tmpdir("zmove");
+    TrainRun a = train(dir, 4, 3, zero_first ? "--tp 2 --dp 2 --zero 1" : "--tp 2 --dp 2");
+    ASSERT_EQ(a.code, 0) << a.out;
+    TrainRun b =
+        train(dir, 4, 6, zero_first ? "--tp 2 --dp 2 --resume" : "--tp 2 --dp 2 --resume --zero 2");
+    ASSERT_EQ(b.code, 0) << b.out;
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    expect_same(one_dir, dir, 36);
+  }
+  testing::expect_resume_bit_identical(
+      [](const std::string& dir, int steps, const std::string& extra) {
+        return train(dir, 4, steps, "--tp 2 --dp 2 --zero 1 " + extra);
+      },
+      tmpdir("zbits1"), tmpdir("zbits2"), 6);
+  TrainRun alone = train(tmpdir("zalone"), 2, 1, "--tp 2 --zero 1");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_NE(alone.out.find("--zero 1 with --tp 2 on 2 ranks: no data-parallel group"),
+            std::string::npos)
+      << alone.out;
+}
+
 // The same layout resumed: the same bits as the uninterrupted run.
 TEST(TpCli, AResumeInTheSameLayoutIsBitIdentical) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";

@@ -220,7 +220,8 @@ class Trainer {
   // Parameters held as slices (trainer_slices.cc).
   bool sliced(const std::string& param) const;
   Shape whole_shape(const std::string& param) const;
-  Result<std::map<std::string, Tensor>> gather_slices();  // collective: "param/..", "opt/.."
+  // Collective: "param/.." and the sliced entries of `state` ("opt/..").
+  Result<std::map<std::string, Tensor>> gather_slices(const std::map<std::string, Tensor>& state);
   Status sync_slices(bool resumed);
   void hold_empty_state(const OptimizerGraph& og);
   Status count_reporters();
