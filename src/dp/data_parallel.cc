@@ -165,7 +165,12 @@ Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
 // P, data parallelism across the groups (each stage's gradients all-reduced
 // among the ranks holding that stage).
 Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
-  if (d.zero > 0) return invalid_argument("--pp with --zero is not built yet");
+  if (d.zero == 3) return invalid_argument("--pp with --zero 3 is not built (--zero 1 or 2 is)");
+  if (d.zero > 0 && c.size() == d.pp * d.tp)
+    return invalid_argument(
+        "--zero {} with --pp {}{} on {} ranks: no data-parallel group to shard over (run D x {} "
+        "ranks, D > 1)",
+        d.zero, d.pp, d.tp > 1 ? fmt::format(" --tp {}", d.tp) : "", c.size(), d.pp * d.tp);
   o.peers = std::make_shared<CommPeers>(c);
   mp::PipelineOptions po;
   po.stages = d.pp;
@@ -200,6 +205,8 @@ Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
   if (r == 0)
     SHOAL_LOG_INFO("{} data-parallel groups x {} pipeline stages{}", dpc->size(), P,
                    T > 1 ? fmt::format(" x {} tensor-parallel ranks", T) : "");
+  // ZeRO over each stage's (and slice's) data-parallel group.
+  if (d.zero > 0) return attach_sharded_update(o, id, d, r == 0);
   o.grad_pass = [id, dd](graph::Graph& gr, std::vector<train::ParamRef>& params) -> Status {
     return inject_allreduce(gr, params, id, dd).status();
   };

@@ -44,7 +44,13 @@ Status Trainer::checkpoint() {
   // A sharded optimizer state is saved as the logical per-parameter
   // tensors (gathered from every rank), which any layout can load.
   std::map<std::string, Tensor> logical;
-  if (impl_->layout) SHOAL_RETURN_IF_ERROR(impl_->layout->gather(state_, logical));
+  if (impl_->layout) {
+    SHOAL_RETURN_IF_ERROR(impl_->layout->gather(state_, logical));
+    // A pipeline stage's empty holders of the other stages' state, so every
+    // rank gathers the same names below.
+    for (const auto& [n, t] : state_)
+      if (sliced(state_param(n))) logical.try_emplace(n, t);
+  }
   // Sliced parameters (tensor parallelism) and their state, whole.
   SHOAL_ASSIGN_OR_RETURN(auto whole, gather_slices(impl_->layout ? logical : state_));
   // Every rank holds the same whole tensors now; unless sharded, rank 0 writes.
@@ -182,7 +188,10 @@ Status Trainer::resume_latest() {
   for (auto& [n, t] : params_)
     SHOAL_RETURN_IF_ERROR(sliced(n) ? restore_whole("param/" + n, n) : restore("param/" + n, t));
   for (auto& [n, t] : buffers_) SHOAL_RETURN_IF_ERROR(restore("buf/" + n, t));
-  if (impl_->layout) {  // sync_from_lead gives each rank its shard of these
+  if (impl_->layout) {                 // sync_from_lead gives each rank its shard of these
+    for (const auto& [n, t] : state_)  // other pipeline stages' state (sliced: empty here)
+      if (sliced(state_param(n)) && !impl_->layout->logical.count(n))
+        SHOAL_RETURN_IF_ERROR(restore_whole(n, state_param(n)));
     for (const auto& [n, shape] : impl_->layout->logical) {
       if (sliced(state_param(n))) {  // sync_slices cuts this rank's slice first
         SHOAL_RETURN_IF_ERROR(restore_whole(n, state_param(n)));

@@ -43,16 +43,18 @@ Status Trainer::sync_slices(bool resumed) {
     return ok_status();
   };
   for (const auto& p : m.slices->names) SHOAL_RETURN_IF_ERROR(take("param/" + p, p, params_.at(p)));
+  // The sliced state, in one order on every rank. A sharded state (ZeRO over
+  // the data-parallel groups) is cut into this rank's slice of the logical
+  // tensors, which sync_from_lead then shards; a pipeline stage's empty
+  // holders of the others' state stay in state_.
+  std::map<std::string, Tensor*> dst;
   for (auto& [name, t] : state_)
-    if (sliced(state_param(name))) SHOAL_RETURN_IF_ERROR(take(name, state_param(name), t));
-  // A sharded state (ZeRO over the data-parallel groups): each rank's slice
-  // of the logical tensors, which sync_from_lead then shards.
+    if (sliced(state_param(name))) dst[name] = &t;
   if (m.layout)
     for (const auto& [name, shape] : m.layout->logical)
-      if (sliced(state_param(name))) {
-        Tensor& t = m.resumed_state[name] = Tensor::zeros(shape, DType::kF32);
-        SHOAL_RETURN_IF_ERROR(take(name, state_param(name), t));
-      }
+      if (sliced(state_param(name)))
+        dst[name] = &(m.resumed_state[name] = Tensor::zeros(shape, DType::kF32));
+  for (auto& [name, t] : dst) SHOAL_RETURN_IF_ERROR(take(name, state_param(name), *t));
   m.resumed_whole.clear();
   return ok_status();
 }

@@ -145,6 +145,44 @@ TEST(PpCli, TensorParallelStagesEqualOneProcess) {
   expect_same(one16.dir, all.dir);
 }
 
+// ZeRO over each stage's data-parallel group: the ranks holding the same
+// stage (and slice) shard its gradients and optimizer state. 2 groups x 2
+// stages at stages 1 and 2, and 2 x 2 stages x 2 tensor ranks, equal one
+// process on the whole batch; a ZeRO checkpoint resumes without ZeRO onto
+// it; a resume in the same layout is bit-identical.
+TEST(PpCli, ZeroShardsEachStageOverItsDataParallelGroup) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun one = train(tmpdir("z1"), 1, 6, "", 16);
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (const char* layout :
+       {"--pp 2 --dp 2 --zero 1", "--pp 2 --dp 2 --zero 2 --zero-bucket-mb 0.001",
+        "--pp 2 --tp 2 --dp 2 --zero 1"}) {
+    SCOPED_TRACE(layout);
+    const int ranks = std::string(layout).find("--tp") != std::string::npos ? 8 : 4;
+    TrainRun r = train(tmpdir("z"), ranks, 6, layout);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("(sharded)"), std::string::npos) << r.out;
+    expect_same(one.dir, r.dir);
+  }
+  const std::string dir = tmpdir("zmove");
+  TrainRun a = train(dir, 4, 3, "--pp 2 --dp 2 --zero 1");
+  ASSERT_EQ(a.code, 0) << a.out;
+  TrainRun b = train(dir, 4, 6, "--pp 2 --dp 2 --resume");
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  expect_same(one.dir, dir);
+  testing::expect_resume_bit_identical(
+      [](const std::string& d, int steps, const std::string& extra) {
+        return train(d, 4, steps, "--pp 2 --dp 2 --zero 2 " + extra);
+      },
+      tmpdir("zbits1"), tmpdir("zbits2"), 6);
+  TrainRun alone = train(tmpdir("zalone"), 2, 1, "--pp 2 --zero 1");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_NE(alone.out.find("--zero 1 with --pp 2 on 2 ranks: no data-parallel group"),
+            std::string::npos)
+      << alone.out;
+}
+
 TEST(PpCli, CheckpointsMoveBetweenOneProcessAndStages) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
   TrainRun ref = train(tmpdir("ref"), 1, 6, "");
