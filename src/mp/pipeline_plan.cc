@@ -181,21 +181,15 @@ Result<std::vector<std::vector<std::string>>> stage_params(const graph::Graph& g
                                                            const PipelinePlan& plan) {
   const int stages = static_cast<int>(plan.cuts.size()) + 1;
   std::vector<std::vector<std::string>> out(static_cast<std::size_t>(stages));
-  std::map<std::string, int> owner;
   for (int s = 0; s < stages; ++s) {
     const auto [first, last] = plan.range(s);
+    std::set<std::string> seen;
     for (std::size_t i = first; i < last; ++i)
       for (const auto& v : g.node(plan.order[i]).inputs) {
         const graph::Node& in = g.node(v.node);
         if (in.op != "input" || !in.name.starts_with("param/")) continue;
         const std::string name = in.name.substr(6);
-        auto [it, fresh] = owner.emplace(name, s);
-        if (fresh) out[static_cast<std::size_t>(s)].push_back(name);
-        if (it->second != s)
-          return invalid_argument(
-              "pipeline: parameter '{}' is used by stages {} and {} (a tied embedding and output "
-              "head?); each parameter must live on one stage (--untied for the GPT)",
-              name, it->second, s);
+        if (seen.insert(name).second) out[static_cast<std::size_t>(s)].push_back(name);
       }
   }
   for (int s = 0; s < stages; ++s)

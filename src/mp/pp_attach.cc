@@ -2,6 +2,7 @@
 // builds this rank's stage, the evaluation graphs cut the same way, and
 // the parameters each stage holds (the others' are empty; checkpoints
 // hold every tensor, broadcast from the stage that holds it).
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -9,6 +10,7 @@
 #include "shoal/dp/allreduce.h"
 #include "shoal/mp/collectives.h"
 #include "shoal/mp/pipeline.h"
+#include "shoal/mp/tensor_parallel.h"
 
 namespace shoal::mp {
 namespace {
@@ -17,7 +19,8 @@ namespace {
 struct Shared {
   PipelinePlan plan;
   std::vector<std::vector<std::string>> owners;  // per stage
-  std::map<std::string, int> stage_of;
+  std::map<std::string, int> stage_of;           // the first stage that holds it
+  std::map<std::string, std::vector<int>> holders;
   std::map<std::string, Shape> shape_of;                   // whole
   std::vector<std::unique_ptr<comm::Communicator>> comms;  // the two directions
   // Slices within a stage (tensor parallelism inside each stage), from the
@@ -32,7 +35,8 @@ train::TrainOptions::ParamSlices placement(std::shared_ptr<Shared> sh, comm::Com
   for (const auto& [name, s] : sh->stage_of) ps.names.insert(name);
   ps.reports = stage + 1 == pipe->size();
   ps.slice = [sh, stage](const std::string& p, const Tensor& whole) {
-    if (sh->stage_of.at(p) != stage) return Tensor::empty({0}, DType::kF32);
+    const auto& h = sh->holders.at(p);
+    if (std::find(h.begin(), h.end(), stage) == h.end()) return Tensor::empty({0}, DType::kF32);
     return sh->inner_has(p) ? sh->inner->slice(p, whole) : whole;
   };
   // The owning stage's ranks first gather their slices (collective within
@@ -54,6 +58,42 @@ train::TrainOptions::ParamSlices placement(std::shared_ptr<Shared> sh, comm::Com
   return ps;
 }
 
+// Parameters several stages hold (a tied embedding and output head): each
+// holder's gradient becomes the sum over the holders, so all apply the same
+// update to the same values. One communicator per set of holders, split in
+// the same order on every stage; the sums run last in the step, after the
+// loss's broadcast, in the same order on every holder.
+Status tie_shared(Shared& sh, comm::Communicator& pipe, graph::Graph& g,
+                  std::vector<train::ParamRef>& params) {
+  std::map<std::vector<int>, std::int64_t> comm_of;
+  for (const auto& [name, h] : sh.holders)
+    if (h.size() > 1) comm_of.emplace(h, -1);
+  const int stage = pipe.rank();
+  int color = 0;
+  for (auto& [h, id] : comm_of) {
+    const bool member = std::find(h.begin(), h.end(), stage) != h.end();
+    SHOAL_ASSIGN_OR_RETURN(auto c, pipe.split(member ? color : -1, stage));
+    ++color;
+    if (!c) continue;
+    id = dp::register_communicator(c.get(), false);
+    sh.comms.push_back(std::move(c));
+  }
+  std::int64_t last_slot = 0;
+  for (int n = 0; n < g.num_nodes(); ++n) last_slot = std::max(last_slot, g.node(n).slot);
+  graph::Builder b(g);
+  const int from = g.num_nodes();
+  for (auto& r : params) {
+    const auto& h = sh.holders.at(r.name);
+    if (h.size() < 2) continue;
+    // tp_allreduce: a plain sum over the group (allreduce_bucket would ask
+    // the planner to pack it in place, and so would the data-parallel bucket
+    // that reads it).
+    r.grad = b.op("tp_allreduce", {r.grad}, {{"comm", comm_of.at(h)}}, "pipeline/tied/" + r.name);
+  }
+  for (int n = from; n < g.num_nodes(); ++n) g.mutable_node(n).slot = last_slot;
+  return b.status().with_context("summing the gradients of parameters several stages hold");
+}
+
 }  // namespace
 
 Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
@@ -62,6 +102,7 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
     return invalid_argument("--pp {}: the pipeline group has {} ranks", po.stages, pipe.size());
   register_pipeline_ops();
   register_rooted_ops();
+  register_tensor_parallel_ops();  // tp_allreduce: the sums of tied parameters' gradients
   auto sh = std::make_shared<Shared>();
   for (int k = 0; k < 2; ++k) {
     SHOAL_ASSIGN_OR_RETURN(auto c, pipe.split(0, pipe.rank()));
@@ -95,7 +136,10 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
     SHOAL_ASSIGN_OR_RETURN(sh->plan, plan_pipeline(g, {st.loss, st.logits}, so.stages, po.cuts));
     SHOAL_ASSIGN_OR_RETURN(sh->owners, stage_params(g, sh->plan));
     for (std::size_t s = 0; s < sh->owners.size(); ++s)
-      for (const auto& p : sh->owners[s]) sh->stage_of[p] = static_cast<int>(s);
+      for (const auto& p : sh->owners[s]) {
+        sh->stage_of.try_emplace(p, static_cast<int>(s));
+        sh->holders[p].push_back(static_cast<int>(s));
+      }
     for (const auto& r : st.params)
       if (!sh->stage_of.count(r.name))
         return invalid_argument("pipeline: no stage uses parameter '{}'", r.name);
@@ -104,6 +148,11 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
                      so.stages, so.micro_batches,
                      so.schedule == Schedule::kGPipe ? "gpipe" : "1f1b", sh->plan.str(g));
     SHOAL_ASSIGN_OR_RETURN(StageStep step, build_stage_step(g, st.loss, st.logits, sh->plan, so));
+    SHOAL_RETURN_IF_ERROR(tie_shared(*sh, *c, g, step.params));
+    for (const auto& [p, h] : sh->holders)
+      if (h.size() > 1 && lead)
+        SHOAL_LOG_INFO("pipeline: '{}' is held by stages {}, its gradient summed over them", p,
+                       fmt::join(h, ", "));
     st.loss = step.loss;
     st.logits = step.logits;
     st.params = std::move(step.params);

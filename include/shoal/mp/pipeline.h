@@ -95,8 +95,10 @@ Result<StageStep> build_stage_step(graph::Graph& g, graph::Value loss, graph::Va
 // part; output 0 becomes the send's token except on the last stage.
 Status build_stage_forward(graph::Graph& g, const PipelinePlan& plan, const StageOptions& o);
 
-// The parameters each stage's nodes use; an error names a parameter two
-// stages use (a tied embedding and output head).
+// The parameters each stage's nodes use. A parameter several stages use (a
+// tied embedding and output head) is in each of their lists: each holds it
+// and updates it alike, with its gradient summed over them (Megatron's
+// embedding all-reduce between the first and last stage).
 Result<std::vector<std::vector<std::string>>> stage_params(const graph::Graph& g,
                                                            const PipelinePlan& plan);
 
@@ -107,7 +109,7 @@ struct PipelineOptions {
 };
 // Makes `o` train stage (rank of `pipe`) of a pipeline over the ranks of
 // `pipe`: the trainer's step_pass and forward_pass, and each parameter held
-// by the one stage that uses it. The communicators must outlive the trainer.
+// by the stages that use it. The communicators must outlive the trainer.
 Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe, const PipelineOptions& po);
 
 }  // namespace shoal::mp
