@@ -57,12 +57,20 @@ def init(a):
 
 
 def forward(w, x, a):
-    b, t = x.shape
+    h = w["wte.weight"][x] + w["wpe.weight"][:x.shape[1]]
+    h = blocks(w, h, a, range(a.layers))
+    h = F.layer_norm(h, (a.dim,), w["ln_f.weight"], w["ln_f.bias"], 1e-5)
+    head = w["wte.weight"] if a.tied else w["lm_head.weight"]
+    return h @ head.t()
+
+
+def blocks(w, h, a, layers):
+    """The residual stream h through the given decoder blocks."""
+    b, t, _ = h.shape
     d, nh = a.dim, a.heads
     hd = d // nh
-    h = w["wte.weight"][x] + w["wpe.weight"][:t]
     mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
-    for i in range(a.layers):
+    for i in layers:
         p = f"h.{i}"
         z = F.layer_norm(h, (d,), w[f"{p}.ln_1.weight"], w[f"{p}.ln_1.bias"], 1e-5)
 
@@ -78,9 +86,7 @@ def forward(w, x, a):
         z = F.layer_norm(h, (d,), w[f"{p}.ln_2.weight"], w[f"{p}.ln_2.bias"], 1e-5)
         m = F.gelu(F.linear(z, w[f"{p}.mlp.fc.weight"], w[f"{p}.mlp.fc.bias"]))
         h = h + F.linear(m, w[f"{p}.mlp.proj.weight"], w[f"{p}.mlp.proj.bias"])
-    h = F.layer_norm(h, (d,), w["ln_f.weight"], w["ln_f.bias"], 1e-5)
-    head = w["wte.weight"] if a.tied else w["lm_head.weight"]
-    return h @ head.t()
+    return h
 
 
 def windows(path, context, n):
