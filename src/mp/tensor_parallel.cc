@@ -34,6 +34,14 @@ bool param_linear(const Graph& g, const Node& n) {
   return n.alive && n.op == "linear" && !param_input(g, n, 1).empty();
 }
 
+// An output head: a matmul of activations [.., D] with a parameter [V, D]
+// transposed (input 1), giving logits [.., V].
+bool is_head(const Graph& g, const Node& n, std::size_t input) {
+  return n.alive && n.op == "matmul" && input == 1 && n.attrs.get_int_or("transpose_b", 0) == 1 &&
+         n.attrs.get_int_or("transpose_a", 0) == 0 && !param_input(g, n, 1).empty() &&
+         g.type(n.inputs[1]).shape.size() == 2;
+}
+
 using Users = std::map<int, std::vector<std::pair<int, std::size_t>>>;  // node -> (user, input)
 
 Users users_of(const Graph& g) {
@@ -162,12 +170,57 @@ Status propagate(const Graph& g, const std::vector<int>& order, const std::set<i
   return ok_status();
 }
 
+// An output head's logits: this rank's columns [lo, hi) (its rows of the
+// table) placed among zeros and summed over the group, so every rank holds
+// the whole logits. Node `id` becomes that sum, so its users (the loss, the
+// trainer's logits, an evaluation graph's output) are unchanged. The sum's
+// gradient is the identity: each rank's columns get their share of the
+// loss's gradient, and tp_copy sums the input's over the group.
+Status shard_head(Graph& g, int id, std::int64_t lo, std::int64_t hi, std::int64_t vocab,
+                  const graph::Attrs& comm_attr) {
+  const Node orig = g.node(id);
+  const Shape out = orig.outputs[0].shape;
+  SHOAL_ASSIGN_OR_RETURN(Value x, g.add("tp_copy", {orig.inputs[0]}, comm_attr));
+  SHOAL_ASSIGN_OR_RETURN(Value part, g.add("matmul", {x, orig.inputs[1]}, orig.attrs, orig.name));
+  auto zeros = [&](std::int64_t n) {
+    Shape s = out;
+    s.back() = n;
+    return g.constant(Tensor::zeros(s, orig.outputs[0].dtype));
+  };
+  std::vector<Value> pieces;
+  if (lo > 0) pieces.push_back(zeros(lo));
+  pieces.push_back(part);
+  if (hi < vocab) pieces.push_back(zeros(vocab - hi));
+  Value cat = part;
+  if (pieces.size() > 1) {
+    SHOAL_ASSIGN_OR_RETURN(
+        cat, g.add("concat", pieces, {{"axis", static_cast<std::int64_t>(out.size()) - 1}}));
+  }
+  Node& n = g.mutable_node(id);
+  n.op = "tp_allreduce";
+  n.inputs = {cat};
+  n.attrs = comm_attr;
+  return ok_status();
+}
+
 // Each vocabulary-parallel table's lookup reads this rank's rows (zeros
-// for ids another rank holds), summed over the group by a tp_allreduce.
+// for ids another rank holds), summed over the group by a tp_allreduce;
+// each output head reading it computes this rank's columns of the logits.
 Status shard_vocabulary(Graph& g, const TpPlan& plan, int rank, int size,
                         const graph::Attrs& comm_attr) {
+  for (const std::string& t : plan.heads) {
+    SHOAL_ASSIGN_OR_RETURN(Value p, g.find_input(t));
+    const std::int64_t vocab = g.type(p).shape[0];
+    std::vector<int> heads;
+    for (const Node& n : g.nodes())
+      for (std::size_t i = 0; i < n.inputs.size(); ++i)
+        if (n.inputs[i] == p && is_head(g, n, i)) heads.push_back(n.id);
+    for (int id : heads)
+      SHOAL_RETURN_IF_ERROR(shard_head(g, id, split_at(vocab, rank, size),
+                                       split_at(vocab, rank + 1, size), vocab, comm_attr));
+  }
   for (const std::string& t : plan.tables) {
-    int id = -1;
+    int id = -1;  // (a tied table's head was rewritten above)
     for (const Node& n : g.nodes())
       if (n.alive && n.op == "embedding" && param_input(g, n, 0) == t) id = n.id;
     if (id < 0) return not_found("tensor parallelism: no embedding reads the table {}", t);
@@ -201,6 +254,7 @@ std::string TpPlan::str() const {
     s += fmt::format("columns [{}] -> rows [{}]\n", fmt::join(r.columns, ", "),
                      fmt::join(r.rows, ", "));
   for (const auto& t : tables) s += fmt::format("vocabulary-parallel embedding {}\n", t);
+  for (const auto& t : heads) s += fmt::format("vocabulary-parallel output head {}\n", t);
   return s;
 }
 
@@ -256,17 +310,30 @@ Result<TpPlan> plan_tensor_parallel(const Graph& g, int size) {
     }
     plan.regions.push_back(std::move(reg));
   }
-  // Vocabulary-parallel embeddings: an untied table (no user but its one
-  // lookup) with at least a row per rank.
+  // Vocabulary-parallel tables (Megatron's VocabParallelEmbedding and its
+  // parallel output head): a parameter [V, D] with at least a row per rank,
+  // read only by embedding lookups (as the table) and by output heads (tied
+  // to the table, or its own).
   for (int id : order) {
-    const Node& n = g.node(id);
-    if (!n.alive || n.op != "embedding" || n.attrs.get_int_or("vocab", 0) > 0) continue;
-    const std::string t = param_input(g, n, 0);
-    auto u = users.find(n.inputs[0].node);
-    const Shape& full = g.type(n.inputs[0]).shape;
-    if (t.empty() || u == users.end() || u->second.size() != 1 || full[0] < size) continue;
-    plan.tables.push_back(t);
-    plan.shards.push_back({t, 0, full, true});
+    const Node& p = g.node(id);
+    if (!p.alive || p.op != "input" || !p.name.starts_with("param/")) continue;
+    const Shape& full = p.outputs[0].shape;
+    auto u = users.find(id);
+    if (full.size() != 2 || full[0] < size || u == users.end()) continue;
+    bool lookup = false, head = false, other = false;
+    for (const auto& [user, input] : u->second) {
+      const Node& n = g.node(user);
+      if (n.op == "embedding" && input == 0 && n.attrs.get_int_or("vocab", 0) == 0)
+        lookup = true;
+      else if (is_head(g, n, input))
+        head = true;
+      else
+        other = true;
+    }
+    if (other || (!lookup && !head)) continue;
+    if (lookup) plan.tables.push_back(p.name);
+    if (head) plan.heads.push_back(p.name);
+    plan.shards.push_back({p.name, 0, full, true});
   }
   for (const auto& s : plan.shards)
     if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s.input, s.axis, size));

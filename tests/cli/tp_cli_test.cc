@@ -61,7 +61,7 @@ TEST(TpCli, TRanksEqualOneProcessOnTheGpt) {
     TrainRun tp = train(tmpdir("tp"), t, 6, fmt::format("--tp {}", t));
     ASSERT_EQ(tp.code, 0) << tp.out;
     EXPECT_NE(tp.out.find("tensor parallel over " + std::to_string(t) +
-                          " ranks: 4 regions, 20 "
+                          " ranks: 4 regions, 21 "
                           "tensors split"),
               std::string::npos)
         << tp.out;
@@ -75,6 +75,7 @@ TEST(TpCli, TRanksEqualOneProcessOnTheGpt) {
 // 30 + 30 + 31 rows), each rank looking up the ids it holds and the group
 // summing; K steps equal one process, and so does the table in the
 // checkpoint, gathered from uneven slices.
+// The output head (untied here, tied in the tests above) likewise.
 TEST(TpCli, AnUntiedTableSplitsByVocabularyInAnyNumberOfRanks) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
   const std::string model = "--model gpt --data text:" + kText +
@@ -87,6 +88,10 @@ TEST(TpCli, AnUntiedTableSplitsByVocabularyInAnyNumberOfRanks) {
     TrainRun tp = train(tmpdir(fmt::format("vocab{}", t)), t, 5, fmt::format("--tp {}", t), model);
     ASSERT_EQ(tp.code, 0) << tp.out;
     EXPECT_NE(tp.out.find("vocabulary-parallel embedding param/wte"), std::string::npos) << tp.out;
+    // The untied head's weight by the same rows: each rank its columns of the logits.
+    EXPECT_NE(tp.out.find("vocabulary-parallel output head param/lm_head.weight"),
+              std::string::npos)
+        << tp.out;
     expect_same(one.dir, tp.dir, 21);
   }
 }

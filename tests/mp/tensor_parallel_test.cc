@@ -110,7 +110,11 @@ TEST_P(TensorParallel, LossAndGradientsEqualOneProcess) {
     // Per block: attention (q, k, v -> proj) and the MLP (fc -> proj).
     ASSERT_EQ(g->plan.regions.size(), 4u) << g->plan.str();
     EXPECT_EQ(g->plan.regions[0].columns.size(), 3u) << g->plan.str();
-    EXPECT_EQ(g->plan.shards.size(), 20u) << g->plan.str();
+    // ... and the tied token table, read by the lookup and the output head,
+    // by vocabulary rows: 20 + 1.
+    EXPECT_EQ(g->plan.shards.size(), 21u) << g->plan.str();
+    EXPECT_EQ(g->plan.tables, std::vector<std::string>{"param/wte.weight"}) << g->plan.str();
+    EXPECT_EQ(g->plan.heads, std::vector<std::string>{"param/wte.weight"}) << g->plan.str();
     EXPECT_NEAR(g->loss, ref->loss, 1e-5 * std::abs(ref->loss));
     int sharded = 0;
     for (const auto& [name, want_full] : ref->grads) {
@@ -129,7 +133,7 @@ TEST_P(TensorParallel, LossAndGradientsEqualOneProcess) {
         ASSERT_NEAR(have.data<float>()[i], want.data<float>()[i], 1e-4 * scale)
             << name << " element " << i;
     }
-    EXPECT_EQ(sharded, 20);
+    EXPECT_EQ(sharded, 21);
   }
 }
 

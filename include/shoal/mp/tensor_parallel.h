@@ -8,9 +8,10 @@
 // column. The rewrite splits each column's weight by output rows and its
 // bias, each row's weight by input columns, and divides the sharded
 // dimension of every reshape in the region by T (attention heads, MLP
-// hidden units). An untied embedding's table is split by vocabulary rows
-// (any vocabulary size: ranks hold r*V/T..(r+1)*V/T), its lookup summed
-// over the group. Two ops carry the communication, as in Megatron:
+// hidden units). An embedding's table and an output head's weight (tied or
+// not) are split by vocabulary rows (any vocabulary size: ranks hold
+// r*V/T..(r+1)*V/T), the lookup summed over the group, the head's columns
+// of the logits gathered. Two ops carry the communication, as in Megatron:
 //   tp_copy(x):      identity forward; its gradient is an all-reduce (the
 //                    column linears' input is used by every rank's shard).
 //   tp_allreduce(y): sum over the group forward (the row linear's partial
@@ -52,6 +53,12 @@ struct TpPlan {
   // and nothing else (an untied one), split by rows; each rank looks up
   // the ids it holds, zeros for the others, and the group sums.
   std::vector<std::string> tables;
+  // Parameters read as output heads (matmul with the parameter transposed,
+  // tied to a table above or their own), split by the same rows: each rank
+  // computes its columns of the logits, and the group sums them, placed
+  // among zeros, into the whole logits (Megatron's column-parallel head
+  // with its output gathered; the cross-entropy runs on the whole logits).
+  std::vector<std::string> heads;
   std::vector<TpShard> shards;  // every parameter input the rewrite splits
   std::string str() const;      // one line per region, for logs
 };
