@@ -119,9 +119,12 @@ def tp_bound(a):
         ar = allreduce_s(a.shoal, n, act)
         step = tokens / (one * c) + 16 * ar
         bound = tokens / step
-        tps = run(a.shoal, n, a.steps, ["--tp", str(n)])[0]
-        print(f"| tensor parallel {n} | {n} | {c:.2f}x | {ar * 1e3:.3f} | {one * c:,.0f} | "
-              f"{bound:,.0f} | {tps / bound:.2f} ({tps:,.0f}) |", flush=True)
+        # Sequence parallelism moves the same bytes (a reduce-scatter and an
+        # all-gather in place of each all-reduce): the same bound.
+        for name, extra in (("", []), (" + sequence parallel", ["--sequence-parallel"])):
+            tps = run(a.shoal, n, a.steps, ["--tp", str(n)] + extra)[0]
+            print(f"| tensor parallel {n}{name} | {n} | {c:.2f}x | {ar * 1e3:.3f} | "
+                  f"{one * c:,.0f} | {bound:,.0f} | {tps / bound:.2f} ({tps:,.0f}) |", flush=True)
 
 
 def chart(rows, png):

@@ -35,6 +35,7 @@ struct DistFlags {
   std::string ps_compress = "none";
   int zero = 0;
   int tp = 1;
+  bool sequence_parallel = false;
   int dp = 0;
   int pp = 1;
   int micro_batches = 4;

@@ -248,6 +248,9 @@ TrainCommand add_train_command(CLI::App& app) {
                 "--zero 2: gradient bucket cap (MiB): smaller buckets free gradients sooner")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  t->add_flag("--sequence-parallel", d.sequence_parallel,
+              "With --tp: layer norms and residual adds on 1/T of the rows each, between a "
+              "reduce-scatter and an all-gather (Megatron's sequence parallelism)");
   t->add_option("--tp", d.tp,
                 "Tensor parallelism over this many ranks (the job's ranks, all on the same "
                 "batches): attention heads and MLP units split Megatron's way")
@@ -292,6 +295,7 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   jo.dp.overlap = *dp::parse_overlap(d.overlap);
   jo.dp.zero = d.zero;
   jo.dp.tp = d.tp;
+  jo.dp.sequence_parallel = d.sequence_parallel;
   jo.dp.dp = d.dp;
   jo.dp.pp = d.pp;
   jo.dp.micro_batches = d.micro_batches;

@@ -136,12 +136,14 @@ Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
         "ranks, D > 1)",
         d.zero, d.tp, c.size(), d.tp);
   o.peers = std::make_shared<CommPeers>(c);
-  if (c.size() == d.tp) return mp::attach_tensor_parallel(o, register_communicator(&c, false));
+  if (c.size() == d.tp)
+    return mp::attach_tensor_parallel(o, register_communicator(&c, false), d.sequence_parallel);
   SHOAL_ASSIGN_OR_RETURN(auto tp, c.split(c.rank() / d.tp, c.rank()));
   SHOAL_ASSIGN_OR_RETURN(auto dp, c.split(c.rank() % d.tp, c.rank()));
   comm::Communicator* tpc = keep(std::move(tp));
   comm::Communicator* dpc = keep(std::move(dp));
-  SHOAL_RETURN_IF_ERROR(mp::attach_tensor_parallel(o, register_communicator(tpc, false)));
+  SHOAL_RETURN_IF_ERROR(
+      mp::attach_tensor_parallel(o, register_communicator(tpc, false), d.sequence_parallel));
   o.data_rank = dpc->rank();
   o.data_world = dpc->size();
   o.prefetch = false;
@@ -181,8 +183,8 @@ Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
   const int T = d.tp, P = d.pp, r = c.rank(), t = r % T, g = r / (P * T);
   if (T > 1) {  // each stage's T ranks split its layers
     SHOAL_ASSIGN_OR_RETURN(auto tp, c.split(r / T, r));
-    SHOAL_RETURN_IF_ERROR(
-        mp::attach_tensor_parallel(o, register_communicator(keep(std::move(tp)), false)));
+    SHOAL_RETURN_IF_ERROR(mp::attach_tensor_parallel(
+        o, register_communicator(keep(std::move(tp)), false), d.sequence_parallel));
   }
   comm::Communicator* ppc = &c;
   if (c.size() != P) {
@@ -270,6 +272,7 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
                       {"--zero", std::to_string(d.zero)},
                       {"--zero-bucket-mb", fmt::format("{}", d.zero_bucket_mb)},
                       {"--tp", std::to_string(d.tp)},
+                      {"--sequence-parallel", d.sequence_parallel ? "on" : "off"},
                       {"--pp", std::to_string(d.pp)},
                       {"--micro-batches", std::to_string(d.micro_batches)},
                       {"--pp-schedule", d.pp_schedule},

@@ -56,15 +56,16 @@ Result<Tensor> gather_whole(comm::Communicator* c, const TpShard& s, const Tenso
 
 }  // namespace
 
-Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id) {
+Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id,
+                              bool sequence_parallel) {
   comm::Communicator* c = dp::communicator(comm_id);
   if (!c) return failed_precondition("--tp: no communicator registered as id {}", comm_id);
   const int rank = c->rank(), size = c->size();
   o.data_rank = 0;  // every rank of the group sees the whole batch
   o.data_world = 1;
   auto logged = std::make_shared<bool>(false);
-  o.forward_pass = [c, comm_id, rank, size,
-                    logged](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
+  o.forward_pass = [c, comm_id, rank, size, logged, sequence_parallel](
+                       graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
     SHOAL_ASSIGN_OR_RETURN(TpPlan plan, plan_tensor_parallel(g, size));
     if (plan.regions.empty())
       return invalid_argument(
@@ -72,9 +73,18 @@ Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id) {
           "another linear through reshapes, transposes, matmuls and elementwise ops only)",
           size);
     SHOAL_RETURN_IF_ERROR(shard_tensor_parallel(g, plan, comm_id));
+    int seq = 0;
+    std::vector<std::string> refused;
+    if (sequence_parallel) {
+      SHOAL_ASSIGN_OR_RETURN(seq, shard_sequence(g, comm_id, &refused));
+    }
     if (rank == 0 && !*logged) {
       SHOAL_LOG_INFO("tensor parallel over {} ranks: {} regions, {} tensors split\n{}", size,
                      plan.regions.size(), plan.shards.size(), plan.str());
+      if (sequence_parallel)
+        SHOAL_LOG_INFO("sequence parallel: {} region(s) of row-wise ops on 1/{} of the rows{}{}",
+                       seq, size,
+                       refused.empty() ? "" : "; left whole: ", fmt::join(refused, "; "));
       *logged = true;
     }
     auto by_param = std::make_shared<std::map<std::string, TpShard>>();

@@ -149,6 +149,56 @@ TEST(TpCli, DataParallelGroupsOfTensorParallelRanksEqualOneProcess) {
       << bad.out;
 }
 
+// Sequence parallelism (--sequence-parallel): the residual stream, its
+// layer norms and adds on 1/T of the rows between reduce-scatters and
+// all-gathers. T = 2 and 4, 2 x 2 with data parallelism and 2 stages of
+// 2 tensor ranks equal one process; a batch whose rows T does not divide leaves the stream whole,
+// says why, and still equals one process.
+TEST(TpCli, SequenceParallelismEqualsOneProcess) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun one = train(tmpdir("sp1"), 1, 6, "");
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (int t : {2, 4}) {
+    SCOPED_TRACE(fmt::format("--tp {}", t));
+    TrainRun r = train(tmpdir("sp"), t, 6, fmt::format("--tp {} --sequence-parallel", t));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(fmt::format("sequence parallel: 1 region(s) of row-wise ops on 1/{} of "
+                                     "the rows",
+                                     t)),
+              std::string::npos)
+        << r.out;
+    expect_same(one.dir, r.dir, 36);
+  }
+  // Stages of sequence-parallel tensor ranks (4 micro-batches of 2 rows).
+  TrainRun pp = train(tmpdir("sppp"), 4, 6, "--tp 2 --pp 2 --sequence-parallel");
+  ASSERT_EQ(pp.code, 0) << pp.out;
+  expect_same(one.dir, pp.dir, 36);
+  const std::string one16 = tmpdir("sp16");
+  auto o16 = run_shoal(
+      fmt::format("train {} --batch 16 --max-steps 6 --threads 1 --optimizer momentum --lr 0.05 "
+                  "--deterministic --no-plot --quiet --out {}",
+                  gpt(), one16));
+  ASSERT_EQ(o16.code, 0) << o16.out;
+  TrainRun dp = train(tmpdir("spdp"), 4, 6, "--tp 2 --dp 2 --sequence-parallel");
+  ASSERT_EQ(dp.code, 0) << dp.out;
+  expect_same(one16, dp.dir, 36);
+  const std::string one6 = tmpdir("sp6");
+  auto o6 = run_shoal(
+      fmt::format("train {} --batch 6 --max-steps 6 --threads 1 --optimizer momentum --lr 0.05 "
+                  "--deterministic --no-plot --quiet --out {}",
+                  gpt(), one6));
+  ASSERT_EQ(o6.code, 0) << o6.out;
+  const std::string odd_dir = tmpdir("spodd");
+  auto odd = run_shoal(fmt::format(
+      "run -n 4 --timeout 120 -- {} train {} --batch 6 --max-steps 6 --threads 1 --optimizer "
+      "momentum --lr 0.05 --deterministic --no-plot --quiet --out {} --tp 4 --sequence-parallel",
+      SHOAL_BINARY, gpt(), odd_dir));
+  ASSERT_EQ(odd.code, 0) << odd.out;
+  EXPECT_NE(odd.out.find("sequence parallel: 0 region(s)"), std::string::npos) << odd.out;
+  EXPECT_NE(odd.out.find("rows, not a multiple of 4"), std::string::npos) << odd.out;
+  expect_same(one6, odd_dir, 36);
+}
+
 // ZeRO over the data-parallel groups of tensor-parallel ranks: the ranks
 // holding the same slices shard their gradients and optimizer state. 2 x 2
 // ranks equal one process on the whole batch at stages 1 and 2; the

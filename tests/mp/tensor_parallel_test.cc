@@ -25,7 +25,7 @@ using graph::Builder;
 using graph::Graph;
 using graph::Value;
 
-constexpr std::int64_t kBatch = 3;
+std::int64_t kBatch = 3;  // 12 for sequence parallelism (divisible by 2, 3 and 4)
 constexpr int kVocab = 7;
 
 struct Step {
@@ -45,7 +45,8 @@ train::GptConfig config(int heads) {
 
 // Loss and gradients of the GPT on a fixed batch; with comm_id >= 0, after
 // the tensor-parallel rewrite for this rank of that group.
-Result<Step> step(const train::GptConfig& c, std::int64_t comm_id, int rank, int size) {
+Result<Step> step(const train::GptConfig& c, std::int64_t comm_id, int rank, int size,
+                  bool sequence = false) {
   SHOAL_ASSIGN_OR_RETURN(train::Model model, train::gpt_model(c, kVocab));
   Graph g;
   Builder b(g);
@@ -59,6 +60,15 @@ Result<Step> step(const train::GptConfig& c, std::int64_t comm_id, int rank, int
   if (comm_id >= 0) {
     SHOAL_ASSIGN_OR_RETURN(out.plan, plan_tensor_parallel(g, size));
     SHOAL_RETURN_IF_ERROR(shard_tensor_parallel(g, out.plan, comm_id));
+    if (sequence) {
+      std::vector<std::string> refused;
+      SHOAL_ASSIGN_OR_RETURN(int split, shard_sequence(g, comm_id, &refused));
+      // The residual stream from the embedding to the head; the head's sum
+      // feeds the loss and stays an all-reduce.
+      if (split != 1 || refused.size() != 1)
+        return internal_error("sequence parallelism split {} regions, refused: {}", split,
+                              fmt::join(refused, "; "));
+    }
   }
   std::vector<Value> wrt;
   for (const auto& s : mc.params()) wrt.push_back(mc.param_values().at(s.name));
@@ -89,20 +99,19 @@ Result<Step> step(const train::GptConfig& c, std::int64_t comm_id, int rank, int
   return out;
 }
 
-std::vector<Result<Step>> run_group(const train::GptConfig& c, int size) {
+std::vector<Result<Step>> run_group(const train::GptConfig& c, int size, bool sequence = false) {
   return testing::run_on_ranks<Step>(size, "tp", [&](int r, comm::Communicator& comm) {
-    return step(c, dp::register_communicator(&comm), r, size);
+    return step(c, dp::register_communicator(&comm), r, size, sequence);
   });
 }
 
 class TensorParallel : public ::testing::TestWithParam<int> {};
 
-TEST_P(TensorParallel, LossAndGradientsEqualOneProcess) {
-  const int size = GetParam();
+void expect_equal_one_process(int size, bool sequence) {
   const train::GptConfig c = config(size == 3 ? 3 : 4);  // heads divisible by T
   auto ref = step(c, -1, 0, 1);
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
-  auto got = run_group(c, size);
+  auto got = run_group(c, size, sequence);
   for (int r = 0; r < size; ++r) {
     SCOPED_TRACE(fmt::format("T = {}, rank {}", size, r));
     const auto& g = got[static_cast<std::size_t>(r)];
@@ -135,6 +144,18 @@ TEST_P(TensorParallel, LossAndGradientsEqualOneProcess) {
     }
     EXPECT_EQ(sharded, 21);
   }
+}
+
+TEST_P(TensorParallel, LossAndGradientsEqualOneProcess) {
+  expect_equal_one_process(GetParam(), false);
+}
+
+// Sequence parallelism on top: the residual stream, its layer norms and
+// adds on 1/T of the rows between reduce-scatters and all-gathers.
+TEST_P(TensorParallel, WithSequenceParallelismToo) {
+  kBatch = 12;
+  expect_equal_one_process(GetParam(), true);
+  kBatch = 3;
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, TensorParallel, ::testing::Values(2, 3, 4));

@@ -66,6 +66,7 @@ struct DpOptions {
   double zero_bucket_mb = 1;
   // > 1: tensor parallelism over the job's ranks instead (mp/tensor_parallel.h).
   int tp = 1;
+  bool sequence_parallel = false;  // with tp: mp::shard_sequence
   int dp = 0;  // with tp or pp: data-parallel groups (0: the job's ranks / (tp * pp))
   // > 1: pipeline stages (mp/pipeline.h), each batch in micro_batches under
   // pp_schedule ("1f1b", "gpipe"); pp_cuts: indices of the model's cut

@@ -74,6 +74,18 @@ Result<TpPlan> plan_tensor_parallel(const graph::Graph& g, int size);
 // or edited). The parameter inputs then take this rank's slices.
 Status shard_tensor_parallel(graph::Graph& g, const TpPlan& plan, std::int64_t comm_id);
 
+// Sequence parallelism on a graph shard_tensor_parallel rewrote: where the
+// ops between a row-parallel sum (tp_allreduce) and the column-parallel
+// inputs it reaches (tp_copy) are row-wise (adds, layer norms, reshapes)
+// and every operand from outside broadcasts over the rows, the sum becomes
+// a reduce_scatter along the first axis, the copies allgathers, and those
+// ops run on this rank's rows only (their first dimension / T). Returns how
+// many such regions it split; `refused` gets why each other one was not
+// (a row count T does not divide, an op that is not row-wise, a graph
+// output).
+Result<int> shard_sequence(graph::Graph& g, std::int64_t comm_id,
+                           std::vector<std::string>* refused = nullptr);
+
 // This rank's slice of a whole parameter, as the plan splits it.
 Tensor tp_slice(const Tensor& full, const TpShard& s, int rank, int size);
 
@@ -81,6 +93,7 @@ Tensor tp_slice(const Tensor& full, const TpShard& s, int rank, int size);
 // registered as `comm_id`; every rank trains on the same batches): the
 // training and evaluation graphs are rewritten, the parameters held as
 // slices, checkpoints whole.
-Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id);
+Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id,
+                              bool sequence_parallel = false);
 
 }  // namespace shoal::mp
