@@ -125,11 +125,36 @@ Status attach_sharded_update(train::TrainOptions& o, std::int64_t id, const DpOp
   return ok_status();
 }
 
+Status attach_zero3(train::TrainOptions& o, comm::Communicator& c, std::int64_t id);
+
+// Two forward passes, one after the other: `inner` slices the parameters,
+// `outer` splits the slices again (ZeRO-3's row blocks of tensor-parallel
+// slices). A rank's piece is outer's of inner's; the whole tensor is
+// inner's gather of outer's.
+train::TrainOptions::ParamSlices compose(train::TrainOptions::ParamSlices inner,
+                                         train::TrainOptions::ParamSlices outer) {
+  train::TrainOptions::ParamSlices ps = outer;
+  ps.names.insert(inner.names.begin(), inner.names.end());
+  ps.reports = inner.reports && outer.reports;
+  ps.slice = [inner, outer](const std::string& p, const Tensor& whole) {
+    const Tensor mid = inner.names.count(p) ? inner.slice(p, whole) : whole;
+    return outer.names.count(p) ? outer.slice(p, mid) : mid;
+  };
+  ps.gather = [inner, outer](const std::string& p, const Tensor& mine) -> Result<Tensor> {
+    Tensor mid = mine;
+    if (outer.names.count(p)) {
+      SHOAL_ASSIGN_OR_RETURN(mid, outer.gather(p, mine));
+    }
+    if (!inner.names.count(p)) return mid;
+    return inner.gather(p, mid);
+  };
+  return ps;
+}
+
 // Tensor parallelism over groups of T consecutive ranks; with more ranks
 // than T, data parallelism across the groups (each gradient, sliced or
 // whole, all-reduced among the ranks holding the same slice).
 Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
-  if (d.zero == 3) return invalid_argument("--tp with --zero 3 is not built (--zero 1 or 2 is)");
   if (d.zero > 0 && c.size() == d.tp)
     return invalid_argument(
         "--zero {} with --tp {} on {} ranks: no data-parallel group to shard over (run D x {} "
@@ -153,7 +178,20 @@ Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
   const bool lead = c.rank() == 0;
   if (lead) SHOAL_LOG_INFO("{} data-parallel groups x {} tensor-parallel ranks", dpc->size(), d.tp);
   // ZeRO over each slice's data-parallel group: the ranks holding the same
-  // slices shard its gradients and state among them.
+  // slices shard its gradients and state among them (3: the slices too,
+  // as row blocks gathered where the step uses them).
+  if (d.zero == 3) {
+    auto tp_pass = o.forward_pass;
+    SHOAL_RETURN_IF_ERROR(attach_zero3(o, *dpc, id));
+    auto z3_pass = o.forward_pass;
+    o.forward_pass = [tp_pass,
+                      z3_pass](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
+      SHOAL_ASSIGN_OR_RETURN(auto tp, tp_pass(g));
+      SHOAL_ASSIGN_OR_RETURN(auto z3, z3_pass(g));
+      return compose(std::move(tp), std::move(z3));
+    };
+    return ok_status();
+  }
   if (d.zero > 0) return attach_sharded_update(o, id, d, lead);
   o.grad_pass = [id, dd, lead](graph::Graph& g, std::vector<train::ParamRef>& params) -> Status {
     SHOAL_ASSIGN_OR_RETURN(BucketPlan plan, inject_allreduce(g, params, id, dd));

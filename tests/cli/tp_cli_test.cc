@@ -200,8 +200,9 @@ TEST(TpCli, SequenceParallelismEqualsOneProcess) {
 }
 
 // ZeRO over the data-parallel groups of tensor-parallel ranks: the ranks
-// holding the same slices shard their gradients and optimizer state. 2 x 2
-// ranks equal one process on the whole batch at stages 1 and 2; the
+// holding the same slices shard their gradients and optimizer state (3:
+// the slices too, FSDP with TP). 2 x 2 ranks equal one process on the
+// whole batch at stages 1, 2 and 3; the
 // checkpoint (whole tensors: state gathered over the group, then over the
 // slices) resumes without ZeRO and the reverse, landing on one process;
 // a resume in the same layout is bit-identical.
@@ -213,27 +214,38 @@ TEST(TpCli, ZeroShardsEachSliceOverItsDataParallelGroup) {
                   "--deterministic --no-plot --quiet --out {}",
                   gpt(), one_dir));
   ASSERT_EQ(one.code, 0) << one.out;
-  for (const char* zero : {"--zero 1", "--zero 2 --zero-bucket-mb 0.001"}) {
+  TrainRun tp_only = train(tmpdir("z0"), 4, 1, "--tp 2 --dp 2");
+  ASSERT_EQ(tp_only.code, 0) << tp_only.out;
+  const double slices = testing::numbers_after(tp_only.out, "memory on rank 0: parameters ").at(0);
+  for (const char* zero : {"--zero 1", "--zero 2 --zero-bucket-mb 0.001", "--zero 3"}) {
     SCOPED_TRACE(zero);
     TrainRun r = train(tmpdir("z4"), 4, 6, std::string("--tp 2 --dp 2 ") + zero);
     ASSERT_EQ(r.code, 0) << r.out;
-    // Rank 0's momentum: half its slices' elements (plus at most one per
-    // bucket where a bucket does not split evenly).
-    auto params = testing::numbers_after(r.out, "parameters ");
+    auto params = testing::numbers_after(r.out, "memory on rank 0: parameters ");
     auto state = testing::numbers_after(r.out, ", optimizer state ");
     ASSERT_EQ(state.size(), 1u) << r.out;
-    ASSERT_FALSE(params.empty());
-    EXPECT_GE(state[0], params.back() / 2) << r.out;
-    EXPECT_LE(state[0], params.back() / 2 + 4 * 32) << r.out;
+    ASSERT_EQ(params.size(), 1u) << r.out;
+    if (std::string(zero) == "--zero 3") {
+      // The slices themselves held as row blocks over the group: rank 0
+      // keeps about half of its slices, and the momentum of those.
+      EXPECT_LT(params[0], slices * 0.6) << r.out;
+      EXPECT_EQ(state[0], params[0]) << r.out;
+    } else {
+      // Rank 0's momentum: half its slices' elements (plus at most one per
+      // bucket where a bucket does not split evenly).
+      EXPECT_EQ(params[0], slices);
+      EXPECT_GE(state[0], params[0] / 2) << r.out;
+      EXPECT_LE(state[0], params[0] / 2 + 4 * 32) << r.out;
+    }
     expect_same(one_dir, r.dir, 36);
   }
-  for (bool zero_first : {true, false}) {
-    SCOPED_TRACE(zero_first ? "--zero 1, then without" : "without, then --zero 2");
+  for (auto [first, then] : {std::pair{"--zero 1", ""}, std::pair{"", "--zero 2"},
+                             std::pair{"--zero 3", "--zero 1"}}) {
+    SCOPED_TRACE(fmt::format("'{}', then '{}'", first, then));
     const std::string dir = tmpdir("zmove");
-    TrainRun a = train(dir, 4, 3, zero_first ? "--tp 2 --dp 2 --zero 1" : "--tp 2 --dp 2");
+    TrainRun a = train(dir, 4, 3, std::string("--tp 2 --dp 2 ") + first);
     ASSERT_EQ(a.code, 0) << a.out;
-    TrainRun b =
-        train(dir, 4, 6, zero_first ? "--tp 2 --dp 2 --resume" : "--tp 2 --dp 2 --resume --zero 2");
+    TrainRun b = train(dir, 4, 6, std::string("--tp 2 --dp 2 --resume ") + then);
     ASSERT_EQ(b.code, 0) << b.out;
     EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
     expect_same(one_dir, dir, 36);
