@@ -158,6 +158,7 @@ TEST(ZeroCli, StageTwoMatchesOneRankAndHoldsLessGradient) {
   EXPECT_LT(arena["22"], arena["21"]);
   EXPECT_LT(arena["42"], arena["41"]);
   EXPECT_LT(arena["42"], arena["22"]);
+  EXPECT_LT(arena["41"], arena["21"]);  // ZeRO-1's falls with N too
   std::printf("step arena on rank 0: N=2 ZeRO-1 %.0f B, ZeRO-2 %.0f B; N=4 %.0f B, %.0f B\n",
               arena["21"], arena["22"], arena["41"], arena["42"]);
 }
