@@ -83,22 +83,9 @@ def torch_stage(stage, steps, schedule, micro, port, q):
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=stage, world_size=2)
-    text = open(TEXT, "rb").read()
-    vocab = sorted(set(text))
-    index = {c: i for i, c in enumerate(vocab)}
-    tok = torch.tensor([index[c] for c in text[: len(text) - int(len(text) * 0.1)]])
-    n = (len(tok) - 1) // CONTEXT
-    x, y = tok[: n * CONTEXT].view(n, CONTEXT), tok[1: n * CONTEXT + 1].view(n, CONTEXT)
-
-    class A:
-        pass
-    a = A()
-    a.layers, a.heads, a.dim, a.context, a.vocab, a.tied, a.seed = (
-        LAYERS, HEADS, DIM, CONTEXT, len(vocab), False, 0)
-    with tempfile.TemporaryDirectory() as d:
-        a.out = os.path.join(d, "w.safetensors")
-        G.init(a)
-        w0, _ = G.load(a.out)
+    x, y, vocab = G.all_windows(TEXT, CONTEXT)
+    n = len(x)
+    a, w0 = G.initial(LAYERS, HEADS, DIM, CONTEXT, vocab, False)
     half = LAYERS // 2
     mine = [k for k in w0 if (k.startswith("h.") and (int(k.split(".")[1]) < half) == (stage == 0))
             or (stage == 0 and k in ("wte.weight", "wpe.weight"))

@@ -39,6 +39,16 @@ TrainRun train(const std::string& dir, int ranks, int steps, const std::string& 
 
 std::string tmpdir(const std::string& name) { return testing::scratch_dir("tp_" + name) + "/run"; }
 
+// One process on a batch of `batch` (the whole batch of several data-parallel groups).
+TrainRun one_process(const std::string& name, int batch, int steps) {
+  const std::string dir = tmpdir(name);
+  auto r = run_shoal(
+      fmt::format("train {} --batch {} --max-steps {} --threads 1 --optimizer momentum --lr 0.05 "
+                  "--deterministic --no-plot --quiet --out {}",
+                  gpt(), batch, steps, dir));
+  return {dir, r.out, r.code};
+}
+
 void expect_same(const std::string& a_dir, const std::string& b_dir, int params) {
   auto a = last_checkpoint(a_dir), b = last_checkpoint(b_dir);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
@@ -131,12 +141,9 @@ TEST(TpCli, CheckpointsMoveBetweenOneProcessAndTRanks) {
 // on its half of the global batch of 16, against one process on all 16.
 TEST(TpCli, DataParallelGroupsOfTensorParallelRanksEqualOneProcess) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
-  const std::string one_dir = tmpdir("dp1");
-  auto one = run_shoal(
-      fmt::format("train {} --batch 16 --max-steps 5 --threads 1 --optimizer momentum --lr 0.05 "
-                  "--deterministic --no-plot --quiet --out {}",
-                  gpt(), one_dir));
+  TrainRun one = one_process("dp1", 16, 5);
   ASSERT_EQ(one.code, 0) << one.out;
+  const std::string one_dir = one.dir;
   // --batch 8 per rank: each group of 2 TP ranks trains on 8 of the 16.
   TrainRun both = train(tmpdir("dp2tp2"), 4, 5, "--tp 2 --dp 2");
   ASSERT_EQ(both.code, 0) << both.out;
@@ -173,21 +180,15 @@ TEST(TpCli, SequenceParallelismEqualsOneProcess) {
   TrainRun pp = train(tmpdir("sppp"), 4, 6, "--tp 2 --pp 2 --sequence-parallel");
   ASSERT_EQ(pp.code, 0) << pp.out;
   expect_same(one.dir, pp.dir, 36);
-  const std::string one16 = tmpdir("sp16");
-  auto o16 = run_shoal(
-      fmt::format("train {} --batch 16 --max-steps 6 --threads 1 --optimizer momentum --lr 0.05 "
-                  "--deterministic --no-plot --quiet --out {}",
-                  gpt(), one16));
+  TrainRun o16 = one_process("sp16", 16, 6);
   ASSERT_EQ(o16.code, 0) << o16.out;
+  const std::string one16 = o16.dir;
   TrainRun dp = train(tmpdir("spdp"), 4, 6, "--tp 2 --dp 2 --sequence-parallel");
   ASSERT_EQ(dp.code, 0) << dp.out;
   expect_same(one16, dp.dir, 36);
-  const std::string one6 = tmpdir("sp6");
-  auto o6 = run_shoal(
-      fmt::format("train {} --batch 6 --max-steps 6 --threads 1 --optimizer momentum --lr 0.05 "
-                  "--deterministic --no-plot --quiet --out {}",
-                  gpt(), one6));
+  TrainRun o6 = one_process("sp6", 6, 6);
   ASSERT_EQ(o6.code, 0) << o6.out;
+  const std::string one6 = o6.dir;
   const std::string odd_dir = tmpdir("spodd");
   auto odd = run_shoal(fmt::format(
       "run -n 4 --timeout 120 -- {} train {} --batch 6 --max-steps 6 --threads 1 --optimizer "
@@ -208,12 +209,9 @@ TEST(TpCli, SequenceParallelismEqualsOneProcess) {
 // a resume in the same layout is bit-identical.
 TEST(TpCli, ZeroShardsEachSliceOverItsDataParallelGroup) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
-  const std::string one_dir = tmpdir("z1");
-  auto one = run_shoal(
-      fmt::format("train {} --batch 16 --max-steps 6 --threads 1 --optimizer momentum --lr 0.05 "
-                  "--deterministic --no-plot --quiet --out {}",
-                  gpt(), one_dir));
+  TrainRun one = one_process("z1", 16, 6);
   ASSERT_EQ(one.code, 0) << one.out;
+  const std::string one_dir = one.dir;
   TrainRun tp_only = train(tmpdir("z0"), 4, 1, "--tp 2 --dp 2");
   ASSERT_EQ(tp_only.code, 0) << tp_only.out;
   const double slices = testing::numbers_after(tp_only.out, "memory on rank 0: parameters ").at(0);
@@ -239,8 +237,8 @@ TEST(TpCli, ZeroShardsEachSliceOverItsDataParallelGroup) {
     }
     expect_same(one_dir, r.dir, 36);
   }
-  for (auto [first, then] : {std::pair{"--zero 1", ""}, std::pair{"", "--zero 2"},
-                             std::pair{"--zero 3", "--zero 1"}}) {
+  for (auto [first, then] :
+       {std::pair{"--zero 1", ""}, std::pair{"", "--zero 2"}, std::pair{"--zero 3", "--zero 1"}}) {
     SCOPED_TRACE(fmt::format("'{}', then '{}'", first, then));
     const std::string dir = tmpdir("zmove");
     TrainRun a = train(dir, 4, 3, std::string("--tp 2 --dp 2 ") + first);

@@ -100,6 +100,29 @@ def windows(path, context, n):
     return x, y, len(vocab)
 
 
+def all_windows(path, context):
+    """Every whole window of the training split (the first 90%): x, y, vocabulary size."""
+    text = open(path, "rb").read()
+    n = (len(text) - int(len(text) * 0.1) - 1) // context
+    return windows(path, context, n)
+
+
+def initial(layers, heads, dim, context, vocab, tied, seed=0):
+    """The model's settings and the initial weights init() writes for them."""
+    import tempfile
+
+    class A:
+        pass
+    a = A()
+    a.layers, a.heads, a.dim, a.context, a.vocab, a.tied, a.seed = (
+        layers, heads, dim, context, vocab, tied, seed)
+    with tempfile.TemporaryDirectory() as d:
+        a.out = d + "/w.safetensors"
+        init(a)
+        w0, _ = load(a.out)
+    return a, w0
+
+
 def check(a):
     w0, _ = load(a.init)
     after, meta = load(a.after)
