@@ -104,6 +104,7 @@ int chain_source(const Graph& g, Value v, const std::set<int>& region) {
 struct Axes {
   std::map<int, int> of;          // node id (single output) -> sharded axis
   std::map<int, int> reshape_at;  // reshape node -> output axis divided by T
+  std::int64_t units = 0;         // attention heads: the reshapes' split axis, 0 if none
 };
 
 Status propagate(const Graph& g, const std::vector<int>& order, const std::set<int>& columns,
@@ -127,12 +128,19 @@ Status propagate(const Graph& g, const std::vector<int>& order, const std::set<i
       int k = 0;
       while (k < static_cast<int>(out.size()) && p < prefix)
         p *= out[static_cast<std::size_t>(k++)];
-      if (p != prefix || k >= static_cast<int>(out.size()) ||
-          out[static_cast<std::size_t>(k)] % size != 0)
+      if (p != prefix || k >= static_cast<int>(out.size()))
+        return invalid_argument("{}: the sharded axis {} of {} does not survive as an axis of {}",
+                                n.label(), a, shape_str(s), shape_str(out));
+      // The first reshape fixes the units (heads); later ones (back to
+      // [.., D]) must be whole multiples of them.
+      const std::int64_t extent = out[static_cast<std::size_t>(k)];
+      if (ax.units == 0) ax.units = extent;
+      if (extent % ax.units != 0 || ax.units < size)
         return failed_precondition(
-            "tensor parallelism over {} ranks: {} cannot split the sharded axis {} of {} "
-            "evenly in {} (attention heads and hidden units must divide by the ranks)",
-            size, n.label(), a, shape_str(s), shape_str(out));
+            "tensor parallelism over {} ranks: {} splits the sharded axis {} of {} into {}: "
+            "{} units that {}",
+            size, n.label(), a, shape_str(s), shape_str(out), ax.units,
+            ax.units < size ? "are fewer than the ranks" : "do not divide it");
       ax.of[id] = ax.reshape_at[id] = k;
     } else if (n.op == "transpose") {
       auto perm = n.attrs.get_ints_or("perm", {});
@@ -236,13 +244,16 @@ Status shard_vocabulary(Graph& g, const TpPlan& plan, int rank, int size,
   return ok_status();
 }
 
-Status check_divides(const Graph& g, const std::string& input, int axis, int size) {
-  SHOAL_ASSIGN_OR_RETURN(Value v, g.find_input(input));
+// A shard's axis must hold whole units, and at least one per rank.
+Status check_divides(const Graph& g, const TpShard& sh, int size) {
+  SHOAL_ASSIGN_OR_RETURN(Value v, g.find_input(sh.input));
   const Shape& s = g.type(v).shape;
-  if (s[static_cast<std::size_t>(axis)] % size != 0)
+  const std::int64_t n = s[static_cast<std::size_t>(sh.axis)];
+  const std::int64_t u = sh.units > 0 ? sh.units : size;
+  if (n % u != 0 || u < size)
     return invalid_argument(
-        "tensor parallelism over {} ranks: {} {} does not split evenly along axis {}", size, input,
-        shape_str(s), axis);
+        "tensor parallelism over {} ranks: {} {} does not split into {} whole units along axis {}",
+        size, sh.input, shape_str(s), u, sh.axis);
   return ok_status();
 }
 
@@ -296,16 +307,21 @@ Result<TpPlan> plan_tensor_parallel(const Graph& g, int size) {
       continue;  // not a region this rewrite can shard
     }
     TpPlan::Region reg;
+    // Heads, or (no reshape) the columns' output features.
+    const std::int64_t units =
+        ax.units > 0 ? ax.units : g.type(g.node(*cols.begin()).inputs[1]).shape[0];
     for (int c : cols) {
       reg.columns.push_back(param_input(g, g.node(c), 1));
-      plan.shards.push_back({reg.columns.back(), 0, g.type(g.node(c).inputs[1]).shape});
+      plan.shards.push_back(
+          {reg.columns.back(), 0, g.type(g.node(c).inputs[1]).shape, false, units});
       if (g.node(c).inputs.size() == 3 && !param_input(g, g.node(c), 2).empty())
-        plan.shards.push_back({param_input(g, g.node(c), 2), 0, g.type(g.node(c).inputs[2]).shape});
+        plan.shards.push_back(
+            {param_input(g, g.node(c), 2), 0, g.type(g.node(c).inputs[2]).shape, false, units});
       cols_taken.insert(c);
     }
     for (int r : f.rows) {
       reg.rows.push_back(param_input(g, g.node(r), 1));
-      plan.shards.push_back({reg.rows.back(), 1, g.type(g.node(r).inputs[1]).shape});
+      plan.shards.push_back({reg.rows.back(), 1, g.type(g.node(r).inputs[1]).shape, false, units});
       rows_taken.insert(r);
     }
     plan.regions.push_back(std::move(reg));
@@ -336,7 +352,7 @@ Result<TpPlan> plan_tensor_parallel(const Graph& g, int size) {
     plan.shards.push_back({p.name, 0, full, true});
   }
   for (const auto& s : plan.shards)
-    if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s.input, s.axis, size));
+    if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s, size));
   return plan;
 }
 
@@ -358,13 +374,13 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id)
     return it->second;
   };
   for (const auto& s : plan.shards)
-    if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s.input, s.axis, size));
+    if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s, size));
   SHOAL_RETURN_IF_ERROR(shard_vocabulary(g, plan, c->rank(), size, comm_attr));
   const Users users = users_of(g);
   std::set<int> outputs;
   for (const Value& v : g.outputs()) outputs.insert(v.node);
   SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
-  std::map<int, int> reshape_at;
+  std::map<int, std::pair<int, std::int64_t>> reshape_at;  // node -> (axis, units)
   std::vector<int> all_cols, all_rows;
   for (const auto& reg : plan.regions) {
     std::set<int> cols, region, rows;
@@ -389,20 +405,23 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id)
           g.node(*rows.begin()).label());
     Axes ax;
     SHOAL_RETURN_IF_ERROR(propagate(g, order, cols, region, size, ax));
-    reshape_at.insert(ax.reshape_at.begin(), ax.reshape_at.end());
+    for (const auto& [id, k] : ax.reshape_at) reshape_at[id] = {k, ax.units};
     all_cols.insert(all_cols.end(), cols.begin(), cols.end());
   }
   // Parameter inputs take this rank's slices; the region's reshapes its share.
   for (const auto& s : plan.shards) {
     SHOAL_ASSIGN_OR_RETURN(Value v, g.find_input(s.input));
     auto& dim = g.mutable_node(v.node).outputs[0].shape[static_cast<std::size_t>(s.axis)];
-    const int r = c->rank();
-    dim = s.uneven ? split_at(s.full[0], r + 1, size) - split_at(s.full[0], r, size) : dim / size;
+    const auto [begin, end] = tp_range(s, c->rank(), size);
+    dim = end - begin;
   }
-  for (const auto& [id, k] : reshape_at) {
+  const int r = c->rank();
+  for (const auto& [id, at] : reshape_at) {
+    const auto [k, units] = at;
     Node& n = g.mutable_node(id);
     auto dims = n.attrs.get_ints_or("shape", {});
-    dims[static_cast<std::size_t>(k)] /= size;
+    auto& d = dims[static_cast<std::size_t>(k)];
+    d = d / units * (split_at(units, r + 1, size) - split_at(units, r, size));
     n.attrs.set("shape", dims);
   }
   // f: one tp_copy per distinct input of the column linears.
@@ -437,23 +456,17 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id)
 
 Tensor tp_slice(const Tensor& full, const TpShard& s, int rank, int size) {
   const Shape& f = full.shape();
+  const auto [begin, end] = tp_range(s, rank, size);
   Shape part = f;
-  std::int64_t first = 0;  // axis 0: the first row
-  if (s.uneven) {
-    first = split_at(f[0], rank, size);
-    part[0] = split_at(f[0], rank + 1, size) - first;
-  } else {
-    part[static_cast<std::size_t>(s.axis)] /= size;
-    first = rank * part[0];
-  }
+  part[static_cast<std::size_t>(s.axis)] = end - begin;
   Tensor out = Tensor::empty(part, DType::kF32);
   const Tensor src = full.cast(DType::kF32);
   if (s.axis == 0) {
     const std::int64_t row = f.size() > 1 ? f[1] : 1;
-    std::memcpy(out.raw_data(), src.data<float>() + first * row, out.nbytes());
+    std::memcpy(out.raw_data(), src.data<float>() + begin * row, out.nbytes());
   } else {
     for (std::int64_t i = 0; i < f[0]; ++i)
-      std::memcpy(out.data<float>() + i * part[1], src.data<float>() + i * f[1] + rank * part[1],
+      std::memcpy(out.data<float>() + i * part[1], src.data<float>() + i * f[1] + begin,
                   static_cast<std::size_t>(part[1]) * sizeof(float));
   }
   return out;

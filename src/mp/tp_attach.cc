@@ -1,5 +1,6 @@
 // Tensor parallelism in the trainer: the forward-graph hook and the slices'
 // cut and gather (mp/tensor_parallel.h).
+#include <algorithm>
 #include <cstring>
 
 #include "shoal/comm/communicator.h"
@@ -11,30 +12,43 @@ namespace shoal::mp {
 
 namespace {
 
-// The whole table from every rank's rows when they differ in number: each
-// sends its rows padded to the most any rank holds.
-Result<Tensor> gather_uneven_rows(comm::Communicator* c, const TpShard& s, const Tensor& mine) {
+// The whole tensor when the ranks' slices differ in length (a vocabulary's
+// rows, heads that T does not divide): each sends its slice padded to the
+// largest, and the pieces go back by each rank's range.
+Result<Tensor> gather_ragged(comm::Communicator* c, const TpShard& s, const Tensor& mine) {
   const int size = c->size();
-  const std::int64_t width = s.full.size() > 1 ? s.full[1] : 1;
-  const std::int64_t most = split_at(s.full[0], 1, size) + (s.full[0] % size ? 1 : 0);
-  Tensor padded = Tensor::zeros({most * width}, DType::kF32);
-  std::memcpy(padded.raw_data(), mine.contiguous().raw_data(), mine.nbytes());
-  Tensor all = Tensor::empty({most * width * size}, DType::kF32);
-  SHOAL_RETURN_IF_ERROR(c->allgather(padded.raw_data(), all.raw_data(),
-                                     static_cast<std::size_t>(most * width), DType::kF32)
-                            .with_context("gathering a vocabulary-parallel table"));
-  Tensor whole = Tensor::empty(s.full, DType::kF32);
+  const std::int64_t rows = s.full[0], width = s.full.size() > 1 ? s.full[1] : 1;
+  const std::int64_t across = s.axis == 0 ? width : rows;  // elements per unit of the axis
+  std::int64_t most = 0;
   for (int r = 0; r < size; ++r) {
-    const std::int64_t b = split_at(s.full[0], r, size), e = split_at(s.full[0], r + 1, size);
-    std::memcpy(whole.data<float>() + b * width, all.data<float>() + r * most * width,
-                static_cast<std::size_t>((e - b) * width) * sizeof(float));
+    const auto [b, e] = tp_range(s, r, size);
+    most = std::max(most, (e - b) * across);
+  }
+  Tensor padded = Tensor::zeros({most}, DType::kF32);
+  std::memcpy(padded.raw_data(), mine.contiguous().raw_data(), mine.nbytes());
+  Tensor all = Tensor::empty({most * size}, DType::kF32);
+  SHOAL_RETURN_IF_ERROR(
+      c->allgather(padded.raw_data(), all.raw_data(), static_cast<std::size_t>(most), DType::kF32)
+          .with_context("gathering tensor-parallel slices of unequal length"));
+  Tensor whole = Tensor::empty(s.full, DType::kF32);
+  float* w = whole.data<float>();
+  for (int r = 0; r < size; ++r) {
+    const auto [b, e] = tp_range(s, r, size);
+    const float* from = all.data<float>() + r * most;
+    if (s.axis == 0) {
+      std::memcpy(w + b * width, from, static_cast<std::size_t>((e - b) * width) * sizeof(float));
+      continue;
+    }
+    for (std::int64_t i = 0; i < rows; ++i)
+      std::memcpy(w + i * width + b, from + i * (e - b),
+                  static_cast<std::size_t>(e - b) * sizeof(float));
   }
   return whole;
 }
 
 // The whole tensor from every rank's slice along s.axis.
 Result<Tensor> gather_whole(comm::Communicator* c, const TpShard& s, const Tensor& mine) {
-  if (s.uneven) return gather_uneven_rows(c, s, mine);
+  if (tp_ragged(s, c->size())) return gather_ragged(c, s, mine);
   const int size = c->size();
   const auto n = static_cast<std::size_t>(mine.numel());
   Tensor all = Tensor::empty({static_cast<std::int64_t>(n) * size}, DType::kF32);

@@ -107,8 +107,9 @@ std::vector<Result<Step>> run_group(const train::GptConfig& c, int size, bool se
 
 class TensorParallel : public ::testing::TestWithParam<int> {};
 
-void expect_equal_one_process(int size, bool sequence) {
-  const train::GptConfig c = config(size == 3 ? 3 : 4);  // heads divisible by T
+void expect_equal_one_process(int size, bool sequence, int heads = 0) {
+  if (heads == 0) heads = size == 3 ? 3 : 4;  // heads divisible by T
+  const train::GptConfig c = config(heads);
   auto ref = step(c, -1, 0, 1);
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
   auto got = run_group(c, size, sequence);
@@ -150,6 +151,14 @@ TEST_P(TensorParallel, LossAndGradientsEqualOneProcess) {
   expect_equal_one_process(GetParam(), false);
 }
 
+// Heads that T does not divide: ranks hold whole heads, as evenly as they
+// go (3 over 2: 1 and 2; 5 over 3: 1, 2, 2; 6 over 4: 1, 2, 1, 2), and the
+// MLP's hidden units the same way.
+TEST_P(TensorParallel, HeadsThatTDoesNotDivideSplitByWholeHeads) {
+  const int size = GetParam();
+  expect_equal_one_process(size, false, size == 2 ? 3 : size == 3 ? 5 : 6);
+}
+
 // Sequence parallelism on top: the residual stream, its layer norms and
 // adds on 1/T of the rows between reduce-scatters and all-gathers.
 TEST_P(TensorParallel, WithSequenceParallelismToo) {
@@ -160,7 +169,7 @@ TEST_P(TensorParallel, WithSequenceParallelismToo) {
 
 INSTANTIATE_TEST_SUITE_P(Groups, TensorParallel, ::testing::Values(2, 3, 4));
 
-TEST(TensorParallelPlan, SizesThatDoNotDivideAreNamed) {
+TEST(TensorParallelPlan, FewerHeadsThanRanksAreNamed) {
   auto model = train::gpt_model(config(3), kVocab);
   ASSERT_TRUE(model.ok());
   Graph g;
@@ -168,10 +177,11 @@ TEST(TensorParallelPlan, SizesThatDoNotDivideAreNamed) {
   train::ModelContext mc(b, true);
   Value out = model->forward(mc, b.input("x", DType::kF32, {2, 5}));
   g.mark_output(out);
-  auto plan = plan_tensor_parallel(g, 2);
+  auto plan = plan_tensor_parallel(g, 4);
   ASSERT_FALSE(plan.ok());
-  EXPECT_NE(plan.status().message().find("cannot split the sharded axis 1 of [10, 6] evenly in "
-                                         "[2, 5, 3, 2]"),
+  EXPECT_NE(plan.status().message().find(
+                "splits the sharded axis 1 of [10, 6] into [2, 5, 3, 2]: 3 units that are fewer "
+                "than the ranks"),
             std::string::npos)
       << plan.status().to_string();
 }

@@ -38,11 +38,27 @@ struct TpShard {
   int axis = 0;       // 0: split by rows (column linears), 1: by columns (row linears)
   Shape full;         // its whole shape
   // Rows [r*n/T, (r+1)*n/T) on rank r, for any n (an embedding's
-  // vocabulary); else the split must be even.
+  // vocabulary).
   bool uneven = false;
+  // Else, with units > 0: split by whole units (attention heads; for a
+  // region without heads, its hidden units), which need not divide by T:
+  // rank r holds units [r*U/T, (r+1)*U/T) of the U along `axis`. 0: even.
+  std::int64_t units = 0;
 };
 // A range of `n` split over `size` ranks as evenly as it goes: rank r's start.
 inline std::int64_t split_at(std::int64_t n, int r, int size) { return n * r / size; }
+// Rank r's [begin, end) of the shard's axis.
+inline std::pair<std::int64_t, std::int64_t> tp_range(const TpShard& s, int r, int size) {
+  const std::int64_t n = s.full[static_cast<std::size_t>(s.axis)];
+  const std::int64_t u = s.uneven ? n : s.units > 0 ? s.units : size;
+  return {n * split_at(u, r, size) / u, n * split_at(u, r + 1, size) / u};
+}
+// Whether the ranks' ranges differ in length.
+inline bool tp_ragged(const TpShard& s, int size) {
+  const std::int64_t n = s.full[static_cast<std::size_t>(s.axis)];
+  const std::int64_t u = s.uneven ? n : s.units > 0 ? s.units : size;
+  return u % size != 0;
+}
 
 struct TpPlan {
   struct Region {
