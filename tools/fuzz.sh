@@ -34,9 +34,11 @@ printf 'H\x02\x00\x00\x00' > "$out/corpus/ps-heartbeat"
   tests/fuzz/cluster_fuzz.cc src/cluster/spec.cc src/cluster/topology.cc src/cluster/hostlist.cc \
   src/cluster/slurm_topology.cc src/cluster/yaml_fields.cc src/cluster/placer.cc \
   src/cluster/state.cc src/cluster/cost.cc src/core/status.cc src/core/file.cc \
+  src/train/checkpoint_index.cc src/core/env.cc \
   -lfmt -lyaml-cpp -o "$out/cluster_fuzz"
 mkdir -p "$out/cluster-corpus"
 printf '\x00name: a\nranks: 4\naccels_per_rank: 1\nlinks: ring\n\x00generate: {nodes: 4, per_switch: 2, accels: 4, links: ring}\n' > "$out/cluster-corpus/place"
 printf '\x01switches: [{name: s}]\nnodes: [{name: "n[1-2]", accels: 4, links: mesh 2x2, switch: s}]\n' > "$out/cluster-corpus/topology"
 printf '\x02SwitchName=s1 Nodes=n[1-2]\nSwitchName=t Switches=s1\n\x00NodeName=n1 CPUTot=2 RealMemory=4000 Gres=gpu:4\nNodeName=n2 CPUTot=2 RealMemory=4000\n' > "$out/cluster-corpus/slurm"
+printf '\x03{"metadata": {"format": "shoal-checkpoint-1", "shards": "2", "step": "4"}, "weight_map": {"param/a": "model-00001-of-00002.safetensors", "opt/a/m": "model-00002-of-00002.safetensors"}}' > "$out/cluster-corpus/checkpoint-index"
 "$out/cluster_fuzz" -max_total_time="$secs" -max_len=4096 -print_final_stats=1 "$out/cluster-corpus" 2>&1 | tail -15

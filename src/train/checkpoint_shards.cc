@@ -9,7 +9,6 @@
 #include <numeric>
 #include <set>
 
-#include "shoal/core/env.h"
 #include "shoal/core/file.h"
 #include "shoal/core/hash.h"
 #include "shoal/train/checkpoint.h"
@@ -94,48 +93,10 @@ Status write_checkpoint_index(const std::string& dir, int shards, const Checkpoi
   return write_file_atomic((fs::path(dir) / kCheckpointIndex).string(), j.dump(1) + "\n");
 }
 
-namespace {
-
-struct Index {
-  std::map<std::string, std::string> meta;
-  std::map<std::string, std::set<std::string>> files;  // file -> its tensors
-  int shards = 0;
-};
-
-Result<Index> read_index(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kCheckpointIndex).string();
-  SHOAL_ASSIGN_OR_RETURN(std::string text, read_file(path));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return data_loss("{}: not a JSON object", path);
-  if (!j.contains("metadata") || !j["metadata"].is_object() || !j.contains("weight_map") ||
-      !j["weight_map"].is_object())
-    return data_loss("{}: needs the objects \"metadata\" and \"weight_map\"", path);
-  Index ix;
-  for (auto it = j["metadata"].begin(); it != j["metadata"].end(); ++it)
-    if (it.value().is_string()) ix.meta[it.key()] = it.value().get<std::string>();
-  if (ix.meta["format"] != kCheckpointFormat)
-    return invalid_argument("{}: not a Shoal checkpoint (metadata format is '{}', expected '{}')",
-                            path, ix.meta["format"], kCheckpointFormat);
-  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it.value().is_string())
-      return data_loss("{}: weight_map entry '{}' is not a file name", path, it.key());
-    std::string file = it.value().get<std::string>();
-    if (file.find('/') != std::string::npos || file.empty() || file[0] == '.')
-      return data_loss("{}: weight_map entry '{}' names '{}', not a file of this directory", path,
-                       it.key(), file);
-    ix.files[file].insert(it.key());
-  }
-  auto n = env::parse_int(ix.meta["shards"], "shards");
-  if (!n.ok() || *n < 1 || *n > 1 << 20)
-    return data_loss("{}: metadata shards is '{}', expected a count", path, ix.meta["shards"]);
-  ix.shards = static_cast<int>(*n);
-  return ix;
-}
-
-}  // namespace
-
 Result<CheckpointState> load_sharded_checkpoint(const std::string& dir) {
-  SHOAL_ASSIGN_OR_RETURN(Index ix, read_index(dir));
+  const std::string index_path = (fs::path(dir) / kCheckpointIndex).string();
+  SHOAL_ASSIGN_OR_RETURN(std::string text, read_file(index_path));
+  SHOAL_ASSIGN_OR_RETURN(CheckpointIndex ix, parse_checkpoint_index(text, index_path));
   CheckpointState out;
   out.meta = ix.meta;
   for (int i = 0; i < ix.shards; ++i) {

@@ -1,12 +1,15 @@
 // libFuzzer over the cluster module's parsers of untrusted text: job specs
 // and cluster models (YAML), Slurm's topology.conf with `scontrol show
-// nodes`; what parses is then placed, so the placer meets odd shapes too.
-// The first byte picks the parser. Built and run by tools/fuzz.sh.
+// nodes`; what parses is then placed, so the placer meets odd shapes too;
+// and a sharded checkpoint's index (JSON). The first byte picks the parser. Built and run by
+// tools/fuzz.sh.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "shoal/cluster/placer.h"
+#include "shoal/train/checkpoint_index.h"
 
 using namespace shoal::cluster;
 
@@ -16,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto split = text.find('\0');
   const std::string a = text.substr(0, split),
                     b = split == std::string::npos ? "" : text.substr(split + 1);
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
     case 0: {
       auto j = parse_job_spec(a, "fuzz");
       auto t = parse_topology(b, "fuzz");
@@ -36,6 +39,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 2: {
       auto t = from_slurm(a, b);
       if (t.ok()) (void)to_topology_conf(*t);
+      break;
+    }
+    case 3: {  // a sharded checkpoint's index: what it accepts names plain files only
+      auto ix = shoal::train::parse_checkpoint_index(text, "fuzz");
+      if (ix.ok()) {
+        if (ix->shards < 1) std::abort();
+        for (const auto& [file, tensors] : ix->files)
+          if (file.empty() || file[0] == '.' || file.find('/') != std::string::npos) std::abort();
+      }
       break;
     }
   }

@@ -130,6 +130,37 @@ TEST(CheckpointShards, ADirectoryThatDisagreesWithItsIndexIsRefusedByName) {
   }
 }
 
+TEST(CheckpointShards, AnIndexIsParsedWithEachProblemNamed) {
+  const std::string ok =
+      R"({"metadata": {"format": "shoal-checkpoint-1", "shards": "2", "total_size": 8},
+          "weight_map": {"a": "model-00001-of-00002.safetensors",
+                         "b": "model-00002-of-00002.safetensors"}})";
+  auto ix = parse_checkpoint_index(ok, "i.json");
+  ASSERT_TRUE(ix.ok()) << ix.status().to_string();
+  EXPECT_EQ(ix->shards, 2);
+  EXPECT_EQ(ix->files.size(), 2u);
+  EXPECT_FALSE(ix->meta.count("total_size"));  // a number: Hugging Face's, not ours
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"[1, 2]", "i.json: not a JSON object"},
+      {R"({"metadata": {}})", "needs the objects \"metadata\" and \"weight_map\""},
+      {R"({"metadata": {"format": "x", "shards": "1"}, "weight_map": {}})",
+       "metadata format is 'x', expected 'shoal-checkpoint-1'"},
+      {R"({"metadata": {"format": "shoal-checkpoint-1", "shards": "0"}, "weight_map": {}})",
+       "metadata shards is '0', expected a count"},
+      {R"({"metadata": {"format": "shoal-checkpoint-1", "shards": "1"},
+           "weight_map": {"a": 3}})",
+       "weight_map entry 'a' is not a file name"},
+      {R"({"metadata": {"format": "shoal-checkpoint-1", "shards": "1"},
+           "weight_map": {"a": "/etc/passwd"}})",
+       "names '/etc/passwd', not a file of this directory"},
+  };
+  for (const auto& [text, want] : bad) {
+    auto r = parse_checkpoint_index(text, "i.json");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().to_string().find(want), std::string::npos) << r.status().to_string();
+  }
+}
+
 TEST(CheckpointShards, TheCheckpointDirectoryListsLoadsAndPrunesThem) {
   testing::TempDir d("ckdir");
   CheckpointDir cd(d.path() + "/checkpoints", 2);

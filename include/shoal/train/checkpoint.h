@@ -14,10 +14,9 @@
 
 #include "shoal/core/status.h"
 #include "shoal/tensor/tensor.h"
+#include "shoal/train/checkpoint_index.h"  // kCheckpointFormat, kCheckpointIndex
 
 namespace shoal::train {
-
-inline constexpr const char* kCheckpointFormat = "shoal-checkpoint-1";
 
 struct CheckpointState {
   std::map<std::string, Tensor> tensors;
@@ -37,7 +36,6 @@ Result<CheckpointState> load_checkpoint(const std::string& path);
 // {"metadata": {...}, "weight_map": {tensor: file}}. Every rank builds the
 // same state and writes its shard in parallel; rank 0 writes the index once
 // all are written, then the directory is renamed into place.
-inline constexpr const char* kCheckpointIndex = "model.safetensors.index.json";
 std::string checkpoint_shard_name(int shard, int shards);  // shard counts from 0
 // Which shard holds each tensor (in the map's order): largest first onto the
 // shard with the fewest bytes so far; ties to the lower shard.
