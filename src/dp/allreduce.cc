@@ -188,6 +188,11 @@ Status validate(const DpOptions& o) {
         "--zero {} is not a ZeRO stage: 1 shards the optimizer state, 2 the gradients too, 3 "
         "the parameters too",
         o.zero);
+  if (o.sequence_parallel && o.tp < 2)
+    return invalid_argument(
+        "--sequence-parallel splits what tensor-parallel ranks repeat: it needs --tp > 1, got "
+        "--tp {}",
+        o.tp);
   if (!(o.zero_bucket_mb > 0))
     return invalid_argument("--zero-bucket-mb {} must be > 0", o.zero_bucket_mb);
   if (o.micro_batches < 1)

@@ -280,6 +280,12 @@ TEST(TpCli, SizesThatDoNotFitAreRefusedByName) {
   EXPECT_NE(ps.out.find("a parameter-server job (--dist ps) shards it over its servers"),
             std::string::npos)
       << ps.out;
+  TrainRun sp = train(tmpdir("bad3"), 2, 1, "--sequence-parallel");
+  EXPECT_NE(sp.code, 0);
+  EXPECT_NE(sp.out.find("--sequence-parallel splits what tensor-parallel ranks repeat: it needs "
+                        "--tp > 1, got --tp 1"),
+            std::string::npos)
+      << sp.out;
   // 2 heads cannot go to 3 ranks whole.
   TrainRun heads = train(tmpdir("bad2"), 3, 1, "--tp 3",
                          "--model gpt --data text:" + kText +
