@@ -257,46 +257,59 @@ void register_ops() {
   });
 }
 
+std::int64_t f32_elements(double mib) {
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(mib * (1 << 20) / 4));
+}
+
+std::vector<std::vector<std::size_t>> group_in_backward_order(
+    const graph::Graph& g, const std::vector<train::ParamRef>& params, std::int64_t first_cap,
+    std::int64_t cap, std::int64_t close_at) {
+  // Autodiff appends the last layers' gradients first, and the executor
+  // runs by node id.
+  std::vector<std::size_t> order(params.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t c) {
+    return params[a].grad.node < params[c].grad.node;
+  });
+  std::vector<std::vector<std::size_t>> out;
+  std::int64_t filled = 0;
+  bool closed = true;
+  for (std::size_t i : order) {
+    const std::int64_t n = num_elements(g.type(params[i].grad).shape);
+    if (closed || filled + n > (out.size() == 1 ? first_cap : cap)) {
+      out.emplace_back();
+      filled = 0;
+    }
+    out.back().push_back(i);
+    filled += n;
+    // A big gradient closes its bucket: the gradients after it come later
+    // in the backward pass, and waiting for them would delay sending it.
+    closed = n >= close_at;
+  }
+  return out;
+}
+
 Result<BucketPlan> inject_allreduce(graph::Graph& g, std::vector<train::ParamRef>& params,
                                     std::int64_t comm_id, const DpOptions& o) {
   register_ops();
   SHOAL_RETURN_IF_ERROR(validate(o));
   if (!lookup(comm_id))
     return failed_precondition("inject_allreduce: no communicator registered as id {}", comm_id);
-  // The order the backward pass produces gradients: autodiff appends the
-  // last layers' gradients first, and the executor runs by node id.
-  std::vector<std::size_t> order(params.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t c) {
-    return params[a].grad.node < params[c].grad.node;
-  });
-  BucketPlan plan;
-  std::vector<std::vector<std::size_t>> members;
-  const auto mb_elems = [](double mb) {
-    return std::max<std::int64_t>(1, static_cast<std::int64_t>(mb * (1 << 20) / 4));
-  };
   // Without overlap nothing is sent before the backward pass ends, so the
   // small first bucket and the closing rule buy nothing: every bucket fills
   // to bucket_mb. Fewer buckets are fewer points where ranks wait for the
   // slowest (each absorbs the jitter since the previous one).
   const bool overlap = o.overlap != DpOptions::Overlap::kOff;
-  const std::int64_t big =
-      overlap ? mb_elems(o.first_bucket_mb) : std::numeric_limits<std::int64_t>::max();
-  std::int64_t cap = 0;
-  bool closed = true;
-  for (std::size_t i : order) {
-    std::int64_t n = num_elements(g.type(params[i].grad).shape);
-    if (closed || plan.buckets.back().elements + n > cap) {
-      cap = mb_elems(members.empty() && overlap ? o.first_bucket_mb : o.bucket_mb);
-      plan.buckets.emplace_back();
-      members.emplace_back();
+  const std::vector<std::vector<std::size_t>> members = group_in_backward_order(
+      g, params, f32_elements(overlap ? o.first_bucket_mb : o.bucket_mb), f32_elements(o.bucket_mb),
+      overlap ? f32_elements(o.first_bucket_mb) : std::numeric_limits<std::int64_t>::max());
+  BucketPlan plan;
+  for (const auto& m : members) {
+    Bucket& b = plan.buckets.emplace_back();
+    for (std::size_t i : m) {
+      b.params.push_back(params[i].name);
+      b.elements += num_elements(g.type(params[i].grad).shape);
     }
-    plan.buckets.back().params.push_back(params[i].name);
-    plan.buckets.back().elements += n;
-    members.back().push_back(i);
-    // A big gradient closes its bucket: the gradients after it come later
-    // in the backward pass, and waiting for them would delay sending it.
-    closed = n >= big;
   }
   graph::Builder b(g);
   for (std::size_t k = 0; k < members.size(); ++k) {

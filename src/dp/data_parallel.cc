@@ -101,10 +101,7 @@ comm::Communicator* keep(std::unique_ptr<comm::Communicator> c) {
 Status attach_sharded_update(train::TrainOptions& o, std::int64_t id, const DpOptions& d,
                              bool lead) {
   const train::OptimizerOptions oo = train::optimizer_options(o);
-  const std::int64_t bucket =
-      d.zero == 2
-          ? std::max<std::int64_t>(1, static_cast<std::int64_t>(d.zero_bucket_mb * (1 << 20) / 4))
-          : 0;
+  const std::int64_t bucket = d.zero == 2 ? f32_elements(d.zero_bucket_mb) : 0;
   o.update_pass = [id, oo, lead, bucket, stage = d.zero](
                       graph::Builder& b,
                       const std::vector<train::ParamRef>& params) -> Result<train::OptimizerGraph> {

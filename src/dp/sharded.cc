@@ -2,6 +2,7 @@
 #include "shoal/dp/sharded.h"
 
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -89,27 +90,14 @@ std::shared_ptr<train::OptimizerGraph::Layout> layout_of(const std::vector<Part>
 
 // The parts: one of every parameter (ZeRO-1), or buckets in the order the
 // backward pass produces the gradients (ZeRO-2): up to bucket_elements each.
-std::vector<std::vector<std::size_t>> group(const Builder& b,
-                                            const std::vector<train::ParamRef>& params,
+std::vector<std::vector<std::size_t>> group(Builder& b, const std::vector<train::ParamRef>& params,
                                             std::int64_t bucket_elements) {
-  std::vector<std::size_t> order(params.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  if (bucket_elements <= 0) return {order};
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t c) {
-    return params[a].grad.node < params[c].grad.node;
-  });
-  std::vector<std::vector<std::size_t>> out;
-  std::int64_t filled = 0;
-  for (std::size_t i : order) {
-    const std::int64_t n = num_elements(b.shape(params[i].param));
-    if (out.empty() || filled + n > bucket_elements) {
-      out.emplace_back();
-      filled = 0;
-    }
-    out.back().push_back(i);
-    filled += n;
-  }
-  return out;
+  if (bucket_elements > 0)
+    return group_in_backward_order(b.graph(), params, bucket_elements, bucket_elements,
+                                   std::numeric_limits<std::int64_t>::max());
+  std::vector<std::size_t> all(params.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return {all};
 }
 
 }  // namespace

@@ -88,6 +88,16 @@ struct BucketPlan {
   std::string str() const;  // one line per bucket, for logs
 };
 
+// MiB of f32 as a number of elements (at least 1).
+std::int64_t f32_elements(double mib);
+// The parameters' indices in buckets, in the order the backward pass
+// produces their gradients (autodiff's node order): the first bucket holds
+// up to first_cap elements, the others up to cap, and a gradient of at
+// least close_at elements closes its bucket.
+std::vector<std::vector<std::size_t>> group_in_backward_order(
+    const graph::Graph& g, const std::vector<train::ParamRef>& params, std::int64_t first_cap,
+    std::int64_t cap, std::int64_t close_at);
+
 // Replaces each ParamRef.grad with its averaged value from a bucket
 // all-reduce over communicator `comm_id`. Fits train::TrainOptions::grad_pass.
 Result<BucketPlan> inject_allreduce(graph::Graph& g, std::vector<train::ParamRef>& params,
