@@ -12,10 +12,11 @@ namespace shoal::mp {
 
 namespace {
 
-// The whole tensor when the ranks' slices differ in length (a vocabulary's
-// rows, heads that T does not divide): each sends its slice padded to the
-// largest, and the pieces go back by each rank's range.
-Result<Tensor> gather_ragged(comm::Communicator* c, const TpShard& s, const Tensor& mine) {
+// The whole tensor from every rank's slice along s.axis. Slices may differ
+// in length (a vocabulary's rows, heads that T does not divide): a shorter
+// one is sent padded to the longest, and the pieces go back by each rank's
+// range.
+Result<Tensor> gather_whole(comm::Communicator* c, const TpShard& s, const Tensor& mine) {
   const int size = c->size();
   const std::int64_t rows = s.full[0], width = s.full.size() > 1 ? s.full[1] : 1;
   const std::int64_t across = s.axis == 0 ? width : rows;  // elements per unit of the axis
@@ -24,12 +25,16 @@ Result<Tensor> gather_ragged(comm::Communicator* c, const TpShard& s, const Tens
     const auto [b, e] = tp_range(s, r, size);
     most = std::max(most, (e - b) * across);
   }
-  Tensor padded = Tensor::zeros({most}, DType::kF32);
-  std::memcpy(padded.raw_data(), mine.contiguous().raw_data(), mine.nbytes());
+  Tensor send = mine.contiguous();
+  if (send.numel() != most) {
+    Tensor padded = Tensor::zeros({most}, DType::kF32);
+    std::memcpy(padded.raw_data(), send.raw_data(), send.nbytes());
+    send = padded;
+  }
   Tensor all = Tensor::empty({most * size}, DType::kF32);
   SHOAL_RETURN_IF_ERROR(
-      c->allgather(padded.raw_data(), all.raw_data(), static_cast<std::size_t>(most), DType::kF32)
-          .with_context("gathering tensor-parallel slices of unequal length"));
+      c->allgather(send.raw_data(), all.raw_data(), static_cast<std::size_t>(most), DType::kF32)
+          .with_context("gathering a tensor-parallel parameter"));
   Tensor whole = Tensor::empty(s.full, DType::kF32);
   float* w = whole.data<float>();
   for (int r = 0; r < size; ++r) {
@@ -43,28 +48,6 @@ Result<Tensor> gather_ragged(comm::Communicator* c, const TpShard& s, const Tens
       std::memcpy(w + i * width + b, from + i * (e - b),
                   static_cast<std::size_t>(e - b) * sizeof(float));
   }
-  return whole;
-}
-
-// The whole tensor from every rank's slice along s.axis.
-Result<Tensor> gather_whole(comm::Communicator* c, const TpShard& s, const Tensor& mine) {
-  if (tp_ragged(s, c->size())) return gather_ragged(c, s, mine);
-  const int size = c->size();
-  const auto n = static_cast<std::size_t>(mine.numel());
-  Tensor all = Tensor::empty({static_cast<std::int64_t>(n) * size}, DType::kF32);
-  SHOAL_RETURN_IF_ERROR(c->allgather(mine.raw_data(), all.raw_data(), n, DType::kF32)
-                            .with_context("gathering a tensor-parallel parameter"));
-  Tensor whole = Tensor::empty(s.full, DType::kF32);
-  if (s.axis == 0) {  // blocks of rows, in rank order
-    std::memcpy(whole.raw_data(), all.raw_data(), whole.nbytes());
-    return whole;
-  }
-  const std::int64_t rows = s.full[0], part = mine.shape()[1];  // blocks of columns
-  for (int r = 0; r < size; ++r)
-    for (std::int64_t i = 0; i < rows; ++i)
-      std::memcpy(whole.data<float>() + i * s.full[1] + r * part,
-                  all.data<float>() + static_cast<std::int64_t>(n) * r + i * part,
-                  static_cast<std::size_t>(part) * sizeof(float));
   return whole;
 }
 

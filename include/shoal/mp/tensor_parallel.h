@@ -53,12 +53,6 @@ inline std::pair<std::int64_t, std::int64_t> tp_range(const TpShard& s, int r, i
   const std::int64_t u = s.uneven ? n : s.units > 0 ? s.units : size;
   return {n * split_at(u, r, size) / u, n * split_at(u, r + 1, size) / u};
 }
-// Whether the ranks' ranges differ in length.
-inline bool tp_ragged(const TpShard& s, int size) {
-  const std::int64_t n = s.full[static_cast<std::size_t>(s.axis)];
-  const std::int64_t u = s.uneven ? n : s.units > 0 ? s.units : size;
-  return u % size != 0;
-}
 
 struct TpPlan {
   struct Region {
