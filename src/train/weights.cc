@@ -37,30 +37,32 @@ bool WeightsFile::normalization(float* mean, float* stddev) const {
 Result<WeightsFile> read_weights(const std::string& path) {
   WeightsFile w;
   w.path = path;
-  // A sharded checkpoint: its directory, or its index file.
-  const bool index = std::filesystem::path(path).filename() == kCheckpointIndex;
+  // Shoal's own checkpoints load as checkpoints, which verifies their
+  // checksums: a file with its format tag, or a sharded checkpoint's
+  // directory or index file (load_checkpoint reads a directory's shards).
+  namespace fs = std::filesystem;
+  const bool index = fs::path(path).filename() == kCheckpointIndex;
   std::error_code ec;
-  if (index || std::filesystem::is_directory(path, ec)) {
-    std::string dir = index ? std::filesystem::path(path).parent_path().string() : path;
-    if (dir.empty()) dir = ".";
-    SHOAL_ASSIGN_OR_RETURN(CheckpointState s, load_sharded_checkpoint(dir));
-    w.tensors = std::move(s.tensors);
-    w.meta = std::move(s.meta);
-    w.shoal_checkpoint = true;
-    return w;
-  }
-  SHOAL_ASSIGN_OR_RETURN(SafetensorsFile f, read_safetensors(path));
-  auto format = f.metadata.find("format");
-  if (format != f.metadata.end() && format->second == kCheckpointFormat) {
-    // Shoal's own: load it as a checkpoint, which verifies its checksum.
-    SHOAL_ASSIGN_OR_RETURN(CheckpointState s, load_checkpoint(path));
-    w.tensors = std::move(s.tensors);
-    w.meta = std::move(s.meta);
-    w.shoal_checkpoint = true;
+  std::string checkpoint;
+  if (index) {
+    checkpoint = fs::path(path).parent_path().string();
+    if (checkpoint.empty()) checkpoint = ".";
+  } else if (fs::is_directory(path, ec)) {
+    checkpoint = path;
   } else {
-    for (auto& [n, t] : f.tensors) w.tensors.emplace(n, t);
-    w.meta = std::move(f.metadata);
+    SHOAL_ASSIGN_OR_RETURN(SafetensorsFile f, read_safetensors(path));
+    auto format = f.metadata.find("format");
+    if (format == f.metadata.end() || format->second != kCheckpointFormat) {
+      for (auto& [n, t] : f.tensors) w.tensors.emplace(n, t);
+      w.meta = std::move(f.metadata);
+      return w;
+    }
+    checkpoint = path;
   }
+  SHOAL_ASSIGN_OR_RETURN(CheckpointState s, load_checkpoint(checkpoint));
+  w.tensors = std::move(s.tensors);
+  w.meta = std::move(s.meta);
+  w.shoal_checkpoint = true;
   return w;
 }
 
