@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+import torch_spawn
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TEXT = "/usr/share/games/fortunes/cookie"
@@ -134,16 +136,7 @@ def torch_stage(stage, steps, schedule, micro, port, q):
 
 
 def torch_run(steps, schedule, micro, port):
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    ps = [ctx.Process(target=torch_stage, args=(s, steps, schedule, micro, port, q))
-          for s in range(2)]
-    for p in ps:
-        p.start()
-    for p in ps:
-        p.join()
-    return q.get()
+    return torch_spawn.run(torch_stage, 2, steps, schedule, micro, port)
 
 
 def main():

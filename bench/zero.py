@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+import torch_spawn
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TEXT = "/usr/share/games/fortunes/cookie"
@@ -97,16 +99,7 @@ def torch_rank(rank, ranks, steps, zero, port, q):
 
 
 def torch_run(ranks, steps, zero, port):
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    ps = [ctx.Process(target=torch_rank, args=(r, ranks, steps, zero, port, q))
-          for r in range(ranks)]
-    for p in ps:
-        p.start()
-    for p in ps:
-        p.join()
-    return q.get()
+    return torch_spawn.run(torch_rank, ranks, ranks, steps, zero, port)
 
 
 def main():
