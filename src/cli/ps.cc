@@ -115,6 +115,8 @@ std::string metrics_line(const ps::Server& s, double elapsed) {
       {"trace_us", runtime::trace_clock_us()},  // the workers' trace clock
       {"bytes_in", tr.bytes_in},
       {"bytes_out", tr.bytes_out},
+      {"shm_bytes_in", tr.shm_in},
+      {"shm_bytes_out", tr.shm_out},
       {"queue", tr.queue},
       {"pushes", st.pushes},
       {"updates", st.applied},
@@ -206,14 +208,17 @@ int run_ps_server(const PsServerFlags& f) {
   std::ofstream metrics;
   if (!f.metrics.empty()) metrics.open(f.metrics, std::ios::app);
   const auto t0 = std::chrono::steady_clock::now();
+  // A line at start, each second, and at the end: rates need two, however
+  // short the job.
+  auto write_metrics = [&] {
+    if (!metrics.is_open()) return;
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    metrics << metrics_line(**s, t) << "\n" << std::flush;
+  };
+  write_metrics();
   for (int tick = 0; !g_stop; ++tick) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (metrics.is_open() && tick % 20 == 19)
-      metrics << metrics_line(
-                     **s,
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
-              << "\n"
-              << std::flush;
+    if (tick % 20 == 19) write_metrics();
     if (store && tick % 4 == 0) {
       // The scheduler (and `shoal run --ps`) learns of workers dropped for
       // silence: a sync job cannot go on without them.
@@ -225,9 +230,11 @@ int run_ps_server(const PsServerFlags& f) {
       }
     }
   }
+  write_metrics();
   fmt::print("ps server: stopping: {}\n", why);
   std::fflush(stdout);  // a pipe buffers: out before the last snapshot
   const ps::ShardStats st = (*s)->stats();
+  const ps::Server::Traffic tr = (*s)->traffic();
   s->reset();  // stops serving and writes the last snapshot
   fmt::print("ps server: stopped; {} pushes{}, {} updates, {} sync rounds, {} duplicates ignored\n",
              st.pushes, st.row_pushes ? fmt::format(" ({} of them rows)", st.row_pushes) : "",
@@ -236,6 +243,10 @@ int run_ps_server(const PsServerFlags& f) {
   for (const auto& [w, n] : st.by_worker)
     per += fmt::format("{}worker {}: {}", per.empty() ? "" : ", ", w, n);
   if (!per.empty()) fmt::print("ps server: pushes by worker: {}\n", per);
+  fmt::print(
+      "ps server: traffic: {} bytes in and {} out over sockets, {} read from and {} written to "
+      "workers' shared memory\n",
+      tr.bytes_in, tr.bytes_out, tr.shm_in, tr.shm_out);
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "shoal/comm/communicator.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/shared_memory.h"
+#include "shoal/tensor/tensor.h"
 
 namespace shoal::comm {
 
@@ -27,6 +28,17 @@ int Communicator::local_size() const {
 
 Result<std::shared_ptr<net::SharedRegion>> Communicator::allocate_shared(std::size_t bytes) {
   return net::SharedRegion::create(bytes);
+}
+
+Result<std::shared_ptr<Storage>> Communicator::shared_arena(std::size_t bytes) {
+  auto r = allocate_shared(bytes);
+  if (!r.ok()) {
+    SHOAL_LOG_WARN("arena in private memory ({}): peers on this host copy through system calls",
+                   r.status().message());
+    return Storage::allocate(bytes);
+  }
+  std::shared_ptr<net::SharedRegion> region = std::move(*r);
+  return Storage::wrap(region->data(), bytes, region);
 }
 
 // The two-level layout, made once at start-up (split is collective): used

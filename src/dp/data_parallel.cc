@@ -363,17 +363,8 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   o.peers = std::make_shared<CommPeers>(c);
   // The step's arena (where the planner puts each bucket's gradients) in
   // shared memory: ranks on one host all-reduce buckets over mappings of
-  // each other's arenas. Where memfd is refused, private memory still works.
-  o.arena_allocator = [](std::size_t bytes) -> Result<std::shared_ptr<Storage>> {
-    auto r = comm::Communicator::allocate_shared(bytes);
-    if (!r.ok()) {
-      SHOAL_LOG_WARN("arena in private memory ({}): all-reduces copy through system calls",
-                     r.status().message());
-      return Storage::allocate(bytes);
-    }
-    std::shared_ptr<net::SharedRegion> region = std::move(*r);
-    return Storage::wrap(region->data(), bytes, region);
-  };
+  // each other's arenas.
+  o.arena_allocator = comm::Communicator::shared_arena;
   return ok_status();
 }
 

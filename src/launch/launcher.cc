@@ -250,7 +250,7 @@ namespace {
 // A parameter server's metrics lines as Chrome trace counter events.
 Status add_server_counters(nlohmann::json& events, const std::string& file, int pid, int index) {
   SHOAL_ASSIGN_OR_RETURN(std::string text, read_file(file));
-  double last_ts = -1, last_in = 0, last_out = 0;
+  double last_ts = -1, last_in = 0, last_out = 0, last_shm_in = 0, last_shm_out = 0;
   std::size_t start = 0;
   for (int n = 1; start < text.size(); ++n) {
     const std::size_t end = std::min(text.find('\n', start), text.size());
@@ -261,12 +261,15 @@ Status add_server_counters(nlohmann::json& events, const std::string& file, int 
     if (!j.contains("trace_us")) continue;
     const double ts = j.value("trace_us", 0.0);
     const double in = j.value("bytes_in", 0.0), out = j.value("bytes_out", 0.0);
+    const double shm_in = j.value("shm_bytes_in", 0.0), shm_out = j.value("shm_bytes_out", 0.0);
     auto counter = [&](const char* name, nlohmann::json args) {
       events.push_back({{"name", name}, {"ph", "C"}, {"ts", ts}, {"pid", pid}, {"args", args}});
     };
     if (last_ts >= 0 && ts > last_ts)
       counter("traffic MB/s", {{"in", (in - last_in) / (ts - last_ts)},
-                               {"out", (out - last_out) / (ts - last_ts)}});
+                               {"out", (out - last_out) / (ts - last_ts)},
+                               {"shared memory in", (shm_in - last_shm_in) / (ts - last_ts)},
+                               {"shared memory out", (shm_out - last_shm_out) / (ts - last_ts)}});
     counter("answers waiting", {{"queue", j.value("queue", 0)}});
     counter("round close ms", {{"mean", j.value("round_close_ms", 0.0)}});
     nlohmann::json lag = nlohmann::json::object();
@@ -276,6 +279,8 @@ Status add_server_counters(nlohmann::json& events, const std::string& file, int 
     last_ts = ts;
     last_in = in;
     last_out = out;
+    last_shm_in = shm_in;
+    last_shm_out = shm_out;
   }
   events.push_back({{"name", "process_name"},
                     {"ph", "M"},

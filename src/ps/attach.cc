@@ -7,6 +7,7 @@
 #include "ps/residuals.h"
 #include "ps/store_peers.h"
 #include "ps/worker_job.h"
+#include "shoal/comm/communicator.h"
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/socket.h"
@@ -79,6 +80,7 @@ Result<JobEnv> job_env() {
   if (e.heartbeat_s < 0)
     return invalid_argument("SHOAL_PS_HEARTBEAT={} must be >= 0 (0 = off)", e.heartbeat_s);
   SHOAL_ASSIGN_OR_RETURN(e.slice_bound, slice_bound_env());
+  SHOAL_ASSIGN_OR_RETURN(e.in_place, env::get_bool("SHOAL_PS_SHM", true));
   return e;
 }
 
@@ -116,6 +118,11 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
     servers.push_back(*addr);
   }
   SHOAL_ASSIGN_OR_RETURN(m.worker, Worker::connect(servers, e.token, id, dl, &o));
+  m.worker->set_in_place(e.in_place);
+  int mapped = 0;
+  for (int i = 0; i < e.num_servers; ++i) mapped += m.worker->in_place(i) ? 1 : 0;
+  SHOAL_LOG_INFO("worker {}: push-pulls in shared memory with {} of {} parameter servers{}", id,
+                 e.in_place ? mapped : 0, e.num_servers, e.in_place ? "" : " (SHOAL_PS_SHM=0)");
   // A server restarted from its snapshot registers its new address; the
   // client thread waits for it on a store connection of its own.
   m.worker->set_resolver([e](int i, const std::string& old) -> Result<std::string> {
@@ -179,6 +186,9 @@ Status WorkerJob::attach(train::TrainOptions& t) {
   t.rank = id % env_.num_workers;
   t.world = env_.num_workers;
   t.peers = m.peers;
+  // The step's arena in shared memory: a server on this host reads each
+  // gradient from it and writes each new value into it (Worker::set_in_place).
+  if (env_.in_place) t.arena_allocator = comm::Communicator::shared_arena;
   t.update_pass = [this](graph::Builder& b, const std::vector<train::ParamRef>& params) {
     return inject_push_pull(b, params, *this);
   };

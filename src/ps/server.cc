@@ -1,12 +1,14 @@
 #include "shoal/ps/server.h"
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
 #include <vector>
 
+#include "ps/peer_regions.h"
 #include "shoal/core/logging.h"
 #include "shoal/ps/wire.h"
 #include "shoal/runtime/kernel.h"
@@ -80,6 +82,7 @@ class Server::Handler final : public net::FrameServer::Handler {
 
   void on_close(net::FrameServer& s, ConnId c) override {
     std::erase_if(pulls_, [&](const Pull& p) { return p.conn == c; });
+    regions_.drop(c);  // after its pulls: they point into these mappings
     auto w = worker_of_.find(c);
     if (w == worker_of_.end()) return;
     SHOAL_LOG_WARN("ps server: worker {} left: its connection closed", w->second);
@@ -117,6 +120,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     Codec codec = Codec::kF32;  // how the value goes back
     bool by_rows = false;       // a pullrows: only `rows`
     std::vector<std::int64_t> rows;
+    std::uint8_t* in_place = nullptr;  // a shmpushpull: the value goes here
   };
 
   // Buffers pushes are decoded into, reused: a fresh 16 MiB tensor per
@@ -153,7 +157,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     if (!shard_)
       return failed_precondition(
           "this server has no options yet: a worker sends them first (config, wire op 'C')");
-    if (r.op == 'P' || r.op == 'X' || r.op == 'S' || r.op == 'R')
+    if (r.op == 'P' || r.op == 'X' || r.op == 'S' || r.op == 'R' || r.op == 'Y')
       SHOAL_RETURN_IF_ERROR(check_coding(r));
     switch (r.op) {
       case 'J':
@@ -181,7 +185,13 @@ class Server::Handler final : public net::FrameServer::Handler {
       }
       case 'X':
       case 'R':
+      case 'Y':
         return push_pull(s, c, seq, r);
+      case 'M': {
+        SHOAL_ASSIGN_OR_RETURN(std::uint8_t * probe, regions_.locate(c, r.mem.pid, r.mem.grad, 8));
+        s.reply(c, net::FrameType::kPsReply, seq, std::string(reinterpret_cast<char*>(probe), 8));
+        return ok_status();
+      }
       case 'S': {
         SHOAL_ASSIGN_OR_RETURN(PushResult pr, shard_->push_rows(r.worker, r.key, r.step, r.seq,
                                                                 r.rows, r.value, r.lr));
@@ -237,11 +247,22 @@ class Server::Handler final : public net::FrameServer::Handler {
   // belongs to is applied: at once in async mode, when its round closes in
   // sync mode (a retried push of a closed round is answered at once too).
   // A pushrowspull is the same with a row-sparse push.
+  // A shmpushpull is a pushpull whose gradient is read from, and whose value
+  // is written into, the worker's shared memory (same host).
   Status push_pull(net::FrameServer& s, ConnId c, std::uint64_t seq, const Request& r) {
+    std::uint8_t* in_place = nullptr;
+    Tensor grad = r.value;
+    if (r.op == 'Y') {
+      const auto bytes = 4 * static_cast<std::uint64_t>(num_elements(r.mem.shape));
+      SHOAL_ASSIGN_OR_RETURN(std::uint8_t * g, regions_.locate(c, r.mem.pid, r.mem.grad, bytes));
+      SHOAL_ASSIGN_OR_RETURN(in_place, regions_.locate(c, r.mem.pid, r.mem.dst, bytes));
+      grad = Tensor::from_storage(Storage::wrap(g, bytes, nullptr), r.mem.shape, DType::kF32);
+      shm_in_ += bytes;
+    }
     SHOAL_ASSIGN_OR_RETURN(
-        PushResult pr,
-        r.op == 'R' ? shard_->push_rows(r.worker, r.key, r.step, r.seq, r.rows, r.value, r.lr)
-                    : shard_->push(r.worker, r.key, r.step, r.seq, r.value, r.lr));
+        PushResult pr, r.op == 'R'
+                           ? shard_->push_rows(r.worker, r.key, r.step, r.seq, r.rows, grad, r.lr)
+                           : shard_->push(r.worker, r.key, r.step, r.seq, grad, r.lr));
     if (pr == PushResult::kWait) {
       s.reply(c, net::FrameType::kPsReply, seq, std::string(1, static_cast<char>(pr)));
       return ok_status();
@@ -255,7 +276,8 @@ class Server::Handler final : public net::FrameServer::Handler {
                       static_cast<char>(pr),
                       r.reply,
                       false,
-                      {}});
+                      {},
+                      in_place});
     // The snapshot first: an update a worker has heard of is in it, so a
     // server restarted from it loses nothing a worker will not resend.
     if (pr == PushResult::kApplied || pr == PushResult::kClosed)
@@ -296,6 +318,14 @@ class Server::Handler final : public net::FrameServer::Handler {
         rows = value->contiguous();
         value = &rows;
       }
+      if (p.in_place) {
+        std::memcpy(p.in_place, value->raw_data(), value->nbytes());
+        shm_out_ += value->nbytes();
+        append_pull_reply_in_place(head, version, value->shape());
+        bytes_out_ += head.size();
+        s.reply(p.conn, net::FrameType::kPsReply, p.seq, head);
+        return true;
+      }
       append_pull_reply_head(head, version, *value, p.codec);
       std::string_view parts[2] = {head, {}};
       if (p.codec == Codec::kF32)
@@ -317,13 +347,13 @@ class Server::Handler final : public net::FrameServer::Handler {
     std::lock_guard<std::mutex> lk(mu_);
     stats_ = shard_->stats();
     for (int w : shard_->workers()) stats_.lag[w] = shard_->lag(w);
-    traffic_ = {bytes_in_, bytes_out_, pulls_.size()};
+    traffic_ = {bytes_in_, bytes_out_, pulls_.size(), shm_in_, shm_out_};
   }
   // Only the byte and queue counters (what answering pulls changes), without
   // copying the stats a second time per request.
   void publish_traffic() {
     std::lock_guard<std::mutex> lk(mu_);
-    traffic_ = {bytes_in_, bytes_out_, pulls_.size()};
+    traffic_ = {bytes_in_, bytes_out_, pulls_.size(), shm_in_, shm_out_};
   }
 
   std::unique_ptr<Shard> shard_;
@@ -336,7 +366,9 @@ class Server::Handler final : public net::FrameServer::Handler {
   std::uint64_t last_snapshot_ = 0;
   mutable std::mutex mu_;
   ShardStats stats_;
+  PeerRegions regions_;                         // same-host workers' memory
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;  // the serving thread's
+  std::uint64_t shm_in_ = 0, shm_out_ = 0;      // read from / written to workers' memory
   Server::Traffic traffic_;                     // guarded by mu_
 };
 

@@ -1,6 +1,8 @@
 #include "shoal/ps/wire.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 
 namespace shoal::ps {
@@ -22,9 +24,16 @@ void put_str(std::string& out, const std::string& s) {
   put<std::uint32_t>(out, static_cast<std::uint32_t>(s.size()));
   out += s;
 }
-void put_tensor_head(std::string& out, const Tensor& t) {
-  put<std::uint8_t>(out, static_cast<std::uint8_t>(t.rank()));
-  for (int i = 0; i < t.rank(); ++i) put<std::int64_t>(out, t.dim(i));
+void put_shape(std::string& out, const Shape& s) {
+  put<std::uint8_t>(out, static_cast<std::uint8_t>(s.size()));
+  for (std::int64_t d : s) put<std::int64_t>(out, d);
+}
+void put_tensor_head(std::string& out, const Tensor& t) { put_shape(out, t.shape()); }
+void put_ref(std::string& out, const net::SharedRef& r) {
+  put<std::uint64_t>(out, r.id);
+  put<std::int64_t>(out, r.fd);
+  put<std::uint64_t>(out, r.region_bytes);
+  put<std::uint64_t>(out, r.offset);
 }
 void put_tensor(std::string& out, const Tensor& t, Codec c = Codec::kF32, float threshold = 0) {
   const Tensor x = t.contiguous();
@@ -53,7 +62,8 @@ class Reader {
     if (!take(n, field)) return "";
     return std::string(in_.substr(pos_ - n, n));
   }
-  Tensor tensor(const char* field) {
+  // rank:u8 (<= 8) then dims:i64[rank], each >= 0, their product <= 2^40.
+  Shape read_shape(const char* field, std::uint64_t& numel) {
     const auto rank = get<std::uint8_t>(field);
     if (!err_.empty()) return {};
     if (rank > 8) {
@@ -64,7 +74,8 @@ class Reader {
     // `extent` multiplies the dimensions with 0 read as 1, so that a zero
     // among them cannot hide a product that overflows.
     constexpr std::uint64_t kMaxExtent = std::uint64_t{1} << 40;
-    std::uint64_t numel = 1, extent = 1;
+    std::uint64_t extent = 1;
+    numel = 1;
     for (int i = 0; i < rank; ++i) {
       const auto d = get<std::int64_t>(field);
       if (!err_.empty()) return {};
@@ -77,6 +88,12 @@ class Reader {
       numel *= static_cast<std::uint64_t>(d);
       shape.push_back(d);
     }
+    return shape;
+  }
+  Tensor tensor(const char* field) {
+    std::uint64_t numel = 0;
+    const Shape shape = read_shape(field, numel);
+    if (!err_.empty()) return {};
     // Checked before allocating: a few bytes must not ask for terabytes.
     if (pos_ >= in_.size() || static_cast<unsigned char>(in_[pos_]) > 3) {
       fail(field, pos_ >= in_.size()
@@ -104,6 +121,22 @@ class Reader {
     }
     pos_ += *used;
     return t;
+  }
+  // id:u64 fd:i64 region_bytes:u64 offset:u64, holding at least `bytes`
+  // from offset on (checked without overflow).
+  net::SharedRef ref(const char* field, std::uint64_t bytes) {
+    net::SharedRef r;
+    r.id = get<std::uint64_t>(field);
+    r.fd = get<std::int64_t>(field);
+    r.region_bytes = get<std::uint64_t>(field);
+    r.offset = get<std::uint64_t>(field);
+    if (!err_.empty()) return r;
+    if (r.id == 0 || r.fd < 0 || r.fd > INT32_MAX)
+      fail(field, fmt::format("region {} at descriptor {}", r.id, r.fd));
+    else if (r.offset > r.region_bytes || bytes > r.region_bytes - r.offset)
+      fail(field,
+           fmt::format("{} bytes at offset {} of a region of {}", bytes, r.offset, r.region_bytes));
+    return r;
   }
   std::vector<std::int64_t> rows(const char* field) {
     const auto n = get<std::uint32_t>(field);
@@ -219,6 +252,22 @@ std::string encode_impl(const Request& r, bool data) {
       put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
       put_rows(out, r.rows);
       break;
+    case 'M':
+      put<std::int32_t>(out, r.worker);
+      put<std::int32_t>(out, r.mem.pid);
+      put_ref(out, r.mem.grad);
+      break;
+    case 'Y':
+      put<std::int32_t>(out, r.worker);
+      put_str(out, r.key);
+      put<std::int64_t>(out, r.step);
+      put<std::uint64_t>(out, r.seq);
+      put<double>(out, r.lr);
+      put<std::int32_t>(out, r.mem.pid);
+      put_shape(out, r.mem.shape);
+      put_ref(out, r.mem.grad);
+      put_ref(out, r.mem.dst);
+      break;
     default:
       break;
   }
@@ -289,6 +338,30 @@ Result<Request> decode_request(std::string_view in, const MakeTensor& make) {
       r.reply = rd.codec("reply");
       r.rows = rd.rows("rows");
       break;
+    case 'M':
+      r.worker = rd.get<std::int32_t>("worker");
+      r.mem.pid = rd.get<std::int32_t>("pid");
+      r.mem.grad = rd.ref("probe", 8);
+      if (rd.ok() && r.mem.pid <= 0)
+        return invalid_argument("ps message: field 'pid' is {}", r.mem.pid);
+      break;
+    case 'Y': {
+      r.worker = rd.get<std::int32_t>("worker");
+      r.key = rd.str("key");
+      r.step = rd.get<std::int64_t>("step");
+      r.seq = rd.get<std::uint64_t>("seq");
+      r.lr = rd.get<double>("lr");
+      r.mem.pid = rd.get<std::int32_t>("pid");
+      std::uint64_t numel = 0;
+      r.mem.shape = rd.read_shape("shape", numel);
+      r.mem.grad = rd.ref("grad", 4 * numel);
+      r.mem.dst = rd.ref("dst", 4 * numel);
+      if (rd.ok() && !(r.lr >= 0 && r.lr < 1e6))
+        return invalid_argument("ps message: field 'lr' is {}, outside [0, 1e6)", r.lr);
+      if (rd.ok() && r.mem.pid <= 0)
+        return invalid_argument("ps message: field 'pid' is {}", r.mem.pid);
+      break;
+    }
     default:
       if (rd.ok())
         return invalid_argument("ps message: unknown operation 0x{:02x}",
@@ -312,6 +385,12 @@ void append_pull_reply_head(std::string& out, std::uint64_t version, const Tenso
   put<std::uint64_t>(out, version);
   put_tensor_head(out, value);
   put<std::uint8_t>(out, static_cast<std::uint8_t>(Codec::kF32));
+}
+
+void append_pull_reply_in_place(std::string& out, std::uint64_t version, const Shape& shape) {
+  put<std::uint64_t>(out, version);
+  put_shape(out, shape);
+  put<std::uint8_t>(out, kInPlace);
 }
 
 std::string encode_pull_reply(std::uint64_t version, const Tensor& value, Codec c) {

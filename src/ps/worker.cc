@@ -1,7 +1,10 @@
 #include "shoal/ps/worker.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "ps/pipeline.h"
@@ -35,7 +38,38 @@ Result<std::unique_ptr<Worker>> Worker::connect(const std::vector<std::string>& 
   j.op = 'J';
   j.worker = worker;
   for (auto& s : w->servers_) SHOAL_RETURN_IF_ERROR(w->call(s, encode(j), dl).status());
+  for (std::size_t i = 0; i < w->servers_.size(); ++i) w->probe_in_place(i, dl);
   return w;
+}
+
+void Worker::probe_in_place(std::size_t i, Deadline dl) {
+  if (in_place_.size() < servers_.size()) in_place_.resize(servers_.size(), false);
+  in_place_[i] = false;
+  if (!probe_) {
+    auto r = net::SharedRegion::create(8);
+    if (!r.ok()) {
+      SHOAL_LOG_DEBUG("worker {}: no shared memory ({}): push-pulls go over TCP", worker_,
+                      r.status().message());
+      return;
+    }
+    probe_ = std::move(*r);
+    std::random_device rd;
+    const std::uint64_t word = (std::uint64_t{rd()} << 32) | rd();
+    std::memcpy(probe_->data(), &word, 8);
+  }
+  auto ref = net::find_shared(probe_->data(), 8);
+  if (!ref) return;
+  Request m;
+  m.op = 'M';
+  m.worker = worker_;
+  m.mem.pid = static_cast<std::int32_t>(::getpid());
+  m.mem.grad = *ref;
+  auto got = call(servers_[i], encode(m), dl);
+  in_place_[i] = got.ok() && got->size() == 8 && std::memcmp(got->data(), probe_->data(), 8) == 0;
+  SHOAL_LOG_DEBUG("worker {}: parameter server {} {}", worker_, i,
+                  in_place_[i] ? "maps this process's memory: push-pulls in place"
+                               : fmt::format("over TCP ({})", got.ok() ? "the probe differs"
+                                                                       : got.status().message()));
 }
 
 Worker::~Worker() {
@@ -62,6 +96,7 @@ Status Worker::reconnect(std::size_t i, Deadline dl) {
   j.worker = worker_;
   SHOAL_RETURN_IF_ERROR(call(s, encode(j), dl).status());
   servers_[i] = std::move(s);
+  probe_in_place(i, dl);  // a restarted server may be elsewhere
   SHOAL_LOG_WARN("worker {}: reconnected to parameter server {} at {} (was {})", worker_, i, addr,
                  addrs_[i]);
   addrs_[i] = addr;
@@ -103,7 +138,7 @@ Status Worker::configure(const ShardOptions& o, Deadline dl) {
 Result<std::uint64_t> Worker::send_request(std::size_t i, const Request& r, Deadline dl) {
   net::Socket& s = servers_[i];
   // An f32 gradient is sent from its own memory; a coded one is encoded.
-  const bool raw = r.codec == Codec::kF32;
+  const bool raw = r.codec == Codec::kF32 && r.op != 'Y';  // 'Y' has no tensor data
   const std::string head = raw ? encode_head(r) : encode(r);
   const Tensor grad = raw ? r.value.contiguous() : Tensor();
   const std::size_t data_bytes = raw ? grad.nbytes() : 0;
@@ -121,7 +156,7 @@ Result<std::uint64_t> Worker::send_request(std::size_t i, const Request& r, Dead
 }
 
 Result<Worker::Pulled> Worker::recv_answer(std::size_t i, const net::FrameHeader& rh, Deadline dl,
-                                           Tensor* into) {
+                                           Tensor* into, bool in_place) {
   net::Socket& s = servers_[i];
   // The reply: result, then (unless kWait) version, rank, dims, coded data.
   if (rh.type == static_cast<std::uint16_t>(net::FrameType::kStoreError) ||
@@ -147,12 +182,12 @@ Result<Worker::Pulled> Worker::recv_answer(std::size_t i, const net::FrameHeader
   }
   std::uint64_t version;
   std::memcpy(&version, fixed + 1, 8);
-  SHOAL_ASSIGN_OR_RETURN(Tensor value, recv_value(s, rh.length - 10, fixed[9], dl, into));
+  SHOAL_ASSIGN_OR_RETURN(Tensor value, recv_value(s, rh.length - 10, fixed[9], dl, into, in_place));
   return Pulled{pr, version, std::move(value)};
 }
 
 Result<Tensor> Worker::recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,
-                                  Tensor* into) {
+                                  Tensor* into, bool in_place) {
   if (rank > 8) return invalid_argument("{}: a pushpull reply of rank {}", s.peer(), rank);
   std::int64_t dims[8];
   const std::uint64_t dim_bytes = 8 * static_cast<std::uint64_t>(rank);
@@ -168,6 +203,15 @@ Result<Tensor> Worker::recv_value(net::Socket& s, std::uint64_t length, int rank
   }
   std::uint8_t codec;
   SHOAL_RETURN_IF_ERROR(s.recv_all(&codec, 1, dl));
+  if (codec == kInPlace || in_place) {
+    // The server wrote the value into `into` (this process's memory).
+    if (codec != kInPlace || !in_place || !into || into->shape() != shape ||
+        length != dim_bytes + 1)
+      return invalid_argument("{}: a pushpull reply coded {} of shape {} in {} bytes, for a {}",
+                              s.peer(), codec, shape_str(shape), length + 10,
+                              in_place ? "value written in place" : "value sent over TCP");
+    return *into;
+  }
   const auto c = static_cast<Codec>(codec);
   if (c != Codec::kF32 && c != Codec::kF16 && c != Codec::kBF16)
     return invalid_argument("{}: a pushpull reply coded {}", s.peer(), codec);

@@ -6,6 +6,7 @@
 // would have (two workers each waiting on a round the other has not
 // pushed to yet).
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <thread>
@@ -69,9 +70,28 @@ Worker::Ticket Worker::launch(const Request& r, const std::vector<Part>& ps, con
     b.req.key = p.name;
     fill(b.req, p);
     b.dst = ps.size() == 1 ? into : row_block(into, p.begin, p.end);
+    maybe_in_place(b);
     send_block(std::move(b));
   }
   return t;
+}
+
+// A pushpull of f32 both ways to a server that maps this process's memory,
+// whose gradient and destination lie in shared regions, goes in place.
+void Worker::maybe_in_place(PipelineBlock& b) const {
+  if (b.req.op != 'X' || !use_in_place_ || !in_place(b.server) || b.req.codec != Codec::kF32 ||
+      b.req.reply != Codec::kF32)
+    return;
+  const Tensor& g = b.req.value;
+  if (!g.is_contiguous() || !b.dst.is_contiguous() || g.dtype() != DType::kF32 ||
+      g.shape() != b.dst.shape())
+    return;
+  auto gr = net::find_shared(g.raw_data(), g.nbytes());
+  auto dr = net::find_shared(b.dst.raw_data(), b.dst.nbytes());
+  if (!gr || !dr) return;
+  b.req.op = 'Y';
+  b.req.mem = {static_cast<std::int32_t>(::getpid()), g.shape(), *gr, *dr};
+  // b.req.value stays: it keeps the gradient's memory alive until answered.
 }
 
 // Sends `b` and files it under its frame; a lost server is recovered (and
@@ -177,7 +197,7 @@ void Worker::read_answer(std::size_t i) {
   }
   PipelineBlock b = std::move(it->second);
   pl.sent.erase(it);
-  auto got = recv_answer(i, *rh, pl.dl, &b.dst);
+  auto got = recv_answer(i, *rh, pl.dl, &b.dst, b.req.op == 'Y');
   if (!got.ok() && got.status().code() == StatusCode::kUnavailable) {
     pl.waiting.push_back(std::move(b));
     return recover(i, got.status());

@@ -50,8 +50,10 @@ Trained train(const std::string& dir, const std::string& compress) {
   const std::string m = dir + "/ps/server0.metrics.jsonl";
   const double pushes = metric(m, "pushes");
   EXPECT_GT(pushes, 0) << m;
-  t.in_per_push = metric(m, "bytes_in") / pushes;
-  t.out_per_push = metric(m, "bytes_out") / pushes;
+  // Bytes moved, over the socket or (f32, same host) through the workers'
+  // shared memory; compressed pushes and pulls always go over the socket.
+  t.in_per_push = (metric(m, "bytes_in") + metric(m, "shm_bytes_in")) / pushes;
+  t.out_per_push = (metric(m, "bytes_out") + metric(m, "shm_bytes_out")) / pushes;
   return t;
 }
 

@@ -59,22 +59,32 @@ TEST(PsTrainCli, SyncWorkersMatchOneProcessOnTheWholeBatch) {
   // {servers, workers, slice bound}: with a bound of 1,000 elements the
   // three weight matrices are sliced over both servers (9 parts per step
   // instead of 6 keys), which must not change a single weight.
+  // Servers on the workers' host read gradients from, and write values
+  // into, the workers' arenas (shared memory) unless SHOAL_PS_SHM=0.
   struct Layout {
     int servers, workers, bound, parts;
+    bool shm;
   };
-  for (auto [servers, workers, bound, parts] :
-       {Layout{1, 2, 1000000, 6}, Layout{2, 3, 1000000, 6}, Layout{2, 2, 1000, 9}}) {
-    SCOPED_TRACE(fmt::format("{} servers, {} workers, slice bound {}", servers, workers, bound));
+  for (auto [servers, workers, bound, parts, shm] :
+       {Layout{1, 2, 1000000, 6, true}, Layout{2, 3, 1000000, 6, true}, Layout{2, 2, 1000, 9, true},
+        Layout{2, 2, 1000, 9, false}}) {
+    SCOPED_TRACE(fmt::format("{} servers, {} workers, slice bound {}, shared memory {}", servers,
+                             workers, bound, shm));
     const std::string one = tmpdir(fmt::format("one{}", workers));
-    const std::string many = tmpdir(fmt::format("many{}{}{}", servers, workers, bound));
+    const std::string many = tmpdir(fmt::format("many{}{}{}{}", servers, workers, bound, shm));
     auto r1 = run_shoal(fmt::format("train {} --batch {} --max-steps {} --out {}", kMlp,
                                     workers * kB, kSteps, one));
     ASSERT_EQ(r1.code, 0) << r1.out;
     auto r2 = run_sh(fmt::format(
-        "MXNET_KVSTORE_BIGARRAY_BOUND={} {} run --ps {},{} --timeout 120 --ps-snapshots {}.ps -- "
-        "{} train --dist ps {} --batch {} --max-steps {} --out {}",
-        bound, SHOAL_BINARY, servers, workers, many, SHOAL_BINARY, kMlp, kB, kSteps, many));
+        "SHOAL_PS_SHM={} MXNET_KVSTORE_BIGARRAY_BOUND={} {} run --ps {},{} --timeout 120 "
+        "--ps-snapshots {}.ps -- {} train --dist ps {} --batch {} --max-steps {} --out {}",
+        shm ? 1 : 0, bound, SHOAL_BINARY, servers, workers, many, SHOAL_BINARY, kMlp, kB, kSteps,
+        many));
     ASSERT_EQ(r2.code, 0) << r2.out;
+    // What each server read from the workers' memory: every gradient, or none.
+    const auto in_place = numbers_after(r2.out, "over sockets, ");
+    ASSERT_EQ(in_place.size(), static_cast<std::size_t>(servers)) << r2.out;
+    for (double b : in_place) EXPECT_EQ(b > 0, shm) << r2.out;
     const auto pushes = numbers_after(r2.out, "ps server: stopped; ");
     ASSERT_EQ(pushes.size(), static_cast<std::size_t>(servers)) << r2.out;
     double total = 0;

@@ -150,3 +150,78 @@ TEST(PsWire, MalformedMessagesAreRefusedByField) {
 
 }  // namespace
 }  // namespace shoal::ps
+
+namespace shoal::ps {
+namespace {
+
+// The same-host messages: a mapcheck and a shmpushpull carry references
+// into the worker's shared regions, and what they point at must lie inside.
+TEST(PsWire, InPlaceRequestsRoundTripAndTheirRegionsAreChecked) {
+  Request y;
+  y.op = 'Y';
+  y.worker = 1;
+  y.key = "fc1.weight";
+  y.step = 7;
+  y.seq = 12;
+  y.lr = 0.25;
+  y.mem.pid = 4242;
+  y.mem.shape = {3, 5};  // 60 bytes
+  y.mem.grad = {9, 17, 4096, 0};
+  y.mem.dst = {9, 17, 4096, 4096 - 60};  // ends exactly at the region's end
+  const std::string m = encode(y);
+  auto d = decode_request(m);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->op, 'Y');
+  EXPECT_EQ(d->key, y.key);
+  EXPECT_EQ(d->mem.pid, 4242);
+  EXPECT_EQ(d->mem.shape, (Shape{3, 5}));
+  EXPECT_EQ(d->mem.dst.offset, 4096u - 60);
+  EXPECT_EQ(d->mem.grad.fd, 17);
+  EXPECT_EQ(encode(*d), m);
+  // One byte past the region's end: refused by field.
+  Request past = y;
+  past.mem.dst.offset = 4096 - 59;
+  auto dp = decode_request(encode(past));
+  ASSERT_FALSE(dp.ok());
+  EXPECT_NE(dp.status().message().find("field 'dst'"), std::string::npos) << dp.status().message();
+  EXPECT_NE(dp.status().message().find("60 bytes at offset 4037 of a region of 4096"),
+            std::string::npos)
+      << dp.status().message();
+  // An offset beyond the region, a missing region id, a bad process.
+  Request beyond = y;
+  beyond.mem.grad.offset = ~std::uint64_t{0};
+  EXPECT_FALSE(decode_request(encode(beyond)).ok());
+  Request none = y;
+  none.mem.grad.id = 0;
+  auto dn = decode_request(encode(none));
+  ASSERT_FALSE(dn.ok());
+  EXPECT_NE(dn.status().message().find("field 'grad'"), std::string::npos) << dn.status().message();
+  Request nopid = y;
+  nopid.mem.pid = 0;
+  auto dz = decode_request(encode(nopid));
+  ASSERT_FALSE(dz.ok());
+  EXPECT_NE(dz.status().message().find("'pid' is 0"), std::string::npos) << dz.status().message();
+  // Every truncation is refused.
+  for (std::size_t n = 0; n < m.size(); ++n)
+    EXPECT_FALSE(decode_request(m.substr(0, n)).ok()) << "truncated to " << n;
+  // The mapcheck: its probe word (8 bytes) must lie in the region too.
+  Request c;
+  c.op = 'M';
+  c.worker = 1;
+  c.mem.pid = 4242;
+  c.mem.grad = {3, 5, 4096, 4088};
+  auto dc = decode_request(encode(c));
+  ASSERT_TRUE(dc.ok()) << dc.status().to_string();
+  EXPECT_EQ(dc->mem.grad.offset, 4088u);
+  EXPECT_EQ(encode(*dc), encode(c));
+  c.mem.grad.offset = 4089;
+  EXPECT_FALSE(decode_request(encode(c)).ok());
+  // The answer's value part: version, shape and the in-place codec byte, no data.
+  std::string reply;
+  append_pull_reply_in_place(reply, 5, {3, 5});
+  EXPECT_EQ(reply.size(), 8u + 1 + 16 + 1);
+  EXPECT_EQ(static_cast<std::uint8_t>(reply.back()), kInPlace);
+}
+
+}  // namespace
+}  // namespace shoal::ps

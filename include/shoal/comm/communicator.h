@@ -33,6 +33,9 @@
 #include "shoal/core/status.h"
 #include "shoal/tensor/dtype.h"
 
+namespace shoal {
+class Storage;  // shoal/tensor/tensor.h
+}
 namespace shoal::net {
 class Store;
 class TcpStoreServer;
@@ -185,6 +188,11 @@ class Communicator {
   // of one host run over mapped memory. Any buffer works with every call;
   // these are only faster.
   static Result<std::shared_ptr<net::SharedRegion>> allocate_shared(std::size_t bytes);
+  // A training step's arena (TrainOptions::arena_allocator) in such a
+  // region, so that peers on this host (ranks, parameter servers) read and
+  // write its buffers in place; where memfd is refused, private memory, with
+  // a warning (everything still works, through system calls).
+  static Result<std::shared_ptr<Storage>> shared_arena(std::size_t bytes);
   // Whether the last direct all-reduce read every peer's buffer through a
   // mapping (false: some or all through process_vm_readv/writev).
   bool last_direct_mapped() const;

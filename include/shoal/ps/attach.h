@@ -43,6 +43,9 @@ struct JobEnv {
   // MXNET_KVSTORE_BIGARRAY_BOUND: keys of at least this many elements are
   // sliced over all servers (0 = never)
   std::int64_t slice_bound = 1000000;
+  // SHOAL_PS_SHM (default 1): push-pulls with servers on this host go
+  // through shared memory (Worker::set_in_place); 0 = always TCP.
+  bool in_place = true;
 };
 Result<std::int64_t> slice_bound_env();
 Result<JobEnv> job_env();

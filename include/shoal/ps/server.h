@@ -49,6 +49,9 @@ class Server {
   struct Traffic {
     std::uint64_t bytes_in = 0, bytes_out = 0;  // request and reply bodies
     std::size_t queue = 0;                      // answers waiting for a round to close
+    // Gradients read from and values written into same-host workers'
+    // shared memory (wire op 'Y'), which do not cross the socket.
+    std::uint64_t shm_in = 0, shm_out = 0;
   };
   Traffic traffic() const;
   int refused() const;

@@ -19,6 +19,16 @@
 //     'R' pushrowspull worker:i32 key:str step:i64 seq:u64 lr:f64 reply:u8 rows
 //         grad:tensor (a row-sparse push answered like 'X', with the whole
 //         value: what the graph pass sends for an embedding table)
+//     'M' mapcheck worker:i32 pid:i32 probe:ref (same host only: the server
+//         maps the worker's region and answers the 8 bytes at the probe,
+//         which proves it sees the worker's memory)
+//     'Y' shmpushpull worker:i32 key:str step:i64 seq:u64 lr:f64 pid:i32
+//         shape grad:ref dst:ref (a pushpull whose f32 gradient the server
+//         reads from the worker's shared memory and whose value it writes
+//         there, at dst; answered like 'X' with the codec byte kInPlace and
+//         no data)
+//   ref = id:u64 fd:i64 region_bytes:u64 offset:u64 (net::SharedRef; what
+//         it points at must lie in the region); shape = rank:u8 dims:i64[rank]
 //   rows = n:u32 (<= 2^24) then i64[n]
 //   push and pushrows reply = result:u8 (PushResult); pull reply = version:u64 value:tensor
 //   pushpull (and pushrowspull) reply = result:u8, then (unless kWait) a pull reply, sent once
@@ -35,12 +45,24 @@
 #include <vector>
 
 #include "shoal/core/status.h"
+#include "shoal/net/shared_memory.h"
 #include "shoal/ps/codec.h"
 #include "shoal/tensor/tensor.h"
 
 namespace shoal::ps {
 
 inline constexpr std::uint64_t kMaxKeyBytes = 4096;
+// The codec byte of a shmpushpull's answer: the value is in the worker's
+// memory already.
+inline constexpr std::uint8_t kInPlace = 4;
+
+// Where a shmpushpull's tensors lie in the worker's shared regions.
+struct InPlace {
+  std::int32_t pid = 0;  // the worker's process
+  Shape shape;           // of the gradient and the value (f32)
+  net::SharedRef grad;   // mapcheck: the probe word
+  net::SharedRef dst;
+};
 
 struct Request {
   char op = 0;
@@ -55,6 +77,7 @@ struct Request {
   float threshold = 0;             // kTwoBit
   Codec reply = Codec::kF32;       // pull, pushpull: how the value comes back
   std::vector<std::int64_t> rows;  // pushrows, pullrows
+  InPlace mem;                     // mapcheck, shmpushpull
 };
 
 std::string encode(const Request& r);
@@ -78,6 +101,8 @@ void append_pull_reply(std::string& out, std::uint64_t version, const Tensor& va
 // appended whole.
 void append_pull_reply_head(std::string& out, std::uint64_t version, const Tensor& value,
                             Codec c = Codec::kF32);
+// A shmpushpull's value part: version, shape, kInPlace (no data).
+void append_pull_reply_in_place(std::string& out, std::uint64_t version, const Shape& shape);
 Result<std::pair<std::uint64_t, Tensor>> decode_pull_reply(std::string_view in);
 
 }  // namespace shoal::ps

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "shoal/core/deadline.h"
+#include "shoal/net/shared_memory.h"
 #include "shoal/net/socket.h"
 #include "shoal/ps/codec.h"
 #include "shoal/ps/shard.h"
@@ -109,6 +110,18 @@ class Worker {
                                                      const std::vector<std::int64_t>& rows,
                                                      std::uint64_t min_version, Deadline dl);
 
+  // Same-host servers (on by default): at connect, each server is asked to
+  // map a probe in this process's shared memory and read it back ('M');
+  // to a server that can, a push-pull of f32 both ways whose gradient and
+  // destination lie in shared regions (net::SharedRegion, e.g. a training
+  // arena from comm::Communicator::shared_arena) goes in place ('Y'): the
+  // server reads the gradient from this process's memory and writes the
+  // value into `into`; only a small frame crosses the socket. Anything
+  // else goes over TCP as before.
+  void set_in_place(bool on) { use_in_place_ = on; }
+  // Whether server i maps this process's memory (the probe succeeded).
+  bool in_place(std::size_t server) const { return server < in_place_.size() && in_place_[server]; }
+
   // Leaves every server: sync rounds stop waiting for this worker.
   Status leave();
 
@@ -141,7 +154,13 @@ class Worker {
   Result<std::uint64_t> send_request(std::size_t i, const Request& r, Deadline dl);
   // The rest of a push-pull answer whose header `rh` was read from server
   // i: a refusal, kWait, or the value (into `into` when it fits).
-  Result<Pulled> recv_answer(std::size_t i, const net::FrameHeader& rh, Deadline dl, Tensor* into);
+  // `in_place`: the request was a shmpushpull, whose value the server
+  // wrote into `into` itself.
+  Result<Pulled> recv_answer(std::size_t i, const net::FrameHeader& rh, Deadline dl, Tensor* into,
+                             bool in_place = false);
+  // Asks server i to map this process's probe region; in_place_[i] says
+  // whether it could (a failure only means TCP).
+  void probe_in_place(std::size_t i, Deadline dl);
   // Sends push (or pushrows) `r` to server i, again while it says kWait
   // (bounded staleness), until `dl`; its answer.
   Result<PushResult> push_until_taken(std::size_t i, const Request& r, Deadline dl);
@@ -149,6 +168,8 @@ class Worker {
   // under its frame; file an answer (or a failure) to a block; reconnect to
   // a lost server and resend what it had not answered; read one answer.
   struct PipelineBlock;
+  // Turns a pushpull block into a shmpushpull when its server and memory allow.
+  void maybe_in_place(PipelineBlock& b) const;
   // Starts a push-pull of `ps` parts of a key of shape `want`, each
   // request `r` with its part's block name, sequence number and what `fill`
   // puts in.
@@ -160,7 +181,7 @@ class Worker {
   void read_answer(std::size_t i);
   // The rest of a pushpull reply after its fixed part: dims, codec, data.
   Result<Tensor> recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,
-                            Tensor* into);
+                            Tensor* into, bool in_place);
   // Fills r's value and codecs from `grad` under the job's compression.
   Status code_push(Request& r, const Tensor& grad);
   std::vector<net::Socket> servers_;
@@ -174,7 +195,10 @@ class Worker {
   int worker_ = -1;
   std::uint64_t seq_ = 0, frame_ = 0;
   bool left_ = false;
-  struct Pipeline;  // ps/pipeline.h: push-pulls in flight
+  bool use_in_place_ = true;
+  std::vector<bool> in_place_;                // by server: the probe succeeded
+  std::shared_ptr<net::SharedRegion> probe_;  // one page; a random word at 0
+  struct Pipeline;                            // ps/pipeline.h: push-pulls in flight
   std::unique_ptr<Pipeline> pipeline_;
 };
 
