@@ -1,4 +1,5 @@
-// bench_ps: parameter-server push+pull bandwidth over loopback TCP. S
+// bench_ps: parameter-server push+pull bandwidth over loopback TCP and,
+// for a server on the worker's host, through shared memory. S
 // servers (ps::Server, the real transport) and W worker threads (ps::Worker)
 // in one process; each round every worker push-pulls one key of `mib` MiB
 // in sync mode (the round closes when all W have pushed). As in MXNet, a
@@ -7,10 +8,13 @@
 // smaller keys live on one server. Prints, per configuration, the median
 // over `--repeat` runs of the time per round and the bytes each worker
 // moves per second (2 x mib per round: the push and the pull), next to the
-// memcpy bandwidth measured in the same run.
+// memcpy bandwidth measured in the same run. With `shm` the worker's
+// gradient and destination live in a shared region (as a training arena
+// does) and the server reads and writes them in place (ps::Worker::
+// set_in_place); with `tcp` they cross loopback sockets.
 //
 // usage: bench_ps [--mib 1,4,16,64] [--servers 1,2] [--workers 1,2,4] [--seconds 2]
-//                 [--repeat 3]
+//                 [--repeat 3] [--transport tcp,shm]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "shoal/comm/communicator.h"
 #include "shoal/ps/server.h"
 #include "shoal/ps/worker.h"
 
@@ -51,7 +56,18 @@ double memcpy_gbs(std::size_t bytes) {
 }
 
 // Seconds per round for S servers, W workers, `mib` MiB per worker.
-double run(int servers, int workers, double mib, double seconds) {
+// A tensor of n f32 in a shared region (shm) or private memory (tcp).
+Tensor buffer(std::int64_t n, bool shm, float value) {
+  Tensor t = Tensor::full({n}, DType::kF32, value);
+  if (!shm) return t;
+  auto st = comm::Communicator::shared_arena(static_cast<std::size_t>(4 * n));
+  if (!st.ok()) std::exit(1);
+  Tensor s = Tensor::from_storage(*st, {n}, DType::kF32);
+  (void)s.copy_from(t);
+  return s;
+}
+
+double run(int servers, int workers, double mib, double seconds, bool shm) {
   std::vector<std::unique_ptr<ps::Server>> ss;
   std::vector<std::string> addrs;
   for (int i = 0; i < servers; ++i) {
@@ -78,8 +94,13 @@ double run(int servers, int workers, double mib, double seconds) {
     ts.emplace_back([&, w] {
       auto wk = ps::Worker::connect(addrs, "bench", w, Deadline::after_seconds(30), &job);
       if (!wk.ok()) std::exit(1);
-      Tensor g = Tensor::full({n}, DType::kF32, 0.001);
-      Tensor into = Tensor::zeros({n}, DType::kF32);  // received in place, as in training
+      (*wk)->set_in_place(shm);
+      if (shm && !(*wk)->in_place(0)) {
+        std::fprintf(stderr, "the servers cannot map this process's memory\n");
+        std::exit(1);
+      }
+      Tensor g = buffer(n, shm, 0.001f);
+      Tensor into = buffer(n, shm, 0);  // received in place, as in training
       for (const auto& k : keys) (void)(*wk)->init(k, Tensor::zeros({n}, DType::kF32));
       joined.arrive_and_wait();
       // Rounds: a fixed count, chosen from the first round's time, so that
@@ -111,6 +132,7 @@ int main(int argc, char** argv) {
   std::vector<int> mibs = {1, 4, 16, 64}, servers = {1, 2}, workers = {1, 2, 4};
   double seconds = 2;
   int repeat = 3;
+  std::vector<std::string> transports = {"tcp", "shm"};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--mib") mibs = ints(argv[i + 1]);
@@ -118,20 +140,30 @@ int main(int argc, char** argv) {
     if (a == "--workers") workers = ints(argv[i + 1]);
     if (a == "--seconds") seconds = std::atof(argv[i + 1]);
     if (a == "--repeat") repeat = std::max(1, std::atoi(argv[i + 1]));
+    if (a == "--transport") {
+      transports.clear();
+      for (std::string t = argv[i + 1]; !t.empty();) {
+        const auto c = t.find(',');
+        transports.push_back(t.substr(0, c));
+        t = c == std::string::npos ? "" : t.substr(c + 1);
+      }
+    }
   }
   std::printf("memcpy %.2f GB/s (64 MiB, one thread)\n", memcpy_gbs(64 << 20));
-  std::printf("%6s %7s %7s %10s %16s %16s\n", "MiB", "servers", "workers", "ms/round",
-              "GB/s per worker", "GB/s all workers");
+  std::printf("%6s %7s %7s %9s %10s %16s %16s\n", "MiB", "servers", "workers", "transport",
+              "ms/round", "GB/s per worker", "GB/s all workers");
   for (int mib : mibs)
     for (int s : servers)
-      for (int w : workers) {
-        std::vector<double> ts;
-        for (int k = 0; k < repeat; ++k) ts.push_back(run(s, w, mib, seconds));
-        std::sort(ts.begin(), ts.end());
-        const double t = ts[ts.size() / 2];
-        const double per = 2.0 * mib * (1 << 20) / t / 1e9;
-        std::printf("%6d %7d %7d %10.2f %16.2f %16.2f\n", mib, s, w, t * 1e3, per, per * w);
-        std::fflush(stdout);
-      }
+      for (int w : workers)
+        for (const std::string& tr : transports) {
+          std::vector<double> ts;
+          for (int k = 0; k < repeat; ++k) ts.push_back(run(s, w, mib, seconds, tr == "shm"));
+          std::sort(ts.begin(), ts.end());
+          const double t = ts[ts.size() / 2];
+          const double per = 2.0 * mib * (1 << 20) / t / 1e9;
+          std::printf("%6d %7d %7d %9s %10.2f %16.2f %16.2f\n", mib, s, w, tr.c_str(), t * 1e3, per,
+                      per * w);
+          std::fflush(stdout);
+        }
   return 0;
 }

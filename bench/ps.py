@@ -5,11 +5,13 @@ On the CNN (batch 64 per worker, SGD momentum, 1 thread per worker), one
 after the other on this host:
   shoal run -n 2 -- shoal train ...                       (all-reduce)
   shoal run --ps 1,2 -- shoal train --dist ps ...          (sync PS)
+  SHOAL_PS_SHM=0 shoal run --ps 1,2 -- ...                  (sync PS, over TCP)
   shoal run --ps 1,2 -- shoal train --dist ps --ps-mode async
 and the two PS modes again with worker 1 slowed by SHOAL_PS_DELAY_MS per
 step. Prints the job's training images/s (async: the sum of the workers')
-and the lowest test accuracy over the workers, and draws the job's
-images/s per run as bars (PNG, gnuplot).
+and the lowest test accuracy over the workers, and draws (PNG, gnuplot)
+the job's images/s per run as bars beside worker 0's test accuracy after
+each of the 5 epochs against elapsed time.
 
 usage: bench/ps.py [--shoal build/shoal] [--steps 300] [--delay-ms 40]
                    [--png docs/ps_bench.png]
@@ -25,10 +27,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def run(shoal, launch, extra, steps, delay_ms=0):
+def run(shoal, launch, extra, steps, delay_ms=0, env=None):
     out = tempfile.mkdtemp(prefix="shoal_ps_bench_")
+    # 5 epochs of `steps` / 5 steps per worker (the training set cut to
+    # fit): each epoch ends with a test accuracy, the chart's points.
     train = [shoal, "train", "--model", "cnn", "--batch", "64", "--optimizer", "momentum",
-             "--lr", "0.02", "--threads", "1", "--max-steps", str(steps), "--limit-test", "2000",
+             "--lr", "0.02", "--threads", "1", "--epochs", "5",
+             "--limit-train", str(steps // 5 * 64 * 2), "--limit-test", "2000",
              "--no-plot", "--quiet", "--no-checkpoints", "--out", out] + extra
     cmd = [shoal, "run"] + launch + ["--"] + train
     if delay_ms:
@@ -39,7 +44,8 @@ def run(shoal, launch, extra, steps, delay_ms=0):
             "--", "sh", "-c",
             f'if [ "$SHOAL_PS_WORKER_ID" = 1 ]; then export SHOAL_PS_DELAY_MS={delay_ms}; fi; '
             f"exec {inner}"]
-    p = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, **(env or {})))
     rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     shutil.rmtree(out, ignore_errors=True)
     # "[worker 1] final: test accuracy 86.60% after ..., 4229 img/s, 4.7 s"
@@ -71,6 +77,8 @@ def main():
     cases = [
         ("all-reduce, 2 ranks", ["-n", "2"], [], 0, 0),
         ("sync PS, 1 server, 2 workers", ["--ps", "1,2"], ["--dist", "ps"], 0, 0),
+        ("sync PS over TCP (SHOAL_PS_SHM=0)", ["--ps", "1,2"], ["--dist", "ps"], 0, 0,
+         {"SHOAL_PS_SHM": "0"}),
         ("async PS, 1 server, 2 workers", ["--ps", "1,2"], ["--dist", "ps", "--ps-mode", "async"],
          0, 2),
         (f"sync PS, worker 1 +{a.delay_ms:g} ms/step", ["--ps", "1,2"], ["--dist", "ps"],
@@ -80,8 +88,8 @@ def main():
     ]
     results = {}
     print(f"{'run':44s} {'images/s':>9s} {'test acc %':>10s}  (lowest over workers)")
-    for name, launch, extra, delay, mult in cases:
-        rows, finals = run(a.shoal, launch, extra, a.steps, delay)
+    for name, launch, extra, delay, mult, *env in cases:
+        rows, finals = run(a.shoal, launch, extra, a.steps, delay, env[0] if env else None)
         ips, acc = summary(finals, mult)
         results[name] = (ips, acc, rows)
         print(f"{name:44s} {ips:9.0f} {acc:10.2f}", flush=True)
@@ -89,20 +97,42 @@ def main():
     for name in results:
         print(f"  {name}: {results[name][0] / base:.2f}x all-reduce")
     if a.png and shutil.which("gnuplot"):
-        data = tempfile.NamedTemporaryFile("w", suffix=".dat", delete=False)
-        for name, (ips, acc, _) in results.items():
-            data.write(f'"{name}" {ips:.0f}\n')
-        data.close()
-        script = (f"set terminal pngcairo size 1000,520; set output '{a.png}';"
-                  "set style data histograms; set style fill solid 0.6; set boxwidth 0.7;"
-                  "set ylabel 'job training images/s'; set xtics rotate by -20 font ',9';"
-                  "set yrange [0:*]; set key off;"
-                  "set title 'CNN, 2 workers (batch 64 each, 1 thread each), 2-core host';"
-                  f"plot '{data.name}' using 2:xtic(1), '' using 0:2:2 with labels offset 0,1")
-        subprocess.run(["gnuplot", "-e", script], check=True)
-        os.unlink(data.name)
-        print(f"chart: {a.png}")
+        chart(results, a.png)
 
+
+def chart(results, png):
+    """Left: each job's training images/s. Right: worker 0's test accuracy
+    after each epoch against the job's elapsed seconds."""
+    bars = tempfile.NamedTemporaryFile("w", suffix=".dat", delete=False)
+    for name, (ips, _, _) in results.items():
+        bars.write(f'"{name}" {ips:.0f}\n')
+    bars.close()
+    lines = tempfile.NamedTemporaryFile("w", suffix=".dat", delete=False)
+    for name, (_, _, rows) in results.items():
+        lines.write(f'"{name}"\n')
+        for r in rows:
+            if r.get("kind") == "epoch":
+                lines.write(f'{r["elapsed_seconds"]:.2f} {100 * r["test_acc"]:.2f}\n')
+        lines.write("\n\n")
+    lines.close()
+    n = len(results)
+    script = (f"set terminal pngcairo size 1400,560 noenhanced; set output '{png}';"
+              "set multiplot layout 1,2 title 'CNN, 2 workers (batch 64 each, 1 thread each), "
+              "2-core host';"
+              "set style data histograms; set style fill solid 0.6; set boxwidth 0.7;"
+              "set ylabel 'job training images/s'; set xtics rotate by -25 font ',9';"
+              "set yrange [0:*]; set key off; set title 'throughput';"
+              f"plot '{bars.name}' using 2:xtic(1), '' using 0:2:2 with labels offset 0,1;"
+              "set style data linespoints; set xtics norotate font ',10'; set key bottom right font ',9';"
+              "set xlabel 'seconds since start'; set ylabel 'test accuracy % (worker 0)';"
+              "set yrange [*:*]; set title 'accuracy over time';"
+              f"plot for [i=0:{n - 1}] '{lines.name}' index i using 1:2 with linespoints "
+              "title columnheader(1);"
+              "unset multiplot")
+    subprocess.run(["gnuplot", "-e", script], check=True)
+    os.unlink(bars.name)
+    os.unlink(lines.name)
+    print(f"chart: {png}")
 
 if __name__ == "__main__":
     main()
