@@ -52,7 +52,8 @@ float grad_at(int w, std::int64_t i, const float* v, std::int64_t n) {
 struct Job {
   std::vector<std::vector<float>> values;  // by worker
   Server::Traffic traffic;
-  std::vector<bool> in_place;  // whether each worker's server mapped it
+  std::vector<int>
+      in_place;  // whether each worker's server mapped it (not vector<bool>: two threads write)
 };
 
 // Two sync workers push-pull one key of n elements (sliced in blocks when
