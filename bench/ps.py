@@ -8,7 +8,8 @@ after the other on this host:
   SHOAL_PS_SHM=0 shoal run --ps 1,2 -- ...                  (sync PS, over TCP)
   shoal run --ps 1,2 -- shoal train --dist ps --ps-mode async
 and the two PS modes again with worker 1 slowed by SHOAL_PS_DELAY_MS per
-step. Prints the job's training images/s (async: the sum of the workers')
+step, and async once more with staleness-aware learning rates
+(--ps-stale-lr). Prints the job's training images/s (async: the sum of the workers')
 and the lowest test accuracy over the workers, and draws (PNG, gnuplot)
 the job's images/s per run as bars beside worker 0's test accuracy after
 each of the 5 epochs against elapsed time.
@@ -85,6 +86,8 @@ def main():
          a.delay_ms, 0),
         (f"async PS, worker 1 +{a.delay_ms:g} ms/step", ["--ps", "1,2"],
          ["--dist", "ps", "--ps-mode", "async"], a.delay_ms, 2),
+        (f"async PS --ps-stale-lr, worker 1 +{a.delay_ms:g} ms/step", ["--ps", "1,2"],
+         ["--dist", "ps", "--ps-mode", "async", "--ps-stale-lr"], a.delay_ms, 2),
     ]
     results = {}
     print(f"{'run':44s} {'images/s':>9s} {'test acc %':>10s}  (lowest over workers)")

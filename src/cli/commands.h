@@ -33,6 +33,7 @@ struct DistFlags {
   std::string ps_mode = "sync";
   int staleness = 2;
   std::string ps_compress = "none";
+  bool ps_stale_lr = false;
   int zero = 0;
   int tp = 1;
   bool sequence_parallel = false;
@@ -87,6 +88,7 @@ struct PsServerFlags {
   std::string snapshot;
   std::uint64_t snapshot_every = 0;
   std::string compress = "none";
+  bool stale_lr = false;
   std::string metrics;  // JSONL, a line per second ("" = none)
   // Set when the command line gives the optimizer or mode; otherwise the
   // server adopts the first worker's options.

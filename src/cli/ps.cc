@@ -61,6 +61,8 @@ PsCommand add_ps_command(CLI::App& app) {
       ->capture_default_str();
   c.server->add_option("--snapshot-every", f.snapshot_every, "Updates between snapshots")
       ->check(CLI::NonNegativeNumber);
+  c.server->add_flag("--stale-lr", f.stale_lr,
+                     "async/bounded: divide each push's learning rate by its staleness");
   c.sched = std::make_shared<PsSchedulerFlags>();
   c.scheduler = ps->add_subcommand(
       "scheduler",
@@ -123,6 +125,9 @@ std::string metrics_line(const ps::Server& s, double elapsed) {
       {"rounds", st.rounds},
       {"duplicates", st.duplicates},
       {"round_close_ms", st.rounds ? 1e3 * st.round_seconds / static_cast<double>(st.rounds) : 0.0},
+      {"staleness_mean", st.staleness_pushes ? static_cast<double>(st.staleness_sum) /
+                                                   static_cast<double>(st.staleness_pushes)
+                                             : 0.0},
       {"lag", lag},
   };
   return j.dump();
@@ -155,6 +160,7 @@ int run_ps_server(const PsServerFlags& f) {
   o.shard.optimizer.name = f.optimizer;
   o.shard.optimizer.momentum = f.momentum;
   o.shard.lr = f.lr;
+  o.shard.stale_lr = f.stale_lr;
   auto compression = ps::parse_compression(f.compress);
   if (!compression.ok()) {
     SHOAL_LOG_ERROR("shoal ps server: {}", compression.status().message());

@@ -231,6 +231,9 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--staleness", d.staleness, "Parameter server, bounded: steps ahead of the slowest")
       ->check(kNonNegative)
       ->capture_default_str();
+  t->add_flag("--ps-stale-lr", d.ps_stale_lr,
+              "Parameter server, async/bounded: divide each push's learning rate by its "
+              "staleness (updates since the worker was sent the weights it computed on)");
   t->add_option("--ps-compress", d.ps_compress,
                 "Parameter server: how pushes and pulls travel: none, f16, bf16 (both ways), or "
                 "2bit:THRESHOLD[,f16|bf16] (gradients as -t/0/+t with error feedback; pulls f32 or "
@@ -304,6 +307,7 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   jo.ps_mode = d.ps_mode;
   jo.staleness = d.staleness;
   jo.ps_compress = d.ps_compress;
+  jo.ps_stale_lr = d.ps_stale_lr;
   auto job = dist::Job::join(o, jo);
   if (!job.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", job.status().to_string());

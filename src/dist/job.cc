@@ -76,6 +76,7 @@ Result<std::unique_ptr<ps::WorkerJob>> join_ps(train::TrainOptions& o, const Joi
   SHOAL_ASSIGN_OR_RETURN(ps::Mode mode, ps::parse_mode(j.ps_mode));
   ps::ShardOptions so = ps::shard_options(o, mode, j.staleness);
   SHOAL_ASSIGN_OR_RETURN(so.compression, ps::parse_compression(j.ps_compress));
+  so.stale_lr = j.ps_stale_lr;
   so.slice_bound = e.slice_bound;
   SHOAL_ASSIGN_OR_RETURN(auto job, ps::WorkerJob::join(e, so));
   // The job's workers share this host's cores (servers mostly wait).

@@ -29,6 +29,7 @@ Fields fields(const ShardOptions& o) {
       {"lr", num(o.lr)},
       {"compress", compression_text(o.compression)},
       {"slice_bound", std::to_string(o.slice_bound)},
+      {"stale_lr", o.stale_lr ? "1" : "0"},
   };
 }
 
@@ -85,7 +86,11 @@ Result<ShardOptions> parse_config(const std::string& text) {
         o.lr = d;
       else if (k == "slice_bound")
         o.slice_bound = static_cast<std::int64_t>(d);
-      else
+      else if (k == "stale_lr") {
+        if (d != 0 && d != 1)
+          return invalid_argument("ps config: field 'stale_lr' is '{}', not 0 or 1", v);
+        o.stale_lr = d == 1;
+      } else
         return invalid_argument("ps config: unknown field '{}'", k);
     }
   }

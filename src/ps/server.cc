@@ -319,6 +319,7 @@ class Server::Handler final : public net::FrameServer::Handler {
         value = &rows;
       }
       if (p.in_place) {
+        note_sent(p, version);
         std::memcpy(p.in_place, value->raw_data(), value->nbytes());
         shm_out_ += value->nbytes();
         append_pull_reply_in_place(head, version, value->shape());
@@ -327,6 +328,7 @@ class Server::Handler final : public net::FrameServer::Handler {
         return true;
       }
       append_pull_reply_head(head, version, *value, p.codec);
+      note_sent(p, version);
       std::string_view parts[2] = {head, {}};
       if (p.codec == Codec::kF32)
         parts[1] = {static_cast<const char*>(value->raw_data()), value->nbytes()};
@@ -334,6 +336,12 @@ class Server::Handler final : public net::FrameServer::Handler {
       s.reply(p.conn, net::FrameType::kPsReply, p.seq, parts);
       return true;
     });
+  }
+
+  // The worker whose connection asked is now computing from `version`.
+  void note_sent(const Pull& p, std::uint64_t version) {
+    if (auto w = worker_of_.find(p.conn); w != worker_of_.end())
+      shard_->sent(w->second, p.key, version);
   }
 
   Status maybe_snapshot() {

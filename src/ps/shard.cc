@@ -122,6 +122,20 @@ Status Shard::remove_worker(int worker) {
 // The update with the gradient bound as "grad" (k.sum, the mean of a sync
 // round, unless the caller bound another) through the training kernels;
 // the outputs replace value and state.
+void Shard::sent(int worker, const std::string& key, std::uint64_t version) {
+  sent_[{worker, key}] = version;
+}
+
+double Shard::stale_rate(int worker, const Key& k, double lr) {
+  const double base = lr > 0 ? lr : o_.lr;
+  auto it = sent_.find({worker, k.name});
+  if (it == sent_.end() || it->second > k.version) return base;
+  const std::uint64_t tau = k.version - it->second;
+  stats_.staleness_sum += tau;
+  ++stats_.staleness_pushes;
+  return o_.stale_lr && tau > 1 ? base / static_cast<double>(tau) : base;
+}
+
 Status Shard::apply(Key& k, double lr) {
   k.lr.data<float>()[0] = static_cast<float>(lr > 0 ? lr : o_.lr);
   if (k.opt_step.defined()) k.opt_step.data<float>()[0] = static_cast<float>(k.version + 1);
@@ -188,7 +202,7 @@ Result<PushResult> Shard::push(int worker, const std::string& key, std::int64_t 
     // The push itself is the update's gradient (no copy); k.sum is bound
     // back after, so the executable keeps no caller's buffer.
     SHOAL_RETURN_IF_ERROR(k.update->bind("grad", grad));
-    Status st = apply(k, lr);
+    Status st = apply(k, stale_rate(worker, k, lr));
     SHOAL_RETURN_IF_ERROR(k.update->bind("grad", k.sum));
     SHOAL_RETURN_IF_ERROR(st);
     mark = seq;

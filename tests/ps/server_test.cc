@@ -327,3 +327,37 @@ TEST(PsServer, HeartbeatsReachARestartedServer) {
 
 }  // namespace
 }  // namespace shoal::ps
+
+namespace shoal::ps {
+namespace {
+
+// Staleness over the real transport: the server notes the version each
+// push-pull's answer carried to its worker, so a worker whose value is two
+// updates old gets half the rate under stale_lr.
+TEST(PsServer, AStaleAsyncPushGetsItsRateDividedByItsStaleness) {
+  ServerOptions o;
+  o.shard.mode = Mode::kAsync;
+  o.shard.lr = 1.0;
+  o.shard.stale_lr = true;
+  auto s = Server::start("127.0.0.1", 0, kToken, o);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  auto w0 = Worker::connect({addr(**s)}, kToken, 0, soon(), &o.shard);
+  auto w1 = Worker::connect({addr(**s)}, kToken, 1, soon(), &o.shard);
+  ASSERT_TRUE(w0.ok() && w1.ok());
+  ASSERT_TRUE((*w0)->init("w", tensor({0})).ok());
+  ASSERT_TRUE((*w1)->init("w", tensor({0})).ok());
+  // Worker 0 is answered with version 1; worker 1 then updates twice.
+  ASSERT_TRUE((*w0)->push_pull("w", 0, tensor({1}), 0, soon()).ok());
+  ASSERT_TRUE((*w1)->push_pull("w", 0, tensor({1}), 0, soon()).ok());
+  ASSERT_TRUE((*w1)->push_pull("w", 1, tensor({1}), 0, soon()).ok());
+  // Worker 1's second push was 0 updates old (full rate); worker 0's next
+  // is 2 old: 4 / 2. (First pushes, before any answer, count as unknown.)
+  auto p = (*w0)->push_pull("w", 1, tensor({4}), 0, soon());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(floats(p->value), std::vector<float>{-5});
+  EXPECT_EQ((*s)->stats().staleness_sum, 2u);
+  EXPECT_EQ((*s)->stats().staleness_pushes, 2u);
+}
+
+}  // namespace
+}  // namespace shoal::ps

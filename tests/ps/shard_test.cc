@@ -123,6 +123,45 @@ TEST(Shard, AsyncAppliesEachPushAndBoundedHoldsBackTheFastest) {
   EXPECT_EQ(values(*b, "w"), std::vector<float>{-3});
 }
 
+// Staleness-aware rates (async): a push counts the updates the key took
+// since its worker was sent the value; with stale_lr its rate is divided by
+// that count (one update in between keeps the full rate). The counts are
+// kept either way; the option is part of the job's options.
+TEST(Shard, StaleLrDividesAPushsRateByItsStaleness) {
+  for (bool on : {false, true}) {
+    SCOPED_TRACE(on ? "stale_lr" : "plain");
+    ShardOptions o;
+    o.mode = Mode::kAsync;
+    o.lr = 1.0;
+    o.stale_lr = on;
+    auto s = std::move(Shard::create(o)).value();
+    ASSERT_TRUE(s->init("w", vec({0})).ok());
+    for (int w : {0, 1}) ASSERT_TRUE(s->add_worker(w).ok());
+    s->sent(0, "w", 0);  // worker 0 computes from version 0
+    // Worker 1 (never sent a value: unknown, full rate) pushes three times.
+    for (int i = 0; i < 3; ++i)
+      ASSERT_EQ(*s->push(1, "w", i, i + 1, vec({1})), PushResult::kApplied);
+    // Worker 0's gradient is 3 updates old: 6 * 1/3 under stale_lr.
+    ASSERT_EQ(*s->push(0, "w", 0, 1, vec({6})), PushResult::kApplied);
+    EXPECT_EQ(values(*s, "w"), std::vector<float>{on ? -5.f : -9.f});
+    s->sent(0, "w", 4);
+    ASSERT_EQ(*s->push(1, "w", 3, 4, vec({1})), PushResult::kApplied);
+    ASSERT_EQ(*s->push(0, "w", 1, 2, vec({2})), PushResult::kApplied);  // 1 update old: full rate
+    EXPECT_EQ(values(*s, "w"), std::vector<float>{on ? -8.f : -12.f});
+    EXPECT_EQ(s->stats().staleness_pushes, 2u);
+    EXPECT_EQ(s->stats().staleness_sum, 4u);
+  }
+  ShardOptions a, b;
+  b.stale_lr = true;
+  EXPECT_EQ(config_diff(a, b), "stale_lr: the server has 0, the worker asks for 1");
+  auto back = parse_config(config_text(b));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(back->stale_lr);
+  std::string bad = config_text(b);
+  bad.replace(bad.find("stale_lr=1"), 10, "stale_lr=2");
+  EXPECT_TRUE(has(parse_config(bad).status(), "field 'stale_lr' is '2', not 0 or 1"));
+}
+
 // The server's optimizer is the training kernel: Adam's first step moves
 // every element by lr against its gradient's sign (bias-corrected m/sqrt(v)).
 TEST(Shard, TheOptimizerIsTheTrainingKernel) {

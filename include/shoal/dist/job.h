@@ -30,6 +30,7 @@ struct JoinOptions {
   std::string ps_mode = "sync";
   int staleness = 2;                 // --ps-mode bounded
   std::string ps_compress = "none";  // ps/codec.h parse_compression
+  bool ps_stale_lr = false;          // ps::ShardOptions::stale_lr
 };
 
 class Job {

@@ -49,6 +49,12 @@ struct ShardOptions {
   // Keys of at least this many elements are sliced over all servers (0 =
   // never): MXNET_KVSTORE_BIGARRAY_BOUND, as in MXNet.
   std::int64_t slice_bound = 1000000;
+  // Async and bounded: divide each push's learning rate by its staleness,
+  // the updates the key received since the worker was last sent its value
+  // (Zhang et al. 2016, "Staleness-aware async-SGD"): a straggler's old
+  // gradient moves the weights less. A push with at most one update in
+  // between keeps the full rate.
+  bool stale_lr = false;
 };
 
 // The options as one line of text ("mode=sync staleness=2 optimizer=sgd
@@ -78,7 +84,9 @@ struct ShardStats {
   std::uint64_t rounds = 0;                // sync rounds closed
   std::map<int, std::uint64_t> by_worker;  // pushes accepted per worker
   double round_seconds = 0;                // sync: first push to close, summed over rounds
-  std::map<int, std::int64_t> lag;         // live worker -> steps behind the most advanced
+  std::uint64_t staleness_sum = 0;     // async/bounded: updates since each push's value was sent
+  std::uint64_t staleness_pushes = 0;  // pushes whose value's version was known
+  std::map<int, std::int64_t> lag;     // live worker -> steps behind the most advanced
 };
 
 class Shard {
@@ -116,6 +124,11 @@ class Shard {
   Result<PushResult> push_rows(int worker, const std::string& key, std::int64_t step,
                                std::uint64_t seq, const std::vector<std::int64_t>& rows,
                                const Tensor& values, double lr = 0);
+  // The server sent `worker` the key's value at `version` (a pull or a
+  // push-pull's answer): what the worker's next gradient for it is computed
+  // from, which staleness is counted against.
+  void sent(int worker, const std::string& key, std::uint64_t version);
+
   // Rows `rows` of the key's value, and its version.
   Result<std::pair<std::uint64_t, Tensor>> pull_rows(const std::string& key,
                                                      const std::vector<std::int64_t>& rows) const;
@@ -140,6 +153,9 @@ class Shard {
   Shard() = default;
   // Runs the update on k.grad (filled by the caller).
   Status apply(Key& k, double lr);
+  // Async/bounded: this push's rate (divided by its staleness under
+  // stale_lr), and the staleness counted in the stats.
+  double stale_rate(int worker, const Key& k, double lr);
   Status close_ready_rounds();
 
   ShardOptions o_;
@@ -147,6 +163,9 @@ class Shard {
   std::set<int> live_;
   std::map<int, std::uint64_t> mark_;  // worker -> highest sequence number seen
   std::map<int, std::int64_t> step_;   // worker -> highest step pushed
+  // (worker, key) -> the version last sent to it; not in snapshots (after a
+  // restart a push's staleness counts as unknown: the full rate)
+  std::map<std::pair<int, std::string>, std::uint64_t> sent_;
   ShardStats stats_;
 };
 
