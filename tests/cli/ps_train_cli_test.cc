@@ -210,15 +210,17 @@ namespace {
 // The roles started by hand, the ps-lite way: a scheduler, a server and a
 // worker with DMLC_* set; a second worker joins the running async job
 // (beyond DMLC_NUM_WORKER), starts from the servers' current weights, and
-// its pushes count.
+// its pushes count. Both use staleness-aware rates (--ps-stale-lr), which
+// the server takes with the job's options.
 TEST(PsTrainCli, AWorkerJoinsARunningAsyncJobAndItsPushesCount) {
   const std::string dir = testing::scratch_dir("ps_join");
   const std::string env = fmt::format(
       "export SHOAL_JOB_TOKEN=join-token DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=$(({} + "
       "$$ % 20000)) DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1 SHOAL_COMM_TIMEOUT=30",
       20000);
-  const std::string train = fmt::format(
-      "{} train --dist ps --ps-mode async {} --batch 16 --epochs 4", SHOAL_BINARY, kAsyncMlp);
+  const std::string train =
+      fmt::format("{} train --dist ps --ps-mode async --ps-stale-lr {} --batch 16 --epochs 4",
+                  SHOAL_BINARY, kAsyncMlp);
   auto r = run_sh(fmt::format(
       "{0}; cd {1}; DMLC_ROLE=scheduler timeout 180 {2} ps scheduler > sched.log 2>&1 & "
       "DMLC_ROLE=server timeout 180 {2} ps server > server.log 2>&1 & "
@@ -240,6 +242,8 @@ TEST(PsTrainCli, AWorkerJoinsARunningAsyncJobAndItsPushesCount) {
   // The joiner trained its 4 epochs: 128 steps each x 6 parameters.
   EXPECT_EQ(by1[0], 4 * 128 * 6) << r.out;
   EXPECT_NE(r.out.find("ps scheduler: every worker has left; done"), std::string::npos) << r.out;
+  // The workers' --ps-stale-lr reached the server as one of the job's options.
+  EXPECT_NE(r.out.find("slice_bound=1000000 stale_lr=1"), std::string::npos) << r.out;
 }
 
 }  // namespace
