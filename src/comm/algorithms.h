@@ -5,6 +5,8 @@
 // get the same bits.
 #pragma once
 
+#include <vector>
+
 #include "comm/mesh.h"
 
 namespace shoal::comm {
@@ -19,5 +21,15 @@ Status hd_allreduce(Mesh& m, void* buf, std::size_t count, DType dt, ReduceOp op
 // Ranks of one host read and write each other's buffers (mapped or CMA).
 Status direct_allreduce(Mesh& m, void* buf, std::size_t count, DType dt, ReduceOp op,
                         std::uint64_t fp);
+
+// The same for the other two (gather_scatter_direct.cc): reduce-scatter
+// reads each rank's part from every peer's input; all-gather writes each
+// rank's part into every peer's output. `recv` (reduce-scatter) or `send`
+// (all-gather) may be this rank's part of the other buffer, or apart from it.
+Status direct_reduce_scatter(Mesh& m, const void* send, void* recv,
+                             const std::vector<std::size_t>& counts, DType dt, ReduceOp op,
+                             std::uint64_t fp);
+Status direct_allgatherv(Mesh& m, const void* send, void* recv,
+                         const std::vector<std::size_t>& counts, DType dt, std::uint64_t fp);
 
 }  // namespace shoal::comm

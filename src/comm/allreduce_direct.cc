@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "comm/algorithms.h"
+#include "comm/direct_peers.h"
 #include "comm/reduce_internal.h"
 
 namespace shoal::comm {
@@ -19,34 +20,45 @@ namespace shoal::comm {
 // rank in a fixed order (its owner's values, then the others by rank), so
 // all ranks get the same bits, run after run, whichever way they reach
 // their peers.
-Status direct_allreduce(Mesh& m, void* buf, std::size_t count, DType dt, ReduceOp op,
-                        std::uint64_t fp) {
-  const char* what = "allreduce (direct)";
-  const std::size_t es = dtype_size(dt), n = static_cast<std::size_t>(m.size());
-  struct Addr {
-    std::uint64_t addr, bytes;
-    net::SharedRef shared;  // id 0: private memory
-  };
-  Addr mine{reinterpret_cast<std::uintptr_t>(buf), count * es, {}};
+Result<DirectPeers> publish_buffers(Mesh& m, const void* buf, std::size_t bytes, std::uint64_t fp,
+                                    const char* what) {
+  const auto n = static_cast<std::size_t>(m.size());
+  DirectPeers::Addr mine{reinterpret_cast<std::uintptr_t>(buf), bytes, {}};
   if (m.options().map_peers)
-    if (auto r = net::find_shared(buf, count * es)) mine.shared = *r;
-  std::vector<Addr> theirs(n);
-  SHOAL_RETURN_IF_ERROR(m.exchange_all(&mine, sizeof mine, theirs.data(), fp, what));
-  // Where each peer's buffer is mapped here (null: copy through CMA).
-  std::vector<std::uint8_t*> mapped(n, nullptr);
+    if (auto r = net::find_shared(buf, bytes)) mine.shared = *r;
+  DirectPeers p;
+  p.theirs.resize(n);
+  p.mapped.assign(n, nullptr);
+  SHOAL_RETURN_IF_ERROR(m.exchange_all(&mine, sizeof mine, p.theirs.data(), fp, what));
   m.last_mapped = true;
   for (int q = 0; q < m.size(); ++q) {
     if (q == m.rank()) continue;
-    const Addr& a = theirs[static_cast<std::size_t>(q)];
+    const DirectPeers::Addr& a = p.theirs[static_cast<std::size_t>(q)];
     if (a.bytes != mine.bytes)
       return failed_precondition("{} #{}: {} has {} bytes, this rank {}", what, m.seq,
                                  m.peer_name(q), a.bytes, mine.bytes);
     const net::SharedRef& r = a.shared;
     if (r.id != 0 && r.offset <= r.region_bytes && a.bytes <= r.region_bytes - r.offset)
       if (net::PeerMapping* pm = m.peer_mapping(q, r))
-        mapped[static_cast<std::size_t>(q)] = pm->data() + r.offset;
-    m.last_mapped = m.last_mapped && mapped[static_cast<std::size_t>(q)] != nullptr;
+        p.mapped[static_cast<std::size_t>(q)] = pm->data() + r.offset;
+    m.last_mapped = m.last_mapped && p.mapped[static_cast<std::size_t>(q)] != nullptr;
   }
+  return p;
+}
+
+Status direct_barrier(Mesh& m, std::uint64_t fp, const char* what) {
+  std::vector<std::uint8_t> flags(static_cast<std::size_t>(m.size()));
+  std::uint8_t one = 1;
+  return m.exchange_all(&one, 1, flags.data(), fp, what);
+}
+
+Status direct_allreduce(Mesh& m, void* buf, std::size_t count, DType dt, ReduceOp op,
+                        std::uint64_t fp) {
+  const char* what = "allreduce (direct)";
+  const std::size_t es = dtype_size(dt), n = static_cast<std::size_t>(m.size());
+  SHOAL_ASSIGN_OR_RETURN(DirectPeers peers, publish_buffers(m, buf, count * es, fp, what));
+  const std::vector<DirectPeers::Addr>& theirs = peers.theirs;
+  const std::vector<std::uint8_t*>& mapped = peers.mapped;
   auto lo = [&](int r) { return count * static_cast<std::size_t>(r) / n * es; };
   const std::size_t piece = m.bounce.size() / 8 * 8;
   auto* base = static_cast<std::uint8_t*>(buf);
@@ -78,11 +90,7 @@ Status direct_allreduce(Mesh& m, void* buf, std::size_t count, DType dt, ReduceO
       }
     }
   }
-  // Every part written everywhere. Plain stores into a peer's mapping are
-  // ordered before this barrier's ring write (release) or socket send.
-  std::vector<std::uint8_t> flags(n);
-  std::uint8_t one = 1;
-  return m.exchange_all(&one, 1, flags.data(), fp, what);
+  return direct_barrier(m, fp, what);  // every part written everywhere
 }
 
 }  // namespace shoal::comm

@@ -285,6 +285,67 @@ TEST_P(Transports, AllgatherReduceScatterAllToAllUneven) {
   }
 }
 
+// Reduce-scatter and all-gather by the direct algorithm (forced: every size
+// goes direct): through cross-memory attach with private buffers (the
+// uneven checks: empty parts, f64 sums, f16 averages, i64), and through
+// mappings with buffers in shared regions, in place and apart, at sizes
+// none divides, at 2-5 ranks.
+Status check_direct_shared(Communicator& c) {
+  const int w = c.size(), r = c.rank();
+  const std::size_t kParts[] = {100003, 7, 65537, 0, 31};
+  std::vector<std::size_t> counts(kParts, kParts + w), off(static_cast<std::size_t>(w) + 1, 0);
+  for (int q = 0; q < w; ++q)
+    off[static_cast<std::size_t>(q) + 1] =
+        off[static_cast<std::size_t>(q)] + counts[static_cast<std::size_t>(q)];
+  const std::size_t total = off.back(), mine = counts[static_cast<std::size_t>(r)];
+  const std::size_t at = off[static_cast<std::size_t>(r)];
+  std::vector<std::shared_ptr<net::SharedRegion>> keep;  // alive to the end
+  auto region = [&keep](std::size_t floats) -> Result<float*> {
+    SHOAL_ASSIGN_OR_RETURN(auto reg, Communicator::allocate_shared(4 * floats + 64));
+    keep.push_back(reg);
+    return reinterpret_cast<float*>(static_cast<std::uint8_t*>(reg->data()) + 64);
+  };
+  const float sum = static_cast<float>(w * (w + 1) / 2);
+  for (bool in_place : {false, true}) {
+    // reduce-scatter: rank q sends (q + 1) * (i % 1000); the sum is exact
+    SHOAL_ASSIGN_OR_RETURN(float* in, region(total));
+    for (std::size_t i = 0; i < total; ++i)
+      in[i] = static_cast<float>((r + 1) * static_cast<int>(i % 1000));
+    SHOAL_ASSIGN_OR_RETURN(float* apart, region(mine));
+    float* out = in_place ? in + at : apart;
+    SHOAL_RETURN_IF_ERROR(c.reduce_scatter(in, out, counts, DType::kF32, ReduceOp::kSum));
+    if (!c.last_direct_mapped()) return internal_error("reduce_scatter: peers not mapped");
+    for (std::size_t i = 0; i < mine; ++i)
+      if (out[i] != sum * static_cast<float>((at + i) % 1000))
+        return internal_error("reduce_scatter ({}) element {} = {}",
+                              in_place ? "in place" : "apart", at + i, out[i]);
+    // all-gather: rank q's part is q * 1000 + i % 1000
+    SHOAL_ASSIGN_OR_RETURN(float* all, region(total));
+    std::fill(all, all + total, -1.f);
+    float* part = in_place ? all + at : apart;
+    for (std::size_t i = 0; i < mine; ++i) part[i] = static_cast<float>(r * 1000 + (i % 1000));
+    SHOAL_RETURN_IF_ERROR(c.allgatherv(part, all, counts, DType::kF32));
+    if (!c.last_direct_mapped()) return internal_error("allgather: peers not mapped");
+    for (int q = 0; q < w; ++q)
+      for (std::size_t i = 0; i < counts[static_cast<std::size_t>(q)]; ++i)
+        if (all[off[static_cast<std::size_t>(q)] + i] != static_cast<float>(q * 1000 + (i % 1000)))
+          return internal_error("allgather ({}): rank {} element {}",
+                                in_place ? "in place" : "apart", q, i);
+  }
+  return ok_status();
+}
+
+TEST(Collectives, DirectReduceScatterAndAllgather) {
+  CommOptions o;
+  o.allreduce = Algorithm::kDirect;
+  for (int world : {2, 3, 4, 5}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    expect_all_ok(run_world(
+        world, [](Communicator& c) { return check_uneven(c); }, o));
+    expect_all_ok(run_world(world, check_direct_shared, o));
+  }
+}
+
 TEST(Collectives, AsyncWorkAndSplit) {
   auto st = run_world(5, [&](Communicator& c) -> Status { return check_async_split(c); });
   expect_all_ok(st);

@@ -221,6 +221,11 @@ class Communicator {
   Status do_reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op, int root,
                    std::uint64_t fp);
   Status do_broadcast(void* buf, std::size_t bytes, int root, std::uint64_t fp);
+  // Whether a reduce-scatter or all-gather of `total_bytes` goes direct;
+  // `part` (this rank's, `part_bytes`) must sit at `part_offset` of `whole`
+  // or apart from it.
+  bool gather_scatter_direct(std::size_t total_bytes, const void* part, std::size_t part_bytes,
+                             const void* whole, std::size_t part_offset) const;
   Status do_allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts,
                        DType dt, std::uint64_t fp);
   Status do_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
