@@ -26,10 +26,11 @@ Status direct_allreduce(Mesh& m, void* buf, std::size_t count, DType dt, ReduceO
 // reads each rank's part from every peer's input; all-gather writes each
 // rank's part into every peer's output. `recv` (reduce-scatter) or `send`
 // (all-gather) may be this rank's part of the other buffer, or apart from it.
+// off[r]..off[r + 1] is rank r's part (in elements); off.back() the total.
 Status direct_reduce_scatter(Mesh& m, const void* send, void* recv,
-                             const std::vector<std::size_t>& counts, DType dt, ReduceOp op,
+                             const std::vector<std::size_t>& off, DType dt, ReduceOp op,
                              std::uint64_t fp);
-Status direct_allgatherv(Mesh& m, const void* send, void* recv,
-                         const std::vector<std::size_t>& counts, DType dt, std::uint64_t fp);
+Status direct_allgatherv(Mesh& m, const void* send, void* recv, const std::vector<std::size_t>& off,
+                         DType dt, std::uint64_t fp);
 
 }  // namespace shoal::comm

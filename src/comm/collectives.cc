@@ -24,6 +24,13 @@ std::size_t direct_from(const CommOptions& o, int world) {
   return o.direct_bytes ? o.direct_bytes : (world == 2 ? std::size_t{64} << 10 : 256 << 10);
 }
 
+// Where each rank's part starts, and (last) the total: off[r]..off[r + 1].
+std::vector<std::size_t> offsets(const std::vector<std::size_t>& counts) {
+  std::vector<std::size_t> off(counts.size() + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), off.begin() + 1);
+  return off;
+}
+
 // Whether [a, a + an) and [b, b + bn) share a byte.
 bool overlap(const void* a, std::size_t an, const void* b, std::size_t bn) {
   const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
@@ -168,7 +175,6 @@ Status Communicator::do_allreduce(const void* send, void* recv, std::size_t coun
   Algorithm a = o_.allreduce;
   if (a == Algorithm::kDirect && !mesh_->cma())
     a = Algorithm::kRing;  // not available: the next best
-
   if (a == Algorithm::kAuto && local_ && count * dtype_size(dt) >= o_.small_bytes)
     a = Algorithm::kHierarchical;
   if (a == Algorithm::kAuto && mesh_->cma() && count * dtype_size(dt) >= direct_from(o_, world_))
@@ -259,23 +265,14 @@ Status Communicator::do_allgatherv(const void* send, void* recv,
                                    std::uint64_t fp) {
   const int n = world_;
   const std::size_t es = dtype_size(dt);
-  {
-    const std::size_t before =
-        std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
-    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    if (gather_scatter_direct(total * es, send, counts[static_cast<std::size_t>(rank_)] * es, recv,
-                              before * es))
-      return direct_allgatherv(*mesh_, send, recv, counts, dt, fp);
-  }
-  std::vector<std::size_t> off(static_cast<std::size_t>(n) + 1, 0);
-  for (int i = 0; i < n; ++i)
-    off[static_cast<std::size_t>(i) + 1] =
-        off[static_cast<std::size_t>(i)] + counts[static_cast<std::size_t>(i)];
+  const std::vector<std::size_t> off = offsets(counts);
+  const auto me = static_cast<std::size_t>(rank_);
+  if (gather_scatter_direct(off.back() * es, send, counts[me] * es, recv, off[me] * es))
+    return direct_allgatherv(*mesh_, send, recv, off, dt, fp);
   auto* base = bytes(recv);
   auto idx = [&](int i) { return static_cast<std::size_t>((i % n + n) % n); };
-  std::size_t mine = counts[static_cast<std::size_t>(rank_)] * es;
-  if (mine && base + off[static_cast<std::size_t>(rank_)] * es != bytes(send))
-    std::memmove(base + off[static_cast<std::size_t>(rank_)] * es, send, mine);
+  const std::size_t mine = counts[me] * es;
+  if (mine && base + off[me] * es != bytes(send)) std::memmove(base + off[me] * es, send, mine);
   const int right = (rank_ + 1) % n, left = (rank_ - 1 + n) % n;
   for (int s = 0; s < n - 1; ++s) {
     std::size_t sb = idx(rank_ - s), rb = idx(rank_ - s - 1);
@@ -290,18 +287,10 @@ Status Communicator::do_reduce_scatter(const void* send, void* recv,
                                        ReduceOp op, std::uint64_t fp) {
   const int n = world_;
   const std::size_t es = dtype_size(dt);
-  {
-    const std::size_t before =
-        std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
-    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    if (gather_scatter_direct(total * es, recv, counts[static_cast<std::size_t>(rank_)] * es, send,
-                              before * es))
-      return direct_reduce_scatter(*mesh_, send, recv, counts, dt, op, fp);
-  }
-  std::vector<std::size_t> off(static_cast<std::size_t>(n) + 1, 0);
-  for (int i = 0; i < n; ++i)
-    off[static_cast<std::size_t>(i) + 1] =
-        off[static_cast<std::size_t>(i)] + counts[static_cast<std::size_t>(i)];
+  const std::vector<std::size_t> off = offsets(counts);
+  const auto me = static_cast<std::size_t>(rank_);
+  if (gather_scatter_direct(off.back() * es, recv, counts[me] * es, send, off[me] * es))
+    return direct_reduce_scatter(*mesh_, send, recv, off, dt, op, fp);
   std::vector<std::uint8_t> work(bytes(send), bytes(send) + off.back() * es);
   std::size_t maxc = *std::max_element(counts.begin(), counts.end());
   std::vector<std::uint8_t> tmp(maxc * es);
@@ -313,7 +302,6 @@ Status Communicator::do_reduce_scatter(const void* send, void* recv,
                                           tmp.data(), counts[rb] * es, fp, "reduce_scatter"));
     reduce_into(work.data() + off[rb] * es, tmp.data(), counts[rb], dt, op);
   }
-  auto me = static_cast<std::size_t>(rank_);
   if (counts[me]) std::memcpy(recv, work.data() + off[me] * es, counts[me] * es);
   if (op == ReduceOp::kAvg) divide_by_size(recv, counts[me], dt, world_);
   return ok_status();

@@ -9,32 +9,21 @@
 // parallel collectives spent most of a 4-rank step on 2 cores there.
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 #include "comm/algorithms.h"
 #include "comm/direct_peers.h"
 #include "comm/reduce_internal.h"
 
 namespace shoal::comm {
-namespace {
-
-std::vector<std::size_t> offsets(const std::vector<std::size_t>& counts) {
-  std::vector<std::size_t> off(counts.size() + 1, 0);
-  std::partial_sum(counts.begin(), counts.end(), off.begin() + 1);
-  return off;
-}
-
-}  // namespace
 
 Status direct_reduce_scatter(Mesh& m, const void* send, void* recv,
-                             const std::vector<std::size_t>& counts, DType dt, ReduceOp op,
+                             const std::vector<std::size_t>& off, DType dt, ReduceOp op,
                              std::uint64_t fp) {
   const char* what = "reduce_scatter (direct)";
   const std::size_t es = dtype_size(dt);
-  const std::vector<std::size_t> off = offsets(counts);
   SHOAL_ASSIGN_OR_RETURN(DirectPeers peers, publish_buffers(m, send, off.back() * es, fp, what));
   const auto me = static_cast<std::size_t>(m.rank());
-  const std::size_t begin = off[me] * es, bytes = counts[me] * es;
+  const std::size_t begin = off[me] * es, bytes = (off[me + 1] - off[me]) * es;
   auto* out = static_cast<std::uint8_t*>(recv);
   // This rank's part: its own values first, then every peer's by rank (the
   // same order on every run, whichever way a peer is reached).
@@ -61,14 +50,13 @@ Status direct_reduce_scatter(Mesh& m, const void* send, void* recv,
   return direct_barrier(m, fp, what);  // no rank reads another's input after this
 }
 
-Status direct_allgatherv(Mesh& m, const void* send, void* recv,
-                         const std::vector<std::size_t>& counts, DType dt, std::uint64_t fp) {
+Status direct_allgatherv(Mesh& m, const void* send, void* recv, const std::vector<std::size_t>& off,
+                         DType dt, std::uint64_t fp) {
   const char* what = "allgather (direct)";
   const std::size_t es = dtype_size(dt);
-  const std::vector<std::size_t> off = offsets(counts);
   SHOAL_ASSIGN_OR_RETURN(DirectPeers peers, publish_buffers(m, recv, off.back() * es, fp, what));
   const auto me = static_cast<std::size_t>(m.rank());
-  const std::size_t begin = off[me] * es, bytes = counts[me] * es;
+  const std::size_t begin = off[me] * es, bytes = (off[me + 1] - off[me]) * es;
   auto* out = static_cast<std::uint8_t*>(recv);
   const auto* mine = static_cast<const std::uint8_t*>(send);
   if (bytes && out + begin != mine) std::memmove(out + begin, mine, bytes);

@@ -318,30 +318,24 @@ class Server::Handler final : public net::FrameServer::Handler {
         rows = value->contiguous();
         value = &rows;
       }
-      if (p.in_place) {
-        note_sent(p, version);
+      // The worker whose connection asked computes from this version now.
+      if (auto w = worker_of_.find(p.conn); w != worker_of_.end())
+        shard_->sent(w->second, p.key, version);
+      std::string_view data;  // what follows the head on the socket
+      if (p.in_place) {       // a shmpushpull: the value goes into the worker's memory
         std::memcpy(p.in_place, value->raw_data(), value->nbytes());
         shm_out_ += value->nbytes();
         append_pull_reply_in_place(head, version, value->shape());
-        bytes_out_ += head.size();
-        s.reply(p.conn, net::FrameType::kPsReply, p.seq, head);
-        return true;
+      } else {
+        append_pull_reply_head(head, version, *value, p.codec);
+        if (p.codec == Codec::kF32)
+          data = {static_cast<const char*>(value->raw_data()), value->nbytes()};
       }
-      append_pull_reply_head(head, version, *value, p.codec);
-      note_sent(p, version);
-      std::string_view parts[2] = {head, {}};
-      if (p.codec == Codec::kF32)
-        parts[1] = {static_cast<const char*>(value->raw_data()), value->nbytes()};
+      std::string_view parts[2] = {head, data};
       bytes_out_ += parts[0].size() + parts[1].size();
       s.reply(p.conn, net::FrameType::kPsReply, p.seq, parts);
       return true;
     });
-  }
-
-  // The worker whose connection asked is now computing from `version`.
-  void note_sent(const Pull& p, std::uint64_t version) {
-    if (auto w = worker_of_.find(p.conn); w != worker_of_.end())
-      shard_->sent(w->second, p.key, version);
   }
 
   Status maybe_snapshot() {

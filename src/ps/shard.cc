@@ -119,9 +119,6 @@ Status Shard::remove_worker(int worker) {
   return close_ready_rounds();
 }
 
-// The update with the gradient bound as "grad" (k.sum, the mean of a sync
-// round, unless the caller bound another) through the training kernels;
-// the outputs replace value and state.
 void Shard::sent(int worker, const std::string& key, std::uint64_t version) {
   sent_[{worker, key}] = version;
 }
@@ -136,6 +133,9 @@ double Shard::stale_rate(int worker, const Key& k, double lr) {
   return o_.stale_lr && tau > 1 ? base / static_cast<double>(tau) : base;
 }
 
+// The update with the gradient bound as "grad" (k.sum, the mean of a sync
+// round, unless the caller bound another) through the training kernels;
+// the outputs replace value and state.
 Status Shard::apply(Key& k, double lr) {
   k.lr.data<float>()[0] = static_cast<float>(lr > 0 ? lr : o_.lr);
   if (k.opt_step.defined()) k.opt_step.data<float>()[0] = static_cast<float>(k.version + 1);
