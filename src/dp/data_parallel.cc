@@ -219,7 +219,7 @@ Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
   if (T > 1) {  // each stage's T ranks split its layers
     SHOAL_ASSIGN_OR_RETURN(auto tp, c.split(r / T, r));
     SHOAL_RETURN_IF_ERROR(mp::attach_tensor_parallel(
-        o, register_communicator(keep(std::move(tp)), false), d.sequence_parallel));
+        o, register_communicator(keep(std::move(tp)), false), d.sequence_parallel, true));
   }
   comm::Communicator* ppc = &c;
   if (c.size() != P) {

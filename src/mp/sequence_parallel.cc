@@ -112,14 +112,44 @@ std::vector<Region> regions(const Graph& g, int size) {
   return out;
 }
 
+bool is_param(const Graph& g, Value v) {
+  const Node& n = g.node(v.node);
+  return n.op == "input" && n.name.starts_with("param/");
+}
+
+// One tp_copy_bucket for every parameter the split regions read: the
+// gradients of all of them (each rank's from its rows) summed over the
+// group in one all-reduce at the end of the backward pass, instead of one
+// all-reduce, and one wait on every rank, per parameter.
+Status copy_params_at_once(Graph& g, std::int64_t comm_id,
+                           const std::vector<std::pair<int, std::size_t>>& reads) {
+  if (reads.empty()) return ok_status();
+  std::vector<Value> params;
+  std::map<Value, int> slot;
+  for (const auto& [id, i] : reads) {
+    const Value v = g.node(id).inputs[i];
+    if (slot.emplace(v, static_cast<int>(params.size())).second) params.push_back(v);
+  }
+  SHOAL_ASSIGN_OR_RETURN(
+      std::vector<Value> copies,
+      g.add_node("tp_copy_bucket", params, {{"comm", comm_id}}, "sequence_parallel/param_copies"));
+  for (const auto& [id, i] : reads) {
+    Node& n = g.mutable_node(id);
+    n.inputs[i] = copies[static_cast<std::size_t>(slot.at(n.inputs[i]))];
+  }
+  return ok_status();
+}
+
 }  // namespace
 
-Result<int> shard_sequence(Graph& g, std::int64_t comm_id, std::vector<std::string>* refused) {
+Result<int> shard_sequence(Graph& g, std::int64_t comm_id, std::vector<std::string>* refused,
+                           bool one_sum_for_params) {
   comm::Communicator* c = dp::communicator(comm_id);
   if (!c) return failed_precondition("sequence parallelism: no communicator {}", comm_id);
   register_collective_ops();
   const int size = c->size();
   int split = 0;
+  std::vector<std::pair<int, std::size_t>> param_reads;  // (node, input) of a parameter
   for (const Region& r : regions(g, size)) {
     if (!r.refused.empty()) {
       if (refused) refused->push_back(r.refused);
@@ -143,12 +173,17 @@ Result<int> shard_sequence(Graph& g, std::int64_t comm_id, std::vector<std::stri
     // What the rows read from outside (biases, norm scales, the position
     // table): each rank's gradient of it comes from its rows only, so a
     // tp_copy sums it over the group (Megatron all-reduces these too).
+    // Parameters' copies are left for one tp_copy_bucket after the loop.
     std::map<Value, Value> shared;
     for (int id : r.nodes) {
       if (r.sources.count(id)) continue;
       for (std::size_t i = 0; i < g.node(id).inputs.size(); ++i) {
         const Value v = g.node(id).inputs[i];
         if (r.nodes.count(v.node) || g.node(v.node).op == "constant") continue;
+        if (one_sum_for_params && is_param(g, v)) {
+          param_reads.push_back({id, i});
+          continue;
+        }
         if (!shared.count(v)) {
           SHOAL_ASSIGN_OR_RETURN(shared[v], g.add("tp_copy", {v}, {{"comm", comm_id}}));
         }
@@ -162,6 +197,7 @@ Result<int> shard_sequence(Graph& g, std::int64_t comm_id, std::vector<std::stri
       n.attrs.set("sizes", std::vector<std::int64_t>(static_cast<std::size_t>(size), rows));
     }
   }
+  SHOAL_RETURN_IF_ERROR(copy_params_at_once(g, comm_id, param_reads));
   SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
   for (int id : order) SHOAL_RETURN_IF_ERROR(g.reinfer(id).with_context("sequence parallelism"));
   return split;

@@ -53,16 +53,16 @@ Result<Tensor> gather_whole(comm::Communicator* c, const TpShard& s, const Tenso
 
 }  // namespace
 
-Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id,
-                              bool sequence_parallel) {
+Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id, bool sequence_parallel,
+                              bool in_pipeline) {
   comm::Communicator* c = dp::communicator(comm_id);
   if (!c) return failed_precondition("--tp: no communicator registered as id {}", comm_id);
   const int rank = c->rank(), size = c->size();
   o.data_rank = 0;  // every rank of the group sees the whole batch
   o.data_world = 1;
   auto logged = std::make_shared<bool>(false);
-  o.forward_pass = [c, comm_id, rank, size, logged, sequence_parallel](
-                       graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
+  o.forward_pass = [c, comm_id, rank, size, logged, sequence_parallel,
+                    in_pipeline](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
     SHOAL_ASSIGN_OR_RETURN(TpPlan plan, plan_tensor_parallel(g, size));
     if (plan.regions.empty())
       return invalid_argument(
@@ -73,15 +73,20 @@ Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id,
     int seq = 0;
     std::vector<std::string> refused;
     if (sequence_parallel) {
-      SHOAL_ASSIGN_OR_RETURN(seq, shard_sequence(g, comm_id, &refused));
+      SHOAL_ASSIGN_OR_RETURN(seq, shard_sequence(g, comm_id, &refused, !in_pipeline));
     }
     if (rank == 0 && !*logged) {
       SHOAL_LOG_INFO("tensor parallel over {} ranks: {} regions, {} tensors split\n{}", size,
                      plan.regions.size(), plan.shards.size(), plan.str());
+      std::size_t summed = 0;  // parameters read by the rows, their gradients summed at once
+      for (const graph::Node& n : g.nodes())
+        if (n.alive && n.op == "tp_copy_bucket") summed += n.inputs.size();
       if (sequence_parallel)
-        SHOAL_LOG_INFO("sequence parallel: {} region(s) of row-wise ops on 1/{} of the rows{}{}",
-                       seq, size,
-                       refused.empty() ? "" : "; left whole: ", fmt::join(refused, "; "));
+        SHOAL_LOG_INFO(
+            "sequence parallel: {} region(s) of row-wise ops on 1/{} of the rows{}{}{}", seq, size,
+            summed ? fmt::format("; {} parameters' gradients summed in one all-reduce", summed)
+                   : "",
+            refused.empty() ? "" : "; left whole: ", fmt::join(refused, "; "));
       *logged = true;
     }
     auto by_param = std::make_shared<std::map<std::string, TpShard>>();

@@ -1,7 +1,9 @@
 // tp_copy and tp_allreduce (mp/tensor_parallel.h): Megatron's f and g, the
 // two conjugate ops of tensor parallelism. tp_copy is the identity whose
 // gradient sums over the group; tp_allreduce sums over the group and its
-// gradient is the identity.
+// gradient is the identity. tp_copy_bucket is tp_copy of many tensors at
+// once: its gradient sums them all in one bucket all-reduce, one wait on
+// the group instead of one per tensor.
 #include <cstring>
 #include <mutex>
 
@@ -55,6 +57,55 @@ void add(const char* name, const char* grad_name, bool reduce) {
       });
 }
 
+class CopyKernel final : public runtime::Kernel {
+ public:
+  Status run(const runtime::KernelContext&, std::span<const Tensor> in,
+             std::span<Tensor> out) override {
+    for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(out[i].copy_from(in[i]));
+    return ok_status();
+  }
+  const char* impl() const override { return "copy"; }
+};
+
+void add_copy_bucket() {
+  graph::OpDef d;
+  d.name = "tp_copy_bucket";
+  d.max_inputs = -1;
+  d.attrs = {"comm"};
+  d.random = true;
+  d.infer = [](const graph::Node& n,
+               const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
+    SHOAL_RETURN_IF_ERROR(group_of(n).status());
+    for (const auto& t : in)
+      if (t.dtype != DType::kF32)
+        return invalid_argument("{}: needs f32 tensors, got {}", n.label(), t.str());
+    return in;
+  };
+  // The outputs' gradients summed over the group in one all-reduce; an
+  // output no gradient reaches (the same on every rank: their graphs differ
+  // only in shapes) stays out of it.
+  d.grad = [](graph::GradInputs& g) -> std::vector<graph::Value> {
+    std::vector<graph::Value> flowing, out(g.output_grads.size());
+    for (const graph::Value& v : g.output_grads)
+      if (v.valid()) flowing.push_back(v);
+    if (flowing.empty()) return out;
+    graph::Value sum =
+        g.b.op("allreduce_bucket", flowing,
+               {{"comm", g.node.attrs.get_int_or("comm", -1)}, {"op", std::string("sum")}});
+    int k = 0;
+    for (std::size_t i = 0; i < out.size(); ++i)
+      if (g.output_grads[i].valid()) out[i] = graph::Value{sum.node, k++};
+    return out;
+  };
+  graph::OpRegistry::global().add(d);
+  runtime::KernelRegistry::cpu().add(
+      "tp_copy_bucket",
+      [](const graph::Node&,
+         const std::vector<graph::TensorType>&) -> Result<std::unique_ptr<runtime::Kernel>> {
+        return std::unique_ptr<runtime::Kernel>(std::make_unique<CopyKernel>());
+      });
+}
+
 }  // namespace
 
 void register_tensor_parallel_ops() {
@@ -62,6 +113,8 @@ void register_tensor_parallel_ops() {
   std::call_once(once, [] {
     add("tp_copy", "tp_allreduce", false);  // f: identity; its gradient sums
     add("tp_allreduce", "tp_copy", true);   // g: sums; its gradient is the identity
+    dp::register_ops();                     // allreduce_bucket: tp_copy_bucket's gradient
+    add_copy_bucket();
   });
 }
 

@@ -374,6 +374,7 @@ class CpuExecutable final : public Executable {
         p.members.push_back(n.inputs[i]);
         p.aliases.push_back(Value{n.id, static_cast<int>(i)});
         taken.insert(n.inputs[i]);
+        taken.insert(p.aliases.back());  // in this pack's bytes: no other pack's member
       }
       out.push_back(std::move(p));
     }

@@ -227,6 +227,37 @@ TEST(DataParallel, AllreduceGradientIsAllreduceOfDy) {
   EXPECT_EQ((*out)[1].to_vector<float>(), (std::vector<float>{3, -4}));
 }
 
+// A bucket reading another bucket's output (sequence parallelism's sum of
+// parameter gradients over the tensor group, then data parallelism's
+// average): the first one's outputs share its packed inputs' bytes, so they
+// cannot be packed again; the memory plan once threw out_of_range here.
+TEST(DataParallel, ABucketOfAnotherBucketsOutputsCompilesAndRuns) {
+  register_ops();
+  net::FileStore unused("/nonexistent");
+  auto c = comm::Communicator::create(0, 1, unused, {});
+  ASSERT_TRUE(c.ok());
+  std::int64_t id = register_communicator(c->get(), false);
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {3});
+  Value two = b.constant(Tensor::from_vector<float>({2, 2, 2}, {3}));
+  Value a = b.mul(x, two), d = b.add(x, two);
+  Value first = b.op("allreduce_bucket", {a, d}, {{"comm", id}, {"op", std::string("sum")}});
+  Value e = b.sub(x, two);
+  Value second = b.op("allreduce_bucket", {first, Value{first.node, 1}, e},
+                      {{"comm", id}, {"op", std::string("avg")}});
+  for (int i = 0; i < 3; ++i) g.mark_output(Value{second.node, i});
+  auto be = runtime::make_backend("cpu");
+  auto exe = (*be)->compile(std::move(g), {});
+  ASSERT_TRUE(exe.ok()) << exe.status().to_string();
+  runtime::Executor ex(**exe);
+  auto out = ex.run({{"x", Tensor::from_vector<float>({1, -1, 0.5f}, {3})}});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ((*out)[0].to_vector<float>(), (std::vector<float>{2, -2, 1}));
+  EXPECT_EQ((*out)[1].to_vector<float>(), (std::vector<float>{3, 1, 2.5f}));
+  EXPECT_EQ((*out)[2].to_vector<float>(), (std::vector<float>{-1, -3, -1.5f}));
+}
+
 TEST(DataParallel, UnknownCommunicatorIsRefused) {
   Graph g;
   Builder b(g);

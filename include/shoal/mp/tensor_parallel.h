@@ -92,9 +92,13 @@ Status shard_tensor_parallel(graph::Graph& g, const TpPlan& plan, std::int64_t c
 // ops run on this rank's rows only (their first dimension / T). Returns how
 // many such regions it split; `refused` gets why each other one was not
 // (a row count T does not divide, an op that is not row-wise, a graph
-// output).
+// output). With one_sum_for_params the parameters those ops read pass one
+// tp_copy_bucket (their gradients summed in one all-reduce); without, a
+// tp_copy each (a pipeline cuts the graph into stages: one node feeding
+// every stage would not fit one).
 Result<int> shard_sequence(graph::Graph& g, std::int64_t comm_id,
-                           std::vector<std::string>* refused = nullptr);
+                           std::vector<std::string>* refused = nullptr,
+                           bool one_sum_for_params = true);
 
 // This rank's slice of a whole parameter, as the plan splits it.
 Tensor tp_slice(const Tensor& full, const TpShard& s, int rank, int size);
@@ -103,7 +107,9 @@ Tensor tp_slice(const Tensor& full, const TpShard& s, int rank, int size);
 // registered as `comm_id`; every rank trains on the same batches): the
 // training and evaluation graphs are rewritten, the parameters held as
 // slices, checkpoints whole.
+// With sequence_parallel, shard_sequence after the split (in_pipeline: its
+// parameters' copies one per parameter).
 Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id,
-                              bool sequence_parallel = false);
+                              bool sequence_parallel = false, bool in_pipeline = false);
 
 }  // namespace shoal::mp
