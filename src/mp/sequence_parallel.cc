@@ -77,9 +77,14 @@ std::vector<Region> regions(const Graph& g, int size) {
   for (const Node& n : g.nodes())
     if (n.alive)
       for (const Value& v : n.inputs) users[v.node].push_back(n.id);
+  std::set<int> outputs;
+  for (const Value& v : g.outputs()) outputs.insert(v.node);
   std::vector<Region> out;
   for (const Node& n : g.nodes()) {
     if (!n.alive || n.op != "tp_allreduce") continue;
+    // Read by nothing (whole logits the vocabulary-parallel loss does not
+    // need): dead code, left for the compiler to drop.
+    if (!users.count(n.id) && !outputs.count(n.id)) continue;
     bool seen = false;
     for (const Region& r : out) seen = seen || r.nodes.count(n.id);
     if (seen) continue;

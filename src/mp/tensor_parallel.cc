@@ -183,9 +183,13 @@ Status propagate(const Graph& g, const std::vector<int>& order, const std::set<i
 // the whole logits. Node `id` becomes that sum, so its users (the loss, the
 // trainer's logits, an evaluation graph's output) are unchanged. The sum's
 // gradient is the identity: each rank's columns get their share of the
-// loss's gradient, and tp_copy sums the input's over the group.
+// loss's gradient, and tp_copy sums the input's over the group. With
+// parallel_loss, a cross-entropy of those logits becomes a
+// vocab_parallel_cross_entropy of this rank's columns (the whole logits are
+// then left to other readers: the trainer's count of right answers reads
+// the new op's instead, and a training graph drops them as dead code).
 Status shard_head(Graph& g, int id, std::int64_t lo, std::int64_t hi, std::int64_t vocab,
-                  const graph::Attrs& comm_attr) {
+                  const graph::Attrs& comm_attr, bool parallel_loss) {
   const Node orig = g.node(id);
   const Shape out = orig.outputs[0].shape;
   SHOAL_ASSIGN_OR_RETURN(Value x, g.add("tp_copy", {orig.inputs[0]}, comm_attr));
@@ -208,6 +212,16 @@ Status shard_head(Graph& g, int id, std::int64_t lo, std::int64_t hi, std::int64
   n.op = "tp_allreduce";
   n.inputs = {cat};
   n.attrs = comm_attr;
+  if (!parallel_loss || out.size() != 2) return ok_status();
+  for (int i = 0; i < g.num_nodes(); ++i) {
+    Node& ce = g.mutable_node(i);
+    if (!ce.alive || ce.op != "cross_entropy" || ce.inputs[0] != Value{id, 0}) continue;
+    ce.op = "vocab_parallel_cross_entropy";
+    ce.inputs[0] = part;
+    ce.attrs = comm_attr;
+    ce.attrs.set("offset", lo);
+    ce.attrs.set("vocab", vocab);
+  }
   return ok_status();
 }
 
@@ -215,7 +229,7 @@ Status shard_head(Graph& g, int id, std::int64_t lo, std::int64_t hi, std::int64
 // for ids another rank holds), summed over the group by a tp_allreduce;
 // each output head reading it computes this rank's columns of the logits.
 Status shard_vocabulary(Graph& g, const TpPlan& plan, int rank, int size,
-                        const graph::Attrs& comm_attr) {
+                        const graph::Attrs& comm_attr, bool parallel_loss) {
   for (const std::string& t : plan.heads) {
     SHOAL_ASSIGN_OR_RETURN(Value p, g.find_input(t));
     const std::int64_t vocab = g.type(p).shape[0];
@@ -225,7 +239,8 @@ Status shard_vocabulary(Graph& g, const TpPlan& plan, int rank, int size,
         if (n.inputs[i] == p && is_head(g, n, i)) heads.push_back(n.id);
     for (int id : heads)
       SHOAL_RETURN_IF_ERROR(shard_head(g, id, split_at(vocab, rank, size),
-                                       split_at(vocab, rank + 1, size), vocab, comm_attr));
+                                       split_at(vocab, rank + 1, size), vocab, comm_attr,
+                                       parallel_loss));
   }
   for (const std::string& t : plan.tables) {
     int id = -1;  // (a tied table's head was rewritten above)
@@ -356,7 +371,8 @@ Result<TpPlan> plan_tensor_parallel(const Graph& g, int size) {
   return plan;
 }
 
-Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id) {
+Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id,
+                             bool parallel_loss) {
   register_tensor_parallel_ops();
   comm::Communicator* c = dp::communicator(comm_id);
   if (!c)
@@ -375,7 +391,7 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id)
   };
   for (const auto& s : plan.shards)
     if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s, size));
-  SHOAL_RETURN_IF_ERROR(shard_vocabulary(g, plan, c->rank(), size, comm_attr));
+  SHOAL_RETURN_IF_ERROR(shard_vocabulary(g, plan, c->rank(), size, comm_attr, parallel_loss));
   const Users users = users_of(g);
   std::set<int> outputs;
   for (const Value& v : g.outputs()) outputs.insert(v.node);

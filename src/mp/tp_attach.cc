@@ -69,7 +69,7 @@ Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id, bool
           "--tp {}: the model has no pair of linears to split (a linear whose output reaches "
           "another linear through reshapes, transposes, matmuls and elementwise ops only)",
           size);
-    SHOAL_RETURN_IF_ERROR(shard_tensor_parallel(g, plan, comm_id));
+    SHOAL_RETURN_IF_ERROR(shard_tensor_parallel(g, plan, comm_id, !in_pipeline));
     int seq = 0;
     std::vector<std::string> refused;
     if (sequence_parallel) {
@@ -102,6 +102,8 @@ Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id, bool
     ps.gather = [by_param, c](const std::string& p, const Tensor& mine) {
       return gather_whole(c, by_param->at(p), mine);
     };
+    for (const graph::Node& n : g.nodes())
+      if (n.alive && n.op == "vocab_parallel_cross_entropy") ps.correct = graph::Value{n.id, 2};
     return ps;
   };
   return ok_status();

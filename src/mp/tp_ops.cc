@@ -115,6 +115,7 @@ void register_tensor_parallel_ops() {
     add("tp_allreduce", "tp_copy", true);   // g: sums; its gradient is the identity
     dp::register_ops();                     // allreduce_bucket: tp_copy_bucket's gradient
     add_copy_bucket();
+    register_vocab_cross_entropy();
   });
 }
 

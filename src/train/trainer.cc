@@ -209,6 +209,10 @@ Status Trainer::train_step(double* loss, std::int64_t* correct) {
   *loss = m.exe->output(m.loss_out).data<float>()[0];
   *correct = 0;
   ++step_;
+  if (m.correct_out >= 0) {  // counted in the graph (a vocabulary-parallel loss)
+    *correct = static_cast<std::int64_t>(m.exe->output(m.correct_out).data<float>()[0]);
+    return ok_status();
+  }
   if (m.logits_out < 0) return ok_status();  // an earlier pipeline stage
   const Tensor& lg = m.exe->output(m.logits_out);
   std::int64_t n = lg.shape()[0], c = lg.shape()[1], ok = 0;

@@ -173,6 +173,10 @@ Status Trainer::differentiate(StepBuild& sb) {
   std::vector<ParamRef>& refs = sb.refs;
   if (o.forward_pass && !o.step_pass) {
     SHOAL_ASSIGN_OR_RETURN(m.slices, o.forward_pass(g));
+    if (m.slices && m.slices->correct.valid()) {
+      sb.correct = m.slices->correct;
+      sb.logits = Value{};
+    }
   }
   if (o.step_pass) {
     if (!m.bspecs.empty())
@@ -223,6 +227,10 @@ Status Trainer::init_state(StepBuild& sb, const std::optional<WeightsFile>& init
   if (sb.logits.valid()) {
     m.logits_out = static_cast<int>(g.outputs().size());
     g.mark_output(sb.logits);
+  }
+  if (sb.correct.valid()) {
+    m.correct_out = static_cast<int>(g.outputs().size());
+    g.mark_output(sb.correct);
   }
   int out = static_cast<int>(g.outputs().size());
   for (std::size_t i = 0; i < refs.size(); ++i) {

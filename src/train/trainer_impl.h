@@ -109,7 +109,7 @@ struct Trainer::Impl {
   // The step's outputs: its loss and logits (-1: an earlier pipeline stage
   // computes none), and how many ranks score each batch (the ones whose
   // slices report: all of a tensor-parallel group, a pipeline's last stage).
-  int loss_out = 0, logits_out = -1;
+  int loss_out = 0, logits_out = -1, correct_out = -1;
   double report_copies = 1;
   // The whole parameters evaluation reads when the slices say so (ZeRO-3).
   std::map<std::string, Tensor> eval_params;
@@ -123,6 +123,7 @@ inline bool has_input(const runtime::Executable& exe, const std::string& name) {
 struct StepBuild {
   graph::Graph g;
   graph::Value loss, logits;
+  graph::Value correct;  // in place of the logits (ParamSlices::correct)
   std::vector<ParamRef> refs;
   OptimizerGraph og;
   std::vector<std::pair<std::string, graph::Value>> buffer_updates;

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "ranks.h"
@@ -63,9 +64,9 @@ Result<Step> step(const train::GptConfig& c, std::int64_t comm_id, int rank, int
     if (sequence) {
       std::vector<std::string> refused;
       SHOAL_ASSIGN_OR_RETURN(int split, shard_sequence(g, comm_id, &refused));
-      // The residual stream from the embedding to the head; the head's sum
-      // feeds the loss and stays an all-reduce.
-      if (split != 1 || refused.size() != 1)
+      // The residual stream from the embedding to the head; the loss reads
+      // the head's columns (vocabulary-parallel), its whole logits are dead.
+      if (split != 1 || !refused.empty())
         return internal_error("sequence parallelism split {} regions, refused: {}", split,
                               fmt::join(refused, "; "));
     }
@@ -165,6 +166,80 @@ TEST_P(TensorParallel, WithSequenceParallelismToo) {
   kBatch = 12;
   expect_equal_one_process(GetParam(), true);
   kBatch = 3;
+}
+
+// Megatron's vocabulary-parallel cross-entropy on its own: 6 rows of 7
+// logits split 4/3, 3/2/2 or 2/2/2/1 columns (labels in every rank's
+// columns, the first and last column among them): the loss, its gradient
+// with respect to each rank's columns and the count of rows whose label
+// scores highest equal one process's cross_entropy (and argmax) on the
+// whole logits.
+TEST_P(TensorParallel, VocabularyParallelCrossEntropyEqualsOneProcess) {
+  const int size = GetParam();
+  constexpr std::int64_t kRows = 6, kCols = 7;
+  Tensor logits = Tensor::empty({kRows, kCols}, DType::kF32);
+  for (std::int64_t i = 0; i < logits.numel(); ++i)
+    logits.data<float>()[i] = static_cast<float>((i * 37 % 23) - 11) * 0.25f;
+  const std::vector<std::int32_t> label_v = {0, 6, 3, 2, 5, 1};
+  const Tensor labels = Tensor::from_vector<std::int32_t>(label_v, {kRows});
+  std::int64_t want_correct = 0;
+  for (std::int64_t i = 0; i < kRows; ++i) {
+    const float* row = logits.data<float>() + i * kCols;
+    want_correct += std::max_element(row, row + kCols) - row == label_v[i];
+  }
+  // One process: cross_entropy and autodiff on the whole logits.
+  Graph g1;
+  Builder b1(g1);
+  Value x1 = b1.input("x", DType::kF32, {kRows, kCols});
+  Value loss1 = b1.cross_entropy(x1, b1.input("y", DType::kI32, {kRows}));
+  auto dx1 = graph::autodiff(g1, loss1, {x1});
+  ASSERT_TRUE(dx1.ok()) << dx1.status().to_string();
+  g1.mark_output(loss1);
+  g1.mark_output((*dx1)[0]);
+  auto be = runtime::make_backend("cpu");
+  auto exe1 = (*be)->compile(std::move(g1), {});
+  ASSERT_TRUE(exe1.ok()) << exe1.status().to_string();
+  runtime::Executor ex1(**exe1);
+  auto want = ex1.run({{"x", logits}, {"y", labels}});
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  struct Out {
+    float loss, correct;
+    Tensor dx;
+  };
+  TpShard cols{"logits", 1, {kRows, kCols}, true};  // as a head splits its vocabulary
+  auto got =
+      testing::run_on_ranks<Out>(size, "vce", [&](int r, comm::Communicator& c) -> Result<Out> {
+        register_tensor_parallel_ops();
+        const auto [lo, hi] = tp_range(cols, r, size);
+        Graph g;
+        Builder b(g);
+        Value x = b.input("x", DType::kF32, {kRows, hi - lo});
+        Value ce =
+            b.op("vocab_parallel_cross_entropy", {x, b.input("y", DType::kI32, {kRows})},
+                 {{"comm", dp::register_communicator(&c)}, {"offset", lo}, {"vocab", kCols}});
+        SHOAL_ASSIGN_OR_RETURN(auto dx, graph::autodiff(g, ce, {x}));
+        g.mark_output(ce);
+        g.mark_output(Value{ce.node, 2});
+        g.mark_output(dx[0]);
+        SHOAL_ASSIGN_OR_RETURN(auto bk, runtime::make_backend("cpu"));
+        SHOAL_ASSIGN_OR_RETURN(auto exe, bk->compile(std::move(g), {}));
+        runtime::Executor ex(*exe);
+        SHOAL_ASSIGN_OR_RETURN(auto res,
+                               ex.run({{"x", tp_slice(logits, cols, r, size)}, {"y", labels}}));
+        return Out{res[0].data<float>()[0], res[1].data<float>()[0], res[2].clone()};
+      });
+  const Tensor& dx_whole = (*want)[1];
+  for (int r = 0; r < size; ++r) {
+    SCOPED_TRACE(fmt::format("T = {}, rank {}", size, r));
+    const auto& o = got[static_cast<std::size_t>(r)];
+    ASSERT_TRUE(o.ok()) << o.status().to_string();
+    EXPECT_NEAR(o->loss, (*want)[0].data<float>()[0], 1e-6);
+    EXPECT_EQ(o->correct, static_cast<float>(want_correct));
+    const Tensor dx = tp_slice(dx_whole, cols, r, size);
+    ASSERT_EQ(o->dx.shape(), dx.shape());
+    for (std::int64_t i = 0; i < dx.numel(); ++i)
+      EXPECT_NEAR(o->dx.data<float>()[i], dx.data<float>()[i], 1e-6) << "element " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, TensorParallel, ::testing::Values(2, 3, 4));

@@ -74,6 +74,9 @@ struct TpPlan {
 };
 
 void register_tensor_parallel_ops();
+// vocab_parallel_cross_entropy and its gradient (mp/vocab_cross_entropy.cc);
+// register_tensor_parallel_ops calls it.
+void register_vocab_cross_entropy();
 
 // Finds the plan for a group of `size` ranks; an error names a parameter
 // whose sharded dimension `size` does not divide.
@@ -81,8 +84,13 @@ Result<TpPlan> plan_tensor_parallel(const graph::Graph& g, int size);
 
 // Rewrites `g` for this rank of the group registered as `comm_id`
 // (dp::register_communicator), following `plan` (from plan_tensor_parallel,
-// or edited). The parameter inputs then take this rank's slices.
-Status shard_tensor_parallel(graph::Graph& g, const TpPlan& plan, std::int64_t comm_id);
+// or edited). The parameter inputs then take this rank's slices. With
+// parallel_loss, a cross-entropy of a vocabulary-parallel head's logits
+// becomes Megatron's vocabulary-parallel one (vocab_parallel_cross_entropy:
+// its outputs are the loss, each row's log-sum-exp and the count of rows
+// whose label scores highest); without, it reads the logits made whole.
+Status shard_tensor_parallel(graph::Graph& g, const TpPlan& plan, std::int64_t comm_id,
+                             bool parallel_loss = true);
 
 // Sequence parallelism on a graph shard_tensor_parallel rewrote: where the
 // ops between a row-parallel sum (tp_allreduce) and the column-parallel

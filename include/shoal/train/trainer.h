@@ -121,6 +121,11 @@ struct TrainOptions {
     // instead of rewriting the evaluation graphs (ZeRO-3: ranks evaluate
     // different batches, so they cannot gather in the graph).
     bool whole_for_eval = false;
+    // Set when the rewrite computes the training loss without whole logits
+    // (tensor parallelism's vocabulary-parallel cross-entropy): a scalar,
+    // how many rows' label scores highest, which the trainer reports as the
+    // step's right answers instead of reading the logits.
+    graph::Value correct;
   };
   std::function<Result<ParamSlices>(graph::Graph&)> forward_pass;
   // Replaces autodiff (pipeline parallelism, mp::attach_pipeline): given the
