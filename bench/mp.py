@@ -2,7 +2,8 @@
 """bench/mp: the GPT under each way of distributing it, in one run.
 
 One process, then at N ranks (1 thread each, context 64, Adam, untied
-head, batch 16 per data-parallel rank or per pipeline): plain data
+head, batch 16 per data-parallel rank or per pipeline; `shoal run --bind
+cores`): plain data
 parallelism, ZeRO-1, tensor parallelism over the N ranks, pipelines of N
 stages (GPipe and 1F1B), and (at 4) 2 data-parallel groups of 2 tensor- or
 pipeline-parallel ranks. Prints the job's training tokens/s (global tokens
@@ -39,8 +40,8 @@ def command(binary, ranks, steps, extra, d):
         "--batch", "16", "--optimizer", "adam", "--lr", "0.003", "--max-steps", str(steps),
         "--threads", "1", "--limit-test", "4", "--no-plot", "--no-checkpoints", "--quiet",
         "--out", d] + extra
-    if ranks > 1:
-        cmd = [binary, "run", "-n", str(ranks), "--"] + cmd
+    if ranks > 1:  # each rank on its block of the CPUs (2 per core at 4 ranks on 2)
+        cmd = [binary, "run", "-n", str(ranks), "--bind", "cores", "--"] + cmd
     return cmd
 
 

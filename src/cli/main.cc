@@ -93,6 +93,10 @@ struct Cli {
         ->capture_default_str();
     run->add_option("--store-port", launch.store_port, "Store port (0 = any free port)")
         ->check(CLI::Range(0, 65535));
+    run->add_option("--bind", launch.bind,
+                    "none, or cores: bind each local rank to its block of this process's CPUs "
+                    "(as mpirun --bind-to core; ranks beyond the CPUs share them in turn)")
+        ->capture_default_str();
     run->add_option("--engine-arg", launch.engine_args,
                     "Extra argument for mpirun or srun (repeatable), e.g. --engine-arg=-N2");
     run->add_option("cmd", launch.cmd, "Command and its arguments (after --)")->required();

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "launch/binding.h"
 #include "launch/output.h"
 #include "launch/process.h"
 #include "shoal/core/file.h"
@@ -46,6 +47,14 @@ Status validate(const LaunchOptions& o) {
         "--ps {},{}: a parameter-server job needs at least one server and one "
         "worker",
         o.ps_servers, o.ps_workers);
+  if (o.bind != "none" && o.bind != "cores")
+    return invalid_argument("--bind '{}' is not one of none, cores", o.bind);
+  if (o.bind == "cores" && (o.engine != "local" || o.ps_servers > 0))
+    return invalid_argument(
+        "--bind cores binds local ranks (--engine local, no --ps); {} binds its own: {}",
+        o.ps_servers > 0 ? "a parameter-server job" : "--engine " + o.engine,
+        o.engine == "srun" ? "--engine-arg=--cpu-bind=cores"
+                           : "--engine-arg=--bind-to --engine-arg=core");
   if (o.ps_servers > 0 && o.max_restarts > 0)
     return invalid_argument(
         "--ps does not take --max-restarts (a dead server restarts from its snapshot: "
@@ -59,6 +68,26 @@ struct Outcome {
   int code = 0;
   bool restartable = false;  // a rank failed (not a signal to us, not the timeout)
 };
+
+// --bind cores: each rank's CPUs (said once per job); empty when the
+// launcher cannot read its own (said too).
+std::vector<std::vector<int>> rank_cpus(int ranks, bool say) {
+  auto cpus = allowed_cpus();
+  if (!cpus.ok()) {
+    fmt::print(stderr, "shoal run: --bind cores: {}\n", cpus.status().message());
+    return {};
+  }
+  std::vector<std::vector<int>> blocks = cpu_blocks(*cpus, ranks);
+  if (say) {
+    std::string each;
+    for (int r = 0; r < ranks; ++r)
+      each += fmt::format("{}rank {}: {}", r ? ", " : "", r,
+                          cpu_list(blocks[static_cast<std::size_t>(r)]));
+    fmt::print(stderr, "shoal run: {} ranks bound to {} CPUs ({}): {}\n", ranks, cpus->size(),
+               cpu_list(*cpus), each);
+  }
+  return blocks;
+}
 
 Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_id,
                     const std::string& trace_prefix) {
@@ -86,8 +115,9 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   std::vector<Proc> procs;
   Output output(o.ranks, o.engine);
   auto start = [&](const std::vector<std::string>& argv,
-                   std::vector<std::pair<std::string, std::string>> e) -> bool {
-    auto p = spawn(argv, e);
+                   std::vector<std::pair<std::string, std::string>> e,
+                   const std::vector<int>& cpus = {}) -> bool {
+    auto p = spawn(argv, e, cpus);
     if (!p.ok()) {
       fmt::print(stderr, "shoal run: {}\n", p.status().message());
       for (auto& q : procs) {
@@ -101,13 +131,21 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
     return true;
   };
   if (o.engine == "local") {
+    std::vector<std::vector<int>> cpus(static_cast<std::size_t>(o.ranks));
+    if (o.bind == "cores") {
+      cpus = rank_cpus(o.ranks, attempt == 0);
+      if (cpus.empty()) {
+        oc.code = 2;
+        return oc;
+      }
+    }
     for (int r = 0; r < o.ranks; ++r) {
       auto e = env;
       e.insert(e.end(), {{"SHOAL_RANK", std::to_string(r)},
                          {"SHOAL_WORLD_SIZE", std::to_string(o.ranks)},
                          {"SHOAL_LOCAL_RANK", std::to_string(r)},
                          {"SHOAL_LOCAL_WORLD_SIZE", std::to_string(o.ranks)}});
-      if (!start(o.cmd, e)) return oc;
+      if (!start(o.cmd, e, cpus[static_cast<std::size_t>(r)])) return oc;
     }
   } else if (o.engine == "mpirun") {
     std::vector<std::string> argv = {

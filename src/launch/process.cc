@@ -1,6 +1,7 @@
 #include "launch/process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sodium.h>
 #include <sys/prctl.h>
@@ -11,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+
+#include "launch/binding.h"
 
 namespace shoal::launch {
 
@@ -84,7 +87,14 @@ void drain(int unit, Proc& p, Output& out, bool final) {
 // Forks `argv` in a new process group with `env` added; its stdout and
 // stderr go to one pipe. exec failures come back through a CLOEXEC pipe.
 Result<Proc> spawn(const std::vector<std::string>& argv,
-                   const std::vector<std::pair<std::string, std::string>>& env) {
+                   const std::vector<std::pair<std::string, std::string>>& env,
+                   const std::vector<int>& cpus) {
+  // Built before the fork: the child calls only async-signal-safe functions.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  const std::string unbound = fmt::format(
+      "shoal run: could not bind this rank to CPUs {}; it runs unbound\n", cpu_list(cpus));
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0) return unavailable("pipe: {}", std::strerror(errno));
   if (pipe2(err, O_CLOEXEC) != 0) {
@@ -107,6 +117,8 @@ Result<Proc> spawn(const std::vector<std::string>& argv,
     if (getppid() != launcher) _exit(128 + SIGKILL);
     dup2(out[1], 1);
     dup2(out[1], 2);
+    if (!cpus.empty() && sched_setaffinity(0, sizeof set, &set) != 0)
+      (void)!write(2, unbound.data(), unbound.size());
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);

@@ -37,10 +37,11 @@ struct Proc {
 // `final` (or at EOF) a last partial line too.
 void drain(int unit, Proc& p, Output& out, bool final);
 
-// Forks `argv` in a new process group with `env` added; its stdout and
-// stderr go to one pipe. It dies with the launcher (PR_SET_PDEATHSIG).
+// Forks `argv` in a new process group with `env` added, bound to `cpus`
+// unless empty; its stdout and stderr go to one pipe. It dies with the launcher (PR_SET_PDEATHSIG).
 Result<Proc> spawn(const std::vector<std::string>& argv,
-                   const std::vector<std::pair<std::string, std::string>>& env);
+                   const std::vector<std::pair<std::string, std::string>>& env,
+                   const std::vector<int>& cpus = {});
 
 // Whether a process is stopped (SIGSTOP, SIGTSTP, a debugger).
 bool is_stopped(pid_t pid);

@@ -149,3 +149,36 @@ TEST(Run, MpirunEngineNamesTheFailedRank) {
 }
 
 }  // namespace
+
+// --bind cores: ranks on their blocks of the launcher's CPUs (here the two
+// `taskset` gives it), neighbours sharing a CPU when ranks outnumber them;
+// without it every rank may run anywhere the launcher may.
+TEST(Run, BindCoresGivesEachRankItsBlockOfCpus) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  if (shoal::testing::run_sh("taskset -c 0,1 true").code != 0)
+    GTEST_SKIP() << "taskset (util-linux) cannot run here";
+  const std::string cpus = "sh -c 'grep Cpus_allowed_list /proc/self/status'";
+  auto run = [&](const std::string& args) {
+    return shoal::testing::run_sh("taskset -c 0,1 " + std::string(SHOAL_BINARY) + " run " + args +
+                                  " -- " + cpus);
+  };
+  Result two = run("-n 2 --bind cores");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_TRUE(has(two, "[rank 0] Cpus_allowed_list:\t0\n")) << two.out;
+  EXPECT_TRUE(has(two, "[rank 1] Cpus_allowed_list:\t1\n")) << two.out;
+  Result three = run("-n 3 --bind cores");
+  ASSERT_EQ(three.code, 0) << three.out;
+  EXPECT_TRUE(has(three, "3 ranks bound to 2 CPUs (0-1): rank 0: 0, rank 1: 0, rank 2: 1"))
+      << three.out;
+  EXPECT_TRUE(has(three, "[rank 1] Cpus_allowed_list:\t0\n")) << three.out;
+  EXPECT_TRUE(has(three, "[rank 2] Cpus_allowed_list:\t1\n")) << three.out;
+  Result one = run("-n 1 --bind cores");
+  EXPECT_TRUE(has(one, "[rank 0] Cpus_allowed_list:\t0-1\n")) << one.out;
+  Result free = run("-n 2");
+  EXPECT_TRUE(has(free, "[rank 1] Cpus_allowed_list:\t0-1\n")) << free.out;
+  Result bad = ::shoal::testing::run_shoal("run -n 2 --bind sockets -- true");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_TRUE(has(bad, "--bind 'sockets' is not one of none, cores")) << bad.out;
+  Result srun = ::shoal::testing::run_shoal("run -n 2 --engine srun --bind cores -- true");
+  EXPECT_TRUE(has(srun, "--engine srun binds its own: --engine-arg=--cpu-bind=cores")) << srun.out;
+}

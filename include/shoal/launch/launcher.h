@@ -35,6 +35,9 @@ struct LaunchOptions {
   int store_port = 0;                    // 0 = any free port
   double grace_s = 5;                    // SIGTERM -> SIGKILL
   std::vector<std::string> engine_args;  // extra arguments for mpirun/srun
+  // none, or cores: each local rank bound to its block of the launcher's
+  // CPUs (launch/binding.h; local engine only).
+  std::string bind = "none";
   std::vector<std::string> cmd;
   // A parameter-server job (--ps S,W): S servers and W workers running
   // cmd, local engine only; see launch_ps.
