@@ -40,7 +40,7 @@ def command(binary, ranks, steps, extra, d):
         "--batch", "16", "--optimizer", "adam", "--lr", "0.003", "--max-steps", str(steps),
         "--threads", "1", "--limit-test", "4", "--no-plot", "--no-checkpoints", "--quiet",
         "--out", d] + extra
-    if ranks > 1:  # each rank on its block of the CPUs (2 per core at 4 ranks on 2)
+    if ranks > 1:  # each rank on a CPU (round the 2 cores at 4 ranks)
         cmd = [binary, "run", "-n", str(ranks), "--bind", "cores", "--"] + cmd
     return cmd
 

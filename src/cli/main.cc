@@ -95,7 +95,7 @@ struct Cli {
         ->check(CLI::Range(0, 65535));
     run->add_option("--bind", launch.bind,
                     "none, or cores: bind each local rank to its block of this process's CPUs "
-                    "(as mpirun --bind-to core; ranks beyond the CPUs share them in turn)")
+                    "(as mpirun --bind-to core; ranks beyond the CPUs go round them)")
         ->capture_default_str();
     run->add_option("--engine-arg", launch.engine_args,
                     "Extra argument for mpirun or srun (repeatable), e.g. --engine-arg=-N2");

@@ -28,7 +28,7 @@ std::vector<std::vector<int>> cpu_blocks(const std::vector<int>& cpus, int ranks
       for (std::int64_t i = r * c / n; i < (r + 1) * c / n; ++i)
         mine.push_back(cpus[static_cast<std::size_t>(i)]);
     } else {
-      mine.push_back(cpus[static_cast<std::size_t>(r * c / n)]);
+      mine.push_back(cpus[static_cast<std::size_t>(r % c)]);
     }
   }
   return out;

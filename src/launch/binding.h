@@ -1,11 +1,13 @@
 // `shoal run --bind cores`: each local rank's share of the CPUs the
 // launcher may use, as mpirun --bind-to core and srun --cpu-bind=cores give
 // theirs. With ranks <= CPUs, rank r gets a block of CPUs [r*C/n, (r+1)*C/n)
-// (its threads stay on them); with more ranks than CPUs, neighbouring ranks
-// share one CPU, every CPU carrying ranks as evenly as they go. Measured
-// (docs/BENCHMARKS.md): 4 tensor-parallel ranks on 2 cores left to the
-// scheduler's migrations ran 19.5-22.3k tok/s, bound 2 to a core
-// 21.9-22.4k. Private to launch.
+// (its threads stay on them); with more ranks than CPUs, rank r gets CPU
+// r mod C, as mpirun maps by core: neighbouring ranks (a pipeline's
+// consecutive stages) on different CPUs. Measured on 2 cores, 3 runs each
+// (docs/BENCHMARKS.md): a 4-stage pipeline 21.0-21.9k tok/s unbound,
+// 21.0-21.8k with stages 0-1 and 2-3 sharing a core, 22.6-22.8k round the
+// CPUs; 4 tensor-parallel ranks 19.5-22.3k unbound, 21.9-22.4k bound.
+// Private to launch.
 #pragma once
 
 #include <string>
