@@ -202,7 +202,15 @@ Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
 // P, data parallelism across the groups (each stage's gradients all-reduced
 // among the ranks holding that stage).
 Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
-  if (d.zero == 3) return invalid_argument("--pp with --zero 3 is not built (--zero 1 or 2 is)");
+  // ZeRO-3 would gather every parameter before each micro-batch's forward
+  // and backward: m times its traffic per step, where a stage holds few
+  // parameters anyway. DeepSpeed's pipeline engine refuses ZeRO-2 and 3.
+  if (d.zero == 3)
+    return invalid_argument(
+        "--pp {} with --zero 3: a stage would gather each parameter again for every one of "
+        "its --micro-batches {} (forward and backward); shard the optimizer state and "
+        "gradients with --zero 1 or 2, or split the layers further with --tp",
+        d.pp, d.micro_batches);
   if (d.zero > 0 && c.size() == d.pp * d.tp)
     return invalid_argument(
         "--zero {} with --pp {}{} on {} ranks: no data-parallel group to shard over (run D x {} "

@@ -268,6 +268,12 @@ TEST(PpCli, WhatDoesNotFitIsRefusedByName) {
   EXPECT_NE(order.code, 0);
   EXPECT_NE(order.out.find("cuts must be increasing indices below"), std::string::npos)
       << order.out;
+  TrainRun z3 = train(tmpdir("z3"), 4, 1, "--pp 2 --zero 3");
+  EXPECT_NE(z3.code, 0);
+  EXPECT_NE(z3.out.find("--pp 2 with --zero 3: a stage would gather each parameter again for "
+                        "every one of its --micro-batches"),
+            std::string::npos)
+      << z3.out;
   TrainRun bn = train(tmpdir("bn"), 2, 1, "--pp 2", 8, "--model cnn --limit-train 64");
   EXPECT_NE(bn.code, 0);
   EXPECT_NE(bn.out.find("a pipeline of stages does not carry them yet"), std::string::npos)
