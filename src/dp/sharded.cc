@@ -50,6 +50,7 @@ std::shared_ptr<train::OptimizerGraph::Layout> layout_of(const std::vector<Part>
       for (std::size_t i = 0; i < f.names.size(); ++i)
         l->logical[logical_name(f.names[i], slot)] = f.shapes[i];
   l->gather = [parts, c, slots](const std::map<std::string, Tensor>& state,
+                                const std::function<bool(const std::string&)>& keep,
                                 std::map<std::string, Tensor>& logical) -> Status {
     for (const Part& f : parts) {
       Tensor full = Tensor::empty({f.total}, DType::kF32);
@@ -59,9 +60,11 @@ std::shared_ptr<train::OptimizerGraph::Layout> layout_of(const std::vector<Part>
         SHOAL_RETURN_IF_ERROR(c->allgatherv(mine.raw_data(), full.raw_data(), counts, DType::kF32)
                                   .with_context("gathering the sharded optimizer state"));
         for (std::size_t i = 0; i < f.names.size(); ++i) {
+          const std::string name = logical_name(f.names[i], slot);
+          if (!keep(name)) continue;
           Tensor t = Tensor::empty(f.shapes[i], DType::kF32);
           std::memcpy(t.raw_data(), full.data<float>() + f.offsets[i], t.nbytes());
-          logical[logical_name(f.names[i], slot)] = t;
+          logical[name] = t;
         }
       }
     }

@@ -20,44 +20,52 @@ std::string checkpoint_shard_name(int shard, int shards) {
   return fmt::format("model-{:05d}-of-{:05d}.safetensors", shard + 1, shards);
 }
 
-std::vector<int> assign_checkpoint_shards(const std::map<std::string, Tensor>& tensors,
+std::size_t TensorMeta::nbytes() const {
+  return static_cast<std::size_t>(num_elements(shape)) * dtype_size(dtype);
+}
+
+std::map<std::string, TensorMeta> tensor_metas(const std::map<std::string, Tensor>& tensors) {
+  std::map<std::string, TensorMeta> out;
+  for (const auto& [name, t] : tensors) out[name] = TensorMeta{t.dtype(), t.shape()};
+  return out;
+}
+
+std::vector<int> assign_checkpoint_shards(const std::map<std::string, TensorMeta>& tensors,
                                           int shards) {
-  std::vector<const Tensor*> list;
-  for (const auto& [name, t] : tensors) list.push_back(&t);
-  std::vector<std::size_t> order(list.size());
+  std::vector<std::size_t> bytes;
+  for (const auto& [name, t] : tensors) bytes.push_back(t.nbytes());
+  std::vector<std::size_t> order(bytes.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return list[a]->nbytes() > list[b]->nbytes();
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return bytes[a] > bytes[b]; });
   std::vector<std::size_t> load(static_cast<std::size_t>(std::max(shards, 1)), 0);
-  std::vector<int> out(list.size(), 0);
+  std::vector<int> out(bytes.size(), 0);
   for (std::size_t i : order) {
     auto least = std::min_element(load.begin(), load.end());  // the first of equals
     out[i] = static_cast<int>(least - load.begin());
-    *least += list[i]->nbytes();
+    *least += bytes[i];
   }
   return out;
 }
 
-std::uint64_t checkpoint_layout_hash(const std::map<std::string, Tensor>& tensors) {
+std::set<std::string> checkpoint_shard_tensors(const std::map<std::string, TensorMeta>& all,
+                                               int shard, int shards) {
+  std::vector<int> owner = assign_checkpoint_shards(all, shards);
+  std::set<std::string> mine;
+  std::size_t i = 0;
+  for (const auto& [name, t] : all)
+    if (owner[i++] == shard) mine.insert(name);
+  return mine;
+}
+
+std::uint64_t checkpoint_layout_hash(const std::map<std::string, TensorMeta>& tensors) {
   std::string text;
   for (const auto& [name, t] : tensors)
-    text += fmt::format("{}:{}:{};", name, dtype_name(t.dtype()), shape_str(t.shape()));
+    text += fmt::format("{}:{}:{};", name, dtype_name(t.dtype), shape_str(t.shape));
   return fnv1a(text);
 }
 
 namespace {
-
-// The tensors of one shard.
-std::map<std::string, Tensor> shard_tensors(const std::map<std::string, Tensor>& all, int shard,
-                                            int shards) {
-  std::vector<int> owner = assign_checkpoint_shards(all, shards);
-  std::map<std::string, Tensor> mine;
-  std::size_t i = 0;
-  for (const auto& [name, t] : all)
-    if (owner[i++] == shard) mine.emplace(name, t);
-  return mine;
-}
 
 std::string shard_label(int shard, int shards) {
   return fmt::format("{} of {}", shard + 1, shards);
@@ -66,29 +74,43 @@ std::string shard_label(int shard, int shards) {
 }  // namespace
 
 Status save_checkpoint_shard(const std::string& dir, int shard, int shards,
+                             const std::map<std::string, TensorMeta>& all,
                              const CheckpointState& s) {
+  CheckpointState mine;
+  for (const auto& name : checkpoint_shard_tensors(all, shard, shards)) {
+    auto it = s.tensors.find(name);
+    if (it == s.tensors.end())
+      return internal_error("checkpoint shard {}: tensor '{}' is assigned to it but not held",
+                            shard_label(shard, shards), name);
+    const TensorMeta want = all.at(name), have{it->second.dtype(), it->second.shape()};
+    if (!(have == want))
+      return internal_error("checkpoint shard {}: tensor '{}' is {}{}, its listing says {}{}",
+                            shard_label(shard, shards), name, dtype_name(have.dtype),
+                            shape_str(have.shape), dtype_name(want.dtype), shape_str(want.shape));
+    mine.tensors.emplace(name, it->second);
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return unavailable("creating checkpoint directory {}: {}", dir, ec.message());
-  CheckpointState mine;
-  mine.tensors = shard_tensors(s.tensors, shard, shards);
   mine.meta = s.meta;
   mine.meta["shard"] = shard_label(shard, shards);
   return save_checkpoint((fs::path(dir) / checkpoint_shard_name(shard, shards)).string(), mine);
 }
 
-Status write_checkpoint_index(const std::string& dir, int shards, const CheckpointState& s) {
+Status write_checkpoint_index(const std::string& dir, int shards,
+                              const std::map<std::string, TensorMeta>& all,
+                              const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json meta = nlohmann::ordered_json::object();
   std::uint64_t total = 0;
-  for (const auto& [name, t] : s.tensors) total += t.nbytes();
+  for (const auto& [name, t] : all) total += t.nbytes();
   meta["total_size"] = total;  // what Hugging Face's loaders read
   meta["format"] = kCheckpointFormat;
   meta["shards"] = std::to_string(shards);
-  for (const auto& [k, v] : s.meta) meta[k] = v;
+  for (const auto& [k, v] : metadata) meta[k] = v;
   nlohmann::ordered_json map = nlohmann::ordered_json::object();
-  std::vector<int> owner = assign_checkpoint_shards(s.tensors, shards);
+  std::vector<int> owner = assign_checkpoint_shards(all, shards);
   std::size_t i = 0;
-  for (const auto& [name, t] : s.tensors) map[name] = checkpoint_shard_name(owner[i++], shards);
+  for (const auto& [name, t] : all) map[name] = checkpoint_shard_name(owner[i++], shards);
   nlohmann::ordered_json j = {{"metadata", meta}, {"weight_map", map}};
   return write_file_atomic((fs::path(dir) / kCheckpointIndex).string(), j.dump(1) + "\n");
 }

@@ -37,31 +37,96 @@ CheckpointDir Trainer::checkpoint_dir() const {
   return CheckpointDir((fs::path(dir_) / "checkpoints").string(), o_.keep_checkpoints);
 }
 
+namespace {
+
+// A checkpoint about to be written holds exactly the tensors it lists, each
+// with its listed dtype and shape.
+Status same_listing(const std::map<std::string, TensorMeta>& all,
+                    const std::map<std::string, Tensor>& held) {
+  for (const auto& [name, m] : all) {
+    auto it = held.find(name);
+    if (it == held.end()) return internal_error("checkpoint: '{}' is listed but not held", name);
+    if (!(TensorMeta{it->second.dtype(), it->second.shape()} == m))
+      return internal_error("checkpoint: '{}' is {}{}, its listing says {}{}", name,
+                            dtype_name(it->second.dtype()), shape_str(it->second.shape()),
+                            dtype_name(m.dtype), shape_str(m.shape));
+  }
+  for (const auto& [name, t] : held)
+    if (!all.count(name)) return internal_error("checkpoint: '{}' is held but not listed", name);
+  return ok_status();
+}
+
+}  // namespace
+
+std::map<std::string, TensorMeta> Trainer::checkpoint_metas() const {
+  std::map<std::string, TensorMeta> all;
+  // A sliced tensor's whole shape is its parameter's in the model.
+  auto meta = [&](const std::string& param, const Tensor& t) {
+    return TensorMeta{t.dtype(), sliced(param) ? whole_shape(param) : t.shape()};
+  };
+  for (const auto& [n, t] : params_) all["param/" + n] = meta(n, t);
+  for (const auto& [n, t] : buffers_) all["buf/" + n] = TensorMeta{t.dtype(), t.shape()};
+  if (!impl_->layout) {
+    for (const auto& [n, t] : state_) all[n] = meta(state_param(n), t);
+    return all;
+  }
+  // A sharded state: its logical tensors, and a pipeline stage's empty
+  // holders of the other stages' state.
+  for (const auto& [n, shape] : impl_->layout->logical)
+    all[n] = TensorMeta{DType::kF32, sliced(state_param(n)) ? whole_shape(state_param(n)) : shape};
+  for (const auto& [n, t] : state_)
+    if (sliced(state_param(n))) all.try_emplace(n, meta(state_param(n), t));
+  return all;
+}
+
 Status Trainer::checkpoint() {
   if (!o_.checkpoints) return ok_status();
   SHOAL_RETURN_IF_ERROR(sync_buffers());
   if (o_.on_checkpoint) SHOAL_RETURN_IF_ERROR(o_.on_checkpoint(checkpoint_dir().dir(), step_));
+  // Who writes what is known before anything is gathered (rank 0 all of
+  // it, or each rank its shard): every rank takes part in every gather and
+  // keeps only what it writes, so no rank holds the whole model and state.
+  const std::map<std::string, TensorMeta> all = checkpoint_metas();
+  const int shards = o_.peers ? o_.world : 1;
+  std::set<std::string> mine;
+  if (o_.sharded_checkpoints)
+    mine = checkpoint_shard_tensors(all, o_.rank, shards);
+  else if (o_.rank == 0)
+    for (const auto& [n, m] : all) mine.insert(n);
+  auto keep = [&mine](const std::string& n) { return mine.count(n) != 0; };
   // A sharded optimizer state is saved as the logical per-parameter
-  // tensors (gathered from every rank), which any layout can load.
+  // tensors, which any layout can load; a sliced one's slice is kept for
+  // its group's gather below.
   std::map<std::string, Tensor> logical;
   if (impl_->layout) {
-    SHOAL_RETURN_IF_ERROR(impl_->layout->gather(state_, logical));
+    SHOAL_RETURN_IF_ERROR(impl_->layout->gather(
+        state_, [&](const std::string& n) { return keep(n) || sliced(state_param(n)); }, logical));
     // A pipeline stage's empty holders of the other stages' state, so every
     // rank gathers the same names below.
     for (const auto& [n, t] : state_)
       if (sliced(state_param(n))) logical.try_emplace(n, t);
   }
   // Sliced parameters (tensor parallelism) and their state, whole.
-  SHOAL_ASSIGN_OR_RETURN(auto whole, gather_slices(impl_->layout ? logical : state_));
-  // Every rank holds the same whole tensors now; unless sharded, rank 0 writes.
-  if (o_.rank != 0 && !o_.sharded_checkpoints) return ok_status();
+  SHOAL_ASSIGN_OR_RETURN(auto whole, gather_slices(impl_->layout ? logical : state_, keep));
   CheckpointState s;
-  for (auto& [n, t] : params_) s.tensors["param/" + n] = t;
-  for (auto& [n, t] : buffers_) s.tensors["buf/" + n] = t;
-  for (auto& [n, t] : impl_->layout ? logical : state_) s.tensors[n] = t;
+  auto add = [&](const std::string& n, const Tensor& t) {
+    if (keep(n)) s.tensors[n] = t;
+  };
+  for (auto& [n, t] : params_)
+    if (!sliced(n)) add("param/" + n, t);
+  for (auto& [n, t] : buffers_) add("buf/" + n, t);
+  for (auto& [n, t] : impl_->layout ? logical : state_)
+    if (!sliced(state_param(n))) add(n, t);
   for (auto& [n, t] : whole) s.tensors[n] = t;
+  std::size_t held = 0, total = 0;
+  for (const auto& [n, t] : s.tensors) held += t.nbytes();
+  for (const auto& [n, m] : all) total += m.nbytes();
+  SHOAL_LOG_DEBUG("checkpoint at step {}: rank {} holds {} of its {} tensors ({} of {} bytes)",
+                  step_, o_.rank, s.tensors.size(), all.size(), held, total);
+  if (o_.rank != 0 && !o_.sharded_checkpoints) return ok_status();
   describe_checkpoint(s);
-  if (o_.sharded_checkpoints) return save_sharded(s);
+  if (o_.sharded_checkpoints) return save_sharded(all, s);
+  SHOAL_RETURN_IF_ERROR(same_listing(all, s.tensors));
   CheckpointDir cd = checkpoint_dir();
   SHOAL_ASSIGN_OR_RETURN(std::string path, cd.save(step_, s));
   SHOAL_LOG_DEBUG("checkpoint {} (step {})", path, step_);
@@ -100,7 +165,8 @@ void Trainer::describe_checkpoint(CheckpointState& s) const {
 // Each rank writes its shard into the partial directory; once every rank
 // has, rank 0 writes the index and renames the directory into place. Every
 // rank returns the same verdict.
-Status Trainer::save_sharded(const CheckpointState& s) {
+Status Trainer::save_sharded(const std::map<std::string, TensorMeta>& listing,
+                             const CheckpointState& s) {
   CheckpointDir cd = checkpoint_dir();
   const int n = o_.peers ? o_.world : 1;
   if (n > 1 && !o_.peers->collective())
@@ -113,11 +179,11 @@ Status Trainer::save_sharded(const CheckpointState& s) {
   const std::string part = cd.partial(step_);
   if (n > 1)  // the same tensors, so the same assignment, on every rank
     SHOAL_RETURN_IF_ERROR(o_.peers->agree("checkpoint tensors (names, dtypes, shapes)",
-                                          checkpoint_layout_hash(s.tensors)));
+                                          checkpoint_layout_hash(listing)));
   std::error_code ec;
   if (o_.rank == 0) fs::remove_all(part, ec);  // left by a run that died mid-checkpoint
   SHOAL_RETURN_IF_ERROR(all(false).status());
-  Status mine = save_checkpoint_shard(part, o_.rank, n, s);
+  Status mine = save_checkpoint_shard(part, o_.rank, n, listing, s);
   SHOAL_ASSIGN_OR_RETURN(int failed, all(!mine.ok()));
   SHOAL_RETURN_IF_ERROR(mine);
   if (failed > 0)
@@ -133,7 +199,7 @@ Status Trainer::save_sharded(const CheckpointState& s) {
             "checkpoint at step {}: rank {} wrote its shard, but {} is not in {} "
             "(is {} on a file system every host shares?)",
             step_, i, checkpoint_shard_name(i, n), part, cd.dir());
-    if (idx.ok()) idx = write_checkpoint_index(part, n, s);
+    if (idx.ok()) idx = write_checkpoint_index(part, n, listing, s.meta);
     path = idx.ok() ? cd.publish(step_) : Result<std::string>(idx);
   }
   SHOAL_ASSIGN_OR_RETURN(failed, all(!path.ok()));

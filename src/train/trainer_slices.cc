@@ -18,17 +18,21 @@ Shape Trainer::whole_shape(const std::string& param) const {
 }
 
 Result<std::map<std::string, Tensor>> Trainer::gather_slices(
-    const std::map<std::string, Tensor>& state) {
+    const std::map<std::string, Tensor>& state,
+    const std::function<bool(const std::string&)>& keep) {
   std::map<std::string, Tensor> whole;
   if (!impl_->slices) return whole;
   const auto& sl = *impl_->slices;
-  for (const auto& p : sl.names) {
-    SHOAL_ASSIGN_OR_RETURN(whole["param/" + p], sl.gather(p, params_.at(p)));
-  }
+  // Each gather is collective: every rank runs them all, in one order, and
+  // drops what it does not keep before the next.
+  auto one = [&](const std::string& key, const std::string& param, const Tensor& mine) -> Status {
+    SHOAL_ASSIGN_OR_RETURN(Tensor t, sl.gather(param, mine));
+    if (keep(key)) whole[key] = std::move(t);
+    return ok_status();
+  };
+  for (const auto& p : sl.names) SHOAL_RETURN_IF_ERROR(one("param/" + p, p, params_.at(p)));
   for (const auto& [name, t] : state)
-    if (sliced(state_param(name))) {
-      SHOAL_ASSIGN_OR_RETURN(whole[name], sl.gather(state_param(name), t));
-    }
+    if (sliced(state_param(name))) SHOAL_RETURN_IF_ERROR(one(name, state_param(name), t));
   return whole;
 }
 

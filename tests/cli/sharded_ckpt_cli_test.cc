@@ -100,6 +100,30 @@ TEST(ShardedCheckpointCli, FourRanksOfTensorAndPipelineStagesResumeInOneProcess)
   EXPECT_LE(testing::max_abs_diff(*x, *y, "opt/", &ns), 1e-5);
   EXPECT_EQ(np, 53);  // 3 blocks x 16 + wte, wpe, ln_f (2), the head
   EXPECT_EQ(ns, 53);
+  // Each rank keeps only what it writes of the 106 tensors gathered whole:
+  // one file, rank 0 all of them and the others none; shards, a share each.
+  const std::string flags = fmt::format(
+      "SHOAL_LOG_LEVEL=debug {} run -n 4 --timeout 120 -- {} train {} --batch 16 --max-steps 1 "
+      "--threads 1 --no-plot --quiet --tp 2 --pp 2",
+      SHOAL_BINARY, SHOAL_BINARY, gpt);
+  auto file = testing::run_sh(flags + " --out " + tmpdir("keep1"));
+  ASSERT_EQ(file.code, 0) << file.out;
+  EXPECT_NE(file.out.find("rank 0 holds 106 of its 106 tensors"), std::string::npos) << file.out;
+  for (int r = 1; r < 4; ++r)
+    EXPECT_NE(file.out.find(fmt::format("rank {} holds 0 of its 106 tensors", r)),
+              std::string::npos)
+        << file.out;
+  auto shards = testing::run_sh(flags + " --sharded-checkpoints --out " + tmpdir("keep4"));
+  ASSERT_EQ(shards.code, 0) << shards.out;
+  auto held = testing::numbers_after(shards.out, "holds ");
+  ASSERT_EQ(held.size(), 4u) << shards.out;
+  double sum = 0;
+  for (double h : held) {
+    EXPECT_GT(h, 0) << shards.out;
+    EXPECT_LT(h, 106) << shards.out;
+    sum += h;
+  }
+  EXPECT_EQ(sum, 106) << shards.out;
 }
 
 TEST(ShardedCheckpointCli, PyTorchReadsTheShardsThroughTheIndex) {

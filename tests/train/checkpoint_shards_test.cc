@@ -37,18 +37,22 @@ CheckpointState sample_state(std::int64_t step) {
 
 // Writes `shards` shards and the index of `s` into dir, as the ranks do.
 void write_all(const std::string& dir, int shards, const CheckpointState& s) {
-  for (int r = 0; r < shards; ++r) ASSERT_TRUE(save_checkpoint_shard(dir, r, shards, s).ok());
-  ASSERT_TRUE(write_checkpoint_index(dir, shards, s).ok());
+  const auto all = tensor_metas(s.tensors);
+  for (int r = 0; r < shards; ++r) ASSERT_TRUE(save_checkpoint_shard(dir, r, shards, all, s).ok());
+  ASSERT_TRUE(write_checkpoint_index(dir, shards, all, s.meta).ok());
 }
 
 TEST(CheckpointShards, LargestFirstOntoTheLightestShard) {
   CheckpointState s = sample_state(1);
   // Map order: buf/c(1) opt/a/m(5) opt/b/m(5) param/a(12) param/b(7).
   // 12 -> 0; 7 -> 1; 5 -> 2; 5 -> 2 (lightest: 1 has 7, 2 has 5); 1 -> 1 (7 < 10 < 12).
-  EXPECT_EQ(assign_checkpoint_shards(s.tensors, 3), (std::vector<int>{1, 2, 2, 0, 1}));
-  EXPECT_EQ(assign_checkpoint_shards(s.tensors, 1), (std::vector<int>{0, 0, 0, 0, 0}));
+  EXPECT_EQ(assign_checkpoint_shards(tensor_metas(s.tensors), 3),
+            (std::vector<int>{1, 2, 2, 0, 1}));
+  EXPECT_EQ(assign_checkpoint_shards(tensor_metas(s.tensors), 1),
+            (std::vector<int>{0, 0, 0, 0, 0}));
   // More shards than tensors: some shards hold nothing.
-  EXPECT_EQ(assign_checkpoint_shards(s.tensors, 7), (std::vector<int>{4, 2, 3, 0, 1}));
+  EXPECT_EQ(assign_checkpoint_shards(tensor_metas(s.tensors), 7),
+            (std::vector<int>{4, 2, 3, 0, 1}));
   EXPECT_EQ(checkpoint_shard_name(0, 3), "model-00001-of-00003.safetensors");
 }
 

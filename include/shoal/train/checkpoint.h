@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,15 +38,34 @@ Result<CheckpointState> load_checkpoint(const std::string& path);
 // same state and writes its shard in parallel; rank 0 writes the index once
 // all are written, then the directory is renamed into place.
 std::string checkpoint_shard_name(int shard, int shards);  // shard counts from 0
+// A tensor's dtype and shape: what the shards' assignment, the ranks'
+// agreement and the index need, known on every rank before any tensor is
+// gathered (each rank then keeps only what it writes).
+struct TensorMeta {
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::size_t nbytes() const;
+  bool operator==(const TensorMeta&) const = default;
+};
+std::map<std::string, TensorMeta> tensor_metas(const std::map<std::string, Tensor>& tensors);
 // Which shard holds each tensor (in the map's order): largest first onto the
 // shard with the fewest bytes so far; ties to the lower shard.
-std::vector<int> assign_checkpoint_shards(const std::map<std::string, Tensor>& tensors, int shards);
+std::vector<int> assign_checkpoint_shards(const std::map<std::string, TensorMeta>& tensors,
+                                          int shards);
+// The tensors `shard` holds of `all`.
+std::set<std::string> checkpoint_shard_tensors(const std::map<std::string, TensorMeta>& all,
+                                               int shard, int shards);
 // A hash of every tensor's name, dtype and shape: ranks about to write one
 // checkpoint agree on it first.
-std::uint64_t checkpoint_layout_hash(const std::map<std::string, Tensor>& tensors);
+std::uint64_t checkpoint_layout_hash(const std::map<std::string, TensorMeta>& tensors);
+// Writes shard `shard` of `all`: `s` holds at least that shard's tensors
+// (an error names one it lacks or holds with another dtype or shape).
 Status save_checkpoint_shard(const std::string& dir, int shard, int shards,
+                             const std::map<std::string, TensorMeta>& all,
                              const CheckpointState& s);
-Status write_checkpoint_index(const std::string& dir, int shards, const CheckpointState& s);
+Status write_checkpoint_index(const std::string& dir, int shards,
+                              const std::map<std::string, TensorMeta>& all,
+                              const std::map<std::string, std::string>& meta);
 // Reads the index and every shard; checks that each shard holds exactly the
 // tensors the index maps to it, at the index's step, with its checksum.
 Result<CheckpointState> load_sharded_checkpoint(const std::string& dir);

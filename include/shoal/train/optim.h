@@ -56,8 +56,10 @@ struct OptimizerGraph {
   // any layout. Both functions are collective over the pass's ranks.
   struct Layout {
     std::map<std::string, Shape> logical;  // "opt/<param>/<slot>" -> the parameter's shape
-    // The logical tensors (whole on every rank) from each rank's state.
+    // The logical tensors from each rank's state (every rank takes part);
+    // this rank keeps in `logical` those `keep` names.
     std::function<Status(const std::map<std::string, Tensor>& state,
+                         const std::function<bool(const std::string&)>& keep,
                          std::map<std::string, Tensor>& logical)>
         gather;
     // This rank's state from the logical tensors (every rank holds them).

@@ -225,15 +225,22 @@ class Trainer {
   // Parameters held as slices (trainer_slices.cc).
   bool sliced(const std::string& param) const;
   Shape whole_shape(const std::string& param) const;
-  // Collective: "param/.." and the sliced entries of `state` ("opt/..").
-  Result<std::map<std::string, Tensor>> gather_slices(const std::map<std::string, Tensor>& state);
+  // Collective: "param/.." and the sliced entries of `state` ("opt/..")
+  // made whole; this rank keeps those `keep` names.
+  Result<std::map<std::string, Tensor>> gather_slices(
+      const std::map<std::string, Tensor>& state,
+      const std::function<bool(const std::string&)>& keep);
+  // Every tensor a checkpoint holds, whole, with its dtype and shape: the
+  // same on every rank, before any is gathered.
+  std::map<std::string, TensorMeta> checkpoint_metas() const;
   Status sync_slices(bool resumed);
   void hold_empty_state(const OptimizerGraph& og);
   Status count_reporters();
   Status gather_eval_params();           // collective
   CheckpointDir checkpoint_dir() const;  // <run dir>/checkpoints, keeping keep_checkpoints
   void describe_checkpoint(CheckpointState& s) const;  // the metadata
-  Status save_sharded(const CheckpointState& s);       // collective
+  // Collective: `s` holds this rank's share of `listing`.
+  Status save_sharded(const std::map<std::string, TensorMeta>& listing, const CheckpointState& s);
   Status sync_buffers();
   TrainOptions o_;
   std::string dir_;
