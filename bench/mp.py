@@ -2,8 +2,8 @@
 """bench/mp: the GPT under each way of distributing it, in one run.
 
 One process, then at N ranks (1 thread each, context 64, Adam, untied
-head, batch 16 per data-parallel rank or per pipeline; `shoal run --bind
-cores`): plain data
+head, batch 16 per data-parallel rank or per pipeline; ranks unbound unless
+--bind cores): plain data
 parallelism, ZeRO-1, tensor parallelism over the N ranks, pipelines of N
 stages (GPipe and 1F1B), and (at 4) 2 data-parallel groups of 2 tensor- or
 pipeline-parallel ranks. Prints the job's training tokens/s (global tokens
@@ -17,6 +17,7 @@ bound: one process's tokens/s x min(the host's measured concurrency for N
 processes (N copies of the one-process run at once), N x m/(m+p-1)).
 
 usage: bench/mp.py [--shoal build/shoal] [--ranks 2,4] [--steps 100] [--png docs/mp_bench.png]
+                   [--bind cores]
        bench/mp.py --tp-bound   (tensor parallelism against its compute/communication bound)
 """
 import glob
@@ -31,6 +32,7 @@ import gnuplot_chart
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TEXT = "/usr/share/games/fortunes/cookie"
+BIND = []  # --bind cores: ["--bind", "cores"] for every multi-rank run
 MODEL = ["--model", "gpt", "--untied", "--data", "text:" + TEXT, "--layers", "4", "--heads", "4",
          "--dim", "128", "--context", "64"]
 
@@ -40,8 +42,8 @@ def command(binary, ranks, steps, extra, d):
         "--batch", "16", "--optimizer", "adam", "--lr", "0.003", "--max-steps", str(steps),
         "--threads", "1", "--limit-test", "4", "--no-plot", "--no-checkpoints", "--quiet",
         "--out", d] + extra
-    if ranks > 1:  # each rank on a CPU (round the 2 cores at 4 ranks)
-        cmd = [binary, "run", "-n", str(ranks), "--bind", "cores", "--"] + cmd
+    if ranks > 1:
+        cmd = [binary, "run", "-n", str(ranks)] + BIND + ["--"] + cmd
     return cmd
 
 
@@ -169,9 +171,14 @@ def main():
     p.add_argument("--png", default="", help="write a chart of the first table here")
     p.add_argument("--tp-bound", action="store_true",
                    help="only tensor parallelism against its compute/communication bound")
+    p.add_argument("--bind", default="none", choices=["none", "cores"],
+                   help="shoal run --bind for the multi-rank runs (it helps some layouts on an "
+                        "oversubscribed host and hurts others: docs/launch.md)")
     p.add_argument("--only", default="",
                    help="comma-separated prefixes: only the layouts whose name starts with one")
     a = p.parse_args()
+    if a.bind == "cores":
+        BIND.extend(["--bind", "cores"])
     if a.tp_bound:
         return tp_bound(a)
     print(f"GPT 4 layers x 128, 4 heads, context 64, untied, batch 16 per data-parallel rank "

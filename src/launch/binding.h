@@ -3,11 +3,11 @@
 // theirs. With ranks <= CPUs, rank r gets a block of CPUs [r*C/n, (r+1)*C/n)
 // (its threads stay on them); with more ranks than CPUs, rank r gets CPU
 // r mod C, as mpirun maps by core: neighbouring ranks (a pipeline's
-// consecutive stages) on different CPUs. Measured on 2 cores, 3 runs each
-// (docs/BENCHMARKS.md): a 4-stage pipeline 21.0-21.9k tok/s unbound,
-// 21.0-21.8k with stages 0-1 and 2-3 sharing a core, 22.6-22.8k round the
-// CPUs; 4 tensor-parallel ranks 19.5-22.3k unbound, 21.9-22.4k bound.
-// Private to launch.
+// consecutive stages) on different CPUs. Measured on 2 cores (docs/launch.md):
+// a 4-stage pipeline 21.0-21.9k tok/s unbound, 22.6-22.8k round the CPUs;
+// data parallelism the same; 2 data-parallel pipelines of 2 stages 16%
+// slower (both first stages on one core). Which ranks should share a core
+// depends on the layout, so binding is opt-in. Private to launch.
 #pragma once
 
 #include <string>
