@@ -121,7 +121,7 @@ Status Trainer::checkpoint() {
   std::size_t held = 0, total = 0;
   for (const auto& [n, t] : s.tensors) held += t.nbytes();
   for (const auto& [n, m] : all) total += m.nbytes();
-  SHOAL_LOG_DEBUG("checkpoint at step {}: rank {} holds {} of its {} tensors ({} of {} bytes)",
+  SHOAL_LOG_DEBUG("checkpoint at step {}: rank {} holds {} of the {} tensors ({} of {} bytes)",
                   step_, o_.rank, s.tensors.size(), all.size(), held, total);
   if (o_.rank != 0 && !o_.sharded_checkpoints) return ok_status();
   describe_checkpoint(s);

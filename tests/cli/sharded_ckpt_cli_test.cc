@@ -108,9 +108,9 @@ TEST(ShardedCheckpointCli, FourRanksOfTensorAndPipelineStagesResumeInOneProcess)
       SHOAL_BINARY, SHOAL_BINARY, gpt);
   auto file = testing::run_sh(flags + " --out " + tmpdir("keep1"));
   ASSERT_EQ(file.code, 0) << file.out;
-  EXPECT_NE(file.out.find("rank 0 holds 106 of its 106 tensors"), std::string::npos) << file.out;
+  EXPECT_NE(file.out.find("rank 0 holds 106 of the 106 tensors"), std::string::npos) << file.out;
   for (int r = 1; r < 4; ++r)
-    EXPECT_NE(file.out.find(fmt::format("rank {} holds 0 of its 106 tensors", r)),
+    EXPECT_NE(file.out.find(fmt::format("rank {} holds 0 of the 106 tensors", r)),
               std::string::npos)
         << file.out;
   auto shards = testing::run_sh(flags + " --sharded-checkpoints --out " + tmpdir("keep4"));
