@@ -3,7 +3,7 @@
 
 One process, then at N ranks (1 thread each, context 64, Adam, untied
 head, batch 16 per data-parallel rank or per pipeline; ranks unbound unless
---bind cores): plain data
+--bind): plain data
 parallelism, ZeRO-1, tensor parallelism over the N ranks, pipelines of N
 stages (GPipe and 1F1B), and (at 4) 2 data-parallel groups of 2 tensor- or
 pipeline-parallel ranks. Prints the job's training tokens/s (global tokens
@@ -17,7 +17,7 @@ bound: one process's tokens/s x min(the host's measured concurrency for N
 processes (N copies of the one-process run at once), N x m/(m+p-1)).
 
 usage: bench/mp.py [--shoal build/shoal] [--ranks 2,4] [--steps 100] [--png docs/mp_bench.png]
-                   [--bind cores]
+                   [--bind cores|layout]
        bench/mp.py --tp-bound   (tensor parallelism against its compute/communication bound)
 """
 import glob
@@ -32,7 +32,7 @@ import gnuplot_chart
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TEXT = "/usr/share/games/fortunes/cookie"
-BIND = []  # --bind cores: ["--bind", "cores"] for every multi-rank run
+BIND = []  # shoal run --bind MODE for every multi-rank run (--bind)
 MODEL = ["--model", "gpt", "--untied", "--data", "text:" + TEXT, "--layers", "4", "--heads", "4",
          "--dim", "128", "--context", "64"]
 
@@ -171,14 +171,14 @@ def main():
     p.add_argument("--png", default="", help="write a chart of the first table here")
     p.add_argument("--tp-bound", action="store_true",
                    help="only tensor parallelism against its compute/communication bound")
-    p.add_argument("--bind", default="none", choices=["none", "cores"],
-                   help="shoal run --bind for the multi-rank runs (it helps some layouts on an "
-                        "oversubscribed host and hurts others: docs/launch.md)")
+    p.add_argument("--bind", default="none", choices=["none", "cores", "layout"],
+                   help="shoal run --bind for the multi-rank runs (cores helps some layouts on "
+                        "an oversubscribed host and hurts others; layout: docs/launch.md)")
     p.add_argument("--only", default="",
                    help="comma-separated prefixes: only the layouts whose name starts with one")
     a = p.parse_args()
-    if a.bind == "cores":
-        BIND.extend(["--bind", "cores"])
+    if a.bind != "none":
+        BIND.extend(["--bind", a.bind])
     if a.tp_bound:
         return tp_bound(a)
     print(f"GPT 4 layers x 128, 4 heads, context 64, untied, batch 16 per data-parallel rank "

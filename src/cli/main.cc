@@ -94,8 +94,9 @@ struct Cli {
     run->add_option("--store-port", launch.store_port, "Store port (0 = any free port)")
         ->check(CLI::Range(0, 65535));
     run->add_option("--bind", launch.bind,
-                    "none, or cores: bind each local rank to its block of this process's CPUs "
-                    "(as mpirun --bind-to core; ranks beyond the CPUs go round them)")
+                    "none; cores: bind each local rank to its block of this process's CPUs "
+                    "(as mpirun --bind-to core; ranks beyond the CPUs go round them); layout: "
+                    "shoal train binds each rank by its place in --dp/--tp/--pp")
         ->capture_default_str();
     run->add_option("--engine-arg", launch.engine_args,
                     "Extra argument for mpirun or srun (repeatable), e.g. --engine-arg=-N2");

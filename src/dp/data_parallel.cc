@@ -4,6 +4,7 @@
 #include <numeric>
 #include <string_view>
 
+#include "dp/layout_binding.h"
 #include "shoal/core/logging.h"
 #include "shoal/dp/sharded.h"
 #include "shoal/mp/pipeline.h"
@@ -321,6 +322,7 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
                       {"--micro-batches", std::to_string(d.micro_batches)},
                       {"--pp-schedule", d.pp_schedule},
                       {"--pp-cuts", fmt::format("{}", fmt::join(d.pp_cuts, ","))}}));
+  SHOAL_RETURN_IF_ERROR(bind_to_layout(c.rank(), c.size(), d.tp, d.pp));
   if (d.pp > 1) return attach_pp(o, c, d);
   if (d.tp > 1) return attach_tp(o, c, d);
   const bool lead = c.rank() == 0;

@@ -20,9 +20,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "launch/binding.h"
 #include "launch/output.h"
 #include "launch/process.h"
+#include "shoal/core/cpus.h"
 #include "shoal/core/file.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/net/store.h"
@@ -47,11 +47,11 @@ Status validate(const LaunchOptions& o) {
         "--ps {},{}: a parameter-server job needs at least one server and one "
         "worker",
         o.ps_servers, o.ps_workers);
-  if (o.bind != "none" && o.bind != "cores")
-    return invalid_argument("--bind '{}' is not one of none, cores", o.bind);
-  if (o.bind == "cores" && (o.engine != "local" || o.ps_servers > 0))
+  if (o.bind != "none" && o.bind != "cores" && o.bind != "layout")
+    return invalid_argument("--bind '{}' is not one of none, cores, layout", o.bind);
+  if (o.bind != "none" && (o.engine != "local" || o.ps_servers > 0))
     return invalid_argument(
-        "--bind cores binds local ranks (--engine local, no --ps); {} binds its own: {}",
+        "--bind {} binds local ranks (--engine local, no --ps); {} binds its own: {}", o.bind,
         o.ps_servers > 0 ? "a parameter-server job" : "--engine " + o.engine,
         o.engine == "srun" ? "--engine-arg=--cpu-bind=cores"
                            : "--engine-arg=--bind-to --engine-arg=core");
@@ -111,6 +111,9 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
       {"SHOAL_PLAIN_OUTPUT", "1"},
   };
   if (!trace_prefix.empty()) env.emplace_back("SHOAL_TRACE", trace_prefix);
+  // --bind layout: each `shoal train` rank binds itself once it knows its
+  // place in the layout (dp/layout_binding.h).
+  if (o.bind == "layout") env.emplace_back("SHOAL_BIND", "layout");
 
   std::vector<Proc> procs;
   Output output(o.ranks, o.engine);

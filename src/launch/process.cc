@@ -13,7 +13,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "launch/binding.h"
+#include "shoal/core/cpus.h"
 
 namespace shoal::launch {
 

@@ -8,6 +8,7 @@
 // (`--tp 2 --pp 2`) equal one process too; what does not fit is refused by
 // name.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -278,6 +279,53 @@ TEST(PpCli, WhatDoesNotFitIsRefusedByName) {
   EXPECT_NE(bn.code, 0);
   EXPECT_NE(bn.out.find("a pipeline of stages does not carry them yet"), std::string::npos)
       << bn.out;
+}
+
+}  // namespace
+}  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// `shoal run --bind layout`: with more ranks than CPUs (2, from taskset),
+// each rank binds itself to CPU (data group + stage + tensor rank) mod 2:
+// 2 pipelines of 2 stages put both first stages apart (0, 1, 1, 0; round
+// the CPUs would give 0, 1, 0, 1), tensor peers apart too; an unknown
+// SHOAL_BIND is refused by name.
+TEST(PpCli, BindLayoutPutsRanksThatRunAtOnceOnDifferentCpus) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || testing::run_sh("taskset -c 0,1 true").code != 0)
+    GTEST_SKIP() << "needs 2 CPUs and taskset";
+  auto run = [&](const std::string& layout, const std::string& bind) {
+    return testing::run_sh(fmt::format(
+        "taskset -c 0,1 {} run -n 4 --timeout 120 {} -- {} train {} --batch 8 --max-steps 1 "
+        "--threads 1 --no-plot --no-checkpoints --out {} {}",
+        SHOAL_BINARY, bind, SHOAL_BINARY, gpt(2), tmpdir("bind"), layout));
+  };
+  auto pipes = run("--pp 2 --dp 2", "--bind layout");
+  ASSERT_EQ(pipes.code, 0) << pipes.out;
+  const std::vector<std::string> want = {
+      "bound to CPU 0 of 0-1 (data group 0, stage 0, tensor rank 0)",
+      "bound to CPU 1 of 0-1 (data group 0, stage 1, tensor rank 0)",
+      "bound to CPU 1 of 0-1 (data group 1, stage 0, tensor rank 0)",
+      "bound to CPU 0 of 0-1 (data group 1, stage 1, tensor rank 0)"};
+  for (const auto& w : want) EXPECT_NE(pipes.out.find(w), std::string::npos) << w << pipes.out;
+  auto tensors = run("--tp 2 --dp 2", "--bind layout");
+  ASSERT_EQ(tensors.code, 0) << tensors.out;
+  EXPECT_NE(tensors.out.find("bound to CPU 1 of 0-1 (data group 0, stage 0, tensor rank 1)"),
+            std::string::npos)
+      << tensors.out;
+  EXPECT_NE(tensors.out.find("bound to CPU 1 of 0-1 (data group 1, stage 0, tensor rank 0)"),
+            std::string::npos)
+      << tensors.out;
+  auto unbound = run("--pp 2 --dp 2", "");
+  EXPECT_EQ(unbound.out.find("bound to CPU"), std::string::npos) << unbound.out;
+  auto bad =
+      testing::run_sh(fmt::format("SHOAL_BIND=sockets {} run -n 2 --timeout 120 -- {} train {} "
+                                  "--max-steps 1 --no-plot --out {}",
+                                  SHOAL_BINARY, SHOAL_BINARY, gpt(2), tmpdir("badbind")));
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("SHOAL_BIND=sockets is not layout or none"), std::string::npos) << bad.out;
 }
 
 }  // namespace

@@ -35,8 +35,9 @@ struct LaunchOptions {
   int store_port = 0;                    // 0 = any free port
   double grace_s = 5;                    // SIGTERM -> SIGKILL
   std::vector<std::string> engine_args;  // extra arguments for mpirun/srun
-  // none, or cores: each local rank bound to its block of the launcher's
-  // CPUs (launch/binding.h; local engine only).
+  // none; cores: each local rank bound to its block of the launcher's CPUs;
+  // layout: SHOAL_BIND=layout for the ranks to bind themselves by their
+  // place in the training layout (shoal/core/cpus.h; local engine only).
   std::string bind = "none";
   std::vector<std::string> cmd;
   // A parameter-server job (--ps S,W): S servers and W workers running

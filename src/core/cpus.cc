@@ -1,11 +1,13 @@
-#include "launch/binding.h"
+#include "shoal/core/cpus.h"
 
 #include <sched.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <string>
 
-namespace shoal::launch {
+namespace shoal {
 
 Result<std::vector<int>> allowed_cpus() {
   cpu_set_t set;
@@ -46,13 +48,21 @@ std::string cpu_list(const std::vector<int>& cpus) {
   return s;
 }
 
-Status bind_to(const std::vector<int>& cpus) {
+Status bind_process(const std::vector<int>& cpus) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int c : cpus) CPU_SET(c, &set);
-  if (sched_setaffinity(0, sizeof set, &set) != 0)
-    return unavailable("binding to CPUs {}: {}", cpu_list(cpus), std::strerror(errno));
+  // sched_setaffinity binds one thread: every thread already running (a
+  // communicator's progress thread, an OpenMP pool) is bound by its id.
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const pid_t tid = static_cast<pid_t>(std::stol(task.path().filename().string()));
+    if (sched_setaffinity(tid, sizeof set, &set) != 0 && errno != ESRCH)
+      return unavailable("binding thread {} to CPUs {}: {}", tid, cpu_list(cpus),
+                         std::strerror(errno));
+  }
+  if (ec) return unavailable("listing /proc/self/task: {}", ec.message());
   return ok_status();
 }
 
-}  // namespace shoal::launch
+}  // namespace shoal
