@@ -17,6 +17,11 @@ Status bind_to_layout(int rank, int world, int tp, int pp) {
   SHOAL_ASSIGN_OR_RETURN(std::vector<int> cpus, allowed_cpus());
   SHOAL_ASSIGN_OR_RETURN(std::int64_t local, env::get_int("SHOAL_LOCAL_RANK", rank));
   SHOAL_ASSIGN_OR_RETURN(std::int64_t locals, env::get_int("SHOAL_LOCAL_WORLD_SIZE", world));
+  if (local < 0 || local >= locals)
+    return invalid_argument(
+        "--bind layout: SHOAL_LOCAL_RANK={} is not a rank of "
+        "SHOAL_LOCAL_WORLD_SIZE={}",
+        local, locals);
   const int g = rank / (pp * tp), s = rank / tp % pp, t = rank % tp;
   const auto c = static_cast<std::int64_t>(cpus.size());
   std::vector<int> mine;
