@@ -25,11 +25,11 @@ class TpKernel final : public runtime::Kernel {
   TpKernel(comm::Communicator* c, bool reduce) : c_(c), reduce_(reduce) {}
   Status run(const runtime::KernelContext&, std::span<const Tensor> in,
              std::span<Tensor> out) override {
-    const Tensor x = in[0].contiguous();
-    if (!reduce_) {
-      std::memcpy(out[0].raw_data(), x.raw_data(), x.nbytes());
+    if (!reduce_) {  // tp_copy, and tp_copy_bucket's many inputs
+      for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(out[i].copy_from(in[i]));
       return ok_status();
     }
+    const Tensor x = in[0].contiguous();
     return c_->allreduce(x.raw_data(), out[0].raw_data(), static_cast<std::size_t>(x.numel()),
                          DType::kF32, comm::ReduceOp::kSum);
   }
@@ -56,16 +56,6 @@ void add(const char* name, const char* grad_name, bool reduce) {
         return std::unique_ptr<runtime::Kernel>(std::make_unique<TpKernel>(c, reduce));
       });
 }
-
-class CopyKernel final : public runtime::Kernel {
- public:
-  Status run(const runtime::KernelContext&, std::span<const Tensor> in,
-             std::span<Tensor> out) override {
-    for (std::size_t i = 0; i < in.size(); ++i) SHOAL_RETURN_IF_ERROR(out[i].copy_from(in[i]));
-    return ok_status();
-  }
-  const char* impl() const override { return "copy"; }
-};
 
 void add_copy_bucket() {
   graph::OpDef d;
@@ -100,9 +90,10 @@ void add_copy_bucket() {
   graph::OpRegistry::global().add(d);
   runtime::KernelRegistry::cpu().add(
       "tp_copy_bucket",
-      [](const graph::Node&,
+      [](const graph::Node& n,
          const std::vector<graph::TensorType>&) -> Result<std::unique_ptr<runtime::Kernel>> {
-        return std::unique_ptr<runtime::Kernel>(std::make_unique<CopyKernel>());
+        SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, group_of(n));
+        return std::unique_ptr<runtime::Kernel>(std::make_unique<TpKernel>(c, false));
       });
 }
 
