@@ -32,9 +32,8 @@ struct Region {
 };
 
 // Everything the sum `s` reaches through row-wise ops, up to tp_copy.
-Region flood(const Graph& g, const std::map<int, std::vector<int>>& users, int s, int size) {
-  std::set<int> outputs;
-  for (const Value& v : g.outputs()) outputs.insert(v.node);
+Region flood(const Graph& g, const std::map<int, std::vector<int>>& users,
+             const std::set<int>& outputs, int s, int size) {
   Region r;
   std::vector<int> todo = {s};
   r.nodes.insert(s);
@@ -88,7 +87,7 @@ std::vector<Region> regions(const Graph& g, int size) {
     bool seen = false;
     for (const Region& r : out) seen = seen || r.nodes.count(n.id);
     if (seen) continue;
-    Region r = flood(g, users, n.id, size);
+    Region r = flood(g, users, outputs, n.id, size);
     // Merge every earlier region this one meets.
     for (auto it = out.begin(); it != out.end();) {
       bool meets = false;

@@ -29,17 +29,18 @@ std::int64_t label_at(const Tensor& labels, std::int64_t i) {
                                        : labels.data<std::int32_t>()[i];
 }
 
-Status check_label(const graph::Node& n, std::int64_t row, std::int64_t label, std::int64_t vocab) {
+Status check_label(const std::string& node, std::int64_t row, std::int64_t label,
+                   std::int64_t vocab) {
   if (label < 0 || label >= vocab)
-    return invalid_argument("{}: row {} has label {}, outside the vocabulary [0, {})", n.label(),
-                            row, label, vocab);
+    return invalid_argument("{}: row {} has label {}, outside the vocabulary [0, {})", node, row,
+                            label, vocab);
   return ok_status();
 }
 
 class LossKernel final : public runtime::Kernel {
  public:
   LossKernel(const graph::Node& n, comm::Communicator* c)
-      : n_(n),
+      : label_(n.label()),
         c_(c),
         offset_(n.attrs.get_int_or("offset", 0)),
         vocab_(n.attrs.get_int_or("vocab", 0)) {}
@@ -54,7 +55,7 @@ class LossKernel final : public runtime::Kernel {
       for (std::int64_t j = 0; j < cols; ++j) mx[i] = std::max(mx[i], px[i * cols + j]);
     SHOAL_RETURN_IF_ERROR(
         c_->allreduce(mx.data(), mx.data(), mx.size(), DType::kF32, comm::ReduceOp::kMax)
-            .with_context(n_.label()));
+            .with_context(label_));
     // [sum of exp(x - max) for each row, then the label's logit for each row]
     std::vector<float> sz(2 * static_cast<std::size_t>(rows), 0.0f);
     for (std::int64_t i = 0; i < rows; ++i) {
@@ -63,12 +64,12 @@ class LossKernel final : public runtime::Kernel {
       for (std::int64_t j = 0; j < cols; ++j) s += std::exp(static_cast<double>(row[j] - mx[i]));
       sz[i] = static_cast<float>(s);
       const std::int64_t label = label_at(labels, i);
-      SHOAL_RETURN_IF_ERROR(check_label(n_, i, label, vocab_));
+      SHOAL_RETURN_IF_ERROR(check_label(label_, i, label, vocab_));
       if (label >= offset_ && label < offset_ + cols) sz[rows + i] = row[label - offset_];
     }
     SHOAL_RETURN_IF_ERROR(
         c_->allreduce(sz.data(), sz.data(), sz.size(), DType::kF32, comm::ReduceOp::kSum)
-            .with_context(n_.label()));
+            .with_context(label_));
     float* lse = out[1].data<float>();
     double loss = 0, hits = 0;
     for (std::int64_t i = 0; i < rows; ++i) {
@@ -84,7 +85,7 @@ class LossKernel final : public runtime::Kernel {
   const char* impl() const override { return "comm"; }
 
  private:
-  graph::Node n_;
+  std::string label_;  // the node's, for errors
   comm::Communicator* c_;
   std::int64_t offset_, vocab_;
 };
