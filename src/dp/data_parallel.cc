@@ -225,7 +225,8 @@ Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
   SHOAL_ASSIGN_OR_RETURN(po.schedule, mp::parse_schedule(d.pp_schedule));
   po.cuts = d.pp_cuts;
   // Rank r = (data group g, stage s, tensor rank t): r = g·P·T + s·T + t.
-  const int T = d.tp, P = d.pp, r = c.rank(), t = r % T, g = r / (P * T);
+  const int T = d.tp, P = d.pp, r = c.rank();
+  const LayoutPlace at = place_in_layout(r, T, P);
   if (T > 1) {  // each stage's T ranks split its layers
     SHOAL_ASSIGN_OR_RETURN(auto tp, c.split(r / T, r));
     SHOAL_RETURN_IF_ERROR(mp::attach_tensor_parallel(
@@ -233,7 +234,7 @@ Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
   }
   comm::Communicator* ppc = &c;
   if (c.size() != P) {
-    SHOAL_ASSIGN_OR_RETURN(auto pp, c.split(g * T + t, r));
+    SHOAL_ASSIGN_OR_RETURN(auto pp, c.split(at.group * T + at.tensor, r));
     ppc = keep(std::move(pp));
   }
   o.data_rank = 0;

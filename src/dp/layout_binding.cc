@@ -22,7 +22,7 @@ Status bind_to_layout(int rank, int world, int tp, int pp) {
         "--bind layout: SHOAL_LOCAL_RANK={} is not a rank of "
         "SHOAL_LOCAL_WORLD_SIZE={}",
         local, locals);
-  const int g = rank / (pp * tp), s = rank / tp % pp, t = rank % tp;
+  const auto [g, s, t] = place_in_layout(rank, tp, pp);
   const auto c = static_cast<std::int64_t>(cpus.size());
   std::vector<int> mine;
   if (locals <= c)

@@ -13,9 +13,17 @@
 
 namespace shoal::dp {
 
-// Does nothing unless SHOAL_BIND=layout. Rank r of the job is
-// r = g·P·T + s·T + t (the pipeline's convention; P or T may be 1); local
-// ranks are counted from SHOAL_LOCAL_RANK / SHOAL_LOCAL_WORLD_SIZE.
+// A rank's place in --dp x --pp x --tp: rank = group·P·T + stage·T + tensor
+// (P or T may be 1). The one convention attach_pp's groups and the binding use.
+struct LayoutPlace {
+  int group, stage, tensor;
+};
+inline LayoutPlace place_in_layout(int rank, int tp, int pp) {
+  return {rank / (pp * tp), rank / tp % pp, rank % tp};
+}
+
+// Does nothing unless SHOAL_BIND=layout. Local ranks are counted from
+// SHOAL_LOCAL_RANK / SHOAL_LOCAL_WORLD_SIZE.
 Status bind_to_layout(int rank, int world, int tp, int pp);
 
 }  // namespace shoal::dp
