@@ -73,22 +73,35 @@ std::string shard_label(int shard, int shards) {
 
 }  // namespace
 
+Status check_listed(const std::map<std::string, TensorMeta>& listing,
+                    const std::map<std::string, Tensor>& held, bool exactly,
+                    const std::string& where) {
+  for (const auto& [name, want] : listing) {
+    auto it = held.find(name);
+    if (it == held.end()) return internal_error("{}: '{}' is listed but not held", where, name);
+    const TensorMeta have{it->second.dtype(), it->second.shape()};
+    if (!(have == want))
+      return internal_error("{}: '{}' is {}{}, its listing says {}{}", where, name,
+                            dtype_name(have.dtype), shape_str(have.shape), dtype_name(want.dtype),
+                            shape_str(want.shape));
+  }
+  if (exactly)
+    for (const auto& [name, t] : held)
+      if (!listing.count(name))
+        return internal_error("{}: '{}' is held but not listed", where, name);
+  return ok_status();
+}
+
 Status save_checkpoint_shard(const std::string& dir, int shard, int shards,
                              const std::map<std::string, TensorMeta>& all,
                              const CheckpointState& s) {
+  std::map<std::string, TensorMeta> listing;
+  for (const auto& name : checkpoint_shard_tensors(all, shard, shards))
+    listing.emplace(name, all.at(name));
+  SHOAL_RETURN_IF_ERROR(
+      check_listed(listing, s.tensors, false, "checkpoint shard " + shard_label(shard, shards)));
   CheckpointState mine;
-  for (const auto& name : checkpoint_shard_tensors(all, shard, shards)) {
-    auto it = s.tensors.find(name);
-    if (it == s.tensors.end())
-      return internal_error("checkpoint shard {}: tensor '{}' is assigned to it but not held",
-                            shard_label(shard, shards), name);
-    const TensorMeta want = all.at(name), have{it->second.dtype(), it->second.shape()};
-    if (!(have == want))
-      return internal_error("checkpoint shard {}: tensor '{}' is {}{}, its listing says {}{}",
-                            shard_label(shard, shards), name, dtype_name(have.dtype),
-                            shape_str(have.shape), dtype_name(want.dtype), shape_str(want.shape));
-    mine.tensors.emplace(name, it->second);
-  }
+  for (const auto& [name, m] : listing) mine.tensors.emplace(name, s.tensors.at(name));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return unavailable("creating checkpoint directory {}: {}", dir, ec.message());

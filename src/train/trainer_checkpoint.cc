@@ -37,27 +37,6 @@ CheckpointDir Trainer::checkpoint_dir() const {
   return CheckpointDir((fs::path(dir_) / "checkpoints").string(), o_.keep_checkpoints);
 }
 
-namespace {
-
-// A checkpoint about to be written holds exactly the tensors it lists, each
-// with its listed dtype and shape.
-Status same_listing(const std::map<std::string, TensorMeta>& all,
-                    const std::map<std::string, Tensor>& held) {
-  for (const auto& [name, m] : all) {
-    auto it = held.find(name);
-    if (it == held.end()) return internal_error("checkpoint: '{}' is listed but not held", name);
-    if (!(TensorMeta{it->second.dtype(), it->second.shape()} == m))
-      return internal_error("checkpoint: '{}' is {}{}, its listing says {}{}", name,
-                            dtype_name(it->second.dtype()), shape_str(it->second.shape()),
-                            dtype_name(m.dtype), shape_str(m.shape));
-  }
-  for (const auto& [name, t] : held)
-    if (!all.count(name)) return internal_error("checkpoint: '{}' is held but not listed", name);
-  return ok_status();
-}
-
-}  // namespace
-
 std::map<std::string, TensorMeta> Trainer::checkpoint_metas() const {
   std::map<std::string, TensorMeta> all;
   // A sliced tensor's whole shape is its parameter's in the model.
@@ -126,7 +105,7 @@ Status Trainer::checkpoint() {
   if (o_.rank != 0 && !o_.sharded_checkpoints) return ok_status();
   describe_checkpoint(s);
   if (o_.sharded_checkpoints) return save_sharded(all, s);
-  SHOAL_RETURN_IF_ERROR(same_listing(all, s.tensors));
+  SHOAL_RETURN_IF_ERROR(check_listed(all, s.tensors, true, "checkpoint"));
   CheckpointDir cd = checkpoint_dir();
   SHOAL_ASSIGN_OR_RETURN(std::string path, cd.save(step_, s));
   SHOAL_LOG_DEBUG("checkpoint {} (step {})", path, step_);

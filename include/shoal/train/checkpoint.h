@@ -55,6 +55,12 @@ std::vector<int> assign_checkpoint_shards(const std::map<std::string, TensorMeta
 // The tensors `shard` holds of `all`.
 std::set<std::string> checkpoint_shard_tensors(const std::map<std::string, TensorMeta>& all,
                                                int shard, int shards);
+// Each tensor `listing` names is in `held` with its dtype and shape (an
+// internal error names the first that is not, in `where`); with `exactly`,
+// `held` holds nothing else.
+Status check_listed(const std::map<std::string, TensorMeta>& listing,
+                    const std::map<std::string, Tensor>& held, bool exactly,
+                    const std::string& where);
 // A hash of every tensor's name, dtype and shape: ranks about to write one
 // checkpoint agree on it first.
 std::uint64_t checkpoint_layout_hash(const std::map<std::string, TensorMeta>& tensors);
