@@ -11,6 +11,7 @@
 
 #include "cli/cli_results.h"
 #include "cli/run_shoal.h"
+#include "free_port.h"
 #include "shoal/tensor/safetensors.h"
 #include "temp_dir.h"
 
@@ -135,7 +136,7 @@ TEST(DataParallelCli, RestartAfterKillResumesToTheSameWeights) {
 // even when rank 1 starts first.
 TEST(DataParallelCli, TorchrunStyleEnvironmentWorks) {
   std::string out = tmpdir("torchrun");
-  int port = 20000 + getpid() % 20000;
+  const int port = testing::free_port();  // tests run in parallel: not a guessed one
   std::string common = fmt::format(
       "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={} SHOAL_JOB_TOKEN=t0k3n timeout 120 {} "
       "train --model mlp --batch 16 --max-steps 10 --limit-train 2048 --limit-test 256 "

@@ -15,6 +15,7 @@
 
 #include "cli/local_slurm.h"
 #include "cli/run_shoal.h"
+#include "free_port.h"
 #include "temp_dir.h"
 
 namespace {
@@ -159,7 +160,7 @@ TEST_F(Srun, ACancelledJobIsNotRestarted) {
 TEST_F(Srun, AParameterServerJobOneStepPerRole) {
   shoal::testing::TempDir dir("srun_ps");
   const std::string d = dir.path(), b = SHOAL_BINARY;
-  const int port = 20000 + static_cast<int>(getpid() % 20000);
+  const int port = shoal::testing::free_port();  // tests run in parallel: not a guessed one
   Result r = run_sh(
       "export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=" + std::to_string(port) +
       " DMLC_NUM_SERVER=2 DMLC_NUM_WORKER=2 SHOAL_JOB_TOKEN=srun-test; "
