@@ -15,6 +15,7 @@
 
 #include "cli/cli_results.h"
 #include "cli/run_shoal.h"
+#include "free_port.h"
 #include "shoal/tensor/safetensors.h"
 #include "temp_dir.h"
 
@@ -215,9 +216,9 @@ namespace {
 TEST(PsTrainCli, AWorkerJoinsARunningAsyncJobAndItsPushesCount) {
   const std::string dir = testing::scratch_dir("ps_join");
   const std::string env = fmt::format(
-      "export SHOAL_JOB_TOKEN=join-token DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=$(({} + "
-      "$$ % 20000)) DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1 SHOAL_COMM_TIMEOUT=30",
-      20000);
+      "export SHOAL_JOB_TOKEN=join-token DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT={} "
+      "DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1 SHOAL_COMM_TIMEOUT=30",
+      testing::free_port());  // tests run in parallel: not a guessed one
   const std::string train =
       fmt::format("{} train --dist ps --ps-mode async --ps-stale-lr {} --batch 16 --epochs 4",
                   SHOAL_BINARY, kAsyncMlp);
