@@ -41,6 +41,7 @@ struct DistFlags {
   int pp = 1;
   int micro_batches = 4;
   std::string pp_schedule = "1f1b";
+  int pp_virtual = 1;
   std::vector<std::size_t> pp_cuts;
 };
 struct TrainCommand {

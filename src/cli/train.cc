@@ -278,6 +278,12 @@ TrainCommand add_train_command(CLI::App& app) {
                 "activations alive) or gpipe (all forwards, then all backwards)")
       ->check(CLI::IsMember({"1f1b", "gpipe"}))
       ->capture_default_str();
+  t->add_option("--pp-virtual", d.pp_virtual,
+                "With --pp: model chunks per rank (interleaved, Megatron's virtual stages): the "
+                "model cut into --pp x this many pieces, rank s holding pieces s, s + --pp, ...; "
+                "a smaller bubble for more sends (--micro-batches a multiple of --pp)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   t->add_option("--pp-cuts", d.pp_cuts,
                 "With --pp: where to cut, as indices of the model's cut places (the log lists "
                 "them); default: balanced by estimated cost")
@@ -304,6 +310,7 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   jo.dp.micro_batches = d.micro_batches;
   jo.dp.pp_schedule = d.pp_schedule;
   jo.dp.pp_cuts = d.pp_cuts;
+  jo.dp.pp_virtual = d.pp_virtual;
   jo.ps_mode = d.ps_mode;
   jo.staleness = d.staleness;
   jo.ps_compress = d.ps_compress;

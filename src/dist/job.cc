@@ -103,6 +103,11 @@ Result<std::unique_ptr<Job>> Job::join(train::TrainOptions& o, const JoinOptions
     if (!env.trace.empty()) o.trace = rank_path(env.trace, job->ps_->worker());
   } else if (env.world > 1) {
     SHOAL_ASSIGN_OR_RETURN(job->comm_, join_allreduce(o, j.dp));
+  } else if (Status st = dp::check_layout(j.dp, 1); !st.ok()) {
+    // --tp 2 in one process would train unsplit, as if the flag were not there.
+    return st.with_context(
+        "this is one process (no launcher's ranks in the environment): start the ranks with "
+        "`shoal run -n N -- shoal train ...`, mpirun, srun or torchrun");
   }
   job->rank_ = o.rank;
   job->world_ = o.world;

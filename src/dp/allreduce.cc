@@ -197,6 +197,16 @@ Status validate(const DpOptions& o) {
     return invalid_argument("--zero-bucket-mb {} must be > 0", o.zero_bucket_mb);
   if (o.micro_batches < 1)
     return invalid_argument("--micro-batches {} must be >= 1", o.micro_batches);
+  if (o.pp_virtual < 1 || (o.pp_virtual > 1 && o.pp < 2))
+    return invalid_argument(
+        "--pp-virtual {} interleaves a pipeline's stages: it needs --pp > 1, "
+        "got --pp {}",
+        o.pp_virtual, o.pp);
+  if (o.pp_virtual > 1 && o.micro_batches % o.pp != 0)
+    return invalid_argument(
+        "--pp-virtual {} takes micro-batches in groups of --pp {}: --micro-batches {} is not a "
+        "multiple of it",
+        o.pp_virtual, o.pp, o.micro_batches);
   return ok_status();
 }
 

@@ -224,6 +224,7 @@ Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
   po.micro_batches = d.micro_batches;
   SHOAL_ASSIGN_OR_RETURN(po.schedule, mp::parse_schedule(d.pp_schedule));
   po.cuts = d.pp_cuts;
+  po.chunks = d.pp_virtual;
   // Rank r = (data group g, stage s, tensor rank t): r = g·P·T + s·T + t.
   const int T = d.tp, P = d.pp, r = c.rank();
   const LayoutPlace at = place_in_layout(r, T, P);
@@ -295,19 +296,24 @@ Status attach_zero3(train::TrainOptions& o, comm::Communicator& c, std::int64_t 
 
 }  // namespace
 
-Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
+Status check_layout(const DpOptions& d, int ranks) {
   SHOAL_RETURN_IF_ERROR(validate(d));
-  o.rank = c.rank();
-  o.world = c.size();
   // The model's split: "--tp T", "--pp P" or "--tp T x --pp P".
   const std::string split = d.pp == 1   ? fmt::format("--tp {}", d.tp)
                             : d.tp == 1 ? fmt::format("--pp {}", d.pp)
                                         : fmt::format("--tp {} x --pp {}", d.tp, d.pp);
-  if (c.size() % (d.tp * d.pp) != 0)
-    return invalid_argument("{} must divide the job's {} ranks", split, c.size());
-  if (d.dp > 0 && d.dp * d.tp * d.pp != c.size())
+  if (ranks % (d.tp * d.pp) != 0)
+    return invalid_argument("{} must divide the job's {} ranks", split, ranks);
+  if (d.dp > 0 && d.dp * d.tp * d.pp != ranks)
     return invalid_argument("--dp {} x {} is {} ranks, the job has {}", d.dp, split,
-                            d.dp * d.tp * d.pp, c.size());
+                            d.dp * d.tp * d.pp, ranks);
+  return ok_status();
+}
+
+Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
+  SHOAL_RETURN_IF_ERROR(check_layout(d, c.size()));
+  o.rank = c.rank();
+  o.world = c.size();
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
   // The wire type changes the sums; the bucket sizes, the calls each rank
   // makes (a mismatch would otherwise surface as differing call sequences).
@@ -322,6 +328,7 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
                       {"--pp", std::to_string(d.pp)},
                       {"--micro-batches", std::to_string(d.micro_batches)},
                       {"--pp-schedule", d.pp_schedule},
+                      {"--pp-virtual", std::to_string(d.pp_virtual)},
                       {"--pp-cuts", fmt::format("{}", fmt::join(d.pp_cuts, ","))}}));
   SHOAL_RETURN_IF_ERROR(bind_to_layout(c.rank(), c.size(), d.tp, d.pp));
   if (d.pp > 1) return attach_pp(o, c, d);

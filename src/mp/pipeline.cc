@@ -6,6 +6,9 @@
 #include "shoal/mp/pipeline.h"
 
 #include <map>
+#include <optional>
+#include <set>
+#include <tuple>
 
 #include "shoal/graph/passes.h"
 #include "shoal/mp/collectives.h"
@@ -26,16 +29,18 @@ class StageCopier {
   StageCopier(const Graph& t, Graph& g, const PipelinePlan& plan, const StageOptions& o)
       : t_(t), g_(g), b_(g), plan_(plan), o_(o) {}
 
-  // Micro-batch i's forward on this stage: its output (the value crossing
-  // the next cut, or the template's `finals` on the last stage).
-  Result<std::vector<Value>> forward(int i, Value after, const std::vector<Value>& finals) {
+  // Micro-batch i's forward of `piece` (this rank's chunk c is piece
+  // c·stages + stage): its output (the value crossing the next cut, or the
+  // template's `finals` on the last piece).
+  Result<std::vector<Value>> forward(int piece, int i, Value after,
+                                     const std::vector<Value>& finals) {
     micro_ = i;
     local_.clear();
-    const auto [first, last] = plan_.range(o_.stage);
-    if (o_.stage > 0) {
-      const Value cut = plan_.candidates[plan_.cuts[static_cast<std::size_t>(o_.stage) - 1]].value;
-      local_[cut] =
-          pp_recv(b_, after, t_.type(cut).shape, link(o_.stage - 1, o_.fwd_comm, o_.bwd_comm));
+    used_.clear();
+    const auto [first, last] = plan_.range(piece);
+    if (piece > 0) {
+      const Value cut = plan_.candidates[plan_.cuts[static_cast<std::size_t>(piece) - 1]].value;
+      local_[cut] = pp_recv(b_, after, t_.type(cut).shape, link(piece - 1, piece - 1));
     }
     for (std::size_t k = first; k < last; ++k) {
       const graph::Node& n = t_.node(plan_.order[k]);
@@ -50,10 +55,10 @@ class StageCopier {
         local_[Value{n.id, static_cast<int>(j)}] = (*outs)[j];
     }
     std::vector<Value> out;
-    if (o_.stage + 1 < o_.stages) {
-      const Value cut = plan_.candidates[plan_.cuts[static_cast<std::size_t>(o_.stage)]].value;
+    if (piece + 1 < o_.stages * o_.chunks) {
+      const Value cut = plan_.candidates[plan_.cuts[static_cast<std::size_t>(piece)]].value;
       SHOAL_ASSIGN_OR_RETURN(Value y, value(cut));
-      out.push_back(pp_send(b_, y, link(o_.stage + 1, o_.fwd_comm, o_.bwd_comm)));
+      out.push_back(pp_send(b_, y, link(piece + 1, piece)));
       return out;
     }
     for (const Value& f : finals) {
@@ -63,10 +68,13 @@ class StageCopier {
     return out;
   }
   const std::map<std::string, Value>& params() const { return params_; }
+  // The parameters the last forward() read.
+  const std::set<std::string>& used() const { return used_; }
 
  private:
-  PipeLink link(int peer, std::int64_t comm, std::int64_t grad_comm) const {
-    return {comm, grad_comm, peer, micro_};
+  // The link to the rank holding `piece` across cut `cut`.
+  PipeLink link(int piece, int cut) const {
+    return {o_.fwd_comm, o_.bwd_comm, piece % o_.stages, pipe_tag(cut, micro_)};
   }
   Result<Value> value(Value v) {
     if (auto it = local_.find(v); it != local_.end()) return it->second;
@@ -106,6 +114,7 @@ class StageCopier {
       it->second = g_.input(n.name, type);
       if (n.name.starts_with("param/")) params_[n.name.substr(6)] = it->second;
     }
+    if (n.name.starts_with("param/")) used_.insert(n.name.substr(6));
     return it->second;
   }
 
@@ -117,70 +126,112 @@ class StageCopier {
   int micro_ = 0;
   std::map<Value, Value> local_, constants_;
   std::map<std::string, Value> inputs_, params_;
+  std::set<std::string> used_;
 };
 
 void set_slot(Graph& g, int from, std::int64_t slot) {
   for (int id = from; id < g.num_nodes(); ++id) g.mutable_node(id).slot = slot;
 }
 
-Status check(const StageOptions& o) {
-  if (o.stage < 0 || o.stage >= o.stages || o.micro_batches < 1)
-    return invalid_argument("pipeline: stage {} of {}, {} micro-batches", o.stage, o.stages,
-                            o.micro_batches);
+Status check(const StageOptions& o, const PipelinePlan& plan) {
+  if (o.stage < 0 || o.stage >= o.stages || o.micro_batches < 1 ||
+      o.micro_batches >= kMaxMicroBatches || o.chunks < 1)
+    return invalid_argument("pipeline: stage {} of {}, {} micro-batches, {} chunks per stage",
+                            o.stage, o.stages, o.micro_batches, o.chunks);
+  if (o.chunks > 1 && o.micro_batches % o.stages != 0)
+    return invalid_argument(
+        "pipeline: {} micro-batches with {} chunks per stage: interleaved stages take "
+        "micro-batches in groups of the {} stages, so their number must be a multiple of it",
+        o.micro_batches, o.chunks, o.stages);
+  if (plan.cuts.size() + 1 != static_cast<std::size_t>(o.stages * o.chunks))
+    return invalid_argument("pipeline: a plan of {} pieces for {} stages x {} chunks",
+                            plan.cuts.size() + 1, o.stages, o.chunks);
   return ok_status();
+}
+
+// The step's mean loss, summed from the last piece's objectives and
+// broadcast from the last stage; every other objective (a send's token, 0)
+// is kept alive: on other stages in the sum, on the last as an output.
+Value step_loss(Graph& g, const std::vector<std::vector<Value>>& objective, const StageOptions& o) {
+  graph::Builder b(g);
+  const bool last = o.stage + 1 == o.stages;
+  std::optional<Value> total;
+  for (std::size_t c = 0; c < objective.size(); ++c)
+    for (const Value& v : objective[c]) {
+      if (last && c + 1 < objective.size()) {
+        g.mark_output(v);
+        continue;
+      }
+      total = total ? b.add(*total, v) : v;
+    }
+  return broadcast(b, *total, o.loss_comm, o.stages - 1);
 }
 
 }  // namespace
 
 Result<StageStep> build_stage_step(Graph& t, Value loss, Value logits, const PipelinePlan& plan,
                                    const StageOptions& o) {
-  SHOAL_RETURN_IF_ERROR(check(o));
+  SHOAL_RETURN_IF_ERROR(check(o, plan));
   const bool last = o.stage + 1 == o.stages;
-  const int m = o.micro_batches;
+  const int m = o.micro_batches, chunks = o.chunks;
   Graph g;
   graph::Builder b(g);
   StageCopier copy(t, g, plan, o);
-  const auto order = schedule_order(o.schedule, o.stage, o.stages, m);
-  std::map<std::pair<int, bool>, std::int64_t> slot;
-  for (std::size_t k = 0; k < order.size(); ++k) slot[order[k]] = static_cast<std::int64_t>(k) + 1;
+  std::map<std::tuple<int, int, bool>, std::int64_t> slot;
+  const auto order = stage_work(o.schedule, o.stage, o.stages, m, chunks);
+  for (std::size_t k = 0; k < order.size(); ++k)
+    slot[{order[k].chunk, order[k].micro, order[k].forward}] = static_cast<std::int64_t>(k) + 1;
   const std::int64_t final_slot = static_cast<std::int64_t>(order.size()) + 1;
 
-  // Forwards: each micro-batch's objective (the send's token; loss / m last).
-  std::vector<Value> objective(static_cast<std::size_t>(m)), after(objective.size()),
-      logits_i(objective.size());
-  for (int i = 0; i < m; ++i) {
-    const int from = g.num_nodes();
-    after[i] = b.scalar(0.0);  // orders the receive; its gradient is the backward send
-    SHOAL_ASSIGN_OR_RETURN(auto outs, copy.forward(i, after[i], {loss, logits}));
-    objective[i] = last ? b.mul(outs[0], b.scalar(1.0 / m)) : outs[0];
-    if (last) logits_i[i] = outs[1];
-    SHOAL_RETURN_IF_ERROR(b.status().with_context(fmt::format("pipeline stage {}", o.stage)));
-    set_slot(g, from, slot.at({i, true}));
+  // Forwards: each chunk's micro-batch objective (the send's token; loss / m
+  // on the last piece).
+  const auto cm = static_cast<std::size_t>(chunks), mm = static_cast<std::size_t>(m);
+  std::vector<std::vector<Value>> objective(cm, std::vector<Value>(mm)), after = objective;
+  std::vector<std::set<std::string>> uses(cm);
+  std::vector<Value> logits_i(mm);
+  for (int c = 0; c < chunks; ++c) {
+    const int piece = c * o.stages + o.stage;
+    const bool tail = last && c + 1 == chunks;
+    for (int i = 0; i < m; ++i) {
+      const int from = g.num_nodes();
+      Value& a = after[c][i];
+      a = b.scalar(0.0);  // orders the receive; its gradient is the backward send
+      SHOAL_ASSIGN_OR_RETURN(auto outs, copy.forward(piece, i, a, {loss, logits}));
+      objective[c][i] = tail ? b.mul(outs[0], b.scalar(1.0 / m)) : outs[0];
+      if (tail) logits_i[i] = outs[1];
+      uses[c].insert(copy.used().begin(), copy.used().end());
+      SHOAL_RETURN_IF_ERROR(b.status().with_context(fmt::format("pipeline stage {}", o.stage)));
+      set_slot(g, from, slot.at({c, i, true}));
+    }
   }
-  // Backwards: autodiff of each objective; gradients summed in order.
+  // Backwards: autodiff of each objective; each parameter's gradients summed
+  // in (chunk, micro-batch) order.
   StageStep st;
-  std::vector<Value> wrt;
-  for (const auto& [name, v] : copy.params()) {
-    st.params.push_back({name, v, {}});
-    wrt.push_back(v);
+  for (const auto& [name, v] : copy.params()) st.params.push_back({name, v, {}});
+  for (int c = 0; c < chunks; ++c) {
+    const bool first = c * o.stages + o.stage == 0;
+    for (int i = 0; i < m; ++i) {
+      const int from = g.num_nodes();
+      std::vector<Value> w;
+      std::vector<std::size_t> which;
+      for (std::size_t p = 0; p < st.params.size(); ++p)
+        if (uses[c].count(st.params[p].name)) {
+          w.push_back(st.params[p].param);
+          which.push_back(p);
+        }
+      if (!first) w.push_back(after[c][i]);
+      SHOAL_ASSIGN_OR_RETURN(std::vector<Value> grads, graph::autodiff(g, objective[c][i], w));
+      for (std::size_t k = 0; k < which.size(); ++k) {
+        Value& acc = st.params[which[k]].grad;
+        acc = acc.valid() ? b.add(acc, grads[k]) : grads[k];
+      }
+      if (!first) g.mark_output(grads.back());  // the send of dx to the piece before
+      SHOAL_RETURN_IF_ERROR(b.status());
+      set_slot(g, from, slot.at({c, i, false}));
+    }
   }
-  for (int i = 0; i < m; ++i) {
-    const int from = g.num_nodes();
-    std::vector<Value> w = wrt;
-    if (o.stage > 0) w.push_back(after[i]);
-    SHOAL_ASSIGN_OR_RETURN(std::vector<Value> grads, graph::autodiff(g, objective[i], w));
-    for (std::size_t p = 0; p < st.params.size(); ++p)
-      st.params[p].grad = i == 0 ? grads[p] : b.add(st.params[p].grad, grads[p]);
-    if (o.stage > 0) g.mark_output(grads.back());  // the send of dx to the stage before
-    SHOAL_RETURN_IF_ERROR(b.status());
-    set_slot(g, from, slot.at({i, false}));
-  }
-  // The loss, summed on the last stage and broadcast to the others; the
-  // earlier stages' sum of tokens (zeros) keeps their sends alive.
   const int from = g.num_nodes();
-  Value total = objective[0];
-  for (int i = 1; i < m; ++i) total = b.add(total, objective[static_cast<std::size_t>(i)]);
-  st.loss = broadcast(b, total, o.loss_comm, o.stages - 1);
+  st.loss = step_loss(g, objective, o);
   if (last) st.logits = m == 1 ? logits_i[0] : b.concat(logits_i, 0);
   SHOAL_RETURN_IF_ERROR(b.status());
   set_slot(g, from, final_slot);
@@ -189,18 +240,24 @@ Result<StageStep> build_stage_step(Graph& t, Value loss, Value logits, const Pip
 }
 
 Status build_stage_forward(Graph& t, const PipelinePlan& plan, const StageOptions& o) {
-  SHOAL_RETURN_IF_ERROR(check(o));
   if (t.outputs().size() != 1)
     return invalid_argument("pipeline: an evaluation graph has one output (its logits), not {}",
                             t.outputs().size());
+  SHOAL_RETURN_IF_ERROR(check(o, plan));
   StageOptions one = o;
   one.micro_batches = 1;
   Graph g;
   graph::Builder b(g);
   StageCopier copy(t, g, plan, one);
-  SHOAL_ASSIGN_OR_RETURN(auto outs, copy.forward(0, b.scalar(0.0), {t.outputs()[0]}));
+  std::vector<Value> outs;  // each chunk's: a send's token, or the logits
+  for (int c = 0; c < o.chunks; ++c) {
+    SHOAL_ASSIGN_OR_RETURN(
+        auto y, copy.forward(c * o.stages + o.stage, 0, b.scalar(0.0), {t.outputs()[0]}));
+    outs.push_back(y[0]);
+  }
   SHOAL_RETURN_IF_ERROR(b.status());
-  g.mark_output(outs[0]);
+  g.mark_output(outs.back());  // output 0: the logits on the last stage
+  for (std::size_t c = 0; c + 1 < outs.size(); ++c) g.mark_output(outs[c]);
   t = std::move(g);
   return ok_status();
 }

@@ -90,7 +90,7 @@ std::pair<std::size_t, std::size_t> PipelinePlan::range(int s) const {
   return {first, last};
 }
 
-std::string PipelinePlan::str(const graph::Graph& g) const {
+std::string PipelinePlan::str(const graph::Graph& g, int ranks) const {
   std::string s;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     const bool chosen = std::find(cuts.begin(), cuts.end(), i) != cuts.end();
@@ -98,8 +98,12 @@ std::string PipelinePlan::str(const graph::Graph& g) const {
                      i, g.node(order[candidates[i].pos]).label(),
                      100.0 * candidates[i].cost_before / std::max(total_cost, 1.0));
   }
+  const auto p = static_cast<std::size_t>(std::max(ranks, 1));
   for (std::size_t k = 0; k < stage_cost.size(); ++k)
-    s += fmt::format("  stage {}: {:.1f}% of the cost\n", k,
+    s += fmt::format("  {}: {:.1f}% of the cost\n",
+                     stage_cost.size() > p
+                         ? fmt::format("piece {} (stage {}, chunk {})", k, k % p, k / p)
+                         : fmt::format("stage {}", k),
                      100.0 * stage_cost[k] / std::max(total_cost, 1.0));
   return s;
 }
@@ -219,6 +223,31 @@ std::vector<std::pair<int, bool>> schedule_order(Schedule s, int stage, int stag
     out.emplace_back(i, false);
   }
   for (int i = micro - warm; i < micro; ++i) out.emplace_back(i, false);
+  return out;
+}
+
+std::vector<Work> stage_work(Schedule s, int stage, int stages, int micro, int chunks) {
+  std::vector<Work> out;
+  if (chunks <= 1) {
+    for (auto [i, fwd] : schedule_order(s, stage, stages, micro)) out.push_back({0, i, fwd});
+    return out;
+  }
+  // The k-th forward (backward) of this rank, in groups of `stages`
+  // micro-batches per chunk; backwards take the chunks from the last.
+  const int group = stages * chunks, total = micro * chunks;
+  auto work = [&](int k, bool fwd) {
+    const int c = (k % group) / stages;
+    return Work{fwd ? c : chunks - 1 - c, (k / group) * stages + k % stages, fwd};
+  };
+  int warm = total;
+  if (s == Schedule::k1F1B && micro != stages)
+    warm = std::min(total, 2 * (stages - stage - 1) + (chunks - 1) * stages);
+  for (int k = 0; k < warm; ++k) out.push_back(work(k, true));
+  for (int k = 0; k < total - warm; ++k) {
+    out.push_back(work(warm + k, true));
+    out.push_back(work(k, false));
+  }
+  for (int k = total - warm; k < total; ++k) out.push_back(work(k, false));
   return out;
 }
 

@@ -18,7 +18,7 @@ namespace {
 // What the step pass learns and the evaluation graphs reuse.
 struct Shared {
   PipelinePlan plan;
-  std::vector<std::vector<std::string>> owners;  // per stage
+  std::vector<std::vector<std::string>> owners;  // per piece (a stage's chunk)
   std::map<std::string, int> stage_of;           // the first stage that holds it
   std::map<std::string, std::vector<int>> holders;
   std::map<std::string, Shape> shape_of;                   // whole
@@ -113,6 +113,7 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
   so.stages = pipe.size();
   so.micro_batches = po.micro_batches;
   so.schedule = po.schedule;
+  so.chunks = po.chunks;
   so.fwd_comm = dp::register_communicator(sh->comms[0].get(), false);
   so.bwd_comm = dp::register_communicator(sh->comms[1].get(), false);
   so.loss_comm = dp::register_communicator(&pipe, false);
@@ -133,20 +134,25 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
     if (inner) {
       SHOAL_ASSIGN_OR_RETURN(sh->inner, inner(g));
     }
-    SHOAL_ASSIGN_OR_RETURN(sh->plan, plan_pipeline(g, {st.loss, st.logits}, so.stages, po.cuts));
+    SHOAL_ASSIGN_OR_RETURN(sh->plan,
+                           plan_pipeline(g, {st.loss, st.logits}, so.stages * so.chunks, po.cuts));
     SHOAL_ASSIGN_OR_RETURN(sh->owners, stage_params(g, sh->plan));
-    for (std::size_t s = 0; s < sh->owners.size(); ++s)
-      for (const auto& p : sh->owners[s]) {
-        sh->stage_of.try_emplace(p, static_cast<int>(s));
-        sh->holders[p].push_back(static_cast<int>(s));
-      }
+    for (int s = 0; s < so.stages; ++s)  // stage s holds pieces s, s + stages, ...
+      for (std::size_t k = static_cast<std::size_t>(s); k < sh->owners.size(); k += so.stages)
+        for (const auto& p : sh->owners[k]) {
+          sh->stage_of.try_emplace(p, s);
+          auto& h = sh->holders[p];
+          if (std::find(h.begin(), h.end(), s) == h.end()) h.push_back(s);
+        }
     for (const auto& r : st.params)
       if (!sh->stage_of.count(r.name))
         return invalid_argument("pipeline: no stage uses parameter '{}'", r.name);
     if (lead)
-      SHOAL_LOG_INFO("pipeline of {} stages, {} micro-batches per batch, schedule {}:\n{}",
-                     so.stages, so.micro_batches,
-                     so.schedule == Schedule::kGPipe ? "gpipe" : "1f1b", sh->plan.str(g));
+      SHOAL_LOG_INFO("pipeline of {} stages{}, {} micro-batches per batch, schedule {}:\n{}",
+                     so.stages,
+                     so.chunks > 1 ? fmt::format(" of {} interleaved chunks each", so.chunks) : "",
+                     so.micro_batches, so.schedule == Schedule::kGPipe ? "gpipe" : "1f1b",
+                     sh->plan.str(g, so.stages));
     SHOAL_ASSIGN_OR_RETURN(StageStep step, build_stage_step(g, st.loss, st.logits, sh->plan, so));
     SHOAL_RETURN_IF_ERROR(tie_shared(*sh, *c, g, step.params));
     for (const auto& [p, h] : sh->holders)
@@ -163,8 +169,8 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
     if (g.outputs().size() != 1)
       return invalid_argument("pipeline: an evaluation graph has one output, not {}",
                               g.outputs().size());
-    SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan,
-                           plan_pipeline(g, {g.outputs()[0]}, so.stages, sh->plan.cuts));
+    SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan, plan_pipeline(g, {g.outputs()[0]},
+                                                            so.stages * so.chunks, sh->plan.cuts));
     SHOAL_ASSIGN_OR_RETURN(auto owners, stage_params(g, plan));
     if (owners != sh->owners)
       return internal_error(

@@ -10,7 +10,7 @@
 //                   whose token is that gradient.
 // So autodiff of a stage whose objective is its send's token builds the
 // stage's backward: receive dy from the next stage, back-propagate, send dx
-// to the previous one. `tag` (the micro-batch) travels in every frame's
+// to the previous one. `tag` (the cut and the micro-batch, pipe_tag) travels in every frame's
 // fingerprint, so stages that disagree on the schedule get an error naming
 // both calls instead of each other's tensors.
 //
@@ -86,8 +86,8 @@ class RecvKernel final : public runtime::Kernel {
     Tensor& y = out[0];
     return l_.c
         ->recv(y.raw_data(), static_cast<std::size_t>(y.numel()), DType::kF32, l_.peer, l_.tag)
-        .with_context(
-            fmt::format("receiving micro-batch {} from pipeline rank {}", l_.tag, l_.peer));
+        .with_context(fmt::format("receiving micro-batch {} across cut {} from pipeline rank {}",
+                                  l_.tag % kMaxMicroBatches, l_.tag / kMaxMicroBatches, l_.peer));
   }
   const char* impl() const override { return "comm"; }
 

@@ -253,11 +253,85 @@ TEST(PpCli, ATiedEmbeddingIsHeldByBothEndsWithItsGradientSummed) {
   same(one.dir, dir);
 }
 
+// Interleaved stages (--pp-virtual 2): rank s holds pieces s and s + P of
+// the GPT, each micro-batch goes round the ranks twice. The math is the
+// plain pipeline's, op for op: the same bits as --pp without chunks, and
+// one process's weights, also with data-parallel groups, tensor-parallel
+// stages and a tied embedding (the first piece's and the last's).
+TEST(PpCli, InterleavedChunksEqualOneProcessAndThePlainPipeline) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun one = train(tmpdir("v_one"), 1, 6, "");
+  TrainRun plain = train(tmpdir("v_plain"), 2, 6, "--pp 2 --micro-batches 4");
+  TrainRun two = train(tmpdir("v_two"), 2, 6, "--pp 2 --pp-virtual 2 --micro-batches 4");
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("pipeline of 2 stages of 2 interleaved chunks each, 4 micro-batches"),
+            std::string::npos)
+      << two.out;
+  expect_same(one.dir, two.dir);
+  auto a = last_checkpoint(plain.dir), b = last_checkpoint(two.dir);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(testing::same_bits(*a, *b));
+  TrainRun one6 = train(tmpdir("v_one6"), 1, 6, "", 6);
+  ASSERT_EQ(one6.code, 0) << one6.out;
+  TrainRun three = train(tmpdir("v_three"), 3, 6, "--pp 3 --pp-virtual 2 --micro-batches 3", 6);
+  ASSERT_EQ(three.code, 0) << three.out;
+  expect_same(one6.dir, three.dir);
+  TrainRun gpipe =
+      train(tmpdir("v_gpipe"), 2, 6, "--pp 2 --pp-virtual 3 --micro-batches 2 --pp-schedule gpipe");
+  ASSERT_EQ(gpipe.code, 0) << gpipe.out;
+  expect_same(one.dir, gpipe.dir);
+  TrainRun one16 = train(tmpdir("v_one16"), 1, 6, "", 16);
+  ASSERT_EQ(one16.code, 0) << one16.out;
+  TrainRun dp = train(tmpdir("v_dp"), 4, 6, "--pp 2 --pp-virtual 2 --dp 2 --micro-batches 2");
+  ASSERT_EQ(dp.code, 0) << dp.out;
+  expect_same(one16.dir, dp.dir);
+  TrainRun tp = train(tmpdir("v_tp"), 4, 6, "--pp 2 --pp-virtual 2 --tp 2 --micro-batches 2");
+  ASSERT_EQ(tp.code, 0) << tp.out;
+  expect_same(one.dir, tp.dir);
+  const std::string tied = fmt::format(
+      "--model gpt --data text:{} --layers 3 --heads 4 --dim 16 --context 8 --limit-train 200 "
+      "--limit-test 40",
+      kText);
+  TrainRun tied_one = train(tmpdir("v_tied1"), 1, 6, "", 8, tied);
+  TrainRun tied_two = train(tmpdir("v_tied2"), 2, 6, "--pp 2 --pp-virtual 2", 8, tied);
+  ASSERT_EQ(tied_one.code, 0) << tied_one.out;
+  ASSERT_EQ(tied_two.code, 0) << tied_two.out;
+  EXPECT_NE(tied_two.out.find("'wte.weight' is held by stages 0, 1"), std::string::npos)
+      << tied_two.out;
+  auto t1 = last_checkpoint(tied_one.dir), t2 = last_checkpoint(tied_two.dir);
+  ASSERT_TRUE(t1.ok() && t2.ok());
+  int np = 0, ns = 0;
+  EXPECT_LE(testing::max_abs_diff(*t1, *t2, "param/", &np), 1e-5);
+  EXPECT_LE(testing::max_abs_diff(*t1, *t2, "opt/", &ns), 1e-5);
+  EXPECT_EQ(np, kParams - 1);  // no separate head
+  EXPECT_EQ(ns, kParams - 1);
+  // Refused by name: chunks without a pipeline; micro-batches not in groups of --pp.
+  TrainRun alone = train(tmpdir("v_alone"), 2, 1, "--pp-virtual 2");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_NE(alone.out.find("--pp-virtual 2 interleaves a pipeline's stages: it needs --pp > 1"),
+            std::string::npos)
+      << alone.out;
+  TrainRun groups = train(tmpdir("v_groups"), 2, 1, "--pp 2 --pp-virtual 2 --micro-batches 1");
+  EXPECT_NE(groups.code, 0);
+  EXPECT_NE(groups.out.find("--micro-batches 1 is not a multiple of it"), std::string::npos)
+      << groups.out;
+}
+
 TEST(PpCli, WhatDoesNotFitIsRefusedByName) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
   TrainRun mb = train(tmpdir("mb"), 2, 1, "--pp 2 --micro-batches 3");
   EXPECT_NE(mb.code, 0);
   EXPECT_NE(mb.out.find("--micro-batches 3 must divide --batch 8"), std::string::npos) << mb.out;
+  // One process (no launcher) would train unsplit, as if --pp were not there.
+  TrainRun alone = train(tmpdir("alone"), 1, 1, "--pp 2");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_NE(alone.out.find("this is one process (no launcher's ranks in the environment)"),
+            std::string::npos)
+      << alone.out;
+  EXPECT_NE(alone.out.find("--pp 2 must divide the job's 1 ranks"), std::string::npos)
+      << alone.out;
   TrainRun ranks = train(tmpdir("ranks"), 3, 1, "--pp 2");
   EXPECT_NE(ranks.code, 0);
   EXPECT_NE(ranks.out.find("--pp 2 must divide the job's 3 ranks"), std::string::npos) << ranks.out;

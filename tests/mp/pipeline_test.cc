@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <tuple>
 
 #include "ranks.h"
 #include "shoal/dp/allreduce.h"
@@ -49,6 +51,72 @@ TEST(PipelineSchedule, EveryMicroBatchRunsForwardThenBackwardInOrder) {
         }
 }
 
+// Runs every rank's order as ranks would: sends never wait, a forward of
+// piece k waits for piece k-1's forward of its micro-batch, a backward for
+// piece k+1's backward (the last piece's for its own forward). Returns false
+// if some rank waits forever; `alive[s]` gets the most forwards rank s
+// holds at once.
+bool runs_to_the_end(const std::vector<std::vector<Work>>& order, int chunks, int micro,
+                     std::vector<int>& alive) {
+  const int p = static_cast<int>(order.size()), pieces = p * chunks;
+  std::set<std::tuple<int, int, bool>> done;  // (piece, micro-batch, forward)
+  std::vector<std::size_t> next(order.size(), 0);
+  std::vector<int> held(order.size(), 0);
+  alive.assign(order.size(), 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < p; ++s)
+      while (next[s] < order[s].size()) {
+        const Work w = order[s][next[s]];
+        const int k = w.chunk * p + s;
+        const bool ready =
+            w.forward ? k == 0 || done.count({k - 1, w.micro, true})
+                      : done.count({k == pieces - 1 ? k : k + 1, w.micro, k == pieces - 1});
+        if (!ready) break;
+        done.insert({k, w.micro, w.forward});
+        held[s] += w.forward ? 1 : -1;
+        alive[s] = std::max(alive[s], held[s]);
+        ++next[s];
+        moved = true;
+      }
+  }
+  for (int s = 0; s < p; ++s)
+    if (next[s] != order[s].size()) return false;
+  return static_cast<int>(done.size()) == 2 * pieces * micro;
+}
+
+TEST(PipelineSchedule, InterleavedChunksRunEveryPieceWithoutDeadlock) {
+  for (Schedule sc : {Schedule::kGPipe, Schedule::k1F1B})
+    for (int p = 2; p <= 4; ++p)
+      for (int v = 1; v <= 3; ++v)
+        for (int m = p; m <= 3 * p; m += p) {
+          SCOPED_TRACE(fmt::format("{} p={} chunks={} m={}",
+                                   sc == Schedule::kGPipe ? "gpipe" : "1f1b", p, v, m));
+          std::vector<std::vector<Work>> order;
+          for (int s = 0; s < p; ++s) {
+            order.push_back(stage_work(sc, s, p, m, v));
+            ASSERT_EQ(order.back().size(), static_cast<std::size_t>(2 * m * v));
+            // Each chunk takes its micro-batches in order, forward and backward.
+            std::vector<int> next_f(static_cast<std::size_t>(v), 0), next_b = next_f;
+            for (const Work& w : order.back()) {
+              auto& n = w.forward ? next_f : next_b;
+              EXPECT_EQ(w.micro, n[static_cast<std::size_t>(w.chunk)]++);
+            }
+          }
+          std::vector<int> alive;
+          ASSERT_TRUE(runs_to_the_end(order, v, m, alive));
+          for (int s = 0; s < p; ++s) {
+            // 1F1B holds its warm-up's forwards and one more; GPipe every one.
+            const int warm = v == 1   ? std::min(m, p - s - 1) + 1
+                             : m == p ? m * v
+                                      : std::min(m * v, 2 * (p - s - 1) + (v - 1) * p + 1);
+            EXPECT_EQ(alive[static_cast<std::size_t>(s)],
+                      sc == Schedule::kGPipe ? m * v : std::min(warm, m * v))
+                << "stage " << s;
+          }
+        }
+}
+
 // A chain of linears with relu between: widths 5 -> 9 -> 3 -> 8 -> 6 -> 4,
 // so the layers' costs differ. Inputs "x" [rows, 5] and "labels" [rows].
 struct Chain {
@@ -56,8 +124,10 @@ struct Chain {
   Value loss, logits;
   std::vector<std::string> params;
 };
-Chain chain(std::int64_t rows) {
-  const std::vector<std::int64_t> w = {5, 9, 3, 8, 6, 4};
+// `deep`: one more linear (6 in all, for 3 stages of 2 chunks).
+Chain chain(std::int64_t rows, bool deep = false) {
+  const std::vector<std::int64_t> w = deep ? std::vector<std::int64_t>{5, 9, 3, 8, 6, 7, 4}
+                                           : std::vector<std::int64_t>{5, 9, 3, 8, 6, 4};
   Chain c;
   Builder b(c.g);
   Value h = b.input("x", DType::kF32, {rows, w[0]});
@@ -132,8 +202,8 @@ std::map<std::string, Tensor> feeds(const Graph& g) {
 }
 
 // Loss and gradients in params order: one process, the whole batch.
-Result<std::vector<Tensor>> one_process() {
-  Chain c = chain(kBatch);
+Result<std::vector<Tensor>> one_process(bool deep = false) {
+  Chain c = chain(kBatch, deep);
   std::vector<Value> wrt;
   for (const auto& p : c.params) {
     SHOAL_ASSIGN_OR_RETURN(Value v, c.g.find_input("param/" + p));
@@ -151,9 +221,10 @@ Result<std::vector<Tensor>> one_process() {
 
 // Stage `c.rank()`'s step: its loss and its parameters' gradients by name.
 using Named = std::map<std::string, Tensor>;
-Result<Named> run_stage(comm::Communicator& c, int micro, Schedule s) {
-  Chain t = chain(kBatch / micro);
-  SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan, plan_pipeline(t.g, {t.loss, t.logits}, c.size()));
+Result<Named> run_stage(comm::Communicator& c, int micro, Schedule s, int chunks = 1) {
+  Chain t = chain(kBatch / micro, chunks * c.size() > 5);
+  SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan,
+                         plan_pipeline(t.g, {t.loss, t.logits}, c.size() * chunks));
   SHOAL_ASSIGN_OR_RETURN(auto fwd, c.split(0, c.rank()));
   SHOAL_ASSIGN_OR_RETURN(auto bwd, c.split(0, c.rank()));
   StageOptions o;
@@ -161,6 +232,7 @@ Result<Named> run_stage(comm::Communicator& c, int micro, Schedule s) {
   o.stages = c.size();
   o.micro_batches = micro;
   o.schedule = s;
+  o.chunks = chunks;
   o.fwd_comm = dp::register_communicator(fwd.get(), false);
   o.bwd_comm = dp::register_communicator(bwd.get(), false);
   o.loss_comm = dp::register_communicator(&c, false);
@@ -183,35 +255,60 @@ Result<Named> run_stage(comm::Communicator& c, int micro, Schedule s) {
   return got;
 }
 
+// Every stage's loss equals one process's, and each parameter's gradient,
+// found on exactly one stage, equals its one-process gradient.
+void expect_equal(const std::vector<Result<Named>>& got, const std::vector<Tensor>& ref,
+                  const Chain& names) {
+  std::set<std::string> seen;
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    ASSERT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r].status().to_string();
+    const Named& g = *got[r];
+    EXPECT_NEAR(g.at("loss").data<float>()[0], ref[0].data<float>()[0], 1e-5);
+    for (std::size_t k = 0; k < names.params.size(); ++k) {
+      auto it = g.find(names.params[k]);
+      if (it == g.end()) continue;
+      EXPECT_TRUE(seen.insert(it->first).second) << it->first << " on two stages";
+      const Tensor& want = ref[k + 1];
+      ASSERT_EQ(it->second.shape(), want.shape());
+      for (std::int64_t e = 0; e < want.numel(); ++e)
+        ASSERT_NEAR(it->second.data<float>()[e], want.data<float>()[e], 1e-5)
+            << it->first << " element " << e << " on stage " << r;
+    }
+  }
+  EXPECT_EQ(seen.size(), names.params.size());
+}
+
+const char* name(Schedule s) { return s == Schedule::kGPipe ? "gpipe" : "1f1b"; }
+
 TEST(PipelineStages, LossAndGradientsEqualOneProcess) {
   auto ref = one_process();
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
-  const Chain names = chain(1);
   for (int p : {2, 3})
     for (int micro : {1, 3})
       for (Schedule s : {Schedule::kGPipe, Schedule::k1F1B}) {
-        SCOPED_TRACE(fmt::format("{} stages, {} micro-batches, {}", p, micro,
-                                 s == Schedule::kGPipe ? "gpipe" : "1f1b"));
-        auto got = testing::run_on_ranks<Named>(
-            p, "pp", [&](int, comm::Communicator& c) { return run_stage(c, micro, s); });
-        std::set<std::string> seen;
-        for (int r = 0; r < p; ++r) {
-          ASSERT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r].status().to_string();
-          const Named& g = *got[r];
-          EXPECT_NEAR(g.at("loss").data<float>()[0], (*ref)[0].data<float>()[0], 1e-5);
-          for (std::size_t k = 0; k < names.params.size(); ++k) {
-            auto it = g.find(names.params[k]);
-            if (it == g.end()) continue;
-            EXPECT_TRUE(seen.insert(it->first).second) << it->first << " on two stages";
-            const Tensor& want = (*ref)[k + 1];
-            ASSERT_EQ(it->second.shape(), want.shape());
-            for (std::int64_t e = 0; e < want.numel(); ++e)
-              ASSERT_NEAR(it->second.data<float>()[e], want.data<float>()[e], 1e-5)
-                  << it->first << " element " << e << " on stage " << r;
-          }
-        }
-        EXPECT_EQ(seen.size(), names.params.size());
+        SCOPED_TRACE(fmt::format("{} stages, {} micro-batches, {}", p, micro, name(s)));
+        expect_equal(
+            testing::run_on_ranks<Named>(
+                p, "pp", [&](int, comm::Communicator& c) { return run_stage(c, micro, s); }),
+            *ref, chain(1));
       }
+}
+
+// Interleaved stages: each rank holds 2 pieces of the chain (rank s pieces
+// s and s + p), a micro-batch goes round the ranks twice.
+TEST(PipelineStages, InterleavedChunksEqualOneProcess) {
+  for (auto [p, micro] : std::vector<std::pair<int, int>>{{2, 2}, {2, 6}, {3, 3}}) {
+    const bool deep = 2 * p > 5;
+    auto ref = one_process(deep);
+    ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+    for (Schedule s : {Schedule::kGPipe, Schedule::k1F1B}) {
+      SCOPED_TRACE(fmt::format("{} stages x 2 chunks, {} micro-batches, {}", p, micro, name(s)));
+      expect_equal(
+          testing::run_on_ranks<Named>(
+              p, "ppv", [&](int, comm::Communicator& c) { return run_stage(c, micro, s, 2); }),
+          *ref, chain(1, deep));
+    }
+  }
 }
 
 }  // namespace

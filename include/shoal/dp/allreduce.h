@@ -70,8 +70,10 @@ struct DpOptions {
   int dp = 0;  // with tp or pp: data-parallel groups (0: the job's ranks / (tp * pp))
   // > 1: pipeline stages (mp/pipeline.h), each batch in micro_batches under
   // pp_schedule ("1f1b", "gpipe"); pp_cuts: indices of the model's cut
-  // places (empty: balanced by estimated cost).
+  // places (empty: balanced by estimated cost); pp_virtual: model chunks
+  // per rank (interleaved stages, mp::PipelineOptions::chunks).
   int pp = 1;
+  int pp_virtual = 1;
   int micro_batches = 4;
   std::string pp_schedule = "1f1b";
   std::vector<std::size_t> pp_cuts;

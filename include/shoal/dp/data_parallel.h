@@ -12,6 +12,9 @@
 
 namespace shoal::dp {
 
+// Whether `d`'s layout (--dp x --tp x --pp) fits a job of `ranks` ranks.
+Status check_layout(const DpOptions& d, int ranks);
+
 // `c` must outlive the trainer built from `o`.
 Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d = {});
 

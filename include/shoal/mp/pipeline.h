@@ -57,7 +57,8 @@ struct PipelinePlan {
   double total_cost = 0;
   // Node range [first, last) of `order` that stage s runs.
   std::pair<std::size_t, std::size_t> range(int s) const;
-  std::string str(const graph::Graph& g) const;
+  // `ranks`: the pipeline's ranks, when it holds more pieces (chunks).
+  std::string str(const graph::Graph& g, int ranks = 0) const;
 };
 // `outputs`: the values the forward computes (loss, logits). `cuts`: indices
 // into the candidates (empty: balanced by cost).
@@ -73,8 +74,33 @@ Result<Schedule> parse_schedule(const std::string& name);  // "gpipe", "1f1b"
 // Stage s's order of work: (micro-batch, true for its forward) pairs.
 std::vector<std::pair<int, bool>> schedule_order(Schedule s, int stage, int stages, int micro);
 
+// Interleaved (virtual) stages, Megatron's way (Narayanan et al. 2021): the
+// model is cut into stages x chunks pieces and rank s holds pieces s,
+// s + stages, s + 2·stages, ...: its chunk c is piece c·stages + s. A
+// micro-batch goes round the ranks `chunks` times, so each rank starts work
+// sooner and the bubble shrinks from (p-1)/(m+p-1) toward
+// (p-1)/(chunks·m+p-1), for chunks times the sends.
+struct Work {
+  int chunk = 0, micro = 0;
+  bool forward = true;
+  bool operator==(const Work&) const = default;
+};
+// Stage s's order of work over its chunks. chunks == 1: schedule_order.
+// chunks > 1 (micro a multiple of stages): forwards go chunk by chunk in
+// groups of `stages` micro-batches, backwards likewise from the last chunk;
+// 1F1B runs 2·(stages-s-1) + (chunks-1)·stages forwards first (all of them
+// when micro == stages), then one forward and one backward in turn; GPipe
+// runs every forward first.
+std::vector<Work> stage_work(Schedule s, int stage, int stages, int micro, int chunks);
+// The tag of a pipeline frame: the cut it crosses and the micro-batch.
+constexpr int kMaxMicroBatches = 1 << 16;
+inline std::int64_t pipe_tag(int cut, int micro) {
+  return static_cast<std::int64_t>(cut) * kMaxMicroBatches + micro;
+}
+
 struct StageOptions {
   int stage = 0, stages = 1, micro_batches = 1;
+  int chunks = 1;  // interleaved stages: the plan has stages x chunks pieces
   Schedule schedule = Schedule::k1F1B;
   // Activations go forward over fwd_comm, gradients back over bwd_comm (two
   // progress threads: a stage's send never queues behind its receive from
@@ -104,6 +130,7 @@ Result<std::vector<std::vector<std::string>>> stage_params(const graph::Graph& g
 
 struct PipelineOptions {
   int stages = 2, micro_batches = 4;
+  int chunks = 1;  // pieces of the model per rank (interleaved stages)
   Schedule schedule = Schedule::k1F1B;
   std::vector<std::size_t> cuts;  // indices into the plan's candidates (empty: balanced)
 };
