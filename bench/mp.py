@@ -5,16 +5,17 @@ One process, then at N ranks (1 thread each, context 64, Adam, untied
 head, batch 16 per data-parallel rank or per pipeline; ranks unbound unless
 --bind): plain data
 parallelism, ZeRO-1, tensor parallelism over the N ranks, pipelines of N
-stages (GPipe and 1F1B), and (at 4) 2 data-parallel groups of 2 tensor- or
+stages (GPipe and 1F1B, and 1F1B interleaved: 2 chunks per rank), and (at 4) 2 data-parallel groups of 2 tensor- or
 pipeline-parallel ranks. Prints the job's training tokens/s (global tokens
 over the training loop's time) and rank 0's memory as its log reports it:
 parameters, optimizer state, the step's planned arena.
 
 For the pipelines, a second short run with --trace measures each stage's
 idle fraction (time in pp_recv and the loss broadcast over the step's time,
-the last 10 steps) against the schedule's bubble (p-1)/(m+p-1), and the
-bound: one process's tokens/s x min(the host's measured concurrency for N
-processes (N copies of the one-process run at once), N x m/(m+p-1)).
+the last 10 steps) against the schedule's bubble (p-1)/(v·m+p-1) (v chunks
+per rank), and the bound: one process's tokens/s x min(the host's measured
+concurrency for N processes (N copies of the one-process run at once),
+N x (1 - bubble)).
 
 usage: bench/mp.py [--shoal build/shoal] [--ranks 2,4] [--steps 100] [--png docs/mp_bench.png]
                    [--bind cores|layout]
@@ -191,9 +192,11 @@ def main():
         rows += [("data parallel", n, []), ("ZeRO-1", n, ["--zero", "1"]),
                  ("ZeRO-2", n, ["--zero", "2"]), ("ZeRO-3", n, ["--zero", "3"]),
                  (f"tensor parallel {n}", n, ["--tp", str(n)])]
-        for sched, m in (("gpipe", 4), ("1f1b", 4), ("1f1b", 8)):
-            pipes.append((f"pipeline {n}, {sched}, m={m}", n, m,
-                          ["--pp", str(n), "--pp-schedule", sched, "--micro-batches", str(m)]))
+        for sched, m, v in (("gpipe", 4, 1), ("1f1b", 4, 1), ("1f1b", 8, 1), ("1f1b", 4, 2),
+                            ("1f1b", 8, 2)):
+            pipes.append((f"pipeline {n}, {sched}, m={m}" + (f", {v} chunks" if v > 1 else ""),
+                          n, m, ["--pp", str(n), "--pp-schedule", sched, "--micro-batches",
+                                 str(m), "--pp-virtual", str(v)]))
         if n == 4:
             rows.append(("2 DP groups x TP 2", 4, ["--tp", "2", "--dp", "2"]))
             pipes.append(("2 DP groups x pipeline 2, 1f1b, m=4", 4, 4,
@@ -215,7 +218,7 @@ def main():
     if a.png:
         chart(table, a.png)
     print()
-    print("| pipeline | stages | bubble (p-1)/(m+p-1) | measured idle per stage | "
+    print("| pipeline | stages | bubble (p-1)/(v·m+p-1) | measured idle per stage | "
           "bound tokens/s | measured / bound |")
     print("|---|---|---|---|---|---|")
     ceiling = {}
@@ -224,7 +227,8 @@ def main():
         if n not in ceiling:
             ceiling[n] = concurrency(a.shoal, n, a.steps, one)
             print(f"(host: {n} one-process runs at once reach {ceiling[n]:.2f}x one)", flush=True)
-        bubble = (p - 1) / (m + p - 1)
+        v = int(extra[extra.index("--pp-virtual") + 1]) if "--pp-virtual" in extra else 1
+        bubble = (p - 1) / (v * m + p - 1)  # v chunks per rank: Megatron's interleaving
         fr = idle(a.shoal, n, extra)
         # Each of the n ranks computes (1 - bubble) of the time, and the host
         # gives at most its measured concurrency.
