@@ -81,6 +81,99 @@ std::vector<std::size_t> balance(const std::vector<double>& before, double total
   return cuts;
 }
 
+// Interleaved stages: rank r runs pieces r, r + ranks, ...; each rank runs
+// every one of its pieces once per micro-batch, and the pipeline fills and
+// drains through ranks - 1 pieces, so a step takes about
+//   micro x (the largest sum of a rank's pieces) + (ranks - 1) x (the largest piece).
+// Branch and bound over the cuts for the smallest such time with a
+// parameter in every piece, starting from the largest-piece balance; at
+// most kBudget partial choices are tried (a deep model keeps the best found
+// by then, never worse than the start).
+class RankBalance {
+ public:
+  // Boundary b: 0 the start, j + 1 candidate j, n + 1 the end.
+  RankBalance(const std::vector<double>& before, double total, const std::vector<int>& params,
+              int params_total, int pieces, const Interleave& il)
+      : before_(before),
+        params_(params),
+        total_(total),
+        params_total_(params_total),
+        n_(before.size()),
+        pieces_(static_cast<std::size_t>(pieces)),
+        ranks_(static_cast<std::size_t>(il.ranks)),
+        micro_(std::max(il.micro, 1)) {}
+
+  std::vector<std::size_t> solve(const std::vector<std::size_t>& start) {
+    best_ = start;
+    best_time_ = time_of(start);
+    sums_.assign(ranks_, 0);
+    cur_.clear();
+    dfs(0, 0, 0);
+    return best_;
+  }
+
+ private:
+  static constexpr long kBudget = 2'000'000;
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  double cost(std::size_t b) const { return b == 0 ? 0 : b > n_ ? total_ : before_[b - 1]; }
+  int params(std::size_t b) const { return b == 0 ? 0 : b > n_ ? params_total_ : params_[b - 1]; }
+  double time(double rank, double piece) const {
+    return micro_ * rank + static_cast<double>(ranks_ - 1) * piece;
+  }
+
+  double time_of(const std::vector<std::size_t>& cuts) const {
+    std::vector<double> sums(ranks_, 0);
+    double rank = 0, piece = 0;
+    std::size_t from = 0;
+    for (std::size_t p = 0; p < pieces_; ++p) {
+      const std::size_t to = p + 1 < pieces_ ? cuts[p] + 1 : n_ + 1;
+      if (params(to) == params(from)) return kInf;  // a piece without a parameter
+      sums[p % ranks_] += cost(to) - cost(from);
+      rank = std::max(rank, sums[p % ranks_]);
+      piece = std::max(piece, cost(to) - cost(from));
+      from = to;
+    }
+    return time(rank, piece);
+  }
+
+  // Pieces before `from` are placed; `rank` and `piece` their largest so far
+  // (the time they give is a lower bound of any completion's).
+  void dfs(std::size_t from, double rank, double piece) {
+    if (++visits_ > kBudget) return;
+    const std::size_t k = cur_.size(), r = k % ranks_;
+    const bool last = k + 1 == pieces_;
+    const std::size_t lo = last ? n_ + 1 : from + 1, hi = last ? n_ + 1 : n_ - (pieces_ - 2 - k);
+    for (std::size_t b = lo; b <= hi; ++b) {
+      const double c = cost(b) - cost(from);
+      if (params(b) == params(from)) continue;
+      sums_[r] += c;
+      const double next_rank = std::max(rank, sums_[r]), next_piece = std::max(piece, c);
+      if (time(next_rank, next_piece) < best_time_) {
+        if (last) {
+          best_time_ = time(next_rank, next_piece);
+          best_ = cur_;
+        } else {
+          cur_.push_back(b - 1);
+          dfs(b, next_rank, next_piece);
+          cur_.pop_back();
+        }
+      }
+      sums_[r] -= c;
+    }
+  }
+
+  const std::vector<double>& before_;
+  const std::vector<int>& params_;
+  const double total_;
+  const int params_total_;
+  const std::size_t n_, pieces_, ranks_;
+  const double micro_;
+  std::vector<std::size_t> best_, cur_;
+  double best_time_ = kInf;
+  std::vector<double> sums_;
+  long visits_ = 0;
+};
+
 }  // namespace
 
 std::pair<std::size_t, std::size_t> PipelinePlan::range(int s) const {
@@ -109,7 +202,8 @@ std::string PipelinePlan::str(const graph::Graph& g, int ranks) const {
 }
 
 Result<PipelinePlan> plan_pipeline(const graph::Graph& g, const std::vector<graph::Value>& outputs,
-                                   int stages, const std::vector<std::size_t>& cuts) {
+                                   int stages, const std::vector<std::size_t>& cuts,
+                                   const Interleave& il) {
   if (stages < 1) return invalid_argument("pipeline: {} stages", stages);
   SHOAL_ASSIGN_OR_RETURN(std::vector<int> all, g.topo_order());
   std::vector<bool> needed(static_cast<std::size_t>(g.num_nodes()), false);
@@ -134,14 +228,20 @@ Result<PipelinePlan> plan_pipeline(const graph::Graph& g, const std::vector<grap
       if (pos_of.count(v.node)) last_use[v] = std::max(last_use[v], i);
   std::set<graph::Value> live;
   double cost = 0;
+  int params = 0;  // nodes that read a parameter
   std::vector<double> before;
+  std::vector<int> params_before;
   for (std::size_t i = 0; i < p.order.size(); ++i) {
     if (i > 0 && live.size() == 1 && g.type(*live.begin()).dtype == DType::kF32) {
       p.candidates.push_back({i, *live.begin(), cost});
       before.push_back(cost);
+      params_before.push_back(params);
     }
     const graph::Node& n = g.node(p.order[i]);
     cost += node_cost(g, n);
+    params += std::any_of(n.inputs.begin(), n.inputs.end(), [&](const graph::Value& v) {
+      return g.node(v.node).op == "input" && g.node(v.node).name.starts_with("param/");
+    });
     for (const auto& v : n.inputs)
       if (live.count(v) && last_use[v] == i) live.erase(v);
     for (std::size_t o = 0; o < n.outputs.size(); ++o) {
@@ -168,6 +268,8 @@ Result<PipelinePlan> plan_pipeline(const graph::Graph& g, const std::vector<grap
     p.cuts = cuts;
   } else if (stages > 1) {
     p.cuts = balance(before, cost, stages);
+    if (il.ranks > 1 && il.ranks < stages)
+      p.cuts = RankBalance(before, cost, params_before, params, stages, il).solve(p.cuts);
   }
   for (int s = 0; s < stages; ++s) {
     const auto [first, last] = p.range(s);

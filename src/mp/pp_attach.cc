@@ -135,7 +135,8 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
       SHOAL_ASSIGN_OR_RETURN(sh->inner, inner(g));
     }
     SHOAL_ASSIGN_OR_RETURN(sh->plan,
-                           plan_pipeline(g, {st.loss, st.logits}, so.stages * so.chunks, po.cuts));
+                           plan_pipeline(g, {st.loss, st.logits}, so.stages * so.chunks, po.cuts,
+                                         Interleave{so.stages, so.micro_batches}));
     SHOAL_ASSIGN_OR_RETURN(sh->owners, stage_params(g, sh->plan));
     for (int s = 0; s < so.stages; ++s)  // stage s holds pieces s, s + stages, ...
       for (std::size_t k = static_cast<std::size_t>(s); k < sh->owners.size(); k += so.stages)

@@ -175,6 +175,46 @@ TEST(PipelinePlan, BalancedCutsMinimizeTheLargestStage) {
   EXPECT_FALSE(plan_pipeline(c.g, {c.loss, c.logits}, 40).ok());
 }
 
+// Interleaved stages: the cuts minimize the schedule's estimated step,
+// micro x the largest sum of a rank's pieces + (ranks - 1) x the largest
+// piece, over every choice that leaves a parameter in each piece.
+TEST(PipelinePlan, InterleavedCutsBalanceEachRanksSumOfPieces) {
+  Chain c = chain(4, true);
+  const int micro = 4;
+  auto step = [&](const PipelinePlan& p, int ranks) {
+    std::vector<double> sums(static_cast<std::size_t>(ranks), 0);
+    for (std::size_t k = 0; k < p.stage_cost.size(); ++k) sums[k % sums.size()] += p.stage_cost[k];
+    return micro * *std::max_element(sums.begin(), sums.end()) +
+           (ranks - 1) * *std::max_element(p.stage_cost.begin(), p.stage_cost.end());
+  };
+  for (auto [ranks, pieces] : std::vector<std::pair<int, int>>{{2, 4}, {2, 6}, {3, 6}}) {
+    SCOPED_TRACE(fmt::format("{} ranks, {} pieces", ranks, pieces));
+    auto plan = plan_pipeline(c.g, {c.loss, c.logits}, pieces, {}, {ranks, micro});
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    ASSERT_TRUE(stage_params(c.g, *plan).ok());
+    const double best = step(*plan, ranks);
+    int others = 0;
+    std::vector<std::size_t> idx(static_cast<std::size_t>(pieces - 1));
+    std::function<void(std::size_t, std::size_t)> all = [&](std::size_t k, std::size_t from) {
+      if (k == idx.size()) {
+        auto other = plan_pipeline(c.g, {c.loss, c.logits}, pieces, idx);
+        ASSERT_TRUE(other.ok()) << other.status().to_string();
+        if (!stage_params(c.g, *other).ok()) return;  // a piece without a parameter
+        ++others;
+        EXPECT_GE(step(*other, ranks), best * (1 - 1e-12))
+            << fmt::format("{}", fmt::join(idx, ","));
+        return;
+      }
+      for (std::size_t j = from; j < plan->candidates.size(); ++j) {
+        idx[k] = j;
+        all(k + 1, j + 1);
+      }
+    };
+    all(0, 0);
+    EXPECT_GT(others, 1);
+  }
+}
+
 Tensor values(const Shape& s, float seed) {
   std::vector<float> v(static_cast<std::size_t>(num_elements(s)));
   for (std::size_t i = 0; i < v.size(); ++i)

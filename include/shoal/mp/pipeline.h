@@ -60,10 +60,19 @@ struct PipelinePlan {
   // `ranks`: the pipeline's ranks, when it holds more pieces (chunks).
   std::string str(const graph::Graph& g, int ranks = 0) const;
 };
+// Interleaved stages (see stage_work): `ranks` hold the plan's pieces in
+// turn, each batch in `micro` micro-batches.
+struct Interleave {
+  int ranks = 0, micro = 1;
+};
 // `outputs`: the values the forward computes (loss, logits). `cuts`: indices
-// into the candidates (empty: balanced by cost).
+// into the candidates (empty: balanced by cost: the largest stage as small
+// as it can be; with `il.ranks` < `stages`, the estimated step of the
+// interleaved schedule, micro x the largest sum of a rank's pieces +
+// (ranks - 1) x the largest piece).
 Result<PipelinePlan> plan_pipeline(const graph::Graph& g, const std::vector<graph::Value>& outputs,
-                                   int stages, const std::vector<std::size_t>& cuts = {});
+                                   int stages, const std::vector<std::size_t>& cuts = {},
+                                   const Interleave& il = {});
 
 // Whether node `id` is computed from graph inputs other than parameters and
 // from constants only (no communication): such nodes belong to no stage.
