@@ -51,15 +51,24 @@ std::string tmpdir(const std::string& name) { return testing::scratch_dir("pp_" 
 // 3 blocks x 16 tensors + wte, wpe, ln_f (2), the untied head: 53.
 constexpr int kParams = 53;
 
-void expect_same(const std::string& a_dir, const std::string& b_dir, double tol = 1e-5) {
+// The GPT above with its token table tied to the head: one tensor fewer.
+std::string tied_gpt() {
+  return fmt::format(
+      "--model gpt --data text:{} --layers 3 --heads 4 --dim 16 --context 8 --limit-train 200 "
+      "--limit-test 40",
+      kText);
+}
+
+void expect_same(const std::string& a_dir, const std::string& b_dir, double tol = 1e-5,
+                 int params = kParams) {
   auto a = last_checkpoint(a_dir), b = last_checkpoint(b_dir);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   int np = 0, ns = 0;
   EXPECT_LE(testing::max_abs_diff(*a, *b, "param/", &np), tol);
   EXPECT_LE(testing::max_abs_diff(*a, *b, "opt/", &ns), tol);
-  EXPECT_EQ(np, kParams);
-  EXPECT_EQ(ns, kParams);  // one momentum buffer each
+  EXPECT_EQ(np, params);
+  EXPECT_EQ(ns, params);  // one momentum buffer each
 }
 
 bool have_text() { return std::filesystem::exists(kText); }
@@ -216,18 +225,9 @@ TEST(PpCli, AResumeInTheSameLayoutIsBitIdentical) {
 // stages; a checkpoint holds it once and resumes in one process.
 TEST(PpCli, ATiedEmbeddingIsHeldByBothEndsWithItsGradientSummed) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
-  const std::string tied = fmt::format(
-      "--model gpt --data text:{} --layers 3 --heads 4 --dim 16 --context 8 --limit-train 200 "
-      "--limit-test 40",
-      kText);
+  const std::string tied = tied_gpt();
   auto same = [](const std::string& a_dir, const std::string& b_dir) {
-    auto a = last_checkpoint(a_dir), b = last_checkpoint(b_dir);
-    ASSERT_TRUE(a.ok() && b.ok());
-    int np = 0, ns = 0;
-    EXPECT_LE(testing::max_abs_diff(*a, *b, "param/", &np), 1e-5);
-    EXPECT_LE(testing::max_abs_diff(*a, *b, "opt/", &ns), 1e-5);
-    EXPECT_EQ(np, kParams - 1);  // no separate head
-    EXPECT_EQ(ns, kParams - 1);
+    expect_same(a_dir, b_dir, 1e-5, kParams - 1);  // no separate head
   };
   TrainRun one = train(tmpdir("t1"), 1, 6, "", 8, tied);
   TrainRun one16 = train(tmpdir("t16"), 1, 6, "", 16, tied);
@@ -290,23 +290,13 @@ TEST(PpCli, InterleavedChunksEqualOneProcessAndThePlainPipeline) {
   TrainRun tp = train(tmpdir("v_tp"), 4, 6, "--pp 2 --pp-virtual 2 --tp 2 --micro-batches 2");
   ASSERT_EQ(tp.code, 0) << tp.out;
   expect_same(one.dir, tp.dir);
-  const std::string tied = fmt::format(
-      "--model gpt --data text:{} --layers 3 --heads 4 --dim 16 --context 8 --limit-train 200 "
-      "--limit-test 40",
-      kText);
-  TrainRun tied_one = train(tmpdir("v_tied1"), 1, 6, "", 8, tied);
-  TrainRun tied_two = train(tmpdir("v_tied2"), 2, 6, "--pp 2 --pp-virtual 2", 8, tied);
+  TrainRun tied_one = train(tmpdir("v_tied1"), 1, 6, "", 8, tied_gpt());
+  TrainRun tied_two = train(tmpdir("v_tied2"), 2, 6, "--pp 2 --pp-virtual 2", 8, tied_gpt());
   ASSERT_EQ(tied_one.code, 0) << tied_one.out;
   ASSERT_EQ(tied_two.code, 0) << tied_two.out;
   EXPECT_NE(tied_two.out.find("'wte.weight' is held by stages 0, 1"), std::string::npos)
       << tied_two.out;
-  auto t1 = last_checkpoint(tied_one.dir), t2 = last_checkpoint(tied_two.dir);
-  ASSERT_TRUE(t1.ok() && t2.ok());
-  int np = 0, ns = 0;
-  EXPECT_LE(testing::max_abs_diff(*t1, *t2, "param/", &np), 1e-5);
-  EXPECT_LE(testing::max_abs_diff(*t1, *t2, "opt/", &ns), 1e-5);
-  EXPECT_EQ(np, kParams - 1);  // no separate head
-  EXPECT_EQ(ns, kParams - 1);
+  expect_same(tied_one.dir, tied_two.dir, 1e-5, kParams - 1);  // no separate head
   // Refused by name: chunks without a pipeline; micro-batches not in groups of --pp.
   TrainRun alone = train(tmpdir("v_alone"), 2, 1, "--pp-virtual 2");
   EXPECT_NE(alone.code, 0);
@@ -330,8 +320,7 @@ TEST(PpCli, WhatDoesNotFitIsRefusedByName) {
   EXPECT_NE(alone.out.find("this is one process (no launcher's ranks in the environment)"),
             std::string::npos)
       << alone.out;
-  EXPECT_NE(alone.out.find("--pp 2 must divide the job's 1 ranks"), std::string::npos)
-      << alone.out;
+  EXPECT_NE(alone.out.find("--pp 2 must divide the job's 1 ranks"), std::string::npos) << alone.out;
   TrainRun ranks = train(tmpdir("ranks"), 3, 1, "--pp 2");
   EXPECT_NE(ranks.code, 0);
   EXPECT_NE(ranks.out.find("--pp 2 must divide the job's 3 ranks"), std::string::npos) << ranks.out;
