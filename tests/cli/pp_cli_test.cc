@@ -309,6 +309,35 @@ TEST(PpCli, InterleavedChunksEqualOneProcessAndThePlainPipeline) {
       << groups.out;
 }
 
+// Interleaved stages with ZeRO over the data-parallel groups, resumed in
+// the same layout (bit-identical), and a checkpoint of theirs resumed in a
+// plain pipeline of another depth.
+TEST(PpCli, InterleavedChunksShardResumeAndMoveToAnotherLayout) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TrainRun one16 = train(tmpdir("vz_one16"), 1, 6, "", 16);
+  ASSERT_EQ(one16.code, 0) << one16.out;
+  TrainRun z = train(tmpdir("vz"), 4, 6,
+                     "--pp 2 --pp-virtual 2 --dp 2 --micro-batches 2 --zero 2 "
+                     "--zero-bucket-mb 0.001");
+  ASSERT_EQ(z.code, 0) << z.out;
+  EXPECT_NE(z.out.find("(sharded)"), std::string::npos) << z.out;
+  expect_same(one16.dir, z.dir);
+  testing::expect_resume_bit_identical(
+      [](const std::string& d, int steps, const std::string& extra) {
+        return train(d, 2, steps, "--pp 2 --pp-virtual 2 " + extra);
+      },
+      tmpdir("vbits1"), tmpdir("vbits2"), 6);
+  TrainRun one = train(tmpdir("vm_one"), 1, 6, "");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const std::string dir = tmpdir("vmove");
+  TrainRun a = train(dir, 2, 3, "--pp 2 --pp-virtual 2");
+  ASSERT_EQ(a.code, 0) << a.out;
+  TrainRun b = train(dir, 3, 6, "--pp 3 --resume");
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  expect_same(one.dir, dir);
+}
+
 TEST(PpCli, WhatDoesNotFitIsRefusedByName) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
   TrainRun mb = train(tmpdir("mb"), 2, 1, "--pp 2 --micro-batches 3");
