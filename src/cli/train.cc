@@ -327,13 +327,19 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
     return 2;
   }
   auto& tr = **t;
+  // Ranks that split the model (--tp, --pp) share their group's batch.
+  std::string each;
+  if (ps_job && o.world > 1)
+    each = fmt::format(" per worker x {} workers", o.world);
+  else if (o.world > 1 && o.dworld() == o.world)
+    each = fmt::format(" per rank x {} ranks", o.world);
+  else if (o.world > 1)
+    each = fmt::format(" per data-parallel group x {} group{} of {} ranks", o.dworld(),
+                       o.dworld() > 1 ? "s" : "", o.world / o.dworld());
   if (o.rank == 0 && !o.quiet)
     fmt::print("shoal train: {} on {} ({} steps/epoch, batch {}{}), {} lr {}, run dir {}\n",
-               o.model, o.data, tr.steps_per_epoch(), o.batch,
-               o.world > 1 ? fmt::format(" per {} x {} {}s", ps_job ? "worker" : "rank", o.world,
-                                         ps_job ? "worker" : "rank")
-                           : "",
-               o.optimizer, o.lr, tr.run_dir());
+               o.model, o.data, tr.steps_per_epoch(), o.batch, each, o.optimizer, o.lr,
+               tr.run_dir());
   Status st = tr.run();
   if (!st.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", st.to_string());

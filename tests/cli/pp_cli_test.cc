@@ -120,6 +120,15 @@ TEST(PpCli, DataParallelGroupsOfPipelinesEqualOneProcess) {
   EXPECT_NE(both.out.find("2 data-parallel groups x 2 pipeline stages"), std::string::npos)
       << both.out;
   expect_same(one.dir, both.dir);
+  // The run's header says the batch is each group's, not each rank's.
+  auto header = run_shoal(
+      fmt::format("run -n 4 --timeout 120 -- {} train {} --batch 8 --max-steps 1 --pp 2 --dp 2 "
+                  "--micro-batches 2 --no-plot --no-checkpoints --out {}",
+                  SHOAL_BINARY, gpt(), tmpdir("header")));
+  ASSERT_EQ(header.code, 0) << header.out;
+  EXPECT_NE(header.out.find("batch 8 per data-parallel group x 2 groups of 2 ranks"),
+            std::string::npos)
+      << header.out;
 }
 
 // 4 ranks as 2 stages of 2 tensor-parallel ranks each, and 8 with 2
