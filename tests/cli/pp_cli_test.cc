@@ -71,6 +71,20 @@ void expect_same(const std::string& a_dir, const std::string& b_dir, double tol 
   EXPECT_EQ(ns, params);  // one momentum buffer each
 }
 
+// A layout's checkpoint after 3 steps, resumed in another layout for the
+// rest of 6, lands on `ref_dir` (the uninterrupted run).
+void expect_moves(const std::string& ref_dir, const std::string& name, int ranks_a,
+                  const std::string& layout_a, int ranks_b, const std::string& layout_b,
+                  const std::string& model = gpt(), int params = kParams) {
+  const std::string dir = tmpdir(name);
+  TrainRun a = train(dir, ranks_a, 3, layout_a, 8, model);
+  ASSERT_EQ(a.code, 0) << a.out;
+  TrainRun b = train(dir, ranks_b, 6, "--resume " + layout_b, 8, model);
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  expect_same(ref_dir, dir, 1e-5, params);
+}
+
 bool have_text() { return std::filesystem::exists(kText); }
 
 TEST(PpCli, StagesEqualOneProcessOnTheGpt) {
@@ -145,13 +159,7 @@ TEST(PpCli, TensorParallelStagesEqualOneProcess) {
   EXPECT_NE(both.out.find("pipeline of 2 stages"), std::string::npos) << both.out;
   EXPECT_NE(both.out.find("tensor parallel over 2 ranks"), std::string::npos) << both.out;
   expect_same(one.dir, both.dir);
-  const std::string dir = tmpdir("tp2pp2move");
-  TrainRun a = train(dir, 4, 3, "--tp 2 --pp 2");
-  ASSERT_EQ(a.code, 0) << a.out;
-  TrainRun b = train(dir, 1, 6, "--resume");
-  ASSERT_EQ(b.code, 0) << b.out;
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-  expect_same(one.dir, dir);
+  expect_moves(one.dir, "tp2pp2move", 4, "--tp 2 --pp 2", 1, "");
   // All three on 8 ranks: 2 data-parallel groups (batch 8 each) x 2 stages
   // x 2 tensor-parallel ranks, against one process on the batch of 16.
   TrainRun one16 = train(tmpdir("one16"), 1, 5, "", 16);
@@ -183,13 +191,7 @@ TEST(PpCli, ZeroShardsEachStageOverItsDataParallelGroup) {
     EXPECT_NE(r.out.find("(sharded)"), std::string::npos) << r.out;
     expect_same(one.dir, r.dir);
   }
-  const std::string dir = tmpdir("zmove");
-  TrainRun a = train(dir, 4, 3, "--pp 2 --dp 2 --zero 1");
-  ASSERT_EQ(a.code, 0) << a.out;
-  TrainRun b = train(dir, 4, 6, "--pp 2 --dp 2 --resume");
-  ASSERT_EQ(b.code, 0) << b.out;
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-  expect_same(one.dir, dir);
+  expect_moves(one.dir, "zmove", 4, "--pp 2 --dp 2 --zero 1", 4, "--pp 2 --dp 2");
   testing::expect_resume_bit_identical(
       [](const std::string& d, int steps, const std::string& extra) {
         return train(d, 4, steps, "--pp 2 --dp 2 --zero 2 " + extra);
@@ -208,13 +210,8 @@ TEST(PpCli, CheckpointsMoveBetweenOneProcessAndStages) {
   ASSERT_EQ(ref.code, 0) << ref.out;
   for (bool pp_first : {true, false}) {
     SCOPED_TRACE(pp_first ? "--pp 2, then one process" : "one process, then --pp 3");
-    const std::string dir = tmpdir("move");
-    TrainRun a = train(dir, pp_first ? 2 : 1, 3, pp_first ? "--pp 2" : "");
-    ASSERT_EQ(a.code, 0) << a.out;
-    TrainRun b = train(dir, pp_first ? 1 : 3, 6, pp_first ? "--resume" : "--resume --pp 3");
-    ASSERT_EQ(b.code, 0) << b.out;
-    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-    expect_same(ref.dir, dir);
+    expect_moves(ref.dir, "move", pp_first ? 2 : 1, pp_first ? "--pp 2" : "", pp_first ? 1 : 3,
+                 pp_first ? "" : "--pp 3");
   }
 }
 
@@ -254,12 +251,7 @@ TEST(PpCli, ATiedEmbeddingIsHeldByBothEndsWithItsGradientSummed) {
         << r.out;
     same(l.find("--dp") != std::string::npos ? one16.dir : one.dir, r.dir);
   }
-  const std::string dir = tmpdir("tmove");
-  TrainRun a = train(dir, 3, 3, "--pp 3", 8, tied);
-  ASSERT_EQ(a.code, 0) << a.out;
-  TrainRun b = train(dir, 1, 6, "--resume", 8, tied);
-  ASSERT_EQ(b.code, 0) << b.out;
-  same(one.dir, dir);
+  expect_moves(one.dir, "tmove", 3, "--pp 3", 1, "", tied, kParams - 1);
 }
 
 // Interleaved stages (--pp-virtual 2): rank s holds pieces s and s + P of
@@ -338,13 +330,7 @@ TEST(PpCli, InterleavedChunksShardResumeAndMoveToAnotherLayout) {
       tmpdir("vbits1"), tmpdir("vbits2"), 6);
   TrainRun one = train(tmpdir("vm_one"), 1, 6, "");
   ASSERT_EQ(one.code, 0) << one.out;
-  const std::string dir = tmpdir("vmove");
-  TrainRun a = train(dir, 2, 3, "--pp 2 --pp-virtual 2");
-  ASSERT_EQ(a.code, 0) << a.out;
-  TrainRun b = train(dir, 3, 6, "--pp 3 --resume");
-  ASSERT_EQ(b.code, 0) << b.out;
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-  expect_same(one.dir, dir);
+  expect_moves(one.dir, "vmove", 2, "--pp 2 --pp-virtual 2", 3, "--pp 3");
 }
 
 TEST(PpCli, WhatDoesNotFitIsRefusedByName) {
