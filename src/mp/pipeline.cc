@@ -5,9 +5,9 @@
 // backward in the schedule.
 #include "shoal/mp/pipeline.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
-#include <set>
 #include <tuple>
 
 #include "shoal/graph/passes.h"
@@ -36,7 +36,6 @@ class StageCopier {
                                      const std::vector<Value>& finals) {
     micro_ = i;
     local_.clear();
-    used_.clear();
     const auto [first, last] = plan_.range(piece);
     if (piece > 0) {
       const Value cut = plan_.candidates[plan_.cuts[static_cast<std::size_t>(piece) - 1]].value;
@@ -68,8 +67,6 @@ class StageCopier {
     return out;
   }
   const std::map<std::string, Value>& params() const { return params_; }
-  // The parameters the last forward() read.
-  const std::set<std::string>& used() const { return used_; }
 
  private:
   // The link to the rank holding `piece` across cut `cut`.
@@ -114,7 +111,6 @@ class StageCopier {
       it->second = g_.input(n.name, type);
       if (n.name.starts_with("param/")) params_[n.name.substr(6)] = it->second;
     }
-    if (n.name.starts_with("param/")) used_.insert(n.name.substr(6));
     return it->second;
   }
 
@@ -126,7 +122,6 @@ class StageCopier {
   int micro_ = 0;
   std::map<Value, Value> local_, constants_;
   std::map<std::string, Value> inputs_, params_;
-  std::set<std::string> used_;
 };
 
 void set_slot(Graph& g, int from, std::int64_t slot) {
@@ -187,8 +182,8 @@ Result<StageStep> build_stage_step(Graph& t, Value loss, Value logits, const Pip
   // on the last piece).
   const auto cm = static_cast<std::size_t>(chunks), mm = static_cast<std::size_t>(m);
   std::vector<std::vector<Value>> objective(cm, std::vector<Value>(mm)), after = objective;
-  std::vector<std::set<std::string>> uses(cm);
   std::vector<Value> logits_i(mm);
+  SHOAL_ASSIGN_OR_RETURN(const auto piece_params, stage_params(t, plan));
   for (int c = 0; c < chunks; ++c) {
     const int piece = c * o.stages + o.stage;
     const bool tail = last && c + 1 == chunks;
@@ -199,7 +194,6 @@ Result<StageStep> build_stage_step(Graph& t, Value loss, Value logits, const Pip
       SHOAL_ASSIGN_OR_RETURN(auto outs, copy.forward(piece, i, a, {loss, logits}));
       objective[c][i] = tail ? b.mul(outs[0], b.scalar(1.0 / m)) : outs[0];
       if (tail) logits_i[i] = outs[1];
-      uses[c].insert(copy.used().begin(), copy.used().end());
       SHOAL_RETURN_IF_ERROR(b.status().with_context(fmt::format("pipeline stage {}", o.stage)));
       set_slot(g, from, slot.at({c, i, true}));
     }
@@ -209,23 +203,25 @@ Result<StageStep> build_stage_step(Graph& t, Value loss, Value logits, const Pip
   StageStep st;
   for (const auto& [name, v] : copy.params()) st.params.push_back({name, v, {}});
   for (int c = 0; c < chunks; ++c) {
-    const bool first = c * o.stages + o.stage == 0;
+    const int piece = c * o.stages + o.stage;
+    const auto& uses = piece_params[static_cast<std::size_t>(piece)];
+    std::vector<Value> wrt;  // the chunk's parameters, in st.params' order
+    std::vector<std::size_t> which;
+    for (std::size_t p = 0; p < st.params.size(); ++p)
+      if (std::find(uses.begin(), uses.end(), st.params[p].name) != uses.end()) {
+        wrt.push_back(st.params[p].param);
+        which.push_back(p);
+      }
     for (int i = 0; i < m; ++i) {
       const int from = g.num_nodes();
-      std::vector<Value> w;
-      std::vector<std::size_t> which;
-      for (std::size_t p = 0; p < st.params.size(); ++p)
-        if (uses[c].count(st.params[p].name)) {
-          w.push_back(st.params[p].param);
-          which.push_back(p);
-        }
-      if (!first) w.push_back(after[c][i]);
+      std::vector<Value> w = wrt;
+      if (piece > 0) w.push_back(after[c][i]);
       SHOAL_ASSIGN_OR_RETURN(std::vector<Value> grads, graph::autodiff(g, objective[c][i], w));
       for (std::size_t k = 0; k < which.size(); ++k) {
         Value& acc = st.params[which[k]].grad;
         acc = acc.valid() ? b.add(acc, grads[k]) : grads[k];
       }
-      if (!first) g.mark_output(grads.back());  // the send of dx to the piece before
+      if (piece > 0) g.mark_output(grads.back());  // the send of dx to the piece before
       SHOAL_RETURN_IF_ERROR(b.status());
       set_slot(g, from, slot.at({c, i, false}));
     }
