@@ -8,7 +8,13 @@ tensors) on the same windows of the same text, batch 32, Adam. Prints
 training tokens/s side by side (the training loop only: no start-up, no
 evaluation), one row per (size, threads), and the ratio.
 
+--micro-batches 1,4: each batch also as M micro-batches, gradients
+accumulated before one update (Shoal: `--micro-batches M`; PyTorch: M
+forward/backward passes of loss / M, then the step), with each process's
+peak resident memory (ru_maxrss) beside the speed.
+
 usage: bench/gpt_train.py [--shoal build/shoal] [--threads 1,2] [--steps 150]
+                          [--sizes small,base] [--micro-batches 1]
 """
 import argparse
 import json
@@ -25,7 +31,7 @@ SIZES = {"small": (2, 4, 64), "base": (4, 4, 128)}  # layers, heads, dim
 CONTEXT, BATCH = 64, 32
 
 
-def peer(size, threads, steps):
+def peer(size, threads, steps, micro):
     """PyTorch's side: prints {"tokens_per_s": ...}."""
     import torch
     import torch.nn.functional as F
@@ -58,25 +64,38 @@ def peer(size, threads, steps):
         if s == 5:
             t0 = time.perf_counter()  # 5 warm-up steps
         b = perm[(s * BATCH) % (n - BATCH):][:BATCH]
-        loss = F.cross_entropy(G.forward(w, x[b], a).reshape(-1, a.vocab), y[b].reshape(-1))
         opt.zero_grad()
-        loss.backward()
+        for part in b.chunk(micro):
+            loss = F.cross_entropy(G.forward(w, x[part], a).reshape(-1, a.vocab),
+                                   y[part].reshape(-1))
+            (loss / micro).backward()
         opt.step()
     secs = time.perf_counter() - t0
     print(json.dumps({"tokens_per_s": steps * BATCH * CONTEXT / secs}))
 
 
-def shoal(binary, size, threads, steps):
+def run_measured(cmd):
+    """(stdout, peak resident MiB) of one child process."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited with {p.returncode}")
+    return out, usage.ru_maxrss / 1024
+
+
+def shoal(binary, size, threads, steps, micro):
     layers, heads, dim = SIZES[size]
     with tempfile.TemporaryDirectory() as d:
-        out = subprocess.run(
+        out, rss = run_measured(
             [binary, "train", "--model", "gpt", "--data", "text:" + TEXT, "--layers", str(layers),
              "--heads", str(heads), "--dim", str(dim), "--context", str(CONTEXT), "--batch",
              str(BATCH), "--optimizer", "adam", "--lr", "0.003", "--max-steps", str(steps),
              "--threads", str(threads), "--limit-test", "4", "--no-plot", "--no-checkpoints",
-             "--quiet", "--out", d], capture_output=True, text=True, check=True).stdout
+             "--micro-batches", str(micro), "--quiet", "--out", d])
     line = [l for l in out.splitlines() if l.startswith("final:")][-1]
-    return float(line.split(" tok/s")[0].rsplit(" ", 1)[1])
+    return float(line.split(" tok/s")[0].rsplit(" ", 1)[1]), rss
 
 
 def main():
@@ -85,23 +104,27 @@ def main():
     p.add_argument("--threads", default="1,2")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--sizes", default="small,base")
-    p.add_argument("--peer", nargs=2, metavar=("SIZE", "THREADS"))
+    p.add_argument("--micro-batches", default="1")
+    p.add_argument("--peer", nargs=3, metavar=("SIZE", "THREADS", "MICRO"))
     a = p.parse_args()
     if a.peer:
-        peer(a.peer[0], int(a.peer[1]), a.steps)
+        peer(a.peer[0], int(a.peer[1]), a.steps, int(a.peer[2]))
         return
     print(f"GPT on {TEXT}, context {CONTEXT}, batch {BATCH}, Adam, {a.steps} steps")
-    print("| size (layers/heads/dim) | threads | Shoal tok/s | PyTorch tok/s | Shoal / PyTorch |")
-    print("|---|---|---|---|---|")
+    print("| size (layers/heads/dim) | threads | micro-batches | Shoal tok/s | PyTorch tok/s | "
+          "Shoal / PyTorch | Shoal peak RSS | PyTorch peak RSS |")
+    print("|---|---|---|---|---|---|---|---|")
     for size in a.sizes.split(","):
         for t in [int(v) for v in a.threads.split(",")]:
-            mine = shoal(a.shoal, size, t, a.steps)
-            r = subprocess.run([sys.executable, __file__, "--peer", size, str(t), "--steps",
-                                str(a.steps)], capture_output=True, text=True, check=True)
-            theirs = json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"]
-            l, h, dm = SIZES[size]
-            print(f"| {size} ({l}/{h}/{dm}) | {t} | {mine:,.0f} | {theirs:,.0f} | "
-                  f"{mine / theirs:.2f}x |", flush=True)
+            for m in [int(v) for v in a.micro_batches.split(",")]:
+                mine, mine_rss = shoal(a.shoal, size, t, a.steps, m)
+                out, theirs_rss = run_measured([sys.executable, __file__, "--peer", size, str(t),
+                                                str(m), "--steps", str(a.steps)])
+                theirs = json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
+                l, h, dm = SIZES[size]
+                print(f"| {size} ({l}/{h}/{dm}) | {t} | {m} | {mine:,.0f} | {theirs:,.0f} | "
+                      f"{mine / theirs:.2f}x | {mine_rss:,.0f} MiB | {theirs_rss:,.0f} MiB |",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ struct DistFlags {
   bool sequence_parallel = false;
   int dp = 0;
   int pp = 1;
-  int micro_batches = 4;
+  int micro_batches = 0;  // 0: 4 with --pp, else 1 (no accumulation)
   std::string pp_schedule = "1f1b";
   int pp_virtual = 1;
   std::vector<std::size_t> pp_cuts;

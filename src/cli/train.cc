@@ -270,9 +270,10 @@ TrainCommand add_train_command(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   t->add_option("--micro-batches", d.micro_batches,
-                "With --pp: micro-batches per batch (must divide --batch)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+                "Micro-batches per batch (must divide --batch): with --pp the pipeline's "
+                "(default 4); without, gradient accumulation (one micro-batch's activations "
+                "alive at a time, one update per batch; default 1: none)")
+      ->check(CLI::PositiveNumber);
   t->add_option("--pp-schedule", d.pp_schedule,
                 "With --pp: 1f1b (one forward, one backward in turn: at most --pp micro-batches' "
                 "activations alive) or gpipe (all forwards, then all backwards)")
@@ -307,7 +308,7 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
   jo.dp.sequence_parallel = d.sequence_parallel;
   jo.dp.dp = d.dp;
   jo.dp.pp = d.pp;
-  jo.dp.micro_batches = d.micro_batches;
+  jo.dp.micro_batches = d.micro_batches > 0 ? d.micro_batches : d.pp > 1 ? 4 : 1;
   jo.dp.pp_schedule = d.pp_schedule;
   jo.dp.pp_cuts = d.pp_cuts;
   jo.dp.pp_virtual = d.pp_virtual;

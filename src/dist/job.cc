@@ -6,6 +6,7 @@
 #include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
 #include "shoal/dp/data_parallel.h"
+#include "shoal/mp/accumulate.h"
 #include "shoal/ps/attach.h"
 #include "shoal/runtime/kernel.h"
 
@@ -70,6 +71,12 @@ Result<std::unique_ptr<ps::WorkerJob>> join_ps(train::TrainOptions& o, const Joi
     return invalid_argument(
         "--zero, --tp and --pp shard the model over all-reduce ranks; a parameter-server job "
         "(--dist ps) shards it over its servers: drop them or use --dist allreduce");
+  if (j.dp.micro_batches > 1)
+    return invalid_argument(
+        "--micro-batches {}: a parameter-server worker pushes the gradient of each batch it "
+        "trains on; gradient accumulation is not built for --dist ps (use --dist allreduce, or "
+        "a smaller --batch)",
+        j.dp.micro_batches);
   SHOAL_ASSIGN_OR_RETURN(ps::JobEnv e, ps::job_env());
   if (!e.role.empty() && e.role != "worker")
     return invalid_argument("--dist ps trains as a worker, but DMLC_ROLE={}", e.role);
@@ -103,11 +110,15 @@ Result<std::unique_ptr<Job>> Job::join(train::TrainOptions& o, const JoinOptions
     if (!env.trace.empty()) o.trace = rank_path(env.trace, job->ps_->worker());
   } else if (env.world > 1) {
     SHOAL_ASSIGN_OR_RETURN(job->comm_, join_allreduce(o, j.dp));
+  } else if (Status bad = dp::validate(j.dp); !bad.ok()) {
+    return bad;  // the flags themselves, whatever the ranks
   } else if (Status st = dp::check_layout(j.dp, 1); !st.ok()) {
     // --tp 2 in one process would train unsplit, as if the flag were not there.
     return st.with_context(
         "this is one process (no launcher's ranks in the environment): start the ranks with "
         "`shoal run -n N -- shoal train ...`, mpirun, srun or torchrun");
+  } else {
+    SHOAL_RETURN_IF_ERROR(mp::attach_accumulation(o, j.dp.micro_batches));
   }
   job->rank_ = o.rank;
   job->world_ = o.world;

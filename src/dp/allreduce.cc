@@ -197,6 +197,17 @@ Status validate(const DpOptions& o) {
     return invalid_argument("--zero-bucket-mb {} must be > 0", o.zero_bucket_mb);
   if (o.micro_batches < 1)
     return invalid_argument("--micro-batches {} must be >= 1", o.micro_batches);
+  // Without --pp, micro-batches accumulate gradients (mp/accumulate.h).
+  if (o.micro_batches > 1 && o.pp == 1 && o.tp > 1)
+    return invalid_argument(
+        "--micro-batches {} without --pp accumulates gradients, which tensor parallelism "
+        "(--tp {}) does not support yet: drop one, or run the layers as a pipeline (--pp)",
+        o.micro_batches, o.tp);
+  if (o.micro_batches > 1 && o.pp == 1 && o.zero == 3)
+    return invalid_argument(
+        "--micro-batches {} with --zero 3 would gather every parameter again for each "
+        "micro-batch (forward and backward): accumulate with --zero 1 or 2",
+        o.micro_batches);
   if (o.pp_virtual < 1 || (o.pp_virtual > 1 && o.pp < 2))
     return invalid_argument(
         "--pp-virtual {} interleaves a pipeline's stages: it needs --pp > 1, "

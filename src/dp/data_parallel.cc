@@ -7,6 +7,7 @@
 #include "dp/layout_binding.h"
 #include "shoal/core/logging.h"
 #include "shoal/dp/sharded.h"
+#include "shoal/mp/accumulate.h"
 #include "shoal/mp/pipeline.h"
 #include "shoal/mp/tensor_parallel.h"
 #include "shoal/net/shared_memory.h"
@@ -314,6 +315,7 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   SHOAL_RETURN_IF_ERROR(check_layout(d, c.size()));
   o.rank = c.rank();
   o.world = c.size();
+  if (d.pp == 1) SHOAL_RETURN_IF_ERROR(mp::attach_accumulation(o, d.micro_batches));
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
   // The wire type changes the sums; the bucket sizes, the calls each rank
   // makes (a mismatch would otherwise surface as differing call sequences).

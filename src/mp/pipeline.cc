@@ -159,6 +159,7 @@ Value step_loss(Graph& g, const std::vector<std::vector<Value>>& objective, cons
       }
       total = total ? b.add(*total, v) : v;
     }
+  if (o.stages == 1) return *total;  // gradient accumulation (mp/accumulate.h)
   return broadcast(b, *total, o.loss_comm, o.stages - 1);
 }
 

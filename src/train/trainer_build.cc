@@ -181,8 +181,9 @@ Status Trainer::differentiate(StepBuild& sb) {
   if (o.step_pass) {
     if (!m.bspecs.empty())
       return invalid_argument(
-          "{} keeps running statistics (batch norm); a pipeline of stages does not carry them yet",
-          o.model);
+          "{} keeps running statistics (batch norm), which micro-batches would split: "
+          "--micro-batches {} (a pipeline's, or gradient accumulation) does not carry them yet",
+          o.model, o.micro_batches);
     TrainOptions::Step st{sb.loss, sb.logits, refs};
     SHOAL_ASSIGN_OR_RETURN(m.slices, o.step_pass(g, st));
     sb.loss = st.loss;

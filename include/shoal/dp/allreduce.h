@@ -71,10 +71,11 @@ struct DpOptions {
   // > 1: pipeline stages (mp/pipeline.h), each batch in micro_batches under
   // pp_schedule ("1f1b", "gpipe"); pp_cuts: indices of the model's cut
   // places (empty: balanced by estimated cost); pp_virtual: model chunks
-  // per rank (interleaved stages, mp::PipelineOptions::chunks).
+  // per rank (interleaved stages, mp::PipelineOptions::chunks). With pp 1,
+  // micro_batches > 1 accumulates gradients (mp/accumulate.h).
   int pp = 1;
   int pp_virtual = 1;
-  int micro_batches = 4;
+  int micro_batches = 1;
   std::string pp_schedule = "1f1b";
   std::vector<std::size_t> pp_cuts;
 };

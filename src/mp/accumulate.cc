@@ -1,0 +1,36 @@
+// Gradient accumulation (mp/accumulate.h): the pipeline's step builder with
+// one stage.
+#include "shoal/mp/accumulate.h"
+
+#include "shoal/core/logging.h"
+#include "shoal/mp/pipeline.h"
+
+namespace shoal::mp {
+
+Status attach_accumulation(train::TrainOptions& o, int micro_batches) {
+  if (micro_batches < 2) return ok_status();
+  if (o.step_pass || o.forward_pass)
+    return failed_precondition(
+        "--micro-batches {}: gradient accumulation goes on a step no other pass rewrites",
+        micro_batches);
+  o.micro_batches = micro_batches;
+  if (o.rank == 0)
+    SHOAL_LOG_INFO("gradient accumulation: each batch of {} as {} micro-batches of {}", o.batch,
+                   micro_batches, o.batch / micro_batches);
+  o.step_pass = [micro_batches](
+                    graph::Graph& g,
+                    train::TrainOptions::Step& st) -> Result<train::TrainOptions::ParamSlices> {
+    SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan, plan_pipeline(g, {st.loss, st.logits}, 1));
+    StageOptions so;  // stage 0 of 1: no cut, nothing sent, the loss not broadcast
+    so.micro_batches = micro_batches;
+    so.schedule = Schedule::k1F1B;  // forward, backward, forward, ...: one alive at a time
+    SHOAL_ASSIGN_OR_RETURN(StageStep step, build_stage_step(g, st.loss, st.logits, plan, so));
+    st.loss = step.loss;
+    st.logits = step.logits;
+    st.params = std::move(step.params);
+    return train::TrainOptions::ParamSlices{};  // every parameter whole
+  };
+  return ok_status();
+}
+
+}  // namespace shoal::mp
