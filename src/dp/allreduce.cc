@@ -198,11 +198,6 @@ Status validate(const DpOptions& o) {
   if (o.micro_batches < 1)
     return invalid_argument("--micro-batches {} must be >= 1", o.micro_batches);
   // Without --pp, micro-batches accumulate gradients (mp/accumulate.h).
-  if (o.micro_batches > 1 && o.pp == 1 && o.tp > 1)
-    return invalid_argument(
-        "--micro-batches {} without --pp accumulates gradients, which tensor parallelism "
-        "(--tp {}) does not support yet: drop one, or run the layers as a pipeline (--pp)",
-        o.micro_batches, o.tp);
   if (o.micro_batches > 1 && o.pp == 1 && o.zero == 3)
     return invalid_argument(
         "--micro-batches {} with --zero 3 would gather every parameter again for each "

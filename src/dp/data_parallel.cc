@@ -161,14 +161,16 @@ Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions&
         "ranks, D > 1)",
         d.zero, d.tp, c.size(), d.tp);
   o.peers = std::make_shared<CommPeers>(c);
+  const bool copied = d.micro_batches > 1;  // per micro-batch by gradient accumulation
   if (c.size() == d.tp)
-    return mp::attach_tensor_parallel(o, register_communicator(&c, false), d.sequence_parallel);
+    return mp::attach_tensor_parallel(o, register_communicator(&c, false), d.sequence_parallel,
+                                      copied);
   SHOAL_ASSIGN_OR_RETURN(auto tp, c.split(c.rank() / d.tp, c.rank()));
   SHOAL_ASSIGN_OR_RETURN(auto dp, c.split(c.rank() % d.tp, c.rank()));
   comm::Communicator* tpc = keep(std::move(tp));
   comm::Communicator* dpc = keep(std::move(dp));
-  SHOAL_RETURN_IF_ERROR(
-      mp::attach_tensor_parallel(o, register_communicator(tpc, false), d.sequence_parallel));
+  SHOAL_RETURN_IF_ERROR(mp::attach_tensor_parallel(o, register_communicator(tpc, false),
+                                                   d.sequence_parallel, copied));
   o.data_rank = dpc->rank();
   o.data_world = dpc->size();
   o.prefetch = false;
@@ -315,7 +317,8 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   SHOAL_RETURN_IF_ERROR(check_layout(d, c.size()));
   o.rank = c.rank();
   o.world = c.size();
-  if (d.pp == 1) SHOAL_RETURN_IF_ERROR(mp::attach_accumulation(o, d.micro_batches));
+  // Gradient accumulation wraps what the other passes did to the forward.
+  if (d.pp == 1 && d.tp == 1) SHOAL_RETURN_IF_ERROR(mp::attach_accumulation(o, d.micro_batches));
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
   // The wire type changes the sums; the bucket sizes, the calls each rank
   // makes (a mismatch would otherwise surface as differing call sequences).
@@ -334,7 +337,10 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
                       {"--pp-cuts", fmt::format("{}", fmt::join(d.pp_cuts, ","))}}));
   SHOAL_RETURN_IF_ERROR(bind_to_layout(c.rank(), c.size(), d.tp, d.pp));
   if (d.pp > 1) return attach_pp(o, c, d);
-  if (d.tp > 1) return attach_tp(o, c, d);
+  if (d.tp > 1) {
+    SHOAL_RETURN_IF_ERROR(attach_tp(o, c, d));
+    return mp::attach_accumulation(o, d.micro_batches);
+  }
   const bool lead = c.rank() == 0;
   DpOptions dd = d;
   // Is a core free on every rank's host? With every core computing, a

@@ -9,17 +9,23 @@ namespace shoal::mp {
 
 Status attach_accumulation(train::TrainOptions& o, int micro_batches) {
   if (micro_batches < 2) return ok_status();
-  if (o.step_pass || o.forward_pass)
+  if (o.step_pass)
     return failed_precondition(
-        "--micro-batches {}: gradient accumulation goes on a step no other pass rewrites",
-        micro_batches);
+        "--micro-batches {}: another pass (a pipeline) already builds the step", micro_batches);
   o.micro_batches = micro_batches;
   if (o.rank == 0)
     SHOAL_LOG_INFO("gradient accumulation: each batch of {} as {} micro-batches of {}", o.batch,
                    micro_batches, o.batch / micro_batches);
-  o.step_pass = [micro_batches](
+  // A forward pass already installed (tensor parallelism) rewrites the
+  // micro-batch's forward first; it still rewrites the evaluation graphs.
+  auto inner = o.forward_pass;
+  o.step_pass = [micro_batches, inner](
                     graph::Graph& g,
                     train::TrainOptions::Step& st) -> Result<train::TrainOptions::ParamSlices> {
+    train::TrainOptions::ParamSlices slices;  // none: every parameter whole
+    if (inner) {
+      SHOAL_ASSIGN_OR_RETURN(slices, inner(g));
+    }
     SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan, plan_pipeline(g, {st.loss, st.logits}, 1));
     StageOptions so;  // stage 0 of 1: no cut, nothing sent, the loss not broadcast
     so.micro_batches = micro_batches;
@@ -28,7 +34,7 @@ Status attach_accumulation(train::TrainOptions& o, int micro_batches) {
     st.loss = step.loss;
     st.logits = step.logits;
     st.params = std::move(step.params);
-    return train::TrainOptions::ParamSlices{};  // every parameter whole
+    return slices;
   };
   return ok_status();
 }

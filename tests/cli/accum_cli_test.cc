@@ -1,7 +1,8 @@
 // Gradient accumulation, `shoal train --micro-batches M` without --pp: after
 // k momentum steps every parameter and its momentum equal the run on whole
-// batches, in one process (M = 3 and 4 of a batch of 12) and on 2
-// data-parallel ranks (plain and ZeRO-2) against one process on their
+// batches, in one process (M = 3 and 4 of a batch of 12), on 2
+// data-parallel ranks (plain and ZeRO-2) and on tensor-parallel ranks (with
+// sequence parallelism; 2 x 2 with ZeRO-2) against one process on their
 // global batch; the planned step arena falls with M; a resume is
 // bit-identical; what it cannot do is refused by name.
 #include <gtest/gtest.h>
@@ -96,16 +97,34 @@ TEST(AccumCli, MicroBatchesEqualTheWholeBatchInLessMemory) {
   EXPECT_LT(a4, 0.7 * a2);
 }
 
-TEST(AccumCli, DataParallelRanksAccumulateAsOneProcessOnTheGlobalBatch) {
+TEST(AccumCli, RanksAccumulateAsOneProcessOnTheGlobalBatch) {
   if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
-  TrainRun one = train(tmpdir("one"), 1, 5, 16, "");
-  ASSERT_EQ(one.code, 0) << one.out;
-  for (const std::string layout : {"", "--zero 2"}) {
-    SCOPED_TRACE(layout);
-    TrainRun dp = train(tmpdir("dp"), 2, 5, 8, "--micro-batches 4 " + layout);
-    ASSERT_EQ(dp.code, 0) << dp.out;
-    EXPECT_NE(dp.out.find("each batch of 8 as 4 micro-batches of 2"), std::string::npos) << dp.out;
-    expect_same(one.dir, dp.dir);
+  TrainRun one8 = train(tmpdir("one8"), 1, 5, 8, "");
+  TrainRun one16 = train(tmpdir("one16"), 1, 5, 16, "");
+  ASSERT_EQ(one8.code, 0) << one8.out;
+  ASSERT_EQ(one16.code, 0) << one16.out;
+  struct Layout {
+    int ranks;
+    std::string flags;
+    const TrainRun& one;  // the same global batch in one process
+  };
+  for (const Layout& l :
+       {Layout{2, "--micro-batches 4", one16}, Layout{2, "--micro-batches 4 --zero 2", one16},
+        Layout{2, "--micro-batches 4 --tp 2", one8},
+        Layout{2, "--micro-batches 2 --tp 2 --sequence-parallel", one8},
+        Layout{4, "--micro-batches 2 --tp 2 --zero 2", one16}}) {
+    SCOPED_TRACE(l.flags);
+    TrainRun r = train(tmpdir("ranks"), l.ranks, 5, 8, l.flags);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("gradient accumulation: each batch of 8 as"), std::string::npos) << r.out;
+    expect_same(l.one.dir, r.dir);
+    // Tensor-parallel ranks still hold slices: about half the parameters.
+    if (l.flags.find("--tp 2") != std::string::npos) {
+      auto mine = testing::numbers_after(r.out, "parameters ");
+      auto whole = testing::numbers_after(l.one.out, "parameters ");
+      ASSERT_FALSE(mine.empty() || whole.empty()) << r.out << l.one.out;
+      EXPECT_LT(mine[0], 0.75 * whole[0]) << r.out;
+    }
   }
   // Stopped after 3 steps and resumed, it lands on the same bits.
   const std::string dir = tmpdir("resume");
@@ -125,9 +144,6 @@ TEST(AccumCli, WhatItCannotDoIsRefusedByName) {
     EXPECT_NE(r.code, 0) << r.out;
     EXPECT_NE(r.out.find(what), std::string::npos) << r.out;
   };
-  refused(train(tmpdir("tp"), 2, 1, 8, "--micro-batches 2 --tp 2"),
-          "--micro-batches 2 without --pp accumulates gradients, which tensor parallelism "
-          "(--tp 2) does not support yet");
   refused(train(tmpdir("z3"), 2, 1, 8, "--micro-batches 2 --zero 3"),
           "--micro-batches 2 with --zero 3 would gather every parameter again");
   refused(train(tmpdir("z3one"), 1, 1, 8, "--micro-batches 2 --zero 3"),

@@ -12,9 +12,11 @@
 //
 // Composes with data parallelism and ZeRO-1/2 (their passes see the summed
 // gradients: one all-reduce or reduce-scatter per step, not per
-// micro-batch). Not with tensor parallelism or ZeRO-3 (refused by
-// dp::validate), nor with batch norm, whose statistics micro-batches
-// would split (refused by the trainer).
+// micro-batch) and with tensor parallelism (its rewrite of the forward, an
+// installed forward_pass, runs first; the step then copies the split
+// forward per micro-batch). Not with ZeRO-3 (refused by dp::validate), nor
+// with batch norm, whose statistics micro-batches would split (refused by
+// the trainer).
 #pragma once
 
 #include "shoal/core/status.h"

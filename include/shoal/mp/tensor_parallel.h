@@ -118,8 +118,9 @@ Tensor tp_slice(const Tensor& full, const TpShard& s, int rank, int size);
 // With sequence_parallel, shard_sequence after the split. A loss of the
 // vocabulary-parallel head's logits becomes the vocabulary-parallel one, and
 // the trainer counts right answers from it (ParamSlices::correct). In a
-// pipeline (in_pipeline), whose stages pass whole values on, the loss reads
-// whole logits and each parameter the rows read gets its own tp_copy.
+// pipeline or under gradient accumulation (in_pipeline: a step pass copies
+// the forward once per micro-batch), the loss reads whole logits and each
+// parameter the rows read gets its own tp_copy.
 Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id,
                               bool sequence_parallel = false, bool in_pipeline = false);
 
