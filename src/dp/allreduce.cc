@@ -203,6 +203,14 @@ Status validate(const DpOptions& o) {
         "--micro-batches {} with --zero 3 would gather every parameter again for each "
         "micro-batch (forward and backward): accumulate with --zero 1 or 2",
         o.micro_batches);
+  if (o.pp < 2 && !o.pp_cuts.empty())
+    return invalid_argument("--pp-cuts {} places a pipeline's cuts: it needs --pp > 1, got --pp {}",
+                            fmt::join(o.pp_cuts, ","), o.pp);
+  if (o.pp < 2 && o.pp_schedule != "1f1b")
+    return invalid_argument(
+        "--pp-schedule {} orders a pipeline's micro-batches: it needs --pp > 1, got --pp {} "
+        "(gradient accumulation runs one micro-batch's forward and backward at a time)",
+        o.pp_schedule, o.pp);
   if (o.pp_virtual < 1 || (o.pp_virtual > 1 && o.pp < 2))
     return invalid_argument(
         "--pp-virtual {} interleaves a pipeline's stages: it needs --pp > 1, "

@@ -4,7 +4,8 @@
 // data-parallel ranks (plain and ZeRO-2) and on tensor-parallel ranks (with
 // sequence parallelism; 2 x 2 with ZeRO-2) against one process on their
 // global batch; the planned step arena falls with M; a resume is
-// bit-identical; what it cannot do is refused by name.
+// bit-identical; what it cannot do, and a pipeline's flags without --pp, are
+// refused by name.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -148,6 +149,11 @@ TEST(AccumCli, WhatItCannotDoIsRefusedByName) {
           "--micro-batches 2 with --zero 3 would gather every parameter again");
   refused(train(tmpdir("z3one"), 1, 1, 8, "--micro-batches 2 --zero 3"),
           "--micro-batches 2 with --zero 3 would gather");
+  // A pipeline's own flags without a pipeline.
+  refused(train(tmpdir("gpipe"), 1, 1, 8, "--micro-batches 2 --pp-schedule gpipe"),
+          "--pp-schedule gpipe orders a pipeline's micro-batches: it needs --pp > 1, got --pp 1");
+  refused(train(tmpdir("cuts"), 2, 1, 8, "--pp-cuts 1,2"),
+          "--pp-cuts 1,2 places a pipeline's cuts: it needs --pp > 1, got --pp 1");
   refused(train(tmpdir("split"), 1, 1, 8, "--micro-batches 3"),
           "--micro-batches 3 must divide --batch 8");
   refused(train(tmpdir("ps"), 1, 1, 8, "--micro-batches 2 --dist ps"),
