@@ -26,14 +26,18 @@ Status attach_accumulation(train::TrainOptions& o, int micro_batches) {
     if (inner) {
       SHOAL_ASSIGN_OR_RETURN(slices, inner(g));
     }
-    SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan, plan_pipeline(g, {st.loss, st.logits}, 1));
+    std::vector<graph::Value> outputs = {st.loss, st.logits};
+    for (const auto& [name, v] : st.buffers) outputs.push_back(v);  // batch norm's statistics
+    SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan, plan_pipeline(g, outputs, 1));
     StageOptions so;  // stage 0 of 1: no cut, nothing sent, the loss not broadcast
     so.micro_batches = micro_batches;
     so.schedule = Schedule::k1F1B;  // forward, backward, forward, ...: one alive at a time
-    SHOAL_ASSIGN_OR_RETURN(StageStep step, build_stage_step(g, st.loss, st.logits, plan, so));
+    SHOAL_ASSIGN_OR_RETURN(StageStep step,
+                           build_stage_step(g, st.loss, st.logits, plan, so, st.buffers));
     st.loss = step.loss;
     st.logits = step.logits;
     st.params = std::move(step.params);
+    st.buffers = std::move(step.buffers);
     return slices;
   };
   return ok_status();

@@ -67,6 +67,9 @@ class StageCopier {
     return out;
   }
   const std::map<std::string, Value>& params() const { return params_; }
+  // From now on the template's input `name` reads `v` (the running
+  // statistics a micro-batch before wrote).
+  void chain(const std::string& name, Value v) { chained_[name] = v; }
 
  private:
   // The link to the rank holding `piece` across cut `cut`.
@@ -106,6 +109,7 @@ class StageCopier {
       const std::int64_t rows = type.shape[0];
       return b_.slice(it->second, 0, micro_ * rows, (micro_ + 1) * rows);
     }
+    if (auto c = chained_.find(n.name); c != chained_.end()) return c->second;
     auto [it, fresh] = inputs_.emplace(n.name, Value{});
     if (fresh) {
       it->second = g_.input(n.name, type);
@@ -121,7 +125,7 @@ class StageCopier {
   const StageOptions& o_;
   int micro_ = 0;
   std::map<Value, Value> local_, constants_;
-  std::map<std::string, Value> inputs_, params_;
+  std::map<std::string, Value> inputs_, params_, chained_;
 };
 
 void set_slot(Graph& g, int from, std::int64_t slot) {
@@ -166,8 +170,17 @@ Value step_loss(Graph& g, const std::vector<std::vector<Value>>& objective, cons
 }  // namespace
 
 Result<StageStep> build_stage_step(Graph& t, Value loss, Value logits, const PipelinePlan& plan,
-                                   const StageOptions& o) {
+                                   const StageOptions& o,
+                                   const std::vector<std::pair<std::string, Value>>& buffers) {
   SHOAL_RETURN_IF_ERROR(check(o, plan));
+  if (!buffers.empty() && o.stages * o.chunks != 1)
+    return invalid_argument(
+        "pipeline: running statistics ({} buffers, the first '{}') are carried by a step of one "
+        "piece only (gradient accumulation), not by {} stages x {} chunks",
+        buffers.size(), buffers.front().first, o.stages, o.chunks);
+  std::vector<Value> finals = {loss, logits};
+  for (const auto& [name, v] : buffers) finals.push_back(v);
+  std::vector<std::pair<std::string, Value>> stats = buffers;
   const bool last = o.stage + 1 == o.stages;
   const int m = o.micro_batches, chunks = o.chunks;
   Graph g;
@@ -192,9 +205,13 @@ Result<StageStep> build_stage_step(Graph& t, Value loss, Value logits, const Pip
       const int from = g.num_nodes();
       Value& a = after[c][i];
       a = b.scalar(0.0);  // orders the receive; its gradient is the backward send
-      SHOAL_ASSIGN_OR_RETURN(auto outs, copy.forward(piece, i, a, {loss, logits}));
+      SHOAL_ASSIGN_OR_RETURN(auto outs, copy.forward(piece, i, a, finals));
       objective[c][i] = tail ? b.mul(outs[0], b.scalar(1.0 / m)) : outs[0];
       if (tail) logits_i[i] = outs[1];
+      for (std::size_t k = 0; tail && k < stats.size(); ++k) {  // the next micro-batch reads them
+        stats[k].second = outs[2 + k];
+        copy.chain("buf/" + stats[k].first, outs[2 + k]);
+      }
       SHOAL_RETURN_IF_ERROR(b.status().with_context(fmt::format("pipeline stage {}", o.stage)));
       set_slot(g, from, slot.at({c, i, true}));
     }
@@ -230,6 +247,7 @@ Result<StageStep> build_stage_step(Graph& t, Value loss, Value logits, const Pip
   const int from = g.num_nodes();
   st.loss = step_loss(g, objective, o);
   if (last) st.logits = m == 1 ? logits_i[0] : b.concat(logits_i, 0);
+  st.buffers = std::move(stats);
   SHOAL_RETURN_IF_ERROR(b.status());
   set_slot(g, from, final_slot);
   t = std::move(g);

@@ -130,6 +130,11 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
   o.step_pass = [sh, so, c, po, lead, inner](
                     graph::Graph& g,
                     train::TrainOptions::Step& st) -> Result<train::TrainOptions::ParamSlices> {
+    if (!st.buffers.empty())
+      return invalid_argument(
+          "--pp {}: the model keeps running statistics (batch norm: {} buffers, the first '{}'), "
+          "which a pipeline's stages do not carry yet",
+          so.stages, st.buffers.size(), st.buffers.front().first);
     for (const auto& r : st.params) sh->shape_of[r.name] = g.type(r.param).shape;
     if (inner) {
       SHOAL_ASSIGN_OR_RETURN(sh->inner, inner(g));

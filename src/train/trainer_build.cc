@@ -179,16 +179,12 @@ Status Trainer::differentiate(StepBuild& sb) {
     }
   }
   if (o.step_pass) {
-    if (!m.bspecs.empty())
-      return invalid_argument(
-          "{} keeps running statistics (batch norm), which micro-batches would split: "
-          "--micro-batches {} (a pipeline's, or gradient accumulation) does not carry them yet",
-          o.model, o.micro_batches);
-    TrainOptions::Step st{sb.loss, sb.logits, refs};
+    TrainOptions::Step st{sb.loss, sb.logits, refs, sb.buffer_updates};
     SHOAL_ASSIGN_OR_RETURN(m.slices, o.step_pass(g, st));
     sb.loss = st.loss;
     sb.logits = st.logits;
     refs = st.params;
+    sb.buffer_updates = st.buffers;
   } else {
     std::vector<Value> wrt;
     for (const auto& r : refs) wrt.push_back(r.param);

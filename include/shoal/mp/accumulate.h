@@ -14,9 +14,11 @@
 // gradients: one all-reduce or reduce-scatter per step, not per
 // micro-batch) and with tensor parallelism (its rewrite of the forward, an
 // installed forward_pass, runs first; the step then copies the split
-// forward per micro-batch). Not with ZeRO-3 (refused by dp::validate), nor
-// with batch norm, whose statistics micro-batches would split (refused by
-// the trainer).
+// forward per micro-batch). Not with ZeRO-3 (refused by dp::validate).
+// Batch norm normalizes each micro-batch by its own statistics (as
+// PyTorch's accumulation loop does, and as data-parallel ranks without
+// synchronized batch norm do), and its running statistics pass through the
+// micro-batches in turn.
 #pragma once
 
 #include "shoal/core/status.h"

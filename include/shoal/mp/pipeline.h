@@ -121,11 +121,19 @@ struct StageStep {
   graph::Value loss;                    // the step's mean loss on every stage (from the last)
   graph::Value logits;                  // the last stage: every micro-batch's, in batch order
   std::vector<train::ParamRef> params;  // this stage's, gradients summed over micro-batches
+  // The running statistics after the last micro-batch (see build_stage_step).
+  std::vector<std::pair<std::string, graph::Value>> buffers;
 };
 // Replaces `g` (the forward of one micro-batch: inputs "x" and "labels" of
-// batch / m rows) with stage s's step for the whole batch.
-Result<StageStep> build_stage_step(graph::Graph& g, graph::Value loss, graph::Value logits,
-                                   const PipelinePlan& plan, const StageOptions& o);
+// batch / m rows) with stage s's step for the whole batch. `buffers`: the
+// forward's running-statistics updates (batch norm), by buffer name, whose
+// values the plan's outputs must include; only in a plan of one piece
+// (gradient accumulation): micro-batch i reads the statistics micro-batch
+// i - 1 wrote, as PyTorch's accumulation loop does, and the step's are the
+// last one's.
+Result<StageStep> build_stage_step(
+    graph::Graph& g, graph::Value loss, graph::Value logits, const PipelinePlan& plan,
+    const StageOptions& o, const std::vector<std::pair<std::string, graph::Value>>& buffers = {});
 // Replaces `g` (an evaluation forward, output 0 its logits) with stage s's
 // part; output 0 becomes the send's token except on the last stage.
 Status build_stage_forward(graph::Graph& g, const PipelinePlan& plan, const StageOptions& o);

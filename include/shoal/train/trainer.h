@@ -138,6 +138,9 @@ struct TrainOptions {
   struct Step {
     graph::Value loss, logits;
     std::vector<ParamRef> params;
+    // In: the forward's running-statistics updates (batch norm), by buffer
+    // name; out: the step's. A pass that cannot carry them refuses.
+    std::vector<std::pair<std::string, graph::Value>> buffers;
   };
   std::function<Result<ParamSlices>(graph::Graph&, Step& step)> step_pass;
   int micro_batches = 1;
