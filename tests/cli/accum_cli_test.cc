@@ -51,14 +51,7 @@ std::string tmpdir(const std::string& name) {
 constexpr int kParams = 37;
 
 void expect_same(const std::string& a_dir, const std::string& b_dir) {
-  auto a = last_checkpoint(a_dir), b = last_checkpoint(b_dir);
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  ASSERT_TRUE(b.ok()) << b.status().to_string();
-  int np = 0, ns = 0;
-  EXPECT_LE(testing::max_abs_diff(*a, *b, "param/", &np), 1e-5);
-  EXPECT_LE(testing::max_abs_diff(*a, *b, "opt/", &ns), 1e-5);
-  EXPECT_EQ(np, kParams);
-  EXPECT_EQ(ns, kParams);  // one momentum buffer each
+  testing::expect_same_training(a_dir, b_dir, kParams);
 }
 
 double arena(const std::string& out) {
@@ -128,16 +121,12 @@ TEST(AccumCli, RanksAccumulateAsOneProcessOnTheGlobalBatch) {
       EXPECT_LT(mine[0], 0.75 * whole[0]) << r.out;
     }
   }
-  // Stopped after 3 steps and resumed, it lands on the same bits.
-  const std::string dir = tmpdir("resume");
-  TrainRun full = train(dir + "_full", 2, 5, 8, "--micro-batches 2");
-  TrainRun a = train(dir, 2, 3, 8, "--micro-batches 2");
-  ASSERT_EQ(a.code, 0) << a.out;
-  TrainRun b = train(dir, 2, 5, 8, "--micro-batches 2 --resume");
-  ASSERT_EQ(b.code, 0) << b.out;
-  auto cf = last_checkpoint(full.dir), cb = last_checkpoint(b.dir);
-  ASSERT_TRUE(cf.ok() && cb.ok());
-  EXPECT_TRUE(testing::same_bits(*cf, *cb));
+  // Stopped half way and resumed, it lands on the same bits.
+  testing::expect_resume_bit_identical(
+      [](const std::string& dir, int steps, const std::string& extra) {
+        return train(dir, 2, steps, 8, "--micro-batches 2 " + extra);
+      },
+      tmpdir("whole"), tmpdir("resumed"), 6);
 }
 
 // Batch norm normalizes each micro-batch by its own statistics, as PyTorch's
@@ -152,13 +141,7 @@ TEST(AccumCli, BatchNormIsPerMicroBatchAsOnDataParallelRanks) {
   TrainRun dp = train(tmpdir("bn_dp"), 2, 4, 8, "", cnn);
   ASSERT_EQ(acc.code, 0) << acc.out;
   ASSERT_EQ(dp.code, 0) << dp.out;
-  auto a = last_checkpoint(acc.dir), d = last_checkpoint(dp.dir);
-  ASSERT_TRUE(a.ok() && d.ok());
-  int np = 0, ns = 0;
-  EXPECT_LE(testing::max_abs_diff(*a, *d, "param/", &np), 1e-5);
-  EXPECT_LE(testing::max_abs_diff(*a, *d, "opt/", &ns), 1e-5);
-  EXPECT_EQ(np, 10);
-  EXPECT_EQ(ns, 10);
+  testing::expect_same_training(acc.dir, dp.dir, 10);
   const std::string still = "--optimizer sgd --lr 1e-30";
   TrainRun two = train(tmpdir("bn_two"), 1, 2, 16, "--micro-batches 2", cnn, still);
   TrainRun four = train(tmpdir("bn_four"), 1, 4, 8, "", cnn, still);

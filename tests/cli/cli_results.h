@@ -77,6 +77,21 @@ struct TrainRun {
   int code;
 };
 
+// The newest checkpoints of two runs hold the same parameters and
+// optimizer state within `tol`: `params` tensors of each (one state tensor
+// per parameter: momentum).
+inline void expect_same_training(const std::string& a_dir, const std::string& b_dir, int params,
+                                 double tol = 1e-5) {
+  auto a = last_checkpoint(a_dir), b = last_checkpoint(b_dir);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  int np = 0, ns = 0;
+  EXPECT_LE(max_abs_diff(*a, *b, "param/", &np), tol);
+  EXPECT_LE(max_abs_diff(*a, *b, "opt/", &ns), tol);
+  EXPECT_EQ(np, params);
+  EXPECT_EQ(ns, params);
+}
+
 // Trains `steps` steps in one run (in `whole_dir`) and in two (in
 // `split_dir`, the second resuming the first's checkpoint) with
 // train(dir, steps, extra flags); expects every tensor of the final

@@ -61,14 +61,7 @@ std::string tied_gpt() {
 
 void expect_same(const std::string& a_dir, const std::string& b_dir, double tol = 1e-5,
                  int params = kParams) {
-  auto a = last_checkpoint(a_dir), b = last_checkpoint(b_dir);
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  ASSERT_TRUE(b.ok()) << b.status().to_string();
-  int np = 0, ns = 0;
-  EXPECT_LE(testing::max_abs_diff(*a, *b, "param/", &np), tol);
-  EXPECT_LE(testing::max_abs_diff(*a, *b, "opt/", &ns), tol);
-  EXPECT_EQ(np, params);
-  EXPECT_EQ(ns, params);  // one momentum buffer each
+  testing::expect_same_training(a_dir, b_dir, params, tol);
 }
 
 // A layout's checkpoint after 3 steps, resumed in another layout for the

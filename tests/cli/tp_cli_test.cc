@@ -50,14 +50,7 @@ TrainRun one_process(const std::string& name, int batch, int steps) {
 }
 
 void expect_same(const std::string& a_dir, const std::string& b_dir, int params) {
-  auto a = last_checkpoint(a_dir), b = last_checkpoint(b_dir);
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  ASSERT_TRUE(b.ok()) << b.status().to_string();
-  int np = 0, ns = 0;
-  EXPECT_LE(testing::max_abs_diff(*a, *b, "param/", &np), 1e-5);
-  EXPECT_LE(testing::max_abs_diff(*a, *b, "opt/", &ns), 1e-5);
-  EXPECT_EQ(np, params);
-  EXPECT_EQ(ns, params);  // one momentum buffer each
+  testing::expect_same_training(a_dir, b_dir, params);
 }
 
 bool have_text() { return std::filesystem::exists(kText); }
