@@ -132,7 +132,8 @@ void set_slot(Graph& g, int from, std::int64_t slot) {
   for (int id = from; id < g.num_nodes(); ++id) g.mutable_node(id).slot = slot;
 }
 
-Status check(const StageOptions& o, const PipelinePlan& plan) {
+Status check(const StageOptions& o, const PipelinePlan& plan,
+             const std::vector<std::pair<std::string, Value>>& buffers = {}) {
   if (o.stage < 0 || o.stage >= o.stages || o.micro_batches < 1 ||
       o.micro_batches >= kMaxMicroBatches || o.chunks < 1)
     return invalid_argument("pipeline: stage {} of {}, {} micro-batches, {} chunks per stage",
@@ -145,6 +146,11 @@ Status check(const StageOptions& o, const PipelinePlan& plan) {
   if (plan.cuts.size() + 1 != static_cast<std::size_t>(o.stages * o.chunks))
     return invalid_argument("pipeline: a plan of {} pieces for {} stages x {} chunks",
                             plan.cuts.size() + 1, o.stages, o.chunks);
+  if (!buffers.empty() && o.stages * o.chunks != 1)
+    return invalid_argument(
+        "pipeline: running statistics ({} buffers, the first '{}') are carried by a step of one "
+        "piece only (gradient accumulation), not by {} stages x {} chunks",
+        buffers.size(), buffers.front().first, o.stages, o.chunks);
   return ok_status();
 }
 
@@ -172,12 +178,7 @@ Value step_loss(Graph& g, const std::vector<std::vector<Value>>& objective, cons
 Result<StageStep> build_stage_step(Graph& t, Value loss, Value logits, const PipelinePlan& plan,
                                    const StageOptions& o,
                                    const std::vector<std::pair<std::string, Value>>& buffers) {
-  SHOAL_RETURN_IF_ERROR(check(o, plan));
-  if (!buffers.empty() && o.stages * o.chunks != 1)
-    return invalid_argument(
-        "pipeline: running statistics ({} buffers, the first '{}') are carried by a step of one "
-        "piece only (gradient accumulation), not by {} stages x {} chunks",
-        buffers.size(), buffers.front().first, o.stages, o.chunks);
+  SHOAL_RETURN_IF_ERROR(check(o, plan, buffers));
   std::vector<Value> finals = {loss, logits};
   for (const auto& [name, v] : buffers) finals.push_back(v);
   std::vector<std::pair<std::string, Value>> stats = buffers;
