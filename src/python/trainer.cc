@@ -75,6 +75,7 @@ const std::vector<std::pair<const char*, Field>>& fields() {
       {"zero", &dp::DpOptions::zero},
       {"tp", &dp::DpOptions::tp},
       {"dp", &dp::DpOptions::dp},
+      {"micro_batches", &dp::DpOptions::micro_batches},
       {"layers", &train::GptConfig::layers},
       {"heads", &train::GptConfig::heads},
       {"dim", &train::GptConfig::dim},

@@ -90,6 +90,21 @@ def test_trains_on_numpy_arrays_and_round_trips_weights(tmp_path):
         t.load_state_dict({**sd, "fc1.weight": np.zeros((3, 3), np.float32)})
 
 
+def test_micro_batches_accumulate_to_the_whole_batchs_weights(tmp_path):
+    xtr, ytr = blobs(512)
+    xte, yte = blobs(64, seed=1)
+    runs = [shoal.Trainer("mlp", (xtr, ytr, xte, yte), batch=32, micro_batches=m, lr=0.05,
+                          max_steps=10, deterministic=True, quiet=True, plot=False, threads=1,
+                          out=str(tmp_path / f"m{m}")) for m in (1, 4)]
+    for t in runs:
+        t.fit()
+    whole, acc = (t.state_dict() for t in runs)
+    for k in whole:
+        assert np.abs(whole[k] - acc[k]).max() <= 1e-5, k
+    with pytest.raises(ValueError, match="--micro-batches 3 must divide --batch 32"):
+        shoal.Trainer("mlp", (xtr, ytr, xte, yte), batch=32, micro_batches=3)
+
+
 def test_dict_data_and_errors_carry_shoals_message(tmp_path):
     xtr, ytr = blobs(64)
     data = {"x_train": xtr, "y_train": ytr, "x_test": xtr, "y_test": ytr}
