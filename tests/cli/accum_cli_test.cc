@@ -54,11 +54,6 @@ void expect_same(const std::string& a_dir, const std::string& b_dir) {
   testing::expect_same_training(a_dir, b_dir, kParams);
 }
 
-double arena(const std::string& out) {
-  auto v = testing::numbers_after(out, "step arena ");
-  return v.empty() ? 0.0 : v[0];
-}
-
 bool have_text() { return std::filesystem::exists(kText); }
 
 TEST(AccumCli, MicroBatchesEqualTheWholeBatchInLessMemory) {
@@ -84,7 +79,7 @@ TEST(AccumCli, MicroBatchesEqualTheWholeBatchInLessMemory) {
         "--no-checkpoints --quiet --micro-batches {} --out {}",
         kText, m, tmpdir("arena")));
     EXPECT_EQ(r.code, 0) << r.out;
-    return arena(r.out);
+    return testing::step_arena(r.out);
   };
   const double a1 = planned(1), a2 = planned(2), a4 = planned(4);
   EXPECT_GT(a4, 0.0);

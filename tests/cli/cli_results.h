@@ -77,6 +77,13 @@ struct TrainRun {
   int code;
 };
 
+// The planned step arena the run's memory line reports ("step arena N B"),
+// 0 if it printed none.
+inline double step_arena(const std::string& out) {
+  auto v = numbers_after(out, "step arena ");
+  return v.empty() ? 0.0 : v[0];
+}
+
 // The newest checkpoints of two runs hold the same parameters and
 // optimizer state within `tol`: `params` tensors of each (one state tensor
 // per parameter: momentum).

@@ -108,12 +108,8 @@ TEST(PpCli, GPipeAndOneForwardOneBackwardGiveTheSameBits) {
   EXPECT_TRUE(testing::same_bits(*ca, *cb));
   // 1F1B holds at most P micro-batches' activations on the first stage,
   // GPipe all 8: rank 0's planned step arena is smaller.
-  auto arena = [](const std::string& out) {
-    auto v = testing::numbers_after(out, "step arena ");
-    return v.empty() ? 0.0 : v[0];
-  };
-  EXPECT_GT(arena(a.out), 0);
-  EXPECT_LT(arena(a.out), 0.8 * arena(b.out)) << a.out << b.out;
+  EXPECT_GT(testing::step_arena(a.out), 0);
+  EXPECT_LT(testing::step_arena(a.out), 0.8 * testing::step_arena(b.out)) << a.out << b.out;
 }
 
 // 4 ranks: 2 data-parallel groups of 2 stages, each group on its half of
