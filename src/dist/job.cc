@@ -82,6 +82,7 @@ Result<std::unique_ptr<ps::WorkerJob>> join_ps(train::TrainOptions& o, const Joi
     return invalid_argument("--dist ps trains as a worker, but DMLC_ROLE={}", e.role);
   SHOAL_ASSIGN_OR_RETURN(ps::Mode mode, ps::parse_mode(j.ps_mode));
   ps::ShardOptions so = ps::shard_options(o, mode, j.staleness);
+  SHOAL_RETURN_IF_ERROR(ps::check_options(so));
   SHOAL_ASSIGN_OR_RETURN(so.compression, ps::parse_compression(j.ps_compress));
   so.stale_lr = j.ps_stale_lr;
   so.slice_bound = e.slice_bound;

@@ -20,6 +20,11 @@ struct Worker::PipelineBlock {
   Tensor dst;  // where its value goes: the block's rows of the output
   std::chrono::steady_clock::time_point resend_at{};
   int wait_ms = 1;  // kWait back-off
+  // Answered kWait: the server did not apply it, and a later push of this
+  // worker may have moved the server's duplicate mark past its number, so
+  // it goes out again as a new push with a new number (after any resent
+  // old ones), never with the number the server may already have passed.
+  bool renumber = false;
 };
 
 struct Worker::Pipeline {

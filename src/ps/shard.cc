@@ -45,10 +45,20 @@ const char* push_result_name(PushResult r) {
   return "?";
 }
 
+Status check_options(const ShardOptions& o) {
+  if (o.staleness < 0) return invalid_argument("--staleness {} must be >= 0", o.staleness);
+  if (o.mode == Mode::kBounded && o.staleness == 0)
+    return invalid_argument(
+        "--staleness 0 under --ps-mode bounded would let no worker run ahead of the others, "
+        "not even by the step it is on, so every worker would wait forever: use --ps-mode sync "
+        "for lockstep rounds, or --staleness 1 or more");
+  return ok_status();
+}
+
 Result<std::unique_ptr<Shard>> Shard::create(const ShardOptions& o) {
   SHOAL_RETURN_IF_ERROR(train::validate(o.optimizer).with_context("server optimizer"));
   if (!(o.lr > 0)) return invalid_argument("server learning rate {} must be > 0", o.lr);
-  if (o.staleness < 0) return invalid_argument("staleness {} must be >= 0", o.staleness);
+  SHOAL_RETURN_IF_ERROR(check_options(o));
   train::register_optimizer_ops();
   std::unique_ptr<Shard> s(new Shard());
   s->o_ = o;

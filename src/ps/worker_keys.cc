@@ -90,9 +90,9 @@ Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const
 }
 
 Result<PushResult> Worker::push_until_taken(std::size_t i, const Request& r, Deadline dl) {
-  const std::string msg = encode(r);
+  Request again = r;
   for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
-    SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(i, msg, dl));
+    SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(i, encode(again), dl));
     if (rep.size() != 1)
       return invalid_argument("ps server: push reply of {} bytes, expected 1", rep.size());
     const auto pr = static_cast<PushResult>(rep[0]);
@@ -103,6 +103,8 @@ Result<PushResult> Worker::push_until_taken(std::size_t i, const Request& r, Dea
           "deadline",
           worker_, r.key, r.step);
     std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    // Not applied: a new push with a new number (see PipelineBlock::renumber).
+    again.seq = ++seq_;
   }
 }
 

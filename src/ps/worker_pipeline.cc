@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <utility>
 
 #include "ps/pipeline.h"
 #include "shoal/core/logging.h"
@@ -98,6 +99,7 @@ void Worker::maybe_in_place(PipelineBlock& b) const {
 // `b` sent with its other requests), any other failure fails the push-pull.
 void Worker::send_block(PipelineBlock&& b) {
   Pipeline& pl = *pipeline_;
+  if (std::exchange(b.renumber, false)) b.req.seq = ++seq_;
   auto frame = send_request(b.server, b.req, pl.dl);
   if (frame.ok()) {
     pl.sent.emplace(std::pair{b.server, *frame}, std::move(b));
@@ -161,8 +163,11 @@ void Worker::recover(std::size_t i, const Status& why) {
       ++it;
     }
   }
-  std::sort(again.begin(), again.end(),
-            [](const auto& a, const auto& b) { return a.req.seq < b.req.seq; });
+  // Old numbers first, in order, so the server's duplicate mark passes
+  // each only after it; blocks to renumber after them.
+  std::sort(again.begin(), again.end(), [](const auto& a, const auto& b) {
+    return std::pair{a.renumber, a.req.seq} < std::pair{b.renumber, b.req.seq};
+  });
   Status st = why;
   if (resolve_ && !pl.dl.expired() && pl.recoveries[i]++ < 5) {
     SHOAL_LOG_WARN("worker {}: lost parameter server {} at {} ({}); waiting for it to restart",
@@ -174,6 +179,7 @@ void Worker::recover(std::size_t i, const Status& why) {
       answer(b, st);
       continue;
     }
+    if (std::exchange(b.renumber, false)) b.req.seq = ++seq_;
     auto frame = send_request(i, b.req, pl.dl);
     if (!frame.ok()) {
       answer(b, frame.status());
@@ -206,6 +212,7 @@ void Worker::read_answer(std::size_t i) {
     // Bounded staleness: too far ahead of the slowest worker; again soon.
     b.resend_at = Clock::now() + std::chrono::milliseconds(b.wait_ms);
     b.wait_ms = std::min(b.wait_ms * 2, 100);
+    b.renumber = true;
     pl.waiting.push_back(std::move(b));
     return;
   }

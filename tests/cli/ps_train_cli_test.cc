@@ -155,6 +155,42 @@ double total_pushes(const std::string& out) {
   return n;
 }
 
+// Bounded staleness counts every push once. A push answered "wait" goes
+// again as a new push; before, it went with its old number, which a later
+// accepted push of the same worker had passed, and the server dropped it as
+// a duplicate (43 of 5,616 pushes lost in one epoch). One step of slack
+// makes waits frequent; with two servers each sees every worker's keys
+// interleaved with the other server's answers.
+TEST(PsTrainCli, BoundedStalenessCountsEveryPushOnce) {
+  constexpr int kSteps = 500;
+  for (int servers : {1, 2}) {
+    SCOPED_TRACE(fmt::format("{} servers", servers));
+    const std::string dir = testing::scratch_dir(fmt::format("ps_bounded{}", servers));
+    auto r = run_sh(fmt::format(
+        "{0} run --ps {1},2 --timeout 120 -- {0} train --dist ps --ps-mode bounded --staleness 1 "
+        "{2} --batch 16 --epochs 100 --max-steps {3} --out {4}/run",
+        SHOAL_BINARY, servers, kAsyncMlp, kSteps, dir));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(total_pushes(r.out), 2 * kSteps * 6) << r.out;  // 6 keys a step
+    const auto dups = numbers_after(r.out, "sync rounds, ");
+    ASSERT_EQ(dups.size(), static_cast<std::size_t>(servers)) << r.out;
+    for (double d : dups) EXPECT_EQ(d, 0) << r.out;
+  }
+}
+
+// Bounded staleness 0 would let no worker move (each counts as ahead of the
+// other): refused by name at once, not a 300 s hang blaming a key.
+TEST(PsTrainCli, BoundedStalenessZeroIsRefusedByName) {
+  const std::string dir = testing::scratch_dir("ps_stale0");
+  auto r = run_sh(fmt::format(
+      "{0} run --ps 1,2 --timeout 120 -- {0} train --dist ps --ps-mode bounded --staleness 0 "
+      "{1} --batch 16 --max-steps 20 --out {2}/run",
+      SHOAL_BINARY, kMlp, dir));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--staleness 0 under --ps-mode bounded"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 30) << r.out;
+}
+
 TEST(PsTrainCli, ASyncJobNamesAFailedWorkerAndStops) {
   const std::string dir = testing::scratch_dir("ps_syncfail");
   // The first worker to take the lock dies (exit 3) once training runs.

@@ -57,6 +57,11 @@ struct ShardOptions {
   bool stale_lr = false;
 };
 
+// Options that can run at all: under bounded staleness 0 every worker
+// would wait for the others forever (a worker's own last step counts among
+// the slowest), so it is refused with the flag named; 0 is sync mode.
+Status check_options(const ShardOptions& o);
+
 // The options as one line of text ("mode=sync staleness=2 optimizer=sgd
 // ..."): what a worker sends, so that servers started without options adopt
 // the job's, and what a server compares a worker's options with.
