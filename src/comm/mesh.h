@@ -135,6 +135,10 @@ class Mesh {
  private:
   Mesh() = default;
   Status connect_mesh(net::Store& store);
+  Status accept_peer(net::Socket s, net::Store& store, Deadline dl);
+  // How long an accepted connection has to complete its handshake: a real
+  // rank sends its hello at once; a silent prober is dropped after this.
+  static constexpr int kHelloMs = 5000;
   Status setup_shm(net::Store& store, Deadline dl);
   Status probe_cma(net::Store& store, Deadline dl);
   std::string abort_message(int peer, std::uint64_t length, bool from_ring, Deadline dl);

@@ -105,46 +105,71 @@ Status Mesh::connect_mesh(net::Store& store) {
     SHOAL_RETURN_IF_ERROR(recv_msg(s, net::FrameType::kProof, 0, dl).status());
     peers_[static_cast<std::size_t>(j)] = std::move(s);
   }
-  // Higher ranks connect to us.
-  for (int got = 0; got < world_ - 1 - rank_; ++got) {
+  // Higher ranks connect to us. A connection that is not one of them (a
+  // port scanner, a health probe, a peer of another job) is dropped and
+  // logged, and the wait goes on for the real ones: one stray connection
+  // must not end the job. Each gets a few seconds to say hello, so a
+  // silent one does not hold the listener for the whole deadline.
+  log::LineBudget strays;
+  for (int got = 0; got < world_ - 1 - rank_;) {
     auto acc = listener.accept(dl);
     if (!acc.ok())
-      return acc.status().with_context(fmt::format(
-          "rendezvous: rank {} waited for {} higher ranks to connect", rank_, world_ - 1 - rank_));
+      return acc.status().with_context(
+          fmt::format("rendezvous: rank {} waited for {} higher ranks to connect ({} connected)",
+                      rank_, world_ - 1 - rank_, got));
     net::Socket s = std::move(acc).value();
-    std::string from = s.peer();
-    SHOAL_ASSIGN_OR_RETURN(std::string hb, recv_msg(s, net::FrameType::kHello, 64, dl));
-    SHOAL_ASSIGN_OR_RETURN(Hello hello, parse_hello(hb, from));
-    int r = hello.rank;
-    if (hello.world != world_ || r <= rank_ || peers_[static_cast<std::size_t>(r)].valid()) {
-      (void)send_msg(s, net::FrameType::kAbort, "bad rank or world size", dl);
-      return failed_precondition(
-          "handshake from {}: claims rank {} of world {}, expected a "
-          "rank in ({}, {}) of world {}",
-          from, r, hello.world, rank_, world_, world_);
+    const std::string from = s.peer();
+    Status st = accept_peer(std::move(s), store, dl);
+    if (st.ok()) {
+      ++got;
+      continue;
     }
-    std::string ns = make_nonce();
-    SHOAL_RETURN_IF_ERROR(send_msg(
-        s, net::FrameType::kChallenge,
-        encode_challenge(rank_, ns, make_proof(o_.token, 'S', hello.nonce, ns, r, rank_, world_)),
-        dl));
-    SHOAL_ASSIGN_OR_RETURN(std::string pr, recv_msg(s, net::FrameType::kProof, 64, dl));
-    if (!proof_matches(pr, make_proof(o_.token, 'C', hello.nonce, ns, r, rank_, world_))) {
-      (void)send_msg(s, net::FrameType::kAbort, "wrong job token", dl);
-      return failed_precondition(
-          "handshake: connection from {} claiming rank {} failed the job-token proof "
-          "(SHOAL_JOB_TOKEN differs)",
-          from, r);
-    }
-    SHOAL_RETURN_IF_ERROR(send_msg(s, net::FrameType::kProof, "", dl));
-    auto addr = store.get(fmt::format("{}/addr/{}", px, r), dl);
-    hosts_[static_cast<std::size_t>(r)] = addr.ok() ? *addr : from;
-    s.set_peer(fmt::format("rank {} ({})", r, hosts_[static_cast<std::size_t>(r)]));
-    peers_[static_cast<std::size_t>(r)] = std::move(s);
+    if (dl.expired()) return st.with_context("rendezvous");
+    std::uint64_t held = 0;
+    if (strays.take(&held))
+      SHOAL_LOG_WARN("rank {}: dropped a connection from {} that is not a rank of this job: {}{}",
+                     rank_, from, st.message(),
+                     held ? fmt::format(" ({} more dropped since the last such line)", held) : "");
   }
   if (o_.is_world)  // once per job
     SHOAL_RETURN_IF_ERROR(check_clocks(rank_, world_, peers_, o_.max_clock_skew, dl));
   return setup_shm(store, dl);
+}
+
+// The accepting side of the handshake with one connection: hello, our
+// challenge, its proof. On success the socket becomes the peer's.
+Status Mesh::accept_peer(net::Socket s, net::Store& store, Deadline dl) {
+  const std::string from = s.peer();
+  const Deadline hello_dl =
+      Deadline::after(std::min(dl.remaining(), std::chrono::milliseconds(kHelloMs)));
+  SHOAL_ASSIGN_OR_RETURN(std::string hb, recv_msg(s, net::FrameType::kHello, 64, hello_dl));
+  SHOAL_ASSIGN_OR_RETURN(Hello hello, parse_hello(hb, from));
+  const int r = hello.rank;
+  if (hello.world != world_ || r <= rank_ || peers_[static_cast<std::size_t>(r)].valid()) {
+    (void)send_msg(s, net::FrameType::kAbort, "bad rank or world size", hello_dl);
+    return failed_precondition(
+        "handshake from {}: claims rank {} of world {}, expected a rank in ({}, {}) of world {}",
+        from, r, hello.world, rank_, world_, world_);
+  }
+  const std::string ns = make_nonce();
+  SHOAL_RETURN_IF_ERROR(send_msg(
+      s, net::FrameType::kChallenge,
+      encode_challenge(rank_, ns, make_proof(o_.token, 'S', hello.nonce, ns, r, rank_, world_)),
+      hello_dl));
+  SHOAL_ASSIGN_OR_RETURN(std::string pr, recv_msg(s, net::FrameType::kProof, 64, hello_dl));
+  if (!proof_matches(pr, make_proof(o_.token, 'C', hello.nonce, ns, r, rank_, world_))) {
+    (void)send_msg(s, net::FrameType::kAbort, "wrong job token", hello_dl);
+    return failed_precondition(
+        "handshake: connection from {} claiming rank {} failed the job-token proof "
+        "(SHOAL_JOB_TOKEN differs)",
+        from, r);
+  }
+  SHOAL_RETURN_IF_ERROR(send_msg(s, net::FrameType::kProof, "", hello_dl));
+  auto addr = store.get(fmt::format("{}/addr/{}", o_.prefix, r), dl);
+  hosts_[static_cast<std::size_t>(r)] = addr.ok() ? *addr : from;
+  s.set_peer(fmt::format("rank {} ({})", r, hosts_[static_cast<std::size_t>(r)]));
+  peers_[static_cast<std::size_t>(r)] = std::move(s);
+  return ok_status();
 }
 
 // Pairs on one host also get a shared-memory channel; their TCP connection

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace shoal::log {
 namespace {
@@ -35,6 +36,22 @@ spdlog::logger& logger() {
 void set_identity(int rank, int world_size, std::string_view role) {
   logger();
   apply_pattern(fmt::format("r{}/{} {}", rank, world_size, role));
+}
+
+bool LineBudget::take(std::uint64_t* held) {
+  ++total_;
+  const auto now = std::chrono::steady_clock::now();
+  if (used_ == 0 || now - start_ >= period_) {
+    start_ = now;
+    used_ = 0;
+  }
+  if (used_ >= burst_) {
+    ++held_;
+    return false;
+  }
+  ++used_;
+  *held = std::exchange(held_, 0);
+  return true;
 }
 
 }  // namespace shoal::log

@@ -250,7 +250,10 @@ class FrameServer::Loop {
  private:
   void refuse(const std::string& peer, const std::string& why) {
     ++refused_;
-    SHOAL_LOG_WARN("{}: refused the client at {}: {}", name_, peer, why);
+    std::uint64_t held = 0;
+    if (refusals_.take(&held))
+      SHOAL_LOG_WARN("{}: refused the client at {}: {}{}", name_, peer, why,
+                     held ? fmt::format(" ({} more refused since the last such line)", held) : "");
   }
   void drop(Conn& c, const std::string& why) {
     refuse(c.peer, why);
@@ -336,6 +339,7 @@ class FrameServer::Loop {
   const ServerLimits& limits_;
   Handler* handler_;
   std::atomic<int>& refused_;
+  log::LineBudget refusals_;  // one line per refusal, up to a burst per period
   std::map<std::uint64_t, Conn> conns_;
   std::uint64_t next_id_ = 1;
 };

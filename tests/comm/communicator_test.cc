@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "comm/checks.h"
+#include "shoal/comm/handshake.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/net/shared_memory.h"
 #include "shoal/net/socket.h"
@@ -430,6 +431,66 @@ TEST(Frames, BadHeadersAreRefused) {
   EXPECT_NE(net::decode_header(hb, 100, "p").status().message().find("unknown frame type"),
             std::string::npos);
   EXPECT_FALSE(net::decode_header(std::span<const std::uint8_t>(hb, 10), 100, "p").ok());
+}
+
+// A port scanner or health probe that reaches rank 0's mesh port while it
+// waits for rank 1 (bytes that are no frame, a silent connection, a hello
+// of another world size) is dropped and logged; rank 1 then connects and
+// the job runs. Before: the first stray ended rank 0 with "bad magic".
+TEST(Faults, StrayConnectionsAtStartUpAreDroppedNotFatal) {
+  auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
+  ASSERT_TRUE(srv.ok());
+  const int port = (*srv)->port();
+  std::vector<Status> out(2);
+  auto rank = [&](int r) {
+    auto store = net::TcpStore::connect("127.0.0.1", port, Deadline::after_seconds(10), "");
+    if (!store.ok()) {
+      out[static_cast<std::size_t>(r)] = store.status();
+      return;
+    }
+    CommOptions o;
+    o.timeout_seconds = 30;
+    o.prefix = "strays";
+    auto c = Communicator::create(r, 2, **store, o);
+    if (!c.ok()) {
+      out[static_cast<std::size_t>(r)] = c.status();
+      return;
+    }
+    std::vector<float> v(1000, static_cast<float>(r + 1));
+    out[static_cast<std::size_t>(r)] =
+        (*c)->allreduce(v.data(), v.data(), v.size(), DType::kF32, ReduceOp::kSum);
+    if (out[static_cast<std::size_t>(r)].ok() && v[999] != 3.f)
+      out[static_cast<std::size_t>(r)] = internal_error("rank {}: sum {}, expected 3", r, v[999]);
+  };
+  std::thread r0(rank, 0);
+  auto store = net::TcpStore::connect("127.0.0.1", port, Deadline::after_seconds(10), "");
+  ASSERT_TRUE(store.ok());
+  auto addr = (*store)->get("strays/addr/0", Deadline::after_seconds(20));
+  ASSERT_TRUE(addr.ok()) << addr.status().to_string();
+  auto hp = net::split_host_port(*addr, "rank 0");
+  ASSERT_TRUE(hp.ok());
+  const Deadline dl = Deadline::after_seconds(10);
+  auto garbage = net::Socket::connect(hp->first, hp->second, dl);
+  ASSERT_TRUE(garbage.ok());
+  const std::string http = "GET / HTTP/1.0\r\n\r\n GET / HTTP/1.0\r\n\r\n";
+  ASSERT_TRUE(garbage->send_all(http.data(), http.size(), dl).ok());
+  auto silent = net::Socket::connect(hp->first, hp->second, dl);  // says nothing, stays open
+  ASSERT_TRUE(silent.ok());
+  auto other_job = net::Socket::connect(hp->first, hp->second, dl);
+  ASSERT_TRUE(other_job.ok());
+  const std::string hello = encode_hello(3, 5, make_nonce());
+  net::FrameHeader h;
+  h.type = static_cast<std::uint16_t>(net::FrameType::kHello);
+  h.length = hello.size();
+  ASSERT_TRUE(other_job->send_frame(h, hello.data(), dl).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread r1(rank, 1);
+  r0.join();
+  r1.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  expect_all_ok(out);
+  // The silent one costs its hello window, not the 30 s deadline.
+  EXPECT_LT(secs, 15.0);
 }
 
 // Processes: rank 2 of 4 SIGKILLs itself inside a stream of allreduces;
