@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "shoal/cluster/k8s.h"
 #include "shoal/cluster/project.h"
 #include "shoal/cluster/sim.h"
@@ -118,10 +119,10 @@ CLI::App* add_submit_command(CLI::App& app, ClusterFlags& f) {
   s->add_flag("--dry-run", f.dry_run, "Write the script and print it; submit nothing");
   s->add_flag("--wait", f.wait, "Wait for the job to end; exit with its exit code");
   s->add_option("--wait-seconds", f.wait_s, "With --wait: cancel the job after S seconds")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   s->add_option("--rank-timeout", f.rank_timeout_s, "shoal run --timeout for the ranks (0 = none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   s->add_option("cmd", f.cmd, "Each rank's command (after --)")->required();
   return s;
 }

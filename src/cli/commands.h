@@ -20,6 +20,9 @@ struct TrainOptions;
 
 namespace shoal::cli {
 int run_info();
+// After a parse error: the nearest subcommand or flag to what `args` (the
+// command line, program name left out) got wrong, as a sentence; or "".
+std::string suggestion(const CLI::App& app, const std::vector<std::string>& args);
 int run_example_mlp(int threads, int steps, std::uint64_t seed, const std::string& trace);
 std::string cpu_features();
 
@@ -57,7 +60,17 @@ std::function<std::string(const std::string&)> model_name_check();
 // the command line (its flags win).
 Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,
                                              const std::vector<std::string>& cli);
-int run_train(train::TrainOptions o, const DistFlags& d);
+// The flags the train subcommand `t` was given (on the command line or by
+// --config), as a --config file, without --resume, --out and --config: a
+// run keeps it as RUN/options.yaml, and `--resume` reads it back so a
+// resumed run takes every setting it started with unless given again.
+std::string given_flags_yaml(const CLI::App& t);
+// `--resume --out DIR`: the flag tokens of DIR/options.yaml that `cli`
+// (the command line) does not give; none when the run kept no such file.
+Result<std::vector<std::string>> resume_args(const std::string& out, CLI::App& t,
+                                             const std::vector<std::string>& cli);
+// `flags_yaml` (given_flags_yaml) is written into the run directory.
+int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flags_yaml);
 // `shoal eval`: evaluates weights (a checkpoint or a state_dict) on a
 // dataset's test split and prints loss and accuracy.
 struct EvalCommand {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "shoal/core/logging.h"
 #include "shoal/train/sample.h"
 #include "shoal/train/trainer.h"
@@ -33,19 +34,18 @@ EvalCommand add_eval_command(CLI::App& app) {
                 "folders (one subfolder per class)")
       ->capture_default_str();
   e->add_option("--limit-test", o.limit_test, "Use the first N test samples (0 = all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   e->add_option("--eval-batch", o.eval_batch, "Evaluation batch")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least_one())
       ->capture_default_str();
-  e->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
-      ->check(CLI::NonNegativeNumber);
+  e->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->check(non_negative());
   return c;
 }
 
 int run_eval(const train::TrainOptions& given) {
   train::TrainOptions o = given;
   // A run directory means its newest checkpoint that loads.
-  auto w = train::read_model_weights(o.init_from);
+  auto w = train::read_weights(o.init_from);
   if (w.ok()) o.init_from = w->path;
   if (o.model == "gpt" && w.ok()) {  // the size is the checkpoint's (train --model gpt writes it)
     auto it = w->meta.find("gpt");

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "shoal/core/logging.h"
 #include "shoal/launch/launcher.h"
 #include "shoal/train/trainer.h"
@@ -42,8 +43,8 @@ struct Cli {
     example = app.add_subcommand("example", "Run a built-in example");
     example->add_option("name", which, "Example to run")->check(CLI::IsMember({"mlp"}));
     example->add_option("--threads", threads, "CPU threads (0 = all cores)")
-        ->check(CLI::NonNegativeNumber);
-    example->add_option("--steps", steps, "SGD steps")->check(CLI::PositiveNumber);
+        ->check(shoal::cli::non_negative());
+    example->add_option("--steps", steps, "SGD steps")->check(shoal::cli::at_least_one());
     example->add_option("--seed", seed, "Random seed");
     example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
     train = shoal::cli::add_train_command(app);
@@ -79,7 +80,7 @@ struct Cli {
         ->capture_default_str();
     run->add_option("--timeout", launch.timeout_s,
                     "Stop all ranks after S seconds, per attempt (0 = none)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(shoal::cli::non_negative());
     run->add_option("--max-restarts", launch.max_restarts,
                     "After a rank fails, restart all ranks up to K times (shoal train resumes "
                     "from its newest checkpoint)")
@@ -119,11 +120,15 @@ struct Cli {
   }
   // CLI11 wants the arguments reversed, without the program name.
   int parse(std::vector<std::string> args) {
+    const std::vector<std::string> given = args;
     std::reverse(args.begin(), args.end());
     try {
       app.parse(args);
     } catch (const CLI::ParseError& e) {
       int rc = app.exit(e);
+      if (rc != 0)
+        if (std::string hint = shoal::cli::suggestion(app, given); !hint.empty())
+          fmt::print(stderr, "{}\n", hint);
       return rc == 0 ? -1 : rc;
     }
     return 0;
@@ -149,7 +154,23 @@ int main(int argc, char** argv) {
     cli = std::make_unique<Cli>();
     if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
   }
-  if (cli->train.app->parsed()) return shoal::cli::run_train(*cli->train.opts, *cli->train.dist);
+  if (cli->train.app->parsed() && cli->train.opts->resume && !cli->train.opts->out.empty()) {
+    // A resumed run takes the flags it started with, unless given again.
+    auto extra = shoal::cli::resume_args(cli->train.opts->out, *cli->train.app, args);
+    if (!extra.ok()) {
+      SHOAL_LOG_ERROR("shoal train: --resume: {}", extra.status().to_string());
+      return 2;
+    }
+    if (!extra->empty()) {
+      auto pos = std::find(args.begin(), args.end(), "train");
+      args.insert(pos + 1, extra->begin(), extra->end());
+      cli = std::make_unique<Cli>();
+      if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
+    }
+  }
+  if (cli->train.app->parsed())
+    return shoal::cli::run_train(*cli->train.opts, *cli->train.dist,
+                                 shoal::cli::given_flags_yaml(*cli->train.app));
   if (cli->eval.app->parsed()) return shoal::cli::run_eval(*cli->eval.opts);
   if (cli->sample.app->parsed()) return shoal::cli::run_sample(*cli->sample.opts);
   if (cli->ps.scheduler->parsed()) return shoal::cli::run_ps_scheduler(*cli->ps.sched);

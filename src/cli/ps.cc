@@ -7,12 +7,15 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "shoal/core/env.h"
+#include "shoal/core/file.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/store.h"
 #include "shoal/ps/attach.h"
@@ -47,7 +50,7 @@ PsCommand add_ps_command(CLI::App& app) {
   c.server
       ->add_option("--optimizer", f.optimizer, "sgd, momentum, nesterov, adam, adamw, lars, lamb")
       ->capture_default_str();
-  c.server->add_option("--lr", f.lr, "Learning rate")->check(CLI::PositiveNumber);
+  c.server->add_option("--lr", f.lr, "Learning rate")->check(positive());
   c.server->add_option("--momentum", f.momentum, "Momentum")->check(CLI::Range(0.0, 0.999999));
   c.server->add_option("--snapshot", f.snapshot,
                        "Snapshot file: restored at start when it exists, written every "
@@ -81,16 +84,27 @@ namespace {
 // In a job (DMLC_ROLE=server): publishes this server's address with the
 // scheduler under its index (SHOAL_PS_SERVER_INDEX from `shoal run --ps`,
 // which keeps it across a restart; else the next free one).
-Result<std::unique_ptr<net::Store>> register_server(const std::string& host, int port) {
+Result<std::unique_ptr<net::Store>> register_server(const std::string& host, int port,
+                                                    const std::string& snapshot) {
   SHOAL_ASSIGN_OR_RETURN(ps::JobEnv e, ps::job_env());
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<net::Store> store, ps::connect_scheduler(e));
   SHOAL_ASSIGN_OR_RETURN(std::int64_t index, env::get_int("SHOAL_PS_SERVER_INDEX", -1));
+  // Started again by hand on its snapshot: the index it registered under
+  // before (kept beside the snapshot), so workers find it where they lost it.
+  const std::string kept = snapshot.empty() ? "" : snapshot + ".index";
+  if (index < 0 && !kept.empty() && std::filesystem::exists(kept)) {
+    SHOAL_ASSIGN_OR_RETURN(std::string text, read_file(kept));
+    SHOAL_ASSIGN_OR_RETURN(index, env::parse_int(text, kept));
+  }
   if (index < 0) {
     SHOAL_ASSIGN_OR_RETURN(std::int64_t n, store->add("ps/servers", 1));
     index = n - 1;
   }
   if (index >= e.num_servers)
-    return invalid_argument("server index {} is beyond DMLC_NUM_SERVER={}", index, e.num_servers);
+    return invalid_argument(
+        "server index {} is beyond DMLC_NUM_SERVER={}: every server slot of this job is taken "
+        "(a server started again without its --snapshot? SHOAL_PS_SERVER_INDEX=i takes slot i)",
+        index, e.num_servers);
   // Listening on every interface, it is reached by its node's name.
   std::string self = host;
   if (host == "0.0.0.0") {
@@ -100,6 +114,7 @@ Result<std::unique_ptr<net::Store>> register_server(const std::string& host, int
   const std::string advertised = env::get("DMLC_NODE_HOST").value_or(self);
   SHOAL_RETURN_IF_ERROR(
       store->set(ps::server_key(static_cast<int>(index)), fmt::format("{}:{}", advertised, port)));
+  if (!kept.empty()) SHOAL_RETURN_IF_ERROR(write_file_atomic(kept, std::to_string(index)));
   fmt::print("ps server: registered as server {} of {} with the scheduler at {}\n", index,
              e.num_servers, e.root);
   return store;
@@ -202,7 +217,7 @@ int run_ps_server(const PsServerFlags& f) {
                (*s)->port());
   std::unique_ptr<net::Store> store;
   if (ps::in_ps_job()) {
-    auto r = register_server(f.host, (*s)->port());
+    auto r = register_server(f.host, (*s)->port(), f.snapshot);
     if (!r.ok()) {
       SHOAL_LOG_ERROR("shoal ps server: {}", r.status().to_string());
       return 2;

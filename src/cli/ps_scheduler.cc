@@ -61,8 +61,9 @@ int run_ps_scheduler(const PsSchedulerFlags& f) {
   };
   auto port = scheduler_port(f);
   if (!port.ok()) return fail(port.status());
-  auto n_servers = env::get_int("DMLC_NUM_SERVER", 1),
-       n_workers = env::get_int("DMLC_NUM_WORKER", 1);
+  // As every role reads them: set, and >= 1 (a default here would let the
+  // scheduler wait for a job its workers refuse to join).
+  auto n_servers = ps::role_count("DMLC_NUM_SERVER"), n_workers = ps::role_count("DMLC_NUM_WORKER");
   if (!n_servers.ok()) return fail(n_servers.status());
   if (!n_workers.ok()) return fail(n_workers.status());
   const std::string token = env::get("SHOAL_JOB_TOKEN").value_or("");
@@ -74,12 +75,14 @@ int run_ps_scheduler(const PsSchedulerFlags& f) {
   sigaction(SIGTERM, &sa, nullptr);
   auto server = net::TcpStoreServer::start(f.host, *port, token);
   if (!server.ok()) return fail(server.status());
-  fmt::print("ps scheduler: listening on {}:{} for {} servers and {} workers\n", f.host,
-             (*server)->port(), *n_servers, *n_workers);
-  std::fflush(stdout);
   auto client =
       net::TcpStore::connect(f.host, (*server)->port(), Deadline::after_seconds(10), token);
   if (!client.ok()) return fail(client.status());
+  if (Status st = ps::agree_on_counts(**client, *n_servers, *n_workers, "the scheduler"); !st.ok())
+    return fail(st);
+  fmt::print("ps scheduler: listening on {}:{} for {} servers and {} workers\n", f.host,
+             (*server)->port(), *n_servers, *n_workers);
+  std::fflush(stdout);
   if (Status st = watch(**client, static_cast<int>(*n_servers), static_cast<int>(*n_workers));
       !st.ok())
     return fail(st);

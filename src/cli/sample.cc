@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "shoal/core/logging.h"
 #include "shoal/runtime/kernel.h"
 
@@ -21,22 +22,21 @@ SampleCommand add_sample_command(CLI::App& app) {
       ->required();
   s->add_option("--prompt", o.sample.prompt, "Text to continue")->capture_default_str();
   s->add_option("--chars", o.sample.chars, "Characters to generate")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   s->add_option("--temperature", o.sample.temperature, "Softmax temperature (0 = most likely)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   s->add_option("--top-k", o.sample.top_k, "Draw from the k most likely (0 = all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   s->add_option("--seed", o.sample.seed, "Random seed (the same seed gives the same text)");
-  s->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
-      ->check(CLI::NonNegativeNumber);
+  s->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->check(non_negative());
   return c;
 }
 
 int run_sample(const SampleFlags& f) {
   if (f.threads > 0) runtime::set_num_threads(f.threads);
-  auto w = train::read_model_weights(f.weights);
+  auto w = train::read_weights(f.weights);
   if (!w.ok()) {
     SHOAL_LOG_ERROR("shoal sample: {}", w.status().to_string());
     return 2;

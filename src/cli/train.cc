@@ -6,9 +6,13 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
+#include "shoal/core/file.h"
 #include "shoal/core/logging.h"
+#include "shoal/core/stop.h"
 #include "shoal/dist/job.h"
 #include "shoal/dp/data_parallel.h"
 #include "shoal/train/model.h"
@@ -84,29 +88,40 @@ Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& 
   return out;
 }
 
-namespace {
-// Number validators whose messages say what was wrong (CLI11's own print
-// the whole double range).
-CLI::Validator number_check(bool strictly_positive) {
-  return CLI::Validator(
-      [strictly_positive](std::string& s) -> std::string {
-        std::size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(s, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != s.size() || !std::isfinite(v))
-          return fmt::format("expects a number, got '{}'", s);
-        if (strictly_positive ? !(v > 0) : !(v >= 0))
-          return fmt::format("must be {} 0, got {}", strictly_positive ? ">" : ">=", s);
-        return "";
-      },
-      strictly_positive ? "POSITIVE" : "NONNEGATIVE");
+std::string given_flags_yaml(const CLI::App& t) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  for (const CLI::Option* opt : t.get_options()) {
+    const std::string& name = opt->get_single_name();
+    if (opt->count() == 0 || name == "resume" || name == "out" || name == "config" ||
+        name == "help")
+      continue;
+    e << YAML::Key << name << YAML::Value;
+    if (opt->get_expected_min() == 0) {
+      e << true;  // a flag given
+    } else if (opt->results().size() == 1) {
+      e << YAML::DoubleQuoted << opt->results()[0];
+    } else {
+      e << YAML::Flow << YAML::BeginSeq;
+      for (const auto& v : opt->results()) e << YAML::DoubleQuoted << v;
+      e << YAML::EndSeq;
+    }
+  }
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
 }
-const CLI::Validator kPositive = number_check(true);
-const CLI::Validator kNonNegative = number_check(false);
+
+Result<std::vector<std::string>> resume_args(const std::string& out, CLI::App& t,
+                                             const std::vector<std::string>& cli) {
+  const std::string saved = out + "/options.yaml";
+  std::error_code ec;
+  if (!std::filesystem::exists(saved, ec)) return std::vector<std::string>{};
+  return config_args(saved, t, cli);
+}
+
+namespace {
+const CLI::Validator kPositive = positive();
+const CLI::Validator kNonNegative = non_negative();
 }  // namespace
 
 TrainCommand add_train_command(CLI::App& app) {
@@ -249,7 +264,7 @@ TrainCommand add_train_command(CLI::App& app) {
       ->capture_default_str();
   t->add_option("--zero-bucket-mb", d.zero_bucket_mb,
                 "--zero 2: gradient bucket cap (MiB): smaller buckets free gradients sooner")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   t->add_flag("--sequence-parallel", d.sequence_parallel,
               "With --tp: layer norms and residual adds on 1/T of the rows each, between a "
@@ -257,23 +272,23 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--tp", d.tp,
                 "Tensor parallelism over this many ranks (the job's ranks, all on the same "
                 "batches): attention heads and MLP units split Megatron's way")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least_one())
       ->capture_default_str();
   t->add_option("--dp", d.dp,
                 "With --tp or --pp: data-parallel groups (checked: --dp x --tp x --pp must be "
                 "the job's ranks; 0 = the ranks / (--tp x --pp))")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   t->add_option("--pp", d.pp,
                 "Pipeline parallelism over this many ranks: the model's layers cut into stages "
                 "(balanced by estimated cost), each batch run as --micro-batches")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least_one())
       ->capture_default_str();
   t->add_option("--micro-batches", d.micro_batches,
                 "Micro-batches per batch (must divide --batch): with --pp the pipeline's "
                 "(default 4); without, gradient accumulation (one micro-batch's activations "
                 "alive at a time, one update per batch; default 1: none)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least_one());
   t->add_option("--pp-schedule", d.pp_schedule,
                 "With --pp: 1f1b (one forward, one backward in turn: at most --pp micro-batches' "
                 "activations alive) or gpipe (all forwards, then all backwards)")
@@ -283,7 +298,7 @@ TrainCommand add_train_command(CLI::App& app) {
                 "With --pp: model chunks per rank (interleaved, Megatron's virtual stages): the "
                 "model cut into --pp x this many pieces, rank s holding pieces s, s + --pp, ...; "
                 "a smaller bubble for more sends (--micro-batches a multiple of --pp)")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least_one())
       ->capture_default_str();
   t->add_option("--pp-cuts", d.pp_cuts,
                 "With --pp: where to cut, as indices of the model's cut places (the log lists "
@@ -293,7 +308,7 @@ TrainCommand add_train_command(CLI::App& app) {
   return c;
 }
 
-int run_train(train::TrainOptions o, const DistFlags& d) {
+int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flags_yaml) {
   // Several ranks in the environment (shoal run, mpirun, srun, torchrun),
   // or a parameter-server job's variables: join them.
   dist::JoinOptions jo;
@@ -328,6 +343,15 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
     return 2;
   }
   auto& tr = **t;
+  if (o.rank == 0 && !flags_yaml.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(tr.run_dir(), ec);  // an error shows in the write
+    if (Status w = write_file_atomic(tr.run_dir() + "/options.yaml", flags_yaml); !w.ok())
+      SHOAL_LOG_WARN(
+          "shoal train: the run's flags were not kept ({}): --resume will need them "
+          "given again",
+          w.message());
+  }
   // Ranks that split the model (--tp, --pp) share their group's batch.
   std::string each;
   if (ps_job && o.world > 1)
@@ -341,11 +365,17 @@ int run_train(train::TrainOptions o, const DistFlags& d) {
     fmt::print("shoal train: {} on {} ({} steps/epoch, batch {}{}), {} lr {}, run dir {}\n",
                o.model, o.data, tr.steps_per_epoch(), o.batch, each, o.optimizer, o.lr,
                tr.run_dir());
+  // From here a Ctrl-C or SIGTERM ends the run at a step boundary with a
+  // checkpoint (before, the steps since the last one were lost). Not for a
+  // parameter-server worker: a launcher stops those when another failed,
+  // and a sync worker waiting on its round would not reach a boundary.
+  if (!ps_job) catch_stop_signals();
   Status st = tr.run();
   if (!st.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
     return 1;
   }
+  if (tr.stopped_by() != 0) return 128 + tr.stopped_by();  // as a shell reports the signal
   // The result line is printed under --quiet too: it is what a script reads.
   // Each worker of a parameter-server job has its own (async: they differ).
   if (!tr.history().empty() && (o.rank == 0 || ps_job)) {

@@ -1,6 +1,7 @@
 #include "shoal/core/file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,6 +50,27 @@ Status write_file_atomic(const std::string& path, std::string_view bytes) {
     ::close(dfd);
   }
   return ok_status();
+}
+
+int remove_dead_temporaries(const std::string& dir, std::chrono::seconds idle) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int removed = 0;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const auto at = name.rfind(".tmp.");
+    if (at == std::string::npos || at + 5 == name.size()) continue;
+    const std::string digits = name.substr(at + 5);
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its writer may run
+    std::error_code tec;
+    const auto written = fs::last_write_time(e.path(), tec);
+    if (tec || now - written < idle) continue;
+    if (fs::remove(e.path(), tec)) ++removed;
+  }
+  return removed;
 }
 
 Result<std::string> read_file(const std::string& path) {

@@ -176,7 +176,8 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   const bool per_rank = o.engine == "local";
   int failed = -1;  // first process that failed
   std::string why;
-  bool stopping = false, interrupted = false;
+  bool stopping = false;
+  int interrupted = 0;  // the signal that stopped the launcher, if one did
   Clock::time_point kill_at{};
   auto stop_all = [&](int sig) {
     for (auto& p : procs)
@@ -189,6 +190,10 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
       frozen[i] = !procs[i].exited && is_stopped(procs[i].pid);
     stopping = true;
     stop_all(SIGTERM);
+    // A stopped process (SIGSTOP, a debugger) holds SIGTERM pending until
+    // continued, so waiting out its grace only delays the report: it dies now.
+    for (std::size_t i = 0; i < procs.size(); ++i)
+      if (frozen[i]) kill(-procs[i].pid, SIGKILL);
     kill_at = Clock::now() +
               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
   };
@@ -207,7 +212,7 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
       unsigned char sig = 0;
       while (read(signal_fd(), &sig, 1) == 1) {
       }
-      interrupted = true;
+      interrupted = sig;
       if (!stopping)
         begin_stop(fmt::format("launcher received signal {}", strsignal(sig)));
       else
@@ -280,6 +285,9 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   oc.code = failed >= 0 ? exit_code_of(procs[static_cast<std::size_t>(failed)].status) : 1;
   if (rank_code > 0) oc.code = rank_code;
   if (oc.code == 0) oc.code = 1;
+  // Stopped by a signal: exit as a shell reports it (143 for SIGTERM, 130
+  // for Ctrl-C), as srun, mpirun and torchrun do.
+  if (interrupted) oc.code = 128 + interrupted;
   oc.restartable = failed >= 0 && !interrupted && !cancelled;
   return oc;
 }

@@ -13,17 +13,29 @@
 #include "shoal/net/socket.h"
 
 namespace shoal::ps {
-namespace {
+namespace {}  // namespace
 
-Result<int> count(const char* name, int min) {
+Result<int> role_count(const char* name) {
   SHOAL_ASSIGN_OR_RETURN(std::int64_t v, env::get_int(name, -1));
-  if (v < min)
-    return invalid_argument("{}={} must be a number >= {} in a parameter-server job", name,
-                            env::get(name).value_or("(unset)"), min);
+  if (v < 1)
+    return invalid_argument("{}={} must be a number >= 1 in a parameter-server job", name,
+                            env::get(name).value_or("(unset)"));
   return static_cast<int>(v);
 }
 
-}  // namespace
+Status agree_on_counts(net::Store& s, int num_servers, int num_workers, std::string_view who) {
+  const std::string mine =
+      fmt::format("DMLC_NUM_SERVER={} DMLC_NUM_WORKER={}", num_servers, num_workers);
+  SHOAL_ASSIGN_OR_RETURN(std::string first,
+                         s.compare_set("ps/counts", "", fmt::format("{}|{}", mine, who)));
+  const auto bar = first.find('|');
+  const std::string theirs = first.substr(0, bar);
+  if (theirs == mine) return ok_status();
+  return failed_precondition(
+      "{} has {}, but the job's first role ({}) has {}: every role of a parameter-server job "
+      "must be started with the same counts",
+      who, mine, bar == std::string::npos ? "?" : first.substr(bar + 1), theirs);
+}
 
 bool in_ps_job() { return env::get("DMLC_ROLE").has_value(); }
 
@@ -32,7 +44,13 @@ Result<std::unique_ptr<net::Store>> connect_scheduler(const JobEnv& e) {
   const Deadline dl = Deadline::after_seconds(e.timeout_s);
   for (int wait_ms = 10;; wait_ms = std::min(wait_ms * 2, 500)) {
     auto s = net::TcpStore::connect(hp.first, hp.second, dl, e.token);
-    if (s.ok()) return std::unique_ptr<net::Store>(std::move(s).value());
+    if (s.ok()) {
+      std::unique_ptr<net::Store> store(std::move(s).value());
+      SHOAL_RETURN_IF_ERROR(
+          agree_on_counts(*store, e.num_servers, e.num_workers,
+                          fmt::format("this {}", e.role.empty() ? "worker" : e.role)));
+      return store;
+    }
     if (s.status().code() != StatusCode::kUnavailable || dl.expired())
       return s.status().with_context("reaching the ps scheduler");
     std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
@@ -72,8 +90,8 @@ Result<JobEnv> job_env() {
         "DMLC_PS_ROOT_PORT (or SHOAL_STORE)");
   }
   SHOAL_RETURN_IF_ERROR(net::split_host_port(e.root, "the ps scheduler").status());
-  SHOAL_ASSIGN_OR_RETURN(e.num_servers, count("DMLC_NUM_SERVER", 1));
-  SHOAL_ASSIGN_OR_RETURN(e.num_workers, count("DMLC_NUM_WORKER", 1));
+  SHOAL_ASSIGN_OR_RETURN(e.num_servers, role_count("DMLC_NUM_SERVER"));
+  SHOAL_ASSIGN_OR_RETURN(e.num_workers, role_count("DMLC_NUM_WORKER"));
   e.token = env::get("SHOAL_JOB_TOKEN").value_or("");
   SHOAL_ASSIGN_OR_RETURN(e.timeout_s, env::get_double("SHOAL_COMM_TIMEOUT", 300));
   SHOAL_ASSIGN_OR_RETURN(e.heartbeat_s, env::get_double("SHOAL_PS_HEARTBEAT", 30));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ps/peer_regions.h"
+#include "shoal/core/file.h"
 #include "shoal/core/logging.h"
 #include "shoal/ps/wire.h"
 #include "shoal/runtime/kernel.h"
@@ -25,6 +26,8 @@ class Server::Handler final : public net::FrameServer::Handler {
   Status configure(const ShardOptions& so) {
     SHOAL_ASSIGN_OR_RETURN(shard_, Shard::create(so));
     std::error_code ec;
+    if (!o_.snapshot.empty())  // what a server killed mid-snapshot left
+      (void)remove_dead_temporaries(std::filesystem::path(o_.snapshot).parent_path().string());
     if (!o_.snapshot.empty() && std::filesystem::exists(o_.snapshot, ec)) {
       SHOAL_RETURN_IF_ERROR(shard_->restore(o_.snapshot).with_context("restarting the ps server"));
       SHOAL_LOG_INFO("ps server: restored from {} ({} workers)", o_.snapshot,

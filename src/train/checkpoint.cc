@@ -6,6 +6,8 @@
 #include <filesystem>
 
 #include "shoal/core/env.h"
+#include "shoal/core/file.h"
+#include "shoal/core/logging.h"
 #include "shoal/tensor/safetensors.h"
 
 namespace shoal::train {
@@ -90,7 +92,14 @@ Result<std::string> CheckpointDir::publish(std::int64_t step) {
   return path;
 }
 
+void CheckpointDir::clean() const {
+  if (int n = remove_dead_temporaries(dir_); n > 0)
+    SHOAL_LOG_INFO("removed {} temporary file{} of checkpoint writers that died in {}", n,
+                   n == 1 ? "" : "s", dir_);
+}
+
 void CheckpointDir::prune() const {
+  clean();
   auto all = list();
   std::error_code ec;
   for (std::size_t i = static_cast<std::size_t>(std::max(keep_, 1)); i < all.size(); ++i)

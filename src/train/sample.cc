@@ -43,22 +43,6 @@ std::int32_t draw(const float* logits, std::size_t v, const SampleOptions& o, Ph
 
 }  // namespace
 
-Result<WeightsFile> read_model_weights(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) return read_weights(path);
-  // A run directory: its checkpoints/, newest that loads.
-  std::string dir = fs::is_directory(fs::path(path) / "checkpoints", ec)
-                        ? (fs::path(path) / "checkpoints").string()
-                        : path;
-  std::vector<std::string> refused;
-  auto latest = CheckpointDir(dir, 1).load_latest(&refused);
-  if (!latest.ok())
-    return not_found(
-        "{}: no loadable checkpoint ({}{})", path, latest.status().message(),
-        refused.empty() ? "" : "; refused: " + fmt::format("{}", fmt::join(refused, "; ")));
-  return read_weights(latest->first);
-}
-
 Result<std::string> sample_text(const WeightsFile& w, const SampleOptions& o) {
   auto gpt_meta = w.meta.find("gpt"), vocab_meta = w.meta.find("vocab");
   if (gpt_meta == w.meta.end() || vocab_meta == w.meta.end())

@@ -2,6 +2,7 @@
 #include "shoal/train/sources.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "shoal/train/text.h"
@@ -29,6 +30,22 @@ Result<Tensor> labels_of(const Tensor& y, std::string_view where) {
   return wide.cast(DType::kI32);
 }
 
+// One NaN pixel makes the normalization's mean NaN and with it every
+// input, and training then ends "successfully" at chance: refused here,
+// with the first place it occurs.
+Status check_finite(const Tensor& x, std::string_view name, std::string_view xs) {
+  if (x.dtype() != DType::kF32) return ok_status();
+  const float* p = x.data<float>();
+  const std::int64_t n = x.numel(), per = n / x.shape()[0];
+  for (std::int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i]))
+      return invalid_argument(
+          "{}: {} holds {} at sample {}, element {} (index {} of {}): inputs must be finite "
+          "(clean or impute them first)",
+          name, xs, p[i], i / per, i % per, i, n);
+  return ok_status();
+}
+
 Result<Dataset> split_of(Tensor x, const Tensor& y, std::string_view name, std::string_view xs,
                          std::string_view ys) {
   Dataset d;
@@ -41,7 +58,11 @@ Result<Dataset> split_of(Tensor x, const Tensor& y, std::string_view name, std::
     return invalid_argument("{} holds {} samples but {} holds {} labels", xs, x.shape()[0], ys,
                             d.labels.numel());
   if (x.shape()[0] == 0) return invalid_argument("{}: holds no samples (N = 0)", xs);
+  if (x.numel() == 0)
+    return invalid_argument("{}: samples of shape {} hold no values (a dimension is 0)", xs,
+                            shape_str(x.shape()));
   d.images = x.dtype() == DType::kU8 ? std::move(x) : x.cast(DType::kF32);
+  SHOAL_RETURN_IF_ERROR(check_finite(d.images, name, xs));
   return d;
 }
 
@@ -148,6 +169,14 @@ Result<DataSplits> load_data(const std::string& data, std::int64_t context) {
   SHOAL_ASSIGN_OR_RETURN(std::string dir, resolve_data_dir(data));
   DataSplits s;
   auto tr = load_idx_dataset(dir, "train");
+  // Some IDX files but not all: name the one missing, not every format.
+  auto holds_idx = [&] {
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().filename().string().find("-ubyte") != std::string::npos) return true;
+    return false;
+  };
+  if (!tr.ok() && tr.status().code() == StatusCode::kNotFound && holds_idx())
+    return tr.status().with_context(fmt::format("--data {}", data));
   if (!tr.ok() && tr.status().code() == StatusCode::kNotFound)
     return not_found(
         "--data {}: no dataset found: expected IDX files (train-images-idx3-ubyte...), NumPy "

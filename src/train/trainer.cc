@@ -1,5 +1,6 @@
 #include "shoal/train/trainer.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,6 +16,7 @@
 
 #include "shoal/core/hash.h"
 #include "shoal/core/logging.h"
+#include "shoal/core/stop.h"
 #include "shoal/core/version.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/passes.h"
@@ -54,6 +56,13 @@ Status validate(const TrainOptions& o) {
   if (o.micro_batches < 1 || o.batch % o.micro_batches != 0)
     return invalid_argument("--micro-batches {} must divide --batch {}", o.micro_batches, o.batch);
   if (o.threads < 0) return invalid_argument("--threads {} must be >= 0", o.threads);
+  // More threads than the host has CPUs only take turns on them (at
+  // --threads 10000 the load average reached ~1000; at 100000 GOMP crashed).
+  if (const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN); cpus > 0 && o.threads > cpus)
+    return invalid_argument(
+        "--threads {} is more than the {} CPUs of this host: one thread per CPU is the most "
+        "that helps (--threads 0 picks for you)",
+        o.threads, cpus);
   if (o.eval_batch < 1) return invalid_argument("--eval-batch {} must be >= 1", o.eval_batch);
   if (o.keep_checkpoints < 1)
     return invalid_argument("--keep-checkpoints {} must be >= 1", o.keep_checkpoints);
@@ -288,6 +297,60 @@ Result<EvalResult> Trainer::evaluate() {
   return r;
 }
 
+// One small sum a step where ranks step together: the loss of the global
+// batch for the log (not rank 0's own), and whether any rank was asked to
+// stop, so that all stop after the same step. The signal, or 0.
+Result<int> Trainer::step_vote(double* loss) {
+  int stop = stop_signal();
+  if (!o_.peers || !o_.peers->collective() || o_.world == 1) return stop;
+  std::vector<double> v = {*loss, static_cast<double>(stop)};
+  SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("the step's loss and stop vote"));
+  *loss = v[0] / o_.world;                    // a mean of per-rank mean losses, as the epoch's
+  if (stop == 0 && v[1] > 0) stop = SIGTERM;  // another rank was asked
+  return stop;
+}
+
+// Asked to stop by `sig`: a checkpoint of this step (every rank takes
+// part), a line that says so, and the run ends without error.
+Status Trainer::stop_now(int sig) {
+  stopped_by_ = sig;
+  const bool saves = o_.checkpoints && (!o_.peers || o_.peers->collective());
+  if (saves) SHOAL_RETURN_IF_ERROR(checkpoint().with_context("checkpoint on stop"));
+  if (o_.rank == 0)
+    fmt::print(
+        stderr, "shoal train: stopped by SIG{} after step {}; {}\n", sigabbrev_np(sig), step_,
+        saves             ? fmt::format("checkpoint written in {}/checkpoints: continue with "
+                                                    "`shoal train --out {} --resume`",
+                                        dir_, dir_)
+        : !o_.checkpoints ? std::string("no checkpoint written (--no-checkpoints)")
+                          : std::string("the parameter servers hold the weights (their snapshots "
+                                        "resume the job)"));
+  return ok_status();
+}
+
+// Resumed where the run had already ended: nothing to train, which is
+// said, and its weights evaluated so the run still ends with its result
+// (before: exit 0 and not a word).
+Status Trainer::report_finished(std::int64_t limit) {
+  const std::int64_t spe = steps_per_epoch();
+  if (o_.rank == 0)
+    fmt::print(stderr,
+               "shoal train: {} has already finished: step {} of {} (--epochs {}{}), nothing to "
+               "train; its weights are evaluated below. Give a larger --epochs or --max-steps "
+               "to train on.\n",
+               dir_, step_, limit, o_.epochs,
+               o_.max_steps > 0 ? fmt::format(", --max-steps {}", o_.max_steps) : "");
+  EpochMetrics em;
+  em.epoch = static_cast<int>((step_ + spe - 1) / spe);
+  em.step = step_;
+  em.partial = step_ % spe != 0;
+  SHOAL_ASSIGN_OR_RETURN(EvalResult ev, evaluate());
+  em.test_loss = ev.loss;
+  em.test_acc = ev.accuracy;
+  history_.push_back(em);
+  return ok_status();
+}
+
 Status Trainer::run() {
   Impl& m = *impl_;
   const std::int64_t spe = steps_per_epoch();
@@ -301,9 +364,11 @@ Status Trainer::run() {
     if (!m.metrics.is_open())
       m.metrics.open(fs::path(dir_) / "metrics.jsonl", o_.resume ? std::ios::app : std::ios::trunc);
     if (!m.metrics) return unavailable("opening {}/metrics.jsonl for append", dir_);
+    checkpoint_dir().clean();  // what a writer killed mid-checkpoint left
   }
   const std::int64_t limit =
       o_.max_steps > 0 ? std::min(o_.max_steps, spe * o_.epochs) : spe * o_.epochs;
+  if (step_ >= limit && step_ > 0) return report_finished(limit);
   auto wall0 = Clock::now();
   while (step_ < limit) {
     const int epoch = static_cast<int>(step_ / spe);
@@ -319,6 +384,7 @@ Status Trainer::run() {
       if (!std::isfinite(loss))
         return aborted("training diverged: loss is {} at step {} (epoch {}); lower --lr", loss,
                        step_ - 1, epoch + 1);
+      SHOAL_ASSIGN_OR_RETURN(const int stop, step_vote(&loss));
       loss_sum += loss;
       correct += ok;
       seen += o_.batch * m.train.labels_per_sample();
@@ -340,6 +406,7 @@ Status Trainer::run() {
                             {"images_per_s", ips}};
         m.metrics << j.dump() << "\n" << std::flush;
       }
+      if (stop) return stop_now(stop);
       if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0)
         SHOAL_RETURN_IF_ERROR(checkpoint());
     }

@@ -121,6 +121,9 @@ void Trainer::describe_checkpoint(CheckpointState& s) const {
   s.meta["model"] = o_.model;
   s.meta["optimizer"] = o_.optimizer;
   s.meta["batch"] = std::to_string(o_.batch);
+  // What one step trains on, whatever the layout: a checkpoint continues in
+  // any layout with the same global batch.
+  s.meta["global_batch"] = std::to_string(o_.batch * o_.dworld());
   s.meta["world"] = std::to_string(o_.world);
   s.meta["threads"] = std::to_string(runtime::num_threads());
   s.meta["executable_step"] = std::to_string(impl_->exe->steps());
@@ -211,8 +214,20 @@ Status Trainer::resume_latest() {
   };
   SHOAL_RETURN_IF_ERROR(want("model", o_.model));
   SHOAL_RETURN_IF_ERROR(want("optimizer", o_.optimizer));
-  SHOAL_RETURN_IF_ERROR(want("batch", std::to_string(o_.batch)));
+  if (s.meta.count("global_batch")) {
+    if (s.meta.at("global_batch") != std::to_string(o_.batch * o_.dworld()))
+      return failed_precondition(
+          "resume: {} was written with a global batch of {} (per step, over all data-parallel "
+          "ranks), this run has {} (--batch {} x {} data-parallel group{}): keep the product",
+          path, s.meta.at("global_batch"), o_.batch * o_.dworld(), o_.batch, o_.dworld(),
+          o_.dworld() == 1 ? "" : "s");
+  } else {
+    SHOAL_RETURN_IF_ERROR(want("batch", std::to_string(o_.batch)));  // written before global_batch
+  }
   SHOAL_RETURN_IF_ERROR(want("seed", std::to_string(o_.seed)));
+  // The GPT's shape settings: --heads 2 over a heads=4 checkpoint has the
+  // same tensors and would have trained on silently as another model.
+  if (o_.model == "gpt") SHOAL_RETURN_IF_ERROR(want("gpt", o_.gpt.str()));
   if (o_.deterministic)
     SHOAL_RETURN_IF_ERROR(want("threads", std::to_string(runtime::num_threads())));
   auto restore = [&](const std::string& key, Tensor& dst) -> Status {

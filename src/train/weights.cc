@@ -47,8 +47,27 @@ Result<WeightsFile> read_weights(const std::string& path) {
   if (index) {
     checkpoint = fs::path(path).parent_path().string();
     if (checkpoint.empty()) checkpoint = ".";
+  } else if (fs::is_directory(path, ec) && fs::exists(fs::path(path) / kCheckpointIndex, ec)) {
+    checkpoint = path;  // a sharded checkpoint
   } else if (fs::is_directory(path, ec)) {
-    checkpoint = path;
+    // A run directory (its checkpoints/) or a directory of checkpoints:
+    // the newest that loads, each newer one refused said why.
+    const fs::path sub = fs::path(path) / "checkpoints";
+    const std::string dir = fs::is_directory(sub, ec) ? sub.string() : path;
+    std::vector<std::string> refused;
+    auto latest = CheckpointDir(dir, 1).load_latest(&refused);
+    if (!latest.ok())
+      return not_found(
+          "{}: no loadable checkpoint: expected a run directory (with checkpoints/), a "
+          "directory of ckpt-* checkpoints, a sharded checkpoint (with {}) or a .safetensors "
+          "file ({}{})",
+          path, kCheckpointIndex, latest.status().message(),
+          refused.empty() ? "" : "; refused: " + fmt::format("{}", fmt::join(refused, "; ")));
+    w.path = latest->first;
+    w.tensors = std::move(latest->second.tensors);
+    w.meta = std::move(latest->second.meta);
+    w.shoal_checkpoint = true;
+    return w;
   } else {
     SHOAL_ASSIGN_OR_RETURN(SafetensorsFile f, read_safetensors(path));
     auto format = f.metadata.find("format");

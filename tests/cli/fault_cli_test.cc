@@ -5,6 +5,7 @@
 // behind.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -59,6 +60,101 @@ TEST(Faults, FrozenRankIsNamedAndTheRestartProceeds) {
       << r.out;
   EXPECT_TRUE(has(r.out, "resumed from")) << r.out;
   EXPECT_TRUE(has(r.out, "final: test accuracy")) << r.out;
+}
+
+// A rank stopped (state T) when another fails cannot act on SIGTERM until
+// continued: the launcher kills it at once instead of waiting out its
+// 5 s grace (before: the report came 5 s after the survivor exited).
+TEST(Faults, AStoppedRankIsKilledAtOnceWhenTheJobFails) {
+  auto r = run_shoal(
+      "run -n 2 --timeout 60 -- sh -c 'if [ $SHOAL_RANK = 1 ]; then kill -STOP $$; fi; "
+      "sleep 1; exit 3'");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 0 exited with code 3")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 1 was unresponsive (stopped: state T)")) << r.out;
+  EXPECT_LT(r.seconds, 3.5) << r.out;
+}
+
+// A launcher stopped by SIGTERM (a scheduler's cancel, `kill`) or Ctrl-C
+// exits as a shell reports the signal, 143 or 130, like srun and mpirun
+// (before: 1, which reads as a failed rank).
+TEST(Faults, ALauncherStoppedBySignalExitsWith128PlusIt) {
+  for (auto [sig, code] : {std::pair{"TERM", 143}, std::pair{"INT", 130}}) {
+    auto r = run_sh(fmt::format(
+        "{} run -n 2 --timeout 60 -- sleep 30 & L=$!; sleep 1; kill -{} $L; wait $L; echo rc=$?",
+        SHOAL_BINARY, sig));
+    EXPECT_TRUE(has(r.out, fmt::format("rc={}", code))) << sig << ": " << r.out;
+    EXPECT_TRUE(has(r.out, "launcher received signal")) << r.out;
+    EXPECT_LT(r.seconds, 10) << r.out;
+  }
+}
+
+// Ctrl-C (SIGINT) or SIGTERM during training: the run stops at the next
+// step boundary with a checkpoint of that step, says so, and exits as the
+// signal (130, 143); --resume continues from there. Before: no word and no
+// checkpoint (186 steps lost in one run). Under the launcher every rank
+// stops after the same step (a vote rides on the step's loss sum).
+TEST(Faults, AStopSignalWritesACheckpointAtTheStepBoundary) {
+  struct Case {
+    const char* sig;
+    const char* launcher;
+    int code;
+  };
+  for (const Case& c : {Case{"INT", "", 130}, Case{"TERM", "run -n 2 --timeout 120 --", 143}}) {
+    SCOPED_TRACE(c.sig);
+    TempDir dir(fmt::format("stop{}", c.sig));
+    const std::string run = dir.path() + "/run";
+    // Full epochs of 1,875 steps: the stop lands inside one, past any
+    // epoch's checkpoint, once the metrics show training under way.
+    const std::string launcher =
+        *c.launcher ? fmt::format("{} {} ", SHOAL_BINARY, c.launcher) : std::string();
+    auto r = run_sh(fmt::format(
+        "{1}{0} train --model mlp --batch 32 --limit-test 256 --threads 1 --no-plot "
+        "--epochs 50 --out {2} & P=$!; i=0; while [ $i -lt 1500 ] && ! grep -qs '\"train\"' "
+        "{2}/metrics.jsonl; do sleep 0.02; i=$((i+1)); done; kill -{3} $P; wait $P; echo rc=$?",
+        SHOAL_BINARY, launcher, run, c.sig));
+    EXPECT_TRUE(has(r.out, fmt::format("rc={}", c.code))) << r.out;
+    const auto at = r.out.find(fmt::format("stopped by SIG{} after step ", c.sig));
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const long step = std::atol(r.out.c_str() + r.out.find("after step ", at) + 11);
+    ASSERT_GT(step, 0) << r.out;
+    EXPECT_NE(step % 1875, 0) << r.out;
+    const std::string ckpt = fmt::format("{}/checkpoints/ckpt-{:010d}.safetensors", run, step);
+    ASSERT_TRUE(fs::exists(ckpt)) << r.out;
+    auto resumed = run_sh(fmt::format("{}{} train --out {} --resume --max-steps {}", launcher,
+                                      SHOAL_BINARY, run, step + 5));
+    EXPECT_EQ(resumed.code, 0) << resumed.out;
+    EXPECT_TRUE(has(resumed.out, fmt::format("at step {}", step))) << resumed.out;
+  }
+}
+
+// A writer killed between creating its temporary and renaming it leaves
+// "<file>.tmp.<pid>"; the next run removes those whose writer is dead and
+// that nobody wrote to lately, and keeps a live writer's (before: they
+// stayed forever, --keep-checkpoints never counted them).
+TEST(Faults, TemporariesOfDeadCheckpointWritersAreRemoved) {
+  TempDir dir("deadtmp");
+  const std::string ck = dir.path() + "/run/checkpoints";
+  fs::create_directories(ck);
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);  // reaped: no process has this pid now
+  auto make = [&](const std::string& name, bool old) {
+    const std::string p = ck + "/" + name;
+    std::ofstream(p) << "half a checkpoint";
+    if (old) fs::last_write_time(p, fs::file_time_type::clock::now() - std::chrono::minutes(5));
+    return p;
+  };
+  const std::string stale = make(fmt::format("ckpt-0000000007.safetensors.tmp.{}", dead), true);
+  const std::string live = make(fmt::format("ckpt-0000000008.safetensors.tmp.{}", getpid()), true);
+  const std::string fresh = make(fmt::format("ckpt-0000000009.safetensors.tmp.{}", dead), false);
+  auto r = run_shoal(fmt::format("{} --max-steps 3 --quiet --out {}/run", kTrain, dir.path()));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(stale)) << r.out;
+  EXPECT_TRUE(fs::exists(live)) << "a live writer's file was removed";
+  EXPECT_TRUE(fs::exists(fresh)) << "a file written to seconds ago was removed";
+  EXPECT_TRUE(has(r.out, "removed 1 temporary file of checkpoint writers that died")) << r.out;
 }
 
 TEST(Faults, KilledLauncherTakesEveryRankWithIt) {

@@ -139,4 +139,28 @@ TEST(GptCli, TextDataNeedsALanguageModelAndSaysWhatIsWrong) {
   EXPECT_TRUE(has(img, "--model gpt takes token ids")) << img.out;
 }
 
+// A resume takes the GPT's shape from the run (its kept flags), and a
+// shape flag that disagrees with the checkpoint is refused by name: the
+// tensors of --heads 2 and --heads 4 are the same, so before, the run went
+// on silently as another model.
+TEST(GptCli, AResumeWithAnotherShapeIsRefusedByName) {
+  if (!have_fortunes())
+    GTEST_SKIP() << "Debian's fortunes package is not installed (tools/install-deps.sh does)";
+  shoal::testing::TempDir dir("gpt_shape");
+  const std::string run = dir.path() + "/run";
+  Result tr = run_shoal("train --model gpt --data text:" + kFortunes +
+                        "/cookie --layers 1 --heads 4 --dim 16 --context 16 --batch 8 "
+                        "--limit-train 2000 --max-steps 3 --epochs 2 --threads 1 --no-plot "
+                        "--quiet --out " +
+                        run);
+  ASSERT_EQ(tr.code, 0) << tr.out;
+  Result other = run_shoal("train --out " + run + " --resume --max-steps 5 --heads 2");
+  EXPECT_NE(other.code, 0) << other.out;
+  EXPECT_TRUE(has(other, "written with gpt 'layers=1 heads=4 dim=16 context=16")) << other.out;
+  EXPECT_TRUE(has(other, "this run has 'layers=1 heads=2 dim=16 context=16")) << other.out;
+  Result same = run_shoal("train --out " + run + " --resume --max-steps 5");
+  EXPECT_EQ(same.code, 0) << same.out;
+  EXPECT_TRUE(has(same, "at step 3")) << same.out;
+}
+
 }  // namespace

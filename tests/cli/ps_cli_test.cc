@@ -13,6 +13,8 @@
 #include <thread>
 
 #include "cli/run_shoal.h"
+#include "free_port.h"
+#include "shoal/core/status.h"
 #include "shoal/ps/worker.h"
 #include "temp_dir.h"
 
@@ -91,6 +93,60 @@ TEST(PsCli, AServerProcessServesStopsAndRestartsFromItsSnapshot) {
   w->reset();
   const std::string out2 = stop(again);
   EXPECT_NE(out2.find("restored from"), std::string::npos) << out2;
+}
+
+// docs/ps.md: a server started again on its snapshot continues where it
+// stopped. Inside a job started by hand (DMLC_* variables, no `shoal run`)
+// it takes back the slot it had; before, it was refused ("server index 1
+// is beyond DMLC_NUM_SERVER=1") unless an undocumented variable was set.
+TEST(PsCli, AHandStartedServerRestartedOnItsSnapshotTakesItsSlotBack) {
+  shoal::testing::TempDir dir("ps_cli_slot");
+  const std::string d = dir.path();
+  auto r = shoal::testing::run_sh(fmt::format(
+      "export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT={1} DMLC_NUM_SERVER=1 "
+      "DMLC_NUM_WORKER=1 SHOAL_JOB_TOKEN=slot; "
+      "DMLC_ROLE=scheduler {0} ps scheduler > {2}/sched.log 2>&1 & S=$!; "
+      "for run in a b; do "
+      "DMLC_ROLE=server {0} ps server --snapshot {2}/server.safetensors > {2}/$run.log 2>&1 & "
+      "P=$!; i=0; while [ $i -lt 500 ] && ! grep -qs 'registered as\\|rror' {2}/$run.log; do "
+      "sleep 0.02; i=$((i+1)); done; kill -TERM $P; wait $P; echo \"$run exit=$?\"; done; "
+      "kill -TERM $S; wait $S; cat {2}/a.log {2}/b.log",
+      SHOAL_BINARY, shoal::testing::free_port(), d));
+  EXPECT_NE(r.out.find("a exit=0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("b exit=0"), std::string::npos) << r.out;
+  const auto first = r.out.find("registered as server 0 of 1");
+  ASSERT_NE(first, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("registered as server 0 of 1", first + 1), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("is beyond DMLC_NUM_SERVER"), std::string::npos) << r.out;
+}
+
+// Roles started by hand with different counts are refused by name with
+// both values at join (before: the scheduler and the server waited
+// forever); the scheduler refuses a count of 0 or none as workers do.
+TEST(PsCli, RolesThatCountDifferentlyAreRefusedByName) {
+  shoal::testing::TempDir dir("ps_cli_counts");
+  const std::string d = dir.path();
+  auto r = shoal::testing::run_sh(fmt::format(
+      "export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT={1} DMLC_NUM_SERVER=1 "
+      "DMLC_NUM_WORKER=2 SHOAL_JOB_TOKEN=counts SHOAL_COMM_TIMEOUT=20; "
+      "DMLC_ROLE=scheduler {0} ps scheduler > {2}/sched.log 2>&1 & S=$!; i=0; "
+      "while [ $i -lt 500 ] && ! grep -qs listening {2}/sched.log; do sleep 0.02; i=$((i+1)); "
+      "done; DMLC_ROLE=server DMLC_NUM_WORKER=3 {0} ps server; echo server rc=$?; "
+      "DMLC_ROLE=scheduler DMLC_NUM_WORKER=0 {0} ps scheduler --port 0; echo zero rc=$?; "
+      "unset DMLC_NUM_SERVER; DMLC_ROLE=scheduler {0} ps scheduler --port 0; echo unset rc=$?; "
+      "kill -TERM $S; wait $S",
+      SHOAL_BINARY, shoal::testing::free_port(), d));
+  EXPECT_NE(r.out.find("this server has DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=3, but the job's first "
+                       "role (the scheduler) has DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=2"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("server rc=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DMLC_NUM_WORKER=0 must be a number >= 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("zero rc=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DMLC_NUM_SERVER=(unset) must be a number >= 1"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("unset rc=2"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 30) << r.out;
 }
 
 TEST(PsCli, AnUnknownOptimizerIsRefusedByName) {

@@ -126,6 +126,39 @@ TEST(ShardedCheckpointCli, FourRanksOfTensorAndPipelineStagesResumeInOneProcess)
   EXPECT_EQ(sum, 106) << shards.out;
 }
 
+// One resolver for every loader: a run directory, its checkpoints/, a
+// sharded checkpoint's directory and its index file, and a single file
+// all load in `shoal eval --weights` and `shoal train --init-from`, to the
+// same accuracy. Before: eval on a sharded checkpoint's directory gave a
+// shape error and --init-from RUN failed.
+TEST(ShardedCheckpointCli, EveryLoaderTakesEveryFormOfACheckpoint) {
+  TrainRun shards = train(tmpdir("forms_sharded"), 2, 6, "--sharded-checkpoints");
+  ASSERT_EQ(shards.code, 0) << shards.out;
+  TrainRun file = train(tmpdir("forms_file"), 1, 6, "");
+  ASSERT_EQ(file.code, 0) << file.out;
+  const std::string ck = newest(shards.dir);
+  ASSERT_TRUE(fs::is_directory(ck)) << ck;
+  const std::string eval = "eval --model mlp --limit-test 256 --threads 1 --weights ";
+  double want = -1;
+  for (const std::string& w :
+       {shards.dir, shards.dir + "/checkpoints", ck, ck + "/" + train::kCheckpointIndex}) {
+    auto r = run_shoal(eval + w);
+    ASSERT_EQ(r.code, 0) << w << "\n" << r.out;
+    const double acc = accuracy(r.out, "accuracy ");
+    if (want < 0) want = acc;
+    EXPECT_EQ(acc, want) << w << "\n" << r.out;
+  }
+  for (const std::string& w : {file.dir, newest(file.dir)}) {
+    auto r = run_shoal(eval + w);
+    EXPECT_EQ(r.code, 0) << w << "\n" << r.out;
+    auto t = run_shoal(fmt::format(
+        "train --model mlp --limit-train 256 --limit-test 64 --max-steps 1 --threads 1 --no-plot "
+        "--quiet --out {}/init --init-from {}",
+        testing::scratch_dir("shck_init"), w));
+    EXPECT_EQ(t.code, 0) << w << "\n" << t.out;
+  }
+}
+
 TEST(ShardedCheckpointCli, PyTorchReadsTheShardsThroughTheIndex) {
   if (testing::run_sh("/usr/bin/python3 -c 'import torch, numpy'").code != 0)
     GTEST_SKIP() << "Debian's python3-torch is not installed (tools/install-deps.sh installs it)";

@@ -5,6 +5,7 @@
 // Slurm's queue and runs when room frees, a cancelled job leaves no
 // process behind. Plus `shoal place` and `shoal simulate`, which need no
 // Slurm.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -189,6 +190,22 @@ TEST(Place, ShowsWhereJobsGoAndRefusesBadSpecs) {
   Result bad = shoal("place --cluster " + dir.path() + "/c.yaml " + dir.path() + "/bad.yaml");
   EXPECT_EQ(bad.code, 2);
   EXPECT_TRUE(has(bad, "bad.yaml:3: field `links`: `torus` is not one of")) << bad.out;
+}
+
+// The README's `shoal place` line names files that ship in examples/
+// (before: cluster.yaml, gpt.yaml and cnn.yaml existed nowhere); it runs as
+// written from the repository's root.
+TEST(Place, TheReadmesLineRunsAsWritten) {
+  std::ifstream readme(std::string(SHOAL_SOURCE_DIR) + "/README.md");
+  std::string line, cmd;
+  while (std::getline(readme, line))
+    if (line.rfind("./build/shoal place ", 0) == 0) cmd = line.substr(line.find(' ') + 1);
+  ASSERT_FALSE(cmd.empty()) << "README.md has no ./build/shoal place line";
+  cmd = cmd.substr(0, cmd.find('#'));
+  Result r = run_sh(fmt::format("cd {} && {} {}", SHOAL_SOURCE_DIR, SHOAL_BINARY, cmd));
+  EXPECT_EQ(r.code, 0) << cmd << "\n" << r.out;
+  EXPECT_TRUE(has(r, "gpt: 8 ranks, links ring (adjacent)")) << r.out;
+  EXPECT_TRUE(has(r, "cnn: 2 ranks")) << r.out;
 }
 
 TEST(Simulate, ComparesThePoliciesOnOneTrace) {

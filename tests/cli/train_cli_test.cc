@@ -1,5 +1,6 @@
 // The `shoal train` command line: --config files (YAML and JSON), flags
 // winning over the file, and clear refusals of unknown or invalid options.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -70,6 +71,64 @@ TEST_F(TrainCli, MaxStepsInsideAnEpochEndsWithAResult) {
   EXPECT_NE(text.find("\"partial\":true"), std::string::npos) << text;
 }
 
+// The README's resume line, `shoal train --out RUN --resume --epochs 8`:
+// the run takes every flag it was started with (kept as RUN/options.yaml)
+// unless the command line gives it again; one that disagrees with what the
+// checkpoint records is refused by name. Before: "written with optimizer
+// 'momentum', this run has 'sgd'" (the default) for the README's own line.
+TEST_F(TrainCli, ResumeTakesTheFlagsTheRunStartedWith) {
+  const std::string out = (dir_ / "run").string();
+  Result r1 = shoal(
+      "train --model mlp --limit-train 512 --limit-test 128 --batch 32 --optimizer momentum "
+      "--lr 0.05 --schedule cosine --epochs 1 --threads 1 --no-plot --out " +
+      out);
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  ASSERT_TRUE(fs::exists(out + "/options.yaml"));
+  Result r2 = shoal("train --out " + out + " --resume --epochs 2");
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("mlp on fashion-mnist (16 steps/epoch, batch 32), momentum lr 0.05"),
+            std::string::npos)
+      << r2.out;
+  EXPECT_NE(r2.out.find("resumed from"), std::string::npos) << r2.out;
+  EXPECT_NE(r2.out.find("after 2 epochs"), std::string::npos) << r2.out;
+  // Resumed again at its end: said so, and still a result line.
+  Result done = shoal("train --out " + out + " --resume --epochs 2");
+  EXPECT_EQ(done.code, 0) << done.out;
+  EXPECT_NE(done.out.find("has already finished: step 32 of 32 (--epochs 2), nothing to train"),
+            std::string::npos)
+      << done.out;
+  EXPECT_NE(done.out.find("final: test accuracy"), std::string::npos) << done.out;
+  Result r3 = shoal("train --out " + out + " --resume --epochs 3 --optimizer sgd");
+  EXPECT_NE(r3.code, 0) << r3.out;
+  EXPECT_NE(r3.out.find("written with optimizer 'momentum', this run has 'sgd'"), std::string::npos)
+      << r3.out;
+}
+
+// A checkpoint continues in another layout at the same global batch: one
+// process of batch 32 goes on as 2 data-parallel ranks of 16; a different
+// global batch is refused with both figures. Before: the per-rank batch
+// was compared, so no layout change could resume.
+TEST_F(TrainCli, AResumeInAnotherLayoutComparesTheGlobalBatch) {
+  const std::string out = (dir_ / "layout").string();
+  Result one = shoal(
+      "train --model mlp --limit-train 512 --limit-test 128 --batch 32 --optimizer momentum "
+      "--lr 0.05 --max-steps 4 --epochs 2 --threads 1 --no-plot --out " +
+      out);
+  ASSERT_EQ(one.code, 0) << one.out;
+  Result two =
+      shoal(fmt::format("run -n 2 --timeout 120 -- {} train --out {} --resume --batch 16 "
+                        "--max-steps 8",
+                        SHOAL_BINARY, out));
+  EXPECT_EQ(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("at step 4"), std::string::npos) << two.out;
+  Result wrong = shoal("train --out " + out + " --resume --batch 16 --max-steps 12");
+  EXPECT_NE(wrong.code, 0) << wrong.out;
+  EXPECT_NE(wrong.out.find("global batch of 32 (per step, over all data-parallel ranks), this run "
+                           "has 16 (--batch 16 x 1 data-parallel group)"),
+            std::string::npos)
+      << wrong.out;
+}
+
 TEST_F(TrainCli, BadOptionsAreNamed) {
   struct Case {
     std::string args, needle;
@@ -84,6 +143,13 @@ TEST_F(TrainCli, BadOptionsAreNamed) {
       {"train --optimizer adagrad", "adagrad"},
       {"train --frobnicate", "frobnicate"},
       {"train --data /no/such/dir --quiet", "--data '/no/such/dir'"},
+      {"train --tp 0", "--tp: must be >= 1, got 0"},
+      {"trian --epochs 1", "'trian' is not a command of shoal: did you mean 'train'?"},
+      {"train --epoch 1", "'--epoch' is not an option of shoal train: did you mean --epochs?"},
+      {"ps sever", "'sever' is not a command of shoal ps: did you mean 'server'?"},
+      {"train --micro-batches 0", "--micro-batches: must be >= 1, got 0"},
+      {"train --model mlp --threads 100000 --max-steps 1 --limit-train 64 --no-plot",
+       "--threads 100000 is more than the"},
   };
   for (const auto& c : cases) {
     Result r = shoal(c.args);

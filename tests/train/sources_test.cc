@@ -135,6 +135,60 @@ np.save('first.npy', xtr[0].astype('f4'))
       << none.status().to_string();
 }
 
+// Non-finite inputs are refused by name with their first place (before:
+// one NaN made the normalization's mean NaN and a run ended rc 0 at chance),
+// and so are samples with no values ([N, 0]: trained silently before).
+TEST(Npz, NonFiniteOrEmptySamplesAreRefusedByName) {
+  testing::TempDir t("npz_bad");
+  NEED_PYTHON(t.path(), R"(
+xtr = np.ones((10, 4), 'f4'); ytr = np.arange(10) % 2
+nan = xtr.copy(); nan[3, 2] = np.nan
+inf = xtr.copy(); inf[9, 0] = -np.inf
+np.savez('nan.npz', x_train=nan, y_train=ytr, x_test=xtr, y_test=ytr)
+np.savez('inf.npz', x_train=xtr, y_train=ytr, x_test=inf, y_test=ytr)
+np.savez('allnan.npz', x_train=np.full((10, 4), np.nan, 'f8'), y_train=ytr, x_test=xtr, y_test=ytr)
+np.savez('empty.npz', x_train=np.ones((10, 0), 'f4'), y_train=ytr, x_test=xtr, y_test=ytr)
+)");
+  struct Case {
+    const char* file;
+    const char* needle;
+  } cases[] = {
+      {"nan.npz", "nan:train: x_train holds nan at sample 3, element 2"},
+      {"inf.npz", "inf:test: x_test holds -inf at sample 9, element 0"},
+      {"allnan.npz", "x_train holds nan at sample 0, element 0"},
+      {"empty.npz", "x_train: samples of shape [10, 0] hold no values"},
+  };
+  for (const auto& c : cases) {
+    auto s = load_data(t.path() + "/" + c.file);
+    ASSERT_FALSE(s.ok()) << c.file;
+    EXPECT_NE(s.status().message().find(c.needle), std::string::npos)
+        << c.file << ": " << s.status().to_string();
+  }
+}
+
+// A directory with some of the IDX files names the one missing (before:
+// "no dataset found: expected IDX files (...)" for 3 of 4 present).
+TEST(Idx, AMissingFileOfFourIsNamed) {
+  testing::TempDir t("idx_missing");
+  const char* src = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(src))
+    GTEST_SKIP() << src << " is missing (apt-get install dataset-fashion-mnist)";
+  int copied = 0;
+  for (const auto& e : fs::directory_iterator(src)) {
+    const std::string n = e.path().filename().string();
+    if (n.find("train-labels") != std::string::npos) continue;
+    fs::copy_file(e.path(), fs::path(t.path()) / n);
+    ++copied;
+  }
+  ASSERT_GE(copied, 3);
+  auto s = load_data(t.path());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("no labels file for split 'train' (expected "
+                                      "train-labels-idx1-ubyte[.gz])"),
+            std::string::npos)
+      << s.status().to_string();
+}
+
 TEST(ImageFolder, PillowImagesBecomeClassesInSortedOrder) {
   testing::TempDir t("images");
   NEED_PYTHON(t.path(), R"(

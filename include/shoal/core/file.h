@@ -3,6 +3,7 @@
 // never sees a half-written file, and a crash leaves the old one.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <string_view>
 
@@ -13,6 +14,13 @@ namespace shoal {
 // Atomic file replace: write to path.tmp.<pid>, fsync, rename, fsync dir.
 // Errors name the file and the failing step (ENOSPC included).
 Status write_file_atomic(const std::string& path, std::string_view bytes);
+// Removes the temporaries write_file_atomic leaves in `dir` when its
+// process dies between create and rename ("<name>.tmp.<pid>"): those whose
+// writer is not running here and that nothing wrote for `idle` (a writer
+// on another host sharing the directory keeps its file fresh while it
+// writes). The count removed; a directory that cannot be read removes none.
+int remove_dead_temporaries(const std::string& dir,
+                            std::chrono::seconds idle = std::chrono::seconds(30));
 // The whole file; errors name it.
 Result<std::string> read_file(const std::string& path);
 

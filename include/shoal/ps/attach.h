@@ -49,9 +49,16 @@ struct JobEnv {
 };
 Result<std::int64_t> slice_bound_env();
 Result<JobEnv> job_env();
+// DMLC_NUM_SERVER or DMLC_NUM_WORKER: set, a number, >= 1; errors name it.
+Result<int> role_count(const char* name);
 // Connects to the job's scheduler (its store), retrying until the
 // timeout while it is not up yet: roles started by hand start in any order.
+// Refuses, by name, counts that differ from those of the job's first role.
 Result<std::unique_ptr<net::Store>> connect_scheduler(const JobEnv& e);
+// The first role to reach the store records DMLC_NUM_SERVER and
+// DMLC_NUM_WORKER; every later one must agree (a role that counted
+// differently would wait forever for a peer that never comes).
+Status agree_on_counts(net::Store& s, int num_servers, int num_workers, std::string_view who);
 
 // Whether DMLC_ROLE (or SHOAL_PS_ROLE) says this process is part of one.
 bool in_ps_job();

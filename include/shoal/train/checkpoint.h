@@ -93,6 +93,9 @@ class CheckpointDir {
   Result<std::pair<std::string, CheckpointState>> load_latest(
       std::vector<std::string>* refused) const;
   const std::string& dir() const { return dir_; }
+  // Removes what writers that died mid-write left (core/file.h's dead
+  // temporaries); done on every save, and by a run when it starts.
+  void clean() const;
 
  private:
   void prune() const;

@@ -26,7 +26,4 @@ struct SampleOptions {
 // The prompt followed by the generated characters.
 Result<std::string> sample_text(const WeightsFile& w, const SampleOptions& o);
 
-// A checkpoint file, or a run directory (its newest loadable checkpoint).
-Result<WeightsFile> read_model_weights(const std::string& path);
-
 }  // namespace shoal::train

@@ -209,6 +209,9 @@ class Trainer {
   int epochs() const { return o_.epochs; }
   const std::vector<EpochMetrics>& history() const { return history_; }
   const std::string& run_dir() const { return dir_; }
+  // The signal (SIGINT, SIGTERM; core/stop.h) that ended run() early after
+  // a checkpoint, or 0.
+  int stopped_by() const { return stopped_by_; }
 
  private:
   Trainer() = default;
@@ -222,6 +225,9 @@ class Trainer {
   Status init_state(StepBuild& sb, const std::optional<WeightsFile>& init_w);
   Status compile_step(StepBuild& sb);
   Status train_step(double* loss, std::int64_t* correct);
+  Result<int> step_vote(double* loss);  // collective where ranks step together
+  Status stop_now(int sig);
+  Status report_finished(std::int64_t limit);
   Status write_plot() const;
   void print_epoch(const EpochMetrics& em) const;
   Status sync_from_lead();
@@ -251,6 +257,7 @@ class Trainer {
   std::map<std::string, Tensor> params_, buffers_, state_;
   std::int64_t step_ = 0;
   std::int64_t buffers_synced_at_ = -1;
+  int stopped_by_ = 0;
   std::vector<EpochMetrics> history_;
 };
 

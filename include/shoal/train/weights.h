@@ -26,6 +26,10 @@ struct WeightsFile {
   bool normalization(float* mean, float* stddev) const;
 };
 
+// Every loader's one resolver: a .safetensors file (a Shoal checkpoint or a
+// state_dict), a sharded checkpoint's directory or its index file, a
+// directory of checkpoints, or a run directory (its newest loadable
+// checkpoint). `path` of the result is the file or directory read.
 Result<WeightsFile> read_weights(const std::string& path);
 
 // Copies the file's tensors into `params` and `buffers` (shapes fixed by

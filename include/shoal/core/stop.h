@@ -1,0 +1,18 @@
+// A stop asked for from outside (Ctrl-C, a SIGTERM from a launcher or a
+// scheduler's cancel): the training loop reads it at each step boundary,
+// writes a checkpoint and ends. Installing the handlers is the binary's
+// choice; a library user (Python) keeps its own.
+// Thread-safe: the handler writes a lock-free atomic the loop reads.
+#pragma once
+
+namespace shoal {
+
+// Installs SIGINT and SIGTERM handlers that record the signal; a second
+// one ends the process at once with the default action (a user pressing
+// Ctrl-C twice means now).
+void catch_stop_signals();
+
+// The signal that asked to stop (SIGINT, SIGTERM), or 0.
+int stop_signal();
+
+}  // namespace shoal
