@@ -4,8 +4,11 @@
 // DIR/job.env; the request is a counter in that store (ps/grow), which the
 // launcher honours up to MAX.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <map>
 #include <sstream>
+#include <thread>
+#include <utility>
 
 #include "cli/commands.h"
 #include "shoal/core/file.h"
@@ -39,13 +42,29 @@ Result<std::map<std::string, std::string>> read_job_env(const std::string& dir) 
   return env;
 }
 
+// The job's store and its ps/elastic key. A store under a flood of
+// connections refuses new ones until its handshake window drops them
+// (10 s): a refusal is retried with backoff within 30 s, as workers do.
+Result<std::pair<std::unique_ptr<net::TcpStore>, std::string>> reach_job(
+    const std::pair<std::string, int>& hp, const std::string& token) {
+  const Deadline dl = Deadline::after_seconds(30);
+  for (int wait_ms = 50, tries = 1;; wait_ms = std::min(wait_ms * 2, 1000), ++tries) {
+    auto store = net::TcpStore::connect(hp.first, hp.second, dl, token);
+    Result<std::string> elastic =
+        store.ok() ? (*store)->peek("ps/elastic") : Result<std::string>(store.status());
+    if (elastic.ok()) return std::pair{std::move(store).value(), *elastic};
+    if (elastic.status().code() != StatusCode::kUnavailable || dl.expired())
+      return elastic.status().with_context(
+          fmt::format("reaching the job's store at {}:{} ({} tries)", hp.first, hp.second, tries));
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+  }
+}
+
 Status join(const PsJoinFlags& f) {
   SHOAL_ASSIGN_OR_RETURN(auto env, read_job_env(f.job));
   SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(env["SHOAL_STORE"], "the job's store"));
-  SHOAL_ASSIGN_OR_RETURN(auto store,
-                         net::TcpStore::connect(hp.first, hp.second, Deadline::after_seconds(10),
-                                                env["SHOAL_JOB_TOKEN"]));
-  SHOAL_ASSIGN_OR_RETURN(std::string elastic, store->peek("ps/elastic"));
+  SHOAL_ASSIGN_OR_RETURN(auto reached, reach_job(hp, env["SHOAL_JOB_TOKEN"]));
+  auto& [store, elastic] = reached;
   if (elastic.empty())
     return failed_precondition("the job at {} was not started with --ps-elastic",
                                env["SHOAL_STORE"]);

@@ -300,6 +300,20 @@ class PsJob {
   void check_frozen() {
     if (stopping_) return;
     const auto now = Clock::now();
+    // A stopped server holds every worker's step: the job cannot go on, and
+    // the workers would only time out blaming a key (after 311 s, seen).
+    for (std::size_t i = 0; i < static_cast<std::size_t>(o_.ps_servers) && i < procs_.size(); ++i) {
+      if (procs_[i].exited) continue;
+      if (proc_state(procs_[i].pid) != 'T') {
+        stopped_since_.erase(i);
+        continue;
+      }
+      auto since = stopped_since_.emplace(i, now).first->second;
+      if (now - since >= std::chrono::seconds(2))
+        return fail(i,
+                    fmt::format("{} is unresponsive (stopped: state T); every worker waits on it",
+                                label(i)));
+    }
     std::vector<std::size_t> frozen;
     for (std::size_t i = o_.ps_servers; i < procs_.size(); ++i) {
       if (procs_[i].exited) continue;

@@ -154,17 +154,11 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
     return deadline_exceeded("parameter server {} (was {}) did not come back within {} s", i, old,
                              e.timeout_s);
   });
-  // Sync rounds count the workers live when they open: none may open
-  // before the whole quorum has joined.
-  if (o.mode == Mode::kSync && id < e.num_workers) {
-    SHOAL_RETURN_IF_ERROR(m.store->set(fmt::format("ps/joined/{}", id), "1"));
-    std::vector<std::string> all;
-    for (int w = 0; w < e.num_workers; ++w) all.push_back(fmt::format("ps/joined/{}", w));
-    SHOAL_RETURN_IF_ERROR(m.store->wait(all, dl).with_context(fmt::format(
-        "worker {}: waiting for all {} workers to join the sync job", id, e.num_workers)));
-  }
   if (e.heartbeat_s > 0) {
-    // A restarted server registers a new address: heartbeats go there too.
+    // Beating from the moment this worker is a member: waiting for the
+    // quorum below is not silence (a worker started 40 s before its peer
+    // was dropped as frozen, and the job blamed it). A restarted server
+    // registers a new address: heartbeats go there too.
     auto lookup = [store = std::shared_ptr<net::Store>(), e](int i) mutable -> std::string {
       if (!store) {
         auto s = connect_scheduler(e);
@@ -176,6 +170,15 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
     };
     SHOAL_ASSIGN_OR_RETURN(m.heartbeat,
                            Heartbeat::start(servers, e.token, id, e.heartbeat_s / 4, lookup));
+  }
+  // Sync rounds count the workers live when they open: none may open
+  // before the whole quorum has joined.
+  if (o.mode == Mode::kSync && id < e.num_workers) {
+    SHOAL_RETURN_IF_ERROR(m.store->set(fmt::format("ps/joined/{}", id), "1"));
+    std::vector<std::string> all;
+    for (int w = 0; w < e.num_workers; ++w) all.push_back(fmt::format("ps/joined/{}", w));
+    SHOAL_RETURN_IF_ERROR(m.store->wait(all, dl).with_context(fmt::format(
+        "worker {}: waiting for all {} workers to join the sync job", id, e.num_workers)));
   }
   m.peers = make_store_peers(*m.store, id, e.num_workers, o.mode == Mode::kSync, e.timeout_s);
   register_push_pull_op();

@@ -10,6 +10,7 @@
 
 #include "cli/cli_results.h"
 #include "cli/run_shoal.h"
+#include "free_port.h"
 #include "temp_dir.h"
 
 namespace shoal {
@@ -82,6 +83,27 @@ TEST(PsElasticCli, LimitsAndMisuseAreNamed) {
   auto nojob = run_shoal(fmt::format("ps join --job {}/nowhere", dir));
   EXPECT_EQ(nojob.code, 2);
   EXPECT_NE(nojob.out.find("job.env is not there"), std::string::npos) << nojob.out;
+}
+
+// A flood of silent connections fills the store's handshake slots for
+// 127.0.0.1; `shoal ps join` retries with backoff until they are dropped
+// and reaches the job (before: "Broken pipe" at once).
+TEST(PsElasticCli, PsJoinRidesOutAConnectionFlood) {
+  testing::TempDir dir("ps_join_flood");
+  const std::string d = dir.path();
+  const int port = testing::free_port();
+  auto r = testing::run_sh(fmt::format(
+      "bash -c 'export DMLC_PS_ROOT_PORT={1} DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1 "
+      "SHOAL_JOB_TOKEN=flood; DMLC_ROLE=scheduler {0} ps scheduler > {2}/sched.log 2>&1 & S=$!; "
+      "i=0; while [ $i -lt 500 ] && ! grep -qs listening {2}/sched.log; do sleep 0.02; "
+      "i=$((i+1)); done; printf \"SHOAL_STORE=127.0.0.1:{1}\\nSHOAL_JOB_TOKEN=flood\\n\" > "
+      "{2}/job.env; for i in $(seq 80); do exec {{fd}}<>/dev/tcp/127.0.0.1/{1}; done; "
+      "{0} ps join --job {2}; echo rc=$?; kill $S; wait $S'",
+      SHOAL_BINARY, port, d));
+  // It reached the store: the job answers that it is not elastic.
+  EXPECT_NE(r.out.find("was not started with --ps-elastic"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Broken pipe"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 40) << r.out;
 }
 
 }  // namespace

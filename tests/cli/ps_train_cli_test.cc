@@ -191,6 +191,23 @@ TEST(PsTrainCli, BoundedStalenessZeroIsRefusedByName) {
   EXPECT_LT(r.seconds, 30) << r.out;
 }
 
+// A worker that waits for a late peer to join its sync job is waiting,
+// not silent: its heartbeats run from the moment it is a member. Before,
+// they started only once every worker had joined, so worker 0 was dropped
+// as frozen after the heartbeat deadline and the job blamed it.
+TEST(PsTrainCli, AWorkerWaitingForALatePeerIsNotDroppedAsSilent) {
+  constexpr int kSteps = 20;
+  const std::string dir = testing::scratch_dir("ps_late");
+  auto r = run_sh(fmt::format(
+      "SHOAL_PS_HEARTBEAT=2 {0} run --ps 1,2 --timeout 120 -- sh -c 'if [ "
+      "\"$SHOAL_PS_WORKER_ID\" = 1 ]; then sleep 6; fi; exec {0} train --dist ps {1} --batch 16 "
+      "--max-steps {2} --out {3}/run'",
+      SHOAL_BINARY, kMlp, kSteps, dir));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("sent nothing for"), std::string::npos) << r.out;
+  EXPECT_EQ(total_pushes(r.out), 2 * kSteps * 6) << r.out;
+}
+
 TEST(PsTrainCli, ASyncJobNamesAFailedWorkerAndStops) {
   const std::string dir = testing::scratch_dir("ps_syncfail");
   // The first worker to take the lock dies (exit 3) once training runs.
@@ -319,6 +336,22 @@ TEST(PsTrainCli, AFrozenWorkerIsDroppedAfterItsHeartbeatDeadline) {
     }
     EXPECT_LT(r.seconds, 60) << r.out;
   }
+}
+
+// A server stopped mid-run (SIGSTOP: alive, connections open, silent) is
+// named by the launcher within seconds and the job stops; before, the
+// launcher watched only workers, and a worker was blamed after 311 s.
+TEST(PsTrainCli, AFrozenServerIsNamedWithinSeconds) {
+  const std::string dir = testing::scratch_dir("ps_frozen_server");
+  auto r = run_sh(fmt::format(
+      "{0} run --ps 1,2 --timeout 100 --ps-snapshots {1}/ps -- {0} train --dist ps {2} --batch 16 "
+      "--epochs 50 --out {1}/run & L=$!; i=0; while [ $i -lt 1500 ] && ! grep -qs "
+      "'\"pushes\":[1-9]' {1}/ps/server0.metrics.jsonl; do sleep 0.02; i=$((i+1)); done; "
+      "pkill -STOP -f '^{0} ps server .*{1}/ps/server0'; wait $L; echo rc=$?",
+      SHOAL_BINARY, dir, kMlp));
+  EXPECT_NE(r.out.find("server 0 is unresponsive (stopped: state T)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rc=0"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 40) << r.out;
 }
 
 }  // namespace
