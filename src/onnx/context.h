@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,15 @@ struct Env {
   std::map<std::string, Tensor> known;
   std::map<std::string, const ::onnx::TensorProto*> initializers;  // not yet bound
   std::map<std::string, std::string> missing;  // outputs Shoal does not compute: why
+  // An Identity's output -> the initializer it passes on: PyTorch's
+  // eval-mode export feeds batch norm's running statistics through Identity
+  // nodes, and a buffer must be bound under the initializer's own name.
+  std::map<std::string, std::string> alias;
+  // Every initializer (bound or not), and those bound as buffers: the
+  // exporter merges initializers of equal value, so a running statistic and
+  // a parameter (fresh zeros, ones) can arrive as one; each gets its own.
+  std::map<std::string, const ::onnx::TensorProto*> protos;
+  std::set<std::string> buffers;
 };
 
 class Ctx {
@@ -43,11 +53,19 @@ class Ctx {
 
   int num_inputs() const;  // trailing empty ("" = omitted) inputs not counted
   bool has_input(int i) const;
+  // The input's name, through Identity aliases to the initializer it names.
+  const std::string& input_name(int i) const;
+  // Makes output i another name of input i's initializer (Identity).
+  void alias_output(int i);
+  // Whether input i is an initializer no node has bound yet.
+  bool unbound_initializer(int i) const;
   // The input as a graph value (a known tensor becomes a graph constant; a
   // float initializer becomes a parameter).
   Result<graph::Value> in(int i);
-  // The input as a batch-norm buffer (initializer) or graph value.
-  Result<graph::Value> in_buffer(int i);
+  // The input as a batch-norm buffer (initializer) or graph value; `*bound`
+  // gets the name it was bound under (its own copy's when the initializer
+  // was bound already, as a parameter or another node's buffer).
+  Result<graph::Value> in_buffer(int i, std::string* bound);
   // The input's value if known at import, else null.
   const Tensor* known(int i);
   // A known integer input as int64s; an error naming the input otherwise.
@@ -77,6 +95,7 @@ class Ctx {
   std::string label() const;
 
  private:
+  Result<graph::Value> own_copy(int i, bool buffer, std::string* bound);
   Env& env_;
   const ::onnx::NodeProto& n_;
   int opset_;

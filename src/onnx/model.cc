@@ -8,6 +8,7 @@
 
 #include "onnx/context.h"
 #include "shoal/core/file.h"
+#include "shoal/core/logging.h"
 
 namespace shoal::onnx {
 
@@ -108,9 +109,10 @@ Result<std::vector<Value>> Model::emit(graph::Builder& b, const std::map<std::st
                                        const std::map<std::string, Tensor>& known,
                                        Bindings& bind) const {
   const auto& g = proto_->m.graph();
-  Env env{b, bind, feeds, known, {}, {}};
+  Env env{b, bind, feeds, known, {}, {}, {}, {}, {}};
   for (const auto& t : g.initializer())
-    if (!feeds.count(t.name()) && !known.count(t.name())) env.initializers[t.name()] = &t;
+    if (!feeds.count(t.name()) && !known.count(t.name()))
+      env.initializers[t.name()] = env.protos[t.name()] = &t;
   for (const auto& v : inputs_)
     if (!feeds.count(v.name) && !known.count(v.name))
       return invalid_argument("{}: input '{}' was not fed", path_, v.name);
@@ -148,9 +150,23 @@ int Ctx::num_inputs() const {
 
 bool Ctx::has_input(int i) const { return i < n_.input_size() && !n_.input(i).empty(); }
 
+const std::string& Ctx::input_name(int i) const {
+  const std::string* name = &n_.input(i);
+  for (auto a = env_.alias.find(*name); a != env_.alias.end(); a = env_.alias.find(*name))
+    name = &a->second;
+  return *name;
+}
+
+void Ctx::alias_output(int i) { env_.alias[n_.output(i)] = input_name(i); }
+
+bool Ctx::unbound_initializer(int i) const {
+  return has_input(i) && env_.initializers.count(input_name(i)) &&
+         !env_.values.count(input_name(i));
+}
+
 const Tensor* Ctx::known(int i) {
   if (!has_input(i)) return nullptr;
-  const std::string& name = n_.input(i);
+  const std::string& name = input_name(i);
   if (auto k = env_.known.find(name); k != env_.known.end()) return &k->second;
   auto it = env_.initializers.find(name);
   if (it == env_.initializers.end()) return nullptr;
@@ -165,9 +181,29 @@ const Tensor* Ctx::known(int i) {
   return &(env_.known[name] = *t);
 }
 
+// A separate tensor for input i, bound under the name its node reads it
+// by (or "<initializer>@<node>"), from the initializer's proto.
+Result<Value> Ctx::own_copy(int i, bool buffer, std::string* bound) {
+  const std::string& name = input_name(i);
+  const std::string own = n_.input(i) != name
+                              ? n_.input(i)
+                              : fmt::format("{}@{}", name, n_.name().empty() ? op() : n_.name());
+  if (bound) *bound = own;
+  if (auto v = env_.values.find(own); v != env_.values.end()) return v->second;
+  SHOAL_ASSIGN_OR_RETURN(Tensor t, from_proto(*env_.protos.at(name)));
+  SHOAL_LOG_INFO(
+      "onnx: {}: '{}' feeds a {} here and a {} elsewhere (the exporter merged equal "
+      "initializers): bound apart as '{}'",
+      label(), name, buffer ? "running statistic" : "parameter",
+      buffer ? "parameter or statistic" : "running statistic", own);
+  if (buffer) env_.buffers.insert(own);
+  return env_.values[own] = buffer ? env_.bind.buffer(own, t) : env_.bind.param(own, t);
+}
+
 Result<Value> Ctx::in(int i) {
   if (!has_input(i)) return fail("input {} is required", i);
-  const std::string& name = n_.input(i);
+  const std::string& name = input_name(i);
+  if (env_.buffers.count(name) && env_.protos.count(name)) return own_copy(i, false, nullptr);
   if (auto v = env_.values.find(name); v != env_.values.end()) return v->second;
   if (const Tensor* k = known(i)) return env_.values[name] = env_.b.constant(*k);
   if (auto m = env_.missing.find(name); m != env_.missing.end())
@@ -179,14 +215,21 @@ Result<Value> Ctx::in(int i) {
   return env_.values[name] = env_.bind.param(name, t);
 }
 
-Result<Value> Ctx::in_buffer(int i) {
+Result<Value> Ctx::in_buffer(int i, std::string* bound) {
   if (!has_input(i)) return fail("input {} is required", i);
-  const std::string& name = n_.input(i);
+  const std::string& name = input_name(i);
+  *bound = name;
   auto it = env_.initializers.find(name);
-  if (it == env_.initializers.end() || env_.values.count(name)) return in(i);
-  SHOAL_ASSIGN_OR_RETURN(Tensor t, from_proto(*it->second));
-  env_.initializers.erase(it);
-  return env_.values[name] = env_.bind.buffer(name, t);
+  if (it != env_.initializers.end() && !env_.values.count(name)) {
+    SHOAL_ASSIGN_OR_RETURN(Tensor t, from_proto(*it->second));
+    env_.initializers.erase(it);
+    env_.buffers.insert(name);
+    return env_.values[name] = env_.bind.buffer(name, t);
+  }
+  // Bound already (a parameter, or another batch norm's statistic): a
+  // statistic is never tied to another tensor.
+  if (env_.protos.count(name) && !known(i)) return own_copy(i, true, bound);
+  return in(i);
 }
 
 Result<std::vector<std::int64_t>> Ctx::ints(int i) {

@@ -241,8 +241,9 @@ Status batch_norm(Ctx& c) {
   SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
   SHOAL_ASSIGN_OR_RETURN(Value gamma, c.in(1));
   SHOAL_ASSIGN_OR_RETURN(Value beta, c.in(2));
-  SHOAL_ASSIGN_OR_RETURN(Value rm, c.in_buffer(3));
-  SHOAL_ASSIGN_OR_RETURN(Value rv, c.in_buffer(4));
+  std::string rm_name, rv_name;
+  SHOAL_ASSIGN_OR_RETURN(Value rm, c.in_buffer(3, &rm_name));
+  SHOAL_ASSIGN_OR_RETURN(Value rv, c.in_buffer(4, &rv_name));
   bool training = c.bind().training;
   Shape xs = b.shape(x);
   bool two_d = xs.size() == 2;
@@ -259,8 +260,8 @@ Status batch_norm(Ctx& c) {
     c.out(1, nm);
     c.out(2, nv);
     if (c.bind().update_buffer) {
-      c.bind().update_buffer(c.node().input(3), nm);
-      c.bind().update_buffer(c.node().input(4), nv);
+      c.bind().update_buffer(rm_name, nm);
+      c.bind().update_buffer(rv_name, nv);
     }
   }
   return ok_status();

@@ -342,6 +342,12 @@ Status identity(Ctx& c) {
     c.out_known(0, *k);
     return ok_status();
   }
+  // Of a weight or statistic not bound yet: the same initializer under a
+  // second name, so its consumer decides what it is (parameter or buffer).
+  if (c.unbound_initializer(0)) {
+    c.alias_output(0);
+    return ok_status();
+  }
   SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
   c.out(0, x);
   return ok_status();

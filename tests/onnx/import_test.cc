@@ -252,5 +252,44 @@ TEST(OnnxCli, AnExportedCnnTrainsDataParallelUnderItsOwnNames) {
       << bad.out;
 }
 
+// torch.onnx.export's default, an eval-mode export, of a model with batch
+// norm after a Linear: the exporter feeds the running statistics through
+// Identity nodes. They import as the batch norm's buffers under the
+// initializers' names, train, and are saved (before: "bind: graph has no
+// input named 'buf/2.running_mean'", naming no node).
+TEST(OnnxCli, AnEvalModeExportWithBatchNormThroughIdentityTrains) {
+  const char* py = "/usr/bin/python3";
+  if (run_sh(fmt::format("{} -c 'import torch, onnx'", py)).code != 0)
+    GTEST_SKIP() << "Debian's python3-torch or python3-onnx is missing";
+  const std::string dir = testing::scratch_dir("onnx_bn_identity");
+  auto ex = run_sh(fmt::format(
+      "cd {} && {} -c 'import torch, torch.nn as nn, onnx\n"
+      "torch.manual_seed(0)\n"
+      "m = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.BatchNorm1d(64), nn.ReLU(), "
+      "nn.Linear(64, 10)).eval()\n"
+      "torch.onnx.export(m, torch.randn(2, 1, 28, 28), \"bn.onnx\", opset_version=13, "
+      "input_names=[\"x\"], dynamic_axes={{\"x\": {{0: \"n\"}}}})\n"
+      "g = onnx.load(\"bn.onnx\").graph\n"
+      "print(\"identities\", sum(n.op_type == \"Identity\" for n in g.node))'",
+      dir, py));
+  ASSERT_EQ(ex.code, 0) << ex.out;
+  EXPECT_EQ(ex.out.find("identities 0"), std::string::npos)
+      << "the export feeds no Identity: " << ex.out;
+  auto r = run_sh(
+      fmt::format("{} train --model {}/bn.onnx --max-steps 20 --limit-train 2048 --limit-test 256 "
+                  "--threads 1 --no-plot --quiet --out {}/run",
+                  SHOAL_BINARY, dir, dir));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("final: test accuracy"), std::string::npos) << r.out;
+  // Both statistics are buffers of their own (a fresh model's running mean
+  // is zeros, which the exporter merged with the zero bias of the same
+  // batch norm: never a tie between a statistic and a parameter).
+  auto names = run_sh(fmt::format(
+      "head -c 4000 {}/run/checkpoints/*.safetensors | strings | tr ',' '\\n' | grep -c "
+      "'\"buf/'",
+      dir));
+  EXPECT_EQ(names.out.substr(0, 1), "2") << names.out;
+}
+
 }  // namespace
 }  // namespace shoal
