@@ -81,22 +81,32 @@ Result<Dataset> load_image_folder(const std::string& dir, const std::vector<std:
   std::sort(names.begin(), names.end());
   if (names.empty())
     return invalid_argument("{}: no class folders (expected {}/<class>/<image files>)", dir, dir);
-  if (!classes.empty() && names != classes)
-    return invalid_argument("{}: class folders [{}] differ from the training split's [{}]", dir,
-                            fmt::join(names, ", "), fmt::join(classes, ", "));
+  // A test split may hold some of the training split's classes (labels by
+  // name, so each keeps its training index) and empty class folders; a
+  // class the training split does not have is an error naming it.
+  const bool test = !classes.empty();
   std::vector<std::string> files;
   std::vector<std::int32_t> labels;
-  for (std::size_t k = 0; k < names.size(); ++k) {
+  for (const std::string& name : names) {
+    const auto known = std::find(classes.begin(), classes.end(), name);
+    if (test && known == classes.end())
+      return invalid_argument("{}/{}: a class the training split does not have (its classes: [{}])",
+                              dir, name, fmt::join(classes, ", "));
+    const auto label = static_cast<std::int32_t>(
+        test ? known - classes.begin()
+             : std::find(names.begin(), names.end(), name) - names.begin());
     std::vector<std::string> in_class;
-    for (const auto& e : fs::directory_iterator(fs::path(dir) / names[k], ec))
+    for (const auto& e : fs::directory_iterator(fs::path(dir) / name, ec))
       if (e.is_regular_file() && is_image(e.path())) in_class.push_back(e.path().string());
-    if (in_class.empty())
+    if (in_class.empty() && !test)
       return invalid_argument("{}/{}: the class folder holds no PNG/JPEG/BMP/GIF/PPM images", dir,
-                              names[k]);
+                              name);
     std::sort(in_class.begin(), in_class.end());
     files.insert(files.end(), in_class.begin(), in_class.end());
-    labels.insert(labels.end(), in_class.size(), static_cast<std::int32_t>(k));
+    labels.insert(labels.end(), in_class.size(), label);
   }
+  if (files.empty())
+    return invalid_argument("{}: no PNG/JPEG/BMP/GIF/PPM images in any class folder", dir);
   const auto n = static_cast<std::int64_t>(files.size());
   std::vector<Decoded> img(files.size());
 #pragma omp parallel for schedule(dynamic, 16)
@@ -113,7 +123,7 @@ Result<Dataset> load_image_folder(const std::string& dir, const std::vector<std:
   }
   Dataset d;
   d.name = fs::path(dir).filename().string();
-  d.num_classes = static_cast<int>(names.size());
+  d.num_classes = static_cast<int>(test ? classes.size() : names.size());
   const std::int64_t per = std::int64_t{channels} * img[0].h * img[0].w;
   d.images = Tensor::empty({n, channels, img[0].h, img[0].w}, DType::kU8);
   d.labels = Tensor::empty({n}, DType::kI32);

@@ -236,13 +236,23 @@ for s in ['train', 'test']:
   EXPECT_EQ(jpeg->train.images.shape(), (Shape{2, 1, 8, 8}));
   EXPECT_NEAR(jpeg->train.images.get(0), 200, 2);
   EXPECT_NEAR(jpeg->test.images.get(64), 30, 2);
-  fs::remove_all(t.path() + "/val/emu");
-  auto classes = load_data(t.path());
-  ASSERT_FALSE(classes.ok());
-  EXPECT_NE(classes.status().message().find("class folders [cat, dog] differ from the training "
-                                            "split's [cat, dog, emu]"),
+  // A test split with some of the classes (one absent, one empty) maps
+  // them by name: emu keeps label 2 of 3 (before: "class folders differ",
+  // and an empty folder "holds no images").
+  fs::remove_all(t.path() + "/val/cat");
+  fs::remove_all(t.path() + "/val/dog");
+  fs::create_directories(t.path() + "/val/dog");
+  auto subset = load_data(t.path());
+  ASSERT_TRUE(subset.ok()) << subset.status().to_string();
+  EXPECT_EQ(subset->test.labels.to_vector<std::int32_t>(), (std::vector<std::int32_t>{2, 2}));
+  EXPECT_EQ(subset->test.num_classes, 3);
+  fs::create_directories(t.path() + "/val/fox");
+  auto extra = load_data(t.path());
+  ASSERT_FALSE(extra.ok());
+  EXPECT_NE(extra.status().message().find("val/fox: a class the training split does not have "
+                                          "(its classes: [cat, dog, emu])"),
             std::string::npos)
-      << classes.status().to_string();
+      << extra.status().to_string();
 }
 
 // `shoal train` on NumPy features (an MLP) and on colour image folders (a
