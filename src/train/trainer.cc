@@ -359,10 +359,14 @@ Status Trainer::run() {
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec) return unavailable("creating run directory {}: {}", dir_, ec.message());
-    // A resumed run appends to its metrics; a fresh one starts them (a
-    // second run() on this trainer continues the open file).
-    if (!m.metrics.is_open())
-      m.metrics.open(fs::path(dir_) / "metrics.jsonl", o_.resume ? std::ios::app : std::ios::trunc);
+    // A resumed run appends to its metrics, after dropping what the run
+    // before it logged past the checkpoint it resumes from (else steps go
+    // backwards); a fresh one starts them (a second run() on this trainer
+    // continues the open file).
+    const std::string metrics = (fs::path(dir_) / "metrics.jsonl").string();
+    if (!m.metrics.is_open() && o_.resume)
+      SHOAL_RETURN_IF_ERROR(keep_metrics_until(metrics, step_));
+    if (!m.metrics.is_open()) m.metrics.open(metrics, o_.resume ? std::ios::app : std::ios::trunc);
     if (!m.metrics) return unavailable("opening {}/metrics.jsonl for append", dir_);
     checkpoint_dir().clean();  // what a writer killed mid-checkpoint left
   }
@@ -370,6 +374,8 @@ Status Trainer::run() {
       o_.max_steps > 0 ? std::min(o_.max_steps, spe * o_.epochs) : spe * o_.epochs;
   if (step_ >= limit && step_ > 0) return report_finished(limit);
   auto wall0 = Clock::now();
+  double window_sum = 0;  // the losses since the last train record
+  std::int64_t window_steps = 0;
   while (step_ < limit) {
     const int epoch = static_cast<int>(step_ / spe);
     double loss_sum = 0, train_s = 0;
@@ -397,14 +403,13 @@ Status Trainer::run() {
       double eta = static_cast<double>(limit - step_) * train_s / static_cast<double>(steps);
       m.progress.update(epoch + 1, o_.epochs, in_epoch, spe, loss_sum / static_cast<double>(steps),
                         ips, eta);
+      window_sum += loss;
+      ++window_steps;
       if (lead && (in_epoch % std::max<std::int64_t>(spe / 10, 1) == 0)) {
-        nlohmann::json j = {{"kind", "train"},
-                            {"epoch", epoch + 1},
-                            {"step", step_},
-                            {"loss", loss_sum / static_cast<double>(steps)},
-                            {"lr", m.lr.data<float>()[0]},
-                            {"images_per_s", ips}};
-        m.metrics << j.dump() << "\n" << std::flush;
+        log_train_record(epoch + 1, window_sum / static_cast<double>(window_steps), window_steps,
+                         ips);
+        window_sum = 0;
+        window_steps = 0;
       }
       if (stop) return stop_now(stop);
       if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0)
@@ -450,7 +455,7 @@ Status Trainer::run() {
           {"train_acc", em.train_acc},
           {"test_loss", em.test_loss},
           {"test_acc", em.test_acc},
-          {"images_per_s", em.images_per_s},
+          {rate_key(), em.images_per_s},
           {"train_seconds", em.train_seconds},
           {"elapsed_seconds", std::chrono::duration<double>(Clock::now() - wall0).count()}};
       if (m.train.tokens()) j["test_bits_per_char"] = em.test_loss / std::log(2.0);

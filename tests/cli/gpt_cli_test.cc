@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "cli/run_shoal.h"
@@ -161,6 +162,11 @@ TEST(GptCli, AResumeWithAnotherShapeIsRefusedByName) {
   Result same = run_shoal("train --out " + run + " --resume --max-steps 5");
   EXPECT_EQ(same.code, 0) << same.out;
   EXPECT_TRUE(has(same, "at step 3")) << same.out;
+  // Its rate is named by its unit (before: tokens/s stored as images_per_s).
+  std::ifstream in(run + "/metrics.jsonl");
+  const std::string metrics((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(metrics.find("\"tokens_per_s\""), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("images_per_s"), std::string::npos) << metrics;
 }
 
 }  // namespace

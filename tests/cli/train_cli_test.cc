@@ -129,6 +129,40 @@ TEST_F(TrainCli, AResumeInAnotherLayoutComparesTheGlobalBatch) {
       << wrong.out;
 }
 
+// metrics.jsonl: each train record is the mean loss of the steps since the
+// last one, with that count named (a running mean over the epoch drew a
+// cliff at every epoch boundary); a resume from an earlier checkpoint than
+// the last record drops the records past it, so steps never go backwards.
+TEST_F(TrainCli, MetricsHoldWindowedLossesAndNeverGoBackwards) {
+  const std::string out = (dir_ / "metrics").string();
+  const std::string flags =
+      "--model mlp --limit-train 512 --limit-test 64 --batch 32 --threads 1 --no-plot --quiet "
+      "--checkpoint-every 10 --epochs 4 --out " +
+      out;
+  Result first = shoal("train " + flags + " --max-steps 40");
+  ASSERT_EQ(first.code, 0) << first.out;
+  // A crash after step 20's checkpoint: the records of 21-40 stay behind.
+  fs::remove(out + "/checkpoints/ckpt-0000000040.safetensors");
+  fs::remove(out + "/checkpoints/ckpt-0000000030.safetensors");
+  Result again = shoal("train --out " + out + " --resume --max-steps 50");
+  ASSERT_EQ(again.code, 0) << again.out;
+  ASSERT_NE(again.out.find("at step 20"), std::string::npos) << again.out;
+  std::ifstream in(out + "/metrics.jsonl");
+  long last = -1, records = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find("\"step\":");
+    ASSERT_NE(at, std::string::npos) << line;
+    const long step = std::atol(line.c_str() + at + 7);
+    EXPECT_GE(step, last) << line;
+    last = step;
+    if (line.find("\"kind\":\"train\"") == std::string::npos) continue;
+    ++records;
+    EXPECT_NE(line.find("\"loss_steps\":1,"), std::string::npos) << line;  // 16 steps an epoch
+    EXPECT_NE(line.find("\"images_per_s\""), std::string::npos) << line;
+  }
+  EXPECT_EQ(records, 50);
+}
+
 TEST_F(TrainCli, BadOptionsAreNamed) {
   struct Case {
     std::string args, needle;

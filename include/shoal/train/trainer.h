@@ -228,6 +228,8 @@ class Trainer {
   Result<int> step_vote(double* loss);  // collective where ranks step together
   Status stop_now(int sig);
   Status report_finished(std::int64_t limit);
+  const char* rate_key() const;  // metrics.jsonl's name for the rate
+  void log_train_record(int epoch, double loss, std::int64_t steps, double rate);
   Status write_plot() const;
   void print_epoch(const EpochMetrics& em) const;
   Status sync_from_lead();
@@ -260,5 +262,9 @@ class Trainer {
   int stopped_by_ = 0;
   std::vector<EpochMetrics> history_;
 };
+
+// Rewrites a metrics.jsonl without the records of steps after `step` (a
+// run resumed from an earlier checkpoint than its last record).
+Status keep_metrics_until(const std::string& path, std::int64_t step);
 
 }  // namespace shoal::train
