@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
@@ -88,14 +89,23 @@ Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& 
   return out;
 }
 
+// Flags a run does not keep for --resume: where its files go, and how
+// this launch lays the run out over ranks and cores (a checkpoint moves
+// between layouts; the layout flags come from the new command line).
+// clang-format off
+const std::set<std::string> kNotKept = {
+    "resume", "out", "config", "help", "threads", "trace",
+    "wire", "bucket-mb", "first-bucket-mb", "overlap", "dist", "ps-mode", "staleness",
+    "ps-stale-lr", "ps-compress", "zero", "zero-bucket-mb", "sequence-parallel", "tp", "dp",
+    "pp", "micro-batches", "pp-schedule", "pp-virtual", "pp-cuts"};
+// clang-format on
+
 std::string given_flags_yaml(const CLI::App& t) {
   YAML::Emitter e;
   e << YAML::BeginMap;
   for (const CLI::Option* opt : t.get_options()) {
     const std::string& name = opt->get_single_name();
-    if (opt->count() == 0 || name == "resume" || name == "out" || name == "config" ||
-        name == "help")
-      continue;
+    if (opt->count() == 0 || kNotKept.count(name)) continue;
     e << YAML::Key << name << YAML::Value;
     if (opt->get_expected_min() == 0) {
       e << true;  // a flag given
