@@ -1,4 +1,5 @@
 // `shoal info`: what this build is and what this machine offers.
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -35,6 +36,8 @@ int run_info() {
   fmt::print("  compiler    {}\n", "g++ " __VERSION__);
   fmt::print("  cpu         {}\n", cpu_features());
   for (const auto& [k, v] : runtime::runtime_info()) fmt::print("  {:<11} {}\n", k, v);
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  fmt::print("  omp wait    {} (OMP_WAIT_POLICY; passive unless set)\n", wait ? wait : "(unset)");
   return 0;
 }
 

@@ -1,6 +1,9 @@
 // The `shoal` binary: dispatches to one subcommand per file.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
@@ -135,9 +138,24 @@ struct Cli {
   }
 };
 
+// OpenMP's threads spin while they wait by default, which is right on an
+// idle host and ruinous when another process holds a core: --threads 2
+// beside one busy process trained a CNN at 133-232 img/s against 215-235
+// on one thread and 288-333 with passive waiting (idle: 638-648 either
+// way; GPT -2.5% idle, 1.7x loaded; docs/BENCHMARKS.md). libgomp reads
+// OMP_WAIT_POLICY when it loads, before main, so the binary sets it and
+// starts itself again, once; a policy the user set (OMP_WAIT_POLICY or
+// GOMP_SPINCOUNT) is kept.
+void wait_passively_unless_told(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: go on spinning
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively_unless_told(argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   auto cli = std::make_unique<Cli>();
   if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;

@@ -163,6 +163,19 @@ TEST_F(TrainCli, MetricsHoldWindowedLossesAndNeverGoBackwards) {
   EXPECT_EQ(records, 50);
 }
 
+// OpenMP threads wait passively unless the user says otherwise: spinning
+// threads beside another busy process ran --threads 2 below one thread's
+// speed (docs/BENCHMARKS.md, "Waiting threads"). libgomp reads the policy
+// when it loads, so the binary sets it and starts itself again.
+TEST_F(TrainCli, OpenMpThreadsWaitPassivelyUnlessTold) {
+  Result plain = shoal("info");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_NE(plain.out.find("omp wait    passive"), std::string::npos) << plain.out;
+  auto told =
+      shoal::testing::run_sh(std::string("OMP_WAIT_POLICY=active ") + SHOAL_BINARY + " info");
+  EXPECT_NE(told.out.find("omp wait    active"), std::string::npos) << told.out;
+}
+
 TEST_F(TrainCli, BadOptionsAreNamed) {
   struct Case {
     std::string args, needle;
