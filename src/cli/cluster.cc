@@ -231,6 +231,9 @@ int run_submit(const ClusterFlags& f) {
     return 0;
   }
   fmt::print("{}: Slurm job {} ({})\n", j->name, s->job_id, s->script_path);
+  if (f.wait)  // before: --wait ended without a word on how
+    fmt::print("{}: Slurm job {} ended {}, exit code {}\n", j->name, s->job_id, s->state,
+               s->exit_code);
   return f.wait ? s->exit_code : 0;
 }
 

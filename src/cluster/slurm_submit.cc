@@ -150,7 +150,7 @@ Result<Topology> live_topology(std::string& scontrol, ChipLinks links) {
 
 // Polls `scontrol show job` until the job ends; its exit code. Past the
 // deadline the job is cancelled, so nothing is left behind.
-Result<int> wait_for_job(const std::string& id, double wait_s) {
+Result<int> wait_for_job(const std::string& id, double wait_s, std::string* final_state) {
   const Deadline d = Deadline::after_seconds(wait_s);
   for (int polls = 0; polls < 1000000; ++polls) {
     SHOAL_ASSIGN_OR_RETURN(CommandResult r, run_command({"scontrol", "show", "job", id}, 10));
@@ -159,6 +159,7 @@ Result<int> wait_for_job(const std::string& id, double wait_s) {
     if (r.code == 0 && state != "PENDING" && state != "RUNNING" && state != "CONFIGURING" &&
         state != "COMPLETING" && !state.empty()) {
       int code = std::atoi(kv["ExitCode"].c_str());
+      *final_state = state;
       if (state == "COMPLETED") return 0;
       return code != 0 ? code : 1;  // CANCELLED, FAILED, TIMEOUT, NODE_FAIL
     }
@@ -209,7 +210,7 @@ Result<Submission> submit_slurm(const JobSpec& j, const SubmitOptions& o, const 
   if (r.code != 0 || out.job_id.empty())
     return unavailable("sbatch refused {}: {}", out.script_path, r.out);
   if (!wait) return out;
-  SHOAL_ASSIGN_OR_RETURN(out.exit_code, wait_for_job(out.job_id, wait_s));
+  SHOAL_ASSIGN_OR_RETURN(out.exit_code, wait_for_job(out.job_id, wait_s, &out.state));
   return out;
 }
 

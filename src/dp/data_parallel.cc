@@ -1,5 +1,7 @@
 #include "shoal/dp/data_parallel.h"
 
+#include <unistd.h>
+
 #include <mutex>
 #include <numeric>
 #include <string_view>
@@ -360,11 +362,17 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
   const bool overlap =
       d.overlap == DpOptions::Overlap::kAuto ? spare : d.overlap == DpOptions::Overlap::kOn;
   o.prefetch = spare;
+  // Under a launcher that binds (mpirun's default), the cores are those of
+  // the binding mask: say so, not "1 cores" of a 2-core host.
+  const long host = ::sysconf(_SC_NPROCESSORS_ONLN);
+  const std::string where =
+      host > cores ? fmt::format("bound to {} core{} of {}", cores, cores == 1 ? "" : "s", host)
+                   : fmt::format("on {} core{}", cores, cores == 1 ? "" : "s");
   if (lead)
     SHOAL_LOG_INFO(
-        "data parallel: {} ranks on this host x {} threads on {} cores ({}): all-reduce {}, "
-        "batches {}",
-        c.local_size(), threads, cores, spare ? "a core to spare everywhere" : "no core to spare",
+        "data parallel: {} ranks on this host x {} thread{} {} ({}): all-reduce {}, batches {}",
+        c.local_size(), threads, threads == 1 ? "" : "s", where,
+        spare ? "a core to spare everywhere" : "no core to spare",
         overlap ? "overlapped on the progress thread" : "on the compute thread",
         spare ? "prefetched on a worker thread" : "prepared on the compute thread");
   dd.overlap = overlap ? DpOptions::Overlap::kOn : DpOptions::Overlap::kOff;

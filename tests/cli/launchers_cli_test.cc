@@ -48,7 +48,7 @@ TEST(Torchrun, DefaultRendezvousGoesThroughTheAgentsStore) {
   Result r = run_sh(torchrun("--nproc_per_node 2 --no_python " + train(dir.path())));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r, "rendezvous through torchrun's store at 127.0.0.1:")) << r.out;
-  EXPECT_TRUE(has(r, "2 ranks on this host x 1 threads on 2 cores")) << r.out;
+  EXPECT_TRUE(has(r, "2 ranks on this host x 1 thread on 2 cores")) << r.out;
   EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
   EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
   EXPECT_FALSE(has(r, "Address already in use")) << r.out;
@@ -90,7 +90,7 @@ TEST(Mpich, BareMpirunTrainsWithoutAStoreNamed) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r, "rank 0 serves one at 127.0.0.1:")) << r.out;
   EXPECT_TRUE(has(r, "launcher (PMI)")) << r.out;
-  EXPECT_TRUE(has(r, "2 ranks on this host x 1 threads on 2 cores")) << r.out;
+  EXPECT_TRUE(has(r, "2 ranks on this host x 1 thread on 2 cores")) << r.out;
   EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
 }
 
@@ -112,8 +112,9 @@ TEST(OpenMpi, BareMpirunTrainsWithoutAStoreNamed) {
   Result r = run_sh("timeout 120 mpirun.openmpi --allow-run-as-root -n 2 " + train(dir.path()));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r, "launcher (OpenMPI)")) << r.out;
-  // OpenMPI binds each of 2 ranks to a core: each sees one.
-  EXPECT_TRUE(has(r, "2 ranks on this host x 1 threads on 1 cores")) << r.out;
+  // OpenMPI binds each of 2 ranks to a core: each sees one, and says so
+  // (before: "x 1 threads on 1 cores" on a 2-core host).
+  EXPECT_TRUE(has(r, "2 ranks on this host x 1 thread bound to 1 core of 2")) << r.out;
   EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
 }
 

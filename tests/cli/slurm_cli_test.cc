@@ -88,7 +88,7 @@ TEST_F(Srun, BareSrunFindsItsStoreAndSplitsTheCores) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r, "rank 0 serves one at 127.0.0.1:")) << r.out;
   EXPECT_TRUE(has(r, "launcher (Slurm)")) << r.out;
-  EXPECT_TRUE(has(r, "2 ranks on this host x 1 threads on 2 cores")) << r.out;
+  EXPECT_TRUE(has(r, "2 ranks on this host x 1 thread on 2 cores")) << r.out;
   EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
   EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
 }

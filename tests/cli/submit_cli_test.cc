@@ -142,6 +142,8 @@ TEST_F(Submit, WaitGivesTheJobsExitCode) {
   // Slurm's ExitCode carries it back.
   EXPECT_TRUE(r.code == 3 || r.code == 4) << r.out;
   EXPECT_TRUE(has(r, "fails: Slurm job ")) << r.out;
+  // How it ended is printed (before: nothing when the job ended).
+  EXPECT_TRUE(has(r, fmt::format(" ended FAILED, exit code {}", r.code))) << r.out;
 }
 
 TEST_F(Submit, ACancelledJobLeavesNothingBehind) {

@@ -47,6 +47,7 @@ struct Submission {
   bool one_switch = false;
   std::string job_id;  // empty on a dry run
   int exit_code = 0;   // with `wait`: the job's
+  std::string state;   // with `wait`: how it ended (COMPLETED, FAILED, CANCELLED, ...)
 };
 // Places j on the live Slurm cluster (or on `model` when given: a YAML
 // cluster model, for a dry run), writes DIR/<name>.sbatch and
