@@ -102,14 +102,33 @@ Status Trainer::checkpoint() {
   for (const auto& [n, m] : all) total += m.nbytes();
   SHOAL_LOG_DEBUG("checkpoint at step {}: rank {} holds {} of the {} tensors ({} of {} bytes)",
                   step_, o_.rank, s.tensors.size(), all.size(), held, total);
-  if (o_.rank != 0 && !o_.sharded_checkpoints) return ok_status();
-  describe_checkpoint(s);
-  if (o_.sharded_checkpoints) return save_sharded(all, s);
-  SHOAL_RETURN_IF_ERROR(check_listed(all, s.tensors, true, "checkpoint"));
-  CheckpointDir cd = checkpoint_dir();
-  SHOAL_ASSIGN_OR_RETURN(std::string path, cd.save(step_, s));
-  SHOAL_LOG_DEBUG("checkpoint {} (step {})", path, step_);
-  return ok_status();
+  if (o_.sharded_checkpoints) {
+    describe_checkpoint(s);
+    return save_sharded(all, s);
+  }
+  Status wrote = ok_status();
+  if (o_.rank == 0) {
+    describe_checkpoint(s);
+    wrote = check_listed(all, s.tensors, true, "checkpoint");
+    if (wrote.ok()) {
+      auto path = checkpoint_dir().save(step_, s);
+      wrote = path.status();
+      if (path.ok()) SHOAL_LOG_DEBUG("checkpoint {} (step {})", *path, step_);
+    }
+  }
+  // Every rank learns whether the writer succeeded (one small sum), so all
+  // stop together and the others name the cause: before, they went on to
+  // the next step and met rank 0's exit as "the ranks' call sequences differ".
+  if (o_.peers && o_.peers->collective() && o_.world > 1) {
+    std::vector<double> v = {wrote.ok() ? 0.0 : 1.0};
+    SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("agreeing the checkpoint was written"));
+    if (v[0] > 0 && wrote.ok())
+      return unavailable(
+          "checkpoint at step {}: rank 0 could not write it into {} (rank 0's "
+          "error says why)",
+          step_, checkpoint_dir().dir());
+  }
+  return wrote;
 }
 
 void Trainer::describe_checkpoint(CheckpointState& s) const {

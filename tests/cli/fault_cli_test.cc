@@ -298,6 +298,19 @@ TEST(Faults, DiskFullWhileCheckpointingKeepsThePreviousOne) {
   auto ck = read_safetensors(d + "/ckpt-0000000005.safetensors");
   ASSERT_TRUE(ck.ok()) << ck.status().to_string();
   EXPECT_EQ(ck->metadata.at("step"), "5");
+
+  // Two ranks: rank 1 names rank 0's failed write, not a mismatch of the
+  // ranks' calls (before: "the ranks' call sequences differ").
+  fs::create_directories(d + "/small2");
+  auto two = run_sh(fmt::format(
+      "unshare -m sh -c 'mount -t tmpfs -o size=6m shoal-test {0}/small2 || exit 90; "
+      "{1} run -n 2 --timeout 120 -- {1} {2} --max-steps 10 --checkpoint-every 5 --out "
+      "{0}/small2/run; echo run-exit=$?'",
+      d, SHOAL_BINARY, kTrain));
+  EXPECT_TRUE(has(two.out, "run-exit=1")) << two.out;
+  EXPECT_TRUE(has(two.out, "No space left on device")) << two.out;
+  EXPECT_TRUE(has(two.out, "checkpoint at step 10: rank 0 could not write it")) << two.out;
+  EXPECT_FALSE(has(two.out, "call sequences differ")) << two.out;
 }
 
 }  // namespace
