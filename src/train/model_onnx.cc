@@ -62,11 +62,20 @@ Value emit(const onnx::Model& m, ModelContext& c, Value x, int classes) {
   }
   Value logits = (*outs)[0];
   Shape ls = b.shape(logits);
-  if (ls.size() != 2 || ls[0] != b.shape(x)[0] || ls[1] != classes) {
+  if (ls.size() != 2 || ls[0] != b.shape(x)[0]) {
+    b.fail(
+        invalid_argument("{}: the model's first output '{}' is [{}]; training needs logits "
+                         "[{}, classes] (batch, classes)",
+                         m.path(), m.outputs()[0].name, fmt::join(ls, ", "), b.shape(x)[0]));
+    return {};
+  }
+  // The classes are the model's: a dataset whose labels use some of them
+  // trains; a label beyond them is refused.
+  if (ls[1] < classes) {
     b.fail(invalid_argument(
-        "{}: the model's first output '{}' is [{}]; training needs logits "
-        "[{}, {}] (batch, classes of the dataset)",
-        m.path(), m.outputs()[0].name, fmt::join(ls, ", "), b.shape(x)[0], classes));
+        "{}: the model's first output '{}' has {} classes, but the dataset's labels go up to "
+        "{}: relabel the data to 0..{} or export the model with {} outputs",
+        m.path(), m.outputs()[0].name, ls[1], classes - 1, ls[1] - 1, classes));
     return {};
   }
   return logits;

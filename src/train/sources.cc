@@ -13,7 +13,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Labels as i32, each >= 0; `where` names the array.
+constexpr std::int64_t kMaxClasses = 65536;
+
+// Labels as i32, each in [0, kMaxClasses); `where` names the array.
 Result<Tensor> labels_of(const Tensor& y, std::string_view where) {
   if (y.shape().size() != 1)
     return invalid_argument("{}: labels must be one integer per sample [N], got shape {}", where,
@@ -23,10 +25,15 @@ Result<Tensor> labels_of(const Tensor& y, std::string_view where) {
                             dtype_name(y.dtype()));
   Tensor wide = y.cast(DType::kI64);
   const std::int64_t* v = wide.data<std::int64_t>();
+  // The built-in models take their classes from the largest label: a
+  // stray 100,000 built a 100,001-class model, 2^24 one that could not be
+  // allocated (the Python interpreter aborted).
   for (std::int64_t i = 0; i < y.numel(); ++i)
-    if (v[i] < 0 || v[i] > (1 << 24))
-      return invalid_argument("{}: label {} at index {} is not a class index in [0, 2^24]", where,
-                              v[i], i);
+    if (v[i] < 0 || v[i] >= kMaxClasses)
+      return invalid_argument(
+          "{}: label {} at index {} is not a class index in [0, {}) (classes are numbered from "
+          "0; relabel the data)",
+          where, v[i], i, kMaxClasses);
   return wide.cast(DType::kI32);
 }
 

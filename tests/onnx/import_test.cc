@@ -269,6 +269,11 @@ TEST(OnnxCli, AnEvalModeExportWithBatchNormThroughIdentityTrains) {
       "nn.Linear(64, 10)).eval()\n"
       "torch.onnx.export(m, torch.randn(2, 1, 28, 28), \"bn.onnx\", opset_version=13, "
       "input_names=[\"x\"], dynamic_axes={{\"x\": {{0: \"n\"}}}})\n"
+      "import numpy as np\n"
+      "x = np.random.default_rng(0).standard_normal((64, 1, 28, 28)).astype(\"f4\")\n"
+      "for name, k in ((\"five\", 5), (\"twelve\", 12)):\n"
+      "    y = np.arange(64) % k\n"
+      "    np.savez(name + \".npz\", x_train=x, y_train=y, x_test=x[:16], y_test=y[:16])\n"
       "g = onnx.load(\"bn.onnx\").graph\n"
       "print(\"identities\", sum(n.op_type == \"Identity\" for n in g.node))'",
       dir, py));
@@ -289,6 +294,21 @@ TEST(OnnxCli, AnEvalModeExportWithBatchNormThroughIdentityTrains) {
       "'\"buf/'",
       dir));
   EXPECT_EQ(names.out.substr(0, 1), "2") << names.out;
+  // The classes are the model's 10: labels 0-4 train (before: refused,
+  // "training needs logits [N, 5]"), a label of 11 is refused by name.
+  auto five = run_sh(fmt::format(
+      "{0} train --model {1}/bn.onnx --data {1}/five.npz --max-steps 4 --batch 16 --threads 1 "
+      "--no-plot --quiet --no-checkpoints",
+      SHOAL_BINARY, dir));
+  EXPECT_EQ(five.code, 0) << five.out;
+  auto twelve = run_sh(fmt::format(
+      "{0} train --model {1}/bn.onnx --data {1}/twelve.npz --max-steps 4 --batch 16 --threads 1 "
+      "--no-plot --quiet --no-checkpoints",
+      SHOAL_BINARY, dir));
+  EXPECT_NE(twelve.code, 0) << twelve.out;
+  EXPECT_NE(twelve.out.find("has 10 classes, but the dataset's labels go up to 11"),
+            std::string::npos)
+      << twelve.out;
 }
 
 }  // namespace

@@ -148,6 +148,8 @@ np.savez('nan.npz', x_train=nan, y_train=ytr, x_test=xtr, y_test=ytr)
 np.savez('inf.npz', x_train=xtr, y_train=ytr, x_test=inf, y_test=ytr)
 np.savez('allnan.npz', x_train=np.full((10, 4), np.nan, 'f8'), y_train=ytr, x_test=xtr, y_test=ytr)
 np.savez('empty.npz', x_train=np.ones((10, 0), 'f4'), y_train=ytr, x_test=xtr, y_test=ytr)
+big = ytr.copy(); big[4] = 100000
+np.savez('big.npz', x_train=xtr, y_train=big, x_test=xtr, y_test=ytr)
 )");
   struct Case {
     const char* file;
@@ -157,6 +159,8 @@ np.savez('empty.npz', x_train=np.ones((10, 0), 'f4'), y_train=ytr, x_test=xtr, y
       {"inf.npz", "inf:test: x_test holds -inf at sample 9, element 0"},
       {"allnan.npz", "x_train holds nan at sample 0, element 0"},
       {"empty.npz", "x_train: samples of shape [10, 0] hold no values"},
+      // Before: a 100,001-class model, built silently.
+      {"big.npz", "y_train: label 100000 at index 4 is not a class index in [0, 65536)"},
   };
   for (const auto& c : cases) {
     auto s = load_data(t.path() + "/" + c.file);
