@@ -20,7 +20,9 @@
    y_train, x_test, y_test, a folder of .npy files or of class image folders.
 
 The weights are saved as safetensors with the ONNX (PyTorch) names, so
-`net.load_state_dict(safetensors.torch.load_file(...))` takes them back.
+`net.load_state_dict({k: torch.from_numpy(v) for k, v in shoal.load_weights(PATH).items()})`
+takes them back (Debian's python3 has no safetensors module; where it is
+installed, `safetensors.torch.load_file(PATH)` does the same).
 Use Debian's /usr/bin/python3 with PYTHONPATH=build/python.
 """
 import argparse

@@ -26,6 +26,9 @@ void raise(const Status& s) {
     case StatusCode::kDeadlineExceeded:
       type = PyExc_TimeoutError;
       break;
+    case StatusCode::kUnimplemented:  // an operator or opset not imported
+      type = PyExc_NotImplementedError;
+      break;
     default:
       break;
   }
@@ -56,8 +59,9 @@ void bind_weights(py::module_& m) {
       [](const std::string& path, const py::dict& tensors) {
         std::vector<std::pair<std::string, Tensor>> list;
         for (auto [k, v] : tensors)
-          list.emplace_back(py::cast<std::string>(k),
-                            from_numpy(py::reinterpret_borrow<py::buffer>(v)));
+          list.emplace_back(
+              py::cast<std::string>(k),
+              from_array_like(v, fmt::format("save_weights: '{}'", py::cast<std::string>(k))));
         std::sort(list.begin(), list.end(),
                   [](const auto& a, const auto& b) { return a.first < b.first; });
         check(without_gil([&] { return write_safetensors(path, list); }));
@@ -97,7 +101,7 @@ void bind_onnx(py::module_& m) {
       "load", [](const std::string& path) { return check(onnx::Model::load(path)); },
       py::arg("path"),
       "Parses and checks an ONNX file; every operator Shoal does not import is named in one "
-      "ValueError. Pass the model to shoal.Trainer.");
+      "NotImplementedError (malformed files raise ValueError). Pass the model to shoal.Trainer.");
   o.def("supported_ops", &onnx::supported_ops);
 }
 

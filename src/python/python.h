@@ -37,6 +37,9 @@ auto without_gil(F&& f) {
 // tensor shares the array's memory and keeps it alive. Arrays that are not
 // contiguous, or of a type Shoal lacks, are copied (converted) first.
 Tensor from_numpy(const py::buffer& b);
+// Anything array-like (buffer protocol, __array__, nested lists) as a
+// Tensor; a ValueError naming `what` otherwise.
+Tensor from_array_like(py::handle obj, std::string_view what);
 // A NumPy array over the tensor's memory (kept alive by the array); bf16
 // tensors, which NumPy lacks, are widened to f32 (a copy).
 py::array to_numpy(const Tensor& t);

@@ -97,6 +97,27 @@ Tensor from_numpy(const py::buffer& b) {
   return Tensor::from_storage(storage, shape, *dt);
 }
 
+Tensor from_array_like(py::handle obj, std::string_view what) {
+  if (PyObject_CheckBuffer(obj.ptr())) return from_numpy(py::reinterpret_borrow<py::buffer>(obj));
+  // A torch tensor, a list, anything NumPy can make an array of (through
+  // __array__ or nesting); before, "a bytes-like object is required".
+  py::object arr;
+  try {
+    arr = py::module_::import("numpy").attr("asarray")(obj);
+  } catch (const py::error_already_set& e) {
+    throw py::value_error(
+        fmt::format("{}: a {} is not an array and NumPy cannot make one of it "
+                    "({})",
+                    what, std::string(py::str(py::type::of(obj).attr("__name__"))), e.what()));
+  }
+  if (std::string(py::str(arr.attr("dtype").attr("kind"))) == "O")
+    throw py::value_error(fmt::format(
+        "{}: NumPy made an array of Python objects of it (ragged lists, mixed types): give "
+        "numbers of one type and shape",
+        what));
+  return from_numpy(py::reinterpret_borrow<py::buffer>(arr));
+}
+
 py::array to_numpy(const Tensor& t) {
   Tensor c = t.dtype() == DType::kBF16 ? t.cast(DType::kF32) : t.contiguous();
   const char* fmt = numpy_format(c.dtype());

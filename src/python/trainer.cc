@@ -163,7 +163,9 @@ void set_data(Options& o, py::handle data) {
         "y_test) arrays as a tuple or dict");
   }
   std::vector<Tensor> t;
-  for (auto& v : a) t.push_back(from_numpy(py::reinterpret_borrow<py::buffer>(v)));
+  const char* names[] = {"x_train", "y_train", "x_test", "y_test"};
+  for (std::size_t i = 0; i < a.size(); ++i)
+    t.push_back(from_array_like(a[i], fmt::format("shoal.Trainer: data's {}", names[i])));
   auto s = check(train::make_splits(t[0], t[1], t[2], t[3], "arrays"));
   o.t.data = fmt::format("arrays{}", shape_str(s.train.images.shape()));
   o.t.dataset = std::make_shared<const train::DataSplits>(std::move(s));
@@ -242,7 +244,8 @@ class PyTrainer {
     train::WeightsFile w;
     w.path = "state_dict";
     for (auto [k, v] : d)
-      w.tensors[k.cast<std::string>()] = from_numpy(py::reinterpret_borrow<py::buffer>(v));
+      w.tensors[k.cast<std::string>()] =
+          from_array_like(v, fmt::format("load_state_dict: '{}'", k.cast<std::string>()));
     check(without_gil([&] { return trainer_->load_weights(w); }));
   }
 

@@ -159,6 +159,13 @@ Result<Tensor> parse_npy(std::string_view b, std::string_view where) {
     return invalid_argument(
         "{}: the array is stored in Fortran order; save it with np.ascontiguousarray(a)", where);
   SHOAL_ASSIGN_OR_RETURN(Shape shape, parse_shape(shape_s, where));
+  // Python objects (ragged lists, strings, mixed types) are pickles, not
+  // numbers: before, "needs 0 bytes ... trailing bytes".
+  if (descr == "|O")
+    return invalid_argument(
+        "{}: the array holds Python objects (dtype object: ragged lists or mixed types), not "
+        "numbers; save numbers of one type and shape",
+        where);
   std::size_t elem = descr.size() >= 3 ? descr_bytes(descr) : 0;
   std::size_t want = static_cast<std::size_t>(num_elements(shape)) * elem;
   std::size_t have = b.size() - pre - hlen;

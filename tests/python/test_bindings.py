@@ -124,6 +124,20 @@ def test_dict_data_and_errors_carry_shoals_message(tmp_path):
         shoal.Trainer("mlp", str(tmp_path / "none.npz"))
     with pytest.raises(FileNotFoundError):
         shoal.onnx.load(str(tmp_path / "none.onnx"))
+    # Anything array-like is data (a torch.Tensor offers __array__ and no
+    # buffer; lists nest): before, "a bytes-like object is required".
+    class ArrayLike:
+        def __init__(self, a):
+            self.a = a
+
+        def __array__(self, dtype=None):
+            return self.a
+
+    t = shoal.Trainer("mlp", (ArrayLike(xtr), ytr.tolist(), xtr.tolist(), ArrayLike(ytr)),
+                      epochs=1, batch=16, quiet=True, threads=1, out=str(tmp_path / "like"))
+    assert t.fit()[-1]["epoch"] == 1
+    with pytest.raises(ValueError, match="data.s x_train"):
+        shoal.Trainer("mlp", ([[1.0, 2.0], [3.0]], ytr, xtr, ytr))
 
 
 FORTUNES = "/usr/share/games/fortunes/fortunes"

@@ -150,6 +150,8 @@ np.savez('allnan.npz', x_train=np.full((10, 4), np.nan, 'f8'), y_train=ytr, x_te
 np.savez('empty.npz', x_train=np.ones((10, 0), 'f4'), y_train=ytr, x_test=xtr, y_test=ytr)
 big = ytr.copy(); big[4] = 100000
 np.savez('big.npz', x_train=xtr, y_train=big, x_test=xtr, y_test=ytr)
+objs = np.empty(10, dtype=object); objs[:] = [[1.0]] * 10
+np.savez('objects.npz', x_train=objs, y_train=ytr, x_test=xtr, y_test=ytr)
 )");
   struct Case {
     const char* file;
@@ -161,6 +163,7 @@ np.savez('big.npz', x_train=xtr, y_train=big, x_test=xtr, y_test=ytr)
       {"empty.npz", "x_train: samples of shape [10, 0] hold no values"},
       // Before: a 100,001-class model, built silently.
       {"big.npz", "y_train: label 100000 at index 4 is not a class index in [0, 65536)"},
+      {"objects.npz", "the array holds Python objects (dtype object"},
   };
   for (const auto& c : cases) {
     auto s = load_data(t.path() + "/" + c.file);
