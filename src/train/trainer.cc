@@ -355,21 +355,7 @@ Status Trainer::run() {
   Impl& m = *impl_;
   const std::int64_t spe = steps_per_epoch();
   const bool lead = o_.rank == 0;
-  if (lead) {
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    if (ec) return unavailable("creating run directory {}: {}", dir_, ec.message());
-    // A resumed run appends to its metrics, after dropping what the run
-    // before it logged past the checkpoint it resumes from (else steps go
-    // backwards); a fresh one starts them (a second run() on this trainer
-    // continues the open file).
-    const std::string metrics = (fs::path(dir_) / "metrics.jsonl").string();
-    if (!m.metrics.is_open() && o_.resume)
-      SHOAL_RETURN_IF_ERROR(keep_metrics_until(metrics, step_));
-    if (!m.metrics.is_open()) m.metrics.open(metrics, o_.resume ? std::ios::app : std::ios::trunc);
-    if (!m.metrics) return unavailable("opening {}/metrics.jsonl for append", dir_);
-    checkpoint_dir().clean();  // what a writer killed mid-checkpoint left
-  }
+  if (lead) SHOAL_RETURN_IF_ERROR(open_run_dir());
   const std::int64_t limit =
       o_.max_steps > 0 ? std::min(o_.max_steps, spe * o_.epochs) : spe * o_.epochs;
   if (step_ >= limit && step_ > 0) return report_finished(limit);
@@ -445,27 +431,7 @@ Status Trainer::run() {
     em.test_acc = ev.accuracy;
     em.wall_seconds = std::chrono::duration<double>(Clock::now() - e0).count();
     history_.push_back(em);
-    if (lead) {
-      nlohmann::json j = {
-          {"kind", "epoch"},
-          {"epoch", em.epoch},
-          {"partial", em.partial},
-          {"step", step_},
-          {"train_loss", em.train_loss},
-          {"train_acc", em.train_acc},
-          {"test_loss", em.test_loss},
-          {"test_acc", em.test_acc},
-          {rate_key(), em.images_per_s},
-          {"train_seconds", em.train_seconds},
-          {"elapsed_seconds", std::chrono::duration<double>(Clock::now() - wall0).count()}};
-      if (m.train.tokens()) j["test_bits_per_char"] = em.test_loss / std::log(2.0);
-      m.metrics << j.dump() << "\n" << std::flush;
-      if (!o_.quiet) print_epoch(em);
-      if (o_.plot) {
-        Status st = write_plot();
-        if (!st.ok()) SHOAL_LOG_WARN("plot skipped: {}", st.to_string());
-      }
-    }
+    if (lead) log_epoch_record(em, std::chrono::duration<double>(Clock::now() - wall0).count());
   }
   return ok_status();
 }

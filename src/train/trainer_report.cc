@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shoal/core/file.h"
+#include "shoal/core/logging.h"
 #include "shoal/core/plot.h"
 #include "shoal/train/trainer.h"
 #include "train/trainer_impl.h"
@@ -74,6 +75,49 @@ void Trainer::log_train_record(int epoch, double loss, std::int64_t steps, doubl
                       {"loss", loss},    {"loss_steps", steps}, {"lr", impl_->lr.data<float>()[0]},
                       {rate_key(), rate}};
   impl_->metrics << j.dump() << "\n" << std::flush;
+}
+
+// The lead's run directory at the start of run(): created, its metrics
+// opened, what a checkpoint writer killed mid-write left removed.
+Status Trainer::open_run_dir() {
+  namespace fs = std::filesystem;
+  Impl& m = *impl_;
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) return unavailable("creating run directory {}: {}", dir_, ec.message());
+  // A resumed run appends to its metrics, after dropping what the run
+  // before it logged past the checkpoint it resumes from (else steps go
+  // backwards); a fresh one starts them (a second run() on this trainer
+  // continues the open file).
+  const std::string metrics = (fs::path(dir_) / "metrics.jsonl").string();
+  if (!m.metrics.is_open() && o_.resume) SHOAL_RETURN_IF_ERROR(keep_metrics_until(metrics, step_));
+  if (!m.metrics.is_open()) m.metrics.open(metrics, o_.resume ? std::ios::app : std::ios::trunc);
+  if (!m.metrics) return unavailable("opening {}/metrics.jsonl for append", dir_);
+  checkpoint_dir().clean();
+  return ok_status();
+}
+
+// The lead's "epoch" record, line and plot.
+void Trainer::log_epoch_record(const EpochMetrics& em, double elapsed_s) {
+  Impl& m = *impl_;
+  nlohmann::json j = {{"kind", "epoch"},
+                      {"epoch", em.epoch},
+                      {"partial", em.partial},
+                      {"step", step_},
+                      {"train_loss", em.train_loss},
+                      {"train_acc", em.train_acc},
+                      {"test_loss", em.test_loss},
+                      {"test_acc", em.test_acc},
+                      {rate_key(), em.images_per_s},
+                      {"train_seconds", em.train_seconds},
+                      {"elapsed_seconds", elapsed_s}};
+  if (m.train.tokens()) j["test_bits_per_char"] = em.test_loss / std::log(2.0);
+  m.metrics << j.dump() << "\n" << std::flush;
+  if (!o_.quiet) print_epoch(em);
+  if (o_.plot) {
+    Status st = write_plot();
+    if (!st.ok()) SHOAL_LOG_WARN("plot skipped: {}", st.to_string());
+  }
 }
 
 Status keep_metrics_until(const std::string& path, std::int64_t step) {

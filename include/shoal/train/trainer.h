@@ -230,6 +230,8 @@ class Trainer {
   Status report_finished(std::int64_t limit);
   const char* rate_key() const;  // metrics.jsonl's name for the rate
   void log_train_record(int epoch, double loss, std::int64_t steps, double rate);
+  void log_epoch_record(const EpochMetrics& em, double elapsed_s);
+  Status open_run_dir();  // the lead's, at the start of run()
   Status write_plot() const;
   void print_epoch(const EpochMetrics& em) const;
   Status sync_from_lead();
