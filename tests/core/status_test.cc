@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
+#include <thread>
+
 #include "shoal/core/deadline.h"
 #include "shoal/core/env.h"
+#include "shoal/core/logging.h"
 
 namespace shoal {
 namespace {
@@ -46,6 +50,23 @@ TEST(Deadline, Expires) {
   EXPECT_TRUE(d.expired());
   EXPECT_EQ(d.remaining().count(), 0);
   EXPECT_FALSE(Deadline::after_seconds(60).expired());
+}
+
+// A repeated warning is let through up to a burst per period; the first
+// line after that says how many were held back (one client looping on a
+// refused connection wrote 12,427 lines in 28 s before).
+TEST(LineBudget, LetsABurstThroughThenCountsTheRest) {
+  log::LineBudget budget(3, std::chrono::seconds(1));
+  std::uint64_t held = 99;
+  int logged = 0;
+  for (int i = 0; i < 1000; ++i) logged += budget.take(&held) ? 1 : 0;
+  EXPECT_EQ(logged, 3);
+  EXPECT_EQ(budget.total(), 1000u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_TRUE(budget.take(&held));
+  EXPECT_EQ(held, 997u);  // the ones held back in the last period
+  ASSERT_TRUE(budget.take(&held));
+  EXPECT_EQ(held, 0u);
 }
 
 }  // namespace
