@@ -297,33 +297,28 @@ class PsJob {
   // Stopped means by a signal (state 'T') for 2 s on end: a tracer's
   // brief stops ('t': LeakSanitizer stops a process at exit to scan it)
   // are not a frozen worker.
+  // Whether process i has been stopped (state T) for 2 s, tracking since when.
+  bool stopped_for_a_while(std::size_t i, Clock::time_point now) {
+    if (procs_[i].exited || proc_state(procs_[i].pid) != 'T') {
+      stopped_since_.erase(i);
+      return false;
+    }
+    return now - stopped_since_.emplace(i, now).first->second >= std::chrono::seconds(2);
+  }
+
   void check_frozen() {
     if (stopping_) return;
     const auto now = Clock::now();
     // A stopped server holds every worker's step: the job cannot go on, and
     // the workers would only time out blaming a key (after 311 s, seen).
-    for (std::size_t i = 0; i < static_cast<std::size_t>(o_.ps_servers) && i < procs_.size(); ++i) {
-      if (procs_[i].exited) continue;
-      if (proc_state(procs_[i].pid) != 'T') {
-        stopped_since_.erase(i);
-        continue;
-      }
-      auto since = stopped_since_.emplace(i, now).first->second;
-      if (now - since >= std::chrono::seconds(2))
+    for (std::size_t i = 0; i < static_cast<std::size_t>(o_.ps_servers) && i < procs_.size(); ++i)
+      if (stopped_for_a_while(i, now))
         return fail(i,
                     fmt::format("{} is unresponsive (stopped: state T); every worker waits on it",
                                 label(i)));
-    }
     std::vector<std::size_t> frozen;
-    for (std::size_t i = o_.ps_servers; i < procs_.size(); ++i) {
-      if (procs_[i].exited) continue;
-      if (proc_state(procs_[i].pid) != 'T') {
-        stopped_since_.erase(i);
-        continue;
-      }
-      auto since = stopped_since_.emplace(i, now).first->second;
-      if (now - since >= std::chrono::seconds(2)) frozen.push_back(i);
-    }
+    for (std::size_t i = o_.ps_servers; i < procs_.size(); ++i)
+      if (stopped_for_a_while(i, now)) frozen.push_back(i);
     for (std::size_t i = o_.ps_servers; i < procs_.size(); ++i)
       if (!procs_[i].exited && std::find(frozen.begin(), frozen.end(), i) == frozen.end()) return;
     if (frozen.empty()) return;
@@ -518,7 +513,7 @@ class PsJob {
   int failed_ = -1, lost_workers_ = 0, code_ = 0;
   long ticks_ = 0;
   int restarts_ = 0;
-  std::map<std::size_t, Clock::time_point> stopped_since_;  // workers in state 'T'
+  std::map<std::size_t, Clock::time_point> stopped_since_;  // processes in state 'T'
   std::string snapshots_;
   std::vector<std::pair<std::vector<std::string>, Env>> specs_;  // per process, to restart
   std::string last_drop_;

@@ -13,7 +13,6 @@
 #include "shoal/net/socket.h"
 
 namespace shoal::ps {
-namespace {}  // namespace
 
 Result<int> role_count(const char* name) {
   SHOAL_ASSIGN_OR_RETURN(std::int64_t v, env::get_int(name, -1));

@@ -87,14 +87,13 @@ Result<Dataset> load_image_folder(const std::string& dir, const std::vector<std:
   const bool test = !classes.empty();
   std::vector<std::string> files;
   std::vector<std::int32_t> labels;
-  for (const std::string& name : names) {
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const std::string& name = names[k];
     const auto known = std::find(classes.begin(), classes.end(), name);
     if (test && known == classes.end())
       return invalid_argument("{}/{}: a class the training split does not have (its classes: [{}])",
                               dir, name, fmt::join(classes, ", "));
-    const auto label = static_cast<std::int32_t>(
-        test ? known - classes.begin()
-             : std::find(names.begin(), names.end(), name) - names.begin());
+    const auto label = static_cast<std::int32_t>(test ? known - classes.begin() : k);
     std::vector<std::string> in_class;
     for (const auto& e : fs::directory_iterator(fs::path(dir) / name, ec))
       if (e.is_regular_file() && is_image(e.path())) in_class.push_back(e.path().string());
