@@ -5,7 +5,6 @@
 #include "shoal/comm/communicator.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
-#include "shoal/dp/data_parallel.h"
 #include "shoal/mp/accumulate.h"
 #include "shoal/ps/attach.h"
 #include "shoal/runtime/kernel.h"
@@ -49,7 +48,7 @@ void apply_launch_env(train::TrainOptions& o, const LaunchEnv& env) {
 
 // Data parallel over the job's ranks.
 Result<std::unique_ptr<comm::Communicator>> join_allreduce(train::TrainOptions& o,
-                                                           const dp::DpOptions& d) {
+                                                           const JoinOptions& j) {
   if (o.deterministic) setenv("SHOAL_DETERMINISTIC", "1", 1);
   auto c = comm::Communicator::from_env();
   if (!c.ok()) return c.status().with_context("joining the job's ranks");
@@ -61,22 +60,22 @@ Result<std::unique_ptr<comm::Communicator>> join_allreduce(train::TrainOptions& 
   // export a local world size; dp::attach logs the choice.
   if (o.threads == 0)
     o.threads = std::max(1, runtime::num_cores() / std::max(1, comm->local_size()));
-  SHOAL_RETURN_IF_ERROR(dp::attach(o, *comm, d));
+  SHOAL_RETURN_IF_ERROR(attach(o, *comm, j.layout, j.dp));
   return comm;
 }
 
 // A worker of a parameter-server job.
 Result<std::unique_ptr<ps::WorkerJob>> join_ps(train::TrainOptions& o, const JoinOptions& j) {
-  if (j.dp.zero > 0 || j.dp.tp > 1 || j.dp.pp > 1)
+  if (j.dp.zero > 0 || j.layout.tp > 1 || j.layout.pp > 1)
     return invalid_argument(
         "--zero, --tp and --pp shard the model over all-reduce ranks; a parameter-server job "
         "(--dist ps) shards it over its servers: drop them or use --dist allreduce");
-  if (j.dp.micro_batches > 1)
+  if (micro_batches(j.layout) > 1)
     return invalid_argument(
         "--micro-batches {}: a parameter-server worker pushes the gradient of each batch it "
         "trains on; gradient accumulation is not built for --dist ps (use --dist allreduce, or "
         "a smaller --batch)",
-        j.dp.micro_batches);
+        micro_batches(j.layout));
   SHOAL_ASSIGN_OR_RETURN(ps::JobEnv e, ps::job_env());
   if (!e.role.empty() && e.role != "worker")
     return invalid_argument("--dist ps trains as a worker, but DMLC_ROLE={}", e.role);
@@ -110,16 +109,16 @@ Result<std::unique_ptr<Job>> Job::join(train::TrainOptions& o, const JoinOptions
     // Workers are told apart by their ids, not a launcher rank.
     if (!env.trace.empty()) o.trace = rank_path(env.trace, job->ps_->worker());
   } else if (env.world > 1) {
-    SHOAL_ASSIGN_OR_RETURN(job->comm_, join_allreduce(o, j.dp));
-  } else if (Status bad = dp::validate(j.dp); !bad.ok()) {
+    SHOAL_ASSIGN_OR_RETURN(job->comm_, join_allreduce(o, j));
+  } else if (Status bad = validate(j.layout, j.dp); !bad.ok()) {
     return bad;  // the flags themselves, whatever the ranks
-  } else if (Status st = dp::check_layout(j.dp, 1); !st.ok()) {
+  } else if (Status st = check_layout(j.layout, j.dp, 1); !st.ok()) {
     // --tp 2 in one process would train unsplit, as if the flag were not there.
     return st.with_context(
         "this is one process (no launcher's ranks in the environment): start the ranks with "
         "`shoal run -n N -- shoal train ...`, mpirun, srun or torchrun");
   } else {
-    SHOAL_RETURN_IF_ERROR(mp::attach_accumulation(o, j.dp.micro_batches));
+    SHOAL_RETURN_IF_ERROR(mp::attach_accumulation(o, micro_batches(j.layout)));
   }
   job->rank_ = o.rank;
   job->world_ = o.world;

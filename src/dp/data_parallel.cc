@@ -6,22 +6,16 @@
 #include <numeric>
 #include <string_view>
 
-#include "dp/layout_binding.h"
+#include "shoal/collective/registry.h"
 #include "shoal/core/logging.h"
 #include "shoal/dp/sharded.h"
-#include "shoal/mp/accumulate.h"
-#include "shoal/mp/pipeline.h"
-#include "shoal/mp/tensor_parallel.h"
-#include "shoal/net/shared_memory.h"
 #include "shoal/runtime/kernel.h"
 
 namespace shoal::dp {
-namespace {
 
-// Every rank's (option, value) list, gathered whole (a few hundred bytes,
-// once at start-up), so that a difference is reported by name and value,
-// not as two hashes.
-Status agree_named(comm::Communicator& c, const train::Peers::Options& options) {
+// A few hundred bytes, once at start-up: a difference is reported by name
+// and value, not as two hashes.
+Status agree_options(comm::Communicator& c, const train::Peers::Options& options) {
   std::string mine;
   for (const auto& [k, v] : options) mine += k + '\0' + v + '\0';
   const auto n = static_cast<std::size_t>(c.size());
@@ -58,6 +52,8 @@ Status agree_named(comm::Communicator& c, const train::Peers::Options& options) 
   return ok_status();
 }
 
+namespace {
+
 class CommPeers final : public train::Peers {
  public:
   explicit CommPeers(comm::Communicator& c) : c_(c) {}
@@ -74,7 +70,7 @@ class CommPeers final : public train::Peers {
             what, all[0], r, all[static_cast<std::size_t>(r)]);
     return ok_status();
   }
-  Status agree_options(const Options& options) override { return agree_named(c_, options); }
+  Status agree_options(const Options& options) override { return dp::agree_options(c_, options); }
   Status broadcast(Tensor& t) override {
     return c_.broadcast(t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype(), 0);
   }
@@ -89,16 +85,6 @@ class CommPeers final : public train::Peers {
  private:
   comm::Communicator& c_;
 };
-
-// Sub-communicators live as long as the process (the trainers built over
-// them hold their ids).
-comm::Communicator* keep(std::unique_ptr<comm::Communicator> c) {
-  static std::mutex mu;
-  static std::vector<std::unique_ptr<comm::Communicator>> kept;
-  std::lock_guard<std::mutex> lk(mu);
-  kept.push_back(std::move(c));
-  return kept.back().get();
-}
 
 // ZeRO-1 and 2 over communicator `id`: the update pass reduce-scatters the
 // gradients, updates this rank's shard, all-gathers the parameters.
@@ -126,146 +112,7 @@ Status attach_sharded_update(train::TrainOptions& o, std::int64_t id, const DpOp
   return ok_status();
 }
 
-Status attach_zero3(train::TrainOptions& o, comm::Communicator& c, std::int64_t id);
-
-// Two forward passes, one after the other: `inner` slices the parameters,
-// `outer` splits the slices again (ZeRO-3's row blocks of tensor-parallel
-// slices). A rank's piece is outer's of inner's; the whole tensor is
-// inner's gather of outer's.
-train::TrainOptions::ParamSlices compose(train::TrainOptions::ParamSlices inner,
-                                         train::TrainOptions::ParamSlices outer) {
-  train::TrainOptions::ParamSlices ps = outer;
-  ps.names.insert(inner.names.begin(), inner.names.end());
-  ps.reports = inner.reports && outer.reports;
-  if (!ps.correct.valid()) ps.correct = inner.correct;  // TP's vocabulary-parallel loss
-  ps.slice = [inner, outer](const std::string& p, const Tensor& whole) {
-    const Tensor mid = inner.names.count(p) ? inner.slice(p, whole) : whole;
-    return outer.names.count(p) ? outer.slice(p, mid) : mid;
-  };
-  ps.gather = [inner, outer](const std::string& p, const Tensor& mine) -> Result<Tensor> {
-    Tensor mid = mine;
-    if (outer.names.count(p)) {
-      SHOAL_ASSIGN_OR_RETURN(mid, outer.gather(p, mine));
-    }
-    if (!inner.names.count(p)) return mid;
-    return inner.gather(p, mid);
-  };
-  return ps;
-}
-
-// Tensor parallelism over groups of T consecutive ranks; with more ranks
-// than T, data parallelism across the groups (each gradient, sliced or
-// whole, all-reduced among the ranks holding the same slice).
-Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
-  if (d.zero > 0 && c.size() == d.tp)
-    return invalid_argument(
-        "--zero {} with --tp {} on {} ranks: no data-parallel group to shard over (run D x {} "
-        "ranks, D > 1)",
-        d.zero, d.tp, c.size(), d.tp);
-  o.peers = std::make_shared<CommPeers>(c);
-  const bool copied = d.micro_batches > 1;  // per micro-batch by gradient accumulation
-  if (c.size() == d.tp)
-    return mp::attach_tensor_parallel(o, register_communicator(&c, false), d.sequence_parallel,
-                                      copied);
-  SHOAL_ASSIGN_OR_RETURN(auto tp, c.split(c.rank() / d.tp, c.rank()));
-  SHOAL_ASSIGN_OR_RETURN(auto dp, c.split(c.rank() % d.tp, c.rank()));
-  comm::Communicator* tpc = keep(std::move(tp));
-  comm::Communicator* dpc = keep(std::move(dp));
-  SHOAL_RETURN_IF_ERROR(mp::attach_tensor_parallel(o, register_communicator(tpc, false),
-                                                   d.sequence_parallel, copied));
-  o.data_rank = dpc->rank();
-  o.data_world = dpc->size();
-  o.prefetch = false;
-  const std::int64_t id = register_communicator(dpc, false);
-  DpOptions dd = d;
-  dd.overlap = DpOptions::Overlap::kOff;
-  const bool lead = c.rank() == 0;
-  if (lead) SHOAL_LOG_INFO("{} data-parallel groups x {} tensor-parallel ranks", dpc->size(), d.tp);
-  // ZeRO over each slice's data-parallel group: the ranks holding the same
-  // slices shard its gradients and state among them (3: the slices too,
-  // as row blocks gathered where the step uses them).
-  if (d.zero == 3) {
-    auto tp_pass = o.forward_pass;
-    SHOAL_RETURN_IF_ERROR(attach_zero3(o, *dpc, id));
-    auto z3_pass = o.forward_pass;
-    o.forward_pass = [tp_pass,
-                      z3_pass](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
-      SHOAL_ASSIGN_OR_RETURN(auto tp, tp_pass(g));
-      SHOAL_ASSIGN_OR_RETURN(auto z3, z3_pass(g));
-      return compose(std::move(tp), std::move(z3));
-    };
-    return ok_status();
-  }
-  if (d.zero > 0) return attach_sharded_update(o, id, d, lead);
-  o.grad_pass = [id, dd, lead](graph::Graph& g, std::vector<train::ParamRef>& params) -> Status {
-    SHOAL_ASSIGN_OR_RETURN(BucketPlan plan, inject_allreduce(g, params, id, dd));
-    if (lead) SHOAL_LOG_INFO("data parallel: {} gradient buckets", plan.buckets.size());
-    return ok_status();
-  };
-  return ok_status();
-}
-
-// Pipeline stages over groups of P consecutive ranks; with more ranks than
-// P, data parallelism across the groups (each stage's gradients all-reduced
-// among the ranks holding that stage).
-Status attach_pp(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
-  // ZeRO-3 would gather every parameter before each micro-batch's forward
-  // and backward: m times its traffic per step, where a stage holds few
-  // parameters anyway. DeepSpeed's pipeline engine refuses ZeRO-2 and 3.
-  if (d.zero == 3)
-    return invalid_argument(
-        "--pp {} with --zero 3: a stage would gather each parameter again for every one of "
-        "its --micro-batches {} (forward and backward); shard the optimizer state and "
-        "gradients with --zero 1 or 2, or split the layers further with --tp",
-        d.pp, d.micro_batches);
-  if (d.zero > 0 && c.size() == d.pp * d.tp)
-    return invalid_argument(
-        "--zero {} with --pp {}{} on {} ranks: no data-parallel group to shard over (run D x {} "
-        "ranks, D > 1)",
-        d.zero, d.pp, d.tp > 1 ? fmt::format(" --tp {}", d.tp) : "", c.size(), d.pp * d.tp);
-  o.peers = std::make_shared<CommPeers>(c);
-  mp::PipelineOptions po;
-  po.stages = d.pp;
-  po.micro_batches = d.micro_batches;
-  SHOAL_ASSIGN_OR_RETURN(po.schedule, mp::parse_schedule(d.pp_schedule));
-  po.cuts = d.pp_cuts;
-  po.chunks = d.pp_virtual;
-  // Rank r = (data group g, stage s, tensor rank t): r = g·P·T + s·T + t.
-  const int T = d.tp, P = d.pp, r = c.rank();
-  const LayoutPlace at = place_in_layout(r, T, P);
-  if (T > 1) {  // each stage's T ranks split its layers
-    SHOAL_ASSIGN_OR_RETURN(auto tp, c.split(r / T, r));
-    SHOAL_RETURN_IF_ERROR(mp::attach_tensor_parallel(
-        o, register_communicator(keep(std::move(tp)), false), d.sequence_parallel, true));
-  }
-  comm::Communicator* ppc = &c;
-  if (c.size() != P) {
-    SHOAL_ASSIGN_OR_RETURN(auto pp, c.split(at.group * T + at.tensor, r));
-    ppc = keep(std::move(pp));
-  }
-  o.data_rank = 0;
-  o.data_world = 1;
-  SHOAL_RETURN_IF_ERROR(mp::attach_pipeline(o, *ppc, po));
-  if (c.size() == P * T) return ok_status();
-  // The ranks holding the same stage and slice all-reduce its gradients.
-  SHOAL_ASSIGN_OR_RETURN(auto dp, c.split(r % (P * T), r));
-  comm::Communicator* dpc = keep(std::move(dp));
-  o.data_rank = dpc->rank();
-  o.data_world = dpc->size();
-  o.prefetch = false;
-  const std::int64_t id = register_communicator(dpc, false);
-  DpOptions dd = d;
-  dd.overlap = DpOptions::Overlap::kOff;
-  if (r == 0)
-    SHOAL_LOG_INFO("{} data-parallel groups x {} pipeline stages{}", dpc->size(), P,
-                   T > 1 ? fmt::format(" x {} tensor-parallel ranks", T) : "");
-  // ZeRO over each stage's (and slice's) data-parallel group.
-  if (d.zero > 0) return attach_sharded_update(o, id, d, r == 0);
-  o.grad_pass = [id, dd](graph::Graph& gr, std::vector<train::ParamRef>& params) -> Status {
-    return inject_allreduce(gr, params, id, dd).status();
-  };
-  return ok_status();
-}
+}  // namespace
 
 // ZeRO-3: the forward reads every parameter through an all-gather of its
 // rows (dp/sharded.h); after autodiff the backward gathers again, and each
@@ -299,50 +146,44 @@ Status attach_zero3(train::TrainOptions& o, comm::Communicator& c, std::int64_t 
   return ok_status();
 }
 
-}  // namespace
+std::shared_ptr<train::Peers> peers(comm::Communicator& c) {
+  return std::make_shared<CommPeers>(c);
+}
 
-Status check_layout(const DpOptions& d, int ranks) {
-  SHOAL_RETURN_IF_ERROR(validate(d));
-  // The model's split: "--tp T", "--pp P" or "--tp T x --pp P".
-  const std::string split = d.pp == 1   ? fmt::format("--tp {}", d.tp)
-                            : d.tp == 1 ? fmt::format("--pp {}", d.pp)
-                                        : fmt::format("--tp {} x --pp {}", d.tp, d.pp);
-  if (ranks % (d.tp * d.pp) != 0)
-    return invalid_argument("{} must divide the job's {} ranks", split, ranks);
-  if (d.dp > 0 && d.dp * d.tp * d.pp != ranks)
-    return invalid_argument("--dp {} x {} is {} ranks, the job has {}", d.dp, split,
-                            d.dp * d.tp * d.pp, ranks);
+train::Peers::Options named_options(const DpOptions& d) {
+  // The wire type changes the sums; the bucket sizes, the calls each rank
+  // makes (a mismatch would otherwise surface as differing call sequences).
+  return {{"--wire", std::string(dtype_name(d.wire))},
+          {"--bucket-mb", fmt::format("{}", d.bucket_mb)},
+          {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)},
+          {"--zero", std::to_string(d.zero)},
+          {"--zero-bucket-mb", fmt::format("{}", d.zero_bucket_mb)}};
+}
+
+Status attach_group(train::TrainOptions& o, comm::Communicator& group, const DpOptions& d,
+                    bool lead) {
+  o.data_rank = group.rank();
+  o.data_world = group.size();
+  o.prefetch = false;
+  if (d.zero == 3)
+    return failed_precondition("dp::attach_group: ZeRO-3 composes through attach_zero3");
+  const std::int64_t id = collective::register_communicator(&group, false);
+  if (d.zero > 0) return attach_sharded_update(o, id, d, lead);
+  DpOptions dd = d;
+  dd.overlap = DpOptions::Overlap::kOff;
+  o.grad_pass = [id, dd, lead](graph::Graph& g, std::vector<train::ParamRef>& params) -> Status {
+    SHOAL_ASSIGN_OR_RETURN(BucketPlan plan, inject_allreduce(g, params, id, dd));
+    if (lead) SHOAL_LOG_INFO("data parallel: {} gradient buckets", plan.buckets.size());
+    return ok_status();
+  };
   return ok_status();
 }
 
 Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d) {
-  SHOAL_RETURN_IF_ERROR(check_layout(d, c.size()));
+  SHOAL_RETURN_IF_ERROR(validate(d));
   o.rank = c.rank();
   o.world = c.size();
-  // Gradient accumulation wraps what the other passes did to the forward.
-  if (d.pp == 1 && d.tp == 1) SHOAL_RETURN_IF_ERROR(mp::attach_accumulation(o, d.micro_batches));
   if (c.size() == 1) return ok_status();  // one process: nothing to synchronize
-  // The wire type changes the sums; the bucket sizes, the calls each rank
-  // makes (a mismatch would otherwise surface as differing call sequences).
-  SHOAL_RETURN_IF_ERROR(
-      agree_named(c, {{"--wire", std::string(dtype_name(d.wire))},
-                      {"--bucket-mb", fmt::format("{}", d.bucket_mb)},
-                      {"--first-bucket-mb", fmt::format("{}", d.first_bucket_mb)},
-                      {"--zero", std::to_string(d.zero)},
-                      {"--zero-bucket-mb", fmt::format("{}", d.zero_bucket_mb)},
-                      {"--tp", std::to_string(d.tp)},
-                      {"--sequence-parallel", d.sequence_parallel ? "on" : "off"},
-                      {"--pp", std::to_string(d.pp)},
-                      {"--micro-batches", std::to_string(d.micro_batches)},
-                      {"--pp-schedule", d.pp_schedule},
-                      {"--pp-virtual", std::to_string(d.pp_virtual)},
-                      {"--pp-cuts", fmt::format("{}", fmt::join(d.pp_cuts, ","))}}));
-  SHOAL_RETURN_IF_ERROR(bind_to_layout(c.rank(), c.size(), d.tp, d.pp));
-  if (d.pp > 1) return attach_pp(o, c, d);
-  if (d.tp > 1) {
-    SHOAL_RETURN_IF_ERROR(attach_tp(o, c, d));
-    return mp::attach_accumulation(o, d.micro_batches);
-  }
   const bool lead = c.rank() == 0;
   DpOptions dd = d;
   // Is a core free on every rank's host? With every core computing, a
@@ -376,9 +217,9 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
         overlap ? "overlapped on the progress thread" : "on the compute thread",
         spare ? "prefetched on a worker thread" : "prepared on the compute thread");
   dd.overlap = overlap ? DpOptions::Overlap::kOn : DpOptions::Overlap::kOff;
-  std::int64_t id = register_communicator(&c, overlap);
+  std::int64_t id = collective::register_communicator(&c, overlap);
   if (d.zero == 3) {
-    SHOAL_RETURN_IF_ERROR(attach_zero3(o, c, register_communicator(&c, false)));
+    SHOAL_RETURN_IF_ERROR(attach_zero3(o, c, collective::register_communicator(&c, false)));
   } else if (d.zero > 0) {
     SHOAL_RETURN_IF_ERROR(attach_sharded_update(o, id, d, lead));
   } else {
@@ -395,7 +236,7 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d)
       return ok_status();
     };
   }
-  o.peers = std::make_shared<CommPeers>(c);
+  o.peers = peers(c);
   // The step's arena (where the planner puts each bucket's gradients) in
   // shared memory: ranks on one host all-reduce buckets over mappings of
   // each other's arenas.

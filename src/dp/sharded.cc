@@ -6,9 +6,10 @@
 #include <map>
 #include <set>
 
+#include "shoal/collective/ops.h"
+#include "shoal/collective/registry.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/dp/allreduce.h"
-#include "shoal/mp/collectives.h"
 
 namespace shoal::dp {
 
@@ -120,7 +121,7 @@ Result<train::OptimizerGraph> inject_sharded(Builder& b, const std::vector<train
         "--zero needs an element-wise optimizer (sgd, momentum, nesterov, adam, adamw): {} "
         "scales each layer by norms of the whole layer, which a shard does not hold",
         o.name);
-  comm::Communicator* c = communicator(comm_id);
+  comm::Communicator* c = collective::communicator(comm_id);
   if (!c) return failed_precondition("--zero: no communicator registered as id {}", comm_id);
   if (params.empty()) return invalid_argument("--zero: the model has no parameters");
   const int rank = c->rank();
@@ -140,8 +141,8 @@ Result<train::OptimizerGraph> inject_sharded(Builder& b, const std::vector<train
     f.sizes = shard_sizes(f.total, c->size());
     for (int r = 0; r < rank; ++r) f.begin += f.sizes[static_cast<std::size_t>(r)];
     // The gradient of the global batch's mean loss: the ranks' sum / N.
-    Value gr =
-        mp::reduce_scatter(b, grads.size() == 1 ? grads[0] : b.concat(grads, 0), comm_id, f.sizes);
+    Value gr = collective::reduce_scatter(b, grads.size() == 1 ? grads[0] : b.concat(grads, 0),
+                                          comm_id, f.sizes);
     gr = b.mul(gr, b.scalar(1.0 / c->size()));
     std::vector<Value> weights;
     for (std::size_t i : members)
@@ -155,7 +156,7 @@ Result<train::OptimizerGraph> inject_sharded(Builder& b, const std::vector<train
   std::map<std::string, Value> new_param;
   for (std::size_t k = 0; k < parts.size(); ++k) {
     const Part& f = parts[k];
-    Value all = mp::allgather(b, og.new_params[k], comm_id, f.sizes);
+    Value all = collective::allgather(b, og.new_params[k], comm_id, f.sizes);
     for (std::size_t i = 0; i < f.names.size(); ++i)
       new_param[f.names[i]] = b.reshape(
           b.slice(all, 0, f.offsets[i], f.offsets[i] + num_elements(f.shapes[i]), 1), f.shapes[i]);

@@ -4,11 +4,12 @@
 #include <map>
 #include <memory>
 
+#include "shoal/collective/ops.h"
+#include "shoal/collective/registry.h"
 #include "shoal/core/logging.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/dp/sharded.h"
 #include "shoal/graph/builder.h"
-#include "shoal/mp/collectives.h"
 
 namespace shoal::dp {
 namespace {
@@ -29,9 +30,9 @@ Result<Tensor> gather_rows(comm::Communicator* c, const Shape& whole_shape,
 
 Result<train::TrainOptions::ParamSlices> shard_parameters(graph::Graph& g, std::int64_t comm_id,
                                                           std::vector<Zero3Gather>* gathers) {
-  comm::Communicator* c = communicator(comm_id);
+  comm::Communicator* c = collective::communicator(comm_id);
   if (!c) return failed_precondition("ZeRO-3: no communicator registered as id {}", comm_id);
-  mp::register_collective_ops();
+  collective::register_ops();
   const int rank = c->rank(), world = c->size();
   auto shapes = std::make_shared<std::map<std::string, Shape>>();
   auto rows = std::make_shared<std::map<std::string, std::vector<std::int64_t>>>();
@@ -50,7 +51,7 @@ Result<train::TrainOptions::ParamSlices> shard_parameters(graph::Graph& g, std::
     // The input becomes this rank's rows; every use reads their gather.
     g.mutable_node(id).outputs[0].shape[0] = sizes[static_cast<std::size_t>(rank)];
     const graph::Value shard{id, 0};
-    const graph::Value wv = mp::allgather(b, shard, comm_id, sizes);
+    const graph::Value wv = collective::allgather(b, shard, comm_id, sizes);
     SHOAL_RETURN_IF_ERROR(b.status().with_context("ZeRO-3"));
     g.replace_all_uses(shard, wv);
     g.mutable_node(wv.node).inputs[0] = shard;
@@ -91,7 +92,7 @@ Status regather_for_backward(graph::Graph& g, int forward_end,
         users.push_back(id);
     }
     if (users.empty()) continue;
-    const graph::Value again = mp::allgather(b, it->shard, comm_id, it->sizes);
+    const graph::Value again = collective::allgather(b, it->shard, comm_id, it->sizes);
     SHOAL_RETURN_IF_ERROR(b.status().with_context("ZeRO-3: gathering again for the backward"));
     for (int id : users)
       for (graph::Value& v : g.mutable_node(id).inputs)

@@ -112,7 +112,7 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   };
   if (!trace_prefix.empty()) env.emplace_back("SHOAL_TRACE", trace_prefix);
   // --bind layout: each `shoal train` rank binds itself once it knows its
-  // place in the layout (dp/layout_binding.h).
+  // place in the layout (dist/layout_binding.h).
   if (o.bind == "layout") env.emplace_back("SHOAL_BIND", "layout");
 
   std::vector<Proc> procs;

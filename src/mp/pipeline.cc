@@ -10,8 +10,8 @@
 #include <optional>
 #include <tuple>
 
+#include "shoal/collective/ops.h"
 #include "shoal/graph/passes.h"
-#include "shoal/mp/collectives.h"
 
 namespace shoal::mp {
 namespace {
@@ -170,7 +170,7 @@ Value step_loss(Graph& g, const std::vector<std::vector<Value>>& objective, cons
       total = total ? b.add(*total, v) : v;
     }
   if (o.stages == 1) return *total;  // gradient accumulation (mp/accumulate.h)
-  return broadcast(b, *total, o.loss_comm, o.stages - 1);
+  return collective::broadcast(b, *total, o.loss_comm, o.stages - 1);
 }
 
 }  // namespace

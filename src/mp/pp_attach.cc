@@ -6,9 +6,9 @@
 #include <memory>
 #include <optional>
 
+#include "shoal/collective/ops.h"
+#include "shoal/collective/registry.h"
 #include "shoal/core/logging.h"
-#include "shoal/dp/allreduce.h"
-#include "shoal/mp/collectives.h"
 #include "shoal/mp/pipeline.h"
 #include "shoal/mp/tensor_parallel.h"
 
@@ -75,7 +75,7 @@ Status tie_shared(Shared& sh, comm::Communicator& pipe, graph::Graph& g,
     SHOAL_ASSIGN_OR_RETURN(auto c, pipe.split(member ? color : -1, stage));
     ++color;
     if (!c) continue;
-    id = dp::register_communicator(c.get(), false);
+    id = collective::register_communicator(c.get(), false);
     sh.comms.push_back(std::move(c));
   }
   std::int64_t last_slot = 0;
@@ -101,7 +101,7 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
   if (pipe.size() != po.stages)
     return invalid_argument("--pp {}: the pipeline group has {} ranks", po.stages, pipe.size());
   register_pipeline_ops();
-  register_rooted_ops();
+  collective::register_ops();
   register_tensor_parallel_ops();  // tp_allreduce: the sums of tied parameters' gradients
   auto sh = std::make_shared<Shared>();
   for (int k = 0; k < 2; ++k) {
@@ -114,9 +114,9 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
   so.micro_batches = po.micro_batches;
   so.schedule = po.schedule;
   so.chunks = po.chunks;
-  so.fwd_comm = dp::register_communicator(sh->comms[0].get(), false);
-  so.bwd_comm = dp::register_communicator(sh->comms[1].get(), false);
-  so.loss_comm = dp::register_communicator(&pipe, false);
+  so.fwd_comm = collective::register_communicator(sh->comms[0].get(), false);
+  so.bwd_comm = collective::register_communicator(sh->comms[1].get(), false);
+  so.loss_comm = collective::register_communicator(&pipe, false);
   o.micro_batches = po.micro_batches;
   if (o.data_world <= 0) {  // every stage sees the same batches
     o.data_rank = 0;

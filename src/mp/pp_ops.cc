@@ -21,7 +21,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "mp/op_group.h"
+#include "collective/op_group.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/op_registry.h"
@@ -38,7 +38,7 @@ struct Link {
 };
 
 Result<Link> link_of(const graph::Node& n) {
-  SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, detail::communicator_of(n));
+  SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, collective::detail::communicator_of(n));
   const std::int64_t peer = n.attrs.get_int_or("peer", -1);
   if (peer < 0 || peer >= c->size() || peer == c->rank())
     return invalid_argument("{}: peer {} is not another rank of a group of {} (this is rank {})",

@@ -11,9 +11,9 @@
 #include <map>
 #include <set>
 
+#include "shoal/collective/ops.h"
+#include "shoal/collective/registry.h"
 #include "shoal/comm/communicator.h"
-#include "shoal/dp/allreduce.h"
-#include "shoal/mp/collectives.h"
 #include "shoal/mp/tensor_parallel.h"
 
 namespace shoal::mp {
@@ -148,9 +148,9 @@ Status copy_params_at_once(Graph& g, std::int64_t comm_id,
 
 Result<int> shard_sequence(Graph& g, std::int64_t comm_id, std::vector<std::string>* refused,
                            bool one_sum_for_params) {
-  comm::Communicator* c = dp::communicator(comm_id);
+  comm::Communicator* c = collective::communicator(comm_id);
   if (!c) return failed_precondition("sequence parallelism: no communicator {}", comm_id);
-  register_collective_ops();
+  collective::register_ops();
   const int size = c->size();
   int split = 0;
   std::vector<std::pair<int, std::size_t>> param_reads;  // (node, input) of a parameter

@@ -7,8 +7,8 @@
 #include <map>
 #include <set>
 
+#include "shoal/collective/registry.h"
 #include "shoal/comm/communicator.h"
-#include "shoal/dp/allreduce.h"
 #include "shoal/graph/graph.h"
 
 namespace shoal::mp {
@@ -374,7 +374,7 @@ Result<TpPlan> plan_tensor_parallel(const Graph& g, int size) {
 Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id,
                              bool parallel_loss) {
   register_tensor_parallel_ops();
-  comm::Communicator* c = dp::communicator(comm_id);
+  comm::Communicator* c = collective::communicator(comm_id);
   if (!c)
     return failed_precondition("tensor parallelism: no communicator registered as id {}", comm_id);
   const int size = c->size();

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "shoal/collective/registry.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/core/logging.h"
-#include "shoal/dp/allreduce.h"
 #include "shoal/mp/tensor_parallel.h"
 
 namespace shoal::mp {
@@ -55,7 +55,7 @@ Result<Tensor> gather_whole(comm::Communicator* c, const TpShard& s, const Tenso
 
 Status attach_tensor_parallel(train::TrainOptions& o, std::int64_t comm_id, bool sequence_parallel,
                               bool in_pipeline) {
-  comm::Communicator* c = dp::communicator(comm_id);
+  comm::Communicator* c = collective::communicator(comm_id);
   if (!c) return failed_precondition("--tp: no communicator registered as id {}", comm_id);
   const int rank = c->rank(), size = c->size();
   o.data_rank = 0;  // every rank of the group sees the whole batch

@@ -7,9 +7,10 @@
 #include <cstring>
 #include <mutex>
 
-#include "mp/op_group.h"
+#include "collective/op_group.h"
+#include "shoal/collective/ops.h"
+#include "shoal/collective/registry.h"
 #include "shoal/comm/communicator.h"
-#include "shoal/dp/allreduce.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/op_registry.h"
 #include "shoal/mp/tensor_parallel.h"
@@ -18,7 +19,9 @@
 namespace shoal::mp {
 namespace {
 
-Result<comm::Communicator*> group_of(const graph::Node& n) { return detail::communicator_of(n); }
+Result<comm::Communicator*> group_of(const graph::Node& n) {
+  return collective::detail::communicator_of(n);
+}
 
 class TpKernel final : public runtime::Kernel {
  public:
@@ -41,7 +44,7 @@ class TpKernel final : public runtime::Kernel {
 };
 
 void add(const char* name, const char* grad_name, bool reduce) {
-  detail::add_paired_op(
+  collective::detail::add_paired_op(
       name, grad_name, {"comm"},
       [](const graph::Node& n,
          const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
@@ -104,7 +107,7 @@ void register_tensor_parallel_ops() {
   std::call_once(once, [] {
     add("tp_copy", "tp_allreduce", false);  // f: identity; its gradient sums
     add("tp_allreduce", "tp_copy", true);   // g: sums; its gradient is the identity
-    dp::register_ops();                     // allreduce_bucket: tp_copy_bucket's gradient
+    collective::register_ops();             // allreduce_bucket: tp_copy_bucket's gradient
     add_copy_bucket();
     register_vocab_cross_entropy();
   });

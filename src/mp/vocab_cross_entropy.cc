@@ -14,7 +14,7 @@
 #include <cmath>
 #include <limits>
 
-#include "mp/op_group.h"
+#include "collective/op_group.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/op_registry.h"
@@ -141,7 +141,7 @@ void register_vocab_cross_entropy() {
   d.random = true;  // its value depends on other ranks
   d.infer = [](const graph::Node& n,
                const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
-    SHOAL_RETURN_IF_ERROR(detail::communicator_of(n).status());
+    SHOAL_RETURN_IF_ERROR(collective::detail::communicator_of(n).status());
     SHOAL_RETURN_IF_ERROR(check_logits(n, in));
     return std::vector<graph::TensorType>{
         {DType::kF32, {}}, {DType::kF32, {in[0].shape[0]}}, {DType::kF32, {}}};
@@ -159,7 +159,7 @@ void register_vocab_cross_entropy() {
       d.name,
       [](const graph::Node& n,
          const std::vector<graph::TensorType>&) -> Result<std::unique_ptr<runtime::Kernel>> {
-        SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, detail::communicator_of(n));
+        SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, collective::detail::communicator_of(n));
         return std::unique_ptr<runtime::Kernel>(std::make_unique<LossKernel>(n, c));
       });
 

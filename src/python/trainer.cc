@@ -28,9 +28,9 @@ using Field = std::variant<int train::TrainOptions::*, std::int64_t train::Train
                            double train::TrainOptions::*, bool train::TrainOptions::*,
                            std::string train::TrainOptions::*, std::uint64_t train::TrainOptions::*,
                            std::string dist::JoinOptions::*, int dist::JoinOptions::*,
-                           double dp::DpOptions::*, int dp::DpOptions::*, int train::GptConfig::*,
-                           std::int64_t train::GptConfig::*, bool train::GptConfig::*,
-                           std::string Options::*>;
+                           double dp::DpOptions::*, int dp::DpOptions::*, int dist::Layout::*,
+                           int train::GptConfig::*, std::int64_t train::GptConfig::*,
+                           bool train::GptConfig::*, std::string Options::*>;
 
 // Keyword -> field: the CLI's flags with '_' for '-' (`checkpoints` and
 // `plot` are the positive forms of --no-checkpoints and --no-plot).
@@ -73,9 +73,9 @@ const std::vector<std::pair<const char*, Field>>& fields() {
       {"bucket_mb", &dp::DpOptions::bucket_mb},
       {"first_bucket_mb", &dp::DpOptions::first_bucket_mb},
       {"zero", &dp::DpOptions::zero},
-      {"tp", &dp::DpOptions::tp},
-      {"dp", &dp::DpOptions::dp},
-      {"micro_batches", &dp::DpOptions::micro_batches},
+      {"tp", &dist::Layout::tp},
+      {"dp", &dist::Layout::dp},
+      {"micro_batches", &dist::Layout::micro_batches},
       {"layers", &train::GptConfig::layers},
       {"heads", &train::GptConfig::heads},
       {"dim", &train::GptConfig::dim},
@@ -122,6 +122,8 @@ void set_option(Options& o, const std::string& key, py::handle v) {
               assign(o.j);
             else if constexpr (requires { o.j.dp.*ptr; })
               assign(o.j.dp);
+            else if constexpr (requires { o.j.layout.*ptr; })
+              assign(o.j.layout);
             else if constexpr (requires { o.t.gpt.*ptr; })
               assign(o.t.gpt);
             else

@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "ranks.h"
+#include "shoal/collective/ops.h"
+#include "shoal/collective/registry.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/passes.h"
 #include "shoal/net/store.h"
@@ -97,7 +99,8 @@ std::vector<Result<RankRun>> train_ranks(int world, const DpOptions& dpo, int st
   return testing::run_on_ranks<RankRun>(
       world, "dp",
       [&](int r, comm::Communicator& c) -> Result<RankRun> {
-        std::int64_t id = register_communicator(&c, dpo.overlap != DpOptions::Overlap::kOff);
+        std::int64_t id =
+            collective::register_communicator(&c, dpo.overlap != DpOptions::Overlap::kOff);
         std::int64_t rows = 24 / world;
         return train(r * rows, rows, steps, id, dpo);
       },
@@ -199,11 +202,11 @@ TEST(DataParallel, OptionsAreChecked) {
 // The op's gradient rule (all-reduce of dy), checked on one rank where the
 // op is the identity: d/dx sum(ar(x) * c) = c, d/dx2 sum(ar(x2)^2) = 2 x2.
 TEST(DataParallel, AllreduceGradientIsAllreduceOfDy) {
-  register_ops();
+  collective::register_ops();
   net::FileStore unused("/nonexistent");
   auto c = comm::Communicator::create(0, 1, unused, {});
   ASSERT_TRUE(c.ok());
-  std::int64_t id = register_communicator(c->get());
+  std::int64_t id = collective::register_communicator(c->get());
   Graph g;
   Builder b(g);
   Value x = b.input("x", DType::kF32, {5});
@@ -232,11 +235,11 @@ TEST(DataParallel, AllreduceGradientIsAllreduceOfDy) {
 // average): the first one's outputs share its packed inputs' bytes, so they
 // cannot be packed again; the memory plan once threw out_of_range here.
 TEST(DataParallel, ABucketOfAnotherBucketsOutputsCompilesAndRuns) {
-  register_ops();
+  collective::register_ops();
   net::FileStore unused("/nonexistent");
   auto c = comm::Communicator::create(0, 1, unused, {});
   ASSERT_TRUE(c.ok());
-  std::int64_t id = register_communicator(c->get(), false);
+  std::int64_t id = collective::register_communicator(c->get(), false);
   Graph g;
   Builder b(g);
   Value x = b.input("x", DType::kF32, {3});

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include "ranks.h"
+#include "shoal/collective/ops.h"
+#include "shoal/collective/registry.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/dp/sharded.h"
 #include "shoal/graph/builder.h"
@@ -47,7 +49,7 @@ Result<Step> step(comm::Communicator& c, std::int64_t bucket) {
                     grads[static_cast<std::size_t>(k)]});
   train::OptimizerOptions o;
   o.name = "sgd";
-  const std::int64_t id = register_communicator(&c, false);
+  const std::int64_t id = collective::register_communicator(&c, false);
   SHOAL_ASSIGN_OR_RETURN(train::OptimizerGraph og, inject_sharded(b, refs, o, id, bucket));
   g.mark_output(loss);
   for (Value v : og.new_params) g.mark_output(v);

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include "ranks.h"
+#include "shoal/collective/ops.h"
+#include "shoal/collective/registry.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/dp/sharded.h"
 #include "shoal/graph/builder.h"
@@ -34,7 +36,7 @@ Result<std::size_t> arena(comm::Communicator& c, bool regather) {
     h = b.tanh(b.linear(h, params.back()));
   }
   Value loss = b.reduce_mean(b.mul(h, h), {0, 1});
-  const std::int64_t id = register_communicator(&c, false);
+  const std::int64_t id = collective::register_communicator(&c, false);
   std::vector<Zero3Gather> gathers;
   SHOAL_RETURN_IF_ERROR(shard_parameters(g, id, &gathers).status());
   const int forward_end = g.num_nodes();

@@ -14,9 +14,9 @@
 #include <tuple>
 
 #include "ranks.h"
-#include "shoal/dp/allreduce.h"
+#include "shoal/collective/ops.h"
+#include "shoal/collective/registry.h"
 #include "shoal/graph/passes.h"
-#include "shoal/mp/collectives.h"
 #include "shoal/runtime/backend.h"
 
 namespace shoal::mp {
@@ -273,10 +273,10 @@ Result<Named> run_stage(comm::Communicator& c, int micro, Schedule s, int chunks
   o.micro_batches = micro;
   o.schedule = s;
   o.chunks = chunks;
-  o.fwd_comm = dp::register_communicator(fwd.get(), false);
-  o.bwd_comm = dp::register_communicator(bwd.get(), false);
-  o.loss_comm = dp::register_communicator(&c, false);
-  register_rooted_ops();
+  o.fwd_comm = collective::register_communicator(fwd.get(), false);
+  o.bwd_comm = collective::register_communicator(bwd.get(), false);
+  o.loss_comm = collective::register_communicator(&c, false);
+  collective::register_ops();
   SHOAL_ASSIGN_OR_RETURN(StageStep st, build_stage_step(t.g, t.loss, t.logits, plan, o));
   const int first = static_cast<int>(t.g.outputs().size());
   t.g.mark_output(st.loss);

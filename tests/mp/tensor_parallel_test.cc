@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "ranks.h"
+#include "shoal/collective/registry.h"
 #include "shoal/comm/communicator.h"
-#include "shoal/dp/allreduce.h"
 #include "shoal/graph/passes.h"
 #include "shoal/net/store.h"
 #include "shoal/runtime/backend.h"
@@ -102,7 +102,7 @@ Result<Step> step(const train::GptConfig& c, std::int64_t comm_id, int rank, int
 
 std::vector<Result<Step>> run_group(const train::GptConfig& c, int size, bool sequence = false) {
   return testing::run_on_ranks<Step>(size, "tp", [&](int r, comm::Communicator& comm) {
-    return step(c, dp::register_communicator(&comm), r, size, sequence);
+    return step(c, collective::register_communicator(&comm), r, size, sequence);
   });
 }
 
@@ -214,9 +214,9 @@ TEST_P(TensorParallel, VocabularyParallelCrossEntropyEqualsOneProcess) {
         Graph g;
         Builder b(g);
         Value x = b.input("x", DType::kF32, {kRows, hi - lo});
-        Value ce =
-            b.op("vocab_parallel_cross_entropy", {x, b.input("y", DType::kI32, {kRows})},
-                 {{"comm", dp::register_communicator(&c)}, {"offset", lo}, {"vocab", kCols}});
+        Value ce = b.op(
+            "vocab_parallel_cross_entropy", {x, b.input("y", DType::kI32, {kRows})},
+            {{"comm", collective::register_communicator(&c)}, {"offset", lo}, {"vocab", kCols}});
         SHOAL_ASSIGN_OR_RETURN(auto dx, graph::autodiff(g, ce, {x}));
         g.mark_output(ce);
         g.mark_output(Value{ce.node, 2});

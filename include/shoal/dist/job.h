@@ -3,7 +3,7 @@
 // job), applies what it asks of the trainer (the default run directory
 // named by the job id, resuming after a restart, per-rank traces), and joins
 // the other processes the way `how.dist` says: data parallel over a
-// Communicator (dp::attach) or as a parameter-server worker (ps). One
+// Communicator (dist::attach, layout.h) or as a parameter-server worker (ps). One
 // process alone joins nothing. The CLI and the Python bindings both start
 // training through it, so a script behaves as `shoal train` does.
 #pragma once
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "shoal/core/status.h"
+#include "shoal/dist/layout.h"
 #include "shoal/dp/allreduce.h"
 #include "shoal/train/trainer.h"
 
@@ -27,6 +28,7 @@ namespace shoal::dist {
 struct JoinOptions {
   std::string dist = "auto";  // allreduce, ps, or auto (ps when DMLC_ROLE is set)
   dp::DpOptions dp;           // --dist allreduce
+  Layout layout;              // --dist allreduce: --dp x --tp x --pp
   std::string ps_mode = "sync";
   int staleness = 2;                 // --ps-mode bounded
   std::string ps_compress = "none";  // ps/codec.h parse_compression

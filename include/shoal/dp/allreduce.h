@@ -27,57 +27,28 @@
 #include <string>
 #include <vector>
 
-#include "shoal/comm/communicator.h"
 #include "shoal/graph/graph.h"
 #include "shoal/train/optim.h"
 
 namespace shoal::dp {
-
-// Registers the ops and their kernels (idempotent).
-void register_ops();
-// Makes `c` reachable from graph attributes; returns its id. The
-// communicator must outlive every executable that uses the id. With
-// `overlap` the bucket kernels are asynchronous: each all-reduce runs on the
-// communicator's progress thread while the backward pass goes on, and the
-// first update that reads the bucket waits for it. Without, the compute
-// thread runs each all-reduce itself when the bucket is complete: better
-// when every core of the host computes (no core is left for the progress
-// thread, so overlap only adds thread hand-offs; see docs/data-parallel.md).
-// The choice is the executable's, not the graph's: ranks may differ in it.
-std::int64_t register_communicator(comm::Communicator* c, bool overlap = true);
-// The communicator registered as `id`, or null (graph ops of other passes,
-// mp/collectives.h, name theirs the same way).
-comm::Communicator* communicator(std::int64_t id);
 
 struct DpOptions {
   double bucket_mb = 25;       // cap per bucket (MiB of f32 gradient)
   double first_bucket_mb = 1;  // cap of the first bucket
   DType wire = DType::kF32;    // f32, f16 or bf16
   // Bucket all-reduces on the progress thread, overlapped with the backward
-  // pass (kOn), or on the compute thread (kOff); see register_communicator.
+  // pass (kOn), or on the compute thread (kOff); see
+  // collective::register_communicator.
   // kAuto (dp::attach): off when the ranks on this host times the compute
   // threads of each fill every core this process may use.
   enum class Overlap { kAuto, kOn, kOff };
   Overlap overlap = Overlap::kAuto;
   // 1: shard the optimizer state instead of all-reducing; 2: the gradients
   // too, reduce-scattered in buckets of zero_bucket_mb; 3: the parameters
-  // too (dp/sharded.h).
+  // too (dp/sharded.h). How ranks split the model besides (--tp, --pp,
+  // --micro-batches) is dist::Layout's.
   int zero = 0;
   double zero_bucket_mb = 1;
-  // > 1: tensor parallelism over the job's ranks instead (mp/tensor_parallel.h).
-  int tp = 1;
-  bool sequence_parallel = false;  // with tp: mp::shard_sequence
-  int dp = 0;  // with tp or pp: data-parallel groups (0: the job's ranks / (tp * pp))
-  // > 1: pipeline stages (mp/pipeline.h), each batch in micro_batches under
-  // pp_schedule ("1f1b", "gpipe"); pp_cuts: indices of the model's cut
-  // places (empty: balanced by estimated cost); pp_virtual: model chunks
-  // per rank (interleaved stages, mp::PipelineOptions::chunks). With pp 1,
-  // micro_batches > 1 accumulates gradients (mp/accumulate.h).
-  int pp = 1;
-  int pp_virtual = 1;
-  int micro_batches = 1;
-  std::string pp_schedule = "1f1b";
-  std::vector<std::size_t> pp_cuts;
 };
 Result<DpOptions::Overlap> parse_overlap(const std::string& s);  // auto, on, off
 Status validate(const DpOptions& o);

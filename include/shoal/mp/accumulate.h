@@ -14,7 +14,7 @@
 // gradients: one all-reduce or reduce-scatter per step, not per
 // micro-batch) and with tensor parallelism (its rewrite of the forward, an
 // installed forward_pass, runs first; the step then copies the split
-// forward per micro-batch). Not with ZeRO-3 (refused by dp::validate).
+// forward per micro-batch). Not with ZeRO-3 (refused by dist::validate).
 // Batch norm normalizes each micro-batch by its own statistics (as
 // PyTorch's accumulation loop does, and as data-parallel ranks without
 // synchronized batch norm do), and its running statistics pass through the

@@ -36,7 +36,7 @@ namespace shoal::mp {
 
 // One direction of a pipeline link: `comm` carries this op's tensor, the
 // reverse op (its gradient) travels over `grad_comm`. Ids from
-// dp::register_communicator; peer is a rank of that group.
+// collective::register_communicator; peer is a rank of that group.
 struct PipeLink {
   std::int64_t comm = -1, grad_comm = -1, peer = -1, tag = 0;
 };

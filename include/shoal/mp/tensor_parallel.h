@@ -83,7 +83,7 @@ void register_vocab_cross_entropy();
 Result<TpPlan> plan_tensor_parallel(const graph::Graph& g, int size);
 
 // Rewrites `g` for this rank of the group registered as `comm_id`
-// (dp::register_communicator), following `plan` (from plan_tensor_parallel,
+// (collective::register_communicator), following `plan` (from plan_tensor_parallel,
 // or edited). The parameter inputs then take this rank's slices. With
 // parallel_loss, a cross-entropy of a vocabulary-parallel head's logits
 // becomes Megatron's vocabulary-parallel one (vocab_parallel_cross_entropy:

@@ -1,8 +1,8 @@
-// Collective operations as graph ops with gradient rules (issue 16): the
-// pieces tensor, pipeline and sharded data parallelism are built from. Each
-// runs over a communicator registered with dp::register_communicator (the
-// job's world, or a group from Communicator::split), named by the node's
-// "comm" attribute; `sizes` are every rank's rows along the first
+// Collective operations as graph ops with gradient rules: the pieces data,
+// tensor, pipeline and sharded data parallelism are built from, below every
+// strategy. Each runs over a communicator registered with
+// collective::register_communicator (collective/registry.h), named by the
+// node's "comm" attribute; `sizes` are every rank's rows along the first
 // dimension, in rank order, and need not be equal.
 //   allgather(x):      x [sizes[rank], ...] -> [sum(sizes), ...], the ranks'
 //                      blocks in rank order. Gradient: reduce_scatter(dy).
@@ -18,8 +18,13 @@
 //   gather(x):         the root gets every rank's x [sizes[r], ...] stacked
 //                      in rank order, the others zeros [sum(sizes), ...].
 //                      Gradient: scatter(dy) from the root.
-// Every rank must build the same collectives in the same order (as with
-// the all-reduce buckets); a mismatch fails on the communicator's checks.
+//   allreduce_bucket(x1..xn): every xi averaged ("op" avg) or summed
+//                      ("op" sum) over the ranks, packed into one buffer of
+//                      the "wire" dtype (f32, f16, bf16); asynchronous when
+//                      the communicator was registered with overlap.
+//                      Gradient: the same all-reduce of the dy.
+// Every rank must build the same collectives in the same order; a mismatch
+// fails on the communicator's checks.
 #pragma once
 
 #include <cstdint>
@@ -27,23 +32,26 @@
 
 #include "shoal/graph/builder.h"
 
-namespace shoal::mp {
+namespace shoal::collective {
 
-void register_collective_ops();
+// Registers every op of this header and its CPU kernel (idempotent; the
+// builders below call it).
+void register_ops();
 
 graph::Value allgather(graph::Builder& b, graph::Value x, std::int64_t comm,
                        const std::vector<std::int64_t>& sizes);
 graph::Value reduce_scatter(graph::Builder& b, graph::Value x, std::int64_t comm,
                             const std::vector<std::int64_t>& sizes);
 
-void register_rooted_ops();
 graph::Value broadcast(graph::Builder& b, graph::Value x, std::int64_t comm, int root);
 graph::Value reduce(graph::Builder& b, graph::Value x, std::int64_t comm, int root);
 
-void register_dealt_ops();
 graph::Value scatter(graph::Builder& b, graph::Value x, std::int64_t comm, int root,
                      const std::vector<std::int64_t>& sizes);
 graph::Value gather(graph::Builder& b, graph::Value x, std::int64_t comm, int root,
                     const std::vector<std::int64_t>& sizes);
 
-}  // namespace shoal::mp
+// Registers allreduce_bucket alone (register_ops does too).
+void register_bucket_allreduce();
+
+}  // namespace shoal::collective

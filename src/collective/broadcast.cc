@@ -1,4 +1,4 @@
-// broadcast and reduce as graph ops (mp/collectives.h; named comm_broadcast
+// broadcast and reduce as graph ops (collective/ops.h; named comm_broadcast
 // and comm_reduce: "broadcast" is numpy's broadcast_to): one rank's tensor
 // to every rank, and every rank's tensors summed on one. Each is the
 // other's gradient: d/dx_root of broadcast is the sum of every rank's dy
@@ -7,14 +7,13 @@
 #include <cstring>
 #include <mutex>
 
-#include "mp/op_group.h"
+#include "collective/op_group.h"
+#include "shoal/collective/ops.h"
 #include "shoal/comm/communicator.h"
-#include "shoal/dp/allreduce.h"
 #include "shoal/graph/op_registry.h"
-#include "shoal/mp/collectives.h"
 #include "shoal/runtime/kernel.h"
 
-namespace shoal::mp {
+namespace shoal::collective {
 namespace {
 
 struct Rooted {
@@ -73,7 +72,7 @@ void add(const char* name, const char* grad_name, bool broadcast) {
 
 }  // namespace
 
-void register_rooted_ops() {
+void detail::register_broadcast_reduce() {
   static std::once_flag once;
   std::call_once(once, [] {
     add("comm_broadcast", "comm_reduce", true);
@@ -82,13 +81,13 @@ void register_rooted_ops() {
 }
 
 graph::Value broadcast(graph::Builder& b, graph::Value x, std::int64_t comm, int root) {
-  register_rooted_ops();
+  register_ops();
   return b.op("comm_broadcast", {x}, {{"comm", comm}, {"root", std::int64_t{root}}});
 }
 
 graph::Value reduce(graph::Builder& b, graph::Value x, std::int64_t comm, int root) {
-  register_rooted_ops();
+  register_ops();
   return b.op("comm_reduce", {x}, {{"comm", comm}, {"root", std::int64_t{root}}});
 }
 
-}  // namespace shoal::mp
+}  // namespace shoal::collective

@@ -1,15 +1,13 @@
-#include "shoal/mp/collectives.h"
-
 #include <mutex>
 #include <numeric>
 
-#include "mp/op_group.h"
+#include "collective/op_group.h"
+#include "shoal/collective/ops.h"
 #include "shoal/comm/communicator.h"
-#include "shoal/dp/allreduce.h"
 #include "shoal/graph/op_registry.h"
 #include "shoal/runtime/kernel.h"
 
-namespace shoal::mp {
+namespace shoal::collective {
 namespace {
 
 struct Group {
@@ -71,7 +69,7 @@ void add(const char* name, const char* grad_name, bool gather) {
 
 }  // namespace
 
-void register_collective_ops() {
+void detail::register_allgather_reduce_scatter() {
   static std::once_flag once;
   std::call_once(once, [] {
     add("allgather", "reduce_scatter", true);
@@ -81,14 +79,14 @@ void register_collective_ops() {
 
 graph::Value allgather(graph::Builder& b, graph::Value x, std::int64_t comm,
                        const std::vector<std::int64_t>& sizes) {
-  register_collective_ops();
+  register_ops();
   return b.op("allgather", {x}, {{"comm", comm}, {"sizes", sizes}});
 }
 
 graph::Value reduce_scatter(graph::Builder& b, graph::Value x, std::int64_t comm,
                             const std::vector<std::int64_t>& sizes) {
-  register_collective_ops();
+  register_ops();
   return b.op("reduce_scatter", {x}, {{"comm", comm}, {"sizes", sizes}});
 }
 
-}  // namespace shoal::mp
+}  // namespace shoal::collective

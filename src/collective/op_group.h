@@ -1,5 +1,5 @@
-// What the collective graph ops (collectives.cc, root_collectives.cc,
-// scatter_gather.cc, tp_ops.cc) read from a node: its communicator, root
+// What the collective graph ops (allgather.cc, broadcast.cc,
+// scatter_gather.cc, and mp's tp_ops.cc) read from a node: its communicator, root
 // and every rank's rows, each checked with errors that name the node.
 #pragma once
 
@@ -7,18 +7,24 @@
 #include <string>
 #include <vector>
 
+#include "shoal/collective/registry.h"
 #include "shoal/comm/communicator.h"
-#include "shoal/dp/allreduce.h"
+#include "shoal/graph/builder.h"
 #include "shoal/graph/graph.h"
 #include "shoal/graph/op_registry.h"
 #include "shoal/runtime/kernel.h"
 
-namespace shoal::mp::detail {
+namespace shoal::collective::detail {
 
-// The communicator the node's "comm" attribute names (dp::register_communicator).
+// Each file's ops, registered once by collective::register_ops.
+void register_allgather_reduce_scatter();
+void register_broadcast_reduce();
+void register_scatter_gather();
+
+// The communicator the node's "comm" attribute names (register_communicator).
 inline Result<comm::Communicator*> communicator_of(const graph::Node& n) {
   const std::int64_t id = n.attrs.get_int_or("comm", -1);
-  comm::Communicator* c = dp::communicator(id);
+  comm::Communicator* c = communicator(id);
   if (!c) return failed_precondition("{}: no communicator registered as id {}", n.label(), id);
   return c;
 }
@@ -92,4 +98,4 @@ inline void add_paired_op(const char* name, const char* grad_name, std::vector<s
   runtime::KernelRegistry::cpu().add(name, std::move(kernel));
 }
 
-}  // namespace shoal::mp::detail
+}  // namespace shoal::collective::detail

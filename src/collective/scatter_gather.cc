@@ -1,4 +1,4 @@
-// scatter and gather as graph ops (mp/collectives.h; named comm_scatter and
+// scatter and gather as graph ops (collective/ops.h; named comm_scatter and
 // comm_gather): the root's rows dealt out by rank (`sizes`, uneven allowed),
 // and every rank's rows collected on the root. Each is the other's
 // gradient: d/dx_root of scatter is every rank's dy gathered on the root
@@ -12,14 +12,13 @@
 #include <cstring>
 #include <mutex>
 
-#include "mp/op_group.h"
+#include "collective/op_group.h"
+#include "shoal/collective/ops.h"
 #include "shoal/comm/communicator.h"
-#include "shoal/dp/allreduce.h"
 #include "shoal/graph/op_registry.h"
-#include "shoal/mp/collectives.h"
 #include "shoal/runtime/kernel.h"
 
-namespace shoal::mp {
+namespace shoal::collective {
 namespace {
 
 struct Dealt {
@@ -96,7 +95,7 @@ void add(const char* name, const char* grad_name, bool gather) {
 
 }  // namespace
 
-void register_dealt_ops() {
+void detail::register_scatter_gather() {
   static std::once_flag once;
   std::call_once(once, [] {
     add("comm_scatter", "comm_gather", false);
@@ -106,15 +105,15 @@ void register_dealt_ops() {
 
 graph::Value scatter(graph::Builder& b, graph::Value x, std::int64_t comm, int root,
                      const std::vector<std::int64_t>& sizes) {
-  register_dealt_ops();
+  register_ops();
   return b.op("comm_scatter", {x},
               {{"comm", comm}, {"root", std::int64_t{root}}, {"sizes", sizes}});
 }
 
 graph::Value gather(graph::Builder& b, graph::Value x, std::int64_t comm, int root,
                     const std::vector<std::int64_t>& sizes) {
-  register_dealt_ops();
+  register_ops();
   return b.op("comm_gather", {x}, {{"comm", comm}, {"root", std::int64_t{root}}, {"sizes", sizes}});
 }
 
-}  // namespace shoal::mp
+}  // namespace shoal::collective

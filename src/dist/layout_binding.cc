@@ -1,10 +1,10 @@
-#include "dp/layout_binding.h"
+#include "dist/layout_binding.h"
 
 #include "shoal/core/cpus.h"
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
 
-namespace shoal::dp {
+namespace shoal::dist {
 
 Status bind_to_layout(int rank, int world, int tp, int pp) {
   const std::string mode = env::get("SHOAL_BIND").value_or("");
@@ -36,4 +36,4 @@ Status bind_to_layout(int rank, int world, int tp, int pp) {
   return ok_status();
 }
 
-}  // namespace shoal::dp
+}  // namespace shoal::dist

@@ -5,21 +5,20 @@
 // their values, and their gradients through autodiff (each the other's
 // collective), equal what one process computes from every rank's inputs.
 // And an all-gather over groups from split().
-#include "shoal/mp/collectives.h"
-
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <thread>
 
 #include "ranks.h"
+#include "shoal/collective/ops.h"
+#include "shoal/collective/registry.h"
 #include "shoal/comm/communicator.h"
-#include "shoal/dp/allreduce.h"
 #include "shoal/graph/passes.h"
 #include "shoal/net/store.h"
 #include "shoal/runtime/backend.h"
 
-namespace shoal::mp {
+namespace shoal::collective {
 namespace {
 
 using graph::Builder;
@@ -77,9 +76,10 @@ Result<Got> run_rank(int r, const std::vector<std::int64_t>& sizes, std::int64_t
 // own communicator.
 std::vector<Result<Got>> run_world(int world,
                                    const std::function<Result<Got>(int, std::int64_t)>& rank_fn) {
-  return testing::run_on_ranks<Got>(
-      world, fmt::format("mp{}-", world),
-      [&](int r, comm::Communicator& c) { return rank_fn(r, dp::register_communicator(&c)); });
+  return testing::run_on_ranks<Got>(world, fmt::format("mp{}-", world),
+                                    [&](int r, comm::Communicator& c) {
+                                      return rank_fn(r, collective::register_communicator(&c));
+                                    });
 }
 
 class Collectives : public ::testing::TestWithParam<int> {};
@@ -253,7 +253,7 @@ TEST(CollectivesGroups, AllgatherOverSplitGroupsGathersOnlyTheGroup) {
   auto got = testing::run_on_ranks<Tensor>(
       4, "mpgroups", [](int r, comm::Communicator& world) -> Result<Tensor> {
         SHOAL_ASSIGN_OR_RETURN(auto group, world.split(r % 2, r));
-        const std::int64_t id = dp::register_communicator(group.get());
+        const std::int64_t id = collective::register_communicator(group.get());
         const std::vector<std::int64_t> sizes = {r % 2 ? 1 : 2, r % 2 ? 3 : 1};  // uneven
         const std::int64_t mine = sizes[static_cast<std::size_t>(group->rank())];
         Graph g;
@@ -284,7 +284,7 @@ TEST(CollectivesBuild, SizesThatDoNotMatchAreNamed) {
   net::FileStore unused("/nonexistent");
   auto c = comm::Communicator::create(0, 1, unused, {});
   ASSERT_TRUE(c.ok());
-  const std::int64_t id = dp::register_communicator(c->get());
+  const std::int64_t id = collective::register_communicator(c->get());
   Graph g;
   Builder b(g);
   Value x = b.input("x", DType::kF32, {4, 2});
@@ -307,4 +307,4 @@ TEST(CollectivesBuild, SizesThatDoNotMatchAreNamed) {
 }
 
 }  // namespace
-}  // namespace shoal::mp
+}  // namespace shoal::collective

@@ -6,15 +6,15 @@
 // a tensor group's peers and data-parallel replicas apart, and the first
 // stages of 2 data-parallel pipelines apart (mpirun's round-robin puts both
 // on one core: 16% slower, docs/launch.md). With at most one rank per CPU,
-// each gets its block, as --bind cores. Private to dp.
+// each gets its block, as --bind cores. Private to dist.
 #pragma once
 
 #include "shoal/core/status.h"
 
-namespace shoal::dp {
+namespace shoal::dist {
 
 // A rank's place in --dp x --pp x --tp: rank = group·P·T + stage·T + tensor
-// (P or T may be 1). The one convention attach_pp's groups and the binding use.
+// (P or T may be 1). The one convention the pipeline composition (compose.cc) and the binding use.
 struct LayoutPlace {
   int group, stage, tensor;
 };
@@ -26,4 +26,4 @@ inline LayoutPlace place_in_layout(int rank, int tp, int pp) {
 // SHOAL_LOCAL_RANK / SHOAL_LOCAL_WORLD_SIZE.
 Status bind_to_layout(int rank, int world, int tp, int pp);
 
-}  // namespace shoal::dp
+}  // namespace shoal::dist
