@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
+#include "shoal/core/ps_keys.h"
 #include "shoal/net/socket.h"
 #include "shoal/net/store.h"
 
@@ -51,7 +52,7 @@ Result<std::pair<std::unique_ptr<net::TcpStore>, std::string>> reach_job(
   for (int wait_ms = 50, tries = 1;; wait_ms = std::min(wait_ms * 2, 1000), ++tries) {
     auto store = net::TcpStore::connect(hp.first, hp.second, dl, token);
     Result<std::string> elastic =
-        store.ok() ? (*store)->peek("ps/elastic") : Result<std::string>(store.status());
+        store.ok() ? (*store)->peek(ps_keys::kElastic) : Result<std::string>(store.status());
     if (elastic.ok()) return std::pair{std::move(store).value(), *elastic};
     if (elastic.status().code() != StatusCode::kUnavailable || dl.expired())
       return elastic.status().with_context(
@@ -68,7 +69,7 @@ Status join(const PsJoinFlags& f) {
   if (elastic.empty())
     return failed_precondition("the job at {} was not started with --ps-elastic",
                                env["SHOAL_STORE"]);
-  SHOAL_ASSIGN_OR_RETURN(std::int64_t asked, store->add("ps/grow", f.workers));
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t asked, store->add(ps_keys::kGrow, f.workers));
   fmt::print(
       "shoal ps join: asked job {} for {} more worker{} (--ps-elastic {}; {} asked for in "
       "all)\n",

@@ -32,6 +32,7 @@
 #include "launch/output.h"
 #include "launch/process.h"
 #include "shoal/core/file.h"
+#include "shoal/core/ps_keys.h"
 #include "shoal/launch/launcher.h"
 #include "shoal/net/store.h"
 
@@ -236,7 +237,7 @@ class PsJob {
 
   // The mode the workers declared ("" before any did).
   std::string mode() {
-    auto m = client_->peek("ps/mode");
+    auto m = client_->peek(ps_keys::kMode);
     return m.ok() ? *m : "";
   }
 
@@ -277,7 +278,7 @@ class PsJob {
   // the end of a sync job, named; a note in an async one.
   void check_dropped() {
     if (stopping_ || ++ticks_ % 5 != 0) return;
-    auto d = client_->peek("ps/dropped");
+    auto d = client_->peek(ps_keys::kDropped);
     if (!d.ok() || d->empty() || *d == last_drop_) return;
     last_drop_ = *d;
     const int w = std::atoi(d->c_str());
@@ -371,7 +372,7 @@ class PsJob {
   // it (readable by this user only).
   bool publish_elastic(const Env& env) {
     Status st =
-        client_->set("ps/elastic", fmt::format("{}:{}", o_.ps_elastic_min, o_.ps_elastic_max));
+        client_->set(ps_keys::kElastic, fmt::format("{}:{}", o_.ps_elastic_min, o_.ps_elastic_max));
     std::string text;
     for (const auto& [k, v] : env)
       if (k == "SHOAL_STORE" || k == "SHOAL_JOB_TOKEN" || k == "SHOAL_JOB_ID")
@@ -414,7 +415,7 @@ class PsJob {
            "this one is sync, whose rounds need a fixed set of workers");
       return;
     }
-    auto g = client_->peek("ps/grow");
+    auto g = client_->peek(ps_keys::kGrow);
     const long asked = g.ok() && !g->empty() ? std::atol(g->c_str()) : 0;
     for (; granted_ < asked; ++granted_) {
       if (live_workers() >= o_.ps_elastic_max) {
@@ -436,7 +437,7 @@ class PsJob {
     fmt::print(stderr, "shoal run: {} {}; restarting it from its snapshot (restart {} of {})\n",
                label(i), describe(status), restarts_, o_.ps_server_restarts);
     drain(static_cast<int>(i), procs_[i], output_, true);
-    (void)client_->set(fmt::format("ps/server/{}", i), "");  // workers wait for the new one
+    (void)client_->set(ps_keys::server(i), "");  // workers wait for the new one
     auto p = spawn(specs_[i].first, specs_[i].second);
     if (!p.ok()) {
       fail(i, fmt::format("{} could not restart: {}", label(i), p.status().message()));

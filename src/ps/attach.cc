@@ -10,6 +10,7 @@
 #include "shoal/comm/communicator.h"
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
+#include "shoal/core/ps_keys.h"
 #include "shoal/net/socket.h"
 
 namespace shoal::ps {
@@ -26,7 +27,7 @@ Status agree_on_counts(net::Store& s, int num_servers, int num_workers, std::str
   const std::string mine =
       fmt::format("DMLC_NUM_SERVER={} DMLC_NUM_WORKER={}", num_servers, num_workers);
   SHOAL_ASSIGN_OR_RETURN(std::string first,
-                         s.compare_set("ps/counts", "", fmt::format("{}|{}", mine, who)));
+                         s.compare_set(ps_keys::kCounts, "", fmt::format("{}|{}", mine, who)));
   const auto bar = first.find('|');
   const std::string theirs = first.substr(0, bar);
   if (theirs == mine) return ok_status();
@@ -68,7 +69,7 @@ ShardOptions shard_options(const train::TrainOptions& t, Mode mode, int stalenes
   return o;
 }
 
-std::string server_key(int i) { return fmt::format("ps/server/{}", i); }
+std::string server_key(int i) { return ps_keys::server(i); }
 
 Result<JobEnv> job_env() {
   JobEnv e;
@@ -120,10 +121,10 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
   const Deadline dl = Deadline::after_seconds(e.timeout_s);
   SHOAL_ASSIGN_OR_RETURN(m.store, connect_scheduler(e));
   // The launcher reads the mode to decide what a failed worker means.
-  SHOAL_RETURN_IF_ERROR(m.store->set("ps/mode", mode_name(o.mode)));
+  SHOAL_RETURN_IF_ERROR(m.store->set(ps_keys::kMode, mode_name(o.mode)));
   // The id `shoal run --ps` chose (so that its labels match), else the
   // next from the job's counter (a worker started by hand, or joining late).
-  SHOAL_ASSIGN_OR_RETURN(std::int64_t next, m.store->add("ps/workers", 1));
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t next, m.store->add(ps_keys::kWorkers, 1));
   SHOAL_ASSIGN_OR_RETURN(std::int64_t hint, env::get_int("SHOAL_PS_WORKER_ID", next - 1));
   const int id = static_cast<int>(hint);
   std::vector<std::string> servers;
@@ -173,9 +174,9 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
   // Sync rounds count the workers live when they open: none may open
   // before the whole quorum has joined.
   if (o.mode == Mode::kSync && id < e.num_workers) {
-    SHOAL_RETURN_IF_ERROR(m.store->set(fmt::format("ps/joined/{}", id), "1"));
+    SHOAL_RETURN_IF_ERROR(m.store->set(ps_keys::joined(id), "1"));
     std::vector<std::string> all;
-    for (int w = 0; w < e.num_workers; ++w) all.push_back(fmt::format("ps/joined/{}", w));
+    for (int w = 0; w < e.num_workers; ++w) all.push_back(ps_keys::joined(w));
     SHOAL_RETURN_IF_ERROR(m.store->wait(all, dl).with_context(fmt::format(
         "worker {}: waiting for all {} workers to join the sync job", id, e.num_workers)));
   }
@@ -195,7 +196,7 @@ WorkerJob::~WorkerJob() {
   impl_->heartbeat.reset();
   unregister_job(impl_->id);
   if (impl_->worker) (void)impl_->worker->leave();
-  if (impl_->store) (void)impl_->store->add("ps/left", 1);  // the scheduler counts
+  if (impl_->store) (void)impl_->store->add(ps_keys::kLeft, 1);  // the scheduler counts
 }
 
 int WorkerJob::worker() const { return impl_->worker->id(); }
