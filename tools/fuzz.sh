@@ -9,7 +9,7 @@ out=build-fuzz
 mkdir -p "$out/corpus"
 CXX="${CXX_FUZZ:-clang++-14}"
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -DSPDLOG_FMT_EXTERNAL -Iinclude \
+  -DSPDLOG_FMT_EXTERNAL -Iinclude -Isrc \
   tests/fuzz/wire_fuzz.cc src/net/socket.cc src/net/auth.cc src/comm/handshake.cc src/core/status.cc src/core/env.cc \
   src/ps/wire.cc src/ps/codec.cc src/tensor/tensor.cc src/tensor/dtype.cc \
   -lfmt -lsodium -o "$out/wire_fuzz"

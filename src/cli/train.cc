@@ -366,11 +366,11 @@ int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flag
   std::string each;
   if (ps_job && o.world > 1)
     each = fmt::format(" per worker x {} workers", o.world);
-  else if (o.world > 1 && o.dworld() == o.world)
+  else if (o.world > 1 && o.data_shards() == o.world)
     each = fmt::format(" per rank x {} ranks", o.world);
   else if (o.world > 1)
-    each = fmt::format(" per data-parallel group x {} group{} of {} ranks", o.dworld(),
-                       o.dworld() > 1 ? "s" : "", o.world / o.dworld());
+    each = fmt::format(" per data-parallel group x {} group{} of {} ranks", o.data_shards(),
+                       o.data_shards() > 1 ? "s" : "", o.world / o.data_shards());
   if (o.rank == 0 && !o.quiet)
     fmt::print("shoal train: {} on {} ({} steps/epoch, batch {}{}), {} lr {}, run dir {}\n",
                o.model, o.data, tr.steps_per_epoch(), o.batch, each, o.optimizer, o.lr,

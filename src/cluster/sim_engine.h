@@ -91,10 +91,9 @@ class Engine {
   int holder_ = -1;                  // the job holding the backfill reservation
   std::multimap<double, int> ends_;  // planned end → running job
   std::map<std::string, int> queue_index_;
-  std::vector<int> backlog_;  // pending jobs per real queue
-  std::vector<std::array<double, 3>> usage_;
-  std::array<double, 3>
-      total_{};  // the cluster's CPUs, MB, chips  // per real queue: CPUs, MB, chips in use
+  std::vector<int> backlog_;                  // pending jobs per real queue
+  std::vector<std::array<double, 3>> usage_;  // per real queue: CPUs, MB, chips in use
+  std::array<double, 3> total_{};             // the cluster's CPUs, MB, chips
   double now_ = 0, busy_ = 0, frag_area_ = 0, jain_area_ = 0, jain_time_ = 0;
   double backlog_busy_ = 0, backlog_time_ = 0, backlog_useful_ = 0;
   double frag_now_ = 0, used_units_ = 0, useful_units_ = 0, useful_ = 0, window_end_ = 0,

@@ -73,9 +73,29 @@ Engine::Reservation Engine::reserve(int j) const {
   return {std::numeric_limits<double>::infinity(), 0};
 }
 
+namespace {
+
+// What decides whether a job's gang fits: everything it asks of the nodes.
+struct GangShape {
+  int ranks, cpus_per_rank;
+  std::int64_t mem_mb_per_rank;
+  int accels_per_rank, links, kind, servers;
+  auto operator<=>(const GangShape&) const = default;
+};
+
+GangShape gang_shape(const JobSpec& s) {
+  return {s.ranks,           s.cpus_per_rank,           s.mem_mb_per_rank,
+          s.accels_per_rank, static_cast<int>(s.links), static_cast<int>(s.kind),
+          s.servers};
+}
+
+}  // namespace
+
 void Engine::pass_backfill(bool drf) {
   std::optional<Reservation> res;
-  std::set<std::tuple<int, int, std::int64_t, int, int, int, int>> failed;  // shapes
+  // The shapes of gangs that did not fit in this pass: a job of the same
+  // shape cannot either, and is not tried again.
+  std::set<GangShape> failed;
   // The reservation stays with the job that first got it until it starts:
   // under fair share the head changes from pass to pass, and a reservation
   // that moved with it would starve the big gangs of every queue in turn.
@@ -101,9 +121,7 @@ void Engine::pass_backfill(bool drf) {
     const double limit = s.max_runtime_s > 0 ? s.max_runtime_s : tj.duration;
     const bool before_shadow = res && now_ + limit <= res->shadow;
     if (res && !before_shadow && need > res->extra) continue;
-    auto shape = std::tuple{s.ranks,           s.cpus_per_rank,           s.mem_mb_per_rank,
-                            s.accels_per_rank, static_cast<int>(s.links), static_cast<int>(s.kind),
-                            s.servers};
+    const GangShape shape = gang_shape(s);
     if (s.kind == JobKind::kSync && failed.contains(shape)) continue;
     if (auto p = try_place(j); p && start(j, *p)) {
       if (res && !before_shadow) res->extra -= need;

@@ -100,6 +100,33 @@ std::vector<std::string> csv_fields(const std::string& line) {
   return f;
 }
 
+// Adds one pai_task_table row to its job; false when the row cannot count
+// (not terminated, times or numbers missing or malformed): the job is then
+// left out.
+bool add_task(PaiJob& j, const std::vector<std::string>& f) {
+  if (f[3] != "Terminated" || f[4].empty() || f[5].empty()) return false;
+  int inst = 0;
+  double s = 0, e = 0, cpu = 0, mem = 0, gpu = 0;
+  try {
+    inst = static_cast<int>(std::stod(f[2]));
+    s = std::stod(f[4]);
+    e = std::stod(f[5]);
+    cpu = f[6].empty() ? 0 : std::stod(f[6]);
+    mem = f[7].empty() ? 0 : std::stod(f[7]);
+    gpu = f[8].empty() ? 0 : std::stod(f[8]);
+  } catch (const std::exception&) {  // std::stod: not a number, or out of range
+    return false;
+  }
+  if (inst < 1 || e < s) return false;
+  j.start = std::min(j.start, s);
+  j.end = std::max(j.end, e);
+  (f[1] == "ps" ? j.servers : j.ranks) += inst;
+  j.cpu = std::max(j.cpu, cpu);
+  j.mem = std::max(j.mem, mem);
+  j.gpu = std::max(j.gpu, gpu);
+  return true;
+}
+
 }  // namespace
 
 Result<Trace> load_pai_trace(const std::string& path, int max_jobs) {
@@ -118,20 +145,7 @@ Result<Trace> load_pai_trace(const std::string& path, int max_jobs) {
           "plan_mem, plan_gpu, gpu_type)",
           path, lineno, f.size());
     PaiJob& j = jobs[f[0]];
-    try {
-      if (f[3] != "Terminated" || f[4].empty() || f[5].empty()) throw 0;
-      int inst = static_cast<int>(std::stod(f[2]));
-      double s = std::stod(f[4]), e = std::stod(f[5]);
-      double cpu = f[6].empty() ? 0 : std::stod(f[6]), mem = f[7].empty() ? 0 : std::stod(f[7]);
-      double gpu = f[8].empty() ? 0 : std::stod(f[8]);
-      if (inst < 1 || e < s) throw 0;
-      j.start = std::min(j.start, s);
-      j.end = std::max(j.end, e);
-      (f[1] == "ps" ? j.servers : j.ranks) += inst;
-      j.cpu = std::max(j.cpu, cpu);
-      j.mem = std::max(j.mem, mem);
-      j.gpu = std::max(j.gpu, gpu);
-    } catch (...) {
+    if (!add_task(j, f)) {
       j.ok = false;
       ++skipped;
     }

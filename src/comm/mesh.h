@@ -142,6 +142,18 @@ class Mesh {
   Status setup_shm(net::Store& store, Deadline dl);
   Status probe_cma(net::Store& store, Deadline dl);
   std::string abort_message(int peer, std::uint64_t length, bool from_ring, Deadline dl);
+  // exchange()'s phases (mesh_exchange.cc), over one call's state.
+  struct Exchange;
+  void arm(Exchange& e);
+  Result<bool> pump_shm(Exchange& e, bool& progressed);
+  bool poll_set(Exchange& e);
+  Status on_watched(Exchange& e, int peer);
+  Status on_writable(Exchange& e, Xfer& x);
+  Status on_readable(Exchange& e, Xfer& x);
+  Status check_header(const Exchange& e, Xfer& x);
+  Status fail_peer(const Exchange& e, int peer, const std::string& why) const;
+  Status timed_out(const Exchange& e) const;
+  void nap_on_ring(const Exchange& e);
 
   int rank_ = 0, world_ = 1;
   CommOptions o_;

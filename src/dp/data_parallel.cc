@@ -118,7 +118,7 @@ Status attach_sharded_update(train::TrainOptions& o, std::int64_t id, const DpOp
 // rows (dp/sharded.h); after autodiff the backward gathers again, and each
 // rank's summed row gradients become the global batch's mean.
 Status attach_zero3(train::TrainOptions& o, comm::Communicator& c, std::int64_t id) {
-  if (o.optimizer == "lars" || o.optimizer == "lamb")
+  if (train::is_layerwise(o.optimizer))
     return invalid_argument(
         "--zero needs an element-wise optimizer (sgd, momentum, nesterov, adam, adamw): {} "
         "scales each layer by norms of the whole layer, which a shard does not hold",

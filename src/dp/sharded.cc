@@ -116,7 +116,7 @@ Result<train::OptimizerGraph> inject_sharded(Builder& b, const std::vector<train
                                              const train::OptimizerOptions& o, std::int64_t comm_id,
                                              std::int64_t bucket_elements,
                                              std::vector<std::int64_t>* shard_elements) {
-  if (o.name == "lars" || o.name == "lamb")
+  if (train::is_layerwise(o.name))
     return invalid_argument(
         "--zero needs an element-wise optimizer (sgd, momentum, nesterov, adam, adamw): {} "
         "scales each layer by norms of the whole layer, which a shard does not hold",

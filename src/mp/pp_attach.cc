@@ -94,6 +94,86 @@ Status tie_shared(Shared& sh, comm::Communicator& pipe, graph::Graph& g,
   return b.status().with_context("summing the gradients of parameters several stages hold");
 }
 
+using ForwardPass = std::function<Result<train::TrainOptions::ParamSlices>(graph::Graph&)>;
+
+// Cuts the training graph into pieces and records which stage holds which
+// parameter (a parameter used by several pieces is held by each of their
+// stages, its gradient summed over them).
+Status cut_and_place(Shared& sh, const StageOptions& so, const PipelineOptions& po, graph::Graph& g,
+                     const train::TrainOptions::Step& st) {
+  SHOAL_ASSIGN_OR_RETURN(sh.plan, plan_pipeline(g, {st.loss, st.logits}, so.stages * so.chunks,
+                                                po.cuts, Interleave{so.stages, so.micro_batches}));
+  SHOAL_ASSIGN_OR_RETURN(sh.owners, stage_params(g, sh.plan));
+  for (int s = 0; s < so.stages; ++s)  // stage s holds pieces s, s + stages, ...
+    for (std::size_t k = static_cast<std::size_t>(s); k < sh.owners.size(); k += so.stages)
+      for (const auto& p : sh.owners[k]) {
+        sh.stage_of.try_emplace(p, s);
+        auto& h = sh.holders[p];
+        if (std::find(h.begin(), h.end(), s) == h.end()) h.push_back(s);
+      }
+  for (const auto& r : st.params)
+    if (!sh.stage_of.count(r.name))
+      return invalid_argument("pipeline: no stage uses parameter '{}'", r.name);
+  return ok_status();
+}
+
+// The step pass: this rank's stage of the whole step, every micro-batch's
+// forward and backward in the schedule's order.
+Result<train::TrainOptions::ParamSlices> stage_step(const std::shared_ptr<Shared>& sh,
+                                                    const StageOptions& so,
+                                                    const PipelineOptions& po,
+                                                    comm::Communicator* c, bool lead,
+                                                    const ForwardPass& inner, graph::Graph& g,
+                                                    train::TrainOptions::Step& st) {
+  if (!st.buffers.empty())
+    return invalid_argument(
+        "--pp {}: the model keeps running statistics (batch norm: {} buffers, the first '{}'), "
+        "which a pipeline's stages do not carry yet",
+        so.stages, st.buffers.size(), st.buffers.front().first);
+  for (const auto& r : st.params) sh->shape_of[r.name] = g.type(r.param).shape;
+  if (inner) {
+    SHOAL_ASSIGN_OR_RETURN(sh->inner, inner(g));
+  }
+  SHOAL_RETURN_IF_ERROR(cut_and_place(*sh, so, po, g, st));
+  if (lead)
+    SHOAL_LOG_INFO("pipeline of {} stages{}, {} micro-batches per batch, schedule {}:\n{}",
+                   so.stages,
+                   so.chunks > 1 ? fmt::format(" of {} interleaved chunks each", so.chunks) : "",
+                   so.micro_batches, so.schedule == Schedule::kGPipe ? "gpipe" : "1f1b",
+                   sh->plan.str(g, so.stages));
+  SHOAL_ASSIGN_OR_RETURN(StageStep step, build_stage_step(g, st.loss, st.logits, sh->plan, so));
+  SHOAL_RETURN_IF_ERROR(tie_shared(*sh, *c, g, step.params));
+  for (const auto& [p, h] : sh->holders)
+    if (h.size() > 1 && lead)
+      SHOAL_LOG_INFO("pipeline: '{}' is held by stages {}, its gradient summed over them", p,
+                     fmt::join(h, ", "));
+  st.loss = step.loss;
+  st.logits = step.logits;
+  st.params = std::move(step.params);
+  return placement(sh, c);
+}
+
+// The forward pass of the evaluation graphs: cut where the training graph
+// was, each rank running its stage's forward.
+Result<train::TrainOptions::ParamSlices> stage_forward(const std::shared_ptr<Shared>& sh,
+                                                       const StageOptions& so,
+                                                       comm::Communicator* c,
+                                                       const ForwardPass& inner, graph::Graph& g) {
+  if (inner) SHOAL_RETURN_IF_ERROR(inner(g).status());
+  if (g.outputs().size() != 1)
+    return invalid_argument("pipeline: an evaluation graph has one output, not {}",
+                            g.outputs().size());
+  SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan,
+                         plan_pipeline(g, {g.outputs()[0]}, so.stages * so.chunks, sh->plan.cuts));
+  SHOAL_ASSIGN_OR_RETURN(auto owners, stage_params(g, plan));
+  if (owners != sh->owners)
+    return internal_error(
+        "pipeline: the evaluation graph's cuts place the parameters differently from the "
+        "training graph's");
+  SHOAL_RETURN_IF_ERROR(build_stage_forward(g, plan, so));
+  return placement(sh, c);
+}
+
 }  // namespace
 
 Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
@@ -126,64 +206,12 @@ Status attach_pipeline(train::TrainOptions& o, comm::Communicator& pipe,
   const bool lead = o.rank == 0;
   // A forward pass already installed (tensor parallelism) rewrites each
   // stage's graphs first; its slices live inside the stage that owns them.
-  auto inner = o.forward_pass;
-  o.step_pass = [sh, so, c, po, lead, inner](
-                    graph::Graph& g,
-                    train::TrainOptions::Step& st) -> Result<train::TrainOptions::ParamSlices> {
-    if (!st.buffers.empty())
-      return invalid_argument(
-          "--pp {}: the model keeps running statistics (batch norm: {} buffers, the first '{}'), "
-          "which a pipeline's stages do not carry yet",
-          so.stages, st.buffers.size(), st.buffers.front().first);
-    for (const auto& r : st.params) sh->shape_of[r.name] = g.type(r.param).shape;
-    if (inner) {
-      SHOAL_ASSIGN_OR_RETURN(sh->inner, inner(g));
-    }
-    SHOAL_ASSIGN_OR_RETURN(sh->plan,
-                           plan_pipeline(g, {st.loss, st.logits}, so.stages * so.chunks, po.cuts,
-                                         Interleave{so.stages, so.micro_batches}));
-    SHOAL_ASSIGN_OR_RETURN(sh->owners, stage_params(g, sh->plan));
-    for (int s = 0; s < so.stages; ++s)  // stage s holds pieces s, s + stages, ...
-      for (std::size_t k = static_cast<std::size_t>(s); k < sh->owners.size(); k += so.stages)
-        for (const auto& p : sh->owners[k]) {
-          sh->stage_of.try_emplace(p, s);
-          auto& h = sh->holders[p];
-          if (std::find(h.begin(), h.end(), s) == h.end()) h.push_back(s);
-        }
-    for (const auto& r : st.params)
-      if (!sh->stage_of.count(r.name))
-        return invalid_argument("pipeline: no stage uses parameter '{}'", r.name);
-    if (lead)
-      SHOAL_LOG_INFO("pipeline of {} stages{}, {} micro-batches per batch, schedule {}:\n{}",
-                     so.stages,
-                     so.chunks > 1 ? fmt::format(" of {} interleaved chunks each", so.chunks) : "",
-                     so.micro_batches, so.schedule == Schedule::kGPipe ? "gpipe" : "1f1b",
-                     sh->plan.str(g, so.stages));
-    SHOAL_ASSIGN_OR_RETURN(StageStep step, build_stage_step(g, st.loss, st.logits, sh->plan, so));
-    SHOAL_RETURN_IF_ERROR(tie_shared(*sh, *c, g, step.params));
-    for (const auto& [p, h] : sh->holders)
-      if (h.size() > 1 && lead)
-        SHOAL_LOG_INFO("pipeline: '{}' is held by stages {}, its gradient summed over them", p,
-                       fmt::join(h, ", "));
-    st.loss = step.loss;
-    st.logits = step.logits;
-    st.params = std::move(step.params);
-    return placement(sh, c);
+  ForwardPass inner = o.forward_pass;
+  o.step_pass = [sh, so, c, po, lead, inner](graph::Graph& g, train::TrainOptions::Step& st) {
+    return stage_step(sh, so, po, c, lead, inner, g, st);
   };
-  o.forward_pass = [sh, so, c, inner](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
-    if (inner) SHOAL_RETURN_IF_ERROR(inner(g).status());
-    if (g.outputs().size() != 1)
-      return invalid_argument("pipeline: an evaluation graph has one output, not {}",
-                              g.outputs().size());
-    SHOAL_ASSIGN_OR_RETURN(PipelinePlan plan, plan_pipeline(g, {g.outputs()[0]},
-                                                            so.stages * so.chunks, sh->plan.cuts));
-    SHOAL_ASSIGN_OR_RETURN(auto owners, stage_params(g, plan));
-    if (owners != sh->owners)
-      return internal_error(
-          "pipeline: the evaluation graph's cuts place the parameters differently from the "
-          "training graph's");
-    SHOAL_RETURN_IF_ERROR(build_stage_forward(g, plan, so));
-    return placement(sh, c);
+  o.forward_pass = [sh, so, c, inner](graph::Graph& g) {
+    return stage_forward(sh, so, c, inner, g);
   };
   return ok_status();
 }

@@ -284,67 +284,59 @@ std::string TpPlan::str() const {
   return s;
 }
 
-Result<TpPlan> plan_tensor_parallel(const Graph& g, int size) {
-  if (size < 1) return invalid_argument("tensor parallelism over {} ranks", size);
-  const Users users = users_of(g);
-  std::set<int> outputs;
-  for (const Value& v : g.outputs()) outputs.insert(v.node);
-  SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
-  TpPlan plan;
-  std::set<int> rows_taken, cols_taken;
-  for (int id : order) {
-    if (!param_linear(g, g.node(id)) || rows_taken.count(id) || cols_taken.count(id)) continue;
-    Flood f = flood(g, users, id, outputs);
-    if (!f.ok || f.rows.empty()) continue;
-    // Other columns feeding the same region (q, k and v meet in attention,
-    // each through its own reshape and transpose), to a fixed point.
-    std::set<int> cols = {id};
-    bool ok = true;
-    for (bool grew = true; grew && ok;) {
-      grew = false;
-      for (int r : std::set<int>(f.region))
-        for (const Value& v : g.node(r).inputs) {
-          const int src = chain_source(g, v, f.region);
-          if (src < 0 || cols.count(src)) continue;
-          Flood o = flood(g, users, src, outputs);
-          ok = ok && o.ok;
-          cols.insert(src);
-          f.region.insert(o.region.begin(), o.region.end());
-          f.rows.insert(o.rows.begin(), o.rows.end());
-          grew = true;
-        }
-    }
-    for (int c : cols) ok = ok && !rows_taken.count(c) && !f.rows.count(c);
-    if (!ok) continue;
-    Axes ax;
-    if (Status st = propagate(g, order, cols, f.region, size, ax); !st.ok()) {
-      if (st.code() == StatusCode::kFailedPrecondition) return st;  // the right shape, uneven
-      continue;  // not a region this rewrite can shard
-    }
-    TpPlan::Region reg;
-    // Heads, or (no reshape) the columns' output features.
-    const std::int64_t units =
-        ax.units > 0 ? ax.units : g.type(g.node(*cols.begin()).inputs[1]).shape[0];
-    for (int c : cols) {
-      reg.columns.push_back(param_input(g, g.node(c), 1));
-      plan.shards.push_back(
-          {reg.columns.back(), 0, g.type(g.node(c).inputs[1]).shape, false, units});
-      if (g.node(c).inputs.size() == 3 && !param_input(g, g.node(c), 2).empty())
-        plan.shards.push_back(
-            {param_input(g, g.node(c), 2), 0, g.type(g.node(c).inputs[2]).shape, false, units});
-      cols_taken.insert(c);
-    }
-    for (int r : f.rows) {
-      reg.rows.push_back(param_input(g, g.node(r), 1));
-      plan.shards.push_back({reg.rows.back(), 1, g.type(g.node(r).inputs[1]).shape, false, units});
-      rows_taken.insert(r);
-    }
-    plan.regions.push_back(std::move(reg));
+namespace {
+
+// The columns that feed one region: from column linear `id`, every other
+// column linear whose output meets the region (q, k and v meet in
+// attention, each through its own reshape and transpose), to a fixed
+// point. False when one of them cannot be sharded.
+bool grow_columns(const Graph& g, const Users& users, const std::set<int>& outputs, int id,
+                  Flood& f, std::set<int>& cols) {
+  cols = {id};
+  bool ok = true;
+  for (bool grew = true; grew && ok;) {
+    grew = false;
+    for (int r : std::set<int>(f.region))
+      for (const Value& v : g.node(r).inputs) {
+        const int src = chain_source(g, v, f.region);
+        if (src < 0 || cols.count(src)) continue;
+        Flood o = flood(g, users, src, outputs);
+        ok = ok && o.ok;
+        cols.insert(src);
+        f.region.insert(o.region.begin(), o.region.end());
+        f.rows.insert(o.rows.begin(), o.rows.end());
+        grew = true;
+      }
   }
-  // Vocabulary-parallel tables (Megatron's VocabParallelEmbedding and its
-  // parallel output head): a parameter [V, D] with at least a row per rank,
-  // read only by embedding lookups (as the table) and by output heads (tied
-  // to the table, or its own).
+  return ok;
+}
+
+// Adds a region's shards to the plan: column weights (and biases) split by
+// output features, row weights by input features, in `units` (heads, or
+// the columns' output features).
+void add_region(const Graph& g, const std::set<int>& cols, const std::set<int>& rows,
+                std::int64_t units, TpPlan& plan) {
+  TpPlan::Region reg;
+  for (int c : cols) {
+    reg.columns.push_back(param_input(g, g.node(c), 1));
+    plan.shards.push_back({reg.columns.back(), 0, g.type(g.node(c).inputs[1]).shape, false, units});
+    if (g.node(c).inputs.size() == 3 && !param_input(g, g.node(c), 2).empty())
+      plan.shards.push_back(
+          {param_input(g, g.node(c), 2), 0, g.type(g.node(c).inputs[2]).shape, false, units});
+  }
+  for (int r : rows) {
+    reg.rows.push_back(param_input(g, g.node(r), 1));
+    plan.shards.push_back({reg.rows.back(), 1, g.type(g.node(r).inputs[1]).shape, false, units});
+  }
+  plan.regions.push_back(std::move(reg));
+}
+
+// Vocabulary-parallel tables (Megatron's VocabParallelEmbedding and its
+// parallel output head): a parameter [V, D] with at least a row per rank,
+// read only by embedding lookups (as the table) and by output heads (tied
+// to the table, or its own).
+void add_vocabulary_tables(const Graph& g, const Users& users, const std::vector<int>& order,
+                           int size, TpPlan& plan) {
   for (int id : order) {
     const Node& p = g.node(id);
     if (!p.alive || p.op != "input" || !p.name.starts_with("param/")) continue;
@@ -366,38 +358,73 @@ Result<TpPlan> plan_tensor_parallel(const Graph& g, int size) {
     if (head) plan.heads.push_back(p.name);
     plan.shards.push_back({p.name, 0, full, true});
   }
+}
+
+}  // namespace
+
+Result<TpPlan> plan_tensor_parallel(const Graph& g, int size) {
+  if (size < 1) return invalid_argument("tensor parallelism over {} ranks", size);
+  const Users users = users_of(g);
+  std::set<int> outputs;
+  for (const Value& v : g.outputs()) outputs.insert(v.node);
+  SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
+  TpPlan plan;
+  std::set<int> rows_taken, cols_taken;
+  for (int id : order) {
+    if (!param_linear(g, g.node(id)) || rows_taken.count(id) || cols_taken.count(id)) continue;
+    Flood f = flood(g, users, id, outputs);
+    if (!f.ok || f.rows.empty()) continue;
+    std::set<int> cols;
+    bool ok = grow_columns(g, users, outputs, id, f, cols);
+    for (int c : cols) ok = ok && !rows_taken.count(c) && !f.rows.count(c);
+    if (!ok) continue;
+    Axes ax;
+    if (Status st = propagate(g, order, cols, f.region, size, ax); !st.ok()) {
+      if (st.code() == StatusCode::kFailedPrecondition) return st;  // the right shape, uneven
+      continue;  // not a region this rewrite can shard
+    }
+    const std::int64_t units =
+        ax.units > 0 ? ax.units : g.type(g.node(*cols.begin()).inputs[1]).shape[0];
+    add_region(g, cols, f.rows, units, plan);
+    cols_taken.insert(cols.begin(), cols.end());
+    rows_taken.insert(f.rows.begin(), f.rows.end());
+  }
+  add_vocabulary_tables(g, users, order, size, plan);
   for (const auto& s : plan.shards)
     if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s, size));
   return plan;
 }
 
-Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id,
-                             bool parallel_loss) {
-  register_tensor_parallel_ops();
-  comm::Communicator* c = collective::communicator(comm_id);
-  if (!c)
-    return failed_precondition("tensor parallelism: no communicator registered as id {}", comm_id);
-  const int size = c->size();
-  const graph::Attrs comm_attr = {{"comm", comm_id}};
-  // The linear each weight input feeds.
+namespace {
+
+// The column and row linears of a plan's regions, and the reshapes inside
+// them that carry a share of the split axis.
+struct Regions {
+  std::map<int, std::pair<int, std::int64_t>> reshape_at;  // node -> (axis, units)
+  std::vector<int> cols, rows;
+};
+
+// The linear each weight input feeds.
+std::map<std::string, int> linears_by_weight(const Graph& g) {
   std::map<std::string, int> linear_of;
   for (const Node& n : g.nodes())
     if (param_linear(g, n)) linear_of[param_input(g, n, 1)] = n.id;
+  return linear_of;
+}
+
+Result<Regions> find_regions(const Graph& g, const TpPlan& plan, int size,
+                             const std::map<std::string, int>& linear_of) {
   auto node_of = [&](const std::string& w) -> Result<int> {
     auto it = linear_of.find(w);
     if (it == linear_of.end())
       return not_found("tensor parallelism: no linear takes the weight {}", w);
     return it->second;
   };
-  for (const auto& s : plan.shards)
-    if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s, size));
-  SHOAL_RETURN_IF_ERROR(shard_vocabulary(g, plan, c->rank(), size, comm_attr, parallel_loss));
   const Users users = users_of(g);
   std::set<int> outputs;
   for (const Value& v : g.outputs()) outputs.insert(v.node);
   SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
-  std::map<int, std::pair<int, std::int64_t>> reshape_at;  // node -> (axis, units)
-  std::vector<int> all_cols, all_rows;
+  Regions out;
   for (const auto& reg : plan.regions) {
     std::set<int> cols, region, rows;
     for (const auto& w : reg.columns) {
@@ -413,7 +440,7 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id,
       SHOAL_ASSIGN_OR_RETURN(int id, node_of(w));
       if (!rows.erase(id))
         return invalid_argument("tensor parallelism: {} does not read the columns' region", w);
-      all_rows.push_back(id);
+      out.rows.push_back(id);
     }
     if (!rows.empty())
       return invalid_argument(
@@ -421,18 +448,21 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id,
           g.node(*rows.begin()).label());
     Axes ax;
     SHOAL_RETURN_IF_ERROR(propagate(g, order, cols, region, size, ax));
-    for (const auto& [id, k] : ax.reshape_at) reshape_at[id] = {k, ax.units};
-    all_cols.insert(all_cols.end(), cols.begin(), cols.end());
+    for (const auto& [id, k] : ax.reshape_at) out.reshape_at[id] = {k, ax.units};
+    out.cols.insert(out.cols.end(), cols.begin(), cols.end());
   }
-  // Parameter inputs take this rank's slices; the region's reshapes its share.
+  return out;
+}
+
+// Parameter inputs take rank r's slices; the regions' reshapes its share.
+Status resize_to_slices(Graph& g, const TpPlan& plan, const Regions& regions, int r, int size) {
   for (const auto& s : plan.shards) {
     SHOAL_ASSIGN_OR_RETURN(Value v, g.find_input(s.input));
     auto& dim = g.mutable_node(v.node).outputs[0].shape[static_cast<std::size_t>(s.axis)];
-    const auto [begin, end] = tp_range(s, c->rank(), size);
+    const auto [begin, end] = tp_range(s, r, size);
     dim = end - begin;
   }
-  const int r = c->rank();
-  for (const auto& [id, at] : reshape_at) {
+  for (const auto& [id, at] : regions.reshape_at) {
     const auto [k, units] = at;
     Node& n = g.mutable_node(id);
     auto dims = n.attrs.get_ints_or("shape", {});
@@ -440,9 +470,15 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id,
     d = d / units * (split_at(units, r + 1, size) - split_at(units, r, size));
     n.attrs.set("shape", dims);
   }
+  return ok_status();
+}
+
+// Megatron's f and g: a tp_copy before the column linears (identity
+// forward, summed gradient), a tp_allreduce after the row linears.
+Status insert_copies_and_sums(Graph& g, const Regions& regions, const graph::Attrs& comm_attr) {
   // f: one tp_copy per distinct input of the column linears.
   std::map<Value, Value> copies;
-  for (int id : all_cols) {
+  for (int id : regions.cols) {
     const Value x = g.node(id).inputs[0];
     if (!copies.count(x)) {
       SHOAL_ASSIGN_OR_RETURN(copies[x], g.add("tp_copy", {x}, comm_attr));
@@ -450,7 +486,7 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id,
     g.mutable_node(id).inputs[0] = copies[x];
   }
   // g: each row linear's partial product summed over the group, then its bias.
-  for (int id : all_rows) {
+  for (int id : regions.rows) {
     const Value y{id, 0};
     Value bias;
     if (g.node(id).inputs.size() == 3) {
@@ -465,7 +501,28 @@ Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id,
     g.replace_all_uses(y, out);
     g.mutable_node(sum.node).inputs[0] = y;  // replace_all_uses redirected it too
   }
-  SHOAL_ASSIGN_OR_RETURN(order, g.topo_order());
+  return ok_status();
+}
+
+}  // namespace
+
+Status shard_tensor_parallel(Graph& g, const TpPlan& plan, std::int64_t comm_id,
+                             bool parallel_loss) {
+  register_tensor_parallel_ops();
+  comm::Communicator* c = collective::communicator(comm_id);
+  if (!c)
+    return failed_precondition("tensor parallelism: no communicator registered as id {}", comm_id);
+  const int size = c->size();
+  const graph::Attrs comm_attr = {{"comm", comm_id}};
+  // Found before the vocabulary is sharded, which rewrites its linear.
+  const std::map<std::string, int> linear_of = linears_by_weight(g);
+  for (const auto& s : plan.shards)
+    if (!s.uneven) SHOAL_RETURN_IF_ERROR(check_divides(g, s, size));
+  SHOAL_RETURN_IF_ERROR(shard_vocabulary(g, plan, c->rank(), size, comm_attr, parallel_loss));
+  SHOAL_ASSIGN_OR_RETURN(const Regions regions, find_regions(g, plan, size, linear_of));
+  SHOAL_RETURN_IF_ERROR(resize_to_slices(g, plan, regions, c->rank(), size));
+  SHOAL_RETURN_IF_ERROR(insert_copies_and_sums(g, regions, comm_attr));
+  SHOAL_ASSIGN_OR_RETURN(const std::vector<int> order, g.topo_order());
   for (int id : order) SHOAL_RETURN_IF_ERROR(g.reinfer(id).with_context("tensor parallelism"));
   return ok_status();
 }

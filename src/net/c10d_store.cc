@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "shoal/core/bytes.h"
 #include "shoal/core/logging.h"
 
 namespace shoal::net {
@@ -14,14 +15,8 @@ constexpr std::uint8_t kStopWaiting = 0;
 constexpr std::uint64_t kMaxValue = 64 << 20;
 constexpr auto kIoTimeout = std::chrono::seconds(30);
 
-template <typename T>
-void put(std::string& out, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out.append(b, sizeof(T));
-}
 void put_bytes(std::string& out, const std::string& s) {
-  put<std::uint64_t>(out, s.size());
+  append_le<std::uint64_t>(out, s.size());
   out += s;
 }
 std::string query(Query q) { return std::string(1, static_cast<char>(q)); }
@@ -82,7 +77,7 @@ Result<std::string> C10dStore::get(const std::string& key, Deadline dl) {
   // The server answers a get of a missing key with an error and a closed
   // connection: wait for it first, as torch's own client does.
   std::string w = query(Query::kWait);
-  put<std::uint64_t>(w, 1);
+  append_le<std::uint64_t>(w, 1);
   put_bytes(w, key);
   SHOAL_RETURN_IF_ERROR(send(w, dl));
   auto r = recv_value<std::uint8_t>(dl);
@@ -104,7 +99,7 @@ Result<std::int64_t> C10dStore::add(const std::string& key, std::int64_t delta) 
   const Deadline dl = Deadline::after(kIoTimeout);
   std::string m = query(Query::kAdd);
   put_bytes(m, key);
-  put<std::int64_t>(m, delta);
+  append_le<std::int64_t>(m, delta);
   SHOAL_RETURN_IF_ERROR(send(m, dl));
   return recv_value<std::int64_t>(dl);
 }

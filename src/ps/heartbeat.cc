@@ -1,8 +1,8 @@
 #include "ps/heartbeat.h"
 
+#include "ps/wire.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/frame_server.h"
-#include "shoal/ps/wire.h"
 
 namespace shoal::ps {
 
@@ -68,7 +68,7 @@ void Heartbeat::revive(std::size_t i) {
 
 void Heartbeat::loop() {
   Request r;
-  r.op = 'H';
+  r.op = Op::kHeartbeat;
   r.worker = worker_;
   const std::string msg = encode(r);
   std::uint64_t seq = 0;

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "shoal/ps/wire.h"
+#include "ps/wire.h"
 #include "shoal/ps/worker.h"
 
 namespace shoal::ps {

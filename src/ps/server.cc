@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "ps/peer_regions.h"
+#include "ps/wire.h"
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
-#include "shoal/ps/wire.h"
 #include "shoal/runtime/kernel.h"
 
 namespace shoal::ps {
@@ -152,7 +152,7 @@ class Server::Handler final : public net::FrameServer::Handler {
   }
 
   Status serve(net::FrameServer& s, ConnId c, std::uint64_t seq, const Request& r) {
-    if (r.op == 'C') {
+    if (r.op == Op::kConfig) {
       SHOAL_RETURN_IF_ERROR(config(r.config));
       s.reply(c, net::FrameType::kPsReply, seq, "");
       return ok_status();
@@ -160,53 +160,56 @@ class Server::Handler final : public net::FrameServer::Handler {
     if (!shard_)
       return failed_precondition(
           "this server has no options yet: a worker sends them first (config, wire op 'C')");
-    if (r.op == 'P' || r.op == 'X' || r.op == 'S' || r.op == 'R' || r.op == 'Y')
+    if (r.op == Op::kPush || r.op == Op::kPushPull || r.op == Op::kPushRows ||
+        r.op == Op::kPushRowsPull || r.op == Op::kShmPushPull)
       SHOAL_RETURN_IF_ERROR(check_coding(r));
     switch (r.op) {
-      case 'J':
+      case Op::kJoin:
         SHOAL_RETURN_IF_ERROR(shard_->add_worker(r.worker));
         worker_of_[c] = r.worker;
         break;
-      case 'Q':
+      case Op::kLeave:
         SHOAL_RETURN_IF_ERROR(shard_->remove_worker(r.worker));
         worker_of_.erase(c);
         answer_pulls(s);
         break;
-      case 'I':
+      case Op::kInit:
         SHOAL_RETURN_IF_ERROR(shard_->init(r.key, r.value));
         break;
-      case 'P': {
+      case Op::kPush: {
         SHOAL_ASSIGN_OR_RETURN(PushResult pr,
                                shard_->push(r.worker, r.key, r.step, r.seq, r.value));
         return answer_push(s, c, seq, pr);
       }
-      case 'L': {
+      case Op::kPull: {
         SHOAL_RETURN_IF_ERROR(shard_->peek(r.key).status());
         pulls_.push_back({c, seq, r.key, r.min_version, false, 0, r.reply, false, {}});
         answer_pulls(s);
         return ok_status();
       }
-      case 'X':
-      case 'R':
-      case 'Y':
+      case Op::kPushPull:
+      case Op::kPushRowsPull:
+      case Op::kShmPushPull:
         return push_pull(s, c, seq, r);
-      case 'M': {
+      case Op::kMapCheck: {
         SHOAL_ASSIGN_OR_RETURN(std::uint8_t * probe, regions_.locate(c, r.mem.pid, r.mem.grad, 8));
         s.reply(c, net::FrameType::kPsReply, seq, std::string(reinterpret_cast<char*>(probe), 8));
         return ok_status();
       }
-      case 'S': {
+      case Op::kPushRows: {
         SHOAL_ASSIGN_OR_RETURN(PushResult pr, shard_->push_rows(r.worker, r.key, r.step, r.seq,
                                                                 r.rows, r.value, r.lr));
         return answer_push(s, c, seq, pr);
       }
-      case 'W': {
+      case Op::kPullRows: {
         SHOAL_RETURN_IF_ERROR(shard_->pull_rows(r.key, r.rows).status());
         pulls_.push_back({c, seq, r.key, r.min_version, false, 0, r.reply, true, r.rows});
         answer_pulls(s);
         return ok_status();
       }
-      case 'H':
+      case Op::kHeartbeat:
+        break;
+      case Op::kConfig:  // answered above, before the shard exists
         break;
     }
     s.reply(c, net::FrameType::kPsReply, seq, "");
@@ -233,11 +236,12 @@ class Server::Handler final : public net::FrameServer::Handler {
     const Compression& want = shard_->options().compression;
     // Row-sparse pushes are never two-bit (residuals are kept for dense
     // keys): f32 then.
-    const bool rows = r.op == 'S' || r.op == 'R';
+    const bool rows = r.op == Op::kPushRows || r.op == Op::kPushRowsPull;
     if (rows && want.push == Codec::kTwoBit && r.codec == Codec::kF32 &&
-        (r.op == 'S' || r.reply == want.pull))
+        (r.op == Op::kPushRows || r.reply == want.pull))
       return ok_status();
-    const Compression got{r.codec, r.op == 'X' || r.op == 'R' ? r.reply : want.pull,
+    const Compression got{r.codec,
+                          r.op == Op::kPushPull || r.op == Op::kPushRowsPull ? r.reply : want.pull,
                           r.codec == Codec::kTwoBit ? r.threshold : want.threshold};
     if (got.push == want.push && got.pull == want.pull &&
         (want.push != Codec::kTwoBit || got.threshold == want.threshold))
@@ -255,7 +259,7 @@ class Server::Handler final : public net::FrameServer::Handler {
   Status push_pull(net::FrameServer& s, ConnId c, std::uint64_t seq, const Request& r) {
     std::uint8_t* in_place = nullptr;
     Tensor grad = r.value;
-    if (r.op == 'Y') {
+    if (r.op == Op::kShmPushPull) {
       const auto bytes = 4 * static_cast<std::uint64_t>(num_elements(r.mem.shape));
       SHOAL_ASSIGN_OR_RETURN(std::uint8_t * g, regions_.locate(c, r.mem.pid, r.mem.grad, bytes));
       SHOAL_ASSIGN_OR_RETURN(in_place, regions_.locate(c, r.mem.pid, r.mem.dst, bytes));
@@ -263,7 +267,7 @@ class Server::Handler final : public net::FrameServer::Handler {
       shm_in_ += bytes;
     }
     SHOAL_ASSIGN_OR_RETURN(
-        PushResult pr, r.op == 'R'
+        PushResult pr, r.op == Op::kPushRowsPull
                            ? shard_->push_rows(r.worker, r.key, r.step, r.seq, r.rows, grad, r.lr)
                            : shard_->push(r.worker, r.key, r.step, r.seq, grad, r.lr));
     if (pr == PushResult::kWait) {

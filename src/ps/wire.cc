@@ -1,39 +1,35 @@
-#include "shoal/ps/wire.h"
+#include "ps/wire.h"
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
 
+#include "shoal/core/bytes.h"
+
 namespace shoal::ps {
 namespace {
 
-template <typename T>
-void put(std::string& out, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out.append(b, sizeof(T));
-}
 void put_rows(std::string& out, const std::vector<std::int64_t>& rows) {
-  put<std::uint32_t>(out, static_cast<std::uint32_t>(rows.size()));
+  append_le<std::uint32_t>(out, static_cast<std::uint32_t>(rows.size()));
   const std::size_t at = out.size();
   out.resize(at + 8 * rows.size());
   if (!rows.empty()) std::memcpy(out.data() + at, rows.data(), 8 * rows.size());
 }
 void put_str(std::string& out, const std::string& s) {
-  put<std::uint32_t>(out, static_cast<std::uint32_t>(s.size()));
+  append_le<std::uint32_t>(out, static_cast<std::uint32_t>(s.size()));
   out += s;
 }
 void put_shape(std::string& out, const Shape& s) {
-  put<std::uint8_t>(out, static_cast<std::uint8_t>(s.size()));
-  for (std::int64_t d : s) put<std::int64_t>(out, d);
+  append_le<std::uint8_t>(out, static_cast<std::uint8_t>(s.size()));
+  for (std::int64_t d : s) append_le<std::int64_t>(out, d);
 }
 void put_tensor_head(std::string& out, const Tensor& t) { put_shape(out, t.shape()); }
 void put_ref(std::string& out, const net::SharedRef& r) {
-  put<std::uint64_t>(out, r.id);
-  put<std::int64_t>(out, r.fd);
-  put<std::uint64_t>(out, r.region_bytes);
-  put<std::uint64_t>(out, r.offset);
+  append_le<std::uint64_t>(out, r.id);
+  append_le<std::int64_t>(out, r.fd);
+  append_le<std::uint64_t>(out, r.region_bytes);
+  append_le<std::uint64_t>(out, r.offset);
 }
 void put_tensor(std::string& out, const Tensor& t, Codec c = Codec::kF32, float threshold = 0) {
   const Tensor x = t.contiguous();
@@ -197,81 +193,101 @@ std::string encode_impl(const Request& r, bool data) {
       put_tensor(out, t, r.codec, r.threshold);
     } else {
       put_tensor_head(out, t);
-      put<std::uint8_t>(out, static_cast<std::uint8_t>(Codec::kF32));
+      append_le<std::uint8_t>(out, static_cast<std::uint8_t>(Codec::kF32));
     }
   };
-  std::string out(1, r.op);
+  std::string out(1, static_cast<char>(r.op));
   switch (r.op) {
-    case 'J':
-    case 'Q':
-    case 'H':
-      put<std::int32_t>(out, r.worker);
+    case Op::kJoin:
+    case Op::kLeave:
+    case Op::kHeartbeat:
+      append_le<std::int32_t>(out, r.worker);
       break;
-    case 'I':
+    case Op::kInit:
       put_str(out, r.key);
       tensor(out, r.value);
       break;
-    case 'P':
-      put<std::int32_t>(out, r.worker);
+    case Op::kPush:
+      append_le<std::int32_t>(out, r.worker);
       put_str(out, r.key);
-      put<std::int64_t>(out, r.step);
-      put<std::uint64_t>(out, r.seq);
+      append_le<std::int64_t>(out, r.step);
+      append_le<std::uint64_t>(out, r.seq);
       tensor(out, r.value);
       break;
-    case 'L':
+    case Op::kPull:
       put_str(out, r.key);
-      put<std::uint64_t>(out, r.min_version);
-      put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
+      append_le<std::uint64_t>(out, r.min_version);
+      append_le<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
       break;
-    case 'C':
+    case Op::kConfig:
       put_str(out, r.config);
       break;
-    case 'X':  // pushpull
-    case 'R':  // pushrowspull: the same with rows
-      put<std::int32_t>(out, r.worker);
+    case Op::kPushPull:      // pushpull
+    case Op::kPushRowsPull:  // pushrowspull: the same with rows
+      append_le<std::int32_t>(out, r.worker);
       put_str(out, r.key);
-      put<std::int64_t>(out, r.step);
-      put<std::uint64_t>(out, r.seq);
-      put<double>(out, r.lr);
-      put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
-      if (r.op == 'R') put_rows(out, r.rows);
+      append_le<std::int64_t>(out, r.step);
+      append_le<std::uint64_t>(out, r.seq);
+      append_le<double>(out, r.lr);
+      append_le<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
+      if (r.op == Op::kPushRowsPull) put_rows(out, r.rows);
       tensor(out, r.value);
       break;
-    case 'S':
-      put<std::int32_t>(out, r.worker);
+    case Op::kPushRows:
+      append_le<std::int32_t>(out, r.worker);
       put_str(out, r.key);
-      put<std::int64_t>(out, r.step);
-      put<std::uint64_t>(out, r.seq);
-      put<double>(out, r.lr);
+      append_le<std::int64_t>(out, r.step);
+      append_le<std::uint64_t>(out, r.seq);
+      append_le<double>(out, r.lr);
       put_rows(out, r.rows);
       tensor(out, r.value);
       break;
-    case 'W':
+    case Op::kPullRows:
       put_str(out, r.key);
-      put<std::uint64_t>(out, r.min_version);
-      put<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
+      append_le<std::uint64_t>(out, r.min_version);
+      append_le<std::uint8_t>(out, static_cast<std::uint8_t>(r.reply));
       put_rows(out, r.rows);
       break;
-    case 'M':
-      put<std::int32_t>(out, r.worker);
-      put<std::int32_t>(out, r.mem.pid);
+    case Op::kMapCheck:
+      append_le<std::int32_t>(out, r.worker);
+      append_le<std::int32_t>(out, r.mem.pid);
       put_ref(out, r.mem.grad);
       break;
-    case 'Y':
-      put<std::int32_t>(out, r.worker);
+    case Op::kShmPushPull:
+      append_le<std::int32_t>(out, r.worker);
       put_str(out, r.key);
-      put<std::int64_t>(out, r.step);
-      put<std::uint64_t>(out, r.seq);
-      put<double>(out, r.lr);
-      put<std::int32_t>(out, r.mem.pid);
+      append_le<std::int64_t>(out, r.step);
+      append_le<std::uint64_t>(out, r.seq);
+      append_le<double>(out, r.lr);
+      append_le<std::int32_t>(out, r.mem.pid);
       put_shape(out, r.mem.shape);
       put_ref(out, r.mem.grad);
       put_ref(out, r.mem.dst);
       break;
-    default:
-      break;
   }
   return out;
+}
+
+// Whether `b` is an operation's byte. No default: a new Op is a compile
+// error here until it is listed.
+bool is_op(std::uint8_t b) {
+  switch (static_cast<Op>(b)) {
+    case Op::kJoin:
+    case Op::kLeave:
+    case Op::kHeartbeat:
+    case Op::kInit:
+    case Op::kPush:
+    case Op::kPull:
+    case Op::kConfig:
+    case Op::kPushPull:
+    case Op::kPushRows:
+    case Op::kPullRows:
+    case Op::kPushRowsPull:
+    case Op::kMapCheck:
+    case Op::kShmPushPull:
+      return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -282,46 +298,48 @@ std::string encode_head(const Request& r) { return encode_impl(r, false); }
 Result<Request> decode_request(std::string_view in, const MakeTensor& make) {
   Reader rd(in, &make);
   Request r;
-  r.op = static_cast<char>(rd.get<std::uint8_t>("op"));
+  const auto op = rd.get<std::uint8_t>("op");
+  if (rd.ok() && !is_op(op)) return invalid_argument("ps message: unknown operation 0x{:02x}", op);
+  r.op = static_cast<Op>(op);
   switch (r.op) {
-    case 'J':
-    case 'Q':
-    case 'H':
+    case Op::kJoin:
+    case Op::kLeave:
+    case Op::kHeartbeat:
       r.worker = rd.get<std::int32_t>("worker");
       break;
-    case 'I':
+    case Op::kInit:
       r.key = rd.str("key");
       r.value = rd.tensor("value");
       break;
-    case 'P':
+    case Op::kPush:
       r.worker = rd.get<std::int32_t>("worker");
       r.key = rd.str("key");
       r.step = rd.get<std::int64_t>("step");
       r.seq = rd.get<std::uint64_t>("seq");
       r.value = rd.tensor("grad");
       break;
-    case 'L':
+    case Op::kPull:
       r.key = rd.str("key");
       r.min_version = rd.get<std::uint64_t>("min_version");
       r.reply = rd.codec("reply");
       break;
-    case 'C':
+    case Op::kConfig:
       r.config = rd.str("config");
       break;
-    case 'X':
-    case 'R':
+    case Op::kPushPull:
+    case Op::kPushRowsPull:
       r.worker = rd.get<std::int32_t>("worker");
       r.key = rd.str("key");
       r.step = rd.get<std::int64_t>("step");
       r.seq = rd.get<std::uint64_t>("seq");
       r.lr = rd.get<double>("lr");
       r.reply = rd.codec("reply");
-      if (r.op == 'R') r.rows = rd.rows("rows");
+      if (r.op == Op::kPushRowsPull) r.rows = rd.rows("rows");
       r.value = rd.tensor("grad");
       if (rd.ok() && !(r.lr >= 0 && r.lr < 1e6))
         return invalid_argument("ps message: field 'lr' is {}, outside [0, 1e6)", r.lr);
       break;
-    case 'S':
+    case Op::kPushRows:
       r.worker = rd.get<std::int32_t>("worker");
       r.key = rd.str("key");
       r.step = rd.get<std::int64_t>("step");
@@ -332,20 +350,20 @@ Result<Request> decode_request(std::string_view in, const MakeTensor& make) {
       if (rd.ok() && !(r.lr >= 0 && r.lr < 1e6))
         return invalid_argument("ps message: field 'lr' is {}, outside [0, 1e6)", r.lr);
       break;
-    case 'W':
+    case Op::kPullRows:
       r.key = rd.str("key");
       r.min_version = rd.get<std::uint64_t>("min_version");
       r.reply = rd.codec("reply");
       r.rows = rd.rows("rows");
       break;
-    case 'M':
+    case Op::kMapCheck:
       r.worker = rd.get<std::int32_t>("worker");
       r.mem.pid = rd.get<std::int32_t>("pid");
       r.mem.grad = rd.ref("probe", 8);
       if (rd.ok() && r.mem.pid <= 0)
         return invalid_argument("ps message: field 'pid' is {}", r.mem.pid);
       break;
-    case 'Y': {
+    case Op::kShmPushPull: {
       r.worker = rd.get<std::int32_t>("worker");
       r.key = rd.str("key");
       r.step = rd.get<std::int64_t>("step");
@@ -362,10 +380,6 @@ Result<Request> decode_request(std::string_view in, const MakeTensor& make) {
         return invalid_argument("ps message: field 'pid' is {}", r.mem.pid);
       break;
     }
-    default:
-      if (rd.ok())
-        return invalid_argument("ps message: unknown operation 0x{:02x}",
-                                static_cast<unsigned char>(r.op));
   }
   r.codec = rd.last_codec();
   r.threshold = rd.last_threshold();
@@ -376,21 +390,21 @@ Result<Request> decode_request(std::string_view in, const MakeTensor& make) {
 void append_pull_reply(std::string& out, std::uint64_t version, const Tensor& value, Codec c) {
   out.reserve(out.size() + 8 + 2 + 8 * static_cast<std::size_t>(value.rank()) +
               codec_payload_bytes(c, static_cast<std::uint64_t>(value.numel())));
-  put<std::uint64_t>(out, version);
+  append_le<std::uint64_t>(out, version);
   put_tensor(out, value, c);
 }
 
 void append_pull_reply_head(std::string& out, std::uint64_t version, const Tensor& value, Codec c) {
   if (c != Codec::kF32) return append_pull_reply(out, version, value, c);
-  put<std::uint64_t>(out, version);
+  append_le<std::uint64_t>(out, version);
   put_tensor_head(out, value);
-  put<std::uint8_t>(out, static_cast<std::uint8_t>(Codec::kF32));
+  append_le<std::uint8_t>(out, static_cast<std::uint8_t>(Codec::kF32));
 }
 
 void append_pull_reply_in_place(std::string& out, std::uint64_t version, const Shape& shape) {
-  put<std::uint64_t>(out, version);
+  append_le<std::uint64_t>(out, version);
   put_shape(out, shape);
-  put<std::uint8_t>(out, kInPlace);
+  append_le<std::uint8_t>(out, kInPlace);
 }
 
 std::string encode_pull_reply(std::uint64_t version, const Tensor& value, Codec c) {

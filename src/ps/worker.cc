@@ -8,10 +8,10 @@
 #include <thread>
 
 #include "ps/pipeline.h"
+#include "ps/wire.h"
 #include "shoal/core/hash.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/frame_server.h"
-#include "shoal/ps/wire.h"
 
 namespace shoal::ps {
 
@@ -35,7 +35,7 @@ Result<std::unique_ptr<Worker>> Worker::connect(const std::vector<std::string>& 
   }
   if (config) SHOAL_RETURN_IF_ERROR(w->configure(*config, dl));
   Request j;
-  j.op = 'J';
+  j.op = Op::kJoin;
   j.worker = worker;
   for (auto& s : w->servers_) SHOAL_RETURN_IF_ERROR(w->call(s, encode(j), dl).status());
   for (std::size_t i = 0; i < w->servers_.size(); ++i) w->probe_in_place(i, dl);
@@ -60,7 +60,7 @@ void Worker::probe_in_place(std::size_t i, Deadline dl) {
   auto ref = net::find_shared(probe_->data(), 8);
   if (!ref) return;
   Request m;
-  m.op = 'M';
+  m.op = Op::kMapCheck;
   m.worker = worker_;
   m.mem.pid = static_cast<std::int32_t>(::getpid());
   m.mem.grad = *ref;
@@ -87,12 +87,12 @@ Status Worker::reconnect(std::size_t i, Deadline dl) {
                          net::connect_authenticated(hp.first, hp.second, dl, token_, "ps server"));
   if (config_) {
     Request c;
-    c.op = 'C';
+    c.op = Op::kConfig;
     c.config = config_text(*config_);
     SHOAL_RETURN_IF_ERROR(call(s, encode(c), dl).status());
   }
   Request j;
-  j.op = 'J';
+  j.op = Op::kJoin;
   j.worker = worker_;
   SHOAL_RETURN_IF_ERROR(call(s, encode(j), dl).status());
   servers_[i] = std::move(s);
@@ -129,7 +129,7 @@ Result<std::string> Worker::call(net::Socket& s, const std::string& payload, Dea
 Status Worker::configure(const ShardOptions& o, Deadline dl) {
   set_compression(o.compression);
   Request r;
-  r.op = 'C';
+  r.op = Op::kConfig;
   r.config = config_text(o);
   for (auto& s : servers_) SHOAL_RETURN_IF_ERROR(call(s, encode(r), dl).status());
   return ok_status();
@@ -138,7 +138,7 @@ Status Worker::configure(const ShardOptions& o, Deadline dl) {
 Result<std::uint64_t> Worker::send_request(std::size_t i, const Request& r, Deadline dl) {
   net::Socket& s = servers_[i];
   // An f32 gradient is sent from its own memory; a coded one is encoded.
-  const bool raw = r.codec == Codec::kF32 && r.op != 'Y';  // 'Y' has no tensor data
+  const bool raw = r.codec == Codec::kF32 && r.op != Op::kShmPushPull;  // 'Y' has no tensor data
   const std::string head = raw ? encode_head(r) : encode(r);
   const Tensor grad = raw ? r.value.contiguous() : Tensor();
   const std::size_t data_bytes = raw ? grad.nbytes() : 0;
@@ -254,7 +254,7 @@ Status Worker::code_push(Request& r, const Tensor& grad) {
 Status Worker::leave() {
   left_ = true;
   Request q;
-  q.op = 'Q';
+  q.op = Op::kLeave;
   q.worker = worker_;
   for (auto& s : servers_)
     SHOAL_RETURN_IF_ERROR(call(s, encode(q), Deadline::after_seconds(10)).status());

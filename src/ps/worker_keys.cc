@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "ps/pipeline.h"
+#include "ps/wire.h"
 #include "shoal/core/logging.h"
-#include "shoal/ps/wire.h"
 #include "shoal/ps/worker.h"
 
 namespace shoal::ps {
@@ -26,8 +26,7 @@ std::vector<Worker::Part> Worker::parts(const std::string& key) const {
   const std::int64_t n = it == shapes_.end() ? 0 : num_elements(it->second);
   const auto s = static_cast<std::int64_t>(servers_.size());
   const std::int64_t bound = config_ ? config_->slice_bound : 0;
-  const bool by_norm =
-      config_ && (config_->optimizer.name == "lars" || config_->optimizer.name == "lamb");
+  const bool by_norm = config_ && train::is_layerwise(config_->optimizer.name);
   const std::int64_t rows = it == shapes_.end() || it->second.empty() ? 1 : it->second[0];
   // Blocks of at most kBlockElements (as rows allow), the same number on
   // every server: block b on server b % s.
@@ -58,7 +57,7 @@ Status Worker::init(const std::string& key, const Tensor& value) {
   const auto ps = parts(key);
   for (const Part& p : ps) {
     Request r;
-    r.op = 'I';
+    r.op = Op::kInit;
     r.key = p.name;
     r.value = ps.size() == 1 ? v : row_slice(v, p.begin, p.end);
     SHOAL_RETURN_IF_ERROR(
@@ -72,7 +71,7 @@ Status Worker::init(const std::string& key, const Tensor& value) {
 Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const Tensor& grad,
                                 Deadline dl) {
   Request r;
-  r.op = 'P';
+  r.op = Op::kPush;
   r.worker = worker_;
   r.key = key;
   r.step = step;
@@ -111,7 +110,7 @@ Result<PushResult> Worker::push_until_taken(std::size_t i, const Request& r, Dea
 Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
                                                       std::uint64_t min_version, Deadline dl) {
   Request r;
-  r.op = 'L';
+  r.op = Op::kPull;
   r.key = key;
   r.min_version = min_version;
   r.reply = compression_.pull;

@@ -34,7 +34,7 @@ Result<Worker::Ticket> Worker::start_push_pull(const std::string& key, std::int6
                                                const Tensor& grad, double lr, Tensor into,
                                                Deadline dl) {
   Request r;
-  r.op = 'X';
+  r.op = Op::kPushPull;
   r.worker = worker_;
   r.key = key;
   r.step = step;
@@ -80,8 +80,8 @@ Worker::Ticket Worker::launch(const Request& r, const std::vector<Part>& ps, con
 // A pushpull of f32 both ways to a server that maps this process's memory,
 // whose gradient and destination lie in shared regions, goes in place.
 void Worker::maybe_in_place(PipelineBlock& b) const {
-  if (b.req.op != 'X' || !use_in_place_ || !in_place(b.server) || b.req.codec != Codec::kF32 ||
-      b.req.reply != Codec::kF32)
+  if (b.req.op != Op::kPushPull || !use_in_place_ || !in_place(b.server) ||
+      b.req.codec != Codec::kF32 || b.req.reply != Codec::kF32)
     return;
   const Tensor& g = b.req.value;
   if (!g.is_contiguous() || !b.dst.is_contiguous() || g.dtype() != DType::kF32 ||
@@ -90,7 +90,7 @@ void Worker::maybe_in_place(PipelineBlock& b) const {
   auto gr = net::find_shared(g.raw_data(), g.nbytes());
   auto dr = net::find_shared(b.dst.raw_data(), b.dst.nbytes());
   if (!gr || !dr) return;
-  b.req.op = 'Y';
+  b.req.op = Op::kShmPushPull;
   b.req.mem = {static_cast<std::int32_t>(::getpid()), g.shape(), *gr, *dr};
   // b.req.value stays: it keeps the gradient's memory alive until answered.
 }
@@ -203,7 +203,7 @@ void Worker::read_answer(std::size_t i) {
   }
   PipelineBlock b = std::move(it->second);
   pl.sent.erase(it);
-  auto got = recv_answer(i, *rh, pl.dl, &b.dst, b.req.op == 'Y');
+  auto got = recv_answer(i, *rh, pl.dl, &b.dst, b.req.op == Op::kShmPushPull);
   if (!got.ok() && got.status().code() == StatusCode::kUnavailable) {
     pl.waiting.push_back(std::move(b));
     return recover(i, got.status());

@@ -2,7 +2,7 @@
 // step touched cross the wire, each to the server that holds it.
 #include <cstring>
 
-#include "shoal/ps/wire.h"
+#include "ps/wire.h"
 #include "shoal/ps/worker.h"
 
 namespace shoal::ps {
@@ -39,7 +39,7 @@ void rows_of_part(std::int64_t begin, std::int64_t end, std::int64_t total,
 // What both row pushes start from, checked: the request (`op`: 'S' or
 // 'R') without rows or values, and the key's shape.
 Result<std::pair<Request, Shape>> row_request(const std::map<std::string, Shape>& shapes,
-                                              const char* what, char op, int worker,
+                                              const char* what, Op op, int worker,
                                               const Compression& c, const std::string& key,
                                               std::int64_t step, std::size_t rows,
                                               const Tensor& values, double lr) {
@@ -66,8 +66,8 @@ Result<std::pair<Request, Shape>> row_request(const std::map<std::string, Shape>
 Result<PushResult> Worker::push_rows(const std::string& key, std::int64_t step,
                                      const std::vector<std::int64_t>& rows, const Tensor& values,
                                      double lr, Deadline dl) {
-  SHOAL_ASSIGN_OR_RETURN(auto rs, row_request(shapes_, "push_rows", 'S', worker_, compression_, key,
-                                              step, rows.size(), values, lr));
+  SHOAL_ASSIGN_OR_RETURN(auto rs, row_request(shapes_, "push_rows", Op::kPushRows, worker_,
+                                              compression_, key, step, rows.size(), values, lr));
   Request& r = rs.first;
   const Tensor v = values.contiguous();
   PushResult last = PushResult::kApplied;
@@ -97,7 +97,7 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull_rows(const std::string& ke
   std::uint64_t version = UINT64_MAX;
   for (const Part& p : parts(key)) {
     Request r;
-    r.op = 'W';
+    r.op = Op::kPullRows;
     r.key = p.name;
     r.min_version = min_version;
     r.reply = compression_.pull;
@@ -123,8 +123,8 @@ Result<Worker::Ticket> Worker::start_push_rows_pull(const std::string& key, std:
                                                     const std::vector<std::int64_t>& rows,
                                                     const Tensor& values, double lr, Tensor into,
                                                     Deadline dl) {
-  SHOAL_ASSIGN_OR_RETURN(auto rs, row_request(shapes_, "push-rows-pull", 'R', worker_, compression_,
-                                              key, step, rows.size(), values, lr));
+  SHOAL_ASSIGN_OR_RETURN(auto rs, row_request(shapes_, "push-rows-pull", Op::kPushRowsPull, worker_,
+                                              compression_, key, step, rows.size(), values, lr));
   const Tensor v = values.contiguous();
   const std::int64_t total = rs.second[0];
   return launch(rs.first, parts(key), rs.second, into, dl, [&](Request& q, const Part& p) {

@@ -31,6 +31,7 @@ KernelRegistry& KernelRegistry::cpu() {
     cpu::register_reduce(*r);
     cpu::register_shape_ops(*r);
     cpu::register_nn(*r);
+    cpu::register_norms(*r);
     cpu::register_onednn(*r);
     return r;
   }();

@@ -245,6 +245,8 @@ void register_optimizer_ops() {
   });
 }
 
+bool is_layerwise(const std::string& name) { return name == "lars" || name == "lamb"; }
+
 Status validate(const OptimizerOptions& o) {
   static const std::vector<std::string> names = {"sgd",   "momentum", "nesterov", "adam",
                                                  "adamw", "lars",     "lamb"};

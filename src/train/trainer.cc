@@ -135,7 +135,8 @@ Status Trainer::init(const TrainOptions& o) {
   SHOAL_RETURN_IF_ERROR(compile_step(sb));
 
   const std::int64_t spe = m.loader->batches_per_epoch();
-  double base = o.lr * (o.linear_scaling ? static_cast<double>(o.batch * o.dworld()) / 256.0 : 1.0);
+  double base =
+      o.lr * (o.linear_scaling ? static_cast<double>(o.batch * o.data_shards()) / 256.0 : 1.0);
   m.sched.kind = o.schedule;
   m.sched.base = base;
   m.sched.warmup =
@@ -251,7 +252,7 @@ Result<EvalResult> Trainer::evaluate() {
   for (std::int64_t bi = 0; bi < ld.batches_per_epoch(); ++bi) {
     const Batch& b = ld.next();
     // Each rank scores its share of the test set (summed over ranks below).
-    if (o_.peers && o_.peers->collective() && bi % o_.dworld() != o_.drank()) continue;
+    if (o_.peers && o_.peers->collective() && bi % o_.data_shards() != o_.data_shard()) continue;
     std::int64_t n = b.images.shape()[0];
     auto& exe = m.eval_exes[n];
     if (!exe) {  // one eval graph per batch size (the tail gets its own)
@@ -383,7 +384,7 @@ Status Trainer::run() {
       ++steps;
       // The job's rate where ranks step together; a worker's own where
       // they do not (async parameter server).
-      const std::int64_t ranks = o_.peers && !o_.peers->collective() ? 1 : o_.dworld();
+      const std::int64_t ranks = o_.peers && !o_.peers->collective() ? 1 : o_.data_shards();
       double ips = static_cast<double>(seen * ranks) / std::max(train_s, 1e-9);
       std::int64_t in_epoch = (step_ - 1) % spe + 1;
       double eta = static_cast<double>(limit - step_) * train_s / static_cast<double>(steps);
@@ -413,7 +414,7 @@ Status Trainer::run() {
     if (o_.peers && o_.peers->collective()) {
       std::vector<double> v = {loss_sum, static_cast<double>(correct), static_cast<double>(seen)};
       SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("summing epoch metrics over ranks"));
-      const double copies = static_cast<double>(o_.world / o_.dworld());  // ranks per batch
+      const double copies = static_cast<double>(o_.world / o_.data_shards());  // ranks per batch
       loss_sum = v[0] / o_.world;  // a mean of per-rank mean losses
       correct = static_cast<std::int64_t>(v[1] / m.report_copies);
       seen = static_cast<std::int64_t>(v[2] / copies);

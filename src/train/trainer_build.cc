@@ -71,15 +71,15 @@ Status Trainer::load_splits(const std::optional<WeightsFile>& init_w) {
   lo.batch = o.batch;
   lo.seed = o.seed;
   lo.augment = o.augment;
-  lo.rank = o.drank();
-  lo.world = o.dworld();
+  lo.rank = o.data_shard();
+  lo.world = o.data_shards();
   lo.mean = m.mean;
   lo.stddev = m.stddev;
   if (!o.prefetch) lo.prefetch = 0;
   m.loader = std::make_unique<Loader>(m.train, lo);
   if (m.loader->batches_per_epoch() < 1)
     return invalid_argument("--batch {} x {} ranks is larger than the {} training samples", o.batch,
-                            o.dworld(), m.train.size());
+                            o.data_shards(), m.train.size());
 
   return ok_status();
 }

@@ -142,7 +142,7 @@ void Trainer::describe_checkpoint(CheckpointState& s) const {
   s.meta["batch"] = std::to_string(o_.batch);
   // What one step trains on, whatever the layout: a checkpoint continues in
   // any layout with the same global batch.
-  s.meta["global_batch"] = std::to_string(o_.batch * o_.dworld());
+  s.meta["global_batch"] = std::to_string(o_.batch * o_.data_shards());
   s.meta["world"] = std::to_string(o_.world);
   s.meta["threads"] = std::to_string(runtime::num_threads());
   s.meta["executable_step"] = std::to_string(impl_->exe->steps());
@@ -234,12 +234,12 @@ Status Trainer::resume_latest() {
   SHOAL_RETURN_IF_ERROR(want("model", o_.model));
   SHOAL_RETURN_IF_ERROR(want("optimizer", o_.optimizer));
   if (s.meta.count("global_batch")) {
-    if (s.meta.at("global_batch") != std::to_string(o_.batch * o_.dworld()))
+    if (s.meta.at("global_batch") != std::to_string(o_.batch * o_.data_shards()))
       return failed_precondition(
           "resume: {} was written with a global batch of {} (per step, over all data-parallel "
           "ranks), this run has {} (--batch {} x {} data-parallel group{}): keep the product",
-          path, s.meta.at("global_batch"), o_.batch * o_.dworld(), o_.batch, o_.dworld(),
-          o_.dworld() == 1 ? "" : "s");
+          path, s.meta.at("global_batch"), o_.batch * o_.data_shards(), o_.batch, o_.data_shards(),
+          o_.data_shards() == 1 ? "" : "s");
   } else {
     SHOAL_RETURN_IF_ERROR(want("batch", std::to_string(o_.batch)));  // written before global_batch
   }

@@ -97,7 +97,7 @@ Status Trainer::count_reporters() {
   Impl& m = *impl_;
   std::vector<double> v = {!m.slices || m.slices->reports ? 1.0 : 0.0};
   if (o_.peers) SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("counting scoring ranks"));
-  m.report_copies = v[0] / o_.dworld();
+  m.report_copies = v[0] / o_.data_shards();
   if (m.report_copies <= 0) return internal_error("no rank computes the model's logits");
   return ok_status();
 }

@@ -9,10 +9,10 @@
 #include <span>
 #include <string>
 
+#include "ps/wire.h"
 #include "shoal/comm/handshake.h"
 #include "shoal/net/auth.h"
 #include "shoal/net/socket.h"
-#include "shoal/ps/wire.h"
 
 using namespace shoal;
 

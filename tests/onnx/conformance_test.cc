@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
+#include <string>
 
 #include "shoal/onnx/import.h"
 
@@ -29,7 +32,70 @@ TEST(OnnxConformance, EveryNodeTestOfEveryClaimedOperatorPasses) {
   std::printf("%zu node tests of %zu claimed operators\n", tests->size(), claimed.size());
 }
 
-TEST(OnnxConformance, PartialOperatorsStillPassMostOfTheirTests) {
+// The node tests of the partially supported operators that fail, by name:
+// what each lacks is a dtype or a variant Shoal does not import (bf16 and
+// string casts, int8 clips, 3-D pooling, dilated or argmax max-pooling,
+// edge/reflect padding, negative slice steps, dropout's mask output,
+// optional and sequence identities, integer powers). Measured 2026-11-26:
+// 77 of 109 pass. A test of this list that passes, or one outside it that
+// fails, fails this test: a fix is recorded here, a regression is named.
+const std::set<std::string>& known_failing() {
+  static const std::set<std::string> k = {
+      // AveragePool
+      "test_averagepool_3d_default",
+      // Cast
+      "test_cast_BFLOAT16_to_FLOAT",
+      "test_cast_FLOAT_to_BFLOAT16",
+      "test_cast_FLOAT_to_STRING",
+      "test_cast_STRING_to_FLOAT",
+      "test_castlike_BFLOAT16_to_FLOAT_expanded",
+      "test_castlike_FLOAT_to_BFLOAT16_expanded",
+      "test_castlike_FLOAT_to_STRING_expanded",
+      "test_castlike_STRING_to_FLOAT_expanded",
+      // Clip
+      "test_clip_default_int8_inbounds",
+      "test_clip_default_int8_max",
+      "test_clip_default_int8_min",
+      // ConvTranspose
+      "test_convtranspose_3d",
+      // Dropout
+      "test_training_dropout",
+      "test_training_dropout_default",
+      "test_training_dropout_default_mask",
+      "test_training_dropout_mask",
+      // Identity
+      "test_identity_opt",
+      "test_identity_sequence",
+      // MaxPool
+      "test_maxpool_2d_dilations",
+      "test_maxpool_2d_uint8",
+      "test_maxpool_3d_default",
+      "test_maxpool_with_argmax_2d_precomputed_pads",
+      "test_maxpool_with_argmax_2d_precomputed_strides",
+      // Pad
+      "test_edge_pad",
+      "test_reflect_pad",
+      // Pow
+      "test_pow_types_float",
+      "test_pow_types_float32_uint32",
+      "test_pow_types_float32_uint64",
+      "test_pow_types_int32_float32",
+      "test_pow_types_int64_float32",
+      // Slice
+      "test_slice_neg_steps",
+  };
+  return k;
+}
+
+// Tests whose result depends on the host: test_convtranspose passes where
+// oneDNN computes it directly and misses by 4e-6 on an exact 0 where it
+// picks Winograd (AVX-512 hosts; passes there with SHOAL_CONV_ALGO=direct).
+const std::set<std::string>& host_dependent() {
+  static const std::set<std::string> k = {"test_convtranspose"};
+  return k;
+}
+
+TEST(OnnxConformance, PartialOperatorsFailOnlyTheirKnownNodeTests) {
   if (!std::filesystem::is_directory(kNodeTestDir))
     GTEST_SKIP() << kNodeTestDir << " is missing (Debian package libonnx-testdata)";
   auto claimed = claimed_ops();
@@ -39,10 +105,20 @@ TEST(OnnxConformance, PartialOperatorsStillPassMostOfTheirTests) {
   auto tests = run_node_tests(kNodeTestDir, partial);
   ASSERT_TRUE(tests.ok()) << tests.status().to_string();
   int passed = 0;
-  for (const auto& t : *tests) passed += t.passed;
+  std::set<std::string> seen;
+  for (const auto& t : *tests) {
+    passed += t.passed;
+    seen.insert(t.name);
+    if (host_dependent().count(t.name)) continue;
+    if (known_failing().count(t.name))
+      EXPECT_FALSE(t.passed) << t.name << " (" << t.op
+                             << ") passes now: take it off known_failing()";
+    else
+      EXPECT_TRUE(t.passed) << t.name << " (" << t.op << "): " << t.error;
+  }
+  for (const auto& name : known_failing())
+    EXPECT_TRUE(seen.count(name)) << name << " is not a node test of a partial operator";
   std::printf("partial operators: %d of %zu node tests pass\n", passed, tests->size());
-  // Measured 2026-11-24: 76 of 109 (docs/onnx.md); fewer is a regression.
-  EXPECT_GE(passed, 76);
 }
 
 }  // namespace

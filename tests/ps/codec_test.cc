@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "shoal/ps/wire.h"
+#include "ps/wire.h"
 
 namespace shoal::ps {
 namespace {
@@ -144,7 +144,7 @@ TEST(PsCodec, MalformedPayloadsAreRefusedByName) {
 
 TEST(PsCodec, CodedPushesAndRepliesCrossTheWire) {
   Request r;
-  r.op = 'X';
+  r.op = Op::kPushPull;
   r.worker = 1;
   r.key = "emb";
   r.step = 3;

@@ -13,11 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "ps/wire.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/net/frame_server.h"
 #include "shoal/net/shared_memory.h"
 #include "shoal/ps/server.h"
-#include "shoal/ps/wire.h"
 #include "shoal/ps/worker.h"
 
 namespace shoal::ps {
@@ -172,7 +172,7 @@ TEST(PsInPlace, MemoryThatIsNotTheWorkersIsRefusedByNameAndTheServerServesOn) {
   auto ref = net::find_shared(g.raw_data(), 8);
   ASSERT_TRUE(ref.has_value());
   Request y;
-  y.op = 'Y';
+  y.op = Op::kShmPushPull;
   y.worker = 0;
   y.key = "k";
   y.seq = 1;
@@ -192,7 +192,7 @@ TEST(PsInPlace, MemoryThatIsNotTheWorkersIsRefusedByNameAndTheServerServesOn) {
   EXPECT_NE(why.find("of process 1073741823"), std::string::npos) << why;
   // Its mapcheck fails the same way: such a worker goes over TCP.
   Request probe;
-  probe.op = 'M';
+  probe.op = Op::kMapCheck;
   probe.worker = 0;
   probe.mem = gone.mem;
   why = refusal(*raw, probe);

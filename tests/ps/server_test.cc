@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "ps/heartbeat.h"
+#include "ps/wire.h"
 #include "shoal/net/frame_server.h"
-#include "shoal/ps/wire.h"
 #include "shoal/ps/worker.h"
 #include "temp_dir.h"
 

@@ -1,7 +1,7 @@
 // Parameter-server messages: round trips, and malformed input refused by
 // field (every truncation of a valid push, a dimension product hidden
 // behind a zero, trailing bytes, an unknown operation).
-#include "shoal/ps/wire.h"
+#include "ps/wire.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@ namespace {
 
 Request push() {
   Request r;
-  r.op = 'P';
+  r.op = Op::kPush;
   r.worker = 3;
   r.key = "fc1.weight";
   r.step = 41;
@@ -25,7 +25,7 @@ Request push() {
 
 TEST(PsWire, RowSparseRequestsRoundTripAndTheirRowsAreChecked) {
   Request r;
-  r.op = 'S';
+  r.op = Op::kPushRows;
   r.worker = 2;
   r.key = "emb";
   r.step = 5;
@@ -40,7 +40,7 @@ TEST(PsWire, RowSparseRequestsRoundTripAndTheirRowsAreChecked) {
   EXPECT_EQ(d->value.shape(), (Shape{3, 2}));
   EXPECT_EQ(encode(*d), m);
   Request w;
-  w.op = 'W';
+  w.op = Op::kPullRows;
   w.key = "emb";
   w.min_version = 3;
   w.rows = {4};
@@ -50,7 +50,7 @@ TEST(PsWire, RowSparseRequestsRoundTripAndTheirRowsAreChecked) {
   EXPECT_EQ(dw->min_version, 3u);
   // A push-rows-pull: the row push's fields and the reply codec.
   Request x = r;
-  x.op = 'R';
+  x.op = Op::kPushRowsPull;
   x.reply = Codec::kBF16;
   const std::string mx = encode(x);
   auto dx = decode_request(mx);
@@ -88,7 +88,7 @@ TEST(PsWire, RequestsRoundTrip) {
 
 TEST(PsWire, PushPullConfigAndHeartbeatRoundTrip) {
   Request x = push();
-  x.op = 'X';
+  x.op = Op::kPushPull;
   x.lr = 0.125;
   auto r = decode_request(encode(x));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
@@ -100,7 +100,7 @@ TEST(PsWire, PushPullConfigAndHeartbeatRoundTrip) {
   ASSERT_FALSE(neg.ok());
   EXPECT_NE(neg.status().message().find("field 'lr' is -1"), std::string::npos);
   Request c;
-  c.op = 'C';
+  c.op = Op::kConfig;
   ShardOptions so;
   so.mode = Mode::kBounded;
   so.optimizer.name = "adam";
@@ -118,7 +118,7 @@ TEST(PsWire, PushPullConfigAndHeartbeatRoundTrip) {
   EXPECT_EQ(config_diff(so, *parsed), "momentum: the server has 0.9, the worker asks for 0.5");
   EXPECT_FALSE(parse_config("mode=sync").ok());  // every field, or refused
   Request h;
-  h.op = 'H';
+  h.op = Op::kHeartbeat;
   h.worker = 4;
   auto rh = decode_request(encode(h));
   ASSERT_TRUE(rh.ok());
@@ -158,7 +158,7 @@ namespace {
 // into the worker's shared regions, and what they point at must lie inside.
 TEST(PsWire, InPlaceRequestsRoundTripAndTheirRegionsAreChecked) {
   Request y;
-  y.op = 'Y';
+  y.op = Op::kShmPushPull;
   y.worker = 1;
   y.key = "fc1.weight";
   y.step = 7;
@@ -171,7 +171,7 @@ TEST(PsWire, InPlaceRequestsRoundTripAndTheirRegionsAreChecked) {
   const std::string m = encode(y);
   auto d = decode_request(m);
   ASSERT_TRUE(d.ok()) << d.status().to_string();
-  EXPECT_EQ(d->op, 'Y');
+  EXPECT_EQ(d->op, Op::kShmPushPull);
   EXPECT_EQ(d->key, y.key);
   EXPECT_EQ(d->mem.pid, 4242);
   EXPECT_EQ(d->mem.shape, (Shape{3, 5}));
@@ -206,7 +206,7 @@ TEST(PsWire, InPlaceRequestsRoundTripAndTheirRegionsAreChecked) {
     EXPECT_FALSE(decode_request(m.substr(0, n)).ok()) << "truncated to " << n;
   // The mapcheck: its probe word (8 bytes) must lie in the region too.
   Request c;
-  c.op = 'M';
+  c.op = Op::kMapCheck;
   c.worker = 1;
   c.mem.pid = 4242;
   c.mem.grad = {3, 5, 4096, 4088};

@@ -69,10 +69,10 @@ class Model {
   std::vector<ValueInfo> inputs_, outputs_;
 };
 
-// Operator types (default domain) the importer handles.
 // shoal::onnx::import(path): Model::load under the name users look for.
 inline Result<Model> import(const std::string& path) { return Model::load(path); }
 
+// Operator types (default domain) the importer handles.
 std::vector<std::string> supported_ops();
 
 // Reads a serialized TensorProto (the ONNX test suite's input_*.pb and

@@ -33,6 +33,9 @@ struct OptimizerOptions {
 };
 // Checks the name and ranges; the error names the field.
 Status validate(const OptimizerOptions& o);
+// Whether the optimizer scales each tensor's update by norms of the whole
+// tensor (lars, lamb): it cannot update a shard or a slice of one alone.
+bool is_layerwise(const std::string& name);
 
 struct ParamRef {
   std::string name;

@@ -147,8 +147,10 @@ struct TrainOptions {
   // The share of each global batch this rank trains on, when it is not
   // (rank, world): tensor-parallel ranks all see the same batch (0 of 1).
   int data_rank = -1, data_world = -1;
-  int drank() const { return data_world > 0 ? data_rank : rank; }
-  int dworld() const { return data_world > 0 ? data_world : world; }
+  // Which share of the global batch this rank trains on, and how many
+  // shares there are (data_rank/data_world when set, else rank/world).
+  int data_shard() const { return data_world > 0 ? data_rank : rank; }
+  int data_shards() const { return data_world > 0 ? data_world : world; }
   // Runs once when start-up is done (after a resume and rank 0's
   // broadcast), with the parameters: ps::attach initializes the servers'
   // keys and pulls their current values into them.

@@ -84,6 +84,7 @@ void register_elementwise(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);
 void register_shape_ops(KernelRegistry& r);
 void register_nn(KernelRegistry& r);
+void register_norms(KernelRegistry& r);  // norm_ref.cc
 void register_onednn(KernelRegistry& r);
 void register_layout_op();  // the graph op `layout` (layout.cc)
 std::string onednn_version();

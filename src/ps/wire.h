@@ -1,41 +1,9 @@
 // The parameter server's messages, carried in kPsRequest / kPsReply frames
-// over the authenticated frame transport (net/frame_server.h). Little-
-// endian; strings and tensors length-prefixed; every decoder checks each
-// length against what is left and refuses trailing bytes, naming the
-// field (fuzzed in tests/fuzz/wire_fuzz.cc).
-//   request = op:u8 then
-//     'J' join   worker:i32
-//     'Q' leave  worker:i32
-//     'H' heartbeat worker:i32   (from a worker's heartbeat thread)
-//     'I' init   key:str value:tensor
-//     'P' push   worker:i32 key:str step:i64 seq:u64 grad:tensor
-//     'L' pull   key:str min_version:u64 reply:u8 (answered once version >= min)
-//     'C' config text:str   (the worker's ShardOptions, config_text())
-//     'X' pushpull worker:i32 key:str step:i64 seq:u64 lr:f64 reply:u8 grad:tensor
-//     'S' pushrows worker:i32 key:str step:i64 seq:u64 lr:f64 rows grad:tensor
-//         (a row-sparse push: grad holds the listed rows of the key's gradient)
-//     'W' pullrows key:str min_version:u64 reply:u8 rows (answered like 'L',
-//         with only the listed rows)
-//     'R' pushrowspull worker:i32 key:str step:i64 seq:u64 lr:f64 reply:u8 rows
-//         grad:tensor (a row-sparse push answered like 'X', with the whole
-//         value: what the graph pass sends for an embedding table)
-//     'M' mapcheck worker:i32 pid:i32 probe:ref (same host only: the server
-//         maps the worker's region and answers the 8 bytes at the probe,
-//         which proves it sees the worker's memory)
-//     'Y' shmpushpull worker:i32 key:str step:i64 seq:u64 lr:f64 pid:i32
-//         shape grad:ref dst:ref (a pushpull whose f32 gradient the server
-//         reads from the worker's shared memory and whose value it writes
-//         there, at dst; answered like 'X' with the codec byte kInPlace and
-//         no data)
-//   ref = id:u64 fd:i64 region_bytes:u64 offset:u64 (net::SharedRef; what
-//         it points at must lie in the region); shape = rank:u8 dims:i64[rank]
-//   rows = n:u32 (<= 2^24) then i64[n]
-//   push and pushrows reply = result:u8 (PushResult); pull reply = version:u64 value:tensor
-//   pushpull (and pushrowspull) reply = result:u8, then (unless kWait) a pull reply, sent once
-//   the update the push belongs to is applied (sync: its round closed)
-//   str = n:u32 bytes; tensor = ndim:u8 (<= 8) dims:i64[ndim] then its data
-//   coded (ps/codec.h: codec:u8, 2bit threshold:f32, payload); reply = the
-//   codec the value comes back in (f32, f16 or bf16)
+// over the authenticated frame transport (net/frame_server.h). Private to
+// ps (and its tests and fuzzer); the byte layout of every message is in
+// docs/ps.md, "Wire format". Every decoder checks each length against what
+// is left and refuses trailing bytes, naming the field (fuzzed in
+// tests/fuzz/wire_fuzz.cc).
 #pragma once
 
 #include <cstdint>
@@ -64,8 +32,26 @@ struct InPlace {
   net::SharedRef dst;
 };
 
+// A request's first byte. Switches over it have no default, so the
+// compiler names an operation a switch forgets.
+enum class Op : std::uint8_t {
+  kJoin = 'J',          // worker:i32
+  kLeave = 'Q',         // worker:i32
+  kHeartbeat = 'H',     // worker:i32
+  kInit = 'I',          // key value
+  kPush = 'P',          // worker key step seq grad
+  kPull = 'L',          // key min_version reply
+  kConfig = 'C',        // the worker's ShardOptions as text
+  kPushPull = 'X',      // a push answered with the value once applied
+  kPushRows = 'S',      // a row-sparse push
+  kPullRows = 'W',      // a pull of some rows
+  kPushRowsPull = 'R',  // a row-sparse push answered with the whole value
+  kMapCheck = 'M',      // same host: proves the server maps the worker's memory
+  kShmPushPull = 'Y',   // a pushpull through the worker's shared memory
+};
+
 struct Request {
-  char op = 0;
+  Op op{};  // 0: none yet
   std::int32_t worker = -1;
   std::string key;
   std::int64_t step = 0;

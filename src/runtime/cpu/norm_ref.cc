@@ -1,0 +1,369 @@
+// Batch and layer norm for any float dtype, in both layouts (plain NCHW
+// and the blocked [N, C/16, H*W, 16] of kernels_internal.h), forward and
+// backward. Sums are taken in a fixed order, so results do not depend on
+// the thread count.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "runtime/cpu/kernels_internal.h"
+
+namespace shoal::runtime::cpu {
+namespace {
+
+// Batch norm over the blocked layout [N, C/16, H*W, 16] (see
+// kernels_internal.h): the 16 channels of a block are SIMD lanes. Per-row
+// partial sums (one row = one image's H*W for 16 channels) are taken in T
+// in parallel over (image, block), then summed over images in a fixed order
+// in double, so the result does not depend on the thread count.
+constexpr std::int64_t kB = kBlockChannels;
+
+std::vector<double>& bn_scratch(std::size_t n) {
+  thread_local std::vector<double> v;
+  if (v.size() < n) v.resize(n);
+  return v;
+}
+
+// One channel's batch-norm statistics, shared by both layouts: in training
+// from the sums of (x - k0) and (x - k0)^2 over cnt values (the shift k0
+// against cancellation: var = E[(x-k0)^2] - E[x-k0]^2), else the running
+// statistics in[3], in[4]. Writes mean and var; returns {scale, shift}.
+template <typename T>
+std::pair<T, T> bn_channel(bool training, double eps, std::span<const Tensor> in, std::int64_t ch,
+                           double k0, double s1, double s2, double cnt, T* mean, T* var) {
+  double m, v;
+  if (training) {
+    m = k0 + s1 / cnt;
+    v = std::max(0.0, s2 / cnt - (s1 / cnt) * (s1 / cnt));
+  } else {
+    m = in[3].data<T>()[ch];
+    v = in[4].data<T>()[ch];
+  }
+  mean[ch] = static_cast<T>(m);
+  var[ch] = static_cast<T>(v);
+  const T scale = static_cast<T>(in[1].data<T>()[ch] / std::sqrt(v + eps));
+  return {scale, static_cast<T>(in[2].data<T>()[ch] - m * scale)};
+}
+
+template <typename T>
+void batch_norm_fwd_blocked(bool training, double eps, std::span<const Tensor> in,
+                            std::span<Tensor> out) {
+  const Shape& xs = in[0].shape();
+  const std::int64_t n = xs[0], c = xs[1], cb = c / kB, sp = xs[2] * xs[3];
+  const T* x = in[0].data<T>();
+  T* y = out[0].data<T>();
+  T* mean = out[1].data<T>();
+  T* var = out[2].data<T>();
+  std::vector<double>& part = bn_scratch(static_cast<std::size_t>(2 * n * c + 2 * c));
+  double* p1 = part.data();    // [n][c] sum(x - k)
+  double* p2 = p1 + n * c;     // [n][c] sum((x - k)^2)
+  double* scale = p2 + n * c;  // [c]
+  double* shift = scale + c;   // [c]
+  if (training) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t b = 0; b < cb; ++b) {
+        const T* k0 = x + b * sp * kB;  // image 0, first pixel: the shift
+        const T* p = x + (i * cb + b) * sp * kB;
+        T a[kB] = {}, q[kB] = {};
+        for (std::int64_t s = 0; s < sp; ++s) {
+#pragma omp simd
+          for (std::int64_t l = 0; l < kB; ++l) {
+            T d = p[s * kB + l] - k0[l];
+            a[l] += d;
+            q[l] += d * d;
+          }
+        }
+        for (std::int64_t l = 0; l < kB; ++l) {
+          p1[i * c + b * kB + l] = a[l];
+          p2[i * c + b * kB + l] = q[l];
+        }
+      }
+  }
+  const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    double s1 = 0, s2 = 0;
+    for (std::int64_t i = 0; training && i < n; ++i) {
+      s1 += p1[i * c + ch];
+      s2 += p2[i * c + ch];
+    }
+    const double k0 = x[(ch / kB) * sp * kB + ch % kB];
+    auto [sc, sh] = bn_channel<T>(training, eps, in, ch, k0, s1, s2, cnt, mean, var);
+    scale[ch] = sc;
+    shift[ch] = sh;
+  }
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t b = 0; b < cb; ++b) {
+      T sc[kB], sh[kB];
+      for (std::int64_t l = 0; l < kB; ++l) {
+        sc[l] = static_cast<T>(scale[b * kB + l]);
+        sh[l] = static_cast<T>(shift[b * kB + l]);
+      }
+      const T* p = x + (i * cb + b) * sp * kB;
+      T* q = y + (i * cb + b) * sp * kB;
+      for (std::int64_t s = 0; s < sp; ++s) {
+#pragma omp simd
+        for (std::int64_t l = 0; l < kB; ++l) q[s * kB + l] = p[s * kB + l] * sc[l] + sh[l];
+      }
+    }
+}
+
+// in: x, gamma, mean, var, dy -> dx, dgamma, dbeta; x, dy and dx blocked.
+template <typename T>
+void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> in,
+                            std::span<Tensor> out) {
+  const Shape& xs = in[0].shape();
+  const std::int64_t n = xs[0], c = xs[1], cb = c / kB, sp = xs[2] * xs[3];
+  const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
+  const T* x = in[0].data<T>();
+  const T* dy = in[4].data<T>();
+  T* dx = out[0].data<T>();
+  std::vector<double>& part = bn_scratch(static_cast<std::size_t>(2 * n * c + 3 * c));
+  double* p1 = part.data();  // [n][c] sum(dy)
+  double* p2 = p1 + n * c;   // [n][c] sum(dy * (x - mean))
+  double* ca = p2 + n * c;   // dx = A dy + B x + C per channel
+  double* cbb = ca + c;
+  double* cc = cbb + c;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t b = 0; b < cb; ++b) {
+      T mt[kB], a[kB] = {}, q[kB] = {};
+      for (std::int64_t l = 0; l < kB; ++l) mt[l] = in[2].data<T>()[b * kB + l];
+      const T* p = x + (i * cb + b) * sp * kB;
+      const T* g = dy + (i * cb + b) * sp * kB;
+      for (std::int64_t s = 0; s < sp; ++s) {
+#pragma omp simd
+        for (std::int64_t l = 0; l < kB; ++l) {
+          a[l] += g[s * kB + l];
+          q[l] += g[s * kB + l] * (p[s * kB + l] - mt[l]);
+        }
+      }
+      for (std::int64_t l = 0; l < kB; ++l) {
+        p1[i * c + b * kB + l] = a[l];
+        p2[i * c + b * kB + l] = q[l];
+      }
+    }
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    const double m = in[2].data<T>()[ch],
+                 rstd = 1.0 / std::sqrt(static_cast<double>(in[3].data<T>()[ch]) + eps);
+    double sdy = 0, sdyx = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      sdy += p1[i * c + ch];
+      sdyx += p2[i * c + ch];
+    }
+    sdyx *= rstd;
+    out[1].data<T>()[ch] = static_cast<T>(sdyx);
+    out[2].data<T>()[ch] = static_cast<T>(sdy);
+    const double gr = in[1].data<T>()[ch] * rstd;
+    ca[ch] = static_cast<T>(gr);
+    cbb[ch] = static_cast<T>(training ? -gr * rstd * sdyx / cnt : 0.0);
+    cc[ch] = static_cast<T>(training ? -gr * sdy / cnt + gr * rstd * sdyx / cnt * m : 0.0);
+  }
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t b = 0; b < cb; ++b) {
+      T A[kB], B[kB], C[kB];
+      for (std::int64_t l = 0; l < kB; ++l) {
+        A[l] = static_cast<T>(ca[b * kB + l]);
+        B[l] = static_cast<T>(cbb[b * kB + l]);
+        C[l] = static_cast<T>(cc[b * kB + l]);
+      }
+      const T* p = x + (i * cb + b) * sp * kB;
+      const T* g = dy + (i * cb + b) * sp * kB;
+      T* q = dx + (i * cb + b) * sp * kB;
+      for (std::int64_t s = 0; s < sp; ++s) {
+#pragma omp simd
+        for (std::int64_t l = 0; l < kB; ++l)
+          q[s * kB + l] = A[l] * g[s * kB + l] + B[l] * p[s * kB + l] + C[l];
+      }
+    }
+}
+
+template <typename T>
+void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tensor> out) {
+  bool training = node.attrs.get_int_or("training", 1) != 0;
+  double eps = node.attrs.get_float_or("eps", 1e-5);
+  const Shape& xs = in[0].shape();
+  std::int64_t n = xs[0], c = xs[1], sp = num_elements(xs) / std::max<std::int64_t>(n * c, 1);
+  const T* x = in[0].data<T>();
+  T* y = out[0].data<T>();
+  T* mean = out[1].data<T>();
+  T* var = out[2].data<T>();
+  const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
+#pragma omp parallel for schedule(static)
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    // One pass, shifted by the channel's first value: vectorized partial
+    // sums per row in T, rows summed in double.
+    const T k0 = n * sp > 0 ? x[ch * sp] : T(0);
+    double s1 = 0, s2 = 0;
+    if (training) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const T* p = x + (i * c + ch) * sp;
+        T a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+        for (std::int64_t s = 0; s < sp; ++s) {
+          T d = p[s] - k0;
+          a += d;
+          b += d * d;
+        }
+        s1 += a;
+        s2 += b;
+      }
+    }
+    auto [scale, shift] = bn_channel<T>(training, eps, in, ch, k0, s1, s2, cnt, mean, var);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const T* p = x + (i * c + ch) * sp;
+      T* q = y + (i * c + ch) * sp;
+#pragma omp simd
+      for (std::int64_t s = 0; s < sp; ++s) q[s] = p[s] * scale + shift;
+    }
+  }
+}
+
+// in: x, gamma, mean, var, dy -> dx, dgamma, dbeta.
+template <typename T>
+void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tensor> out) {
+  bool training = node.attrs.get_int_or("training", 1) != 0;
+  double eps = node.attrs.get_float_or("eps", 1e-5);
+  const Shape& xs = in[0].shape();
+  std::int64_t n = xs[0], c = xs[1], sp = num_elements(xs) / std::max<std::int64_t>(n * c, 1);
+  double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
+  const T* x = in[0].data<T>();
+  const T* dy = in[4].data<T>();
+  T* dx = out[0].data<T>();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    double m = in[2].data<T>()[ch],
+           rstd = 1.0 / std::sqrt(static_cast<double>(in[3].data<T>()[ch]) + eps);
+    const T mt = static_cast<T>(m);
+    double sdy = 0, sdyx = 0;  // sum(dy), sum(dy * (x - m)); rows in T, vectorized
+    for (std::int64_t i = 0; i < n; ++i) {
+      const T* p = x + (i * c + ch) * sp;
+      const T* g = dy + (i * c + ch) * sp;
+      T a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+      for (std::int64_t s = 0; s < sp; ++s) {
+        a += g[s];
+        b += g[s] * (p[s] - mt);
+      }
+      sdy += a;
+      sdyx += b;
+    }
+    sdyx *= rstd;
+    out[1].data<T>()[ch] = static_cast<T>(sdyx);
+    out[2].data<T>()[ch] = static_cast<T>(sdy);
+    // dx = gr (dy - sdy/cnt - xh sdyx/cnt) = A dy + B x + C.
+    double gr = in[1].data<T>()[ch] * rstd;
+    const T A = static_cast<T>(gr);
+    const T B = static_cast<T>(training ? -gr * rstd * sdyx / cnt : 0.0);
+    const T C = static_cast<T>(training ? -gr * sdy / cnt + gr * rstd * sdyx / cnt * m : 0.0);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const T* p = x + (i * c + ch) * sp;
+      const T* g = dy + (i * c + ch) * sp;
+      T* q = dx + (i * c + ch) * sp;
+#pragma omp simd
+      for (std::int64_t s = 0; s < sp; ++s) q[s] = A * g[s] + B * p[s] + C;
+    }
+  }
+}
+
+template <typename T>
+void layer_norm_fwd(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
+  std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
+  const T* x = in[0].data<T>();
+  const T* g = in[1].data<T>();
+  const T* b = in[2].data<T>();
+  T* y = out[0].data<T>();
+#pragma omp parallel for if (rows * d > kParallelGrain) schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* p = x + r * d;
+    double m = 0, v = 0;
+    for (std::int64_t i = 0; i < d; ++i) m += p[i];
+    m /= static_cast<double>(d);
+    for (std::int64_t i = 0; i < d; ++i) v += (p[i] - m) * (p[i] - m);
+    double rstd = 1.0 / std::sqrt(v / static_cast<double>(d) + eps);
+    for (std::int64_t i = 0; i < d; ++i)
+      y[r * d + i] = static_cast<T>((p[i] - m) * rstd * g[i] + b[i]);
+  }
+}
+
+// in: x, gamma, dy -> dx, dgamma, dbeta.
+template <typename T>
+void layer_norm_bwd(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
+  std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
+  const T* x = in[0].data<T>();
+  const T* g = in[1].data<T>();
+  const T* dy = in[2].data<T>();
+  T* dx = out[0].data<T>();
+  std::vector<double> dg(static_cast<std::size_t>(d), 0.0), db(static_cast<std::size_t>(d), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* p = x + r * d;
+    const T* gy = dy + r * d;
+    double m = 0, v = 0;
+    for (std::int64_t i = 0; i < d; ++i) m += p[i];
+    m /= static_cast<double>(d);
+    for (std::int64_t i = 0; i < d; ++i) v += (p[i] - m) * (p[i] - m);
+    double rstd = 1.0 / std::sqrt(v / static_cast<double>(d) + eps);
+    double s1 = 0, s2 = 0;
+    for (std::int64_t i = 0; i < d; ++i) {
+      double xh = (p[i] - m) * rstd, dxh = gy[i] * g[i];
+      s1 += dxh;
+      s2 += dxh * xh;
+      dg[i] += gy[i] * xh;
+      db[i] += gy[i];
+    }
+    for (std::int64_t i = 0; i < d; ++i) {
+      double xh = (p[i] - m) * rstd, dxh = gy[i] * g[i];
+      dx[r * d + i] = static_cast<T>(
+          rstd * (dxh - s1 / static_cast<double>(d) - xh * s2 / static_cast<double>(d)));
+    }
+  }
+  for (std::int64_t i = 0; i < d; ++i) {
+    out[1].data<T>()[i] = static_cast<T>(dg[i]);
+    out[2].data<T>()[i] = static_cast<T>(db[i]);
+  }
+}
+
+#define FLOAT_KERNEL(...)                                                                  \
+  make_fn([=](const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) { \
+    (void)c;                                                                               \
+    return dispatch_float(out[0].dtype(), [&](auto tag) {                                  \
+      using T = decltype(tag);                                                             \
+      __VA_ARGS__;                                                                         \
+      return ok_status();                                                                  \
+    });                                                                                    \
+  })
+
+}  // namespace
+
+void register_norms(KernelRegistry& r) {
+  // The layout is fixed at compile time (reading attributes in a run would
+  // allocate).
+  r.add("batch_norm", [](const Node& n, const Inputs&) {
+    if (blocked_input(n, 0)) {
+      const bool training = n.attrs.get_int_or("training", 1) != 0;
+      const double eps = n.attrs.get_float_or("eps", 1e-5);
+      return FLOAT_KERNEL(batch_norm_fwd_blocked<T>(training, eps, in, out));
+    }
+    return FLOAT_KERNEL(batch_norm_fwd<T>(c.node, in, out));
+  });
+  r.add("batch_norm_grad", [](const Node& n, const Inputs&) {
+    if (blocked_input(n, 0)) {
+      const bool training = n.attrs.get_int_or("training", 1) != 0;
+      const double eps = n.attrs.get_float_or("eps", 1e-5);
+      return FLOAT_KERNEL(batch_norm_bwd_blocked<T>(training, eps, in, out));
+    }
+    return FLOAT_KERNEL(batch_norm_bwd<T>(c.node, in, out));
+  });
+  r.add("layer_norm", [](const Node& n, const Inputs&) {
+    double eps = n.attrs.get_float_or("eps", 1e-5);
+    return FLOAT_KERNEL(layer_norm_fwd<T>(eps, in, out));
+  });
+  r.add("layer_norm_grad", [](const Node& n, const Inputs&) {
+    double eps = n.attrs.get_float_or("eps", 1e-5);
+    return FLOAT_KERNEL(layer_norm_bwd<T>(eps, in, out));
+  });
+}
+
+}  // namespace shoal::runtime::cpu
