@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "ps/wire.h"
-#include "shoal/ps/worker.h"
+#include "ps/worker_impl.h"
 
 namespace shoal::ps {
 
 // One request of a push-pull (a block of a sliced key, or the whole key).
-struct Worker::PipelineBlock {
+struct Worker::Impl::PipelineBlock {
   Ticket ticket = 0;
   std::size_t server = 0;
   Request req;
@@ -27,7 +27,7 @@ struct Worker::PipelineBlock {
   bool renumber = false;
 };
 
-struct Worker::Pipeline {
+struct Worker::Impl::Pipeline {
   using Block = PipelineBlock;
   // One push-pull: its blocks still unanswered and what the answered ones said.
   struct Flight {

@@ -1,5 +1,3 @@
-#include "shoal/ps/worker.h"
-
 #include <unistd.h>
 
 #include <chrono>
@@ -9,6 +7,7 @@
 
 #include "ps/pipeline.h"
 #include "ps/wire.h"
+#include "ps/worker_impl.h"
 #include "shoal/core/hash.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/frame_server.h"
@@ -19,7 +18,7 @@ Result<std::unique_ptr<Worker>> Worker::connect(const std::vector<std::string>& 
                                                 const std::string& token, int worker, Deadline dl,
                                                 const ShardOptions* config) {
   if (servers.empty()) return invalid_argument("a worker needs at least one ps server");
-  std::unique_ptr<Worker> w(new Worker());
+  auto w = std::make_unique<Impl>();
   w->worker_ = worker;
   w->token_ = token;
   w->addrs_ = servers;
@@ -39,10 +38,63 @@ Result<std::unique_ptr<Worker>> Worker::connect(const std::vector<std::string>& 
   j.worker = worker;
   for (auto& s : w->servers_) SHOAL_RETURN_IF_ERROR(w->call(s, encode(j), dl).status());
   for (std::size_t i = 0; i < w->servers_.size(); ++i) w->probe_in_place(i, dl);
-  return w;
+  return std::unique_ptr<Worker>(new Worker(std::move(w)));
 }
 
-void Worker::probe_in_place(std::size_t i, Deadline dl) {
+Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Worker::~Worker() = default;  // Impl's destructor leaves
+
+// The API, forwarded.
+int Worker::id() const { return impl_->id(); }
+int Worker::num_servers() const { return impl_->num_servers(); }
+Status Worker::configure(const ShardOptions& o, Deadline dl) { return impl_->configure(o, dl); }
+Status Worker::init(const std::string& key, const Tensor& value) { return impl_->init(key, value); }
+Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const Tensor& grad,
+                                Deadline dl) {
+  return impl_->push(key, step, grad, dl);
+}
+Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
+                                                      std::uint64_t min_version, Deadline dl) {
+  return impl_->pull(key, min_version, dl);
+}
+Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t step,
+                                         const Tensor& grad, double lr, Deadline dl, Tensor* into) {
+  return impl_->push_pull(key, step, grad, lr, dl, into);
+}
+Result<Worker::Ticket> Worker::start_push_pull(const std::string& key, std::int64_t step,
+                                               const Tensor& grad, double lr, Tensor into,
+                                               Deadline dl) {
+  return impl_->start_push_pull(key, step, grad, lr, std::move(into), dl);
+}
+Result<Worker::Ticket> Worker::start_push_rows_pull(const std::string& key, std::int64_t step,
+                                                    const std::vector<std::int64_t>& rows,
+                                                    const Tensor& values, double lr, Tensor into,
+                                                    Deadline dl) {
+  return impl_->start_push_rows_pull(key, step, rows, values, lr, std::move(into), dl);
+}
+std::vector<Worker::Done> Worker::poll_push_pulls(int wake, Deadline dl) {
+  return impl_->poll_push_pulls(wake, dl);
+}
+std::size_t Worker::push_pulls_in_flight() const { return impl_->push_pulls_in_flight(); }
+void Worker::set_compression(const Compression& c) { impl_->set_compression(c); }
+const Compression& Worker::compression() const { return impl_->compression(); }
+ErrorFeedback* Worker::feedback() { return impl_->feedback(); }
+Result<PushResult> Worker::push_rows(const std::string& key, std::int64_t step,
+                                     const std::vector<std::int64_t>& rows, const Tensor& values,
+                                     double lr, Deadline dl) {
+  return impl_->push_rows(key, step, rows, values, lr, dl);
+}
+Result<std::pair<std::uint64_t, Tensor>> Worker::pull_rows(const std::string& key,
+                                                           const std::vector<std::int64_t>& rows,
+                                                           std::uint64_t min_version, Deadline dl) {
+  return impl_->pull_rows(key, rows, min_version, dl);
+}
+void Worker::set_in_place(bool on) { impl_->set_in_place(on); }
+bool Worker::in_place(std::size_t server) const { return impl_->in_place(server); }
+Status Worker::leave() { return impl_->leave(); }
+void Worker::set_resolver(Resolver r) { impl_->set_resolver(std::move(r)); }
+
+void Worker::Impl::probe_in_place(std::size_t i, Deadline dl) {
   if (in_place_.size() < servers_.size()) in_place_.resize(servers_.size(), false);
   in_place_[i] = false;
   if (!probe_) {
@@ -72,15 +124,15 @@ void Worker::probe_in_place(std::size_t i, Deadline dl) {
                                                                        : got.status().message()));
 }
 
-Worker::~Worker() {
+Worker::Impl::~Impl() {
   if (!left_) (void)leave();
 }
 
-std::size_t Worker::server_of(const std::string& key) const {
+std::size_t Worker::Impl::server_of(const std::string& key) const {
   return fnv1a(key) % servers_.size();  // the same on every worker
 }
 
-Status Worker::reconnect(std::size_t i, Deadline dl) {
+Status Worker::Impl::reconnect(std::size_t i, Deadline dl) {
   SHOAL_ASSIGN_OR_RETURN(std::string addr, resolve_(static_cast<int>(i), addrs_[i]));
   SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(addr, "ps server"));
   SHOAL_ASSIGN_OR_RETURN(net::Socket s,
@@ -103,7 +155,8 @@ Status Worker::reconnect(std::size_t i, Deadline dl) {
   return ok_status();
 }
 
-Result<std::string> Worker::call_server(std::size_t i, const std::string& payload, Deadline dl) {
+Result<std::string> Worker::Impl::call_server(std::size_t i, const std::string& payload,
+                                              Deadline dl) {
   for (int attempt = 0;; ++attempt) {
     auto r = call(servers_[i], payload, dl);
     if (r.ok() || r.status().code() != StatusCode::kUnavailable || !resolve_ || dl.expired() ||
@@ -116,7 +169,7 @@ Result<std::string> Worker::call_server(std::size_t i, const std::string& payloa
   }
 }
 
-Result<std::string> Worker::call(net::Socket& s, const std::string& payload, Deadline dl) {
+Result<std::string> Worker::Impl::call(net::Socket& s, const std::string& payload, Deadline dl) {
   net::FrameHeader h;
   h.type = static_cast<std::uint16_t>(net::FrameType::kPsRequest);
   h.length = payload.size();
@@ -126,7 +179,7 @@ Result<std::string> Worker::call(net::Socket& s, const std::string& payload, Dea
                          std::uint64_t{1} << 34, dl);
 }
 
-Status Worker::configure(const ShardOptions& o, Deadline dl) {
+Status Worker::Impl::configure(const ShardOptions& o, Deadline dl) {
   set_compression(o.compression);
   Request r;
   r.op = Op::kConfig;
@@ -135,7 +188,7 @@ Status Worker::configure(const ShardOptions& o, Deadline dl) {
   return ok_status();
 }
 
-Result<std::uint64_t> Worker::send_request(std::size_t i, const Request& r, Deadline dl) {
+Result<std::uint64_t> Worker::Impl::send_request(std::size_t i, const Request& r, Deadline dl) {
   net::Socket& s = servers_[i];
   // An f32 gradient is sent from its own memory; a coded one is encoded.
   const bool raw = r.codec == Codec::kF32 && r.op != Op::kShmPushPull;  // 'Y' has no tensor data
@@ -155,8 +208,8 @@ Result<std::uint64_t> Worker::send_request(std::size_t i, const Request& r, Dead
   return h.seq;
 }
 
-Result<Worker::Pulled> Worker::recv_answer(std::size_t i, const net::FrameHeader& rh, Deadline dl,
-                                           Tensor* into, bool in_place) {
+Result<Worker::Pulled> Worker::Impl::recv_answer(std::size_t i, const net::FrameHeader& rh,
+                                                 Deadline dl, Tensor* into, bool in_place) {
   net::Socket& s = servers_[i];
   // The reply: result, then (unless kWait) version, rank, dims, coded data.
   if (rh.type == static_cast<std::uint16_t>(net::FrameType::kStoreError) ||
@@ -186,8 +239,8 @@ Result<Worker::Pulled> Worker::recv_answer(std::size_t i, const net::FrameHeader
   return Pulled{pr, version, std::move(value)};
 }
 
-Result<Tensor> Worker::recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,
-                                  Tensor* into, bool in_place) {
+Result<Tensor> Worker::Impl::recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,
+                                        Tensor* into, bool in_place) {
   if (rank > 8) return invalid_argument("{}: a pushpull reply of rank {}", s.peer(), rank);
   std::int64_t dims[8];
   const std::uint64_t dim_bytes = 8 * static_cast<std::uint64_t>(rank);
@@ -232,14 +285,14 @@ Result<Tensor> Worker::recv_value(net::Socket& s, std::uint64_t length, int rank
   return value;
 }
 
-void Worker::set_compression(const Compression& c) {
+void Worker::Impl::set_compression(const Compression& c) {
   compression_ = c;
   if (c.push == Codec::kTwoBit && (!feedback_ || feedback_->threshold() != c.threshold))
     feedback_ = std::make_unique<ErrorFeedback>(c.threshold);
   if (c.push != Codec::kTwoBit) feedback_.reset();
 }
 
-Status Worker::code_push(Request& r, const Tensor& grad) {
+Status Worker::Impl::code_push(Request& r, const Tensor& grad) {
   r.codec = compression_.push;
   r.reply = compression_.pull;
   if (r.codec != Codec::kTwoBit) {
@@ -251,7 +304,7 @@ Status Worker::code_push(Request& r, const Tensor& grad) {
   return feedback_->quantize(r.key, grad, r.value);
 }
 
-Status Worker::leave() {
+Status Worker::Impl::leave() {
   left_ = true;
   Request q;
   q.op = Op::kLeave;

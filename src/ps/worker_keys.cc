@@ -16,12 +16,12 @@
 
 #include "ps/pipeline.h"
 #include "ps/wire.h"
+#include "ps/worker_impl.h"
 #include "shoal/core/logging.h"
-#include "shoal/ps/worker.h"
 
 namespace shoal::ps {
 
-std::vector<Worker::Part> Worker::parts(const std::string& key) const {
+std::vector<Worker::Impl::Part> Worker::Impl::parts(const std::string& key) const {
   auto it = shapes_.find(key);
   const std::int64_t n = it == shapes_.end() ? 0 : num_elements(it->second);
   const auto s = static_cast<std::int64_t>(servers_.size());
@@ -51,7 +51,7 @@ Tensor row_slice(const Tensor& t, std::int64_t b, std::int64_t e) {
 
 }  // namespace
 
-Status Worker::init(const std::string& key, const Tensor& value) {
+Status Worker::Impl::init(const std::string& key, const Tensor& value) {
   shapes_[key] = value.shape();
   const Tensor v = value.contiguous();
   const auto ps = parts(key);
@@ -68,8 +68,8 @@ Status Worker::init(const std::string& key, const Tensor& value) {
   return ok_status();
 }
 
-Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const Tensor& grad,
-                                Deadline dl) {
+Result<PushResult> Worker::Impl::push(const std::string& key, std::int64_t step, const Tensor& grad,
+                                      Deadline dl) {
   Request r;
   r.op = Op::kPush;
   r.worker = worker_;
@@ -88,7 +88,7 @@ Result<PushResult> Worker::push(const std::string& key, std::int64_t step, const
   return last;
 }
 
-Result<PushResult> Worker::push_until_taken(std::size_t i, const Request& r, Deadline dl) {
+Result<PushResult> Worker::Impl::push_until_taken(std::size_t i, const Request& r, Deadline dl) {
   Request again = r;
   for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 100)) {
     SHOAL_ASSIGN_OR_RETURN(std::string rep, call_server(i, encode(again), dl));
@@ -107,8 +107,9 @@ Result<PushResult> Worker::push_until_taken(std::size_t i, const Request& r, Dea
   }
 }
 
-Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
-                                                      std::uint64_t min_version, Deadline dl) {
+Result<std::pair<std::uint64_t, Tensor>> Worker::Impl::pull(const std::string& key,
+                                                            std::uint64_t min_version,
+                                                            Deadline dl) {
   Request r;
   r.op = Op::kPull;
   r.key = key;
@@ -136,8 +137,9 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull(const std::string& key,
   return std::pair{version, std::move(out)};
 }
 
-Result<Worker::Pulled> Worker::push_pull(const std::string& key, std::int64_t step,
-                                         const Tensor& grad, double lr, Deadline dl, Tensor* into) {
+Result<Worker::Pulled> Worker::Impl::push_pull(const std::string& key, std::int64_t step,
+                                               const Tensor& grad, double lr, Deadline dl,
+                                               Tensor* into) {
   SHOAL_ASSIGN_OR_RETURN(Ticket t,
                          start_push_pull(key, step, grad, lr, into ? *into : Tensor(), dl));
   while (true) {

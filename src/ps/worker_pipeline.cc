@@ -26,13 +26,13 @@ Tensor row_block(const Tensor& t, std::int64_t b, std::int64_t e) {
 
 }  // namespace
 
-std::size_t Worker::push_pulls_in_flight() const {
+std::size_t Worker::Impl::push_pulls_in_flight() const {
   return pipeline_ ? pipeline_->flights.size() : 0;
 }
 
-Result<Worker::Ticket> Worker::start_push_pull(const std::string& key, std::int64_t step,
-                                               const Tensor& grad, double lr, Tensor into,
-                                               Deadline dl) {
+Result<Worker::Ticket> Worker::Impl::start_push_pull(const std::string& key, std::int64_t step,
+                                                     const Tensor& grad, double lr, Tensor into,
+                                                     Deadline dl) {
   Request r;
   r.op = Op::kPushPull;
   r.worker = worker_;
@@ -49,9 +49,9 @@ Result<Worker::Ticket> Worker::start_push_pull(const std::string& key, std::int6
   });
 }
 
-Worker::Ticket Worker::launch(const Request& r, const std::vector<Part>& ps, const Shape& want,
-                              Tensor into, Deadline dl,
-                              const std::function<void(Request&, const Part&)>& fill) {
+Worker::Ticket Worker::Impl::launch(const Request& r, const std::vector<Part>& ps,
+                                    const Shape& want, Tensor into, Deadline dl,
+                                    const std::function<void(Request&, const Part&)>& fill) {
   if (!pipeline_) pipeline_ = std::make_unique<Pipeline>();
   Pipeline& pl = *pipeline_;
   pl.dl = dl;
@@ -79,7 +79,7 @@ Worker::Ticket Worker::launch(const Request& r, const std::vector<Part>& ps, con
 
 // A pushpull of f32 both ways to a server that maps this process's memory,
 // whose gradient and destination lie in shared regions, goes in place.
-void Worker::maybe_in_place(PipelineBlock& b) const {
+void Worker::Impl::maybe_in_place(PipelineBlock& b) const {
   if (b.req.op != Op::kPushPull || !use_in_place_ || !in_place(b.server) ||
       b.req.codec != Codec::kF32 || b.req.reply != Codec::kF32)
     return;
@@ -97,7 +97,7 @@ void Worker::maybe_in_place(PipelineBlock& b) const {
 
 // Sends `b` and files it under its frame; a lost server is recovered (and
 // `b` sent with its other requests), any other failure fails the push-pull.
-void Worker::send_block(PipelineBlock&& b) {
+void Worker::Impl::send_block(PipelineBlock&& b) {
   Pipeline& pl = *pipeline_;
   if (std::exchange(b.renumber, false)) b.req.seq = ++seq_;
   auto frame = send_request(b.server, b.req, pl.dl);
@@ -115,7 +115,7 @@ void Worker::send_block(PipelineBlock&& b) {
 }
 
 // Marks block `b` answered: with its value, or failed with `st`.
-void Worker::answer(const PipelineBlock& b, Result<Pulled> got) {
+void Worker::Impl::answer(const PipelineBlock& b, Result<Pulled> got) {
   Pipeline& pl = *pipeline_;
   auto it = pl.flights.find(b.ticket);
   if (it == pl.flights.end()) return;
@@ -144,7 +144,7 @@ void Worker::answer(const PipelineBlock& b, Result<Pulled> got) {
 // Server i was lost: reconnect (the resolver finds its restarted address)
 // and resend every request it had not answered, with the same sequence
 // numbers; when that cannot be done, those push-pulls fail.
-void Worker::recover(std::size_t i, const Status& why) {
+void Worker::Impl::recover(std::size_t i, const Status& why) {
   Pipeline& pl = *pipeline_;
   std::vector<PipelineBlock> again;
   for (auto it = pl.sent.begin(); it != pl.sent.end();) {
@@ -190,7 +190,7 @@ void Worker::recover(std::size_t i, const Status& why) {
 }
 
 // Reads one answer from server i and files it.
-void Worker::read_answer(std::size_t i) {
+void Worker::Impl::read_answer(std::size_t i) {
   Pipeline& pl = *pipeline_;
   net::Socket& s = servers_[i];
   auto rh = s.recv_header(std::uint64_t{1} << 34, pl.dl);
@@ -219,7 +219,7 @@ void Worker::read_answer(std::size_t i) {
   answer(b, std::move(got));
 }
 
-std::vector<Worker::Done> Worker::poll_push_pulls(int wake, Deadline dl) {
+std::vector<Worker::Done> Worker::Impl::poll_push_pulls(int wake, Deadline dl) {
   if (!pipeline_) pipeline_ = std::make_unique<Pipeline>();
   Pipeline& pl = *pipeline_;
   while (pl.done.empty()) {

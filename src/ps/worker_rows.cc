@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "ps/wire.h"
-#include "shoal/ps/worker.h"
+#include "ps/worker_impl.h"
 
 namespace shoal::ps {
 namespace {
@@ -63,9 +63,9 @@ Result<std::pair<Request, Shape>> row_request(const std::map<std::string, Shape>
 
 }  // namespace
 
-Result<PushResult> Worker::push_rows(const std::string& key, std::int64_t step,
-                                     const std::vector<std::int64_t>& rows, const Tensor& values,
-                                     double lr, Deadline dl) {
+Result<PushResult> Worker::Impl::push_rows(const std::string& key, std::int64_t step,
+                                           const std::vector<std::int64_t>& rows,
+                                           const Tensor& values, double lr, Deadline dl) {
   SHOAL_ASSIGN_OR_RETURN(auto rs, row_request(shapes_, "push_rows", Op::kPushRows, worker_,
                                               compression_, key, step, rows.size(), values, lr));
   Request& r = rs.first;
@@ -83,9 +83,9 @@ Result<PushResult> Worker::push_rows(const std::string& key, std::int64_t step,
   return last;
 }
 
-Result<std::pair<std::uint64_t, Tensor>> Worker::pull_rows(const std::string& key,
-                                                           const std::vector<std::int64_t>& rows,
-                                                           std::uint64_t min_version, Deadline dl) {
+Result<std::pair<std::uint64_t, Tensor>> Worker::Impl::pull_rows(
+    const std::string& key, const std::vector<std::int64_t>& rows, std::uint64_t min_version,
+    Deadline dl) {
   auto shape = shapes_.find(key);
   if (shape == shapes_.end() || shape->second.empty())
     return failed_precondition("pull_rows of key '{}': {}", key,
@@ -119,10 +119,10 @@ Result<std::pair<std::uint64_t, Tensor>> Worker::pull_rows(const std::string& ke
   return std::pair{version, std::move(out)};
 }
 
-Result<Worker::Ticket> Worker::start_push_rows_pull(const std::string& key, std::int64_t step,
-                                                    const std::vector<std::int64_t>& rows,
-                                                    const Tensor& values, double lr, Tensor into,
-                                                    Deadline dl) {
+Result<Worker::Ticket> Worker::Impl::start_push_rows_pull(const std::string& key, std::int64_t step,
+                                                          const std::vector<std::int64_t>& rows,
+                                                          const Tensor& values, double lr,
+                                                          Tensor into, Deadline dl) {
   SHOAL_ASSIGN_OR_RETURN(auto rs, row_request(shapes_, "push-rows-pull", Op::kPushRowsPull, worker_,
                                               compression_, key, step, rows.size(), values, lr));
   const Tensor v = values.contiguous();

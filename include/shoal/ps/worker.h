@@ -22,8 +22,6 @@
 
 namespace shoal::ps {
 
-struct Request;  // ps/wire.h
-
 class Worker {
  public:
   // `servers` are "host:port"; every connection proves `token`. With
@@ -35,8 +33,8 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  int id() const { return worker_; }
-  int num_servers() const { return static_cast<int>(servers_.size()); }
+  int id() const;
+  int num_servers() const;
   // Sends the job's options to every server: a server started without
   // options adopts them; one with other options refuses, naming the field.
   Status configure(const ShardOptions& o, Deadline dl);
@@ -92,8 +90,8 @@ class Worker {
   // How pushes and pulls travel (default f32 both ways). With two-bit
   // pushes the worker keeps each key's residual (error feedback).
   void set_compression(const Compression& c);
-  const Compression& compression() const { return compression_; }
-  ErrorFeedback* feedback() { return feedback_.get(); }  // null unless 2bit
+  const Compression& compression() const;
+  ErrorFeedback* feedback();  // null unless 2bit
 
   // Row-sparse push (embedding tables): `values` holds rows `rows` of the
   // key's gradient, shape [rows.size(), the key's other dimensions]; the
@@ -118,9 +116,9 @@ class Worker {
   // server reads the gradient from this process's memory and writes the
   // value into `into`; only a small frame crosses the socket. Anything
   // else goes over TCP as before.
-  void set_in_place(bool on) { use_in_place_ = on; }
+  void set_in_place(bool on);
   // Whether server i maps this process's memory (the probe succeeded).
-  bool in_place(std::size_t server) const { return server < in_place_.size() && in_place_[server]; }
+  bool in_place(std::size_t server) const;
 
   // Leaves every server: sync rounds stop waiting for this worker.
   Status leave();
@@ -132,74 +130,13 @@ class Worker {
   // had an answer to, with the same sequence number: the server applies it
   // once, whether or not its snapshot already holds it.
   using Resolver = std::function<Result<std::string>(int server, const std::string& old)>;
-  void set_resolver(Resolver r) { resolve_ = std::move(r); }
+  void set_resolver(Resolver r);
 
  private:
-  Worker() = default;
-  std::size_t server_of(const std::string& key) const;
-  // Where a key's rows (first dimension) live: one part, or one block of
-  // rows per server.
-  struct Part {
-    std::size_t server;
-    std::int64_t begin, end;  // rows
-    std::string name;         // the block's key on its server
-  };
-  std::vector<Part> parts(const std::string& key) const;
-  Result<std::string> call(net::Socket& s, const std::string& payload, Deadline dl);
-  // call() on server i, reconnecting and resending when it is lost.
-  Result<std::string> call_server(std::size_t i, const std::string& payload, Deadline dl);
-  Status reconnect(std::size_t i, Deadline dl);
-  // Sends `r` to server i without copying its tensor; the frame number
-  // its answer will carry.
-  Result<std::uint64_t> send_request(std::size_t i, const Request& r, Deadline dl);
-  // The rest of a push-pull answer whose header `rh` was read from server
-  // i: a refusal, kWait, or the value (into `into` when it fits).
-  // `in_place`: the request was a shmpushpull, whose value the server
-  // wrote into `into` itself.
-  Result<Pulled> recv_answer(std::size_t i, const net::FrameHeader& rh, Deadline dl, Tensor* into,
-                             bool in_place = false);
-  // Asks server i to map this process's probe region; in_place_[i] says
-  // whether it could (a failure only means TCP).
-  void probe_in_place(std::size_t i, Deadline dl);
-  // Sends push (or pushrows) `r` to server i, again while it says kWait
-  // (bounded staleness), until `dl`; its answer.
-  Result<PushResult> push_until_taken(std::size_t i, const Request& r, Deadline dl);
-  // The pipeline's steps (worker_pipeline.cc): send a block and file it
-  // under its frame; file an answer (or a failure) to a block; reconnect to
-  // a lost server and resend what it had not answered; read one answer.
-  struct PipelineBlock;
-  // Turns a pushpull block into a shmpushpull when its server and memory allow.
-  void maybe_in_place(PipelineBlock& b) const;
-  // Starts a push-pull of `ps` parts of a key of shape `want`, each
-  // request `r` with its part's block name, sequence number and what `fill`
-  // puts in.
-  Ticket launch(const Request& r, const std::vector<Part>& ps, const Shape& want, Tensor into,
-                Deadline dl, const std::function<void(Request&, const Part&)>& fill);
-  void send_block(PipelineBlock&& b);
-  void answer(const PipelineBlock& b, Result<Pulled> got);
-  void recover(std::size_t i, const Status& why);
-  void read_answer(std::size_t i);
-  // The rest of a pushpull reply after its fixed part: dims, codec, data.
-  Result<Tensor> recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,
-                            Tensor* into, bool in_place);
-  // Fills r's value and codecs from `grad` under the job's compression.
-  Status code_push(Request& r, const Tensor& grad);
-  std::vector<net::Socket> servers_;
-  std::vector<std::string> addrs_;
-  std::string token_;
-  std::optional<ShardOptions> config_;
-  Resolver resolve_;
-  Compression compression_;
-  std::unique_ptr<ErrorFeedback> feedback_;
-  std::map<std::string, Shape> shapes_;  // from init
-  int worker_ = -1;
-  std::uint64_t seq_ = 0, frame_ = 0;
-  bool left_ = false;
-  bool use_in_place_ = true;
-  std::vector<bool> in_place_;                // by server: the probe succeeded
-  std::shared_ptr<net::SharedRegion> probe_;  // one page; a random word at 0
-  struct Pipeline;                            // ps/pipeline.h: push-pulls in flight
-  std::unique_ptr<Pipeline> pipeline_;
+  // The connections, keys, sequence numbers and pipeline (ps/worker_impl.h).
+  class Impl;
+  explicit Worker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace shoal::ps

@@ -52,7 +52,9 @@ class Peers {
   virtual bool collective() const { return true; }
 };
 
-struct TrainOptions {
+// What the user sets: the CLI's flags, the Python module's keywords, a
+// config file. Kept in a run's options and compared across ranks.
+struct TrainSettings {
   std::string model = "cnn";
   GptConfig gpt;  // --model gpt's size; gpt.context is also text data's sample length
   std::string data = "fashion-mnist";  // what train/sources.h's load_data reads
@@ -88,9 +90,15 @@ struct TrainOptions {
   std::int64_t limit_train = 0, limit_test = 0;  // use the first N samples (0 = all)
   std::int64_t eval_batch = 500;
   bool plot = true;
-  bool quiet = false;       // no progress output (tests)
-  std::string trace;        // Chrome trace of the last 10 steps, rewritten each epoch
-  int rank = 0, world = 1;  // data-parallel shard (set by dp::attach)
+  bool quiet = false;  // no progress output (tests)
+  std::string trace;   // Chrome trace of the last 10 steps, rewritten each epoch
+};
+
+// What the distribution passes fill in (dist::Job and the strategies'
+// attach functions), never the user: this process's place in its job and
+// the hooks through which a strategy rewrites the training step.
+struct StrategyHooks {
+  int rank = 0, world = 1;  // this process among the job's ranks (set by dist)
   // Runs between autodiff and the optimizer (the data-parallel pass): may
   // rewrite gradients in `params` (each ParamRef.grad).
   std::function<Status(graph::Graph&, std::vector<ParamRef>&)> grad_pass;
@@ -168,6 +176,9 @@ struct TrainOptions {
   // and build, rank 0's weights broadcast, metrics summed, buffers averaged.
   std::shared_ptr<Peers> peers;
 };
+
+// A trainer's options: the user's settings and the strategies' hooks.
+struct TrainOptions : TrainSettings, StrategyHooks {};
 // Checks ranges and names (model, optimizer, schedule); the error names the option.
 Status validate(const TrainOptions& o);
 // The optimizer the options name (what append_optimizer builds).
