@@ -235,8 +235,9 @@ TEST(Faults, ARankStartedTwiceIsRefusedByName) {
 // One rank's wall clock an hour behind (libfaketime, Debian's faketime,
 // monotonic clocks left real so deadlines still work; under ASan its
 // preload comes before the ASan runtime, which ASan then must be told is
-// fine): refused at start-up,
-// naming the rank and both clocks, on both ranks.
+// fine): refused at start-up, naming the rank and both clocks. Rank 0
+// sees the skew too, but its report races the launcher, which stops every
+// rank as soon as rank 1 exits (seen once in 4 runs here): either is fine.
 TEST(Faults, ARankWhoseClockDiffersIsRefusedByName) {
   if (run_sh("command -v faketime").code != 0)
     GTEST_SKIP() << "faketime is not installed (tools/install-deps.sh installs it)";
@@ -247,7 +248,7 @@ TEST(Faults, ARankWhoseClockDiffersIsRefusedByName) {
       "--seconds 0.01; fi; exec {0} bench comm --max-bytes 4096 --seconds 0.01'",
       SHOAL_BINARY));
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_TRUE(has(r.out, "[rank 0] ")) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 0] ") || has(r.out, "rank 0 was killed by signal 15")) << r.out;
   EXPECT_TRUE(has(r.out, "rank 1's clock is 3600")) << r.out;
   EXPECT_TRUE(has(r.out, "s behind rank 0's (rank 1: ")) << r.out;
   EXPECT_TRUE(has(r.out, "SHOAL_MAX_CLOCK_SKEW=60 s")) << r.out;
@@ -302,11 +303,11 @@ TEST(Faults, DiskFullWhileCheckpointingKeepsThePreviousOne) {
   // Two ranks: rank 1 names rank 0's failed write, not a mismatch of the
   // ranks' calls (before: "the ranks' call sequences differ").
   fs::create_directories(d + "/small2");
-  auto two = run_sh(fmt::format(
-      "unshare -m sh -c 'mount -t tmpfs -o size=6m shoal-test {0}/small2 || exit 90; "
-      "{1} run -n 2 --timeout 120 -- {1} {2} --max-steps 10 --checkpoint-every 5 --out "
-      "{0}/small2/run; echo run-exit=$?'",
-      d, SHOAL_BINARY, kTrain));
+  auto two = run_sh(
+      fmt::format("unshare -m sh -c 'mount -t tmpfs -o size=6m shoal-test {0}/small2 || exit 90; "
+                  "{1} run -n 2 --timeout 120 -- {1} {2} --max-steps 10 --checkpoint-every 5 --out "
+                  "{0}/small2/run; echo run-exit=$?'",
+                  d, SHOAL_BINARY, kTrain));
   EXPECT_TRUE(has(two.out, "run-exit=1")) << two.out;
   EXPECT_TRUE(has(two.out, "No space left on device")) << two.out;
   EXPECT_TRUE(has(two.out, "checkpoint at step 10: rank 0 could not write it")) << two.out;
