@@ -145,7 +145,7 @@ class Mesh {
   // exchange()'s phases (mesh_exchange.cc), over one call's state.
   struct Exchange;
   void arm(Exchange& e);
-  Result<bool> pump_shm(Exchange& e, bool& progressed);
+  Status pump_shm(Exchange& e, bool& progressed, bool& pending);
   bool poll_set(Exchange& e);
   Status on_watched(Exchange& e, int peer);
   Status on_writable(Exchange& e, Xfer& x);

@@ -55,8 +55,8 @@ Status Mesh::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const char* what)
   Exchange e(xs, fp, what, deadline());
   arm(e);
   while (true) {
-    bool progressed = false;
-    SHOAL_ASSIGN_OR_RETURN(const bool shm_pending, pump_shm(e, progressed));
+    bool progressed = false, shm_pending = false;
+    SHOAL_RETURN_IF_ERROR(pump_shm(e, progressed, shm_pending));
     const bool sock_pending = poll_set(e);
     if (!sock_pending && !shm_pending) return ok_status();
     e.idle = progressed ? 0 : e.idle + 1;
@@ -154,9 +154,10 @@ Status Mesh::check_header(const Exchange& e, Xfer& x) {
 }
 
 // Shared-memory transfers: copies what the rings allow, no system call.
-// Returns whether any is still pending; sets `progressed` when bytes moved.
-Result<bool> Mesh::pump_shm(Exchange& e, bool& progressed) {
-  bool pending = false;
+// Sets `pending` when any is still pending and `progressed` when bytes
+// moved. (A Status, not a Result<bool>: it runs on every spin of the loop.)
+Status Mesh::pump_shm(Exchange& e, bool& progressed, bool& pending) {
+  pending = false;
   for (auto& x : e.xs) {
     if (!is_shm(x.peer) || finished(x)) continue;
     net::ShmChannel& ch = *shm_[static_cast<std::size_t>(x.peer)];
@@ -193,7 +194,7 @@ Result<bool> Mesh::pump_shm(Exchange& e, bool& progressed) {
       pending = true;
     }
   }
-  return pending;
+  return ok_status();
 }
 
 // The poll set of the socket transfers still pending; whether there is one.
