@@ -15,6 +15,8 @@
 namespace shoal::dist {
 namespace {
 
+using ForwardPass = std::function<Result<train::TrainOptions::ParamSlices>(graph::Graph&)>;
+
 // Sub-communicators live as long as the process (the trainers built over
 // them hold their ids).
 comm::Communicator* keep(std::unique_ptr<comm::Communicator> c) {
@@ -50,22 +52,17 @@ train::TrainOptions::ParamSlices compose(train::TrainOptions::ParamSlices inner,
   return ps;
 }
 
-// ZeRO-3 over the data-parallel group of tensor-parallel slices: row blocks
-// of each slice, gathered where the step uses them.
-Status attach_zero3_over_slices(train::TrainOptions& o, comm::Communicator& group) {
-  o.data_rank = group.rank();
-  o.data_world = group.size();
-  o.prefetch = false;
-  auto tp_pass = o.forward_pass;
-  SHOAL_RETURN_IF_ERROR(
-      dp::attach_zero3(o, group, collective::register_communicator(&group, false)));
-  auto z3_pass = o.forward_pass;
-  o.forward_pass = [tp_pass, z3_pass](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
-    SHOAL_ASSIGN_OR_RETURN(auto tp, tp_pass(g));
+// ZeRO-3 over tensor-parallel slices: `inner` (tensor parallelism's
+// forward pass) slices the parameters, the ZeRO-3 pass attach_group just
+// installed splits the slices into row blocks gathered where the step uses
+// them.
+void compose_forward(train::TrainOptions& o, ForwardPass inner) {
+  ForwardPass z3_pass = o.forward_pass;
+  o.forward_pass = [inner, z3_pass](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
+    SHOAL_ASSIGN_OR_RETURN(auto tp, inner(g));
     SHOAL_ASSIGN_OR_RETURN(auto z3, z3_pass(g));
     return compose(std::move(tp), std::move(z3));
   };
-  return ok_status();
 }
 
 // Tensor parallelism over groups of T consecutive ranks; with more ranks
@@ -93,8 +90,10 @@ Status attach_tp(train::TrainOptions& o, comm::Communicator& c, const Layout& l,
   if (lead) SHOAL_LOG_INFO("{} data-parallel groups x {} tensor-parallel ranks", dpc->size(), l.tp);
   // ZeRO over each slice's data-parallel group: the ranks holding the same
   // slices shard its gradients and state among them (3: the slices too).
-  if (d.zero == 3) return attach_zero3_over_slices(o, *dpc);
-  return dp::attach_group(o, *dpc, d, lead);
+  const ForwardPass tp_pass = o.forward_pass;
+  SHOAL_RETURN_IF_ERROR(dp::attach_group(o, *dpc, d, lead));
+  if (d.zero == 3) compose_forward(o, tp_pass);
+  return ok_status();
 }
 
 // Pipeline stages over groups of P consecutive ranks; with more ranks than

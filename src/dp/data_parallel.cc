@@ -165,9 +165,8 @@ Status attach_group(train::TrainOptions& o, comm::Communicator& group, const DpO
   o.data_rank = group.rank();
   o.data_world = group.size();
   o.prefetch = false;
-  if (d.zero == 3)
-    return failed_precondition("dp::attach_group: ZeRO-3 composes through attach_zero3");
   const std::int64_t id = collective::register_communicator(&group, false);
+  if (d.zero == 3) return attach_zero3(o, group, id);
   if (d.zero > 0) return attach_sharded_update(o, id, d, lead);
   DpOptions dd = d;
   dd.overlap = DpOptions::Overlap::kOff;

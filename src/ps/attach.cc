@@ -92,14 +92,19 @@ Result<JobEnv> job_env() {
   SHOAL_RETURN_IF_ERROR(net::split_host_port(e.root, "the ps scheduler").status());
   SHOAL_ASSIGN_OR_RETURN(e.num_servers, role_count("DMLC_NUM_SERVER"));
   SHOAL_ASSIGN_OR_RETURN(e.num_workers, role_count("DMLC_NUM_WORKER"));
-  e.token = env::get("SHOAL_JOB_TOKEN").value_or("");
   SHOAL_ASSIGN_OR_RETURN(e.timeout_s, env::get_double("SHOAL_COMM_TIMEOUT", 300));
+  SHOAL_RETURN_IF_ERROR(read_server_env(e));
+  SHOAL_ASSIGN_OR_RETURN(e.in_place, env::get_bool("SHOAL_PS_SHM", true));
+  return e;
+}
+
+Status read_server_env(JobEnv& e) {
+  e.token = env::get("SHOAL_JOB_TOKEN").value_or("");
   SHOAL_ASSIGN_OR_RETURN(e.heartbeat_s, env::get_double("SHOAL_PS_HEARTBEAT", 30));
   if (e.heartbeat_s < 0)
     return invalid_argument("SHOAL_PS_HEARTBEAT={} must be >= 0 (0 = off)", e.heartbeat_s);
   SHOAL_ASSIGN_OR_RETURN(e.slice_bound, slice_bound_env());
-  SHOAL_ASSIGN_OR_RETURN(e.in_place, env::get_bool("SHOAL_PS_SHM", true));
-  return e;
+  return ok_status();
 }
 
 Result<std::int64_t> slice_bound_env() {

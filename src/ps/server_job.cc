@@ -153,11 +153,7 @@ Status ServerJob::run(ServerJobOptions o, const std::atomic<bool>& stop) {
   if (in_job) {
     SHOAL_ASSIGN_OR_RETURN(e, job_env());
   } else {
-    e.token = env::get("SHOAL_JOB_TOKEN").value_or("");
-    SHOAL_ASSIGN_OR_RETURN(e.heartbeat_s, env::get_double("SHOAL_PS_HEARTBEAT", 30));
-    if (e.heartbeat_s < 0)
-      return invalid_argument("SHOAL_PS_HEARTBEAT={} must be >= 0 (0 = off)", e.heartbeat_s);
-    SHOAL_ASSIGN_OR_RETURN(e.slice_bound, slice_bound_env());
+    SHOAL_RETURN_IF_ERROR(read_server_env(e));
   }
   o.server.heartbeat_s = e.heartbeat_s;
   o.server.shard.slice_bound = e.slice_bound;

@@ -33,7 +33,8 @@ Status attach(train::TrainOptions& o, comm::Communicator& c, const DpOptions& d 
 // Data parallelism over `group`: the ranks that hold the same part of a
 // model another pass split (tensor slices, pipeline stages). Each part's
 // gradients are all-reduced over the group on the compute thread, or
-// sharded with ZeRO-1/2; ZeRO-3 is attach_zero3. Sets o.data_rank and
+// sharded with ZeRO-1/2/3. ZeRO-3 replaces o.forward_pass (attach_zero3):
+// a caller that installed one composes the two. Sets o.data_rank and
 // o.data_world to the group's. `lead` logs.
 Status attach_group(train::TrainOptions& o, comm::Communicator& group, const DpOptions& d,
                     bool lead);

@@ -49,6 +49,9 @@ struct JobEnv {
 };
 Result<std::int64_t> slice_bound_env();
 Result<JobEnv> job_env();
+// What a server reads of it, in a job or alone: the token, the heartbeat
+// and the slice bound (job_env reads them too).
+Status read_server_env(JobEnv& e);
 // DMLC_NUM_SERVER or DMLC_NUM_WORKER: set, a number, >= 1; errors name it.
 Result<int> role_count(const char* name);
 // Connects to the job's scheduler (its store), retrying until the

@@ -43,6 +43,19 @@ Status dispatch_float(DType t, F&& f) {
   return internal_error("kernel called with dtype {}", dtype_name(t));
 }
 
+// A kernel factory's result for a float op: runs the statement(s) with T
+// the output's dtype (float or double), `in`, `out` and the context `c` in
+// scope, then returns ok. (A macro: the statements name T.)
+#define FLOAT_KERNEL(...)                                                                  \
+  make_fn([=](const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) { \
+    (void)c;                                                                               \
+    return dispatch_float(out[0].dtype(), [&](auto tag) {                                  \
+      using T = decltype(tag);                                                             \
+      __VA_ARGS__;                                                                         \
+      return ok_status();                                                                  \
+    });                                                                                    \
+  })
+
 // Strides of `in` broadcast against the output shape `out` (0 where the
 // input dimension is 1 or missing).
 inline Shape broadcast_strides(const Shape& in, const Shape& out) {

@@ -281,16 +281,6 @@ void max_pool_blocked(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Te
   }
 }
 
-#define FLOAT_KERNEL(...)                                                                  \
-  make_fn([=](const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) { \
-    (void)c;                                                                               \
-    return dispatch_float(out[0].dtype(), [&](auto tag) {                                  \
-      using T = decltype(tag);                                                             \
-      __VA_ARGS__;                                                                         \
-      return ok_status();                                                                  \
-    });                                                                                    \
-  })
-
 }  // namespace
 
 void register_nn(KernelRegistry& r) {

@@ -325,16 +325,6 @@ void layer_norm_bwd(double eps, std::span<const Tensor> in, std::span<Tensor> ou
   }
 }
 
-#define FLOAT_KERNEL(...)                                                                  \
-  make_fn([=](const KernelContext& c, std::span<const Tensor> in, std::span<Tensor> out) { \
-    (void)c;                                                                               \
-    return dispatch_float(out[0].dtype(), [&](auto tag) {                                  \
-      using T = decltype(tag);                                                             \
-      __VA_ARGS__;                                                                         \
-      return ok_status();                                                                  \
-    });                                                                                    \
-  })
-
 }  // namespace
 
 void register_norms(KernelRegistry& r) {
