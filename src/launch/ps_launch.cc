@@ -266,6 +266,8 @@ class PsJob {
           fmt::print(stderr, "shoal run: {} {}; the job is {}: it goes on without it\n", label(i),
                      describe(st), m);
           ++lost_workers_;
+          // Its duty of writing checkpoints passes to whoever joins next.
+          (void)client_->compare_set(ps_keys::kWriter, std::to_string(worker_of(i)), "");
           replace_worker();
         } else {
           fail(i, fmt::format("{} {} (a sync job needs every worker)", label(i), describe(st)));
@@ -384,6 +386,8 @@ class PsJob {
     return true;
   }
   int live_workers() const { return workers() - workers_done(); }
+  // The worker id of unit i (servers come first, then workers in order).
+  int worker_of(std::size_t i) const { return static_cast<int>(i) - o_.ps_servers; }
   // A new worker: the next launcher index as its id; it starts from the
   // servers' current weights.
   void add_worker(const std::string& why) {

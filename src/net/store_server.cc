@@ -2,6 +2,7 @@
 // by a FrameServer (the authenticated, bounded, deadline-keeping loop
 // shared with the parameter server). Wire format: docs/launch.md.
 #include <map>
+#include <mutex>
 
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
@@ -70,6 +71,22 @@ class TcpStoreServer::Handler final : public FrameServer::Handler {
   void on_close(FrameServer&, ConnId id) override {
     std::erase_if(table_.waiters, [&](const auto& w) { return w.second.first == id; });
   }
+  // Takes up end_waits() on the serving thread: every waiting get is
+  // answered with the reason.
+  void on_tick(FrameServer& s) override {
+    if (ended_.empty()) {
+      std::lock_guard<std::mutex> lk(mu_);
+      ended_ = end_why_;
+    }
+    if (ended_.empty()) return;
+    for (const auto& [key, w] : table_.waiters)
+      s.reply(w.first, FrameType::kStoreError, w.second, ended_);
+    table_.waiters.clear();
+  }
+  void end_waits(const std::string& why) {
+    std::lock_guard<std::mutex> lk(mu_);
+    end_why_ = why;
+  }
 
  private:
   static std::string answer(FrameServer& s, ConnId id, std::uint64_t seq, const std::string& v) {
@@ -87,6 +104,7 @@ class TcpStoreServer::Handler final : public FrameServer::Handler {
         s.reply(id, FrameType::kStoreReply, seq, *v);
         return "";
       }
+      if (!ended_.empty()) return error(s, id, seq, ended_);
       table_.waiters.emplace(key, std::pair{id, seq});
       return "";
     }
@@ -122,6 +140,9 @@ class TcpStoreServer::Handler final : public FrameServer::Handler {
 
   ServerLimits limits_;
   Table table_;
+  std::string ended_;  // the serving thread's copy of end_why_
+  std::mutex mu_;
+  std::string end_why_;  // guarded by mu_
 };
 
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& host, int port,
@@ -135,6 +156,8 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string&
 }
 
 TcpStoreServer::~TcpStoreServer() { server_.reset(); }
+
+void TcpStoreServer::end_waits(const std::string& why) { handler_->end_waits(why); }
 
 int TcpStoreServer::port() const { return server_->port(); }
 const std::string& TcpStoreServer::host() const { return server_->host(); }

@@ -173,8 +173,11 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
       auto addr = store->peek(server_key(i));
       return addr.ok() ? *addr : "";
     };
-    SHOAL_ASSIGN_OR_RETURN(m.heartbeat,
-                           Heartbeat::start(servers, e.token, id, e.heartbeat_s / 4, lookup));
+    SHOAL_ASSIGN_OR_RETURN(m.heartbeat, Heartbeat::start(servers, e.token, id, e.heartbeat_s / 4,
+                                                         e.heartbeat_s, lookup));
+    // A server that answers no heartbeat within the deadline a worker has
+    // (SHOAL_PS_HEARTBEAT) is named, instead of the wait running out.
+    m.worker->set_silence([hb = m.heartbeat.get()](std::size_t i) { return hb->silent(i); });
   }
   // Sync rounds count the workers live when they open: none may open
   // before the whole quorum has joined.
@@ -198,19 +201,56 @@ Result<std::unique_ptr<WorkerJob>> WorkerJob::join(const JobEnv& e, const ShardO
 WorkerJob::~WorkerJob() {
   if (!impl_) return;
   impl_->stop_thread();
+  if (impl_->worker) impl_->worker->set_silence({});  // it asks the heartbeat
   impl_->heartbeat.reset();
   unregister_job(impl_->id);
   if (impl_->worker) (void)impl_->worker->leave();
+  if (impl_->store && impl_->writer && impl_->worker)  // whoever joins next writes
+    (void)impl_->store->compare_set(ps_keys::kWriter, std::to_string(impl_->worker->id()), "");
   if (impl_->store) (void)impl_->store->add(ps_keys::kLeft, 1);  // the scheduler counts
 }
 
 int WorkerJob::worker() const { return impl_->worker->id(); }
 
+// The worker's share of the data (id mod DMLC_NUM_WORKER) and its rank.
+// A job has one writer of checkpoints and reports, rank 0's duties
+// (ps_keys::kWriter): worker 0, or, once it is gone, the first later worker
+// (a replacement, or one asked for by `shoal ps join`, whose id would
+// repeat a live worker's rank) to take the free duty; that one continues
+// the job's checkpoints (their steps and data position, as --resume)
+// where it would have refused their directory. Before, every later worker
+// whose id came out as rank 0 wrote into the same --out and died.
+Status WorkerJob::take_ranks(train::TrainOptions& t, int id) {
+  Impl& m = *impl_;
+  const int n = env_.num_workers;
+  t.data_rank = id % n;
+  t.data_world = n;
+  t.rank = id % n;
+  t.world = n;
+  const std::string me = std::to_string(id);
+  if (id == 0) {
+    SHOAL_RETURN_IF_ERROR(m.store->set(ps_keys::kWriter, me));
+    m.writer = true;
+    return ok_status();
+  }
+  if (id < n) return ok_status();
+  SHOAL_ASSIGN_OR_RETURN(std::string holder, m.store->compare_set(ps_keys::kWriter, "", me));
+  if (holder == me) {
+    SHOAL_LOG_INFO("worker {}: writes the job's checkpoints (no other worker does now)", id);
+    m.writer = true;
+    t.rank = 0;
+    t.resume = true;
+  } else if (t.rank == 0) {
+    t.rank = 1;  // worker {holder} writes
+    t.world = std::max(n, 2);
+  }
+  return ok_status();
+}
+
 Status WorkerJob::attach(train::TrainOptions& t) {
   Impl& m = *impl_;
   const int id = worker();
-  t.rank = id % env_.num_workers;
-  t.world = env_.num_workers;
+  SHOAL_RETURN_IF_ERROR(take_ranks(t, id));
   t.peers = m.peers;
   // The step's arena in shared memory: a server on this host reads each
   // gradient from it and writes each new value into it (Worker::set_in_place).

@@ -1,5 +1,9 @@
 #include "ps/heartbeat.h"
 
+#include <poll.h>
+
+#include <algorithm>
+
 #include "ps/wire.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/frame_server.h"
@@ -8,10 +12,12 @@ namespace shoal::ps {
 
 Result<std::unique_ptr<Heartbeat>> Heartbeat::start(const std::vector<std::string>& servers,
                                                     const std::string& token, int worker,
-                                                    double interval_s, Lookup lookup) {
+                                                    double interval_s, double deadline_s,
+                                                    Lookup lookup) {
   std::unique_ptr<Heartbeat> h(new Heartbeat());
   h->worker_ = worker;
   h->interval_s_ = interval_s;
+  h->deadline_s_ = deadline_s;
   h->token_ = token;
   h->lookup_ = std::move(lookup);
   h->addrs_ = servers;
@@ -22,6 +28,9 @@ Result<std::unique_ptr<Heartbeat>> Heartbeat::start(const std::vector<std::strin
                            net::connect_authenticated(hp.first, hp.second, dl, token, "ps server"));
     h->socks_.emplace_back(std::move(s));
   }
+  h->asked_.resize(servers.size());
+  h->last_sent_.assign(servers.size(), Clock::time_point());
+  h->silent_.resize(servers.size());
   h->thread_ = std::thread([p = h.get()] { p->loop(); });
   return h;
 }
@@ -35,21 +44,55 @@ Heartbeat::~Heartbeat() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool Heartbeat::beat(std::size_t i, const std::string& msg, std::uint64_t seq) {
+std::string Heartbeat::silent(std::size_t i) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return i < silent_.size() ? silent_[i] : "";
+}
+
+void Heartbeat::tend(std::size_t i, const std::string& msg, std::uint64_t seq) {
+  const auto now = Clock::now();
+  if (!socks_[i] && std::chrono::duration<double>(now - last_sent_[i]).count() >= interval_s_) {
+    last_sent_[i] = now;
+    revive(i);
+  }
+  if (!socks_[i]) return;
   net::Socket& s = *socks_[i];
+  auto failed = [&](const Status& st) {
+    // The server is gone or refuses: the worker's own calls report it.
+    SHOAL_LOG_DEBUG("worker {}: heartbeat to {}: {}", worker_, s.peer(), st.to_string());
+    socks_[i].reset();
+    asked_[i].reset();
+  };
+  if (asked_[i]) {
+    pollfd pf{s.fd(), POLLIN, 0};
+    if (::poll(&pf, 1, 0) <= 0) {
+      const double waited = std::chrono::duration<double>(now - *asked_[i]).count();
+      if (waited <= deadline_s_) return;
+      std::lock_guard<std::mutex> lk(mu_);
+      if (silent_[i].empty())
+        silent_[i] = fmt::format(
+            "parameter server {} at {} answered no heartbeat for {:.1f} s (SHOAL_PS_HEARTBEAT="
+            "{} s): it is stopped or hung",
+            i, addrs_[i], waited, deadline_s_);
+      return;
+    }
+    Status st = net::recv_reply(s, net::FrameType::kPsReply, net::FrameType::kStoreError, 4096,
+                                Deadline::after_seconds(5))
+                    .status();
+    if (!st.ok()) return failed(st);
+    asked_[i].reset();
+    std::lock_guard<std::mutex> lk(mu_);
+    silent_[i].clear();
+  }
+  if (std::chrono::duration<double>(now - last_sent_[i]).count() < interval_s_) return;
   net::FrameHeader h;
   h.type = static_cast<std::uint16_t>(net::FrameType::kPsRequest);
   h.length = msg.size();
   h.seq = seq;
-  const Deadline dl = Deadline::after_seconds(interval_s_ * 2 + 5);
-  Status st = s.send_frame(h, msg.data(), dl);
-  if (st.ok())
-    st = net::recv_reply(s, net::FrameType::kPsReply, net::FrameType::kStoreError, 4096, dl)
-             .status();
-  if (st.ok()) return true;
-  // The server is gone or refuses: the worker's own calls report it.
-  SHOAL_LOG_DEBUG("worker {}: heartbeat to {}: {}", worker_, s.peer(), st.to_string());
-  return false;
+  if (Status st = s.send_frame(h, msg.data(), Deadline::after_seconds(2)); !st.ok())
+    return failed(st);
+  asked_[i] = now;
+  last_sent_[i] = now;
 }
 
 void Heartbeat::revive(std::size_t i) {
@@ -72,13 +115,13 @@ void Heartbeat::loop() {
   r.worker = worker_;
   const std::string msg = encode(r);
   std::uint64_t seq = 0;
+  // Answers are looked for more often than beats go out: a silent server
+  // is named soon after its deadline.
+  const double tick = std::min(interval_s_, 0.25);
   std::unique_lock<std::mutex> lk(mu_);
-  while (!cv_.wait_for(lk, std::chrono::duration<double>(interval_s_), [&] { return stop_; })) {
+  while (!cv_.wait_for(lk, std::chrono::duration<double>(tick), [&] { return stop_; })) {
     lk.unlock();
-    for (std::size_t i = 0; i < socks_.size(); ++i) {
-      if (!socks_[i]) revive(i);
-      if (socks_[i] && !beat(i, msg, ++seq)) socks_[i].reset();
-    }
+    for (std::size_t i = 0; i < socks_.size(); ++i) tend(i, msg, ++seq);
     lk.lock();
   }
 }

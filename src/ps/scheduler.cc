@@ -22,9 +22,27 @@ Result<int> scheduler_port(int port) {
   return static_cast<int>(p);
 }
 
+// A sync job that lost a worker (a server published why): the waits of
+// the workers left end with the reason; the scheduler stops once they have
+// left, or after 10 s, with the reason as its error.
+Status end_lost(net::Store& s, net::TcpStoreServer& server, const std::string& lost) {
+  const std::string why = "the job lost a worker: " + lost.substr(lost.find(' ') + 1);
+  fmt::print("ps scheduler: {}\n", why);
+  std::fflush(stdout);
+  server.end_waits(why);
+  for (int i = 0; i < 100; ++i) {
+    SHOAL_ASSIGN_OR_RETURN(std::int64_t j, s.add(ps_keys::kWorkers, 0));
+    SHOAL_ASSIGN_OR_RETURN(std::int64_t l, s.add(ps_keys::kLeft, 0));
+    if (l + 1 >= j) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return aborted("{}", why);
+}
+
 // Watches the store through a client of its own; returns when the job is
 // over or `stop` is set.
-Status watch(net::Store& s, int num_servers, int num_workers, const std::atomic<bool>& stop) {
+Status watch(net::Store& s, net::TcpStoreServer& server, int num_servers, int num_workers,
+             const std::atomic<bool>& stop) {
   int servers = 0;
   std::int64_t joined = 0, left = 0;
   while (!stop) {
@@ -42,6 +60,8 @@ Status watch(net::Store& s, int num_servers, int num_workers, const std::atomic<
     }
     std::fflush(stdout);
     if (ps_keys::job_over(joined, left, num_workers)) return ok_status();
+    SHOAL_ASSIGN_OR_RETURN(std::string lost, s.peek(ps_keys::kLost));
+    if (!lost.empty()) return end_lost(s, server, lost);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return ok_status();
@@ -65,7 +85,7 @@ Status Scheduler::run(const std::string& host, int port_flag, const std::atomic<
   fmt::print("ps scheduler: listening on {}:{} for {} servers and {} workers\n", host,
              server->port(), num_servers, num_workers);
   std::fflush(stdout);
-  SHOAL_RETURN_IF_ERROR(watch(*client, num_servers, num_workers, stop));
+  SHOAL_RETURN_IF_ERROR(watch(*client, *server, num_servers, num_workers, stop));
   fmt::print("ps scheduler: {}\n", stop ? "stopped" : "every worker has left; done");
   return ok_status();
 }

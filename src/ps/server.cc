@@ -1,5 +1,6 @@
 #include "shoal/ps/server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -61,19 +62,23 @@ class Server::Handler final : public net::FrameServer::Handler {
     const std::set<int> members = shard_->workers();
     bool dropped = false;
     for (int w : members) {
+      if (departed_.count(w)) continue;          // left a sync job: not silent
       auto [it, fresh] = seen_.emplace(w, now);  // restored from a snapshot: from now
       const double silent = std::chrono::duration<double>(now - it->second).count();
       if (fresh || silent <= o_.heartbeat_s) continue;
-      SHOAL_LOG_WARN(
-          "ps server: worker {} sent nothing for {:.1f} s (heartbeat deadline {} s): dropped "
-          "from the quorum",
-          w, silent, o_.heartbeat_s);
-      (void)shard_->remove_worker(w);
+      const std::string why =
+          fmt::format("worker {} sent nothing for {:.1f} s (heartbeat deadline {} s)", w, silent,
+                      o_.heartbeat_s);
+      if (whole_rounds()) {
+        lose(s, w, why);
+        seen_[w] = now;  // named once
+      } else {
+        SHOAL_LOG_WARN("ps server: {}: dropped from the quorum", why);
+        (void)shard_->remove_worker(w);
+      }
       {
         std::lock_guard<std::mutex> lk(mu_);
-        drops_.emplace_back(w, fmt::format("worker {} sent nothing for {:.1f} s (heartbeat "
-                                           "deadline {} s): dropped from the quorum",
-                                           w, silent, o_.heartbeat_s));
+        drops_.emplace_back(w, whole_rounds() ? lost_ : why + ": dropped from the quorum");
       }
       dropped = true;
     }
@@ -88,10 +93,22 @@ class Server::Handler final : public net::FrameServer::Handler {
     regions_.drop(c);  // after its pulls: they point into these mappings
     auto w = worker_of_.find(c);
     if (w == worker_of_.end()) return;
-    SHOAL_LOG_WARN("ps server: worker {} left: its connection closed", w->second);
-    if (shard_) (void)shard_->remove_worker(w->second);
+    const int worker = w->second;
     worker_of_.erase(w);
+    if (whole_rounds()) {
+      lose(s, worker,
+           fmt::format("worker {}'s connection closed before it left (did its process die?)",
+                       worker));
+      return;
+    }
+    SHOAL_LOG_WARN("ps server: worker {} left: its connection closed", worker);
+    if (shard_) (void)shard_->remove_worker(worker);
     answer_pulls(s);
+  }
+
+  std::string lost() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return lost_report_;
   }
 
   std::vector<std::pair<int, std::string>> take_drops() {
@@ -161,16 +178,23 @@ class Server::Handler final : public net::FrameServer::Handler {
       return failed_precondition(
           "this server has no options yet: a worker sends them first (config, wire op 'C')");
     if (r.op == Op::kPush || r.op == Op::kPushPull || r.op == Op::kPushRows ||
-        r.op == Op::kPushRowsPull || r.op == Op::kShmPushPull)
+        r.op == Op::kPushRowsPull || r.op == Op::kShmPushPull) {
       SHOAL_RETURN_IF_ERROR(check_coding(r));
+      SHOAL_RETURN_IF_ERROR(check_whole(s, r));
+    }
     switch (r.op) {
       case Op::kJoin:
+        if (whole_rounds() && !lost_.empty()) return failed_precondition("{}", lost_);
         SHOAL_RETURN_IF_ERROR(shard_->add_worker(r.worker));
         worker_of_[c] = r.worker;
         break;
       case Op::kLeave:
-        SHOAL_RETURN_IF_ERROR(shard_->remove_worker(r.worker));
         worker_of_.erase(c);
+        if (whole_rounds()) {
+          leave_whole(s, r.worker);
+          break;
+        }
+        SHOAL_RETURN_IF_ERROR(shard_->remove_worker(r.worker));
         answer_pulls(s);
         break;
       case Op::kInit:
@@ -214,6 +238,50 @@ class Server::Handler final : public net::FrameServer::Handler {
     }
     s.reply(c, net::FrameType::kPsReply, seq, "");
     publish();
+    return ok_status();
+  }
+
+  // Sync jobs of a known size: rounds close only with every worker.
+  bool whole_rounds() const {
+    return o_.job_workers > 0 && shard_ && shard_->options().mode == Mode::kSync;
+  }
+
+  // A member of a sync job is gone: no round can close with every worker
+  // again. Every waiting answer is refused naming it, and so is every
+  // later push and join; the loss is published for the job's roles.
+  void lose(net::FrameServer& s, int worker, const std::string& why) {
+    if (lost_.empty()) {
+      lost_ =
+          fmt::format("{}: a sync round needs all {} workers of the job, so the job cannot go on",
+                      why, o_.job_workers);
+      SHOAL_LOG_ERROR("ps server: {}", lost_);
+      std::lock_guard<std::mutex> lk(mu_);
+      lost_report_ = fmt::format("{} {}", worker, lost_);
+    }
+    for (const Pull& p : pulls_) s.reply(p.conn, net::FrameType::kStoreError, p.seq, lost_);
+    pulls_.clear();
+  }
+
+  // A worker of a sync job of a known size leaves: at the end of the job
+  // nobody waits for it. A round still open without it, or a push that
+  // comes after it, means the workers ran different steps: the job is lost.
+  void leave_whole(net::FrameServer& s, int worker) {
+    departed_.insert(worker);
+    const bool waiting =
+        std::any_of(pulls_.begin(), pulls_.end(), [](const Pull& p) { return p.with_result; });
+    if (waiting)
+      lose(s, worker,
+           fmt::format("worker {} left while other workers wait for it in a sync round", worker));
+  }
+
+  Status check_whole(net::FrameServer& s, const Request& r) {
+    if (!whole_rounds()) return ok_status();
+    if (lost_.empty() && !departed_.empty() && !departed_.count(r.worker))
+      lose(s, *departed_.begin(),
+           fmt::format("worker {} left the job (it had finished its steps) while worker {} still "
+                       "pushes (step {}): the workers of a sync job must run the same steps",
+                       *departed_.begin(), r.worker, r.step));
+    if (!lost_.empty()) return failed_precondition("{}", lost_);
     return ok_status();
   }
 
@@ -370,6 +438,9 @@ class Server::Handler final : public net::FrameServer::Handler {
   std::map<ConnId, int> worker_of_;
   std::map<int, std::chrono::steady_clock::time_point> seen_;  // worker -> last request
   std::vector<std::pair<int, std::string>> drops_;             // guarded by mu_
+  std::string lost_;         // why a sync job of job_workers cannot go on; "" while it can
+  std::string lost_report_;  // "worker why", guarded by mu_
+  std::set<int> departed_;   // sync job: members that left
   std::vector<Pull> pulls_;
   std::vector<Tensor> spares_;
   std::uint64_t last_snapshot_ = 0;
@@ -402,5 +473,6 @@ ShardStats Server::stats() const { return handler_->stats(); }
 Server::Traffic Server::traffic() const { return handler_->traffic(); }
 int Server::refused() const { return server_->refused(); }
 std::vector<std::pair<int, std::string>> Server::take_drops() { return handler_->take_drops(); }
+std::string Server::lost() const { return handler_->lost(); }
 
 }  // namespace shoal::ps

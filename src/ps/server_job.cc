@@ -111,6 +111,7 @@ std::string serve(Server& s, net::Store* store, int num_workers, const std::stri
   };
   write_metrics();
   std::string why = "SIGTERM";
+  int lost_at = -1;  // the tick a lost worker ended the sync job
   for (int tick = 0; !stop; ++tick) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (tick % 20 == 19) write_metrics();
@@ -122,6 +123,22 @@ std::string serve(Server& s, net::Store* store, int num_workers, const std::stri
       if (std::string done = job_over(*store, num_workers); !done.empty()) {
         why = done;
         break;
+      }
+      // A sync job that lost a worker: the others are refused at their next
+      // push and leave; the lost one never will. Stop when they have, or
+      // after 10 s.
+      if (std::string lost = s.lost(); !lost.empty()) {
+        if (lost_at < 0) {
+          lost_at = tick;
+          (void)store->set(ps_keys::kLost, lost);
+        }
+        auto joined = store->add(ps_keys::kWorkers, 0);
+        auto left = store->add(ps_keys::kLeft, 0);
+        const bool rest_left = joined.ok() && left.ok() && *left + 1 >= *joined;
+        if (rest_left || tick - lost_at >= 200) {
+          why = "the job lost a worker: " + lost.substr(lost.find(' ') + 1);
+          break;
+        }
       }
     }
   }
@@ -156,6 +173,7 @@ Status ServerJob::run(ServerJobOptions o, const std::atomic<bool>& stop) {
     SHOAL_RETURN_IF_ERROR(read_server_env(e));
   }
   o.server.heartbeat_s = e.heartbeat_s;
+  if (in_job) o.server.job_workers = e.num_workers;
   o.server.shard.slice_bound = e.slice_bound;
   if (e.token.empty())
     SHOAL_LOG_WARN(
@@ -179,8 +197,10 @@ Status ServerJob::run(ServerJobOptions o, const std::atomic<bool>& stop) {
   std::fflush(stdout);  // a pipe buffers: out before the last snapshot
   const ShardStats st = s->stats();
   const Server::Traffic tr = s->traffic();
+  const std::string lost = s->lost();
   s.reset();  // stops serving and writes the last snapshot
   print_served(st, tr);
+  if (!lost.empty()) return aborted("the job lost a worker: {}", lost.substr(lost.find(' ') + 1));
   return ok_status();
 }
 

@@ -93,6 +93,7 @@ void Worker::set_in_place(bool on) { impl_->set_in_place(on); }
 bool Worker::in_place(std::size_t server) const { return impl_->in_place(server); }
 Status Worker::leave() { return impl_->leave(); }
 void Worker::set_resolver(Resolver r) { impl_->set_resolver(std::move(r)); }
+void Worker::set_silence(Silence s) { impl_->set_silence(std::move(s)); }
 
 void Worker::Impl::probe_in_place(std::size_t i, Deadline dl) {
   if (in_place_.size() < servers_.size()) in_place_.resize(servers_.size(), false);
@@ -309,9 +310,15 @@ Status Worker::Impl::leave() {
   Request q;
   q.op = Op::kLeave;
   q.worker = worker_;
-  for (auto& s : servers_)
-    SHOAL_RETURN_IF_ERROR(call(s, encode(q), Deadline::after_seconds(10)).status());
-  return ok_status();
+  // Every server is told, the first failure reported; a server taken for
+  // stopped (its stream holds unanswered requests) is not waited for.
+  Status first;
+  for (std::size_t i = 0; i < servers_.size(); ++i) {
+    if (i < silenced_.size() && silenced_[i]) continue;
+    Status st = call(servers_[i], encode(q), Deadline::after_seconds(10)).status();
+    if (first.ok()) first = st;
+  }
+  return first;
 }
 
 }  // namespace shoal::ps

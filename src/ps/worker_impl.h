@@ -52,6 +52,7 @@ class Worker::Impl {
   bool in_place(std::size_t server) const { return server < in_place_.size() && in_place_[server]; }
   Status leave();
   void set_resolver(Resolver r) { resolve_ = std::move(r); }
+  void set_silence(Silence s) { silent_ = std::move(s); }
 
   // The rest is private to the implementation.
   std::size_t server_of(const std::string& key) const;
@@ -96,6 +97,7 @@ class Worker::Impl {
   void send_block(PipelineBlock&& b);
   void answer(const PipelineBlock& b, Result<Pulled> got);
   void recover(std::size_t i, const Status& why);
+  void fail_if_silent(std::size_t i);
   void read_answer(std::size_t i);
   // The rest of a pushpull reply after its fixed part: dims, codec, data.
   Result<Tensor> recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,
@@ -107,6 +109,8 @@ class Worker::Impl {
   std::string token_;
   std::optional<ShardOptions> config_;
   Resolver resolve_;
+  Silence silent_;
+  std::vector<bool> silenced_;  // servers whose waits failed as silent
   Compression compression_;
   std::unique_ptr<ErrorFeedback> feedback_;
   std::map<std::string, Shape> shapes_;  // from init

@@ -42,6 +42,7 @@ struct WorkerJob::Impl {
   std::int64_t id = -1;  // in the push-pull op registry
   Mode mode = Mode::kSync;
   double timeout_s = 300;
+  bool writer = false;  // holds ps_keys::kWriter: writes the job's checkpoints
   // The step each key's next push is for: sync, the server's version (the
   // open round); async and bounded, this worker's own count.
   std::map<std::string, std::int64_t> next_step;

@@ -189,6 +189,27 @@ void Worker::Impl::recover(std::size_t i, const Status& why) {
   }
 }
 
+// Server i is taken for stopped or hung (its heartbeat went unanswered):
+// what waits on it fails, naming it.
+void Worker::Impl::fail_if_silent(std::size_t i) {
+  if (!silent_) return;
+  const std::string why = silent_(i);
+  if (why.empty()) return;
+  Pipeline& pl = *pipeline_;
+  std::vector<PipelineBlock> lost;
+  for (auto it = pl.sent.begin(); it != pl.sent.end();) {
+    if (it->first.first == i) {
+      lost.push_back(std::move(it->second));
+      it = pl.sent.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (silenced_.size() < servers_.size()) silenced_.resize(servers_.size());
+  silenced_[i] = true;
+  for (auto& b : lost) answer(b, deadline_exceeded("{}", why));
+}
+
 // Reads one answer from server i and files it.
 void Worker::Impl::read_answer(std::size_t i) {
   Pipeline& pl = *pipeline_;
@@ -258,6 +279,7 @@ std::vector<Worker::Done> Worker::Impl::poll_push_pulls(int wake, Deadline dl) {
         if (fds[k].revents) read_answer(who[k]);
       if (wake >= 0 && fds.back().revents) break;
     }
+    for (std::size_t i : who) fail_if_silent(i);
     if (dl.expired()) break;
   }
   return std::exchange(pl.done, {});

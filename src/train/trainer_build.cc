@@ -147,7 +147,10 @@ Status Trainer::agree_with_peers(const Graph& g) {
         {"--limit-train", v(o.limit_train)},
         {"--limit-test", v(o.limit_test)},
         {"--eval-batch", v(o.eval_batch)},
-        {"--resume", v(o.resume)},
+        // Async parameter-server workers keep no state in common (the
+        // servers hold the weights): a replacement that takes up the job's
+        // checkpoints resumes them alone.
+        {"--resume", o.peers->collective() ? v(o.resume) : "-"},
         // A checkpoint averages batch-norm statistics over the ranks: all
         // must checkpoint at the same steps.
         {"--checkpoint-every", v(o.checkpoint_every)},

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -147,6 +148,90 @@ TEST(PsCli, RolesThatCountDifferentlyAreRefusedByName) {
       << r.out;
   EXPECT_NE(r.out.find("unset rc=2"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 30) << r.out;
+}
+
+// A sync job started by hand whose worker dies: before, the servers
+// closed rounds with the one worker left (it trained alone on half the
+// batch, the math changed unseen), then it hung on its peer's loss vote
+// until SHOAL_COMM_TIMEOUT, and the server and scheduler never exited.
+// Now no round closes without every worker: the survivor is refused
+// naming the lost worker, and every role ends within seconds.
+TEST(PsCli, ASyncJobThatLosesAWorkerEndsNamedAndNoRoundClosesWithoutIt) {
+  shoal::testing::TempDir dir("ps_cli_lost");
+  const std::string d = dir.path();
+  auto r = shoal::testing::run_sh(fmt::format(
+      "export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT={1} DMLC_NUM_SERVER=1 "
+      "DMLC_NUM_WORKER=2 SHOAL_JOB_TOKEN=lost SHOAL_COMM_TIMEOUT=100; cd {2}; "
+      "T='train --dist ps --model mlp --limit-train 2048 --limit-test 256 --threads 1 --epochs 100 "
+      "--no-plot'; R='timeout -s KILL 90 {0}'; "
+      "DMLC_ROLE=scheduler $R ps scheduler > sched.log 2>&1 & S=$!; "
+      "DMLC_ROLE=server $R ps server --metrics m.jsonl > server.log 2>&1 & P=$!; "
+      "DMLC_ROLE=worker $R $T --out a > a.log 2>&1 & A=$!; "
+      "DMLC_ROLE=worker $R $T --out b > b.log 2>&1 & B=$!; i=0; "
+      "while [ $i -lt 600 ] && ! grep -qs '\"pushes\":[1-9]' m.jsonl; do sleep 0.05; "
+      "i=$((i+1)); done; "
+      "pkill -9 -P $A; t0=$(date +%s); wait $B; echo survivor rc=$?; wait $P; echo server rc=$?; "
+      "wait $S; echo scheduler rc=$?; echo ended in $(( $(date +%s) - t0 )) s; "
+      "cat b.log server.log sched.log",
+      SHOAL_BINARY, shoal::testing::free_port(), d));
+  EXPECT_NE(r.out.find("survivor rc=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("server rc=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("scheduler rc=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("connection closed before it left (did its process die?): a sync round "
+                       "needs all 2 workers of the job"),
+            std::string::npos)
+      << r.out;
+  EXPECT_LT(r.seconds, 60) << r.out;
+  // Every round the server closed had both workers' pushes: as many rounds
+  // as the worker with fewer pushes made (the survivor's pushes of the
+  // round the dead worker never reached are counted, and refused).
+  const auto at = r.out.find("updates, ");
+  const auto by = r.out.find("pushes by worker: worker 0: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  ASSERT_NE(by, std::string::npos) << r.out;
+  int rounds = -1, w0 = -1, w1 = -1;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "updates, %d sync rounds", &rounds), 1) << r.out;
+  ASSERT_EQ(
+      std::sscanf(r.out.c_str() + by, "pushes by worker: worker 0: %d, worker 1: %d", &w0, &w1), 2)
+      << r.out;
+  EXPECT_GT(rounds, 0) << r.out;
+  EXPECT_EQ(rounds, std::min(w0, w1)) << r.out;
+}
+
+// A server of a job started by hand is stopped (SIGSTOP: alive, its
+// connections open, silent). Before, its workers waited out the 300 s
+// wait of a push-pull (SHOAL_COMM_TIMEOUT did not reach it) and the other
+// servers, starved of heartbeats, blamed a worker. Now the workers name
+// the server once it answers no heartbeat for SHOAL_PS_HEARTBEAT seconds.
+TEST(PsCli, AFrozenServerOfAHandStartedJobIsNamedWithinItsHeartbeatDeadline) {
+  shoal::testing::TempDir dir("ps_cli_frozen_server");
+  const std::string d = dir.path();
+  auto r = shoal::testing::run_sh(fmt::format(
+      "export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT={1} DMLC_NUM_SERVER=2 "
+      "DMLC_NUM_WORKER=2 SHOAL_JOB_TOKEN=frozen SHOAL_PS_HEARTBEAT=2; cd {2}; "
+      "T='train --dist ps --model mlp --limit-train 2048 --limit-test 256 --threads 1 --epochs 100 "
+      "--no-plot'; R='timeout -s KILL 90 {0}'; "
+      "DMLC_ROLE=scheduler $R ps scheduler > sched.log 2>&1 & S=$!; "
+      "DMLC_ROLE=server {0} ps server --metrics m.jsonl > s0.log 2>&1 & P=$!; "
+      "DMLC_ROLE=server $R ps server > s1.log 2>&1 & Q=$!; "
+      "DMLC_ROLE=worker $R $T --out a > a.log 2>&1 & A=$!; "
+      "DMLC_ROLE=worker $R $T --out b > b.log 2>&1 & B=$!; i=0; "
+      "while [ $i -lt 600 ] && ! grep -qs '\"pushes\":[1-9]' m.jsonl; do sleep 0.05; "
+      "i=$((i+1)); done; kill -STOP $P; t0=$(date +%s); wait $A; echo a rc=$?; wait $B; "
+      "echo b rc=$?; echo named in $(( $(date +%s) - t0 )) s; kill -CONT $P; kill $P $Q $S; "
+      "wait; cat a.log b.log s1.log",
+      SHOAL_BINARY, shoal::testing::free_port(), d));
+  EXPECT_NE(r.out.find("a rc=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("b rc=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("answered no heartbeat for"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(SHOAL_PS_HEARTBEAT=2 s): it is stopped or hung"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("sent nothing for"), std::string::npos) << r.out;  // no worker blamed
+  int named = 999;
+  const auto at = r.out.find("named in ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  named = std::atoi(r.out.c_str() + at + 9);
+  EXPECT_LE(named, 10) << r.out;
 }
 
 TEST(PsCli, AnUnknownOptimizerIsRefusedByName) {

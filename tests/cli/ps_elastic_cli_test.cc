@@ -23,12 +23,21 @@ using testing::run_shoal;
 // 12,288 images: long enough (several seconds) that a worker asked for by
 // `shoal ps join` starts before the others finish.
 testing::ShoalRun elastic_job(const std::string& dir, const std::string& elastic,
-                              const std::string& before, const std::string& mode = "async") {
+                              const std::string& before, const std::string& mode = "async",
+                              const std::string& extra = "") {
   return run_shoal(fmt::format(
       "run --ps 1,2 --ps-elastic {2} --timeout 120 --ps-snapshots {0}/ps -- sh -c '{3} exec {1} "
       "train --dist ps --ps-mode {4} --model mlp --limit-train 12288 --limit-test 256 --threads 1 "
-      "--optimizer sgd --lr 0.05 --batch 32 --epochs 2 --no-plot --quiet --out {0}/run'",
-      dir, SHOAL_BINARY, elastic, before, mode));
+      "--optimizer sgd --lr 0.05 --batch 32 --epochs 2 --no-plot --quiet --out {0}/run {5}'",
+      dir, SHOAL_BINARY, elastic, before, mode, extra));
+}
+
+// Waits (bounded) until the job's first checkpoint is written.
+std::string until_checkpoint(const std::string& dir) {
+  return fmt::format(
+      "i=0; while [ $i -lt 600 ] && ! ls {}/run/checkpoints/ckpt-*.safetensors >/dev/null 2>&1; "
+      "do sleep 0.05; i=$((i+1)); done;",
+      dir);
 }
 
 std::string join_once(const std::string& dir, int workers) {
@@ -61,6 +70,47 @@ TEST(PsElasticCli, AFailedWorkerIsReplacedWhileFewerThanMinTrain) {
   EXPECT_NE(r.out.find("starting worker 2 (a replacement: 1 of at least 2 training)"),
             std::string::npos)
       << r.out;
+  EXPECT_EQ(numbers_after(r.out, "final: test accuracy ").size(), 2u) << r.out;
+}
+
+// One writer of checkpoints per job, whoever joins: a worker asked for
+// once checkpoints exist takes a rank that is not 0 and trains; before, its
+// id came out as rank 0, and it refused the job's own --out ("holds
+// checkpoints of an earlier run") and died, or wrote beside worker 0.
+TEST(PsElasticCli, AWorkerJoinedAfterACheckpointTrainsAndDoesNotWriteOne) {
+  const std::string dir = testing::scratch_dir("ps_elastic_ckpt_join");
+  auto r = elastic_job(dir, "1:3",
+                       fmt::format("if mkdir {0}/once 2>/dev/null; then ({1} {2} ps join --job "
+                                   "{0}/ps --workers 1) & fi;",
+                                   dir, until_checkpoint(dir), SHOAL_BINARY),
+                       "async", "--checkpoint-every 40");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("starting worker 2 (asked for by shoal ps join)"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(numbers_after(r.out, "final: test accuracy ").size(), 3u) << r.out;
+  EXPECT_EQ(r.out.find("holds checkpoints of an earlier run"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("writes the job's checkpoints"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("failed"), std::string::npos) << r.out;
+}
+
+// The writer (worker 0) dies after a checkpoint: its replacement takes the
+// duty and continues the job's checkpoints from the newest one.
+TEST(PsElasticCli, TheReplacementOfTheCheckpointWriterContinuesItsCheckpoints) {
+  const std::string dir = testing::scratch_dir("ps_elastic_ckpt_writer");
+  const std::string train = fmt::format(
+      "{} train --dist ps --ps-mode async --model mlp --limit-train 12288 --limit-test 256 "
+      "--threads 1 --optimizer sgd --lr 0.05 --batch 32 --epochs 2 --no-plot --quiet --out "
+      "{}/run --checkpoint-every 40",
+      SHOAL_BINARY, dir);
+  auto r = run_shoal(fmt::format(
+      "run --ps 1,2 --ps-elastic 2:2 --timeout 120 --ps-snapshots {0}/ps -- sh -c 'if [ "
+      "\"$SHOAL_PS_WORKER_ID\" = 0 ]; then {1} & p=$!; {2} kill -9 $p; exit 3; fi; exec {1}'",
+      dir, train, until_checkpoint(dir)));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("worker 0 exited with code 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("starting worker 2 (a replacement"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("worker 2: writes the job's checkpoints"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("holds checkpoints of an earlier run"), std::string::npos) << r.out;
   EXPECT_EQ(numbers_after(r.out, "final: test accuracy ").size(), 2u) << r.out;
 }
 

@@ -305,7 +305,7 @@ TEST(PsServer, HeartbeatsReachARestartedServer) {
   ASSERT_TRUE(first.ok()) << first.status().to_string();
   std::mutex mu;
   std::string registered = addr(**first);
-  auto hb = Heartbeat::start({registered}, kToken, 0, 0.2, [&](int) {
+  auto hb = Heartbeat::start({registered}, kToken, 0, 0.2, 1.0, [&](int) {
     std::lock_guard<std::mutex> lk(mu);
     return registered;
   });

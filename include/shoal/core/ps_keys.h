@@ -26,6 +26,15 @@ inline constexpr const char* kLeft = "ps/left";
 inline std::string joined(int id) { return fmt::format("ps/joined/{}", id); }
 // "id line": the last worker a server dropped for silence.
 inline constexpr const char* kDropped = "ps/dropped";
+// "id why": the worker whose loss ended a sync job (a server saw its
+// connection close before it left, or its silence): the scheduler stops
+// the job and ends the waits of the workers left.
+inline constexpr const char* kLost = "ps/lost";
+// The id of the worker that writes the job's checkpoints and reports (a
+// rank 0's duties): worker 0, then, once it is gone ("" again: it left, or
+// the launcher saw it fail), the first replacement or joined worker to take
+// it. One writer per job, whoever joins.
+inline constexpr const char* kWriter = "ps/writer";
 // "min:max" under `shoal run --ps-elastic`.
 inline constexpr const char* kElastic = "ps/elastic";
 // Counter: workers asked for by `shoal ps join`.

@@ -58,6 +58,10 @@ class TcpStoreServer {
   const std::string& host() const;
   // Connections refused so far (bad proof, limits, deadlines): for tests and logs.
   int refused() const;
+  // The job is over: every get waiting now, and every later get of an
+  // absent key, is answered with `why` as an error (a client waiting for
+  // a peer that died hears why instead of waiting out its deadline).
+  void end_waits(const std::string& why);
 
  private:
   class Handler;

@@ -93,6 +93,7 @@ class WorkerJob {
 
  private:
   WorkerJob() = default;
+  Status take_ranks(train::TrainOptions& t, int id);
   JobEnv env_;
   ShardOptions o_;
   std::unique_ptr<Impl> impl_;

@@ -36,6 +36,13 @@ struct ServerOptions {
   // (SIGSTOP, a hung host) does not hold sync rounds or the bounded
   // window forever. Workers send heartbeats every quarter of it. 0 = off.
   double heartbeat_s = 30;
+  // Sync jobs: the number of workers the job has (DMLC_NUM_WORKER). When
+  // set, a round closes only with every one of them: a member lost (its
+  // connection closed before it left, silent past the heartbeat deadline,
+  // or gone while others still push) ends the job instead, and every
+  // waiting and later push is refused naming it. 0 = rounds over the
+  // members present (a server used alone, as in the unit tests).
+  int job_workers = 0;
 };
 
 class Server {
@@ -58,6 +65,9 @@ class Server {
   // Workers dropped for silence since the last call, each as a line
   // naming the worker (thread-safe): `shoal ps server` tells the scheduler.
   std::vector<std::pair<int, std::string>> take_drops();
+  // The member whose loss ended a sync job of `job_workers` and why; ""
+  // while none was lost (thread-safe).
+  std::string lost() const;
 
  private:
   class Handler;

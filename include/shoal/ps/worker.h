@@ -132,6 +132,13 @@ class Worker {
   using Resolver = std::function<Result<std::string>(int server, const std::string& old)>;
   void set_resolver(Resolver r);
 
+  // Liveness: `silent(i)` says why server i is taken for stopped or hung
+  // ("" while it answers; the job's heartbeat knows). Push-pulls waiting
+  // on such a server fail with that reason instead of waiting out their
+  // deadline. Must not block.
+  using Silence = std::function<std::string(std::size_t server)>;
+  void set_silence(Silence s);
+
  private:
   // The connections, keys, sequence numbers and pipeline (ps/worker_impl.h).
   class Impl;
