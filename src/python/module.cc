@@ -105,7 +105,7 @@ void bind_onnx(py::module_& m) {
   o.def("supported_ops", &onnx::supported_ops);
 }
 
-PYBIND11_MODULE(shoal, m) {
+PYBIND11_MODULE(_shoal, m) {
   m.doc() = "Shoal: train networks on one process or many (C++ library, Python front).";
   std::string id = build_id();  // "shoal <version> <commit> ..."
   m.attr("__version__") = id.substr(6, id.find(' ', 6) - 6);

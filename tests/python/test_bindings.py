@@ -269,3 +269,35 @@ def test_torchrun_starts_python_ranks_too(tmp_path):
     lines = run_dist(lambda s, out: [PY, torchrun, "--nproc_per_node", "2", s, out], tmp_path)
     assert [l.split()[1:5] for l in lines] == [["rank", "0", "world", "2"], ["rank", "1", "world", "2"]]
     assert lines[0].split()[-1] == lines[1].split()[-1]
+
+
+def _import_shoal(env_extra, first=""):
+    """A fresh interpreter that imports `first` then shoal; libgomp prints the
+    policy it took (OMP_DISPLAY_ENV) to stderr when it loads."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update({"OMP_DISPLAY_ENV": "true"}, **env_extra)
+    code = f"{first}\nimport os, shoal\nprint('policy', os.environ.get('OMP_WAIT_POLICY'))"
+    return subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_import_sets_a_passive_openmp_wait_policy_unless_one_is_set():
+    # Before: `import shoal` left libgomp spinning (the CLI alone set passive),
+    # and two threads beside a busy process ran 4-10x slower than one.
+    r = _import_shoal({})
+    assert r.returncode == 0, r.stderr
+    assert "policy passive" in r.stdout
+    assert "OMP_WAIT_POLICY = 'PASSIVE'" in r.stderr  # what libgomp itself took
+    kept = _import_shoal({"OMP_WAIT_POLICY": "active"})
+    assert "policy active" in kept.stdout
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in kept.stderr
+    spin = _import_shoal({"GOMP_SPINCOUNT": "1000"})
+    assert "policy None" in spin.stdout
+
+
+def test_import_after_another_openmp_user_warns_that_the_policy_cannot_change():
+    if subprocess.run([PY, "-c", "import torch"], capture_output=True).returncode != 0:
+        pytest.skip("python3-torch missing: no other module loads libgomp first")
+    r = _import_shoal({}, first="import torch")
+    assert r.returncode == 0, r.stderr
+    assert "policy None" in r.stdout
+    assert "was loaded before shoal" in r.stderr
