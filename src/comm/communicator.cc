@@ -11,6 +11,7 @@
 #include "comm/mpi_backend.h"
 #include "comm/reduce_internal.h"
 #include "comm/rendezvous.h"
+#include "comm/watchdog.h"
 #include "shoal/core/env.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
@@ -152,10 +153,20 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env() {
   SHOAL_ASSIGN_OR_RETURN(auto c, create(e.rank, e.world, *rv.store, o));
   c->own_store_ = std::move(rv.server);
   c->own_client_ = std::move(rv.store);
+  SHOAL_ASSIGN_OR_RETURN(double deadline, heartbeat_deadline());
+  if (e.world > 1 && deadline > 0) {
+    // Heartbeats on a store connection of their own: a frozen rank is named
+    // within SHOAL_HEARTBEAT seconds, whatever a collective may wait.
+    SHOAL_ASSIGN_OR_RETURN(auto hb_store, rv.connect_again());
+    SHOAL_ASSIGN_OR_RETURN(
+        c->watchdog_, Watchdog::start(std::move(hb_store),
+                                      {e.rank, e.world, c->o_.prefix, deadline, rv.where, {}}));
+  }
   return c;
 }
 
 Communicator::~Communicator() {
+  watchdog_.reset();  // this rank is done: its watcher stops watching
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;

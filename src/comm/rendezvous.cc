@@ -101,6 +101,12 @@ Result<Rendezvous> agent_store(const LaunchEnv& e, CommOptions& o) {
                            return net::C10dStore::connect(
                                hp.first, hp.second, Deadline::after_seconds(o.timeout_seconds));
                          }));
+  rv.where = fmt::format("{} (torchrun's agent)", e.store);
+  rv.connect_again = [hp]() -> Result<std::unique_ptr<net::Store>> {
+    SHOAL_ASSIGN_OR_RETURN(
+        auto s, net::C10dStore::connect(hp.first, hp.second, Deadline::after_seconds(30)));
+    return std::unique_ptr<net::Store>(std::move(s));
+  };
   o.prefix = fmt::format("shoal/{}/{}", env::get("TORCHELASTIC_RUN_ID").value_or("none"),
                          env::get("TORCHELASTIC_RESTART_COUNT").value_or("0"));
   if (e.rank == 0)
@@ -160,6 +166,10 @@ Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o) {
           "read them; use a fresh directory per job or set SHOAL_JOB_ID",
           *dir);
     rv.store = std::make_unique<net::FileStore>(*dir, job);
+    rv.where = fmt::format("SHOAL_STORE_DIR={}", *dir);
+    rv.connect_again = [d = *dir, job]() -> Result<std::unique_ptr<net::Store>> {
+      return std::unique_ptr<net::Store>(std::make_unique<net::FileStore>(d, job));
+    };
     return rv;
   }
   const bool named = env::get("SHOAL_STORE").has_value();
@@ -197,6 +207,12 @@ Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o) {
                                                          Deadline::after_seconds(o.timeout_seconds),
                                                          o.token);
                          }));
+  rv.where = serve ? fmt::format("{} (served by rank 0)", where) : where;
+  rv.connect_again = [hp, token = o.token]() -> Result<std::unique_ptr<net::Store>> {
+    SHOAL_ASSIGN_OR_RETURN(
+        auto s, net::TcpStore::connect(hp.first, hp.second, Deadline::after_seconds(30), token));
+    return std::unique_ptr<net::Store>(std::move(s));
+  };
   return rv;
 }
 

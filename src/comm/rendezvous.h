@@ -6,7 +6,9 @@
 // derived from the job and step ids. Private to comm.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "shoal/comm/communicator.h"
 #include "shoal/core/launch_env.h"
@@ -17,6 +19,10 @@ namespace shoal::comm {
 struct Rendezvous {
   std::unique_ptr<net::TcpStoreServer> server;  // when this rank serves it
   std::unique_ptr<net::Store> store;
+  // Another client of the same store (for a thread of its own: a store
+  // client is not shared between threads), and where it is.
+  std::function<Result<std::unique_ptr<net::Store>>()> connect_again;
+  std::string where;
 };
 
 // For a world of more than one. May set o.prefix (keys of one torchrun

@@ -31,7 +31,10 @@ Status Store::wait(const std::vector<std::string>& keys, Deadline dl) {
 
 Result<std::string> Store::peek(const std::string& key) {
   const std::string probe = "\x01peek: no key holds this";
-  return compare_set(key, probe, probe);
+  SHOAL_ASSIGN_OR_RETURN(std::string v, compare_set(key, probe, probe));
+  // PyTorch's TCPStore answers a swap on an absent key with the expected
+  // value (ours with ""): absent either way.
+  return v == probe ? std::string() : v;
 }
 
 // ------------------------------------------------------------- client

@@ -57,6 +57,36 @@ TEST(Torchrun, DefaultRendezvousGoesThroughTheAgentsStore) {
 // torchrun restarts its workers with the agent's store kept: each attempt
 // meets under its own keys, so rank 0 of the first attempt does not hold
 // its claim against the second.
+// A rank that stops (SIGSTOP: alive, its sockets open, silent) under a
+// launcher that watches only exits: its watcher names it within
+// SHOAL_HEARTBEAT seconds and the job stops. Before, the others waited in
+// their collective; resumed 8 s later, the job went on as if nothing
+// happened (and a rank stopped for good cost SHOAL_COMM_TIMEOUT, 300 s).
+TEST(Torchrun, AFrozenRankIsNamedWithinTheHeartbeatDeadline) {
+  if (!have_torch())
+    GTEST_SKIP() << "Debian's python3-torch is not installed (tools/install-deps.sh installs it)";
+  shoal::testing::TempDir dir("torchrun_frozen");
+  // A script, not sh -c: torchrun reads "$$" in its arguments as an escape.
+  const std::string script = dir.path() + "/rank.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\nif [ \"$RANK\" = 1 ]; then (sleep 3; kill -STOP $$; sleep 8; kill -CONT $$) "
+         "& fi\nexec "
+      << kShoal
+      << " train --model mlp --epochs 30 --limit-train 8192 --limit-test 256 --no-checkpoints "
+         "--no-plot --out "
+      << dir.path() << "/run\n";
+  }
+  Result r = run_sh("chmod +x " + script + " && SHOAL_HEARTBEAT=3 " +
+                    torchrun("--nproc_per_node 2 --no_python " + script));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "rank 1 sent no heartbeat for")) << r.out;
+  EXPECT_TRUE(
+      has(r, "(SHOAL_HEARTBEAT=3 s; noticed by rank 0): it is stopped, hung or unreachable"))
+      << r.out;
+  EXPECT_LT(r.seconds, 60) << r.out;
+}
+
 TEST(Torchrun, ARestartMeetsUnderFreshKeys) {
   if (!have_torch())
     GTEST_SKIP() << "Debian's python3-torch is not installed (tools/install-deps.sh installs it)";

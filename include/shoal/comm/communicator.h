@@ -103,6 +103,7 @@ struct CommOptions {
 
 class MpiBackend;
 class Mesh;
+class Watchdog;
 
 class Work {
  public:
@@ -252,6 +253,7 @@ class Communicator {
   std::unique_ptr<MpiBackend> mpi_;  // SHOAL_COMM_BACKEND=mpi
   std::unique_ptr<net::TcpStoreServer> own_store_;
   std::unique_ptr<net::Store> own_client_;
+  std::unique_ptr<Watchdog> watchdog_;  // heartbeats (from_env, world > 1)
 };
 
 // Fingerprint of a call: op, dtype, reduce op, root and the low 24 bits of
