@@ -1,6 +1,7 @@
 // `shoal train`: flags (and --config FILE in YAML or JSON) into
 // TrainOptions, then train::Trainer. Unknown or invalid options in either
 // place are refused with a message that names them.
+#include <sys/resource.h>
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
@@ -219,6 +220,10 @@ TrainCommand add_train_command(CLI::App& app) {
       ->check(kNonNegative);
   t->add_option("--limit-test", o.limit_test, "Use only the first N test samples")
       ->check(kNonNegative);
+  t->add_option("--classes", o.classes,
+                "Number of classes (default: one more than the largest label); a label "
+                "outside [0, N) is refused")
+      ->check(kPositive);
   t->add_option("--eval-batch", o.eval_batch, "Evaluation batch")->check(kPositive);
   t->add_flag("!--no-plot", o.plot, "Do not write metrics.png");
   t->add_flag("--quiet", o.quiet, "No progress output");
@@ -386,6 +391,12 @@ int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flag
     return 1;
   }
   if (tr.stopped_by() != 0) return 128 + tr.stopped_by();  // as a shell reports the signal
+  // What the rank held at most, as the kernel counts it (ZeRO's stages
+  // are judged by it, not by the planner's figures).
+  rusage ru{};
+  if (getrusage(RUSAGE_SELF, &ru) == 0)
+    SHOAL_LOG_INFO("peak resident memory of rank {}: {:.0f} MB (getrusage)", o.rank,
+                   static_cast<double>(ru.ru_maxrss) / 1024.0);
   // The result line is printed under --quiet too: it is what a script reads.
   // Each worker of a parameter-server job has its own (async: they differ).
   if (!tr.history().empty() && (o.rank == 0 || ps_job)) {

@@ -291,18 +291,26 @@ Status Communicator::do_reduce_scatter(const void* send, void* recv,
   const auto me = static_cast<std::size_t>(rank_);
   if (gather_scatter_direct(off.back() * es, recv, counts[me] * es, send, off[me] * es))
     return direct_reduce_scatter(*mesh_, send, recv, off, dt, op, fp);
-  std::vector<std::uint8_t> work(bytes(send), bytes(send) + off.back() * es);
-  std::size_t maxc = *std::max_element(counts.begin(), counts.end());
-  std::vector<std::uint8_t> tmp(maxc * es);
+  // The ring holds two blocks of scratch, not a copy of the whole input:
+  // the block sent at step s > 0 is the partial sum received (and added
+  // to) at step s - 1. Before, every call copied the whole input to the
+  // heap (ZeRO's flat gradient: its peak RSS did not fall below plain DP's).
+  // Each partial is incoming op own block, as before (the ops commute).
+  const std::size_t maxc = *std::max_element(counts.begin(), counts.end());
+  std::vector<std::uint8_t> acc(maxc * es), in(maxc * es);
   auto idx = [&](int i) { return static_cast<std::size_t>((i % n + n) % n); };
   const int right = (rank_ + 1) % n, left = (rank_ - 1 + n) % n;
   for (int s = 0; s < n - 1; ++s) {
-    std::size_t sb = idx(rank_ - s - 1), rb = idx(rank_ - s - 2);
-    SHOAL_RETURN_IF_ERROR(mesh_->sendrecv(right, work.data() + off[sb] * es, counts[sb] * es, left,
-                                          tmp.data(), counts[rb] * es, fp, "reduce_scatter"));
-    reduce_into(work.data() + off[rb] * es, tmp.data(), counts[rb], dt, op);
+    const std::size_t sb = idx(rank_ - s - 1), rb = idx(rank_ - s - 2);
+    const std::uint8_t* out = s == 0 ? bytes(send) + off[sb] * es : acc.data();
+    SHOAL_RETURN_IF_ERROR(mesh_->sendrecv(right, out, counts[sb] * es, left, in.data(),
+                                          counts[rb] * es, fp, "reduce_scatter"));
+    reduce_into(in.data(), bytes(send) + off[rb] * es, counts[rb], dt, op);
+    std::swap(acc, in);
   }
-  if (counts[me]) std::memcpy(recv, work.data() + off[me] * es, counts[me] * es);
+  // The last block received was this rank's own (rb == me at s = n - 2).
+  const std::uint8_t* mine = n == 1 ? bytes(send) : acc.data();
+  if (counts[me]) std::memmove(recv, mine, counts[me] * es);
   if (op == ReduceOp::kAvg) divide_by_size(recv, counts[me], dt, world_);
   return ok_status();
 }
