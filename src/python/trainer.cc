@@ -62,6 +62,7 @@ const std::vector<std::pair<const char*, Field>>& fields() {
       {"max_steps", &T::max_steps},
       {"limit_train", &T::limit_train},
       {"limit_test", &T::limit_test},
+      {"classes", &T::classes},
       {"eval_batch", &T::eval_batch},
       {"plot", &T::plot},
       {"quiet", &T::quiet},

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "shoal/core/hash.h"
 #include "shoal/core/logging.h"
@@ -36,6 +37,38 @@ using graph::Builder;
 using graph::Graph;
 using graph::Value;
 
+// --classes N: every label of both splits in [0, N), and N outputs. Left
+// to the labels, a stray large label builds a model of that many outputs:
+// said when most of them never occur.
+namespace {
+Status state_classes(DataSplits& s, int classes, const std::string& data, bool say) {
+  if (s.train.tokens()) return ok_status();  // a vocabulary, not classes
+  if (classes > 0) {
+    for (Dataset* d : {&s.train, &s.test}) {
+      const std::int32_t* p = d->labels.data<std::int32_t>();
+      for (std::int64_t i = 0; i < d->labels.numel(); ++i)
+        if (p[i] < 0 || p[i] >= classes)
+          return invalid_argument("{}: label {} at index {} is outside --classes {} ([0, {}))",
+                                  d->name.empty() ? data : d->name, p[i], i, classes, classes);
+      d->num_classes = classes;
+    }
+    return ok_status();
+  }
+  std::set<std::int32_t> seen;
+  for (const Dataset* d : {&s.train, &s.test}) {
+    const std::int32_t* p = d->labels.data<std::int32_t>();
+    seen.insert(p, p + d->labels.numel());
+  }
+  const int n = s.train.num_classes;
+  if (say && n > 16 && static_cast<int>(seen.size()) * 2 < n)
+    SHOAL_LOG_WARN(
+        "{}: the labels go up to {} but only {} distinct values occur: the model gets {} "
+        "outputs; pass --classes N to state the number of classes",
+        data, n - 1, seen.size(), n);
+  return ok_status();
+}
+}  // namespace
+
 // The data, its statistics and the loader.
 Status Trainer::load_splits(const std::optional<WeightsFile>& init_w) {
   const TrainOptions& o = o_;
@@ -46,6 +79,7 @@ Status Trainer::load_splits(const std::optional<WeightsFile>& init_w) {
   } else {
     SHOAL_ASSIGN_OR_RETURN(splits, load_data(o.data, o.gpt.context));
   }
+  SHOAL_RETURN_IF_ERROR(state_classes(splits, o.classes, o.data, o.rank == 0));
   m.train = splits.train.take_first(o.limit_train);
   m.test = splits.test.take_first(o.limit_test);
   if (o.augment && m.train.sample_shape().size() != 3)

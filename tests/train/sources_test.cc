@@ -173,6 +173,41 @@ np.savez('objects.npz', x_train=objs, y_train=ytr, x_test=xtr, y_test=ytr)
   }
 }
 
+// The number of classes can be stated: labels outside it are refused by
+// name (split, label, index), and the model gets that many outputs. Left
+// to the labels, a stray label of 5,000 among ten classes built a 5,001-way
+// model silently; now a warning says so.
+TEST(Npz, ClassesAreStatedOrASparseLabelRangeIsSaid) {
+  testing::TempDir t("npz_classes");
+  NEED_PYTHON(t.path(), R"(
+rng = np.random.default_rng(0)
+x = rng.random((64, 6), dtype=np.float32); y = np.arange(64) % 3
+np.savez('three.npz', x_train=x, y_train=y, x_test=x[:16], y_test=y[:16])
+far = y.copy(); far[7] = 5000
+np.savez('far.npz', x_train=x, y_train=far, x_test=x[:16], y_test=y[:16])
+)");
+  const std::string train = std::string(SHOAL_BINARY) +
+                            " train --model mlp --epochs 1 --batch 16 --no-plot --no-checkpoints "
+                            "--threads 1 --out " +
+                            t.path() + "/run --data " + t.path();
+  auto five = run_sh(train + "/three.npz --classes 5");
+  EXPECT_EQ(five.code, 0) << five.out;
+  auto two = run_sh(train + "/three.npz --classes 2");
+  EXPECT_NE(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("three:train: label 2 at index 2 is outside --classes 2 ([0, 2))"),
+            std::string::npos)
+      << two.out;
+  auto far = run_sh(train + "/far.npz --max-steps 1");
+  EXPECT_NE(far.out.find("the labels go up to 5000 but only 4 distinct values occur: the model "
+                         "gets 5001 outputs; pass --classes N"),
+            std::string::npos)
+      << far.out;
+  auto refused = run_sh(train + "/far.npz --classes 3");
+  EXPECT_NE(refused.out.find("far:train: label 5000 at index 7 is outside --classes 3"),
+            std::string::npos)
+      << refused.out;
+}
+
 // A directory with some of the IDX files names the one missing (before:
 // "no dataset found: expected IDX files (...)" for 3 of 4 present).
 TEST(Idx, AMissingFileOfFourIsNamed) {

@@ -88,6 +88,9 @@ struct TrainSettings {
   std::string init_from;
   std::int64_t max_steps = 0;                    // stop after this many steps in all (0 = no limit)
   std::int64_t limit_train = 0, limit_test = 0;  // use the first N samples (0 = all)
+  // The number of classes (0 = one more than the largest label): a label
+  // outside [0, classes) is refused by name.
+  int classes = 0;
   std::int64_t eval_batch = 500;
   bool plot = true;
   bool quiet = false;  // no progress output (tests)
