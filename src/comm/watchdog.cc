@@ -60,7 +60,13 @@ std::string Watchdog::tick() {
   Result<std::string> seen = st.ok() ? store_->peek(beat_key(o_.prefix, next)) : st;
   Result<std::string> abort = seen.ok() ? store_->peek(abort_key(o_.prefix)) : seen.status();
   if (!abort.ok()) {
-    if (since(store_ok_) <= o_.deadline_s) return "";
+    // Closed or refused: the rank serving the store has exited, as it does
+    // when the job ends; this rank's own collectives report a crash. Only
+    // a store that stopped answering (a timeout) is a frozen server.
+    if (abort.status().code() != StatusCode::kDeadlineExceeded) {
+      watching_ = false;
+      return "";
+    }
     return fmt::format(
         "the job's store at {} answered no heartbeat of rank {} for {:.1f} s "
         "(SHOAL_HEARTBEAT={} s; {}): the process serving it is stopped, hung or unreachable",
@@ -88,7 +94,7 @@ void Watchdog::loop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (!cv_.wait_for(lk, std::chrono::duration<double>(every), [&] { return stop_; })) {
     lk.unlock();
-    const std::string why = tick();
+    const std::string why = watching_ ? tick() : "";
     lk.lock();
     if (!why.empty() && !stop_) {
       lk.unlock();

@@ -46,6 +46,7 @@ class Watchdog {
   std::unique_ptr<net::Store> store_;
   Options o_;
   std::uint64_t beats_ = 0;
+  bool watching_ = true;   // false once the store is gone (the job ends)
   std::string next_seen_;  // the watched rank's last count
   Clock::time_point next_changed_, store_ok_;
   std::mutex mu_;
