@@ -26,7 +26,7 @@ Result<int> scheduler_port(int port) {
 // the workers left end with the reason; the scheduler stops once they have
 // left, or after 10 s, with the reason as its error.
 Status end_lost(net::Store& s, net::TcpStoreServer& server, const std::string& lost) {
-  const std::string why = "the job lost a worker: " + lost.substr(lost.find(' ') + 1);
+  const std::string why = ps_keys::lost_reason(lost);
   fmt::print("ps scheduler: {}\n", why);
   std::fflush(stdout);
   server.end_waits(why);

@@ -86,13 +86,16 @@ std::string metrics_line(const Server& s, double elapsed) {
   return j.dump();
 }
 
-// "" while the job runs; else why this server should stop.
-std::string job_over(net::Store& store, int num_workers) {
+// "" while the job runs; else why this server should stop. A sync job
+// that lost a worker (`lost`, "id why"; "" if none) ends once the others
+// have left: the lost one never will.
+std::string job_over(net::Store& store, int num_workers, const std::string& lost) {
   auto joined = store.add(ps_keys::kWorkers, 0);
   auto left = store.add(ps_keys::kLeft, 0);
   if (!joined.ok() || !left.ok()) return "the scheduler is gone";
   if (ps_keys::job_over(*joined, *left, num_workers))
     return fmt::format("all {} workers have left", *joined);
+  if (!lost.empty() && *left + 1 >= *joined) return ps_keys::lost_reason(lost);
   return "";
 }
 
@@ -120,25 +123,20 @@ std::string serve(Server& s, net::Store* store, int num_workers, const std::stri
       // silence: a sync job cannot go on without them.
       for (const auto& [w, line] : s.take_drops())
         (void)store->set(ps_keys::kDropped, fmt::format("{} {}", w, line));
-      if (std::string done = job_over(*store, num_workers); !done.empty()) {
+      // A sync job that lost a worker: the others are refused at their next
+      // push and leave. Stop when they have, or after 10 s.
+      const std::string lost = s.lost();
+      if (!lost.empty() && lost_at < 0) {
+        lost_at = tick;
+        (void)store->set(ps_keys::kLost, lost);
+      }
+      if (std::string done = job_over(*store, num_workers, lost); !done.empty()) {
         why = done;
         break;
       }
-      // A sync job that lost a worker: the others are refused at their next
-      // push and leave; the lost one never will. Stop when they have, or
-      // after 10 s.
-      if (std::string lost = s.lost(); !lost.empty()) {
-        if (lost_at < 0) {
-          lost_at = tick;
-          (void)store->set(ps_keys::kLost, lost);
-        }
-        auto joined = store->add(ps_keys::kWorkers, 0);
-        auto left = store->add(ps_keys::kLeft, 0);
-        const bool rest_left = joined.ok() && left.ok() && *left + 1 >= *joined;
-        if (rest_left || tick - lost_at >= 200) {
-          why = "the job lost a worker: " + lost.substr(lost.find(' ') + 1);
-          break;
-        }
+      if (lost_at >= 0 && tick - lost_at >= 200) {
+        why = ps_keys::lost_reason(lost);
+        break;
       }
     }
   }
@@ -200,7 +198,7 @@ Status ServerJob::run(ServerJobOptions o, const std::atomic<bool>& stop) {
   const std::string lost = s->lost();
   s.reset();  // stops serving and writes the last snapshot
   print_served(st, tr);
-  if (!lost.empty()) return aborted("the job lost a worker: {}", lost.substr(lost.find(' ') + 1));
+  if (!lost.empty()) return aborted("{}", ps_keys::lost_reason(lost));
   return ok_status();
 }
 

@@ -98,6 +98,7 @@ class Worker::Impl {
   void answer(const PipelineBlock& b, Result<Pulled> got);
   void recover(std::size_t i, const Status& why);
   void fail_if_silent(std::size_t i);
+  std::vector<PipelineBlock> take_sent(std::size_t i);
   void read_answer(std::size_t i);
   // The rest of a pushpull reply after its fixed part: dims, codec, data.
   Result<Tensor> recv_value(net::Socket& s, std::uint64_t length, int rank, Deadline dl,

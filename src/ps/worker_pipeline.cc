@@ -141,20 +141,27 @@ void Worker::Impl::answer(const PipelineBlock& b, Result<Pulled> got) {
   pl.flights.erase(it);
 }
 
-// Server i was lost: reconnect (the resolver finds its restarted address)
-// and resend every request it had not answered, with the same sequence
-// numbers; when that cannot be done, those push-pulls fail.
-void Worker::Impl::recover(std::size_t i, const Status& why) {
+// Takes the blocks sent to server i and not yet answered out of the pipeline.
+std::vector<Worker::Impl::PipelineBlock> Worker::Impl::take_sent(std::size_t i) {
   Pipeline& pl = *pipeline_;
-  std::vector<PipelineBlock> again;
+  std::vector<PipelineBlock> taken;
   for (auto it = pl.sent.begin(); it != pl.sent.end();) {
     if (it->first.first == i) {
-      again.push_back(std::move(it->second));
+      taken.push_back(std::move(it->second));
       it = pl.sent.erase(it);
     } else {
       ++it;
     }
   }
+  return taken;
+}
+
+// Server i was lost: reconnect (the resolver finds its restarted address)
+// and resend every request it had not answered, with the same sequence
+// numbers; when that cannot be done, those push-pulls fail.
+void Worker::Impl::recover(std::size_t i, const Status& why) {
+  Pipeline& pl = *pipeline_;
+  std::vector<PipelineBlock> again = take_sent(i);
   for (auto it = pl.waiting.begin(); it != pl.waiting.end();) {
     if (it->server == i) {
       again.push_back(std::move(*it));
@@ -195,16 +202,7 @@ void Worker::Impl::fail_if_silent(std::size_t i) {
   if (!silent_) return;
   const std::string why = silent_(i);
   if (why.empty()) return;
-  Pipeline& pl = *pipeline_;
-  std::vector<PipelineBlock> lost;
-  for (auto it = pl.sent.begin(); it != pl.sent.end();) {
-    if (it->first.first == i) {
-      lost.push_back(std::move(it->second));
-      it = pl.sent.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  std::vector<PipelineBlock> lost = take_sent(i);
   if (silenced_.size() < servers_.size()) silenced_.resize(servers_.size());
   silenced_[i] = true;
   for (auto& b : lost) answer(b, deadline_exceeded("{}", why));

@@ -54,13 +54,14 @@ Status state_classes(DataSplits& s, int classes, const std::string& data, bool s
     }
     return ok_status();
   }
+  const int n = s.train.num_classes;
+  if (!say || n <= 16) return ok_status();  // counted only where it can warn
   std::set<std::int32_t> seen;
   for (const Dataset* d : {&s.train, &s.test}) {
     const std::int32_t* p = d->labels.data<std::int32_t>();
     seen.insert(p, p + d->labels.numel());
   }
-  const int n = s.train.num_classes;
-  if (say && n > 16 && static_cast<int>(seen.size()) * 2 < n)
+  if (static_cast<int>(seen.size()) * 2 < n)
     SHOAL_LOG_WARN(
         "{}: the labels go up to {} but only {} distinct values occur: the model gets {} "
         "outputs; pass --classes N to state the number of classes",

@@ -30,6 +30,10 @@ inline constexpr const char* kDropped = "ps/dropped";
 // connection close before it left, or its silence): the scheduler stops
 // the job and ends the waits of the workers left.
 inline constexpr const char* kLost = "ps/lost";
+// kLost's value ("id why") as the reason the job ended.
+inline std::string lost_reason(const std::string& lost) {
+  return "the job lost a worker: " + lost.substr(lost.find(' ') + 1);
+}
 // The id of the worker that writes the job's checkpoints and reports (a
 // rank 0's duties): worker 0, then, once it is gone ("" again: it left, or
 // the launcher saw it fail), the first replacement or joined worker to take
