@@ -5,6 +5,7 @@
 
 #include <dnnl.hpp>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "runtime/cpu/kernels_internal.h"
@@ -47,10 +48,12 @@ inline memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.e
 
 class DnnlKernel : public Kernel {
  public:
-  const char* impl() const override { return "onednn"; }
+  // "onednn", or "onednn:ref" where oneDNN chose its scalar reference loop.
+  const char* impl() const override { return impl_; }
 
  protected:
   void init_scratch(const dnnl::primitive_desc_base& pd) {
+    if (std::string_view(pd.impl_info_str()).starts_with("ref")) impl_ = "onednn:ref";
     auto md = pd.scratchpad_desc();
     scratch_buf_ = Storage::allocate(md.get_size());
     scratch_ = memory(md, engine(), scratch_buf_->data());
@@ -67,6 +70,9 @@ class DnnlKernel : public Kernel {
   }
   std::shared_ptr<Storage> scratch_buf_;
   memory scratch_;
+
+ private:
+  const char* impl_ = "onednn";
 };
 
 // A oneDNN kernel for convolutions whose input and output maps are 1x1 (the
