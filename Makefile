@@ -37,7 +37,7 @@ fuzz: deps
 	bash tools/fuzz.sh
 
 bench: build
-	SHOAL_WITH_PEERS=1 bash tools/install-deps.sh
+	bash tools/install-deps.sh
 	./$(BUILD)/bench_ops 2 10
 	/usr/bin/python3 bench/train.py
 	/usr/bin/python3 bench/comm.py -n 2

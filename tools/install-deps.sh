@@ -6,6 +6,7 @@ pkgs=(
   build-essential cmake ninja-build ccache git pkg-config
   libdnnl-dev libopenblas-dev libopenblas0
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libsodium-dev libyaml-cpp-dev
+  iproute2 nftables iperf3
   gnuplot-nox clang-14 libclang-rt-14-dev libtsan2 libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
@@ -17,9 +18,6 @@ pkgs=(
   python3-dev pybind11-dev python3-pytest
   fortunes
 )
-if [ "${SHOAL_WITH_PEERS:-0}" = 1 ]; then
-  pkgs+=(iperf3)
-fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

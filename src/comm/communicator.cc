@@ -15,6 +15,7 @@
 #include "shoal/core/env.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
+#include "shoal/net/interfaces.h"
 
 namespace shoal::comm {
 
@@ -74,7 +75,10 @@ Result<CommOptions> CommOptions::from_env() {
     o.allreduce = *alg;
   }
   if (auto t = env::get("SHOAL_JOB_TOKEN")) o.token = *t;
-  if (auto h = env::get("SHOAL_IFACE_ADDR")) o.host = *h;
+  if (auto h = env::get("SHOAL_IFACE_ADDR")) {
+    o.host = *h;
+    o.iface = "SHOAL_IFACE_ADDR";
+  }
   SHOAL_ASSIGN_OR_RETURN(o.deterministic, env::get_bool("SHOAL_DETERMINISTIC", false));
   if (auto t = env::get("SHOAL_TRANSPORT")) {
     if (*t != "auto" && *t != "tcp")
@@ -147,6 +151,16 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env() {
   Rendezvous rv;
   if (e.world > 1) {
     SHOAL_ASSIGN_OR_RETURN(rv, open_rendezvous(e, o));
+    if (o.host.empty()) {
+      // The address peers can reach: SHOAL_SOCKET_IFNAME, or the interface
+      // that routes to the store's host (loopback when it is this host).
+      std::string why;
+      auto ifc = net::choose_interface(rv.host, &why);
+      if (!ifc.ok()) return ifc.status().with_context(fmt::format("rank {}", e.rank));
+      o.host = ifc->addr;
+      o.iface = fmt::format("interface {}, chosen by {}", ifc->name, why);
+      SHOAL_LOG_DEBUG("rank {} listens on {} ({})", e.rank, o.host, o.iface);
+    }
   } else {
     rv.store = std::make_unique<net::FileStore>("/nonexistent");  // world 1: never used
   }

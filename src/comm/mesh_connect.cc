@@ -35,6 +35,19 @@ Result<std::string> recv_msg(net::Socket& s, net::FrameType want, std::size_t ma
   return p;
 }
 
+// Rank j's advertised address cannot be reached from here: name it, the
+// interface it came from (its claim says), and this rank's own.
+Status unreachable_peer(net::Store& store, const std::string& px, int rank, int j,
+                        const std::string& own_iface, const Status& st) {
+  auto claim = store.get(fmt::format("{}/claim/{}", px, j), Deadline::after_seconds(2));
+  return unavailable(
+      "rendezvous: rank {} cannot reach rank {} at the address it advertised ({}): {}; this "
+      "rank's own address came from {}. Set SHOAL_SOCKET_IFNAME on every rank to an interface "
+      "the hosts reach each other through",
+      rank, j, claim.ok() ? *claim : "its claim is unreadable", st.message(),
+      own_iface.empty() ? "the default" : own_iface);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Mesh>> Mesh::connect(int rank, int world, net::Store& store,
@@ -70,7 +83,9 @@ Status Mesh::connect_mesh(net::Store& store) {
   // first one's address and leaving both waiting.
   char hostname[256] = {0};
   (void)gethostname(hostname, sizeof hostname - 1);
-  const std::string claim = fmt::format("pid {} on {} ({})", getpid(), hostname, me);
+  const std::string claim =
+      o_.iface.empty() ? fmt::format("pid {} on {} ({})", getpid(), hostname, me)
+                       : fmt::format("pid {} on {} ({}, {})", getpid(), hostname, me, o_.iface);
   SHOAL_ASSIGN_OR_RETURN(std::string owner,
                          store.compare_set(fmt::format("{}/claim/{}", px, rank_), "", claim));
   if (owner != claim)
@@ -89,7 +104,9 @@ Status Mesh::connect_mesh(net::Store& store) {
       return addr.status().with_context(fmt::format("rendezvous: waiting for rank {}", j));
     hosts_[static_cast<std::size_t>(j)] = *addr;
     SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(*addr, "peer address"));
-    SHOAL_ASSIGN_OR_RETURN(net::Socket s, net::Socket::connect(hp.first, hp.second, dl));
+    auto conn = net::Socket::connect(hp.first, hp.second, dl);
+    if (!conn.ok()) return unreachable_peer(store, px, rank_, j, o_.iface, conn.status());
+    net::Socket s = std::move(conn).value();
     s.set_peer(fmt::format("rank {} ({})", j, *addr));
     std::string nc = make_nonce();
     SHOAL_RETURN_IF_ERROR(send_msg(s, net::FrameType::kHello, encode_hello(rank_, world_, nc), dl));

@@ -102,6 +102,7 @@ Result<Rendezvous> agent_store(const LaunchEnv& e, CommOptions& o) {
                                hp.first, hp.second, Deadline::after_seconds(o.timeout_seconds));
                          }));
   rv.where = fmt::format("{} (torchrun's agent)", e.store);
+  rv.host = hp.first;
   rv.connect_again = [hp]() -> Result<std::unique_ptr<net::Store>> {
     SHOAL_ASSIGN_OR_RETURN(
         auto s, net::C10dStore::connect(hp.first, hp.second, Deadline::after_seconds(30)));
@@ -208,6 +209,7 @@ Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o) {
                                                          o.token);
                          }));
   rv.where = serve ? fmt::format("{} (served by rank 0)", where) : where;
+  rv.host = hp.first;
   rv.connect_again = [hp, token = o.token]() -> Result<std::unique_ptr<net::Store>> {
     SHOAL_ASSIGN_OR_RETURN(
         auto s, net::TcpStore::connect(hp.first, hp.second, Deadline::after_seconds(30), token));

@@ -23,6 +23,7 @@ struct Rendezvous {
   // client is not shared between threads), and where it is.
   std::function<Result<std::unique_ptr<net::Store>>()> connect_again;
   std::string where;
+  std::string host;  // the store's host; "" for a file store
 };
 
 // For a world of more than one. May set o.prefix (keys of one torchrun

@@ -67,6 +67,7 @@ struct CommOptions {
   // the fixed threshold above decides), so reduction order never varies.
   bool deterministic = false;
   std::string host;                 // address to listen on ("" = loopback)
+  std::string iface;                // where `host` came from, for messages
   std::string token;                // job token (SHOAL_JOB_TOKEN); "" = none
   std::string prefix = "shoal";     // store key prefix (sub-communicators)
   bool is_world = true;             // false for split(): once-per-job checks skip it

@@ -1,0 +1,98 @@
+// Training across hosts: a cluster of network namespaces made by
+// tools/netns-cluster.sh (each host its own hostname, /dev/shm and /tmp,
+// joined by 1 Gbit/s shaped links), ranks started on them as a user would
+// start them by hand (SHOAL_RANK, SHOAL_STORE on the first host). Skips,
+// saying why, where namespaces cannot be made (not root).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "cli/cli_results.h"
+#include "cli/run_shoal.h"
+#include "temp_dir.h"
+
+namespace shoal {
+namespace {
+
+using testing::run_sh;
+using testing::run_shoal;
+
+const std::string kTool = SHOAL_SOURCE_DIR "/tools/netns-cluster.sh";
+
+class NetnsCluster : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "SKIP: network namespaces need root";
+    name_ = fmt::format("t{}", getpid() % 10000000);
+    auto r = run_sh(fmt::format("{} --name {} start --hosts 2 --link 1gbit", kTool, name_));
+    if (r.code != 0) GTEST_SKIP() << "SKIP: cannot make network namespaces here: " << r.out;
+    started_ = true;
+  }
+  void TearDown() override {
+    if (started_) run_sh(fmt::format("{} --name {} stop", kTool, name_));
+  }
+  // Starts `world` ranks of `shoal train <args>`, `per_host` on each host,
+  // rank 0 serving the store on h1; waits for all (each bounded by 120 s).
+  testing::ShoalRun train_across(int world, int per_host, const std::string& env,
+                                 const std::string& args, const std::string& logs) {
+    std::string line;
+    for (int r = 0; r < world; ++r)
+      line += fmt::format(
+          "{} --name {} exec h{} env SHOAL_RANK={} SHOAL_WORLD_SIZE={} SHOAL_LOCAL_RANK={} "
+          "SHOAL_STORE=198.18.1.1:29500 SHOAL_STORE_SERVE=1 SHOAL_JOB_TOKEN=netns {} "
+          "timeout -s KILL 120 {} train {} > {}/r{}.log 2>&1 & pids=\"$pids $!\"\n",
+          kTool, name_, r / per_host + 1, r, world, r % per_host, env, SHOAL_BINARY, args, logs, r);
+    line += "rc=0; for p in $pids; do wait $p || rc=1; done; cat " + logs + "/r*.log; exit $rc";
+    return run_sh(line);
+  }
+  std::string name_;
+  bool started_ = false;
+};
+
+const char* kTrain =
+    "--model mlp --batch 16 --max-steps 12 --limit-train 2048 --limit-test 256 --threads 1 "
+    "--optimizer momentum --lr 0.05 --deterministic --no-plot --quiet";
+
+// 4 ranks, 2 on each of two hosts, reach the same weights as 4 ranks on one
+// host: bit for bit with the ring all-reduce (the same sums in the same
+// order, whatever carries them), and within float rounding with the
+// automatic choice (hierarchical: within each host, then across).
+TEST_F(NetnsCluster, DataParallelAcrossTwoHostsMatchesOneHost) {
+  const std::string dir = testing::scratch_dir("netns_dp");
+  auto one = run_shoal(fmt::format(
+      "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} --out {}/one",
+      SHOAL_BINARY, kTrain, dir));
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto ring = train_across(4, 2, "SHOAL_ALLREDUCE_ALGO=ring SHOAL_LOG_LEVEL=debug",
+                           fmt::format("{} --out {}/ring", kTrain, dir), dir);
+  ASSERT_EQ(ring.code, 0) << ring.out;
+  // Ranks 2 and 3 are on the second host and reached the first over eth0.
+  EXPECT_NE(ring.out.find("rank 2 listens on 198.18.1.2 (interface eth0, chosen by the route to "
+                          "the store's host 198.18.1.1)"),
+            std::string::npos)
+      << ring.out;
+  auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/ring");
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string() << ring.out;
+  EXPECT_TRUE(testing::same_bits(*a, *b));
+  auto hier = train_across(4, 2, "", fmt::format("{} --out {}/hier", kTrain, dir), dir);
+  ASSERT_EQ(hier.code, 0) << hier.out;
+  testing::expect_same_training(dir + "/one", dir + "/hier", 6, 1e-5);
+}
+
+// A rank told to advertise loopback while the store is on another host is
+// refused by name at start-up, not left for its peers to time out on.
+TEST_F(NetnsCluster, LoopbackIsNotAdvertisedToAnotherHost) {
+  const std::string dir = testing::scratch_dir("netns_lo");
+  auto r = train_across(2, 1, "SHOAL_SOCKET_IFNAME=lo SHOAL_COMM_TIMEOUT=20",
+                        fmt::format("{} --out {}/lo", kTrain, dir), dir);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("SHOAL_SOCKET_IFNAME=lo selects the loopback interface lo (127.0.0.1)"),
+            std::string::npos)
+      << r.out;
+}
+
+}  // namespace
+}  // namespace shoal
