@@ -131,7 +131,8 @@ Result<Interface> choose_interface(const std::string& store_host, std::string* w
       if (!toward.ok() || !toward->loopback)
         return failed_precondition(
             "SHOAL_SOCKET_IFNAME={} selects the loopback interface {} ({}), which ranks on other "
-            "hosts cannot reach, and the store at {} is on another host",
+            "hosts cannot reach, while the store's address {} is not a loopback one: name an "
+            "interface the hosts reach each other through",
             *spec, chosen.name, chosen.addr, store_host);
     }
     return chosen;

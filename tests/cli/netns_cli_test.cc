@@ -86,7 +86,7 @@ TEST_F(NetnsCluster, DataParallelAcrossTwoHostsMatchesOneHost) {
 // refused by name at start-up, not left for its peers to time out on.
 TEST_F(NetnsCluster, LoopbackIsNotAdvertisedToAnotherHost) {
   const std::string dir = testing::scratch_dir("netns_lo");
-  auto r = train_across(2, 1, "SHOAL_SOCKET_IFNAME=lo SHOAL_COMM_TIMEOUT=20",
+  auto r = train_across(2, 1, "SHOAL_SOCKET_IFNAME=lo SHOAL_STORE_WAIT=5",
                         fmt::format("{} --out {}/lo", kTrain, dir), dir);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("SHOAL_SOCKET_IFNAME=lo selects the loopback interface lo (127.0.0.1)"),
