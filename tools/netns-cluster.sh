@@ -9,6 +9,7 @@
 #   tools/netns-cluster.sh start --hosts N [--racks R] [--link RATE[:DELAY]]
 #                                [--spine RATE[:DELAY]] [--share DIR]
 #   tools/netns-cluster.sh exec HOST CMD...   # HOST: h1..hN (or 1..N)
+#   tools/netns-cluster.sh rsh HOST WORDS...  # as ssh does: one shell line
 #   tools/netns-cluster.sh addr HOST          # the host's address
 #   tools/netns-cluster.sh fault HOST down|up|loss PCT|delay MS
 #   tools/netns-cluster.sh measure HOST HOST  # iperf3: rate and mean RTT
@@ -272,6 +273,12 @@ case "${1:-}" in
     shift; [ $# -ge 2 ] || die "exec HOST CMD..."
     i=$(host_index "$1"); shift
     in_host "$i" "$@" ;;
+  rsh)
+    # ssh's contract, for launchers' remote agents (OpenMPI's plm_rsh_agent):
+    # the words joined into one line that the host's shell runs.
+    shift; [ $# -ge 2 ] || die "rsh HOST WORDS..."
+    i=$(host_index "$1"); shift
+    in_host "$i" sh -c "$*" ;;
   addr) shift; cmd_addr "$@" ;;
   fault) shift; cmd_fault "$@" ;;
   measure) shift; cmd_measure "$@" ;;

@@ -102,8 +102,11 @@ struct Cli {
                     "(as mpirun --bind-to core; ranks beyond the CPUs go round them); layout: "
                     "shoal train binds each rank by its place in --dp/--tp/--pp")
         ->capture_default_str();
+    // One value per occurrence: a vector option otherwise goes on taking
+    // words, `--` among them, and the command's own flags land on `run`.
     run->add_option("--engine-arg", launch.engine_args,
-                    "Extra argument for mpirun or srun (repeatable), e.g. --engine-arg=-N2");
+                    "Extra argument for mpirun or srun (repeatable), e.g. --engine-arg=-N2")
+        ->allow_extra_args(false);
     run->add_option("cmd", launch.cmd, "Command and its arguments (after --)")->required();
     run_rank = app.add_subcommand("run-rank", "Run one rank of an mpirun job (used by shoal run)");
     run_rank->group("");  // hidden

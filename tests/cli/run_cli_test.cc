@@ -128,6 +128,16 @@ TEST(Run, MaxRestartsStartsEveryRankAgain) {
   EXPECT_TRUE(has(bad, "(restart 2 of 2)")) << bad.out;
 }
 
+// An engine argument that starts with dashes takes one word: before, `--`
+// went with it and the command's own flags were refused as run's.
+TEST(Run, EngineArgumentsThatLookLikeFlagsKeepTheCommandApart) {
+  Result r = shoal(
+      "run -n 2 --engine mpirun --engine-arg=-x --engine-arg=SHOAL_TRY=7 --engine-arg "
+      "--display-map -- sh -c 'echo try=$SHOAL_TRY --out x'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "[rank 1] try=7 --out x")) << r.out;
+}
+
 TEST(Run, MpirunEngineNamesTheFailedRank) {
   Result ok = shoal(
       "run -n 2 --engine mpirun -- sh -c 'echo r=$OMPI_COMM_WORLD_RANK n=$OMPI_COMM_WORLD_SIZE "
