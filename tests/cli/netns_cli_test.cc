@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "cli/cli_results.h"
@@ -80,6 +81,62 @@ TEST_F(NetnsCluster, DataParallelAcrossTwoHostsMatchesOneHost) {
   auto hier = train_across(4, 2, "", fmt::format("{} --out {}/hier", kTrain, dir), dir);
   ASSERT_EQ(hier.code, 0) << hier.out;
   testing::expect_same_training(dir + "/one", dir + "/hier", 6, 1e-5);
+}
+
+// Real launchers span the hosts, each started as its users start it, and
+// every one trains to the same weights as `shoal run` on one host (ring).
+TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {
+  const std::string dir = testing::scratch_dir("netns_launch");
+  auto one = run_shoal(fmt::format(
+      "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} --out {}/one",
+      SHOAL_BINARY, kTrain, dir));
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto same_as_one = [&](const std::string& out) {
+    auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/" + out);
+    ASSERT_TRUE(a.ok() && b.ok()) << out;
+    EXPECT_TRUE(testing::same_bits(*a, *b)) << out;
+  };
+  const std::string exec = fmt::format("{} --name {} exec", kTool, name_);
+  const std::string train =
+      fmt::format("env SHOAL_ALLREDUCE_ALGO=ring {} train {}", SHOAL_BINARY, kTrain);
+  // torchrun, static rendezvous (--master_addr) and c10d (--rdzv_endpoint):
+  // one agent per host.
+  for (const std::string rdzv :
+       {"--master_addr 198.18.1.1 --master_port 29500 --node_rank {r}",
+        "--rdzv_backend c10d --rdzv_endpoint 198.18.1.1:29501 --rdzv_id netns"}) {
+    if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+      ADD_FAILURE() << "python3-torch is missing (tools/install-deps.sh installs it)";
+      break;
+    }
+    const std::string out = rdzv.starts_with("--master") ? "static" : "c10d";
+    std::string line;
+    for (int r = 0; r < 2; ++r)
+      line += fmt::format(
+          "{} h{} timeout -s KILL 120 /usr/bin/python3 {}/tools/torchrun.py --nnodes 2 "
+          "--nproc_per_node 2 {} --no_python {} --out {}/{} > {}/{}{}.log 2>&1 & p{}=$!\n",
+          exec, r + 1, SHOAL_SOURCE_DIR, fmt::format(fmt::runtime(rdzv), fmt::arg("r", r)), train,
+          dir, out, dir, out, r, r);
+    line += fmt::format("wait $p0 && wait $p1 || {{ cat {}/{}*.log; exit 1; }}", dir, out);
+    auto r = run_sh(line);
+    ASSERT_EQ(r.code, 0) << out << "\n" << r.out;
+    same_as_one(out);
+  }
+  // mpirun.openmpi on h1 starting its daemons on h2 through the tool's
+  // ssh stand-in, under `shoal run --engine mpirun` (Shoal's transport) and
+  // bare with SHOAL_COMM_BACKEND=mpi (OpenMPI's own).
+  const std::string agent = fmt::format("OMPI_MCA_plm_rsh_agent='{} --name {} rsh'", kTool, name_);
+  auto shoal_mpirun = run_sh(
+      fmt::format("{} h1 env {} {} run --engine mpirun -n 4 --timeout 120 --store-host 198.18.1.1 "
+                  "--engine-arg=--host --engine-arg=h1:2,h2:2 -- {} --out {}/mpirun",
+                  exec, agent, SHOAL_BINARY, train, dir));
+  ASSERT_EQ(shoal_mpirun.code, 0) << shoal_mpirun.out;
+  same_as_one("mpirun");
+  auto mpi = run_sh(fmt::format(
+      "{} h1 env {} timeout -s KILL 120 mpirun.openmpi --allow-run-as-root -n 4 --host h1:2,h2:2 "
+      "-x SHOAL_COMM_BACKEND=mpi {} train {} --out {}/mpi",
+      exec, agent, SHOAL_BINARY, kTrain, dir));
+  ASSERT_EQ(mpi.code, 0) << mpi.out;
+  testing::expect_same_training(dir + "/one", dir + "/mpi", 6, 1e-5);
 }
 
 // A rank told to advertise loopback while the store is on another host is
