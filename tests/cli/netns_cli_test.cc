@@ -83,6 +83,33 @@ TEST_F(NetnsCluster, DataParallelAcrossTwoHostsMatchesOneHost) {
   testing::expect_same_training(dir + "/one", dir + "/hier", 6, 1e-5);
 }
 
+// Every way of distributing a step spans the hosts with the weights of the
+// same layout on one host (ring all-reduce, so the sums are the same): with
+// 2 ranks per host, tensor-parallel groups stay within a host and
+// data-parallel groups and pipeline stages cross the link.
+TEST_F(NetnsCluster, EveryStrategySpansTheHostsWithTheOneHostWeights) {
+  const std::string gpt =
+      "--model gpt --data text:/usr/share/games/fortunes/fortunes --layers 2 --heads 4 --dim 16 "
+      "--context 8 --limit-train 200 --limit-test 40 --batch 8 --max-steps 4 --threads 1 "
+      "--optimizer adam --lr 0.01 --deterministic --no-plot --quiet";
+  for (const std::string layout :
+       {"--zero 1", "--zero 3", "--tp 2 --dp 2", "--pp 2 --dp 2", "--tp 2 --pp 2"}) {
+    SCOPED_TRACE(layout);
+    const std::string dir = testing::scratch_dir("netns_layout");
+    auto one = run_shoal(fmt::format(
+        "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} {} --out {}/one",
+        SHOAL_BINARY, gpt, layout, dir));
+    ASSERT_EQ(one.code, 0) << one.out;
+    auto two = train_across(4, 2, "SHOAL_ALLREDUCE_ALGO=ring",
+                            fmt::format("{} {} --out {}/two", gpt, layout, dir), dir);
+    ASSERT_EQ(two.code, 0) << two.out;
+    auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/two");
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_TRUE(testing::same_bits(*a, *b));
+  }
+}
+
 // Real launchers span the hosts, each started as its users start it, and
 // every one trains to the same weights as `shoal run` on one host (ring).
 TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {
