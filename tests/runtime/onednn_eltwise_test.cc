@@ -86,7 +86,9 @@ TEST(SoftmaxKernel, OneDnnF32MatchesTheF64ReferenceOnEveryAxis) {
       SCOPED_TRACE(op + " axis " + std::to_string(axis));
       auto [f, impl] = softmax(DType::kF32, op, axis);
       auto [d, ref] = softmax(DType::kF64, op, axis);
-      EXPECT_EQ(impl, "onednn");
+      // oneDNN serves every axis; on AVX2 the axes other than the last are
+      // its reference loop ("onednn:ref"), on AVX-512 machines JIT code.
+      EXPECT_TRUE(impl.starts_with("onednn")) << impl;
       // Inputs reach +-20: f32's log-sum-exp carries 20 * 2^-24 ~ 1.2e-6 per rounding.
       for (std::int64_t i = 0; i < f.numel(); ++i)
         ASSERT_NEAR(f.get(i), d.get(i), 1e-5 * std::max(1.0, std::abs(d.get(i)))) << i;
