@@ -224,27 +224,34 @@ EOF
 }
 
 cmd_measure() {
-  local a b addr out
+  local a b addr out line=""
   a=$(host_index "${1:-}"); b=$(host_index "${2:-}")
   command -v iperf3 >/dev/null || die "measure needs iperf3 (apt-get install iperf3)"
   addr=$(cmd_addr "$b")
-  in_host "$b" timeout 20 iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
-  local srv=$!
-  out=""
-  for _ in $(seq 1 50); do
-    out=$(in_host "$a" timeout 15 iperf3 -c "$addr" -p 5201 -t 2 -J 2>/dev/null) && break
-    out=""; sleep 0.1
-  done
-  wait "$srv" 2>/dev/null || true
-  [ -n "$out" ] || die "measure: iperf3 from h$a to h$b ($addr) got no answer"
-  python3 -c '
+  for _ in 1 2 3 4 5; do  # a client that beat the server to its port tries again
+    in_host "$b" timeout 20 iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
+    local srv=$!
+    out=""
+    for _ in $(seq 1 50); do
+      out=$(in_host "$a" timeout 15 iperf3 -c "$addr" -p 5201 -t 2 -J 2>/dev/null) && break
+      out=""; sleep 0.1
+    done
+    wait "$srv" 2>/dev/null || true
+    [ -n "$out" ] || continue
+    line=$(python3 -c '
 import json, sys
 d = json.loads(sys.argv[1])
-e = d["end"]
+e = d.get("end", {})
+if "sum_received" not in e:
+    sys.exit(d.get("error", "no result"))
 rate = e["sum_received"]["bits_per_second"] / 1e6
 rtt = e["streams"][0]["sender"].get("mean_rtt", 0) / 1000.0
 print(f"h{sys.argv[2]} -> h{sys.argv[3]}: {rate:.0f} Mbit/s, mean RTT {rtt:.3f} ms (iperf3, 2 s)")
-' "$out" "$a" "$b" | tee -a "$DIR/measured"
+' "$out" "$a" "$b" 2>&1) && break
+    line=""
+  done
+  [ -n "$line" ] || die "measure: iperf3 from h$a to h$b ($addr) gave no result"
+  echo "$line" | tee -a "$DIR/measured"
 }
 
 cmd_addr() {

@@ -1,7 +1,13 @@
 #!/usr/bin/python3
 """Gloo peer for bench/comm.py: torch.distributed (gloo backend, Debian
 python3-torch) all_reduce of f32 sum at the same sizes and timing rule as
-`shoal bench comm`. Spawns N local processes; rank 0 prints 'bytes time_us'."""
+`shoal bench comm`. Spawns N local processes; rank 0 prints 'bytes time_us'.
+
+    gloo_allreduce.py N [max_bytes] [min_s] [NODES NODE_RANK MASTER_ADDR:PORT]
+
+With the last three, this is one node of NODES running N ranks each (global
+rank NODE_RANK*N + local), meeting at MASTER_ADDR:PORT (GLOO_SOCKET_IFNAME
+picks the interface, as for PyTorch)."""
 import os
 import sys
 import time
@@ -11,11 +17,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def run(rank, n, port, max_bytes, min_s):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+def run(local, n, port, max_bytes, min_s, nodes=1, node_rank=0, addr="127.0.0.1"):
+    os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=n)
+    rank = node_rank * n + local
+    dist.init_process_group("gloo", rank=rank, world_size=nodes * n)
     buf = torch.arange(max_bytes // 4, dtype=torch.float32) % 7
     b = 4
     while b <= max_bytes:
@@ -43,5 +50,11 @@ if __name__ == "__main__":
     n = int(sys.argv[1])
     max_bytes = int(sys.argv[2]) if len(sys.argv) > 2 else 256 << 20
     min_s = float(sys.argv[3]) if len(sys.argv) > 3 else 0.3
-    port = 29000 + os.getpid() % 1000
-    mp.spawn(run, args=(n, port, max_bytes, min_s), nprocs=n, join=True)
+    if len(sys.argv) > 6:
+        nodes, node_rank = int(sys.argv[4]), int(sys.argv[5])
+        addr, port = sys.argv[6].rsplit(":", 1)
+        mp.spawn(run, args=(n, int(port), max_bytes, min_s, nodes, node_rank, addr), nprocs=n,
+                 join=True)
+    else:
+        port = 29000 + os.getpid() % 1000
+        mp.spawn(run, args=(n, port, max_bytes, min_s), nprocs=n, join=True)

@@ -76,6 +76,9 @@ struct CommOptions {
   // SHOAL_SHM_SPIN_US: how long a rank waiting on shared memory spins before
   // it sleeps on the ring's futex (short: ranks often share cores).
   long shm_spin_us = 50;
+  // Microseconds a rank waiting only on sockets polls without sleeping
+  // (SHOAL_SOCKET_SPIN_US): a sleeping poll() costs a wake-up per message.
+  long socket_spin_us = 50;
   // SHOAL_CMA=0 turns it off: when every rank is on this host and Linux
   // cross-memory attach works between them (probed at start-up), large
   // all-reduces read and write peers' buffers directly (process_vm_readv/

@@ -1,0 +1,140 @@
+#!/usr/bin/python3
+"""bench/netns_comm: all-reduce across hosts. Starts a cluster of network
+namespaces (tools/netns-cluster.sh; needs root), measures its link with
+iperf3, then times Shoal's all-reduce, OpenMPI's MPI_Allreduce and Gloo's
+(torch.distributed) across the hosts in one run, at the same sizes and
+timing rule as bench/comm.py (warm-up, ~0.3 s per size, max over ranks).
+
+usage: bench/netns_comm.py [--hosts 2] [--per-host 1] [--link 1gbit]
+                           [--max-bytes 16777216] [--shoal build/shoal]
+Needs mpicc/mpirun (libopenmpi-dev, openmpi-bin), python3-torch, iperf3.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TOOL = os.path.join(ROOT, "tools", "netns-cluster.sh")
+
+
+def table_rows(text):
+    """'bytes time_us' lines (the peers' output) -> {bytes: us}."""
+    return {int(l.split()[0]): float(l.split()[1]) for l in text.splitlines()
+            if l and l[0].isdigit()}
+
+
+class Cluster:
+    def __init__(self, name, hosts, link, share):
+        self.name, self.hosts = name, hosts
+        self.env = dict(os.environ, TMPDIR=share)
+        subprocess.run([TOOL, "--name", name, "start", "--hosts", str(hosts), "--link", link],
+                       check=True, env=self.env, stdout=subprocess.DEVNULL)
+
+    def cmd(self, host, *argv):
+        return [TOOL, "--name", self.name, "exec", f"h{host}", *argv]
+
+    def measure(self):
+        return subprocess.run([TOOL, "--name", self.name, "measure", "h1", "h2"], check=True,
+                              capture_output=True, text=True, env=self.env).stdout.strip()
+
+    def stop(self):
+        subprocess.run([TOOL, "--name", self.name, "stop"], env=self.env,
+                       stdout=subprocess.DEVNULL)
+
+    def run_each(self, per_host, argv_of, timeout=900):
+        """Starts argv_of(host, local, rank) for every rank; returns rank 0's stdout."""
+        procs = []
+        for h in range(1, self.hosts + 1):
+            for l in range(per_host):
+                r = (h - 1) * per_host + l
+                procs.append(subprocess.Popen(self.cmd(h, *argv_of(h, l, r)), env=self.env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True))
+        outs = [p.communicate(timeout=timeout) for p in procs]
+        for p, (o, e) in zip(procs, outs):
+            if p.returncode != 0:
+                raise RuntimeError(f"{p.args}: exit {p.returncode}\n{e[-2000:]}")
+        return outs[0][0]
+
+
+def shoal_times(c, a, n):
+    def argv(h, l, r):
+        return ["env", f"SHOAL_RANK={r}", f"SHOAL_WORLD_SIZE={n}", f"SHOAL_LOCAL_RANK={l}",
+                "SHOAL_STORE=198.18.1.1:29400", "SHOAL_STORE_SERVE=1", "SHOAL_JOB_TOKEN=bench",
+                a.shoal, "bench", "comm", "--max-bytes", str(a.max_bytes)]
+    out = c.run_each(a.per_host, argv)
+    rows = {}
+    for line in out.splitlines():
+        f = line.split()
+        if f and f[0].isdigit():
+            rows[int(f[0])] = (float(f[2]), " ".join(f[5:]))
+    return rows
+
+
+def mpi_times(c, a, n, share):
+    exe = os.path.join(share, "mpi_allreduce")
+    subprocess.run(["mpicc", "-O2", "-o", exe, os.path.join(HERE, "peers", "mpi_allreduce.c")],
+                   check=True)
+    hosts = ",".join(f"h{h}:{a.per_host}" for h in range(1, c.hosts + 1))
+    agent = f"OMPI_MCA_plm_rsh_agent={TOOL} --name {c.name} rsh"
+    out = subprocess.run(c.cmd(1, "env", agent, "mpirun", "--allow-run-as-root", "-n", str(n),
+                               "--host", hosts, "--bind-to", "none", exe, str(a.max_bytes)),
+                         check=True, capture_output=True, text=True, env=c.env,
+                         timeout=900).stdout
+    return table_rows(out)
+
+
+def gloo_times(c, a):
+    def argv(h, l, r):
+        return ["env", "GLOO_SOCKET_IFNAME=eth0", "/usr/bin/python3",
+                os.path.join(HERE, "peers", "gloo_allreduce.py"), str(a.per_host),
+                str(a.max_bytes), "0.3", str(c.hosts), str(h - 1), "198.18.1.1:29600"]
+    return table_rows(c.run_each(1, argv))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--per-host", type=int, default=1)
+    ap.add_argument("--link", default="1gbit")
+    ap.add_argument("--max-bytes", type=int, default=16 << 20)
+    ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
+    a = ap.parse_args()
+    n = a.hosts * a.per_host
+    share = tempfile.mkdtemp(prefix="shoal-netns-bench.", dir="/tmp")
+    c = Cluster(f"b{os.getpid() % 100000}", a.hosts, a.link, share)
+    try:
+        link = c.measure()
+        shoal = shoal_times(c, a, n)
+        mpi = mpi_times(c, a, n, share)
+        gloo = gloo_times(c, a)
+    finally:
+        c.stop()
+        subprocess.run(["rm", "-rf", share])
+    ompi = subprocess.run(["ompi_info", "--version"], capture_output=True,
+                          text=True).stdout.split("\n")[0]
+    print(f"allreduce f32 sum, {a.hosts} hosts x {a.per_host} ranks (network namespaces, "
+          f"--link {a.link}; {link}); peers: {ompi.strip()}, Gloo via PyTorch")
+    hdr = (f"{'bytes':>10} {'shoal us':>10} {'busbw':>7} {'algo':>18} | {'mpi us':>10} "
+           f"{'busbw':>7} | {'gloo us':>10} {'busbw':>7} | {'vs mpi':>7} {'vs gloo':>7}")
+    print(hdr)
+    print("-" * len(hdr))
+    bus = lambda b, us: b / (us * 1e3) * 2 * (n - 1) / n
+    for b in sorted(shoal):
+        st, algo = shoal[b]
+        mt, gt = mpi.get(b), gloo.get(b)
+        line = f"{b:>10} {st:>10.1f} {bus(b, st):>7.3f} {algo:>18} | "
+        line += f"{mt:>10.1f} {bus(b, mt):>7.3f} | " if mt else f"{'-':>10} {'-':>7} | "
+        line += f"{gt:>10.1f} {bus(b, gt):>7.3f} | " if gt else f"{'-':>10} {'-':>7} | "
+        line += f"{mt / st:>6.2f}x " if mt else f"{'-':>7} "
+        line += f"{gt / st:>6.2f}x" if gt else f"{'-':>7}"
+        print(line)
+    print("\nratios = peer time / Shoal time (above 1: Shoal faster); busbw in GB/s = "
+          "bytes/time * 2(n-1)/n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
