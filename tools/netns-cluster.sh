@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A cluster of hosts inside this machine, for tests and benchmarks of what
 # crosses a network. Each host is a network namespace with its own hostname
-# (UTS), System V IPC, /dev/shm, /tmp and /etc/hosts, joined by a veth pair
+# (UTS), System V IPC, PIDs and /proc, /dev/shm, /tmp and /etc/hosts (its
+# own name at 127.0.1.1, as Debian writes it), joined by a veth pair
 # to its rack's bridge; racks are joined by a spine bridge. tc shapes every
 # host link and rack uplink. Addresses come from 198.18.0.0/15 (RFC 2544's
 # range for benchmark networks); no namespace has a route out.
@@ -35,6 +36,7 @@ case "${1:-}" in  # before the command: what follows `exec HOST` is the host's
 esac
 [[ "$NAME" =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name $NAME: use 1-8 lower-case letters and digits"
 DIR=/run/shoal-netns/$NAME
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 FAB=$NAME-fab
 
 ns() { echo "$NAME-h$1"; }
@@ -49,7 +51,12 @@ host_index() {
 holder() { cat "$DIR/h$1.pid"; }
 in_host() {  # index, command...: run inside every namespace of the host
   local i=$1; shift
-  nsenter -t "$(holder "$i")" -n -u -i -m --wd="$PWD" -- "$@"
+  # From inside a host (a launcher's remote agent) no other host's PID
+  # namespace can be entered: the broker, in the machine's, runs it.
+  if [ "$(readlink /proc/self/ns/pid)" != "$(cat "$DIR/rootns")" ]; then
+    exec python3 "$HERE/netns_broker.py" call "$DIR/broker.sock" "h$i" "$@"
+  fi
+  nsenter -t "$(holder "$i")" -n -u -i -m -p --wd="$PWD" -- "$@"
 }
 
 # RATE[:DELAY] -> "RATE DELAY" (DELAY 0 when absent), both checked.
@@ -89,25 +96,35 @@ shape() {  # netns dev rate delay
   fi
 }
 
-start_holder() {  # index rack: the process whose namespaces are the host's
-  local i=$1 share=$2
-  ip netns exec "$(ns "$i")" unshare --uts --ipc --mount --propagation private -- \
-    bash -c '
+start_holder() {  # index share: the process whose namespaces are the host's
+  local i=$1 share=$2 up child=""
+  # Its own PID namespace and /proc too: a process on one host cannot open
+  # another host's /proc/<pid> (shared memory by memfd, CMA) by accident.
+  ip netns exec "$(ns "$i")" unshare --uts --ipc --mount --pid --fork \
+    --propagation private -- bash -c '
       set -e
       hostname "h$1"
+      mount -t proc proc /proc
       mount -t tmpfs -o mode=1777,size=2g shm /dev/shm
-      mount --bind "$2/hosts" /etc/hosts
+      mount --bind "$2/hosts.h$1" /etc/hosts
       # The shared directory is set aside before /tmp is covered, then
       # moved back to its own path on the private /tmp.
       stage="$2/share-h$1"
       if [ -n "$3" ]; then mkdir -p "$stage"; mount --bind "$3" "$stage"; fi
       mount -t tmpfs -o mode=1777 tmp /tmp
       if [ -n "$3" ]; then mkdir -p "$3"; mount --move "$stage" "$3"; fi
-      echo $$ > "$2/h$1.pid.tmp"; mv "$2/h$1.pid.tmp" "$2/h$1.pid"
-      exec sleep infinity' holder "$i" "$DIR" "$share" </dev/null >/dev/null 2>"$DIR/h$i.err" &
+      touch "$2/h$1.ready"
+      # PID 1 of the host: reaps the orphans of whatever runs there.
+      set +e
+      while :; do sleep 3600 & wait $!; done' holder "$i" "$DIR" "$share" \
+    </dev/null >/dev/null 2>"$DIR/h$i.err" &
+  up=$!
   for _ in $(seq 1 100); do
-    [ -f "$DIR/h$i.pid" ] && return 0
-    kill -0 $! 2>/dev/null || break
+    if [ -f "$DIR/h$i.ready" ] && [ -z "$child" ]; then
+      child=$(cat "/proc/$up/task/$up/children" 2>/dev/null | awk '{print $1}')
+    fi
+    if [ -n "$child" ]; then echo "$child" > "$DIR/h$i.pid"; return 0; fi
+    kill -0 "$up" 2>/dev/null || break
     sleep 0.05
   done
   die "host h$i did not start: $(cat "$DIR/h$i.err")"
@@ -140,8 +157,14 @@ cmd_start() {
   mkdir -p "$DIR"
   trap 'echo "netns-cluster: start failed; cleaning up" >&2; cmd_stop >/dev/null 2>&1 || true' ERR
   echo "$hosts" > "$DIR/hosts.count"
+  readlink /proc/self/ns/pid > "$DIR/rootns"
   { echo "127.0.0.1 localhost"; for i in $(seq 1 "$hosts"); do
       echo "198.18.$(( (i - 1) % racks + 1 )).$i h$i"; done; } > "$DIR/hosts"
+  # Each host's own name first at 127.0.1.1, as Debian's installer writes
+  # it: a process that publishes its host name to others must not rely on it.
+  for i in $(seq 1 "$hosts"); do
+    { echo "127.0.1.1 h$i"; cat "$DIR/hosts"; } > "$DIR/hosts.h$i"
+  done
   ip netns add "$FAB"
   ip -n "$FAB" link set lo up
   for r in $(seq 1 "$racks"); do
@@ -170,6 +193,10 @@ cmd_start() {
     if [ -n "$lrate" ]; then shape "$h" eth0 "$lrate" "$ldelay"; shape "$FAB" "h$i" "$lrate" "$ldelay"; fi
     start_holder "$i" "$share"
   done
+  python3 "$HERE/netns_broker.py" serve "$DIR/broker.sock" "$HERE/netns-cluster.sh" "$NAME" \
+    </dev/null >/dev/null 2>"$DIR/broker.err" &
+  echo $! > "$DIR/broker.pid"
+  for _ in $(seq 1 100); do [ -S "$DIR/broker.sock" ] && break; sleep 0.05; done
   {
     echo "hosts=$hosts racks=$racks link=${link:-unshaped} spine=${spine:-unshaped} share=${share:-none}"
   } > "$DIR/config"
@@ -190,6 +217,7 @@ cmd_stop() {
     fi
   done
   ip netns del "$FAB" 2>/dev/null || true
+  [ -f "$DIR/broker.pid" ] && kill "$(cat "$DIR/broker.pid")" 2>/dev/null || true
   rm -rf "$DIR"
   echo "netns-cluster $NAME: stopped"
 }

@@ -93,7 +93,7 @@ SampleCommand add_sample_command(CLI::App& app);
 int run_sample(const SampleFlags& f);
 // `shoal ps server`: one parameter server until SIGTERM (ps/server.h).
 struct PsServerFlags {
-  std::string host = "127.0.0.1";
+  std::string host;  // "": by DMLC_PS_ROOT_URI (ps::ServerJob::run)
   int port = 0;
   std::string mode = "sync";
   int staleness = 2;
@@ -110,7 +110,7 @@ struct PsServerFlags {
 };
 // `shoal ps scheduler`: the job's rendezvous point (ps/attach.h).
 struct PsSchedulerFlags {
-  std::string host = "127.0.0.1";
+  std::string host;  // "": by DMLC_PS_ROOT_URI (ps::Scheduler::run)
   int port = -1;  // -1: DMLC_PS_ROOT_PORT
 };
 // `shoal ps join`: more workers for an elastic job (ps_join.cc).

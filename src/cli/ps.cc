@@ -27,7 +27,10 @@ PsCommand add_ps_command(CLI::App& app) {
   CLI::App* ps = app.add_subcommand("ps", "Parameter-server roles");
   ps->require_subcommand(1);
   c.server = ps->add_subcommand("server", "Serve a shard of the parameters until SIGTERM");
-  c.server->add_option("--host", f.host, "Address to listen on")->capture_default_str();
+  c.server->add_option("--host", f.host,
+                       "Address to listen on (default: 127.0.0.1, or every interface when the "
+                       "job's DMLC_PS_ROOT_URI is not loopback, publishing the address that "
+                       "routes to it)");
   c.server->add_option("--port", f.port, "Port (0 = any free one, printed)")
       ->check(CLI::Range(0, 65535));
   c.server->add_option("--mode", f.mode, "sync, async or bounded")
@@ -60,7 +63,9 @@ PsCommand add_ps_command(CLI::App& app) {
       "scheduler",
       "The job's rendezvous point: servers register, workers find them; exits when every worker "
       "that joined has left");
-  c.scheduler->add_option("--host", c.sched->host, "Address to listen on")->capture_default_str();
+  c.scheduler->add_option("--host", c.sched->host,
+                          "Address to listen on (default: 127.0.0.1 when DMLC_PS_ROOT_URI is "
+                          "unset or loopback, else every interface, for the other hosts)");
   c.scheduler->add_option("--port", c.sched->port, "Port (default DMLC_PS_ROOT_PORT)")
       ->check(CLI::Range(0, 65535));
   c.join_flags = std::make_shared<PsJoinFlags>();

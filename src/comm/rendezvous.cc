@@ -15,6 +15,7 @@
 #include "shoal/core/logging.h"
 #include "shoal/net/auth.h"
 #include "shoal/net/c10d_store.h"
+#include "shoal/net/interfaces.h"
 
 namespace shoal::comm {
 namespace {
@@ -197,7 +198,7 @@ Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o) {
   }
   SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(where, "SHOAL_STORE"));
   if (serve && e.rank == 0) {
-    auto s = net::TcpStoreServer::start(hp.first, hp.second, o.token);
+    auto s = net::TcpStoreServer::start(net::listen_address_for(hp.first), hp.second, o.token);
     if (!s.ok())
       return s.status().with_context(
           fmt::format("rank 0 serving the store at {} (port in use?)", where));

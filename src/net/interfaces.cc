@@ -52,6 +52,17 @@ bool is_loopback_host(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]" || host.starts_with("127.");
 }
 
+std::string listen_address_for(const std::string& host) {
+  if (is_loopback_host(host) || host.empty()) return host;
+  in6_addr a6{};
+  in_addr a4{};
+  std::string h = host;
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  if (inet_pton(AF_INET, h.c_str(), &a4) == 1 || inet_pton(AF_INET6, h.c_str(), &a6) == 1)
+    return host;
+  return "0.0.0.0";
+}
+
 Result<std::vector<Interface>> list_interfaces() {
   ifaddrs* head = nullptr;
   if (getifaddrs(&head) != 0) return internal_error("getifaddrs: {}", std::strerror(errno));
@@ -140,12 +151,19 @@ Result<Interface> choose_interface(const std::string& store_host, std::string* w
   if (!store_host.empty()) {
     SHOAL_ASSIGN_OR_RETURN(chosen, interface_toward(store_host));
     *why = fmt::format("the route to the store's host {}", store_host);
-    return chosen;
+    if (!chosen.loopback || !remote_store) return chosen;
+    // The store's name is this host's and resolves to loopback here
+    // (Debian's 127.0.1.1): the others know it by another address.
   }
   SHOAL_ASSIGN_OR_RETURN(std::vector<Interface> all, list_interfaces());
   for (const Interface& i : all)
     if (!i.loopback) {
-      *why = "the first interface that is not loopback (the store has no host)";
+      *why = store_host.empty()
+                 ? "the first interface that is not loopback (the store has no host)"
+                 : fmt::format(
+                       "the first interface that is not loopback (the store's host {} is this "
+                       "one, named by a loopback address here)",
+                       store_host);
       return i;
     }
   *why = "loopback: this host has no other interface";

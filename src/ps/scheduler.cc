@@ -8,6 +8,7 @@
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
 #include "shoal/core/ps_keys.h"
+#include "shoal/net/interfaces.h"
 #include "shoal/net/store.h"
 #include "shoal/ps/attach.h"
 #include "shoal/ps/roles.h"
@@ -69,8 +70,15 @@ Status watch(net::Store& s, net::TcpStoreServer& server, int num_servers, int nu
 
 }  // namespace
 
-Status Scheduler::run(const std::string& host, int port_flag, const std::atomic<bool>& stop) {
+Status Scheduler::run(const std::string& host_flag, int port_flag, const std::atomic<bool>& stop) {
   SHOAL_ASSIGN_OR_RETURN(int port, scheduler_port(port_flag));
+  // The roles on other hosts reach it at DMLC_PS_ROOT_URI, whose name may
+  // resolve to 127.0.1.1 here (Debian): listen on every interface then.
+  std::string host = host_flag;
+  if (host.empty()) {
+    const std::string uri = env::get("DMLC_PS_ROOT_URI").value_or("");
+    host = uri.empty() || net::is_loopback_host(uri) ? "127.0.0.1" : "0.0.0.0";
+  }
   // As every role reads them: set, and >= 1 (a default here would let the
   // scheduler wait for a job its workers refuse to join).
   SHOAL_ASSIGN_OR_RETURN(int num_servers, role_count("DMLC_NUM_SERVER"));
@@ -79,7 +87,8 @@ Status Scheduler::run(const std::string& host, int port_flag, const std::atomic<
   if (token.empty())
     SHOAL_LOG_WARN("no job token (SHOAL_JOB_TOKEN): any process that reaches this port can join");
   SHOAL_ASSIGN_OR_RETURN(auto server, net::TcpStoreServer::start(host, port, token));
-  SHOAL_ASSIGN_OR_RETURN(auto client, net::TcpStore::connect(host, server->port(),
+  const std::string self = host == "0.0.0.0" ? "127.0.0.1" : host;
+  SHOAL_ASSIGN_OR_RETURN(auto client, net::TcpStore::connect(self, server->port(),
                                                              Deadline::after_seconds(10), token));
   SHOAL_RETURN_IF_ERROR(agree_on_counts(*client, num_servers, num_workers, "the scheduler"));
   fmt::print("ps scheduler: listening on {}:{} for {} servers and {} workers\n", host,

@@ -12,6 +12,7 @@
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
 #include "shoal/core/ps_keys.h"
+#include "shoal/net/interfaces.h"
 #include "shoal/net/store.h"
 #include "shoal/ps/attach.h"
 #include "shoal/ps/roles.h"
@@ -43,11 +44,18 @@ Result<std::unique_ptr<net::Store>> register_server(const JobEnv& e, const std::
         "server index {} is beyond DMLC_NUM_SERVER={}: every server slot of this job is taken "
         "(a server started again without its --snapshot? SHOAL_PS_SERVER_INDEX=i takes slot i)",
         index, e.num_servers);
-  // Listening on every interface, it is reached by its node's name.
+  // Listening on every interface, it is reached by the address of the one
+  // that routes to the scheduler (or SHOAL_SOCKET_IFNAME's), as the ranks
+  // of a data-parallel job are: its host name may resolve to 127.0.1.1
+  // (Debian's /etc/hosts), which no other host can reach.
   std::string self = host;
-  if (host == "0.0.0.0") {
-    char name[256] = {0};
-    if (gethostname(name, sizeof name - 1) == 0) self = name;
+  if (host == "0.0.0.0" && !env::get("DMLC_NODE_HOST")) {
+    SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(e.root, "DMLC_PS_ROOT_URI"));
+    std::string why;
+    auto ifc = net::choose_interface(hp.first, &why);
+    if (!ifc.ok()) return ifc.status().with_context("the address this server publishes");
+    self = ifc->addr;
+    fmt::print("ps server: publishing {} (interface {}, chosen by {})\n", self, ifc->name, why);
   }
   const std::string advertised = env::get("DMLC_NODE_HOST").value_or(self);
   SHOAL_RETURN_IF_ERROR(
@@ -176,6 +184,9 @@ Status ServerJob::run(ServerJobOptions o, const std::atomic<bool>& stop) {
   if (e.token.empty())
     SHOAL_LOG_WARN(
         "no job token (SHOAL_JOB_TOKEN): any process that reaches this port can push and pull");
+  if (o.host.empty())  // workers on other hosts reach it when the scheduler is on one
+    o.host = !in_job || net::is_loopback_host(e.root.substr(0, e.root.rfind(':'))) ? "127.0.0.1"
+                                                                                   : "0.0.0.0";
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Server> s,
                          Server::start(o.host, o.port, e.token, o.server));
   const ShardOptions& sh = o.server.shard;

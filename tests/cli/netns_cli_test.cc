@@ -110,6 +110,50 @@ TEST_F(NetnsCluster, EveryStrategySpansTheHostsWithTheOneHostWeights) {
   }
 }
 
+// A parameter-server job started by hand as docs/ps.md says, one role per
+// process: the scheduler on h1, a server and a worker on each host. Its
+// servers publish the address that routes to the scheduler (their host
+// names resolve to 127.0.1.1 there, as on Debian); each worker maps only its
+// own host's server's memory; the weights are those of the same job on one
+// host (sync: every push counted once).
+TEST_F(NetnsCluster, AParameterServerJobStartedByHandSpansTheHosts) {
+  const std::string dir = testing::scratch_dir("netns_ps");
+  const std::string train = fmt::format("train --dist ps {}", kTrain);
+  auto one = run_shoal(
+      fmt::format("run --ps 2,2 --timeout 120 --ps-snapshots {}/snap -- {} {} --out {}/one", dir,
+                  SHOAL_BINARY, train, dir));
+  ASSERT_EQ(one.code, 0) << one.out;
+  const std::string env = fmt::format(
+      "{} --name {} exec h{{}} env SHOAL_JOB_TOKEN=netns DMLC_PS_ROOT_URI=198.18.1.1 "
+      "DMLC_PS_ROOT_PORT=9000 DMLC_NUM_SERVER=2 DMLC_NUM_WORKER=2 DMLC_ROLE={{}} timeout -s KILL "
+      "120 {}",
+      kTool, name_, SHOAL_BINARY);
+  auto role = [&](int host, const std::string& r, const std::string& args, const std::string& log) {
+    return fmt::format(fmt::runtime(env), host, r) + " " + args + " > " + dir + "/" + log +
+           ".log 2>&1 & pids=\"$pids $!\"\n";
+  };
+  std::string line = role(1, "scheduler", "ps scheduler", "sched");
+  for (int h : {1, 2}) line += role(h, "server", "ps server", fmt::format("server{}", h));
+  for (int h : {1, 2})
+    line +=
+        role(h, "worker", fmt::format("{} --out {}/two", train, dir), fmt::format("worker{}", h));
+  line += "rc=0; for p in $pids; do wait $p || rc=1; done; cat " + dir + "/*.log; exit $rc";
+  auto r = run_sh(line);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("ps server: publishing 198.18.1.2 (interface eth0"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("worker 0: push-pulls in shared memory with 1 of 2 parameter servers"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("worker 1: push-pulls in shared memory with 1 of 2 parameter servers"),
+            std::string::npos)
+      << r.out;
+  auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/two");
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_TRUE(testing::same_bits(*a, *b));
+}
+
 // Real launchers span the hosts, each started as its users start it, and
 // every one trains to the same weights as `shoal run` on one host (ring).
 TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {

@@ -86,5 +86,17 @@ TEST(Interfaces, AnUnknownStoreHostIsNamed) {
   EXPECT_NE(c.status().message().find("no-such-host.invalid"), std::string::npos);
 }
 
+// A store served under a name listens everywhere: this host may resolve
+// its own name to 127.0.1.1 while the others resolve it to a reachable one
+// (torchrun's c10d names the store by host name; NetnsCluster checks it).
+TEST(Interfaces, AServerNamedByAHostNameListensOnEveryInterface) {
+  EXPECT_EQ(listen_address_for("198.18.1.1"), "198.18.1.1");
+  EXPECT_EQ(listen_address_for("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(listen_address_for("localhost"), "localhost");
+  EXPECT_EQ(listen_address_for("[::1]"), "[::1]");
+  EXPECT_EQ(listen_address_for("fd00::5"), "fd00::5");
+  EXPECT_EQ(listen_address_for("node7"), "0.0.0.0");
+}
+
 }  // namespace
 }  // namespace shoal::net

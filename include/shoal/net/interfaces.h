@@ -40,4 +40,10 @@ Result<Interface> choose_interface(const std::string& store_host, std::string* w
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback_host(const std::string& host);
 
+// Where a server that others reach as `host` listens: that address when it
+// is numeric (or loopback), every interface when it is a name, since this
+// host may resolve its own name to 127.0.1.1 (Debian's /etc/hosts) while
+// the others resolve it to an address they can reach.
+std::string listen_address_for(const std::string& host);
+
 }  // namespace shoal::net

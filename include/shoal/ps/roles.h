@@ -14,7 +14,9 @@
 namespace shoal::ps {
 
 struct ServerJobOptions {
-  std::string host = "0.0.0.0";
+  // "": 127.0.0.1 unless the job's scheduler is on another address, then
+  // every interface, publishing the one that routes to the scheduler.
+  std::string host;
   int port = 0;  // 0: any free one (printed)
   // The shard's options; server.configured false: the first worker's.
   // heartbeat_s and shard.slice_bound come from the environment.
