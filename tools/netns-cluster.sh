@@ -97,7 +97,8 @@ shape() {  # netns dev rate delay
 }
 
 start_holder() {  # index share: the process whose namespaces are the host's
-  local i=$1 share=$2 up child=""
+  local i=$1 share=$2 up child="" cgroups
+  cgroups=$(awk '$2 ~ "^/sys/fs/cgroup" { print $3, $2, $4 }' /proc/self/mounts)
   # Its own PID namespace and /proc too: a process on one host cannot open
   # another host's /proc/<pid> (shared memory by memfd, CMA) by accident.
   ip netns exec "$(ns "$i")" unshare --uts --ipc --mount --pid --fork \
@@ -105,6 +106,13 @@ start_holder() {  # index share: the process whose namespaces are the host's
       set -e
       hostname "h$1"
       mount -t proc proc /proc
+      # ip netns exec mounted a fresh /sys: the machine'"'"'s cgroup mounts
+      # again (slurmd refuses to start without them).
+      while read -r fs mp opts; do
+        [ -n "$fs" ] || continue
+        mkdir -p "$mp" 2>/dev/null || true
+        mount -t "$fs" -o "$opts" "$fs" "$mp" 2>/dev/null || true
+      done <<< "$4"
       mount -t tmpfs -o mode=1777,size=2g shm /dev/shm
       mount --bind "$2/hosts.h$1" /etc/hosts
       # The shared directory is set aside before /tmp is covered, then
@@ -116,7 +124,7 @@ start_holder() {  # index share: the process whose namespaces are the host's
       touch "$2/h$1.ready"
       # PID 1 of the host: reaps the orphans of whatever runs there.
       set +e
-      while :; do sleep 3600 & wait $!; done' holder "$i" "$DIR" "$share" \
+      while :; do sleep 3600 & wait $!; done' holder "$i" "$DIR" "$share" "$cgroups" \
     </dev/null >/dev/null 2>"$DIR/h$i.err" &
   up=$!
   for _ in $(seq 1 100); do

@@ -7,6 +7,11 @@
 #   tools/slurm-cluster.sh status
 #   tools/slurm-cluster.sh stop
 #
+# SHOAL_SLURM_NETNS=NAME puts one slurmd on each host of the running
+# tools/netns-cluster.sh cluster NAME (nodes h1..hN, slurmctld on h1, state in
+# /run/shoal-netns/NAME/slurm); clients then run on a host:
+#   tools/netns-cluster.sh --name NAME exec h1 env SLURM_CONF=... srun -N 2 ...
+#
 # SHOAL_SLURM_TOPOLOGY=FILE adds switches (topology.conf for topology/tree);
 # SHOAL_SLURM_GPUS=K gives each node K GPUs as counted GRES (no devices).
 #
@@ -16,9 +21,19 @@
 # Slurm client call too (a client whose slurmctld is gone retries for long).
 set -euo pipefail
 
-DIR=${SHOAL_SLURM_DIR:-/tmp/shoal-slurm}
+NETNS=${SHOAL_SLURM_NETNS:-}
+NETNS_TOOL="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/netns-cluster.sh"
+if [ -n "$NETNS" ]; then
+  DIR=${SHOAL_SLURM_DIR:-/run/shoal-netns/$NETNS/slurm}
+  NODES=$(cat "/run/shoal-netns/$NETNS/hosts.count" 2>/dev/null) ||
+    { echo "slurm-cluster: no netns cluster named $NETNS is running" >&2; exit 1; }
+else
+  DIR=${SHOAL_SLURM_DIR:-/tmp/shoal-slurm}
+  NODES=${SHOAL_SLURM_NODES:-4}
+fi
 HOST=$(hostname -s)
-NODES=${SHOAL_SLURM_NODES:-4}
+NODE=n  # node names: n1..nN here, h1..hN on netns hosts
+[ -n "$NETNS" ] && NODE=h
 CONF=$DIR/slurm.conf
 TOPOLOGY=${SHOAL_SLURM_TOPOLOGY:-}  # a topology.conf: switches over n1..n4
 GPUS=${SHOAL_SLURM_GPUS:-0}  # GPUs (GRES, counted only) per node
@@ -40,6 +55,22 @@ free_port() {
 }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A daemon of this cluster is up ($1: slurmctld or n3/h3); by its command
+# line in netns mode, where pid files hold the hosts' own PIDs.
+up() {
+  if [ -z "$NETNS" ]; then
+    if [ "$1" = slurmctld ]; then alive "$DIR/slurmctld.pid"; else alive "$DIR/slurmd-$1.pid"; fi
+  elif [ "$1" = slurmctld ]; then
+    pgrep -f "^slurmctld -f $CONF\$" >/dev/null
+  else
+    pgrep -f "^slurmd -f $CONF -N $1\$" >/dev/null
+  fi
+}
+on_host() {  # host command...: on that netns host, or here
+  local h=$1; shift
+  if [ -n "$NETNS" ]; then "$NETNS_TOOL" --name "$NETNS" exec "$h" "$@"; else "$@"; fi
+}
+client() { on_host h1 env SLURM_CONF="$CONF" "$@"; }
 
 write_conf() {  # $1 slurmctld port, $2 first slurmd port
   cat > "$CONF" <<EOF
@@ -67,9 +98,21 @@ SlurmctldLogFile=$DIR/slurmctld.log
 SlurmdLogFile=$DIR/slurmd-%n.log
 KillWait=5
 InactiveLimit=0
+EOF
+  if [ -n "$NETNS" ]; then
+    # SlurmctldHost above names this machine: h1 holds it here.
+    sed -i "s/^SlurmctldHost=.*/SlurmctldHost=h1($("$NETNS_TOOL" --name "$NETNS" addr h1))/" "$CONF"
+    local i
+    for i in $(seq 1 "$NODES"); do
+      echo "NodeName=h$i NodeAddr=$("$NETNS_TOOL" --name "$NETNS" addr "h$i") Port=$2 CPUs=2 RealMemory=4000 State=UNKNOWN$GRES_NODE" >> "$CONF"
+    done
+    echo "PartitionName=debug Nodes=h[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES" >> "$CONF"
+  else
+    cat >> "$CONF" <<EOF
 NodeName=n[1-$NODES] NodeHostname=$HOST Port=$2-$(($2 + NODES - 1)) CPUs=2 RealMemory=4000 State=UNKNOWN$GRES_NODE
 PartitionName=debug Nodes=n[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
+  fi
   # Optional: switches (Slurm's topology/tree) and GPUs per node (counted
   # only: no devices, for placement tests).
   if [ -n "$TOPOLOGY" ]; then
@@ -90,22 +133,26 @@ EOF
 
 stop_daemons() {
   local f
-  for f in "$DIR"/slurmd-n*.pid "$DIR/slurmctld.pid"; do
-    if [ -f "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
-  done
+  if [ -n "$NETNS" ]; then  # the pid files hold the hosts' own PIDs
+    pkill -TERM -f "^slurm(ctl)?d -f $CONF" 2>/dev/null || true
+  else
+    for f in "$DIR"/slurmd-n*.pid "$DIR/slurmctld.pid"; do
+      if [ -f "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
+    done
+  fi
   for _ in $(seq 1 50); do
     pgrep -f "slurm(ctl)?d -f $CONF" >/dev/null || break
     sleep 0.1
   done
   pkill -9 -f "slurm(ctl)?d -f $CONF" 2>/dev/null || true
-  rm -f "$DIR"/slurmd-n*.pid "$DIR/slurmctld.pid"
+  rm -f "$DIR"/slurmd-*.pid "$DIR/slurmctld.pid"
 }
 
 start() {
   command -v slurmctld >/dev/null && command -v munged >/dev/null ||
     die "slurm-wlm and munge are not installed (apt-get install slurm-wlm munge)"
   [ "$(id -u)" = 0 ] || die "must run as root (SlurmUser=root)"
-  if alive "$DIR/slurmctld.pid"; then
+  if up slurmctld; then
     echo "export SLURM_CONF=$CONF"
     return
   fi
@@ -120,12 +167,12 @@ start() {
   local attempt ok i
   for attempt in 1 2 3; do
     write_conf "$(free_port)" "$(free_port)"
-    slurmctld -f "$CONF" || true
-    for i in $(seq 1 "$NODES"); do slurmd -f "$CONF" -N "n$i" || true; done
+    on_host h1 slurmctld -f "$CONF" || true
+    for i in $(seq 1 "$NODES"); do on_host "h$i" slurmd -f "$CONF" -N "$NODE$i" || true; done
     sleep 1
     ok=1
-    alive "$DIR/slurmctld.pid" || ok=0
-    for i in $(seq 1 "$NODES"); do alive "$DIR/slurmd-n$i.pid" || ok=0; done
+    up slurmctld || ok=0
+    for i in $(seq 1 "$NODES"); do up "$NODE$i" || ok=0; done
     [ "$ok" = 1 ] && break
     echo "slurm-cluster: a daemon did not stay up (port taken?); retrying with new ports" >&2
     tail -n 2 "$DIR/slurmctld.log" >&2 2>/dev/null || true
@@ -134,13 +181,13 @@ start() {
   done
   # Bounded wait for every node to be idle.
   for _ in $(seq 1 40); do
-    if [ "$(timeout 3 sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l)" = "$NODES" ]; then
+    if [ "$(client timeout 3 sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l)" = "$NODES" ]; then
       echo "export SLURM_CONF=$CONF"
       return
     fi
     sleep 0.25
   done
-  timeout 3 sinfo -N >&2 || true
+  client timeout 3 sinfo -N >&2 || true
   tail -n 20 "$DIR/slurmctld.log" >&2 || true
   die "the $NODES nodes did not become idle"
 }
@@ -149,10 +196,10 @@ stop() {
   [ -f "$CONF" ] || return 0
   export SLURM_CONF=$CONF
   # Jobs first (slurmstepd can hang if the daemons go while steps run).
-  if alive "$DIR/slurmctld.pid"; then
-    timeout 5 scancel --full --quiet -u root 2>/dev/null || true
+  if up slurmctld; then
+    client timeout 5 scancel --full --quiet -u root 2>/dev/null || true
     for _ in $(seq 1 25); do
-      [ -z "$(timeout 3 squeue -h 2>/dev/null)" ] && break
+      [ -z "$(client timeout 3 squeue -h 2>/dev/null)" ] && break
       sleep 0.2
     done
   fi
@@ -163,6 +210,6 @@ stop() {
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
-  status) SLURM_CONF=$CONF timeout 5 sinfo -N ;;
+  status) client timeout 5 sinfo -N ;;
   *) die "usage: $0 start|stop|status" ;;
 esac

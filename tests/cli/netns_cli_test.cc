@@ -210,6 +210,42 @@ TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {
   testing::expect_same_training(dir + "/one", dir + "/mpi", 6, 1e-5);
 }
 
+// Slurm with one slurmd on each host (tools/slurm-cluster.sh with
+// SHOAL_SLURM_NETNS): `shoal run --engine srun` and a bare `srun -N 2`,
+// whose rank 0 serves the store under the first node's name, which that
+// node resolves to 127.0.1.1. Both give the one-host weights.
+TEST_F(NetnsCluster, SrunSpansTheHostsOfItsSlurm) {
+  if (std::system("command -v slurmctld >/dev/null && command -v munged >/dev/null") != 0)
+    GTEST_SKIP() << "SKIP: slurm-wlm and munge are not installed (tools/install-deps.sh)";
+  const std::string slurm =
+      fmt::format("SHOAL_SLURM_NETNS={} {}/tools/slurm-cluster.sh", name_, SHOAL_SOURCE_DIR);
+  auto up = run_sh(slurm + " start");
+  ASSERT_EQ(up.code, 0) << up.out;
+  const std::string dir = testing::scratch_dir("netns_srun");
+  auto one = run_shoal(fmt::format(
+      "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} --out {}/one",
+      SHOAL_BINARY, kTrain, dir));
+  const std::string on_h1 = fmt::format(
+      "{} --name {} exec h1 env SLURM_CONF=/run/shoal-netns/{}/slurm/slurm.conf "
+      "SHOAL_ALLREDUCE_ALGO=ring timeout -s KILL 120",
+      kTool, name_, name_);
+  auto engine = run_sh(fmt::format(
+      "{} {} run --engine srun -n 4 --store-host 198.18.1.1 --engine-arg=-N2 -- {} train {} "
+      "--out {}/engine",
+      on_h1, SHOAL_BINARY, SHOAL_BINARY, kTrain, dir));
+  auto bare = run_sh(
+      fmt::format("{} srun -N 2 -n 4 {} train {} --out {}/bare", on_h1, SHOAL_BINARY, kTrain, dir));
+  run_sh(slurm + " stop");
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_EQ(engine.code, 0) << engine.out;
+  ASSERT_EQ(bare.code, 0) << bare.out;
+  for (const char* out : {"engine", "bare"}) {
+    auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/" + out);
+    ASSERT_TRUE(a.ok() && b.ok()) << out;
+    EXPECT_TRUE(testing::same_bits(*a, *b)) << out;
+  }
+}
+
 // A rank told to advertise loopback while the store is on another host is
 // refused by name at start-up, not left for its peers to time out on.
 TEST_F(NetnsCluster, LoopbackIsNotAdvertisedToAnotherHost) {
