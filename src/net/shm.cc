@@ -1,6 +1,7 @@
 #include "shoal/net/shm.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <linux/futex.h>
 #include <sodium.h>
 #include <sys/mman.h>
@@ -153,7 +154,20 @@ std::string host_identity() {
   std::string boot;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot);
-  return std::string(host) + "/" + boot;
+  // What decides whether two processes can share memory, not what they are
+  // called: the IPC and PID namespaces (System V, CMA by pid) and the
+  // /dev/shm instance (POSIX shm_open). Two containers or namespaced hosts
+  // with one hostname on one kernel differ here.
+  auto ns = [](const char* which) {
+    char buf[64] = {0};
+    const std::string path = std::string("/proc/self/ns/") + which;
+    const ssize_t n = readlink(path.c_str(), buf, sizeof buf - 1);
+    return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("?");
+  };
+  struct stat st {};
+  const std::string shm_dev =
+      stat("/dev/shm", &st) == 0 ? std::to_string(static_cast<unsigned long long>(st.st_dev)) : "?";
+  return fmt::format("{}/{}/{}/{}/shm:{}", host, boot, ns("ipc"), ns("pid"), shm_dev);
 }
 
 }  // namespace shoal::net

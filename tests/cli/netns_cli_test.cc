@@ -83,6 +83,27 @@ TEST_F(NetnsCluster, DataParallelAcrossTwoHostsMatchesOneHost) {
   testing::expect_same_training(dir + "/one", dir + "/hier", 6, 1e-5);
 }
 
+// Two hosts that share a hostname (containers often do) share no memory:
+// ranks group by IPC and PID namespaces and the /dev/shm mount, not by name.
+// Before, the ranks of h2 looked for h1's shared-memory channels in their
+// own /dev/shm ("shm_open /shoal-...: No such file or directory").
+TEST_F(NetnsCluster, HostsThatShareAHostnameShareNoMemory) {
+  for (const char* h : {"h1", "h2"})
+    ASSERT_EQ(run_sh(fmt::format("{} --name {} exec {} hostname same", kTool, name_, h)).code, 0);
+  const std::string dir = testing::scratch_dir("netns_samename");
+  auto one = run_shoal(fmt::format(
+      "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} --out {}/one",
+      SHOAL_BINARY, kTrain, dir));
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto two = train_across(4, 2, "SHOAL_ALLREDUCE_ALGO=ring SHOAL_COMM_TIMEOUT=30",
+                          fmt::format("{} --out {}/two", kTrain, dir), dir);
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("2 ranks on this host"), std::string::npos) << two.out;
+  auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/two");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(testing::same_bits(*a, *b));
+}
+
 // Every way of distributing a step spans the hosts with the weights of the
 // same layout on one host (ring all-reduce, so the sums are the same): with
 // 2 ranks per host, tensor-parallel groups stay within a host and

@@ -70,7 +70,9 @@ class ShmChannel {
   ShmRing tx_, rx_;
 };
 
-// Identity of this host for "same host?" decisions: hostname and boot id.
+// Identity of this host for "same host?" decisions (shared memory, CMA, the
+// hierarchy): hostname, boot id, IPC and PID namespaces and the /dev/shm
+// mount, so namespaced hosts or containers sharing a name stay apart.
 std::string host_identity();
 
 }  // namespace shoal::net
