@@ -34,6 +34,10 @@ Result<std::unique_ptr<Watchdog>> Watchdog::start(std::unique_ptr<net::Store> st
     };
   w->store_ = std::move(store);
   w->o_ = std::move(o);
+  // A store that stops answering (its host cut off) is named within the
+  // deadline, not after the store client's 30 s.
+  w->store_->set_io_timeout(
+      std::chrono::milliseconds(static_cast<std::int64_t>(std::max(1.0, w->o_.deadline_s) * 1000)));
   w->next_changed_ = w->store_ok_ = Clock::now();
   SHOAL_RETURN_IF_ERROR(w->store_->set(beat_key(w->o_.prefix, w->o_.rank), "0"));
   w->thread_ = std::thread([p = w.get()] { p->loop(); });
@@ -70,7 +74,8 @@ std::string Watchdog::tick() {
     return fmt::format(
         "the job's store at {} answered no heartbeat of rank {} for {:.1f} s "
         "(SHOAL_HEARTBEAT={} s; {}): the process serving it is stopped, hung or unreachable",
-        o_.store_where, o_.rank, since(store_ok_), o_.deadline_s, abort.status().message());
+        o_.store_where, o_.rank, std::chrono::duration<double>(Clock::now() - store_ok_).count(),
+        o_.deadline_s, abort.status().message());
   }
   store_ok_ = now;
   if (!abort->empty()) return *abort;
@@ -81,10 +86,16 @@ std::string Watchdog::tick() {
     return "";
   }
   if (since(next_changed_) <= o_.deadline_s) return "";
+  // Where it runs, from its claim "pid 41 on h2 (198.18.1.2:39017, ...)".
+  const Result<std::string> claim = store_->peek(fmt::format("{}/claim/{}", o_.prefix, next));
+  const std::string who =
+      claim.ok() && !claim->empty()
+          ? fmt::format("rank {} ({})", next, claim->substr(0, claim->find(" (")))
+          : fmt::format("rank {}", next);
   const std::string why = fmt::format(
-      "rank {} sent no heartbeat for {:.1f} s (SHOAL_HEARTBEAT={} s; noticed by rank {}): it is "
+      "{} sent no heartbeat for {:.1f} s (SHOAL_HEARTBEAT={} s; noticed by rank {}): it is "
       "stopped, hung or unreachable",
-      next, since(next_changed_), o_.deadline_s, o_.rank);
+      who, since(next_changed_), o_.deadline_s, o_.rank);
   (void)store_->set(abort_key(o_.prefix), why);  // every rank stops, saying why
   return why;
 }

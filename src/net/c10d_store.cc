@@ -13,7 +13,6 @@ namespace {
 enum class Query : std::uint8_t { kSet = 0, kCompareSet = 1, kGet = 2, kAdd = 3, kWait = 5 };
 constexpr std::uint8_t kStopWaiting = 0;
 constexpr std::uint64_t kMaxValue = 64 << 20;
-constexpr auto kIoTimeout = std::chrono::seconds(30);
 
 void put_bytes(std::string& out, const std::string& s) {
   append_le<std::uint64_t>(out, s.size());
@@ -70,7 +69,7 @@ Status C10dStore::set(const std::string& key, const std::string& value) {
   std::string m = query(Query::kSet);
   put_bytes(m, key);
   put_bytes(m, value);
-  return send(m, Deadline::after(kIoTimeout));
+  return send(m, Deadline::after(io_timeout_));
 }
 
 Result<std::string> C10dStore::get(const std::string& key, Deadline dl) {
@@ -96,7 +95,7 @@ Result<std::string> C10dStore::get(const std::string& key, Deadline dl) {
 }
 
 Result<std::int64_t> C10dStore::add(const std::string& key, std::int64_t delta) {
-  const Deadline dl = Deadline::after(kIoTimeout);
+  const Deadline dl = Deadline::after(io_timeout_);
   std::string m = query(Query::kAdd);
   put_bytes(m, key);
   append_le<std::int64_t>(m, delta);
@@ -106,7 +105,7 @@ Result<std::int64_t> C10dStore::add(const std::string& key, std::int64_t delta) 
 
 Result<std::string> C10dStore::compare_set(const std::string& key, const std::string& expected,
                                            const std::string& desired) {
-  const Deadline dl = Deadline::after(kIoTimeout);
+  const Deadline dl = Deadline::after(io_timeout_);
   std::string m = query(Query::kCompareSet);
   put_bytes(m, key);
   put_bytes(m, expected);

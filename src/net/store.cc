@@ -20,7 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr std::uint64_t kMaxStoreFrame = 64 << 20;
-constexpr auto kIoTimeout = std::chrono::seconds(30);
 
 }  // namespace
 
@@ -69,7 +68,7 @@ Result<std::string> TcpStore::call(char cmd, const std::string& key, const std::
 }
 
 Status TcpStore::set(const std::string& key, const std::string& value) {
-  return call('S', key, value, "", Deadline::after(kIoTimeout)).status();
+  return call('S', key, value, "", Deadline::after(io_timeout_)).status();
 }
 Result<std::string> TcpStore::get(const std::string& key, Deadline dl) {
   if (!sock_.valid()) return unavailable("store connection was closed after a timeout");
@@ -77,12 +76,12 @@ Result<std::string> TcpStore::get(const std::string& key, Deadline dl) {
 }
 Result<std::int64_t> TcpStore::add(const std::string& key, std::int64_t delta) {
   SHOAL_ASSIGN_OR_RETURN(std::string v,
-                         call('A', key, std::to_string(delta), "", Deadline::after(kIoTimeout)));
+                         call('A', key, std::to_string(delta), "", Deadline::after(io_timeout_)));
   return env::parse_int(v, key);
 }
 Result<std::string> TcpStore::compare_set(const std::string& key, const std::string& expected,
                                           const std::string& desired) {
-  return call('C', key, expected, desired, Deadline::after(kIoTimeout));
+  return call('C', key, expected, desired, Deadline::after(io_timeout_));
 }
 
 // ------------------------------------------------------------- file store

@@ -80,7 +80,8 @@ TEST(Torchrun, AFrozenRankIsNamedWithinTheHeartbeatDeadline) {
   Result r = run_sh("chmod +x " + script + " && SHOAL_HEARTBEAT=3 " +
                     torchrun("--nproc_per_node 2 --no_python " + script));
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_TRUE(has(r, "rank 1 sent no heartbeat for")) << r.out;
+  EXPECT_TRUE(has(r, "rank 1 (pid ")) << r.out;
+  EXPECT_TRUE(has(r, ") sent no heartbeat for")) << r.out;
   EXPECT_TRUE(
       has(r, "(SHOAL_HEARTBEAT=3 s; noticed by rank 0): it is stopped, hung or unreachable"))
       << r.out;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
 
@@ -36,8 +37,10 @@ class NetnsCluster : public ::testing::Test {
   }
   // Starts `world` ranks of `shoal train <args>`, `per_host` on each host,
   // rank 0 serving the store on h1; waits for all (each bounded by 120 s).
+  // `during`: a shell line run in the background once they started.
   testing::ShoalRun train_across(int world, int per_host, const std::string& env,
-                                 const std::string& args, const std::string& logs) {
+                                 const std::string& args, const std::string& logs,
+                                 const std::string& during = "") {
     std::string line;
     for (int r = 0; r < world; ++r)
       line += fmt::format(
@@ -45,7 +48,8 @@ class NetnsCluster : public ::testing::Test {
           "SHOAL_STORE=198.18.1.1:29500 SHOAL_STORE_SERVE=1 SHOAL_JOB_TOKEN=netns {} "
           "timeout -s KILL 120 {} train {} > {}/r{}.log 2>&1 & pids=\"$pids $!\"\n",
           kTool, name_, r / per_host + 1, r, world, r % per_host, env, SHOAL_BINARY, args, logs, r);
-    line += "rc=0; for p in $pids; do wait $p || rc=1; done; cat " + logs + "/r*.log; exit $rc";
+    line += during + "\nrc=0; for p in $pids; do wait $p || rc=1; done; cat " + logs +
+            "/r*.log; exit $rc";
     return run_sh(line);
   }
   std::string name_;
@@ -265,6 +269,30 @@ TEST_F(NetnsCluster, SrunSpansTheHostsOfItsSlurm) {
     ASSERT_TRUE(a.ok() && b.ok()) << out;
     EXPECT_TRUE(testing::same_bits(*a, *b)) << out;
   }
+}
+
+// h2's link goes down mid-training: every rank stops within the heartbeat
+// deadline (5 s here) and a tick, those on h1 naming the rank and host that
+// went silent, those on h2 the store they can no longer reach; none waits
+// out a collective's 300 s.
+TEST_F(NetnsCluster, AHostWhoseLinkGoesDownIsNamedWithinTheHeartbeatDeadline) {
+  const std::string dir = testing::scratch_dir("netns_down");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto run = train_across(
+      4, 2, "SHOAL_HEARTBEAT=5",
+      "--model mlp --batch 16 --epochs 50 --limit-train 8192 --limit-test 256 --threads 1 "
+      "--no-plot --quiet --out " +
+          dir + "/run",
+      dir, fmt::format("(sleep 3; {} --name {} fault h2 down) >/dev/null 2>&1 &", kTool, name_));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(run.code, 0);
+  EXPECT_LT(took, 3 + 5 + 4) << run.out;  // down at 3 s, a 5 s deadline, ticks and exits
+  EXPECT_NE(run.out.find("stopping: rank 2 (pid "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find(" on h2) sent no heartbeat"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("the job's store at 198.18.1.1:29500 (served by rank 0) answered no "
+                         "heartbeat of rank 3"),
+            std::string::npos)
+      << run.out;
 }
 
 // A rank told to advertise loopback while the store is on another host is

@@ -8,6 +8,7 @@
 // authentication: say so to the user. Not thread-safe: one per thread.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -23,6 +24,7 @@ class C10dStore final : public Store {
   Result<std::int64_t> add(const std::string& key, std::int64_t delta) override;
   Result<std::string> compare_set(const std::string& key, const std::string& expected,
                                   const std::string& desired) override;
+  void set_io_timeout(std::chrono::milliseconds t) override { io_timeout_ = t; }
 
  private:
   Status send(const std::string& bytes, Deadline dl);
@@ -30,6 +32,7 @@ class C10dStore final : public Store {
   template <typename T>
   Result<T> recv_value(Deadline dl);
   Socket sock_;
+  std::chrono::milliseconds io_timeout_{30000};
 };
 
 }  // namespace shoal::net

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,6 +36,9 @@ class Store {
   virtual Result<std::string> compare_set(const std::string& key, const std::string& expected,
                                           const std::string& desired) = 0;
   Status wait(const std::vector<std::string>& keys, Deadline dl);
+  // How long set/add/compare_set wait for the store's answer (default 30 s;
+  // a watchdog wants its heartbeat deadline). No-op for a file store.
+  virtual void set_io_timeout(std::chrono::milliseconds) {}
   // The key's value now, "" while it is absent, without waiting (a get()
   // that times out would leave its reply on a TCP connection). A swap that
   // expects a value no key holds, so it never writes.
@@ -81,11 +85,13 @@ class TcpStore final : public Store {
   Result<std::int64_t> add(const std::string& key, std::int64_t delta) override;
   Result<std::string> compare_set(const std::string& key, const std::string& expected,
                                   const std::string& desired) override;
+  void set_io_timeout(std::chrono::milliseconds t) override { io_timeout_ = t; }
 
  private:
   Result<std::string> call(char cmd, const std::string& key, const std::string& a,
                            const std::string& b, Deadline dl);
   Socket sock_;
+  std::chrono::milliseconds io_timeout_{30000};
 };
 
 // Keys are files under dir/<job>/ (mode 0700: only the job's user reads
