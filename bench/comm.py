@@ -17,6 +17,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
+def print_table(n, shoal, mpi, gloo):
+    """Shoal's {bytes: (us, algo)} beside the peers' {bytes: us}, n ranks."""
+    hdr = (f"{'bytes':>10} {'shoal us':>10} {'busbw':>7} {'algo':>18} | {'mpi us':>10} {'busbw':>7} |"
+           f" {'gloo us':>10} {'busbw':>7} | {'vs mpi':>7} {'vs gloo':>7}")
+    print(hdr)
+    print("-" * len(hdr))
+    bus = lambda b, us: b / (us * 1e3) * 2 * (n - 1) / n
+    for b in sorted(shoal):
+        st, algo = shoal[b]
+        mt, gt = mpi.get(b), gloo.get(b)
+        line = f"{b:>10} {st:>10.1f} {bus(b, st):>7.3f} {algo:>18} | "
+        line += f"{mt:>10.1f} {bus(b, mt):>7.3f} | " if mt else f"{'-':>10} {'-':>7} | "
+        line += f"{gt:>10.1f} {bus(b, gt):>7.3f} | " if gt else f"{'-':>10} {'-':>7} | "
+        line += f"{mt / st:>6.2f}x " if mt else f"{'-':>7} "
+        line += f"{gt / st:>6.2f}x" if gt else f"{'-':>7}"
+        print(line)
+    print("\nratios = peer time / Shoal time (above 1: Shoal faster); busbw in GB/s = "
+          "bytes/time * 2(n-1)/n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=2)
@@ -54,23 +74,7 @@ def main():
     print(f"allreduce f32 sum, {n} ranks on one host ({os.cpu_count()} cores"
           f"{', oversubscribed' if n > (os.cpu_count() or 1) else ''}); Shoal transport {a.transport}; "
           f"peers: {ompi.strip()}, Gloo via PyTorch")
-    hdr = (f"{'bytes':>10} {'shoal us':>10} {'busbw':>7} {'algo':>18} | {'mpi us':>10} {'busbw':>7} |"
-           f" {'gloo us':>10} {'busbw':>7} | {'vs mpi':>7} {'vs gloo':>7}")
-    print(hdr)
-    print("-" * len(hdr))
-    bus = lambda b, us: b / (us * 1e3) * 2 * (n - 1) / n
-    for b in sorted(shoal):
-        st, algo = shoal[b]
-        mt, gt = mpi.get(b), gloo.get(b)
-        line = f"{b:>10} {st:>10.1f} {bus(b, st):>7.3f} {algo:>18} | "
-        line += f"{mt:>10.1f} {bus(b, mt):>7.3f} | " if mt else f"{'-':>10} {'-':>7} | "
-        line += f"{gt:>10.1f} {bus(b, gt):>7.3f} | " if gt else f"{'-':>10} {'-':>7} | "
-        line += f"{mt / st:>6.2f}x " if mt else f"{'-':>7} "
-        line += f"{gt / st:>6.2f}x" if gt else f"{'-':>7}"
-        print(line)
-    print("\nratios = peer time / Shoal time (above 1: Shoal faster); busbw in GB/s = "
-          "bytes/time * 2(n-1)/n")
-
+    print_table(n, shoal, mpi, gloo)
 
 if __name__ == "__main__":
     sys.exit(main())

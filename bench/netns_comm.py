@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 
+from comm import print_table  # bench/comm.py: the same table
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TOOL = os.path.join(ROOT, "tools", "netns-cluster.sh")
@@ -118,22 +120,7 @@ def main():
                           text=True).stdout.split("\n")[0]
     print(f"allreduce f32 sum, {a.hosts} hosts x {a.per_host} ranks (network namespaces, "
           f"--link {a.link}; {link}); peers: {ompi.strip()}, Gloo via PyTorch")
-    hdr = (f"{'bytes':>10} {'shoal us':>10} {'busbw':>7} {'algo':>18} | {'mpi us':>10} "
-           f"{'busbw':>7} | {'gloo us':>10} {'busbw':>7} | {'vs mpi':>7} {'vs gloo':>7}")
-    print(hdr)
-    print("-" * len(hdr))
-    bus = lambda b, us: b / (us * 1e3) * 2 * (n - 1) / n
-    for b in sorted(shoal):
-        st, algo = shoal[b]
-        mt, gt = mpi.get(b), gloo.get(b)
-        line = f"{b:>10} {st:>10.1f} {bus(b, st):>7.3f} {algo:>18} | "
-        line += f"{mt:>10.1f} {bus(b, mt):>7.3f} | " if mt else f"{'-':>10} {'-':>7} | "
-        line += f"{gt:>10.1f} {bus(b, gt):>7.3f} | " if gt else f"{'-':>10} {'-':>7} | "
-        line += f"{mt / st:>6.2f}x " if mt else f"{'-':>7} "
-        line += f"{gt / st:>6.2f}x" if gt else f"{'-':>7}"
-        print(line)
-    print("\nratios = peer time / Shoal time (above 1: Shoal faster); busbw in GB/s = "
-          "bytes/time * 2(n-1)/n")
+    print_table(n, shoal, mpi, gloo)
 
 
 if __name__ == "__main__":

@@ -64,12 +64,12 @@ Result<CommOptions> CommOptions::from_env() {
   SHOAL_ASSIGN_OR_RETURN(std::int64_t cma, env::get_int("SHOAL_CMA", 1));
   o.cma = cma != 0;
   SHOAL_ASSIGN_OR_RETURN(o.map_peers, env::get_bool("SHOAL_MAP_PEERS", true));
-  SHOAL_ASSIGN_OR_RETURN(double spin, env::get_double("SHOAL_SHM_SPIN_US", o.shm_spin_us));
-  if (!(spin >= 0)) return invalid_argument("SHOAL_SHM_SPIN_US={} must be >= 0", spin);
-  o.shm_spin_us = static_cast<long>(spin);
-  SHOAL_ASSIGN_OR_RETURN(spin, env::get_double("SHOAL_SOCKET_SPIN_US", o.socket_spin_us));
-  if (!(spin >= 0)) return invalid_argument("SHOAL_SOCKET_SPIN_US={} must be >= 0", spin);
-  o.socket_spin_us = static_cast<long>(spin);
+  for (auto [name, us] : {std::pair{"SHOAL_SHM_SPIN_US", &o.shm_spin_us},
+                          std::pair{"SHOAL_SOCKET_SPIN_US", &o.socket_spin_us}}) {
+    SHOAL_ASSIGN_OR_RETURN(double spin, env::get_double(name, static_cast<double>(*us)));
+    if (!(spin >= 0)) return invalid_argument("{}={} must be >= 0", name, spin);
+    *us = static_cast<long>(spin);
+  }
   if (!(o.timeout_seconds > 0))
     return invalid_argument("SHOAL_COMM_TIMEOUT={} must be > 0", o.timeout_seconds);
   if (auto a = env::get("SHOAL_ALLREDUCE_ALGO")) {

@@ -34,6 +34,7 @@
 #include "shoal/core/file.h"
 #include "shoal/core/ps_keys.h"
 #include "shoal/launch/launcher.h"
+#include "shoal/net/interfaces.h"
 #include "shoal/net/store.h"
 
 namespace shoal::launch {
@@ -76,9 +77,9 @@ class PsJob {
       Env e = env;
       e.insert(e.end(), {{"DMLC_ROLE", "server"}, {"SHOAL_PS_SERVER_INDEX", std::to_string(i)}});
       // On other nodes (srun or mpirun with a routable store host) a server listens
-      // on every interface and gives the scheduler its node's name.
-      const bool loopback = o_.store_host.rfind("127.", 0) == 0 || o_.store_host == "localhost";
-      const std::string host = o_.engine != "local" && !loopback ? "0.0.0.0" : o_.store_host;
+      // on every interface and publishes the address that routes to the scheduler.
+      const std::string host =
+          o_.engine != "local" && !net::is_loopback_host(o_.store_host) ? "0.0.0.0" : o_.store_host;
       std::vector<std::string> argv = {self_exe(),
                                        "ps",
                                        "server",

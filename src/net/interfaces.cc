@@ -46,6 +46,11 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
+// "[::1]" -> "::1": the forms a host:port string gives an IPv6 address in.
+std::string unbracketed(const std::string& h) {
+  return h.size() > 2 && h.front() == '[' && h.back() == ']' ? h.substr(1, h.size() - 2) : h;
+}
+
 }  // namespace
 
 bool is_loopback_host(const std::string& host) {
@@ -56,8 +61,7 @@ std::string listen_address_for(const std::string& host) {
   if (is_loopback_host(host) || host.empty()) return host;
   in6_addr a6{};
   in_addr a4{};
-  std::string h = host;
-  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  const std::string h = unbracketed(host);
   if (inet_pton(AF_INET, h.c_str(), &a4) == 1 || inet_pton(AF_INET6, h.c_str(), &a6) == 1)
     return host;
   return "0.0.0.0";
@@ -100,9 +104,7 @@ Result<Interface> interface_by_name(const std::string& spec) {
 }
 
 Result<Interface> interface_toward(const std::string& host_in) {
-  std::string host = host_in;
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
+  const std::string host = unbracketed(host_in);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;

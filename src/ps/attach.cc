@@ -11,9 +11,14 @@
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
 #include "shoal/core/ps_keys.h"
+#include "shoal/net/interfaces.h"
 #include "shoal/net/socket.h"
 
 namespace shoal::ps {
+
+std::string default_listen_host(const std::string& root_host) {
+  return root_host.empty() || net::is_loopback_host(root_host) ? "127.0.0.1" : "0.0.0.0";
+}
 
 Result<int> role_count(const char* name) {
   SHOAL_ASSIGN_OR_RETURN(std::int64_t v, env::get_int(name, -1));

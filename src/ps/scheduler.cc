@@ -74,11 +74,9 @@ Status Scheduler::run(const std::string& host_flag, int port_flag, const std::at
   SHOAL_ASSIGN_OR_RETURN(int port, scheduler_port(port_flag));
   // The roles on other hosts reach it at DMLC_PS_ROOT_URI, whose name may
   // resolve to 127.0.1.1 here (Debian): listen on every interface then.
-  std::string host = host_flag;
-  if (host.empty()) {
-    const std::string uri = env::get("DMLC_PS_ROOT_URI").value_or("");
-    host = uri.empty() || net::is_loopback_host(uri) ? "127.0.0.1" : "0.0.0.0";
-  }
+  const std::string host = host_flag.empty()
+                               ? default_listen_host(env::get("DMLC_PS_ROOT_URI").value_or(""))
+                               : host_flag;
   // As every role reads them: set, and >= 1 (a default here would let the
   // scheduler wait for a job its workers refuse to join).
   SHOAL_ASSIGN_OR_RETURN(int num_servers, role_count("DMLC_NUM_SERVER"));

@@ -184,9 +184,14 @@ Status ServerJob::run(ServerJobOptions o, const std::atomic<bool>& stop) {
   if (e.token.empty())
     SHOAL_LOG_WARN(
         "no job token (SHOAL_JOB_TOKEN): any process that reaches this port can push and pull");
-  if (o.host.empty())  // workers on other hosts reach it when the scheduler is on one
-    o.host = !in_job || net::is_loopback_host(e.root.substr(0, e.root.rfind(':'))) ? "127.0.0.1"
-                                                                                   : "0.0.0.0";
+  if (o.host.empty()) {  // workers on other hosts reach it when the scheduler is on one
+    std::string root_host;
+    if (in_job) {
+      SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(e.root, "DMLC_PS_ROOT_URI"));
+      root_host = hp.first;
+    }
+    o.host = default_listen_host(root_host);
+  }
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Server> s,
                          Server::start(o.host, o.port, e.token, o.server));
   const ShardOptions& sh = o.server.shard;

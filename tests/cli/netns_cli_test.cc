@@ -62,15 +62,29 @@ const char* kTrain =
     "--model mlp --batch 16 --max-steps 12 --limit-train 2048 --limit-test 256 --threads 1 "
     "--optimizer momentum --lr 0.05 --deterministic --no-plot --quiet";
 
+// `shoal run -n 4 -- shoal train <args>` on this host with the ring
+// all-reduce, into dir/one: the weights each run across the hosts equals.
+testing::ShoalRun train_on_one_host(const std::string& dir, const std::string& args) {
+  return run_shoal(fmt::format(
+      "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} --out {}/one",
+      SHOAL_BINARY, args, dir));
+}
+
+// The newest checkpoint in dir/`out` holds the bytes of dir/one's.
+void expect_one_host_weights(const std::string& dir, const std::string& out) {
+  auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/" + out);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << out << ": " << b.status().to_string();
+  EXPECT_TRUE(testing::same_bits(*a, *b)) << out;
+}
+
 // 4 ranks, 2 on each of two hosts, reach the same weights as 4 ranks on one
 // host: bit for bit with the ring all-reduce (the same sums in the same
 // order, whatever carries them), and within float rounding with the
 // automatic choice (hierarchical: within each host, then across).
 TEST_F(NetnsCluster, DataParallelAcrossTwoHostsMatchesOneHost) {
   const std::string dir = testing::scratch_dir("netns_dp");
-  auto one = run_shoal(fmt::format(
-      "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} --out {}/one",
-      SHOAL_BINARY, kTrain, dir));
+  auto one = train_on_one_host(dir, kTrain);
   ASSERT_EQ(one.code, 0) << one.out;
   auto ring = train_across(4, 2, "SHOAL_ALLREDUCE_ALGO=ring SHOAL_LOG_LEVEL=debug",
                            fmt::format("{} --out {}/ring", kTrain, dir), dir);
@@ -80,10 +94,7 @@ TEST_F(NetnsCluster, DataParallelAcrossTwoHostsMatchesOneHost) {
                           "the store's host 198.18.1.1)"),
             std::string::npos)
       << ring.out;
-  auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/ring");
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  ASSERT_TRUE(b.ok()) << b.status().to_string() << ring.out;
-  EXPECT_TRUE(testing::same_bits(*a, *b));
+  expect_one_host_weights(dir, "ring");
   auto hier = train_across(4, 2, "", fmt::format("{} --out {}/hier", kTrain, dir), dir);
   ASSERT_EQ(hier.code, 0) << hier.out;
   testing::expect_same_training(dir + "/one", dir + "/hier", 6, 1e-5);
@@ -97,17 +108,13 @@ TEST_F(NetnsCluster, HostsThatShareAHostnameShareNoMemory) {
   for (const char* h : {"h1", "h2"})
     ASSERT_EQ(run_sh(fmt::format("{} --name {} exec {} hostname same", kTool, name_, h)).code, 0);
   const std::string dir = testing::scratch_dir("netns_samename");
-  auto one = run_shoal(fmt::format(
-      "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} --out {}/one",
-      SHOAL_BINARY, kTrain, dir));
+  auto one = train_on_one_host(dir, kTrain);
   ASSERT_EQ(one.code, 0) << one.out;
   auto two = train_across(4, 2, "SHOAL_ALLREDUCE_ALGO=ring SHOAL_COMM_TIMEOUT=30",
                           fmt::format("{} --out {}/two", kTrain, dir), dir);
   ASSERT_EQ(two.code, 0) << two.out;
   EXPECT_NE(two.out.find("2 ranks on this host"), std::string::npos) << two.out;
-  auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/two");
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_TRUE(testing::same_bits(*a, *b));
+  expect_one_host_weights(dir, "two");
 }
 
 // Every way of distributing a step spans the hosts with the weights of the
@@ -123,17 +130,12 @@ TEST_F(NetnsCluster, EveryStrategySpansTheHostsWithTheOneHostWeights) {
        {"--zero 1", "--zero 3", "--tp 2 --dp 2", "--pp 2 --dp 2", "--tp 2 --pp 2"}) {
     SCOPED_TRACE(layout);
     const std::string dir = testing::scratch_dir("netns_layout");
-    auto one = run_shoal(fmt::format(
-        "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} {} --out {}/one",
-        SHOAL_BINARY, gpt, layout, dir));
+    auto one = train_on_one_host(dir, gpt + " " + layout);
     ASSERT_EQ(one.code, 0) << one.out;
     auto two = train_across(4, 2, "SHOAL_ALLREDUCE_ALGO=ring",
                             fmt::format("{} {} --out {}/two", gpt, layout, dir), dir);
     ASSERT_EQ(two.code, 0) << two.out;
-    auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/two");
-    ASSERT_TRUE(a.ok()) << a.status().to_string();
-    ASSERT_TRUE(b.ok()) << b.status().to_string();
-    EXPECT_TRUE(testing::same_bits(*a, *b));
+    expect_one_host_weights(dir, "two");
   }
 }
 
@@ -175,25 +177,15 @@ TEST_F(NetnsCluster, AParameterServerJobStartedByHandSpansTheHosts) {
   EXPECT_NE(r.out.find("worker 1: push-pulls in shared memory with 1 of 2 parameter servers"),
             std::string::npos)
       << r.out;
-  auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/two");
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  ASSERT_TRUE(b.ok()) << b.status().to_string();
-  EXPECT_TRUE(testing::same_bits(*a, *b));
+  expect_one_host_weights(dir, "two");
 }
 
 // Real launchers span the hosts, each started as its users start it, and
 // every one trains to the same weights as `shoal run` on one host (ring).
 TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {
   const std::string dir = testing::scratch_dir("netns_launch");
-  auto one = run_shoal(fmt::format(
-      "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} --out {}/one",
-      SHOAL_BINARY, kTrain, dir));
+  auto one = train_on_one_host(dir, kTrain);
   ASSERT_EQ(one.code, 0) << one.out;
-  auto same_as_one = [&](const std::string& out) {
-    auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/" + out);
-    ASSERT_TRUE(a.ok() && b.ok()) << out;
-    EXPECT_TRUE(testing::same_bits(*a, *b)) << out;
-  };
   const std::string exec = fmt::format("{} --name {} exec", kTool, name_);
   const std::string train =
       fmt::format("env SHOAL_ALLREDUCE_ALGO=ring {} train {}", SHOAL_BINARY, kTrain);
@@ -217,7 +209,7 @@ TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {
     line += fmt::format("wait $p0 && wait $p1 || {{ cat {}/{}*.log; exit 1; }}", dir, out);
     auto r = run_sh(line);
     ASSERT_EQ(r.code, 0) << out << "\n" << r.out;
-    same_as_one(out);
+    expect_one_host_weights(dir, out);
   }
   // mpirun.openmpi on h1 starting its daemons on h2 through the tool's
   // ssh stand-in, under `shoal run --engine mpirun` (Shoal's transport) and
@@ -228,7 +220,7 @@ TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {
                   "--engine-arg=--host --engine-arg=h1:2,h2:2 -- {} --out {}/mpirun",
                   exec, agent, SHOAL_BINARY, train, dir));
   ASSERT_EQ(shoal_mpirun.code, 0) << shoal_mpirun.out;
-  same_as_one("mpirun");
+  expect_one_host_weights(dir, "mpirun");
   auto mpi = run_sh(fmt::format(
       "{} h1 env {} timeout -s KILL 120 mpirun.openmpi --allow-run-as-root -n 4 --host h1:2,h2:2 "
       "-x SHOAL_COMM_BACKEND=mpi {} train {} --out {}/mpi",
@@ -249,9 +241,7 @@ TEST_F(NetnsCluster, SrunSpansTheHostsOfItsSlurm) {
   auto up = run_sh(slurm + " start");
   ASSERT_EQ(up.code, 0) << up.out;
   const std::string dir = testing::scratch_dir("netns_srun");
-  auto one = run_shoal(fmt::format(
-      "run -n 4 --timeout 120 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} --out {}/one",
-      SHOAL_BINARY, kTrain, dir));
+  auto one = train_on_one_host(dir, kTrain);
   const std::string on_h1 = fmt::format(
       "{} --name {} exec h1 env SLURM_CONF=/run/shoal-netns/{}/slurm/slurm.conf "
       "SHOAL_ALLREDUCE_ALGO=ring timeout -s KILL 120",
@@ -266,11 +256,7 @@ TEST_F(NetnsCluster, SrunSpansTheHostsOfItsSlurm) {
   ASSERT_EQ(one.code, 0) << one.out;
   ASSERT_EQ(engine.code, 0) << engine.out;
   ASSERT_EQ(bare.code, 0) << bare.out;
-  for (const char* out : {"engine", "bare"}) {
-    auto a = testing::last_checkpoint(dir + "/one"), b = testing::last_checkpoint(dir + "/" + out);
-    ASSERT_TRUE(a.ok() && b.ok()) << out;
-    EXPECT_TRUE(testing::same_bits(*a, *b)) << out;
-  }
+  for (const char* out : {"engine", "bare"}) expect_one_host_weights(dir, out);
 }
 
 // h2's link goes down mid-training: every rank stops within the heartbeat

@@ -52,6 +52,10 @@ Result<JobEnv> job_env();
 // What a server reads of it, in a job or alone: the token, the heartbeat
 // and the slice bound (job_env reads them too).
 Status read_server_env(JobEnv& e);
+// Where the scheduler and a server listen unless told (--host): 127.0.0.1
+// when the scheduler's host (DMLC_PS_ROOT_URI; "" outside a job) is unset
+// or loopback, else every interface, for the roles on other hosts.
+std::string default_listen_host(const std::string& root_host);
 // DMLC_NUM_SERVER or DMLC_NUM_WORKER: set, a number, >= 1; errors name it.
 Result<int> role_count(const char* name);
 // Connects to the job's scheduler (its store), retrying until the
