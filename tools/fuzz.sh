@@ -43,4 +43,6 @@ printf '\x00name: a\nranks: 4\naccels_per_rank: 1\nlinks: ring\n\x00generate: {n
 printf '\x01switches: [{name: s}]\nnodes: [{name: "n[1-2]", accels: 4, links: mesh 2x2, switch: s}]\n' > "$out/cluster-corpus/topology"
 printf '\x02SwitchName=s1 Nodes=n[1-2]\nSwitchName=t Switches=s1\n\x00NodeName=n1 CPUTot=2 RealMemory=4000 Gres=gpu:4\nNodeName=n2 CPUTot=2 RealMemory=4000\n' > "$out/cluster-corpus/slurm"
 printf '\x03{"metadata": {"format": "shoal-checkpoint-1", "shards": "2", "step": "4"}, "weight_map": {"param/a": "model-00001-of-00002.safetensors", "opt/a/m": "model-00002-of-00002.safetensors"}}' > "$out/cluster-corpus/checkpoint-index"
+# Inputs that once crashed a parser stay in the corpus, so they are run first every time.
+cp tests/fuzz/regressions/cluster-* "$out/cluster-corpus/"
 "$out/cluster_fuzz" -max_total_time="$secs" -max_len=4096 -print_final_stats=1 "$out/cluster-corpus" 2>&1 | tail -15

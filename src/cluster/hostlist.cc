@@ -8,6 +8,8 @@ namespace shoal::cluster {
 
 namespace {
 
+constexpr std::size_t kMaxHosts = 100000;
+
 // Splits at commas outside brackets.
 std::vector<std::string> split_top(const std::string& s) {
   std::vector<std::string> out;
@@ -47,8 +49,10 @@ Status expand_one(const std::string& item, const std::string& list, std::vector<
     if (a.empty() || b.empty() || r1.ptr != a.data() + a.size() || r2.ptr != b.data() + b.size() ||
         lo > hi || hi - lo > 100000)
       return invalid_argument("hostlist `{}`: `{}` is not a range like 1-4", list, r);
-    for (long i = lo; i <= hi; ++i) {
-      std::string num = std::to_string(i);
+    if (out.size() + static_cast<std::size_t>(hi - lo) >= kMaxHosts)
+      return invalid_argument("hostlist `{}`: more than {} names", list, kMaxHosts);
+    for (long k = 0; k <= hi - lo; ++k) {  // counted, so hi = LONG_MAX cannot overflow
+      std::string num = std::to_string(lo + k);
       if (num.size() < a.size()) num.insert(0, a.size() - num.size(), '0');  // n[01-10]
       out.push_back(prefix + num + suffix);
     }
@@ -77,7 +81,8 @@ std::string compress_hostlist(const std::vector<std::string>& names) {
   while (i < names.size()) {
     const std::string& n = names[i];
     std::size_t d = split(n);
-    if (d == n.size() || (n.size() - d > 1 && n[d] == '0')) {
+    // Zero-padded or too long for a long: kept as the name it is.
+    if (d == n.size() || (n.size() - d > 1 && n[d] == '0') || n.size() - d > 18) {
       out += (out.empty() ? "" : ",") + n;
       ++i;
       continue;
@@ -86,7 +91,8 @@ std::string compress_hostlist(const std::vector<std::string>& names) {
     long first = std::stol(n.substr(d)), last = first;
     std::size_t j = i + 1;
     while (j < names.size() && split(names[j]) == d && names[j].compare(0, d, prefix) == 0 &&
-           names[j][d] != '0' && std::stol(names[j].substr(d)) == last + 1) {
+           names[j][d] != '0' && names[j].size() - d <= 18 &&
+           std::stol(names[j].substr(d)) == last + 1) {
       ++last;
       ++j;
     }

@@ -131,6 +131,14 @@ TEST(Topology, HostlistsRoundTrip) {
   EXPECT_EQ(compress_hostlist({"n1", "n2", "n3", "n7", "login"}), "n[1-3],n7,login");
   EXPECT_FALSE(expand_hostlist("n[1-").ok());
   EXPECT_FALSE(expand_hostlist("n[a-b]").ok());
+  // Found by the fuzzer: a range ending at LONG_MAX overflowed the loop counter.
+  auto top = expand_hostlist("n[9223372036854775807]");
+  ASSERT_TRUE(top.ok()) << top.status().to_string();
+  EXPECT_EQ(*top, std::vector<std::string>{"n9223372036854775807"});
+  EXPECT_FALSE(expand_hostlist("n[1-90000],m[1-90000]").ok());
+  // Numbers too long for a long stay the names they are.
+  EXPECT_EQ(compress_hostlist({"n99999999999999999999", "n1", "n2"}),
+            "n99999999999999999999,n[1-2]");
 }
 
 // The text Slurm's own tools give: topology.conf and `scontrol show nodes`.
