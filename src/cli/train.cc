@@ -169,6 +169,10 @@ TrainCommand add_train_command(CLI::App& app) {
       ->check(kPositive)
       ->capture_default_str();
   t->add_flag("!--untied", o.gpt.tied, "--model gpt: an output head of its own, not wte^T");
+  t->add_flag("--onnx-tied", o.onnx_tied,
+              "An ONNX model: an initializer several nodes read trains as one parameter (weights "
+              "tied on purpose); by default each node gets its own, since torch.onnx.export "
+              "merges initializers of equal value");
   t->add_option("--epochs", o.epochs, "Epochs")->check(kPositive)->capture_default_str();
   t->add_option("--batch", o.batch, "Batch size per rank")->check(kPositive)->capture_default_str();
   t->add_option("--optimizer", o.optimizer, "sgd, momentum, nesterov, adam, adamw, lars, lamb")

@@ -39,11 +39,18 @@ struct Env {
   // a parameter (fresh zeros, ones) can arrive as one; each gets its own.
   std::map<std::string, const ::onnx::TensorProto*> protos;
   std::set<std::string> buffers;
+  // A float initializer bound as a parameter -> the node that bound it
+  // (Bindings::tie_shared: whether other nodes get their own).
+  std::map<std::string, int> param_node;
 };
+
+// A node's name, or "node <i>" when the file gives none.
+std::string node_name(const ::onnx::NodeProto& n, int index);
 
 class Ctx {
  public:
-  Ctx(Env& env, const ::onnx::NodeProto& n, int opset) : env_(env), n_(n), opset_(opset) {}
+  Ctx(Env& env, const ::onnx::NodeProto& n, int index, int opset)
+      : env_(env), n_(n), index_(index), opset_(opset) {}
 
   graph::Builder& b() { return env_.b; }
   Bindings& bind() { return env_.bind; }
@@ -98,6 +105,7 @@ class Ctx {
   Result<graph::Value> own_copy(int i, bool buffer, std::string* bound);
   Env& env_;
   const ::onnx::NodeProto& n_;
+  int index_;
   int opset_;
 };
 

@@ -65,7 +65,60 @@ Status check_ops(const ::onnx::GraphProto& g, int opset, const std::string& wher
                        where, bad.size(), fmt::join(bad, "; "), fmt::join(supported_ops(), " "));
 }
 
+// Float initializers of rank >= 1 read by several nodes (an Identity passes
+// its input's name on; Shape reads no values).
+std::vector<SharedInitializer> find_shared(const ::onnx::GraphProto& g) {
+  std::map<std::string, std::string> root;  // a value -> the initializer it names
+  for (const auto& t : g.initializer()) {
+    auto dt = dtype_of(t.data_type());
+    if (dt.ok() && is_floating(*dt) && t.dims_size() > 0) root[t.name()] = t.name();
+  }
+  std::map<std::string, std::vector<std::string>> readers;
+  for (int i = 0; i < g.node_size(); ++i) {
+    const auto& n = g.node(i);
+    if (n.op_type() == "Shape") continue;
+    for (const auto& in : n.input()) {
+      auto r = root.find(in);
+      if (r == root.end()) continue;
+      if (n.op_type() == "Identity") {
+        root[n.output(0)] = r->second;
+        continue;
+      }
+      auto& v = readers[r->second];
+      std::string who = node_name(n, i);
+      if (std::find(v.begin(), v.end(), who) == v.end()) v.push_back(who);
+    }
+  }
+  std::vector<SharedInitializer> out;
+  for (const auto& t : g.initializer())
+    if (auto r = readers.find(t.name()); r != readers.end() && r->second.size() > 1)
+      out.push_back({t.name(), r->second});
+  return out;
+}
+
 }  // namespace
+
+std::string node_name(const ::onnx::NodeProto& n, int index) {
+  return n.name().empty() ? fmt::format("node {}", index) : n.name();
+}
+
+std::string describe_shared(const Model& m, bool tie_shared) {
+  const auto& s = m.shared_initializers();
+  if (s.empty()) return "";
+  std::vector<std::string> items;
+  for (const auto& x : s) items.push_back(fmt::format("'{}' ({} nodes)", x.name, x.nodes.size()));
+  if (tie_shared)
+    return fmt::format(
+        "{}: {} initializer(s) are read by several nodes and, as asked (tied), each trains as one "
+        "parameter: {}",
+        m.path(), s.size(), fmt::join(items, ", "));
+  return fmt::format(
+      "{}: {} initializer(s) are read by several nodes; each node trains its own copy, since "
+      "torch.onnx.export merges initializers of equal value (deep-copied layers, zero biases, "
+      "unit scales): {}. Weights tied on purpose (an embedding used as the output head) stay one "
+      "parameter with onnx_tied=True (shoal train --onnx-tied)",
+      m.path(), s.size(), fmt::join(items, ", "));
+}
 
 Result<Model> Model::load(const std::string& path) {
   SHOAL_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
@@ -97,6 +150,7 @@ Result<Model> Model::parse(const std::string& bytes, const std::string& where) {
   for (const auto& v : g.input())
     if (!inits.count(v.name())) m.inputs_.push_back(info_of(v));
   for (const auto& v : g.output()) m.outputs_.push_back(info_of(v));
+  m.shared_ = find_shared(g);
   m.proto_ = std::move(p);
   return m;
 }
@@ -109,7 +163,7 @@ Result<std::vector<Value>> Model::emit(graph::Builder& b, const std::map<std::st
                                        const std::map<std::string, Tensor>& known,
                                        Bindings& bind) const {
   const auto& g = proto_->m.graph();
-  Env env{b, bind, feeds, known, {}, {}, {}, {}, {}};
+  Env env{b, bind, feeds, known, {}, {}, {}, {}, {}, {}};
   for (const auto& t : g.initializer())
     if (!feeds.count(t.name()) && !known.count(t.name()))
       env.initializers[t.name()] = env.protos[t.name()] = &t;
@@ -117,7 +171,7 @@ Result<std::vector<Value>> Model::emit(graph::Builder& b, const std::map<std::st
     if (!feeds.count(v.name) && !known.count(v.name))
       return invalid_argument("{}: input '{}' was not fed", path_, v.name);
   for (int i = 0; i < g.node_size(); ++i) {
-    Ctx c(env, g.node(i), opset_);
+    Ctx c(env, g.node(i), i, opset_);
     Status s = converters().at(g.node(i).op_type())(c);
     if (s.ok() && !b.ok()) s = b.status();
     if (!s.ok()) return s.with_context(fmt::format("{}: importing {}", path_, c.label()));
@@ -185,17 +239,22 @@ const Tensor* Ctx::known(int i) {
 // by (or "<initializer>@<node>"), from the initializer's proto.
 Result<Value> Ctx::own_copy(int i, bool buffer, std::string* bound) {
   const std::string& name = input_name(i);
-  const std::string own = n_.input(i) != name
+  // A statistic read through an Identity is bound under the Identity's output
+  // name; any other copy under "<initializer>@<node>".
+  const bool statistic = buffer || env_.buffers.count(name);
+  const std::string own = statistic && n_.input(i) != name
                               ? n_.input(i)
-                              : fmt::format("{}@{}", name, n_.name().empty() ? op() : n_.name());
+                              : fmt::format("{}@{}", name, node_name(n_, index_));
   if (bound) *bound = own;
   if (auto v = env_.values.find(own); v != env_.values.end()) return v->second;
   SHOAL_ASSIGN_OR_RETURN(Tensor t, from_proto(*env_.protos.at(name)));
-  SHOAL_LOG_INFO(
-      "onnx: {}: '{}' feeds a {} here and a {} elsewhere (the exporter merged equal "
-      "initializers): bound apart as '{}'",
-      label(), name, buffer ? "running statistic" : "parameter",
-      buffer ? "parameter or statistic" : "running statistic", own);
+  // (Parameters read by several nodes are reported once, by describe_shared.)
+  if (statistic)
+    SHOAL_LOG_INFO(
+        "onnx: {}: '{}' feeds a {} here and a {} elsewhere (the exporter merged equal "
+        "initializers): bound apart as '{}'",
+        label(), name, buffer ? "running statistic" : "parameter",
+        buffer ? "parameter or statistic" : "running statistic", own);
   if (buffer) env_.buffers.insert(own);
   return env_.values[own] = buffer ? env_.bind.buffer(own, t) : env_.bind.param(own, t);
 }
@@ -204,7 +263,13 @@ Result<Value> Ctx::in(int i) {
   if (!has_input(i)) return fail("input {} is required", i);
   const std::string& name = input_name(i);
   if (env_.buffers.count(name) && env_.protos.count(name)) return own_copy(i, false, nullptr);
-  if (auto v = env_.values.find(name); v != env_.values.end()) return v->second;
+  if (auto v = env_.values.find(name); v != env_.values.end()) {
+    // A weight another node bound: the exporter may have merged two equal ones.
+    auto owner = env_.param_node.find(name);
+    if (!env_.bind.tie_shared && owner != env_.param_node.end() && owner->second != index_)
+      return own_copy(i, false, nullptr);
+    return v->second;
+  }
   if (const Tensor* k = known(i)) return env_.values[name] = env_.b.constant(*k);
   if (auto m = env_.missing.find(name); m != env_.missing.end())
     return fail("input '{}' is {}, which Shoal does not compute", name, m->second);
@@ -212,6 +277,7 @@ Result<Value> Ctx::in(int i) {
   if (it == env_.initializers.end()) return fail("input '{}' is produced by no earlier node", name);
   SHOAL_ASSIGN_OR_RETURN(Tensor t, from_proto(*it->second));
   env_.initializers.erase(it);
+  env_.param_node[name] = index_;
   return env_.values[name] = env_.bind.param(name, t);
 }
 

@@ -82,6 +82,7 @@ const std::vector<std::pair<const char*, Field>>& fields() {
       {"dim", &train::GptConfig::dim},
       {"context", &train::GptConfig::context},
       {"tied", &train::GptConfig::tied},
+      {"onnx_tied", &T::onnx_tied},
       {"wire", &Options::wire},
       {"overlap", &Options::overlap},
   };

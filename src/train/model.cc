@@ -86,7 +86,7 @@ Value ModelContext::dense(Value x, std::int64_t in, std::int64_t out, const std:
 }
 
 // model_onnx.cc
-Result<Model> onnx_model(const std::string& path, int classes);
+Result<Model> onnx_model(const std::string& path, int classes, bool tied);
 
 namespace {
 
@@ -173,7 +173,8 @@ std::function<Value(ModelContext&, Value)> on_images(const std::string& name, F 
   };
 }
 
-Result<Model> make_model(const std::string& name, int classes, const GptConfig& gpt) {
+Result<Model> make_model(const std::string& name, int classes, const GptConfig& gpt,
+                         bool onnx_tied) {
   if (name == "gpt") return gpt_model(gpt, classes);
   Model m;
   m.name = name;
@@ -186,7 +187,7 @@ Result<Model> make_model(const std::string& name, int classes, const GptConfig& 
     m.forward =
         on_images(m.name, [classes](ModelContext& c, Value x) { return resnet(c, x, classes); });
   } else if (is_onnx_path(name)) {
-    return onnx_model(name, classes);
+    return onnx_model(name, classes, onnx_tied);
   } else {
     return invalid_argument("model '{}' is not one of {}, nor a .onnx file", name,
                             fmt::join(model_names(), ", "));

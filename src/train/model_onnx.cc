@@ -3,6 +3,7 @@
 // given parameters and buffers, and the dataset's images are reshaped to
 // the model's input when only the layout differs ([N, 1, 28, 28] fed to a
 // model that takes [N, 784]).
+#include "shoal/core/logging.h"
 #include "shoal/onnx/import.h"
 #include "shoal/train/model.h"
 
@@ -33,7 +34,7 @@ Result<Value> fit_input(graph::Builder& b, Value x, const onnx::ValueInfo& in,
       in.name, fmt::join(in.shape, ", "), fmt::join(xs, ", "));
 }
 
-Value emit(const onnx::Model& m, ModelContext& c, Value x, int classes) {
+Value emit(const onnx::Model& m, ModelContext& c, Value x, int classes, bool tied) {
   auto& b = c.b();
   if (m.inputs().size() != 1 || m.outputs().empty()) {
     b.fail(
@@ -50,6 +51,7 @@ Value emit(const onnx::Model& m, ModelContext& c, Value x, int classes) {
   onnx::Bindings bind;
   bind.training = c.training();
   bind.seed = c.seed;
+  bind.tie_shared = tied;
   bind.param = [&c](const std::string& n, const Tensor& t) { return c.given_param(n, t); };
   bind.buffer = [&c](const std::string& n, const Tensor& t) { return c.given_buffer(n, t); };
   bind.update_buffer = [&c](const std::string& n, Value v) {
@@ -83,13 +85,15 @@ Value emit(const onnx::Model& m, ModelContext& c, Value x, int classes) {
 
 }  // namespace
 
-Result<Model> onnx_model(const std::string& path, int classes) {
+Result<Model> onnx_model(const std::string& path, int classes, bool tied) {
   SHOAL_ASSIGN_OR_RETURN(onnx::Model m, onnx::Model::load(path));
+  if (std::string shared = onnx::describe_shared(m, tied); !shared.empty())
+    SHOAL_LOG_INFO("onnx: {}", shared);
   auto shared = std::make_shared<const onnx::Model>(std::move(m));
   Model out;
   out.name = path;
-  out.forward = [shared, classes](ModelContext& c, Value x) {
-    return emit(*shared, c, x, classes);
+  out.forward = [shared, classes, tied](ModelContext& c, Value x) {
+    return emit(*shared, c, x, classes, tied);
   };
   return out;
 }

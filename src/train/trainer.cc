@@ -124,7 +124,7 @@ Status Trainer::init(const TrainOptions& o) {
   }
 
   SHOAL_RETURN_IF_ERROR(load_splits(init_w));
-  SHOAL_ASSIGN_OR_RETURN(m.model, make_model(o.model, m.train.num_classes, o.gpt));
+  SHOAL_ASSIGN_OR_RETURN(m.model, make_model(o.model, m.train.num_classes, o.gpt, o.onnx_tied));
 
   // The step graph: forward, loss, autodiff, [grad pass], update.
   StepBuild sb;

@@ -162,6 +162,7 @@ Status Trainer::agree_with_peers(const Graph& g) {
     SHOAL_RETURN_IF_ERROR(o.peers->agree_options({
         {"--model", o.model},
         {"--layers --heads --dim --context", o.model == "gpt" ? o.gpt.str() : "-"},
+        {"--onnx-tied", v(o.onnx_tied)},
         {"--data", o.data},
         {"--epochs", v(o.epochs)},
         {"--batch", v(o.batch)},

@@ -154,6 +154,7 @@ void Trainer::describe_checkpoint(CheckpointState& s) const {
   // A language model's vocabulary and size: what `shoal sample` rebuilds it from.
   if (impl_->train.tokens()) s.meta["vocab"] = vocab_to_hex(impl_->train.vocab);
   if (o_.model == "gpt") s.meta["gpt"] = o_.gpt.str();
+  if (is_onnx_path(o_.model)) s.meta["onnx_tied"] = o_.onnx_tied ? "1" : "0";
   s.meta["lr"] = fmt::format("{}", o_.lr);
   s.meta["schedule"] = o_.schedule;
   s.meta["warmup_epochs"] = fmt::format("{}", o_.warmup_epochs);
@@ -247,6 +248,8 @@ Status Trainer::resume_latest() {
   // The GPT's shape settings: --heads 2 over a heads=4 checkpoint has the
   // same tensors and would have trained on silently as another model.
   if (o_.model == "gpt") SHOAL_RETURN_IF_ERROR(want("gpt", o_.gpt.str()));
+  if (s.meta.count("onnx_tied"))  // tied or not, the model has other parameters
+    SHOAL_RETURN_IF_ERROR(want("onnx_tied", o_.onnx_tied ? "1" : "0"));
   if (o_.deterministic)
     SHOAL_RETURN_IF_ERROR(want("threads", std::to_string(runtime::num_threads())));
   auto restore = [&](const std::string& key, Tensor& dst) -> Status {

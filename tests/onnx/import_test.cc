@@ -311,5 +311,72 @@ TEST(OnnxCli, AnEvalModeExportWithBatchNormThroughIdentityTrains) {
       << twelve.out;
 }
 
+// torch.onnx.export in eval mode (its default) merges initializers of
+// equal value: three deep copies of one block arrive as one set of
+// weights. Each node trains its own copy (the checkpoint holds PyTorch's
+// parameter count, and the copies part after training); --onnx-tied keeps
+// the file's sharing (before: always tied, 55,178 of 63,754 parameters,
+// with nothing said).
+TEST(OnnxCli, InitializersTheExporterMergedTrainApart) {
+  const char* py = "/usr/bin/python3";
+  if (run_sh(fmt::format("{} -c 'import torch, onnx'", py)).code != 0)
+    GTEST_SKIP() << "Debian's python3-torch or python3-onnx is missing";
+  const std::string dir = testing::scratch_dir("onnx_merged");
+  auto ex = run_sh(fmt::format(
+      "cd {} && {} -c 'import torch, torch.nn as nn, copy, onnx\n"
+      "torch.manual_seed(0)\n"
+      "block = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.ReLU())\n"
+      "m = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), copy.deepcopy(block), "
+      "copy.deepcopy(block), copy.deepcopy(block), nn.Linear(64, 10)).eval()\n"
+      "torch.onnx.export(m, torch.randn(2, 1, 28, 28), \"deep.onnx\", opset_version=13, "
+      "input_names=[\"x\"], dynamic_axes={{\"x\": {{0: \"n\"}}}})\n"
+      "print(\"torch\", sum(p.numel() for p in m.parameters()), \"initializers\", "
+      "len(onnx.load(\"deep.onnx\").graph.initializer))'",
+      dir, py));
+  ASSERT_EQ(ex.code, 0) << ex.out;
+  ASSERT_NE(ex.out.find("torch 63754 initializers 8"), std::string::npos)
+      << "the exporter no longer merges equal initializers: " << ex.out;
+  // Parameter tensors and elements in the newest checkpoint, and the largest
+  // difference between the first two copies of the block's first weight.
+  const std::string count =
+      "import json, struct, glob, sys\n"
+      "f = sorted(glob.glob(sys.argv[1] + \"/checkpoints/*.safetensors\"))[-1]\n"
+      "b = open(f, \"rb\").read(); n = struct.unpack(\"<Q\", b[:8])[0]\n"
+      "h = json.loads(b[8:8 + n]); p = {k: v for k, v in h.items() if k.startswith(\"param/\")}\n"
+      "size = lambda v: eval(\"*\".join(map(str, v[\"shape\"])) or \"1\")\n"
+      "w = sorted(k for k in p if k.startswith(\"param/3.0.weight\"))\n"
+      "import array\n"
+      "get = lambda k: array.array(\"f\", b[8 + n + p[k][\"data_offsets\"][0]:8 + n + "
+      "p[k][\"data_offsets\"][1]])\n"
+      "apart = max(abs(x - y) for x, y in zip(get(w[0]), get(w[1]))) if len(w) > 1 else 0\n"
+      "print(\"tensors\", len(p), \"elements\", sum(size(v) for v in p.values()), \"apart\", "
+      "apart > 1e-4)\n";
+  auto train = [&](const std::string& run, const std::string& flag) {
+    auto r = run_sh(fmt::format(
+        "{} train --model {}/deep.onnx --max-steps 20 --limit-train 2048 --limit-test 256 "
+        "--threads 1 --no-plot --quiet --out {}/{} {}",
+        SHOAL_BINARY, dir, dir, run, flag));
+    EXPECT_EQ(r.code, 0) << r.out;
+    auto c = run_sh(fmt::format("{} -c '{}' {}/{}", py, count, dir, run));
+    EXPECT_EQ(c.code, 0) << c.out;
+    return r.out + c.out;
+  };
+  std::string apart = train("apart", "");
+  EXPECT_NE(apart.find("tensors 16 elements 63754 apart True"), std::string::npos) << apart;
+  EXPECT_NE(apart.find("4 initializer(s) are read by several nodes; each node trains its own"),
+            std::string::npos)
+      << apart;
+  EXPECT_NE(apart.find("'3.0.weight' (3 nodes)"), std::string::npos) << apart;
+  std::string tied = train("tied", "--onnx-tied");
+  EXPECT_NE(tied.find("tensors 8 elements 55178 apart False"), std::string::npos) << tied;
+  // The choice is the checkpoint's: resuming it the other way is refused by name.
+  auto other = run_sh(fmt::format(
+      "{0} train --model {1}/deep.onnx --max-steps 24 --limit-train 2048 --limit-test 256 "
+      "--threads 1 --no-plot --quiet --out {1}/tied --resume --onnx-tied=false",
+      SHOAL_BINARY, dir));
+  EXPECT_NE(other.code, 0) << other.out;
+  EXPECT_NE(other.out.find("onnx_tied '1', this run has '0'"), std::string::npos) << other.out;
+}
+
 }  // namespace
 }  // namespace shoal

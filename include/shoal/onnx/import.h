@@ -32,6 +32,18 @@ struct Bindings {
   // The new value of a buffer after a training step.
   std::function<void(const std::string& name, graph::Value v)> update_buffer;
   std::uint64_t seed = 0;  // dropout masks
+  // A float initializer read by several nodes. torch.onnx.export (eval mode,
+  // its default) merges initializers of equal value: deep-copied layers,
+  // zero biases, unit norm scales. So by default each node after the first
+  // gets a parameter of its own ("<initializer>@<node>"); true keeps the
+  // file's sharing (weights tied on purpose, an embedding used as the head).
+  bool tie_shared = false;
+};
+
+// A float initializer that several nodes read as a weight.
+struct SharedInitializer {
+  std::string name;
+  std::vector<std::string> nodes;  // the readers' names ("node <i>" when unnamed)
 };
 
 struct ValueInfo {
@@ -52,6 +64,9 @@ class Model {
   const std::vector<ValueInfo>& inputs() const { return inputs_; }  // data inputs only
   const std::vector<ValueInfo>& outputs() const { return outputs_; }
   std::size_t num_nodes() const;
+  // Float initializers (rank >= 1) read by more than one node, through
+  // Identity nodes, in the file's order.
+  const std::vector<SharedInitializer>& shared_initializers() const { return shared_; }
 
   // Emits the forward graph. `feeds` holds one graph value per data input
   // (by name); `known` holds inputs whose values are fixed at import (they
@@ -67,7 +82,12 @@ class Model {
   std::string path_;
   int opset_ = 0;
   std::vector<ValueInfo> inputs_, outputs_;
+  std::vector<SharedInitializer> shared_;
 };
+
+// One line for the log: which initializers are shared and what emit() does
+// with them ("" when none is).
+std::string describe_shared(const Model& m, bool tie_shared);
 
 // shoal::onnx::import(path): Model::load under the name users look for.
 inline Result<Model> import(const std::string& path) { return Model::load(path); }

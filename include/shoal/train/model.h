@@ -104,7 +104,9 @@ struct Model {
 // "mlp", "cnn", "resnet" (ResNet-20), "gpt" (sized by `gpt`), or a path
 // ending in .onnx (an ONNX model; onnx/import.h). The error lists the
 // known names.
-Result<Model> make_model(const std::string& name, int classes, const GptConfig& gpt = {});
+// `onnx_tied`: onnx::Bindings::tie_shared for an ONNX model.
+Result<Model> make_model(const std::string& name, int classes, const GptConfig& gpt = {},
+                         bool onnx_tied = false);
 // The GPT decoder over token ids [N, T] (T <= context): logits [N*T, vocab].
 Result<Model> gpt_model(const GptConfig& c, int vocab);
 std::vector<std::string> model_names();

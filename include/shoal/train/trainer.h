@@ -57,6 +57,9 @@ class Peers {
 struct TrainSettings {
   std::string model = "cnn";
   GptConfig gpt;  // --model gpt's size; gpt.context is also text data's sample length
+  // An ONNX model: initializers several nodes read stay one parameter
+  // (onnx::Bindings::tie_shared).
+  bool onnx_tied = false;
   std::string data = "fashion-mnist";  // what train/sources.h's load_data reads
   // Data already in memory (the Python bindings): used instead of `data`,
   // which then only names it (in messages and the ranks' agreement).
