@@ -51,7 +51,7 @@ Status verify(const Graph& g) {
 
 MemoryPlan plan_memory(const Graph& g, const std::vector<int>& order,
                        const std::map<Value, int>& extend_until, std::size_t alignment,
-                       const std::vector<Pack>& packs) {
+                       const std::vector<Pack>& packs, const std::set<Value>& outside) {
   MemoryPlan plan;
   std::map<int, int> pos;
   for (std::size_t i = 0; i < order.size(); ++i) pos[order[i]] = static_cast<int>(i);
@@ -67,6 +67,7 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<int>& order,
     if (n.op == "input" || n.op == "constant") continue;
     for (std::size_t i = 0; i < n.outputs.size(); ++i) {
       Value v{id, static_cast<int>(i)};
+      if (outside.count(v)) continue;
       std::size_t bytes = static_cast<std::size_t>(num_elements(n.outputs[i].shape)) *
                           dtype_size(n.outputs[i].dtype);
       bytes = (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment;

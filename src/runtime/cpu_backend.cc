@@ -146,15 +146,7 @@ class CpuExecutable final : public Executable {
         return st;
       }
     }
-    s.out[static_cast<std::size_t>(v.index)] = t;
-    values_[v] = t;
-    for (std::size_t k = 0; k < g_.outputs().size(); ++k)
-      if (g_.outputs()[k] == v) outputs_[k] = t;
-    for (Step& r : steps_) {
-      const Node& rn = g_.node(r.node);
-      for (std::size_t k = 0; k < rn.inputs.size(); ++k)
-        if (rn.inputs[k] == v) r.in[k] = t;
-    }
+    place(v, t);
     bound_outputs_.insert(i);
     return ok_status();
   }
@@ -163,6 +155,11 @@ class CpuExecutable final : public Executable {
     if (bound_.size() != input_ids_.size()) {
       for (const auto& [name, id] : input_ids_)
         if (!bound_.count(id)) return failed_precondition("run: input '{}' is not bound", name);
+    }
+    // Outputs planned outside the arena that no bind_output took.
+    for (auto it = unbacked_.begin(); it != unbacked_.end(); it = unbacked_.begin()) {
+      const graph::TensorType& t = g_.type(*it);
+      place(*it, Tensor::empty(t.shape, t.dtype));
     }
     std::fill(pending_.begin(), pending_.end(), false);
     trace_.clear();
@@ -302,7 +299,9 @@ class CpuExecutable final : public Executable {
         extend[Value{s.node, static_cast<int>(i)}] =
             std::max(extend[Value{s.node, static_cast<int>(i)}], first_wait);
     }
-    plan_ = graph::plan_memory(g_, order, extend, 64, packs(order, pos));
+    const std::vector<graph::Pack> pk = packs(order, pos);
+    unbacked_ = outside_arena(pk);
+    plan_ = graph::plan_memory(g_, order, extend, 64, pk, unbacked_);
     if (opts_.arena_allocator) {
       SHOAL_ASSIGN_OR_RETURN(arena_, opts_.arena_allocator(plan_.arena_bytes));
       if (arena_ == nullptr || arena_->size() < plan_.arena_bytes ||
@@ -318,6 +317,7 @@ class CpuExecutable final : public Executable {
       values_[v] = Tensor::from_storage(arena_, t.shape, t.dtype,
                                         static_cast<std::int64_t>(off / dtype_size(t.dtype)));
     }
+    for (const Value& v : unbacked_) values_[v] = Tensor();  // bind_output or run() backs it
     for (std::size_t si = 0; si < steps_.size(); ++si) {
       Step& s = steps_[si];
       const Node& n = g_.node(s.node);
@@ -382,6 +382,41 @@ class CpuExecutable final : public Executable {
     return out;
   }
 
+  // CompileOptions::outputs_bound_later that can live outside the arena:
+  // computed by a synchronous node here, in no pack.
+  std::set<Value> outside_arena(const std::vector<graph::Pack>& pk) const {
+    std::set<Value> in_pack, out;
+    for (const graph::Pack& p : pk) {
+      in_pack.insert(p.members.begin(), p.members.end());
+      in_pack.insert(p.aliases.begin(), p.aliases.end());
+    }
+    for (int i : opts_.outputs_bound_later) {
+      if (i < 0 || i >= static_cast<int>(g_.outputs().size())) continue;
+      const Value v = g_.outputs()[static_cast<std::size_t>(i)];
+      auto s = step_of_.find(v.node);
+      if (s == step_of_.end() || steps_[static_cast<std::size_t>(s->second)].kernel->is_async() ||
+          in_pack.count(v))
+        continue;
+      out.insert(v);
+    }
+    return out;
+  }
+
+  // Value v's storage becomes t wherever the steps and outputs hold it.
+  void place(Value v, const Tensor& t) {
+    steps_[static_cast<std::size_t>(step_of_.at(v.node))].out[static_cast<std::size_t>(v.index)] =
+        t;
+    values_[v] = t;
+    for (std::size_t k = 0; k < g_.outputs().size(); ++k)
+      if (g_.outputs()[k] == v) outputs_[k] = t;
+    for (Step& r : steps_) {
+      const Node& rn = g_.node(r.node);
+      for (std::size_t k = 0; k < rn.inputs.size(); ++k)
+        if (rn.inputs[k] == v) r.in[k] = t;
+    }
+    unbacked_.erase(v);
+  }
+
   static bool overlaps(const Tensor& a, const Tensor& b) {
     if (!a.defined() || !b.defined()) return false;
     auto* pa = static_cast<const std::uint8_t*>(a.raw_data());
@@ -421,6 +456,7 @@ class CpuExecutable final : public Executable {
   Graph g_;
   std::map<int, int> step_of_;   // node id -> index into steps_
   std::set<int> bound_outputs_;  // graph outputs given to bind_output
+  std::set<Value> unbacked_;     // planned outside the arena, not yet given storage
   std::vector<Step> steps_;
   std::map<std::string, int> input_ids_;
   std::map<int, std::vector<std::pair<int, int>>> input_uses_;

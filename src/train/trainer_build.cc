@@ -296,6 +296,8 @@ Status Trainer::compile_step(StepBuild& sb) {
   if (!backend.ok()) return backend.status();
   runtime::CompileOptions copts;
   copts.arena_allocator = o_.arena_allocator;
+  // Written over the bound old tensors below: no arena bytes for them.
+  for (const auto& [idx, dst] : m.writeback) copts.outputs_bound_later.insert(idx);
   SHOAL_ASSIGN_OR_RETURN(m.exe, (*backend)->compile(std::move(sb.g), copts));
   // Parameters (and state) another pipeline stage holds are not inputs here.
   for (auto& [name, t] : params_)

@@ -286,6 +286,46 @@ TEST(CpuBackend, BindOutputRefusesUnsafeInPlaceWrites) {
   EXPECT_EQ(exe->output(1).data<float>()[0], 0.0f);  // x untouched: relu(-1)
 }
 
+// Outputs the caller will bind (the trainer's new weights and optimizer
+// state) cost no arena bytes; one left unbound gets storage of its own at
+// the first run, with the right values.
+TEST(CpuBackend, OutputsBoundLaterLiveOutsideTheArena) {
+  auto build = [](Graph& g) {
+    Builder b(g);
+    Value w = b.input("w", DType::kF32, {1024});
+    Value m = b.input("m", DType::kF32, {1024});
+    g.mark_output(b.sub(w, b.mul(m, b.scalar(0.5))));  // 0: new w
+    g.mark_output(b.mul(m, b.scalar(0.9)));            // 1: new m
+  };
+  Graph g1, g2;
+  build(g1);
+  build(g2);
+  auto backend = make_backend("cpu");
+  ASSERT_TRUE(backend.ok());
+  auto plain = (*backend)->compile(std::move(g1), {});
+  CompileOptions later;
+  later.outputs_bound_later = {0, 1};
+  auto outside = (*backend)->compile(std::move(g2), later);
+  ASSERT_TRUE(plain.ok() && outside.ok());
+  EXPECT_GE((*plain)->arena_bytes(), 2 * 1024 * sizeof(float));
+  EXPECT_LT((*outside)->arena_bytes(), 2 * 1024 * sizeof(float));  // the 0.5 m temporary only
+  Tensor w = Tensor::full({1024}, DType::kF32, 1), m = Tensor::full({1024}, DType::kF32, 2);
+  for (auto* e : {plain->get(), outside->get()}) {
+    ASSERT_TRUE(e->bind("w", w).ok());
+    ASSERT_TRUE(e->bind("m", m).ok());
+  }
+  Tensor o = Tensor::zeros({1024}, DType::kF32);
+  Status st = (*outside)->bind_output(0, o);  // output 1 left unbound
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_TRUE((*plain)->run().ok());
+  EXPECT_EQ((*plain)->output(0).data<float>()[7], 0.0f);
+  ASSERT_TRUE((*outside)->run().ok());
+  EXPECT_EQ(o.data<float>()[7], 0.0f);
+  EXPECT_EQ((*outside)->output(0).raw_data(), o.raw_data());
+  EXPECT_FLOAT_EQ((*outside)->output(1).data<float>()[1023], 1.8f);
+  EXPECT_NE((*outside)->output(1).raw_data(), m.raw_data());
+}
+
 TEST(CpuBackend, SteadyStateTrainingStepDoesNotAllocate) {
   // A small CNN training step: conv+bias+relu, pool, batch norm, global
   // average pool, linear, cross entropy, and all parameter gradients.

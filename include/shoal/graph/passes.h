@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,9 +44,10 @@ struct MemoryPlan {
 struct Pack {
   std::vector<Value> members, aliases;
 };
+// Values in `outside` get no bytes in the arena (the caller stores them).
 MemoryPlan plan_memory(const Graph& g, const std::vector<int>& order,
                        const std::map<Value, int>& extend_until = {}, std::size_t alignment = 64,
-                       const std::vector<Pack>& packs = {});
+                       const std::vector<Pack>& packs = {}, const std::set<Value>& outside = {});
 
 std::string to_json(const Graph& g);
 std::string to_dot(const Graph& g);

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,11 @@ struct CompileOptions {
   // all-reduce of gradient buckets placed in the arena reaches the other
   // ranks' buckets without system calls (comm::Communicator::allocate_shared).
   std::function<Result<std::shared_ptr<Storage>>(std::size_t bytes)> arena_allocator;
+  // Graph outputs the caller will give storage with bind_output (the
+  // trainer's new parameters and optimizer state, written over the old):
+  // planned outside the arena, so they cost no arena bytes. One that is
+  // still unbound at the first run gets an allocation of its own then.
+  std::set<int> outputs_bound_later;
 };
 
 // One span of a trace. Times are microseconds of the monotonic clock
