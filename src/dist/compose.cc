@@ -36,6 +36,7 @@ train::TrainOptions::ParamSlices compose(train::TrainOptions::ParamSlices inner,
   train::TrainOptions::ParamSlices ps = outer;
   ps.names.insert(inner.names.begin(), inner.names.end());
   ps.reports = inner.reports && outer.reports;
+  ps.eval_in_lockstep = inner.eval_in_lockstep || outer.eval_in_lockstep;
   if (!ps.correct.valid()) ps.correct = inner.correct;  // TP's vocabulary-parallel loss
   ps.slice = [inner, outer](const std::string& p, const Tensor& whole) {
     const Tensor mid = inner.names.count(p) ? inner.slice(p, whole) : whole;

@@ -232,6 +232,26 @@ Status Trainer::train_step(double* loss, std::int64_t* correct) {
   return ok_status();
 }
 
+Result<runtime::Executable*> Trainer::eval_exe(const Shape& images) {
+  Impl& m = *impl_;
+  auto& exe = m.eval_exes[images[0]];
+  if (exe) return exe.get();
+  Graph g;
+  Builder bl(g);
+  Value x = bl.input("x", DType::kF32, images);
+  ModelContext mc(bl, false);
+  Value logits = m.model.forward(mc, x);
+  if (!bl.ok()) return bl.status().with_context("building the eval graph");
+  g.mark_output(logits);
+  if (o_.forward_pass) SHOAL_RETURN_IF_ERROR(o_.forward_pass(g).status());
+  SHOAL_ASSIGN_OR_RETURN(auto backend, runtime::make_backend("cpu"));
+  SHOAL_ASSIGN_OR_RETURN(exe, backend->compile(std::move(g), {}));
+  for (auto& [name, t] : params_)
+    if (has_input(*exe, "param/" + name)) SHOAL_RETURN_IF_ERROR(exe->bind("param/" + name, t));
+  for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(exe->bind("buf/" + name, t));
+  return exe.get();
+}
+
 Result<EvalResult> Trainer::evaluate() {
   Impl& m = *impl_;
   SHOAL_RETURN_IF_ERROR(sync_buffers());
@@ -243,37 +263,24 @@ Result<EvalResult> Trainer::evaluate() {
   lo.mean = m.mean;
   lo.stddev = m.stddev;
   Loader ld(m.test, lo);
-  // Whole parameters gathered from their slices (ZeRO-3), or the rewrite.
-  const bool whole = m.slices && m.slices->whole_for_eval;
-  if (whole) SHOAL_RETURN_IF_ERROR(gather_eval_params());
+  // Each rank scores its share of the test set (summed over ranks below).
+  const bool shared = o_.peers && o_.peers->collective();
+  const std::int64_t shards = shared ? o_.data_shards() : 1, mine = shared ? o_.data_shard() : 0;
+  const bool lockstep = m.slices && m.slices->eval_in_lockstep;
+  const std::int64_t batches = ld.batches_per_epoch();
   EvalResult r;
   double loss_sum = 0;
   std::int64_t ok = 0;
-  for (std::int64_t bi = 0; bi < ld.batches_per_epoch(); ++bi) {
+  for (std::int64_t bi = 0; bi < batches; ++bi) {
     const Batch& b = ld.next();
-    // Each rank scores its share of the test set (summed over ranks below).
-    if (o_.peers && o_.peers->collective() && bi % o_.data_shards() != o_.data_shard()) continue;
-    std::int64_t n = b.images.shape()[0];
-    auto& exe = m.eval_exes[n];
-    if (!exe) {  // one eval graph per batch size (the tail gets its own)
-      Graph g;
-      Builder bl(g);
-      Value x = bl.input("x", DType::kF32, b.images.shape());
-      ModelContext mc(bl, false);
-      Value logits = m.model.forward(mc, x);
-      if (!bl.ok()) return bl.status().with_context("building the eval graph");
-      g.mark_output(logits);
-      if (o_.forward_pass && !whole) SHOAL_RETURN_IF_ERROR(o_.forward_pass(g).status());
-      auto backend = runtime::make_backend("cpu");
-      if (!backend.ok()) return backend.status();
-      SHOAL_ASSIGN_OR_RETURN(exe, (*backend)->compile(std::move(g), {}));
-      for (auto& [name, t] : whole ? m.eval_params : params_)
-        if (has_input(*exe, "param/" + name)) SHOAL_RETURN_IF_ERROR(exe->bind("param/" + name, t));
-      for (auto& [name, t] : buffers_) SHOAL_RETURN_IF_ERROR(exe->bind("buf/" + name, t));
-    }
+    const bool scored = bi % shards == mine;
+    // The last round holds no batch for this rank: run the last one again.
+    const bool filler = lockstep && !scored && bi == batches - 1 && bi % shards < mine;
+    if (!scored && !filler) continue;
+    SHOAL_ASSIGN_OR_RETURN(runtime::Executable * exe, eval_exe(b.images.shape()));
     SHOAL_RETURN_IF_ERROR(bind_batch(*exe, b, false));
     SHOAL_RETURN_IF_ERROR(exe->run().with_context("evaluating"));
-    if (m.slices && !m.slices->reports) continue;  // an earlier pipeline stage
+    if (filler || (m.slices && !m.slices->reports)) continue;  // unscored; an earlier stage
     const Tensor& lg = exe->output(0);
     const std::int64_t rows = lg.shape()[0], c = lg.shape()[1];  // rows: n, or n*T tokens
     for (std::int64_t i = 0; i < rows; ++i) {

@@ -111,8 +111,6 @@ struct Trainer::Impl {
   // slices report: all of a tensor-parallel group, a pipeline's last stage).
   int loss_out = 0, logits_out = -1, correct_out = -1;
   double report_copies = 1;
-  // The whole parameters evaluation reads when the slices say so (ZeRO-3).
-  std::map<std::string, Tensor> eval_params;
 };
 
 inline bool has_input(const runtime::Executable& exe, const std::string& name) {

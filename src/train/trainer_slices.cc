@@ -77,21 +77,6 @@ void Trainer::hold_empty_state(const OptimizerGraph& og) {
         state_.try_emplace(fmt::format("opt/{}/{}", name, slot), Tensor::empty({0}, DType::kF32));
 }
 
-Status Trainer::gather_eval_params() {
-  Impl& m = *impl_;
-  for (auto& [name, t] : params_) {
-    if (!sliced(name)) {
-      m.eval_params[name] = t;  // the same storage
-      continue;
-    }
-    SHOAL_ASSIGN_OR_RETURN(Tensor whole, m.slices->gather(name, t));
-    Tensor& dst = m.eval_params[name];
-    if (!dst.defined()) dst = Tensor::empty(whole.shape(), DType::kF32);
-    copy_into(dst, whole);  // in place: the evaluation graphs are bound to it
-  }
-  return ok_status();
-}
-
 // How many ranks score each batch: the mean over them is the job's.
 Status Trainer::count_reporters() {
   Impl& m = *impl_;

@@ -86,13 +86,15 @@ TEST(Zero2, BucketsNeedNoBufferOfEveryParameter) {
       const auto& [one, two] = *got[r];
       std::printf("%d ranks, rank %d: step arena ZeRO-1 %zu B, ZeRO-2 %zu B\n", world, r, one.arena,
                   two.arena);
-      // Every parameter is 12 x 256 KiB. ZeRO-1's flat buffers hold them all
-      // beside the whole new weights; ZeRO-2's one bucket (one weight) at a
-      // time. Measured: 7,864,384 B against 4,718,656 B at 2 ranks,
-      // 7,340,096 B against 3,407,936 B at 3.
+      // Every parameter is 12 x 256 KiB. ZeRO-1's flat gradient holds them
+      // all beside the gathered new weights; ZeRO-2 one bucket (one weight)
+      // at a time. Measured: 6,291,520 B against 4,718,656 B at 2 ranks,
+      // 6,291,520 B against 3,407,936 B at 3. (Before this rank's shard of
+      // the weights was cut from the pieces it overlaps, ZeRO-1 also held
+      // every weight concatenated: 7,864,384 B at 2 ranks.)
       const std::size_t all = kLayers * kWeight * sizeof(float);
-      EXPECT_GT(one.arena, 2 * all);
-      EXPECT_LT(two.arena + all * 3 / 4, one.arena);
+      EXPECT_GE(one.arena, 2 * all);
+      EXPECT_LT(two.arena + all / 3, one.arena);
       // The same update: bucketing changes where the sums happen, not them.
       ASSERT_EQ(one.first_weight.size(), two.first_weight.size());
       for (std::size_t i = 0; i < one.first_weight.size(); ++i)

@@ -24,6 +24,10 @@
 #include "shoal/train/optim.h"
 #include "shoal/train/weights.h"
 
+namespace shoal::runtime {
+class Executable;
+}  // namespace shoal::runtime
+
 namespace shoal::train {
 
 struct DataSplits;  // train/sources.h
@@ -131,10 +135,12 @@ struct StrategyHooks {
     // earlier stages, whose slices of the parameters they do not hold are
     // empty tensors).
     bool reports = true;
-    // Evaluate with the whole parameters, gathered before each evaluation,
-    // instead of rewriting the evaluation graphs (ZeRO-3: ranks evaluate
-    // different batches, so they cannot gather in the graph).
-    bool whole_for_eval = false;
+    // The evaluation graphs gather parameters inside the graph (ZeRO-3), so
+    // every rank of a data-parallel group runs as many evaluation steps as
+    // the others: a rank whose share of the test set is one batch short
+    // runs the last batch again, unscored. No rank ever holds the whole
+    // model at once.
+    bool eval_in_lockstep = false;
     // Set when the rewrite computes the training loss without whole logits
     // (tensor parallelism's vocabulary-parallel cross-entropy): a scalar,
     // how many rows' label scores highest, which the trainer reports as the
@@ -268,7 +274,9 @@ class Trainer {
   Status sync_slices(bool resumed);
   void hold_empty_state(const OptimizerGraph& og);
   Status count_reporters();
-  Status gather_eval_params();           // collective
+  // The evaluation graph for batches of this shape (one per batch size: the
+  // tail gets its own), compiled on first use.
+  Result<runtime::Executable*> eval_exe(const Shape& images);
   CheckpointDir checkpoint_dir() const;  // <run dir>/checkpoints, keeping keep_checkpoints
   void describe_checkpoint(CheckpointState& s) const;  // the metadata
   // Collective: `s` holds this rank's share of `listing`.
