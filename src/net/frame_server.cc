@@ -3,8 +3,10 @@
 #include "shoal/net/frame_server.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -357,6 +359,8 @@ Result<std::unique_ptr<FrameServer>> FrameServer::start(const std::string& host,
   s->handler_ = handler;
   s->name_ = std::move(name);
   s->loop_ = std::make_unique<Loop>(*s);
+  s->wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (s->wake_fd_ < 0) return internal_error("eventfd: {}", std::strerror(errno));
   s->thread_ = std::thread([p = s.get()] { p->serve(); });
   return s;
 }
@@ -364,6 +368,12 @@ Result<std::unique_ptr<FrameServer>> FrameServer::start(const std::string& host,
 FrameServer::~FrameServer() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void FrameServer::wake() {
+  const std::uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof(one));
 }
 
 void FrameServer::reply(ConnId c, FrameType type, std::uint64_t seq, std::string_view payload) {
@@ -382,8 +392,8 @@ void FrameServer::serve() {
   std::vector<pollfd> fds;
   std::vector<std::uint64_t> ids;
   while (!stop_) {
-    fds.assign(1, pollfd{listener_.fd(), POLLIN, 0});
-    ids.assign(1, 0);
+    fds.assign({pollfd{listener_.fd(), POLLIN, 0}, pollfd{wake_fd_, POLLIN, 0}});
+    ids.assign(2, 0);
     for (auto& [id, c] : loop.conns()) {
       short ev = POLLIN;
       if (!c.out.empty()) ev |= POLLOUT;
@@ -399,7 +409,11 @@ void FrameServer::serve() {
           loop.admit(std::move(s).value());
         }
       }
-      for (std::size_t i = 1; i < fds.size(); ++i)
+      if (fds[1].revents & POLLIN) {
+        std::uint64_t n = 0;
+        (void)!::read(wake_fd_, &n, sizeof(n));
+      }
+      for (std::size_t i = 2; i < fds.size(); ++i)
         if (fds[i].revents) loop.on_ready(ids[i], fds[i].revents);
     }
     loop.expire();

@@ -1,15 +1,18 @@
 #include "shoal/ps/server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "ps/peer_regions.h"
+#include "ps/snapshot_writer.h"
 #include "ps/wire.h"
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
@@ -22,6 +25,13 @@ using ConnId = net::FrameServer::ConnId;
 class Server::Handler final : public net::FrameServer::Handler {
  public:
   explicit Handler(const ServerOptions& o) : o_(o) {}
+  ~Handler() override { writer_.reset(); }  // before the members its callback reads
+
+  // The serving loop, woken when a snapshot is written (null: gone).
+  void attach(net::FrameServer* s) {
+    std::lock_guard<std::mutex> lk(wake_mu_);
+    server_ = s;
+  }
 
   // A shard with `so`, restored from the snapshot when there is one.
   Status configure(const ShardOptions& so) {
@@ -34,6 +44,11 @@ class Server::Handler final : public net::FrameServer::Handler {
       SHOAL_LOG_INFO("ps server: restored from {} ({} workers)", o_.snapshot,
                      shard_->workers().size());
     }
+    if (!o_.snapshot.empty() && o_.snapshot_every > 0)
+      writer_ = std::make_unique<SnapshotWriter>(o_.snapshot, [this] {
+        std::lock_guard<std::mutex> lk(wake_mu_);
+        if (server_) server_->wake();
+      });
     SHOAL_LOG_INFO("ps server: options {}", config_text(so));
     return ok_status();
   }
@@ -55,8 +70,10 @@ class Server::Handler final : public net::FrameServer::Handler {
     return "";
   }
 
-  // Drops members silent past the heartbeat deadline.
+  // Releases the answers a finished snapshot holds; drops members silent
+  // past the heartbeat deadline.
   void on_tick(net::FrameServer& s) override {
+    snapshot_progress(s);
     if (!shard_ || o_.heartbeat_s <= 0) return;
     const auto now = std::chrono::steady_clock::now();
     const std::set<int> members = shard_->workers();
@@ -126,6 +143,7 @@ class Server::Handler final : public net::FrameServer::Handler {
     return stats_;
   }
   Status final_snapshot() {
+    writer_.reset();  // a write in progress finishes first
     return o_.snapshot.empty() || !shard_ ? ok_status() : shard_->snapshot(o_.snapshot);
   }
 
@@ -236,7 +254,7 @@ class Server::Handler final : public net::FrameServer::Handler {
       case Op::kConfig:  // answered above, before the shard exists
         break;
     }
-    s.reply(c, net::FrameType::kPsReply, seq, "");
+    send(s, c, seq, {});
     publish();
     return ok_status();
   }
@@ -289,11 +307,10 @@ class Server::Handler final : public net::FrameServer::Handler {
   // applied, the pulls waiting for it and the snapshot.
   Status answer_push(net::FrameServer& s, ConnId c, std::uint64_t seq, PushResult pr) {
     publish();  // stats count the push before its worker hears back
-    s.reply(c, net::FrameType::kPsReply, seq, std::string(1, static_cast<char>(pr)));
-    if (pr == PushResult::kApplied || pr == PushResult::kClosed) {
-      answer_pulls(s);
-      SHOAL_RETURN_IF_ERROR(maybe_snapshot());
-    }
+    if (pr == PushResult::kApplied || pr == PushResult::kClosed) maybe_snapshot();
+    const std::string result(1, static_cast<char>(pr));
+    send(s, c, seq, {result});
+    if (pr == PushResult::kApplied || pr == PushResult::kClosed) answer_pulls(s);
     publish_traffic();
     return ok_status();
   }
@@ -355,8 +372,7 @@ class Server::Handler final : public net::FrameServer::Handler {
                       in_place});
     // The snapshot first: an update a worker has heard of is in it, so a
     // server restarted from it loses nothing a worker will not resend.
-    if (pr == PushResult::kApplied || pr == PushResult::kClosed)
-      SHOAL_RETURN_IF_ERROR(maybe_snapshot());
+    if (pr == PushResult::kApplied || pr == PushResult::kClosed) maybe_snapshot();
     publish();  // stats count the update before any worker hears of it
     answer_pulls(s);
     publish_traffic();
@@ -406,18 +422,62 @@ class Server::Handler final : public net::FrameServer::Handler {
         if (p.codec == Codec::kF32)
           data = {static_cast<const char*>(value->raw_data()), value->nbytes()};
       }
-      std::string_view parts[2] = {head, data};
-      bytes_out_ += parts[0].size() + parts[1].size();
-      s.reply(p.conn, net::FrameType::kPsReply, p.seq, parts);
+      bytes_out_ += head.size() + data.size();
+      send(s, p.conn, p.seq, {head, data});
       return true;
     });
   }
 
-  Status maybe_snapshot() {
-    if (o_.snapshot.empty() || o_.snapshot_every == 0) return ok_status();
-    if (shard_->stats().applied - last_snapshot_ < o_.snapshot_every) return ok_status();
-    last_snapshot_ = shard_->stats().applied;
-    return shard_->snapshot(o_.snapshot);
+  // Snapshots (--snapshot-every N): every N updates one is due, and no
+  // answer sent after it is due goes out before it is on disk, so a server
+  // restarted from it has every update a worker heard of. The shard is
+  // copied here and written on the writer's thread while serving goes on;
+  // answers wait in held_ (copied). A write that fails refuses them, named.
+  void maybe_snapshot() {
+    if (!writer_) return;
+    const std::uint64_t applied = shard_->stats().applied;
+    if (applied - last_snapshot_ < o_.snapshot_every) return;
+    last_snapshot_ = applied;
+    due_ = applied;  // written from on_tick, after this batch of requests: one write for all
+  }
+
+  void start_snapshot() {
+    if (!writer_ || writer_->busy() || written_ >= due_) return;
+    writer_->start(shard_->capture(), shard_->stats().applied);
+  }
+
+  void snapshot_progress(net::FrameServer& s) {
+    if (!writer_) return;
+    if (auto done = writer_->take_finished()) {
+      const auto& [mark, st] = *done;
+      if (st.ok()) written_ = std::max(written_, mark);
+      std::erase_if(held_, [&](const Held& h) {
+        if (st.ok() && h.needs > written_) return false;
+        if (st.ok())
+          s.reply(h.conn, net::FrameType::kPsReply, h.seq, h.payload);
+        else
+          s.reply(h.conn, net::FrameType::kStoreError, h.seq,
+                  fmt::format("ps server: snapshot {}: {}", writer_->path(), st.message()));
+        return true;
+      });
+      if (!st.ok()) {
+        SHOAL_LOG_ERROR("ps server: snapshot {}: {}", writer_->path(), st.to_string());
+        written_ = due_;  // its answers are refused; the next due one is tried afresh
+      }
+    }
+    start_snapshot();
+  }
+
+  // An answer: out now, or held until the due snapshot is written.
+  void send(net::FrameServer& s, ConnId c, std::uint64_t seq,
+            std::initializer_list<std::string_view> parts) {
+    if (due_ <= written_) {
+      s.reply(c, net::FrameType::kPsReply, seq, std::span(parts.begin(), parts.size()));
+      return;
+    }
+    std::string payload;
+    for (std::string_view p : parts) payload.append(p);
+    held_.push_back({c, seq, std::move(payload), due_});
   }
 
   void publish() {
@@ -444,6 +504,19 @@ class Server::Handler final : public net::FrameServer::Handler {
   std::vector<Pull> pulls_;
   std::vector<Tensor> spares_;
   std::uint64_t last_snapshot_ = 0;
+  // Snapshots: the updates the due one must hold, those on disk, the
+  // answers waiting for it.
+  struct Held {
+    ConnId conn;
+    std::uint64_t seq;
+    std::string payload;
+    std::uint64_t needs;
+  };
+  std::uint64_t due_ = 0, written_ = 0;
+  std::vector<Held> held_;
+  std::unique_ptr<SnapshotWriter> writer_;
+  std::mutex wake_mu_;
+  net::FrameServer* server_ = nullptr;  // guarded by wake_mu_
   mutable std::mutex mu_;
   ShardStats stats_;
   PeerRegions regions_;                         // same-host workers' memory
@@ -459,10 +532,12 @@ Result<std::unique_ptr<Server>> Server::start(const std::string& host, int port,
   if (o.configured) SHOAL_RETURN_IF_ERROR(s->handler_->configure(o.shard));
   SHOAL_ASSIGN_OR_RETURN(s->server_, net::FrameServer::start(host, port, token, s->handler_.get(),
                                                              o.limits, "ps server"));
+  s->handler_->attach(s->server_.get());
   return s;
 }
 
 Server::~Server() {
+  handler_->attach(nullptr);
   server_.reset();  // the serving thread stops first
   if (Status st = handler_->final_snapshot(); !st.ok())
     SHOAL_LOG_ERROR("ps server: last snapshot: {}", st.to_string());

@@ -43,6 +43,10 @@ bool split_list(const std::string& s, std::vector<std::pair<long long, unsigned 
 }  // namespace
 
 Status Shard::snapshot(const std::string& path) const {
+  return train::save_checkpoint(path, capture());
+}
+
+train::CheckpointState Shard::capture() const {
   train::CheckpointState s;
   s.meta["ps_mode"] = mode_name(o_.mode);
   s.meta["optimizer"] = o_.optimizer.name;
@@ -50,16 +54,16 @@ Status Shard::snapshot(const std::string& path) const {
   s.meta["marks"] = join_map(mark_);
   s.meta["steps"] = join_map(step_);
   for (const auto& [name, k] : keys_) {
-    s.tensors["value/" + name] = k->value;
-    for (const auto& [n, t] : k->state) s.tensors[n] = t;
+    s.tensors["value/" + name] = k->value.clone();
+    for (const auto& [n, t] : k->state) s.tensors[n] = t.clone();
     s.meta["version/" + name] = std::to_string(k->version);
     if (!k->pushed.empty()) {
-      s.tensors["sum/" + name] = k->sum;
+      s.tensors["sum/" + name] = k->sum.clone();
       s.meta["pushed/" + name] = join_ints(k->pushed);
       s.meta["waits/" + name] = join_ints(k->waits_for);
     }
   }
-  return train::save_checkpoint(path, s);
+  return s;
 }
 
 Status Shard::restore(const std::string& path) {

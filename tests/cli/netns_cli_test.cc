@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "cli/cli_results.h"
@@ -28,7 +29,19 @@ class NetnsCluster : public ::testing::Test {
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "SKIP: network namespaces need root";
     name_ = fmt::format("t{}", getpid() % 10000000);
-    auto r = run_sh(fmt::format("{} --name {} start --hosts 2 --link 1gbit", kTool, name_));
+    // The hosts' /tmp is private but for the shared directory, where the
+    // runs' files must be: the scratch root when the runner gives one
+    // (tools/run-tests.sh sets TEST_TMPDIR), else one of this test's own.
+    std::string share = ::testing::TempDir();
+    while (share.size() > 1 && share.back() == '/') share.pop_back();
+    if (share == "/tmp") {
+      std::string own = "/tmp/shoal_netns_share_XXXXXX";
+      ASSERT_NE(mkdtemp(own.data()), nullptr);
+      setenv("TEST_TMPDIR", own.c_str(), 1);
+      share = own_share_ = own;
+    }
+    auto r = run_sh(
+        fmt::format("{} --name {} start --hosts 2 --link 1gbit --share {}", kTool, name_, share));
     // As root (CI), namespaces that cannot be made are a failure with the
     // reason, never a silent pass.
     ASSERT_EQ(r.code, 0) << "cannot make network namespaces here: " << r.out;
@@ -36,6 +49,11 @@ class NetnsCluster : public ::testing::Test {
   }
   void TearDown() override {
     if (started_) run_sh(fmt::format("{} --name {} stop", kTool, name_));
+    if (!own_share_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(own_share_, ec);
+      unsetenv("TEST_TMPDIR");
+    }
   }
   // Starts `world` ranks of `shoal train <args>`, `per_host` on each host,
   // rank 0 serving the store on h1; waits for all (each bounded by 120 s).
@@ -54,7 +72,7 @@ class NetnsCluster : public ::testing::Test {
             "/r*.log; exit $rc";
     return run_sh(line);
   }
-  std::string name_;
+  std::string name_, own_share_;
   bool started_ = false;
 };
 

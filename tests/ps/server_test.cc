@@ -20,6 +20,7 @@
 #include "ps/wire.h"
 #include "shoal/net/frame_server.h"
 #include "shoal/ps/worker.h"
+#include "shoal/train/checkpoint.h"
 #include "temp_dir.h"
 
 namespace shoal::ps {
@@ -225,6 +226,37 @@ TEST(PsServer, ARestartedServerKeepsValuesAndVersions) {
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->first, 3u);
   EXPECT_EQ(floats(p->second), (std::vector<float>{7, 14}));
+}
+
+// Snapshots are written off the serving thread, but an answer waits for
+// the snapshot that holds its update: whenever a push has been answered,
+// the file on disk already holds it. A snapshot that cannot be written
+// refuses the answers waiting for it, naming the file.
+TEST(PsServer, AnAnsweredPushIsAlreadyInTheSnapshotOnDisk) {
+  shoal::testing::TempDir dir("ps_server");
+  const std::string snap = dir.path() + "/server0.safetensors";
+  auto server = serve(Mode::kAsync, 1.0, snap);
+  auto w = Worker::connect({addr(*server)}, kToken, 0, soon());
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->init("k", tensor({10, 20})).ok());
+  for (int s = 0; s < 20; ++s) {
+    auto pr = (*w)->push("k", s, tensor({1, 2}), soon());
+    ASSERT_TRUE(pr.ok()) << pr.status().to_string();
+    auto on_disk = train::load_checkpoint(snap);
+    ASSERT_TRUE(on_disk.ok()) << on_disk.status().to_string();
+    EXPECT_EQ(on_disk->get_int("version/k", -1), s + 1);
+    EXPECT_EQ(floats(on_disk->tensors.at("value/k")),
+              (std::vector<float>{10.f - (s + 1), 20.f - 2 * (s + 1)}));
+  }
+  auto bad = serve(Mode::kAsync, 1.0, dir.path() + "/no/such/dir/server0.safetensors");
+  auto wb = Worker::connect({addr(*bad)}, kToken, 0, soon());
+  ASSERT_TRUE(wb.ok());
+  ASSERT_TRUE((*wb)->init("k", tensor({1, 2})).ok());
+  auto pr = (*wb)->push("k", 0, tensor({1, 2}), soon());
+  ASSERT_FALSE(pr.ok());
+  EXPECT_NE(pr.status().message().find("snapshot " + dir.path() + "/no/such/dir"),
+            std::string::npos)
+      << pr.status().to_string();
 }
 
 // Servers started without options adopt the first worker's, refuse a

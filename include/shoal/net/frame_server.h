@@ -50,7 +50,8 @@ class FrameServer {
                                    std::string_view body) = 0;
     // The client is gone (closed, dropped, or the server stops).
     virtual void on_close(FrameServer& /*s*/, ConnId /*c*/) {}
-    // About every 100 ms, on the serving thread.
+    // About every 100 ms, after every batch of requests, and soon after
+    // wake(), on the serving thread.
     virtual void on_tick(FrameServer& /*s*/) {}
   };
 
@@ -78,12 +79,16 @@ class FrameServer {
   void reply(ConnId c, FrameType type, std::uint64_t seq, std::span<const std::string_view> parts);
   // Serving thread only: the client's address ("host:port").
   std::string peer(ConnId c) const;
+  // Any thread: the serving thread calls on_tick soon (a background job of
+  // the handler's has finished).
+  void wake();
 
  private:
   class Loop;
   FrameServer() = default;
   void serve();
   Socket listener_;
+  int wake_fd_ = -1;  // an eventfd in the poll set
   std::string host_, token_, name_;
   ServerLimits limits_;
   Handler* handler_ = nullptr;

@@ -31,6 +31,7 @@
 #include "shoal/core/status.h"
 #include "shoal/ps/codec.h"
 #include "shoal/tensor/tensor.h"
+#include "shoal/train/checkpoint.h"
 #include "shoal/train/optim.h"
 
 namespace shoal::ps {
@@ -149,6 +150,8 @@ class Shard {
   const ShardStats& stats() const { return stats_; }
 
   Status snapshot(const std::string& path) const;
+  // What a snapshot holds, copied: the shard may change while it is written.
+  train::CheckpointState capture() const;
   // Restores values, optimizer state, versions, members and marks from a
   // snapshot; the options must match the ones it was written with.
   Status restore(const std::string& path);
