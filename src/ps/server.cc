@@ -16,6 +16,7 @@
 #include "ps/wire.h"
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
+#include "shoal/net/auth.h"
 #include "shoal/runtime/kernel.h"
 
 namespace shoal::ps {
@@ -24,7 +25,9 @@ using ConnId = net::FrameServer::ConnId;
 
 class Server::Handler final : public net::FrameServer::Handler {
  public:
-  explicit Handler(const ServerOptions& o) : o_(o) {}
+  // `job`: who this job is, in its snapshots (a MAC of its token: a new
+  // job has a new token, a server restarted in the same job the same).
+  Handler(const ServerOptions& o, std::string job) : o_(o), job_(std::move(job)) {}
   ~Handler() override { writer_.reset(); }  // before the members its callback reads
 
   // The serving loop, woken when a snapshot is written (null: gone).
@@ -34,16 +37,20 @@ class Server::Handler final : public net::FrameServer::Handler {
   }
 
   // A shard with `so`, restored from the snapshot when there is one.
+  // A shard that is not restored is never kept: the last snapshot at exit
+  // would write it over the file that was refused.
   Status configure(const ShardOptions& so) {
-    SHOAL_ASSIGN_OR_RETURN(shard_, Shard::create(so));
+    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Shard> shard, Shard::create(so));
     std::error_code ec;
     if (!o_.snapshot.empty())  // what a server killed mid-snapshot left
       (void)remove_dead_temporaries(std::filesystem::path(o_.snapshot).parent_path().string());
     if (!o_.snapshot.empty() && std::filesystem::exists(o_.snapshot, ec)) {
-      SHOAL_RETURN_IF_ERROR(shard_->restore(o_.snapshot).with_context("restarting the ps server"));
+      SHOAL_RETURN_IF_ERROR(same_job(o_.snapshot));
+      SHOAL_RETURN_IF_ERROR(shard->restore(o_.snapshot).with_context("restarting the ps server"));
       SHOAL_LOG_INFO("ps server: restored from {} ({} workers)", o_.snapshot,
-                     shard_->workers().size());
+                     shard->workers().size());
     }
+    shard_ = std::move(shard);
     if (!o_.snapshot.empty() && o_.snapshot_every > 0)
       writer_ = std::make_unique<SnapshotWriter>(o_.snapshot, [this] {
         std::lock_guard<std::mutex> lk(wake_mu_);
@@ -144,7 +151,8 @@ class Server::Handler final : public net::FrameServer::Handler {
   }
   Status final_snapshot() {
     writer_.reset();  // a write in progress finishes first
-    return o_.snapshot.empty() || !shard_ ? ok_status() : shard_->snapshot(o_.snapshot);
+    return o_.snapshot.empty() || !shard_ ? ok_status()
+                                          : train::save_checkpoint(o_.snapshot, capture());
   }
 
  private:
@@ -443,7 +451,27 @@ class Server::Handler final : public net::FrameServer::Handler {
 
   void start_snapshot() {
     if (!writer_ || writer_->busy() || written_ >= due_) return;
-    writer_->start(shard_->capture(), shard_->stats().applied);
+    writer_->start(capture(), shard_->stats().applied);
+  }
+
+  train::CheckpointState capture() const {
+    train::CheckpointState s = shard_->capture();
+    s.meta["job"] = job_;
+    return s;
+  }
+
+  // A snapshot is restored only by the job that wrote it: another job's
+  // (a directory used again) has its workers' sequence marks, so every push
+  // of the new job was ignored as a duplicate and the job hung.
+  Status same_job(const std::string& path) const {
+    SHOAL_ASSIGN_OR_RETURN(train::CheckpointState old, train::load_checkpoint(path));
+    auto j = old.meta.find("job");
+    if (j == old.meta.end() || j->second == job_) return ok_status();
+    return failed_precondition(
+        "{} is the snapshot of another job (its job token differs): a new job starts without "
+        "one. Give it another --ps-snapshots directory (shoal run) or --snapshot file (shoal ps "
+        "server), or remove this one",
+        path);
   }
 
   void snapshot_progress(net::FrameServer& s) {
@@ -495,6 +523,7 @@ class Server::Handler final : public net::FrameServer::Handler {
 
   std::unique_ptr<Shard> shard_;
   ServerOptions o_;
+  const std::string job_;
   std::map<ConnId, int> worker_of_;
   std::map<int, std::chrono::steady_clock::time_point> seen_;  // worker -> last request
   std::vector<std::pair<int, std::string>> drops_;             // guarded by mu_
@@ -528,7 +557,12 @@ class Server::Handler final : public net::FrameServer::Handler {
 Result<std::unique_ptr<Server>> Server::start(const std::string& host, int port,
                                               const std::string& token, const ServerOptions& o) {
   std::unique_ptr<Server> s(new Server());
-  s->handler_ = std::make_unique<Handler>(o);
+  SHOAL_RETURN_IF_ERROR(net::init_crypto());
+  const std::string mac = net::token_mac(token, "shoal ps snapshot job");
+  std::string job;
+  for (std::size_t i = 0; i < 8 && i < mac.size(); ++i)
+    job += fmt::format("{:02x}", static_cast<unsigned char>(mac[i]));
+  s->handler_ = std::make_unique<Handler>(o, job);
   if (o.configured) SHOAL_RETURN_IF_ERROR(s->handler_->configure(o.shard));
   SHOAL_ASSIGN_OR_RETURN(s->server_, net::FrameServer::start(host, port, token, s->handler_.get(),
                                                              o.limits, "ps server"));

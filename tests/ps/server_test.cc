@@ -259,6 +259,40 @@ TEST(PsServer, AnAnsweredPushIsAlreadyInTheSnapshotOnDisk) {
       << pr.status().to_string();
 }
 
+// A snapshot belongs to the job that wrote it: a server of another job
+// (another token) on the same file is refused, naming it; before, the old
+// job's sequence marks made every push of the new job a duplicate and its
+// workers waited for ever.
+TEST(PsServer, AnotherJobsSnapshotIsRefusedByName) {
+  shoal::testing::TempDir dir("ps_server");
+  const std::string snap = dir.path() + "/server0.safetensors";
+  {
+    auto server = serve(Mode::kAsync, 1.0, snap);
+    auto w = Worker::connect({addr(*server)}, kToken, 0, soon());
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->init("k", tensor({10, 20})).ok());
+    ASSERT_TRUE((*w)->push("k", 0, tensor({1, 2}), soon()).ok());
+  }
+  ServerOptions o;
+  o.shard.mode = Mode::kAsync;
+  o.snapshot = snap;
+  o.snapshot_every = 1;
+  auto other = Server::start("127.0.0.1", 0, "another-job-token", o);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find(snap + " is the snapshot of another job"),
+            std::string::npos)
+      << other.status().to_string();
+  // The same job restarts on it, and finds its update: the refused server
+  // wrote nothing over the file (before, its last snapshot at exit did).
+  auto same = Server::start("127.0.0.1", 0, kToken, o);
+  ASSERT_TRUE(same.ok()) << same.status().to_string();
+  auto w = Worker::connect({addr(**same)}, kToken, 0, soon());
+  ASSERT_TRUE(w.ok());
+  auto p = (*w)->pull("k", 1, soon());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(floats(p->second), (std::vector<float>{9, 18}));
+}
+
 // Servers started without options adopt the first worker's, refuse a
 // worker that asks for others by field, and answer a push-pull with the
 // value once the sync round closes.
