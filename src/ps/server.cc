@@ -1,7 +1,6 @@
 #include "shoal/ps/server.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -45,8 +44,10 @@ class Server::Handler final : public net::FrameServer::Handler {
     if (!o_.snapshot.empty())  // what a server killed mid-snapshot left
       (void)remove_dead_temporaries(std::filesystem::path(o_.snapshot).parent_path().string());
     if (!o_.snapshot.empty() && std::filesystem::exists(o_.snapshot, ec)) {
-      SHOAL_RETURN_IF_ERROR(same_job(o_.snapshot));
-      SHOAL_RETURN_IF_ERROR(shard->restore(o_.snapshot).with_context("restarting the ps server"));
+      SHOAL_ASSIGN_OR_RETURN(train::CheckpointState old, train::load_checkpoint(o_.snapshot));
+      SHOAL_RETURN_IF_ERROR(same_job(old, o_.snapshot));
+      SHOAL_RETURN_IF_ERROR(
+          shard->restore(old, o_.snapshot).with_context("restarting the ps server"));
       SHOAL_LOG_INFO("ps server: restored from {} ({} workers)", o_.snapshot,
                      shard->workers().size());
     }
@@ -463,8 +464,7 @@ class Server::Handler final : public net::FrameServer::Handler {
   // A snapshot is restored only by the job that wrote it: another job's
   // (a directory used again) has its workers' sequence marks, so every push
   // of the new job was ignored as a duplicate and the job hung.
-  Status same_job(const std::string& path) const {
-    SHOAL_ASSIGN_OR_RETURN(train::CheckpointState old, train::load_checkpoint(path));
+  Status same_job(const train::CheckpointState& old, const std::string& path) const {
     auto j = old.meta.find("job");
     if (j == old.meta.end() || j->second == job_) return ok_status();
     return failed_precondition(

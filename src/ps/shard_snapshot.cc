@@ -68,6 +68,10 @@ train::CheckpointState Shard::capture() const {
 
 Status Shard::restore(const std::string& path) {
   SHOAL_ASSIGN_OR_RETURN(train::CheckpointState s, train::load_checkpoint(path));
+  return restore(s, path);
+}
+
+Status Shard::restore(const train::CheckpointState& s, const std::string& path) {
   auto meta = [&](const std::string& key) {
     auto it = s.meta.find(key);
     return it == s.meta.end() ? std::string() : it->second;

@@ -28,13 +28,16 @@ namespace {
 
 const std::string kToken = "ps-test-token";
 
-std::unique_ptr<Server> serve(Mode mode, double lr, const std::string& snapshot = "") {
+ServerOptions options(Mode mode, double lr, const std::string& snapshot) {
   ServerOptions o;
   o.shard.mode = mode;
   o.shard.lr = lr;
   o.snapshot = snapshot;
   o.snapshot_every = snapshot.empty() ? 0 : 1;
-  auto s = Server::start("127.0.0.1", 0, kToken, o);
+  return o;
+}
+std::unique_ptr<Server> serve(Mode mode, double lr, const std::string& snapshot = "") {
+  auto s = Server::start("127.0.0.1", 0, kToken, options(mode, lr, snapshot));
   EXPECT_TRUE(s.ok()) << s.status().to_string();
   return std::move(s).value();
 }
@@ -209,23 +212,31 @@ TEST(PsServer, BadRequestsAreRefusedByNameAndTheServerServesOn) {
   EXPECT_EQ(floats(p->second), (std::vector<float>{0, 1}));
 }
 
-TEST(PsServer, ARestartedServerKeepsValuesAndVersions) {
-  shoal::testing::TempDir dir("ps_server");
-  const std::string snap = dir.path() + "/server0.safetensors";
-  {
-    auto server = serve(Mode::kAsync, 1.0, snap);
-    auto w = Worker::connect({addr(*server)}, kToken, 0, soon());
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE((*w)->init("k", tensor({10, 20})).ok());
-    for (int s = 0; s < 3; ++s) ASSERT_TRUE((*w)->push("k", s, tensor({1, 2}), soon()).ok());
-  }
+// An async server (lr 1) on `snap` whose key k, (10, 20), took `pushes`
+// pushes of (1, 2); stopped, so its last snapshot is written.
+void push_then_stop(const std::string& snap, int pushes) {
   auto server = serve(Mode::kAsync, 1.0, snap);
   auto w = Worker::connect({addr(*server)}, kToken, 0, soon());
   ASSERT_TRUE(w.ok());
-  auto p = (*w)->pull("k", 3, soon());
+  ASSERT_TRUE((*w)->init("k", tensor({10, 20})).ok());
+  for (int s = 0; s < pushes; ++s) ASSERT_TRUE((*w)->push("k", s, tensor({1, 2}), soon()).ok());
+}
+
+// Key k's value on `server` once it has `version` updates.
+void expect_k(const Server& server, std::uint64_t version, const std::vector<float>& want) {
+  auto w = Worker::connect({addr(server)}, kToken, 0, soon());
+  ASSERT_TRUE(w.ok());
+  auto p = (*w)->pull("k", version, soon());
   ASSERT_TRUE(p.ok()) << p.status().to_string();
-  EXPECT_EQ(p->first, 3u);
-  EXPECT_EQ(floats(p->second), (std::vector<float>{7, 14}));
+  EXPECT_EQ(p->first, version);
+  EXPECT_EQ(floats(p->second), want);
+}
+
+TEST(PsServer, ARestartedServerKeepsValuesAndVersions) {
+  shoal::testing::TempDir dir("ps_server");
+  const std::string snap = dir.path() + "/server0.safetensors";
+  push_then_stop(snap, 3);
+  expect_k(*serve(Mode::kAsync, 1.0, snap), 3, {7, 14});
 }
 
 // Snapshots are written off the serving thread, but an answer waits for
@@ -266,17 +277,8 @@ TEST(PsServer, AnAnsweredPushIsAlreadyInTheSnapshotOnDisk) {
 TEST(PsServer, AnotherJobsSnapshotIsRefusedByName) {
   shoal::testing::TempDir dir("ps_server");
   const std::string snap = dir.path() + "/server0.safetensors";
-  {
-    auto server = serve(Mode::kAsync, 1.0, snap);
-    auto w = Worker::connect({addr(*server)}, kToken, 0, soon());
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE((*w)->init("k", tensor({10, 20})).ok());
-    ASSERT_TRUE((*w)->push("k", 0, tensor({1, 2}), soon()).ok());
-  }
-  ServerOptions o;
-  o.shard.mode = Mode::kAsync;
-  o.snapshot = snap;
-  o.snapshot_every = 1;
+  push_then_stop(snap, 1);
+  const ServerOptions o = options(Mode::kAsync, 1.0, snap);
   auto other = Server::start("127.0.0.1", 0, "another-job-token", o);
   ASSERT_FALSE(other.ok());
   EXPECT_NE(other.status().message().find(snap + " is the snapshot of another job"),
@@ -286,11 +288,7 @@ TEST(PsServer, AnotherJobsSnapshotIsRefusedByName) {
   // wrote nothing over the file (before, its last snapshot at exit did).
   auto same = Server::start("127.0.0.1", 0, kToken, o);
   ASSERT_TRUE(same.ok()) << same.status().to_string();
-  auto w = Worker::connect({addr(**same)}, kToken, 0, soon());
-  ASSERT_TRUE(w.ok());
-  auto p = (*w)->pull("k", 1, soon());
-  ASSERT_TRUE(p.ok()) << p.status().to_string();
-  EXPECT_EQ(floats(p->second), (std::vector<float>{9, 18}));
+  expect_k(**same, 1, {9, 18});
 }
 
 // Servers started without options adopt the first worker's, refuse a

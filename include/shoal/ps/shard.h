@@ -155,6 +155,8 @@ class Shard {
   // Restores values, optimizer state, versions, members and marks from a
   // snapshot; the options must match the ones it was written with.
   Status restore(const std::string& path);
+  // The same from a snapshot already read (`path` names it in errors).
+  Status restore(const train::CheckpointState& s, const std::string& path);
 
  private:
   struct Key;
