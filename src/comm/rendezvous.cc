@@ -82,12 +82,16 @@ auto connect_with_retries(const std::string& where, Connect connect) -> decltype
   for (int attempt = 0;; ++attempt) {
     auto c = connect();
     if (c.ok() || c.status().code() != StatusCode::kUnavailable || until.expired()) {
-      if (!c.ok())
+      // Only a wait that ran out says it waited: a refused token or a
+      // malformed address fails at once.
+      if (!c.ok() && c.status().code() == StatusCode::kUnavailable)
         return c.status().with_context(
             fmt::format("after {:.0f} s of retries (SHOAL_STORE_WAIT)", std::max(0.0, wait)));
       return c;
     }
-    if (attempt == 0) SHOAL_LOG_INFO("waiting for the store at {} (up to {:.0f} s)", where, wait);
+    if (attempt == 0)
+      SHOAL_LOG_INFO("waiting for the store at {} (up to {:.0f} s): {}", where, wait,
+                     c.status().message());
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -201,7 +205,8 @@ Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o) {
     auto s = net::TcpStoreServer::start(net::listen_address_for(hp.first), hp.second, o.token);
     if (!s.ok())
       return s.status().with_context(
-          fmt::format("rank 0 serving the store at {} (port in use?)", where));
+          fmt::format("rank 0 serving the store at {}{}", where,
+                      s.status().code() == StatusCode::kAlreadyExists ? " (port in use)" : ""));
     rv.server = std::move(s).value();
   }
   SHOAL_ASSIGN_OR_RETURN(rv.store, connect_with_retries(where, [&] {

@@ -156,6 +156,7 @@ Result<Socket> Socket::listen(const std::string& host_in, int port, int backlog)
   if (int rc = getaddrinfo(host.c_str(), ps.c_str(), &hints, &res); rc != 0)
     return invalid_argument("listen on {}:{}: {}", host, port, gai_strerror(rc));
   std::string last = "no address";
+  bool in_use = false;
   for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
     int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
@@ -167,10 +168,14 @@ Result<Socket> Socket::listen(const std::string& host_in, int port, int backlog)
       SHOAL_RETURN_IF_ERROR(set_nonblocking(fd));
       return s;
     }
+    in_use = in_use || errno == EADDRINUSE;
     last = std::strerror(errno);
     ::close(fd);
   }
   freeaddrinfo(res);
+  // Another process holds the port: a code of its own, so that callers say
+  // "port in use" only when it is.
+  if (in_use) return already_exists("listen on {}:{}: {}", host, port, last);
   return unavailable("listen on {}:{}: {}", host, port, last);
 }
 
@@ -183,8 +188,20 @@ Result<Socket> Socket::connect(const std::string& host, int port, Deadline dl) {
   std::string last;
   for (int attempt = 0;; ++attempt) {
     addrinfo* res = nullptr;
-    if (int rc = getaddrinfo(host.c_str(), ps.c_str(), &hints, &res); rc != 0)
+    if (int rc = getaddrinfo(host.c_str(), ps.c_str(), &hints, &res); rc != 0) {
+      // A name that does not resolve yet is worth waiting for, as a refused
+      // connection is: a Kubernetes headless Service publishes a pod's
+      // record seconds after the pod starts. The caller decides how long
+      // (connect_with_retries in comm's rendezvous: SHOAL_STORE_WAIT).
+      if (rc == EAI_NONAME || rc == EAI_AGAIN || rc == EAI_FAIL
+#ifdef EAI_NODATA
+          || rc == EAI_NODATA
+#endif
+      )
+        return unavailable("connect to {}:{}: {} (the name does not resolve)", host, port,
+                           gai_strerror(rc));
       return invalid_argument("connect to {}:{}: {}", host, port, gai_strerror(rc));
+    }
     for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
       int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) continue;

@@ -91,8 +91,11 @@ TEST_F(K8s, ManifestsPassTheKubernetesSchemas) {
 // Two "pods" of the Indexed Job, each with only the environment its
 // manifest gives it, the Service's names on loopback in a private mount
 // namespace. `late` seconds before the master starts; `kill_after`
-// seconds before pod 1 is killed (0: never).
-Result pods(const std::string& dir, int late, int kill_after, int steps, bool rank = true) {
+// seconds before pod 1 is killed (0: never); `dns_late` seconds before the
+// Service's names resolve (a headless Service publishes a pod's record
+// after the pod starts).
+Result pods(const std::string& dir, int late, int kill_after, int steps, bool rank = true,
+            int dns_late = 0) {
   const std::string train = std::string(SHOAL_BINARY) +
                             " train --model mlp --limit-train 4096 --limit-test 256 --threads 1 "
                             "--no-checkpoints --no-plot --epochs 1000 --max-steps " +
@@ -102,9 +105,11 @@ Result pods(const std::string& dir, int late, int kill_after, int steps, bool ra
                           " MASTER_ADDR=gang-0.gang MASTER_PORT=" + std::to_string(port) +
                           " WORLD_SIZE=2 SHOAL_JOB_TOKEN=" + std::string(64, 'a') + " ";
   const std::string script =
-      "set -u; cp /etc/hosts " + dir + "/hosts && echo '127.0.0.1 gang-0.gang gang-1.gang' >> " +
-      dir + "/hosts && mount --bind " + dir + "/hosts /etc/hosts || exit 77\n" + pod +
-      (rank ? "RANK=1 " : "") + "JOB_COMPLETION_INDEX=1 HOSTNAME=gang-1 " + train + " > " + dir +
+      "set -u; cp /etc/hosts " + dir + "/hosts && mount --bind " + dir +
+      "/hosts /etc/hosts || exit 77\n" + "(sleep " + std::to_string(dns_late) +
+      "; echo '127.0.0.1 gang-0.gang gang-1.gang' >> " + dir + "/hosts) &\n" +
+      (dns_late > 0 ? "" : "wait\n") + pod + (rank ? "RANK=1 " : "") +
+      "JOB_COMPLETION_INDEX=1 HOSTNAME=gang-1 " + train + " > " + dir +
       "/pod1.log 2>&1 & p1=$!\nsleep " + std::to_string(late) + "\n" + pod +
       (rank ? "RANK=0 " : "") + "JOB_COMPLETION_INDEX=0 HOSTNAME=gang-0 " + train + " > " + dir +
       "/pod0.log 2>&1 & p0=$!\n" +
@@ -123,6 +128,19 @@ TEST_F(K8s, PodsMeetThroughTheHeadlessServiceWhenTheMasterIsLate) {
   EXPECT_TRUE(has(r, "pod0-exit=0 pod1-exit=0")) << r.out;
   EXPECT_TRUE(has(r, "waiting for the store at gang-0.gang:")) << r.out;
   EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
+  EXPECT_TRUE(has(r, "pod0: final: test accuracy")) << r.out;
+}
+
+// The Service's record appears 4 s after both pods start: rank 0 serves
+// its store on the wildcard address and every rank keeps resolving the
+// name within SHOAL_STORE_WAIT instead of failing the Job at once.
+TEST_F(K8s, PodsWaitForTheServiceRecordToResolve) {
+  Result r = pods(dir_.path(), 0, 0, 10, true, 4);
+  if (r.code == 77 || has(r, "unshare failed"))
+    GTEST_SKIP() << "no private mount namespace here (unshare --mount needs root): " << r.out;
+  EXPECT_TRUE(has(r, "pod0-exit=0 pod1-exit=0")) << r.out;
+  EXPECT_TRUE(has(r, "(the name does not resolve)")) << r.out;
+  EXPECT_FALSE(has(r, "port in use")) << r.out;
   EXPECT_TRUE(has(r, "pod0: final: test accuracy")) << r.out;
 }
 
