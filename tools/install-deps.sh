@@ -15,7 +15,7 @@ pkgs=(
   python3-torch mpich
   libonnx-dev libprotobuf-dev libonnx-testdata python3-onnx python3-torchvision
   libzip-dev libstb-dev python3-numpy python3-pil
-  python3-dev pybind11-dev python3-pytest
+  python3-dev pybind11-dev python3-pytest python3-yaml
   fortunes
 )
 missing=()

@@ -72,6 +72,48 @@ const checks = {
   },
 };
 
+// What the schemas cannot see, because it spans documents or is a rule of
+// a controller: a Job's pods may not restart in place; a pod's subdomain
+// names a headless Service of the file that selects it; a PodGroup's gang
+// fits its Job, starts whole when the Job tolerates no failure, and asks
+// minMember pods' worth of resources.
+function crossChecks(docs) {
+  const services = docs.filter((d) => d.kind === "Service");
+  const groups = Object.fromEntries(docs.filter((d) => d.kind === "PodGroup").map((d) => [d.metadata.name, d]));
+  for (const d of docs.filter((x) => x.kind === "Job")) {
+    const t = d.spec.template;
+    const rp = t.spec.restartPolicy;
+    need(rp === "Never" || rp === "OnFailure",
+         `Job ${d.metadata.name}: template restartPolicy ${rp} (a Job's pods take Never or OnFailure)`);
+    if (t.spec.subdomain) {
+      const svc = services.find((s) => s.metadata.name === t.spec.subdomain);
+      need(svc, `Job ${d.metadata.name}: subdomain ${t.spec.subdomain} names no Service in this file`);
+      need(svc.spec.clusterIP === "None", `Service ${svc.metadata.name} is not headless (clusterIP: None)`);
+      for (const [k, v] of Object.entries(svc.spec.selector ?? {}))
+        need(t.metadata?.labels?.[k] === v,
+             `Service ${svc.metadata.name} selects ${k}=${v}, which Job ${d.metadata.name}'s pods lack`);
+    }
+    const gname = t.metadata?.annotations?.["scheduling.k8s.io/group-name"];
+    if (!gname) continue;
+    const g = groups[gname];
+    need(g, `Job ${d.metadata.name}: its pods' group ${gname} is no PodGroup in this file`);
+    const pods = d.spec.parallelism ?? 1, min = g.spec.minMember;
+    need(min <= pods, `PodGroup ${gname}: minMember ${min} > the Job's ${pods} pods: it never starts`);
+    if ((d.spec.backoffLimit ?? 6) === 0)
+      need(min === pods, `PodGroup ${gname}: minMember ${min}, but Job ${d.metadata.name} tolerates no ` +
+                         `failure (backoffLimit 0): its ${pods} pods must start together`);
+    const req = t.spec.containers[0].resources?.requests ?? {};
+    const amount = (q) => Number(String(q).replace(/[A-Za-z]+$/, ""));
+    const unit = (q) => String(q).replace(/^[0-9.]+/, "");
+    for (const [k, v] of Object.entries(req)) {
+      const want = g.spec.minResources?.[k];
+      need(want !== undefined, `PodGroup ${gname}: minResources lacks ${k}, which every pod requests`);
+      need(unit(want) === unit(v) && amount(want) === amount(v) * min,
+           `PodGroup ${gname}: minResources ${k} ${want}, but ${min} pods of ${v} need ${amount(v) * min}${unit(v)}`);
+    }
+  }
+}
+
 const file = process.argv[2];
 const docs = yaml.loadAll(fs.readFileSync(file, "utf8")).filter((d) => d);
 let i = 0;
@@ -87,4 +129,10 @@ for (const d of docs) {
     process.exit(1);
   }
   ++i;
+}
+try {
+  crossChecks(docs);
+} catch (e) {
+  console.log(`INVALID ${file}: ${e.message}`);
+  process.exit(1);
 }

@@ -104,6 +104,9 @@ CLI::App* add_submit_command(CLI::App& app, ClusterFlags& f) {
       ->check(CLI::IsMember({"job", "pytorchjob", "mpijob"}))
       ->capture_default_str();
   s->add_option("--namespace", f.k8s_namespace, "kubernetes: the namespace")->capture_default_str();
+  s->add_option("--store-port", f.k8s_port, "kubernetes: the port rank 0 serves the store on")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
   s->add_flag("--no-volcano", f.no_volcano,
               "kubernetes: no PodGroup (the default scheduler; no gang scheduling)");
   s->add_option("--cluster", f.cluster,
@@ -187,6 +190,7 @@ int run_submit_k8s(const cluster::JobSpec& j, const ClusterFlags& f, const std::
   k.kind = f.k8s_kind;
   k.image = f.image;
   k.namespace_ = f.k8s_namespace;
+  k.port = f.k8s_port;
   k.volcano = !f.no_volcano;
   k.cmd = f.cmd;
   auto s = cluster::submit_kubernetes(j, k, dir, f.cluster, f.dry_run);
@@ -195,7 +199,8 @@ int run_submit_k8s(const cluster::JobSpec& j, const ClusterFlags& f, const std::
     return 2;
   }
   if (!s->nodes.empty()) fmt::print("{}: placed on {}\n", j.name, fmt::join(s->nodes, " "));
-  fmt::print("{}: manifests in {}\n{}", j.name, s->path, f.dry_run ? s->manifests : s->applied);
+  fmt::print("{}: manifests in {}, the job token's Secret in {} (mode 0600, not shown)\n{}", j.name,
+             s->path, s->secret_path, f.dry_run ? s->manifests : s->applied);
   return 0;
 }
 

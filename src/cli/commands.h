@@ -111,7 +111,7 @@ struct PsServerFlags {
 // `shoal ps scheduler`: the job's rendezvous point (ps/attach.h).
 struct PsSchedulerFlags {
   std::string host;  // "": by DMLC_PS_ROOT_URI (ps::Scheduler::run)
-  int port = -1;  // -1: DMLC_PS_ROOT_PORT
+  int port = -1;     // -1: DMLC_PS_ROOT_PORT
 };
 // `shoal ps join`: more workers for an elastic job (ps_join.cc).
 struct PsJoinFlags {
@@ -171,6 +171,7 @@ struct ClusterFlags {
   std::vector<std::string> cmd;
   std::string image = "shoal:latest", k8s_kind = "job", k8s_namespace = "default";
   bool no_volcano = false;
+  int k8s_port = 29500;  // rank 0's store in the pods
 };
 struct ClusterCommand {
   CLI::App* simulate = nullptr;

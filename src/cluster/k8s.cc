@@ -1,5 +1,6 @@
 #include "shoal/cluster/k8s.h"
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <nlohmann/json.hpp>
@@ -38,13 +39,35 @@ void emit(YAML::Emitter& e, const json& v) {
   }
 }
 
-json resources(const JobSpec& j) {
+// What `ranks` ranks of the job need together. Memory in "M" (10^6
+// bytes), the unit of the spec's mem_mb_per_rank; "Mi" would ask 5% more.
+json quantities(const JobSpec& j, int ranks) {
   json r = json::object();
-  if (j.cpus_per_rank > 0) r["cpu"] = std::to_string(j.cpus_per_rank);
-  if (j.mem_mb_per_rank > 0) r["memory"] = std::to_string(j.mem_mb_per_rank) + "Mi";
-  if (j.accels_per_rank > 0) r["nvidia.com/gpu"] = std::to_string(j.accels_per_rank);
+  if (j.cpus_per_rank > 0) r["cpu"] = std::to_string(j.cpus_per_rank * ranks);
+  if (j.mem_mb_per_rank > 0) r["memory"] = std::to_string(j.mem_mb_per_rank * ranks) + "M";
+  if (j.accels_per_rank > 0) r["nvidia.com/gpu"] = std::to_string(j.accels_per_rank * ranks);
+  return r;
+}
+
+std::string yaml_documents(const std::string& head, const std::vector<json>& docs) {
+  std::string out = head;
+  for (std::size_t i = 0; i < docs.size(); ++i) {
+    YAML::Emitter e;
+    emit(e, docs[i]);
+    out += (i ? "---\n" : "") + std::string(e.c_str()) + "\n";
+  }
+  return out;
+}
+
+json resources(const JobSpec& j) {
+  json r = quantities(j, 1);
   return {{"limits", r}, {"requests", r}};
 }
+
+// Pod failures the job outlives: none for a sync gang (one pod fails, the
+// job fails and its pods stop); for an elastic job, as many as it can lose
+// and still train (the controller starts a replacement for each).
+int failures_tolerated(const JobSpec& j) { return j.ranks - j.fewest_ranks(); }
 
 json labels(const JobSpec& j) {
   return {{"app.kubernetes.io/managed-by", "shoal"}, {"shoal.dev/job", j.name}};
@@ -64,7 +87,8 @@ json affinity(const Topology* t, const std::optional<Placement>& p) {
                                                                 {"values", values}}})}}})}}}}}};
 }
 
-json container(const std::string& name, const JobSpec& j, const K8sOptions& o, json env) {
+json container(const std::string& name, const JobSpec& j, const K8sOptions& o, json env,
+               const std::string& port_name = "store") {
   if (!o.token.empty())
     env.push_back(
         {{"name", "SHOAL_JOB_TOKEN"},
@@ -73,7 +97,7 @@ json container(const std::string& name, const JobSpec& j, const K8sOptions& o, j
             {"image", o.image},
             {"command", o.cmd},
             {"resources", resources(j)},
-            {"ports", json::array({{{"name", "store"}, {"containerPort", o.port}}})}};
+            {"ports", json::array({{{"name", port_name}, {"containerPort", o.port}}})}};
   if (!env.empty()) c["env"] = std::move(env);
   return c;
 }
@@ -102,9 +126,12 @@ std::vector<json> indexed_job(const Topology* t, const JobSpec& j,
   json spec = {{"completionMode", "Indexed"},
                {"completions", ranks},
                {"parallelism", ranks},
-               // A sync gang: one pod fails, the Job fails (and its pods stop).
-               {"backoffLimit", 0},
+               {"backoffLimit", failures_tolerated(j)},
                {"template", {{"metadata", meta}, {"spec", pod}}}};
+  // An elastic job is done when rank 0 is: the others may be gone, or be
+  // replacements still counting.
+  if (failures_tolerated(j) > 0)
+    spec["successPolicy"] = {{"rules", json::array({{{"succeededIndexes", "0"}}})}};
   if (j.max_runtime_s > 0) spec["activeDeadlineSeconds"] = static_cast<long long>(j.max_runtime_s);
   std::vector<json> docs;
   docs.push_back(
@@ -117,10 +144,9 @@ std::vector<json> indexed_job(const Topology* t, const JobSpec& j,
          {"selector", {{"shoal.dev/job", j.name}}},
          {"ports", json::array({{{"name", "store"}, {"port", o.port}}})}}}});
   if (o.volcano) {
-    json min_res = json::object();
-    if (j.cpus_per_rank > 0) min_res["cpu"] = std::to_string(j.cpus_per_rank * ranks);
-    if (j.accels_per_rank > 0)
-      min_res["nvidia.com/gpu"] = std::to_string(j.accels_per_rank * ranks);
+    // The gang is the fewest ranks that train, and so are the resources it
+    // waits for: the rest of an elastic job's pods start when they fit.
+    json min_res = quantities(j, j.fewest_ranks());
     docs.push_back(
         {{"apiVersion", "scheduling.volcano.sh/v1beta1"},
          {"kind", "PodGroup"},
@@ -144,7 +170,7 @@ json replica(int n, json pod_spec, const json& meta) {
 
 json run_policy(const JobSpec& j, int min_available) {
   json rp = {{"cleanPodPolicy", "All"},
-             {"backoffLimit", 0},
+             {"backoffLimit", failures_tolerated(j)},
              {"schedulingPolicy", {{"minAvailable", min_available}, {"queue", j.queue}}}};
   if (j.max_runtime_s > 0) rp["activeDeadlineSeconds"] = static_cast<long long>(j.max_runtime_s);
   return rp;
@@ -152,9 +178,11 @@ json run_policy(const JobSpec& j, int min_available) {
 
 std::vector<json> pytorch_job(const Topology* t, const JobSpec& j,
                               const std::optional<Placement>& p, const K8sOptions& o) {
-  // The operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK (one
-  // process per pod: RANK is the process's rank).
-  json pod = {{"containers", json::array({container("pytorch", j, o, json::array())})}};
+  // The operator sets MASTER_ADDR (<job>-master-0), MASTER_PORT (the
+  // container port named pytorchjob-port), WORLD_SIZE and RANK (one process
+  // per pod: RANK is the process's rank), the torchrun contract Shoal reads.
+  json pod = {
+      {"containers", json::array({container("pytorch", j, o, json::array(), "pytorchjob-port")})}};
   if (auto a = affinity(t, p); !a.is_null()) pod["affinity"] = a;
   json meta = {{"labels", labels(j)}};
   json replicas = {{"Master", replica(1, pod, meta)}};
@@ -168,8 +196,21 @@ std::vector<json> pytorch_job(const Topology* t, const JobSpec& j,
 
 std::vector<json> mpi_job(const Topology* t, const JobSpec& j, const std::optional<Placement>& p,
                           const K8sOptions& o) {
-  std::vector<std::string> launch = {"mpirun", "-n", std::to_string(j.ranks),
-                                     "--allow-run-as-root"};
+  // mpirun says where no rank runs (docs/launch.md), so it is told: rank 0
+  // is on the first worker (the operator's hostfile lists the workers in
+  // order, one slot each) and serves the store there, under the name the
+  // operator's headless Service <job>-worker gives that pod. The job token
+  // goes with it; a process sshd starts sees none of its pod's environment.
+  std::vector<std::string> launch = {"mpirun",
+                                     "-n",
+                                     std::to_string(j.ranks),
+                                     "--allow-run-as-root",
+                                     "-x",
+                                     fmt::format("SHOAL_STORE={}-worker-0.{}-worker.{}.svc:{}",
+                                                 j.name, j.name, o.namespace_, o.port),
+                                     "-x",
+                                     "SHOAL_STORE_SERVE=1"};
+  if (!o.token.empty()) launch.insert(launch.end(), {"-x", "SHOAL_JOB_TOKEN"});
   launch.insert(launch.end(), o.cmd.begin(), o.cmd.end());
   K8sOptions lo = o;
   lo.cmd = launch;
@@ -217,26 +258,32 @@ Result<std::string> kubernetes_manifests(const Topology* t, const JobSpec& j,
   } else if (o.kind == "pytorchjob") {
     docs = pytorch_job(t, j, p, o);
   } else if (o.kind == "mpijob") {
+    if (failures_tolerated(j) > 0)
+      return invalid_argument(
+          "kubernetes: job `{}` is elastic ({} to {} ranks), and mpirun cannot lose a rank and "
+          "go on: use --k8s-kind job or pytorchjob",
+          j.name, j.fewest_ranks(), j.ranks);
     docs = mpi_job(t, j, p, o);
   } else {
     return invalid_argument("kubernetes: kind `{}` is not job, pytorchjob or mpijob", o.kind);
   }
-  if (!o.token.empty())
-    docs.insert(
-        docs.begin(),
-        json{{"apiVersion", "v1"},
-             {"kind", "Secret"},
-             {"metadata",
-              {{"name", j.name + "-token"}, {"namespace", o.namespace_}, {"labels", labels(j)}}},
-             {"type", "Opaque"},
-             {"stringData", {{"token", o.token}}}});
-  std::string out = "# Written by shoal submit --engine kubernetes for job `" + j.name + "`.\n";
-  for (std::size_t i = 0; i < docs.size(); ++i) {
-    YAML::Emitter e;
-    emit(e, docs[i]);
-    out += (i ? "---\n" : "") + std::string(e.c_str()) + "\n";
-  }
-  return out;
+  return yaml_documents("# Written by shoal submit --engine kubernetes for job `" + j.name + "`." +
+                            (o.token.empty() ? ""
+                                             : " Its pods read the job token from the Secret " +
+                                                   j.name + "-token (kubernetes_secret).") +
+                            "\n",
+                        docs);
+}
+
+std::string kubernetes_secret(const JobSpec& j, const K8sOptions& o) {
+  return yaml_documents(
+      "# The job token of `" + j.name + "`: keep this file private (mode 0600).\n",
+      {json{{"apiVersion", "v1"},
+            {"kind", "Secret"},
+            {"metadata",
+             {{"name", j.name + "-token"}, {"namespace", o.namespace_}, {"labels", labels(j)}}},
+            {"type", "Opaque"},
+            {"stringData", {{"token", o.token}}}}});
 }
 
 }  // namespace shoal::cluster

@@ -38,15 +38,20 @@ Result<K8sSubmission> submit_kubernetes(const JobSpec& j, const K8sOptions& o,
   std::filesystem::create_directories(dir, ec);
   if (ec) return unavailable("cannot create {}: {}", dir, ec.message());
   out.path = dir + "/" + j.name + ".k8s.yaml";
+  out.secret_path = dir + "/" + j.name + ".secret.yaml";
+  SHOAL_RETURN_IF_ERROR(write_file_atomic(out.secret_path, kubernetes_secret(j, with_token), 0600));
   SHOAL_RETURN_IF_ERROR(write_file_atomic(out.path, out.manifests));
   if (dry_run) return out;
   auto info = run_command({"kubectl", "cluster-info", "--request-timeout=5s"}, 15);
   if (!info.ok() || info->code != 0)
     return unavailable(
         "no Kubernetes API server answers (kubectl cluster-info: {}); the "
-        "manifests are in {}: apply them where one does",
-        info.ok() ? info->out.substr(0, info->out.find('\n')) : info.status().message(), out.path);
-  SHOAL_ASSIGN_OR_RETURN(CommandResult r, run_command({"kubectl", "apply", "-f", out.path}, 60));
+        "manifests are in {} and {}: apply them where one does",
+        info.ok() ? info->out.substr(0, info->out.find('\n')) : info.status().message(),
+        out.secret_path, out.path);
+  SHOAL_ASSIGN_OR_RETURN(
+      CommandResult r,
+      run_command({"kubectl", "apply", "-f", out.secret_path, "-f", out.path}, 60));
   if (r.code != 0) return unavailable("kubectl apply -f {} failed: {}", out.path, r.out);
   out.applied = r.out;
   return out;

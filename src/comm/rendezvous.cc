@@ -184,7 +184,8 @@ Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o) {
   std::string where = e.store;
   SHOAL_ASSIGN_OR_RETURN(bool serve, env::get_bool("SHOAL_STORE_SERVE", false));
   if (!named && env::get("MASTER_ADDR")) serve = true;  // torchrun --standalone, MASTER_ADDR style
-  if (where.empty()) {
+  const bool where_derived = where.empty();
+  if (where_derived) {
     std::string why;
     where = derived_store(e, &why);
     if (where.empty())
@@ -208,6 +209,10 @@ Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o) {
           fmt::format("rank 0 serving the store at {}{}", where,
                       s.status().code() == StatusCode::kAlreadyExists ? " (port in use)" : ""));
     rv.server = std::move(s).value();
+    if (!where_derived)
+      SHOAL_LOG_INFO("rank 0 serves the store at {} (bound to {})", where,
+                     net::listen_address_for(hp.first).empty() ? std::string("loopback")
+                                                               : net::listen_address_for(hp.first));
   }
   SHOAL_ASSIGN_OR_RETURN(rv.store, connect_with_retries(where, [&] {
                            return net::TcpStore::connect(hp.first, hp.second,

@@ -11,9 +11,18 @@
 
 namespace shoal {
 
-Status write_file_atomic(const std::string& path, std::string_view bytes) {
+Status write_file_atomic(const std::string& path, std::string_view bytes, unsigned mode) {
   std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, static_cast<mode_t>(mode));
+  // A leftover temporary keeps its old mode through O_CREAT: narrow it to
+  // `mode` before a byte is written (never widen what the umask took away).
+  struct stat st {};
+  if (fd >= 0 && ::fstat(fd, &st) == 0 && (st.st_mode & 0777 & ~mode) != 0 &&
+      ::fchmod(fd, st.st_mode & 0777 & mode) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return unavailable("{}: chmod {:o}: {}", tmp, mode, std::strerror(e));
+  }
   if (fd < 0) return unavailable("{}: cannot create: {}", tmp, std::strerror(errno));
   std::size_t done = 0;
   while (done < bytes.size()) {

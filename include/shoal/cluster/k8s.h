@@ -26,15 +26,20 @@ struct K8sOptions {
   std::string token;
 };
 
-// YAML, documents separated by `---`.
+// YAML, documents separated by `---`. The job token is not in them: the
+// pods read it from the Secret kubernetes_secret writes (a file of its own,
+// kept private, never printed).
 Result<std::string> kubernetes_manifests(const Topology* t, const JobSpec& j,
                                          const std::optional<Placement>& p, const K8sOptions& o);
+std::string kubernetes_secret(const JobSpec& j, const K8sOptions& o);
 
 // Writes DIR/<name>.k8s.yaml (placed on `model`, a YAML cluster model,
-// when given) and, unless `dry_run`, applies it with kubectl; with no API
-// server reachable that is an error naming the written file.
+// when given) and the job token's Secret, DIR/<name>.secret.yaml (mode
+// 0600), and unless `dry_run` applies both with kubectl; with no API server
+// reachable that is an error naming the written files.
 struct K8sSubmission {
   std::string path, manifests;
+  std::string secret_path;         // DIR/<name>.secret.yaml, mode 0600
   std::vector<std::string> nodes;  // the placer's, when placed
   std::string applied;             // kubectl's output
 };

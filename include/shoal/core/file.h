@@ -13,7 +13,8 @@ namespace shoal {
 
 // Atomic file replace: write to path.tmp.<pid>, fsync, rename, fsync dir.
 // Errors name the file and the failing step (ENOSPC included).
-Status write_file_atomic(const std::string& path, std::string_view bytes);
+// `mode`: the new file's permission bits (0600 for a secret).
+Status write_file_atomic(const std::string& path, std::string_view bytes, unsigned mode = 0644);
 // Removes the temporaries write_file_atomic leaves in `dir` when its
 // process dies between create and rename ("<name>.tmp.<pid>"): those whose
 // writer is not running here and that nothing wrote for `idle` (a writer
