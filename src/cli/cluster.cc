@@ -120,6 +120,9 @@ CLI::App* add_submit_command(CLI::App& app, ClusterFlags& f) {
                 "Where the sbatch script, topology.conf and output go (default "
                 "runs/submit-<job name>)");
   s->add_flag("--dry-run", f.dry_run, "Write the script and print it; submit nothing");
+  s->add_flag("--pin", f.pin,
+              "slurm: pin the job to the nodes the placer picks now (--nodelist) instead of "
+              "letting Slurm place it from its shape");
   s->add_flag("--wait", f.wait, "Wait for the job to end; exit with its exit code");
   s->add_option("--wait-seconds", f.wait_s, "With --wait: cancel the job after S seconds")
       ->check(positive())
@@ -218,6 +221,7 @@ int run_submit(const ClusterFlags& f) {
   o.shoal = std::filesystem::read_symlink("/proc/self/exe").string();
   o.cmd = f.cmd;
   o.rank_timeout_s = f.rank_timeout_s;
+  o.pin = f.pin;
   o.live_links =
       f.live_chip_links == "ring" ? cluster::ChipLinks::kRing : cluster::ChipLinks::kNone;
   if (f.engine == "kubernetes") return run_submit_k8s(*j, f, o.dir);
@@ -228,17 +232,20 @@ int run_submit(const ClusterFlags& f) {
   }
   if (s->rank_nodes.empty())
     fmt::print("{}: does not fit now; Slurm queues it until it does\n", j->name);
-  else
+  else if (f.pin)
     fmt::print("{}: placed on {}{}\n", j->name, fmt::join(s->rank_nodes, " "),
                s->one_switch ? " (one switch)" : "");
+  else
+    fmt::print("{}: fits now (on {}{}); Slurm places it\n", j->name, fmt::join(s->rank_nodes, " "),
+               s->one_switch ? ", one switch" : "");
   if (f.dry_run) {
     fmt::print("{}", s->script);
     return 0;
   }
   fmt::print("{}: Slurm job {} ({})\n", j->name, s->job_id, s->script_path);
   if (f.wait)  // before: --wait ended without a word on how
-    fmt::print("{}: Slurm job {} ended {}, exit code {}\n", j->name, s->job_id, s->state,
-               s->exit_code);
+    fmt::print("{}: Slurm job {} ended {} on {}, exit code {}\n", j->name, s->job_id, s->state,
+               s->ran_on.empty() ? "no node" : s->ran_on, s->exit_code);
   return f.wait ? s->exit_code : 0;
 }
 

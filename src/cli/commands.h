@@ -166,7 +166,7 @@ struct ClusterFlags {
   double spine_alpha_us = -1, spine_gbit_s = -1, compute_ms = 0;
   // shoal submit
   std::string job, engine = "slurm", dir, live_chip_links = "none";
-  bool dry_run = false, wait = false;
+  bool dry_run = false, wait = false, pin = false;
   double wait_s = 3600, rank_timeout_s = 0;
   std::vector<std::string> cmd;
   std::string image = "shoal:latest", k8s_kind = "job", k8s_namespace = "default";

@@ -1,5 +1,8 @@
 // Slurm as the engine: the live cluster's model and use, the sbatch
 // script for a placed job, and its submission.
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,8 +27,24 @@ std::string quote(const std::string& s) {
   return out + "'";
 }
 
-// AllocTRES=cpu=2,mem=1000M,gres/gpu=4 → 4.
-int alloc_gpus(const std::string& tres) {
+// GPUs in use on a node. `scontrol -d`'s GresUsed counts them
+// (gpu:4(IDX:0-3), or typed: gpu:a100:2(IDX:0-1),gpu:v100:1(IDX:2));
+// AllocTRES does only when AccountingStorageTRES lists gres/gpu, which by
+// default it does not, so it is the fallback.
+int gpus_in_use(const std::string& gres_used, const std::string& tres) {
+  if (!gres_used.empty()) {
+    int n = 0;
+    std::size_t at = 0;
+    while ((at = gres_used.find("gpu", at)) != std::string::npos) {
+      const std::size_t paren = gres_used.find('(', at), comma = gres_used.find(',', at);
+      const std::size_t end = std::min(paren, comma);
+      const std::size_t colon = gres_used.rfind(':', end);
+      if (colon != std::string::npos && colon >= at) n += std::atoi(gres_used.c_str() + colon + 1);
+      at = comma == std::string::npos ? std::string::npos : comma;
+      if (at == std::string::npos) break;
+    }
+    return n;
+  }
   auto at = tres.find("gres/gpu=");
   return at == std::string::npos ? 0 : std::atoi(tres.c_str() + at + 9);
 }
@@ -42,7 +61,7 @@ Status occupy_node(ClusterState& s, int n, const KeyValues& kv) {
   used.name = "in use on " + get("NodeName");
   used.cpus_per_rank = std::atoi(get("CPUAlloc").c_str());
   used.mem_mb_per_rank = std::atoll(get("AllocMem").c_str());
-  used.accels_per_rank = alloc_gpus(get("AllocTRES"));
+  used.accels_per_rank = gpus_in_use(get("GresUsed"), get("AllocTRES"));
   if (used.cpus_per_rank == 0 && used.mem_mb_per_rank == 0 && used.accels_per_rank == 0)
     return ok_status();
   std::uint64_t chips = 0, free = s.free_accels(n);
@@ -75,8 +94,11 @@ std::string sbatch_script(const Topology& t, const JobSpec& j, const std::option
     opt("--mem-per-cpu=" +
         std::to_string((j.mem_mb_per_rank + j.cpus_per_rank - 1) / j.cpus_per_rank));
   if (j.accels_per_rank > 0) opt("--gpus-per-task=" + std::to_string(j.accels_per_rank));
+  // Slurm places the job, from its shape; a node list only when the user
+  // pins it (--pin). A snapshot taken at submit time is stale by the time
+  // the job starts, and Slurm's own scheduler sees what it does not.
   bool one_switch = j.links != LinkNeed::kNone;
-  if (p) {
+  if (p && o.pin) {
     std::vector<std::string> names;
     std::set<int> seen, leaves;
     for (const RankSlot& r : p->ranks)
@@ -88,12 +110,21 @@ std::string sbatch_script(const Topology& t, const JobSpec& j, const std::option
     opt("--nodelist=" + compress_hostlist(names));
     one_switch |= leaves.size() == 1;
   } else if (j.links != LinkNeed::kNone) {
+    // A ring or mesh larger than a node is whole nodes of one switch (the
+    // placer's rule): that many nodes, under --switches=1 below. Not
+    // --contiguous: measured on Slurm 22.05 with topology/tree, it makes
+    // Slurm pick n[2-3] across two switches where n[3-4] share one
+    // (docs/cluster.md).
     int per_node = 0;
     for (const Node& n : t.nodes) per_node = std::max(per_node, n.accels);
-    int k = j.total_accels();
+    const int k = j.total_accels();
     opt("--nodes=" + std::to_string(per_node > 0 ? (k + per_node - 1) / per_node : 1));
   }
-  if (one_switch) opt("--switches=1");
+  // One switch, waited for up to switch_wait_s (Slurm's own cap is
+  // SchedulerParameters=max_switch_wait, 300 s by default).
+  if (one_switch)
+    opt(fmt::format("--switches=1@{}",
+                    std::max<long>(1, std::lround(std::ceil(o.switch_wait_s / 60)))));
   if (j.max_runtime_s > 0)
     opt("--time=" + std::to_string(static_cast<long>(std::ceil(j.max_runtime_s / 60))));
   opt("--output=" + o.dir + "/" + j.name + "-%j.out");
@@ -126,7 +157,8 @@ namespace {
 // The live cluster: scontrol's nodes under topology.conf's switches (one
 // switch over all when the cluster has no topology.conf).
 Result<Topology> live_topology(std::string& scontrol, ChipLinks links) {
-  SHOAL_ASSIGN_OR_RETURN(CommandResult r, run_command({"scontrol", "show", "nodes"}, 20));
+  // -d: GresUsed, the GPUs in use (AllocTRES leaves them out by default).
+  SHOAL_ASSIGN_OR_RETURN(CommandResult r, run_command({"scontrol", "-d", "show", "nodes"}, 20));
   if (r.code != 0) return unavailable("scontrol show nodes failed: {}", r.out);
   scontrol = r.out;
   const char* conf = std::getenv("SLURM_CONF");
@@ -150,7 +182,8 @@ Result<Topology> live_topology(std::string& scontrol, ChipLinks links) {
 
 // Polls `scontrol show job` until the job ends; its exit code. Past the
 // deadline the job is cancelled, so nothing is left behind.
-Result<int> wait_for_job(const std::string& id, double wait_s, std::string* final_state) {
+Result<int> wait_for_job(const std::string& id, double wait_s, std::string* final_state,
+                         std::string* nodes) {
   const Deadline d = Deadline::after_seconds(wait_s);
   for (int polls = 0; polls < 1000000; ++polls) {
     SHOAL_ASSIGN_OR_RETURN(CommandResult r, run_command({"scontrol", "show", "job", id}, 10));
@@ -160,6 +193,7 @@ Result<int> wait_for_job(const std::string& id, double wait_s, std::string* fina
         state != "COMPLETING" && !state.empty()) {
       int code = std::atoi(kv["ExitCode"].c_str());
       *final_state = state;
+      *nodes = kv["NodeList"] == "(null)" ? "" : kv["NodeList"];
       if (state == "COMPLETED") return 0;
       return code != 0 ? code : 1;  // CANCELLED, FAILED, TIMEOUT, NODE_FAIL
     }
@@ -175,6 +209,13 @@ Result<int> wait_for_job(const std::string& id, double wait_s, std::string* fina
 
 }  // namespace
 
+template <typename F>
+auto largest(const Topology& t, F Node::*field) {
+  F most{};
+  for (const Node& n : t.nodes) most = std::max(most, n.*field);
+  return most;
+}
+
 Result<Submission> submit_slurm(const JobSpec& j, const SubmitOptions& o, const std::string& model,
                                 bool dry_run, bool wait, double wait_s) {
   std::string scontrol;
@@ -184,6 +225,15 @@ Result<Submission> submit_slurm(const JobSpec& j, const SubmitOptions& o, const 
   } else {
     SHOAL_ASSIGN_OR_RETURN(t, live_topology(scontrol, o.live_links));
   }
+  // A job that cannot fit even on the empty cluster is refused here; sbatch
+  // would queue it forever or refuse it later with less to say.
+  if (!place(ClusterState(t), j, j.ranks, {}))
+    return failed_precondition(
+        "job `{}` can never fit on this cluster, even empty ({} ranks x {} GPUs, {} CPUs, {} MB "
+        "each, links {}; the largest node has {} GPUs, {} CPUs, {} MB)",
+        j.name, j.ranks, j.accels_per_rank, j.cpus_per_rank, j.mem_mb_per_rank,
+        link_need_name(j.links), largest(t, &Node::accels), largest(t, &Node::cpus),
+        largest(t, &Node::mem_mb));
   ClusterState s(t);
   if (!scontrol.empty()) SHOAL_RETURN_IF_ERROR(occupy_from_scontrol(s, scontrol));
   Submission out;
@@ -194,7 +244,8 @@ Result<Submission> submit_slurm(const JobSpec& j, const SubmitOptions& o, const 
       out.rank_nodes.push_back(t.nodes[r.node].name);
       leaves.insert(t.nodes[r.node].leaf);
     }
-    out.one_switch = leaves.size() == 1;
+    out.one_switch = leaves.size() == 1 &&
+                     std::set<std::string>(out.rank_nodes.begin(), out.rank_nodes.end()).size() > 1;
   }
   std::error_code ec;
   std::filesystem::create_directories(o.dir, ec);
@@ -210,7 +261,7 @@ Result<Submission> submit_slurm(const JobSpec& j, const SubmitOptions& o, const 
   if (r.code != 0 || out.job_id.empty())
     return unavailable("sbatch refused {}: {}", out.script_path, r.out);
   if (!wait) return out;
-  SHOAL_ASSIGN_OR_RETURN(out.exit_code, wait_for_job(out.job_id, wait_s, &out.state));
+  SHOAL_ASSIGN_OR_RETURN(out.exit_code, wait_for_job(out.job_id, wait_s, &out.state, &out.ran_on));
   return out;
 }
 

@@ -1,5 +1,8 @@
 #include "shoal/cluster/spec.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "cluster/yaml_fields.h"
 #include "shoal/core/file.h"
 
@@ -95,6 +98,18 @@ Result<JobSpec> parse_job_spec(const std::string& text, const std::string& where
   JobSpec j;
   SHOAL_ASSIGN_OR_RETURN(j.name, f.text("name", ""));
   if (j.name.empty()) return invalid_argument("{}: field `name` is missing", where);
+  // It names files, Slurm's job and Kubernetes' objects: a space or a quote
+  // would be refused later, by sbatch or the API server.
+  const bool name_ok =
+      j.name.size() <= 63 && std::isalnum(static_cast<unsigned char>(j.name[0])) &&
+      std::all_of(j.name.begin(), j.name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+      });
+  if (!name_ok)
+    return invalid_argument(
+        "{}: field `name`: `{}` must be at most 63 letters, digits, '-', '_' or '.', starting "
+        "with a letter or digit",
+        where, j.name);
   SHOAL_ASSIGN_OR_RETURN(auto ranks, f.integer("ranks", 1, 1, 1 << 20));
   SHOAL_ASSIGN_OR_RETURN(auto min_ranks, f.integer("min_ranks", 0, 0, 1 << 20));
   SHOAL_ASSIGN_OR_RETURN(auto servers, f.integer("servers", 0, 0, 4096));

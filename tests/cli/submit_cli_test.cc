@@ -87,22 +87,29 @@ std::string Submit::dir_;
 bool Submit::started_ = false;
 
 TEST_F(Submit, ARingOfTwoNodesLandsOnOneSwitch) {
-  // n1 busy with a one-GPU job: the only two idle nodes of one switch are n3-n4.
+  // n1 busy with a one-GPU job: the only two idle nodes of one switch are
+  // n3-n4. Slurm places the ring from its shape (no node list), and the
+  // placer's view of the GPUs in use comes from GresUsed: AllocTRES leaves
+  // them out under this default configuration.
   Result busy = shoal(submit(job("busy", "ranks: 1\naccels_per_rank: 1\n"), "sleep 60"));
   ASSERT_EQ(busy.code, 0) << busy.out;
-  EXPECT_TRUE(has(busy, "busy: placed on n1")) << busy.out;
+  EXPECT_TRUE(has(busy, "busy: fits now (on n1); Slurm places it")) << busy.out;
   ASSERT_TRUE(eventually("timeout 3 squeue -h -t R | grep -q busy", 20));
   Result ring = shoal(submit(job("ring", "ranks: 2\naccels_per_rank: 4\nlinks: ring\n"),
                              "sh -c 'echo rank $SLURM_PROCID on $SLURMD_NODENAME'",
                              "--wait --wait-seconds 60"));
   ASSERT_EQ(ring.code, 0) << ring.out;
-  EXPECT_TRUE(has(ring, "ring: placed on n3 n4 (one switch)")) << ring.out;
+  EXPECT_TRUE(has(ring, "ring: fits now (on n3 n4, one switch); Slurm places it")) << ring.out;
+  EXPECT_TRUE(has(ring, "ended COMPLETED on n[3-4], exit code 0")) << ring.out;
   const std::string out = run_sh("cat " + dir_ + "/runs/ring-" + id_of(ring) + ".out").out;
   EXPECT_NE(out.find("rank 0 on n3"), std::string::npos) << out;
   EXPECT_NE(out.find("rank 1 on n4"), std::string::npos) << out;
   const std::string sbatch = run_sh("cat " + dir_ + "/runs/ring.sbatch").out;
-  EXPECT_NE(sbatch.find("#SBATCH --nodelist=n[3-4]"), std::string::npos) << sbatch;
-  EXPECT_NE(sbatch.find("#SBATCH --switches=1"), std::string::npos) << sbatch;
+  EXPECT_EQ(sbatch.find("--nodelist"), std::string::npos) << sbatch;
+  EXPECT_NE(sbatch.find("#SBATCH --nodes=2\n"), std::string::npos) << sbatch;
+  // --contiguous would put it on n[2-3], across the switches.
+  EXPECT_EQ(sbatch.find("--contiguous"), std::string::npos) << sbatch;
+  EXPECT_NE(sbatch.find("#SBATCH --switches=1@5"), std::string::npos) << sbatch;
   const std::string topo = run_sh("cat " + dir_ + "/runs/topology.conf").out;
   EXPECT_NE(topo.find("SwitchName=s2 Nodes=n[3-4]"), std::string::npos) << topo;
 }
@@ -116,8 +123,8 @@ TEST_F(Submit, AGangThatDoesNotFitWaitsThenRuns) {
   ASSERT_TRUE(eventually("timeout 3 squeue -h -t R | grep -q hold", 20));
   Result b = shoal(submit(ring, "sleep 60"));
   ASSERT_EQ(b.code, 0) << b.out;
-  EXPECT_TRUE(has(a, "hold: placed on n1 n1 n2 n2") || has(a, "hold: placed on n1 n2")) << a.out;
-  EXPECT_TRUE(has(b, "hold: placed on n3")) << b.out;
+  EXPECT_TRUE(has(a, "hold: fits now (on n1 n2, one switch)")) << a.out;
+  EXPECT_TRUE(has(b, "hold: fits now (on n3 n4, one switch)")) << b.out;
   ASSERT_TRUE(eventually("test $(timeout 3 squeue -h -t R | wc -l) = 2", 20));
   Result c = shoal(submit(job("gang", "ranks: 2\naccels_per_rank: 4\nlinks: ring\n"),
                           "sh -c 'echo gang rank $SLURM_PROCID on $SLURMD_NODENAME'"));
@@ -143,7 +150,34 @@ TEST_F(Submit, WaitGivesTheJobsExitCode) {
   EXPECT_TRUE(r.code == 3 || r.code == 4) << r.out;
   EXPECT_TRUE(has(r, "fails: Slurm job ")) << r.out;
   // How it ended is printed (before: nothing when the job ended).
-  EXPECT_TRUE(has(r, fmt::format(" ended FAILED, exit code {}", r.code))) << r.out;
+  EXPECT_TRUE(has(r, " ended FAILED on n")) << r.out;  // and where Slurm ran it
+  EXPECT_TRUE(has(r, fmt::format(", exit code {}", r.code))) << r.out;
+}
+
+// Refused before sbatch, with the reason: a ring of 12 GPUs on switches of
+// two 4-GPU nodes, and a name sbatch would refuse. Nothing is queued.
+TEST_F(Submit, AJobThatCanNeverFitIsRefusedBeforeSbatch) {
+  Result r = shoal(submit(job("huge", "ranks: 3\naccels_per_rank: 4\nlinks: ring\n"), "true"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "job `huge` can never fit on this cluster, even empty (3 ranks x 4 GPUs"))
+      << r.out;
+  EXPECT_TRUE(has(r, "the largest node has 4 GPUs")) << r.out;
+  write(dir_ + "/spaced.yaml", "name: job a\nranks: 1\n");
+  Result bad = shoal(submit(dir_ + "/spaced.yaml", "true"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_TRUE(has(bad, "field `name`: `job a` must be at most 63 letters")) << bad.out;
+  EXPECT_EQ(run_sh("timeout 3 squeue -h").out, "");
+}
+
+// --pin: the placer's nodes, as a node list.
+TEST_F(Submit, PinGivesSlurmThePlacersNodes) {
+  Result r = shoal(submit(job("pinned", "ranks: 2\naccels_per_rank: 4\nlinks: ring\n"),
+                          "sh -c 'echo on $SLURMD_NODENAME'", "--pin --wait --wait-seconds 60"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "pinned: placed on n1 n2 (one switch)")) << r.out;
+  const std::string sbatch = run_sh("cat " + dir_ + "/runs/pinned.sbatch").out;
+  EXPECT_NE(sbatch.find("#SBATCH --nodelist=n[1-2]"), std::string::npos) << sbatch;
+  EXPECT_TRUE(has(r, "ended COMPLETED on n[1-2]")) << r.out;
 }
 
 TEST_F(Submit, ACancelledJobLeavesNothingBehind) {

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+
+#include "shoal/cluster/slurm.h"
 #include "shoal/cluster/topology.h"
 
 namespace shoal::cluster {
@@ -171,6 +174,29 @@ TEST(Topology, FromSlurmAndBack) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("node `n9` is not in scontrol show nodes"),
             std::string::npos);
+}
+
+// GPUs in use come from `scontrol -d`'s GresUsed, plain or typed: under
+// Slurm's default settings AllocTRES does not list them (measured: a job
+// holding one GPU shows AllocTRES=cpu=1 and GresUsed=gpu:1).
+TEST(Topology, GpusInUseComeFromGresUsed) {
+  std::string nodes;
+  const char* used[] = {"gpu:1", "gpu:a100:2(IDX:0-1),gpu:v100:1(IDX:2)", "gpu:0(IDX:N/A)", ""};
+  for (int i = 1; i <= 4; ++i)
+    nodes += fmt::format(
+        "NodeName=n{} CPUAlloc=1 CPUTot=2\n   Gres=gpu:4\n   GresUsed={}\n   RealMemory=4000 "
+        "AllocMem=0\n   AllocTRES=cpu=1{}\n   State=MIXED\n\n",
+        i, used[i - 1], i == 4 ? ",gres/gpu=2" : "");
+  // n4's GresUsed is empty: AllocTRES's count, the older source, stands.
+  nodes.replace(nodes.find("GresUsed=\n"), 10, "");
+  auto t = from_slurm("SwitchName=s1 Nodes=n[1-4]\n", nodes);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ClusterState s(*t);
+  ASSERT_TRUE(occupy_from_scontrol(s, nodes).ok());
+  EXPECT_EQ(std::popcount(s.free_accels(0)), 3);
+  EXPECT_EQ(std::popcount(s.free_accels(1)), 1);
+  EXPECT_EQ(std::popcount(s.free_accels(2)), 4);
+  EXPECT_EQ(std::popcount(s.free_accels(3)), 2);
 }
 
 }  // namespace

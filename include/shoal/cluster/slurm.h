@@ -1,7 +1,9 @@
-// Slurm as the engine under the placer: the cluster model read from the
-// live cluster (scontrol, topology.conf), its nodes' current use, and a
-// job submitted with sbatch on the nodes the placer chose (--nodelist,
-// --switches), its ranks run by `shoal run --engine srun`.
+// Slurm as the engine, the placer as its adviser: the cluster model read
+// from the live cluster (scontrol, topology.conf), its nodes' current use
+// (GPUs from GresUsed), and a job submitted with sbatch in the shape Slurm
+// needs to place it well (nodes, GPUs per task, --switches, --contiguous),
+// pinned to the placer's nodes only on request; its ranks run by `shoal run
+// --engine srun`. A job that can never fit is refused before sbatch.
 #pragma once
 
 #include <optional>
@@ -12,8 +14,9 @@
 
 namespace shoal::cluster {
 
-// Marks on `s` what `scontrol show nodes` reports in use (CPUAlloc,
-// AllocMem, AllocTRES gres/gpu) and nodes that are down or drained.
+// Marks on `s` what `scontrol -d show nodes` reports in use (CPUAlloc,
+// AllocMem, GPUs from GresUsed, else AllocTRES gres/gpu) and nodes that are
+// down or drained.
 Status occupy_from_scontrol(ClusterState& s, const std::string& scontrol_nodes);
 
 struct SubmitOptions {
@@ -24,12 +27,15 @@ struct SubmitOptions {
   // Slurm does not say how a node's GPUs are linked: what the live
   // cluster's nodes with GPUs have (a ring lets ring jobs be placed there).
   ChipLinks live_links = ChipLinks::kNone;
+  // Pin the job to the placer's nodes (--nodelist). Off by default: Slurm
+  // places it from its shape (nodes, GPUs per task, one switch, contiguous).
+  bool pin = false;
+  double switch_wait_s = 300;  // --switches=1@: how long Slurm waits for one switch
 };
 
-// The sbatch script for j: with a placement, its nodes (--nodelist, -N) and
-// --switches=1 when they share a leaf switch (always asked of ring jobs);
-// without one (the gang does not fit now), only the shape, and Slurm queues
-// it until it fits.
+// The sbatch script for j: its shape (ring and mesh jobs: the nodes they
+// span, contiguous, one switch); with `o.pin` and a placement, its nodes
+// (--nodelist, -N) instead, and --switches=1 when they share a leaf switch.
 std::string sbatch_script(const Topology& t, const JobSpec& j, const std::optional<Placement>& p,
                           const SubmitOptions& o);
 
@@ -48,6 +54,7 @@ struct Submission {
   std::string job_id;  // empty on a dry run
   int exit_code = 0;   // with `wait`: the job's
   std::string state;   // with `wait`: how it ended (COMPLETED, FAILED, CANCELLED, ...)
+  std::string ran_on;  // with `wait`: the nodes Slurm gave it (NodeList)
 };
 // Places j on the live Slurm cluster (or on `model` when given: a YAML
 // cluster model, for a dry run), writes DIR/<name>.sbatch and
