@@ -90,7 +90,7 @@ def parse_sim(out):
     reps = []
     for line in out.splitlines():
         f = line.split()
-        if f and f[0] in ("fifo-first-fit", "backfill", "shoal"):
+        if f and f[0] in ("fifo-first-fit", "backfill", "backfill-topo", "shoal"):
             reps.append({"policy": f[0], "util": float(f[4].rstrip("%")),
                          "goodput": float(f[5].rstrip("%")), "line": line})
     return reps

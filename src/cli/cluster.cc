@@ -51,11 +51,12 @@ Result<std::vector<cluster::Policy>> policies_of(const std::vector<std::string>&
   std::vector<cluster::Policy> out;
   for (const std::string& n : names) {
     bool found = false;
-    for (auto p :
-         {cluster::Policy::kFifoFirstFit, cluster::Policy::kBackfill, cluster::Policy::kShoal})
+    for (auto p : {cluster::Policy::kFifoFirstFit, cluster::Policy::kBackfill,
+                   cluster::Policy::kTopoBackfill, cluster::Policy::kShoal})
       if (n == cluster::policy_name(p)) out.push_back(p), found = true;
     if (!found)
-      return invalid_argument("--policies: `{}` is not fifo-first-fit, backfill or shoal", n);
+      return invalid_argument(
+          "--policies: `{}` is not fifo-first-fit, backfill, backfill-topo or shoal", n);
   }
   return out;
 }

@@ -152,7 +152,7 @@ struct ClusterFlags {
   std::string pai;
   int jobs = 10000;
   cluster::SyntheticOptions synth;
-  std::vector<std::string> policies = {"fifo-first-fit", "backfill", "shoal"};
+  std::vector<std::string> policies = {"fifo-first-fit", "backfill", "backfill-topo", "shoal"};
   cluster::SimOptions sim;
   std::vector<std::string> job_files;
   std::string topology_conf;

@@ -14,6 +14,8 @@ const char* policy_name(Policy p) {
       return "fifo-first-fit";
     case Policy::kBackfill:
       return "backfill";
+    case Policy::kTopoBackfill:
+      return "backfill-topo";
     case Policy::kShoal:
       return "shoal";
   }
@@ -22,7 +24,7 @@ const char* policy_name(Policy p) {
 
 Engine::Engine(const Topology& t, const Trace& tr, Policy p, const SimOptions& o)
     : t_(t), tr_(tr), policy_(p), o_(o), s_(t), empty_(t), chips_(t.total_accels() > 0) {
-  place_.best_fit = p == Policy::kShoal;
+  place_.best_fit = p == Policy::kShoal || p == Policy::kTopoBackfill;
   place_.adjacency = p == Policy::kShoal || o.baseline_adjacency;
   jobs_.resize(tr.jobs.size());
   for (std::size_t j = 0; j < tr.jobs.size(); ++j) {
@@ -172,6 +174,7 @@ bool Engine::start(int j, const Placement& p) {
   if (tj.spec.links != LinkNeed::kNone) {
     ++r_.linked_jobs;
     r_.linked_adjacent += adjacent(t_, tj.spec, p);
+    r_.linked_never += jobs_[j].adjacent_never;
   }
   if (workers > 1) {
     slow_sum_ += slowdown(t_, tj.spec, p);
@@ -235,11 +238,17 @@ void Engine::arrive(int j) {
   const JobSpec& s = tr_.jobs[j].spec;
   // Only Shoal's policy starts an elastic job smaller than asked.
   const int least = policy_ == Policy::kShoal ? s.fewest_ranks() : s.ranks;
-  if (!place(empty_, s, least, place_)) {
-    ++r_.never_fit;  // bigger than the whole cluster: refused at submit
+  // Refused means bigger than the whole cluster, the same rule for every
+  // policy: links are not asked here. A ring that cannot be adjacent even
+  // on the empty cluster (chip links none) is placed without adjacency by
+  // a policy that keeps it (try_place).
+  if (!place(empty_, s, least, {.best_fit = false, .adjacency = false})) {
+    ++r_.never_fit;
     jobs_[j].done = true;
     return;
   }
+  jobs_[j].adjacent_never =
+      place_.adjacency && s.links != LinkNeed::kNone && !place(empty_, s, least, place_);
   enqueue(j);
 }
 
@@ -346,22 +355,39 @@ SimReport simulate(const Topology& t, const Trace& trace, Policy p, const SimOpt
 
 std::string format_reports(const std::vector<SimReport>& rs) {
   std::string out = fmt::format(
-      "{:<15} {:>6} {:>6} {:>6} {:>7} {:>7} {:>15} {:>9} {:>9} {:>9} {:>6} {:>6} {:>8} {:>9} {:>8} "
-      "{:>16} "
-      "{:>7}\n",
-      "policy", "jobs", "done", "refused", "util", "goodput", "waiting: util/good", "wait p50",
-      "wait p90", "wait p99", "frag", "jain", "partial", "adjacent", "slowdown", "shrink/kill/rest",
-      "wall s");
+      "{:<15} {:>6} {:>6} {:>7} {:>9} {:>7} {:>7} {:>15} {:>9} {:>9} {:>9} {:>6} {:>6} {:>8} "
+      "{:>9} {:>8} {:>16} {:>7}\n",
+      "policy", "jobs", "done", "refused", "makespan", "util", "goodput", "waiting: util/good",
+      "wait p50", "wait p90", "wait p99", "frag", "jain", "partial", "adjacent", "slowdown",
+      "shrink/kill/rest", "wall s");
   for (const SimReport& r : rs)
     out += fmt::format(
-        "{:<15} {:>6} {:>6} {:>6} {:>6.1f}% {:>6.1f}% {:>6.1f}%/{:>5.1f}% {:>8.0f}s {:>8.0f}s "
-        "{:>8.0f}s {:>6.2f} {:>6.3f} {:>8} "
-        "{:>4}/{:<4} {:>8.3f} {:>16} {:>7.3f}\n",
-        r.policy, r.jobs, r.finished, r.never_fit, 100 * r.utilization, 100 * r.goodput,
-        100 * r.backlog_utilization, 100 * r.backlog_goodput, r.wait_p50, r.wait_p90, r.wait_p99,
-        r.fragmentation, r.jain, r.partial_gangs + r.overcommits, r.linked_adjacent, r.linked_jobs,
-        r.mean_slowdown, fmt::format("{}/{}/{}", r.shrinks, r.kills, r.restarts), r.wall_s);
-  return out;
+        "{:<15} {:>6} {:>6} {:>7} {:>8.0f}s {:>6.1f}% {:>6.1f}% {:>6.1f}%/{:>5.1f}% {:>8.0f}s "
+        "{:>8.0f}s {:>8.0f}s {:>6.2f} {:>6.3f} {:>8} {:>4}/{:<4} {:>8.3f} {:>16} {:>7.3f}\n",
+        r.policy, r.jobs, r.finished, r.never_fit, r.makespan_s, 100 * r.utilization,
+        100 * r.goodput, 100 * r.backlog_utilization, 100 * r.backlog_goodput, r.wait_p50,
+        r.wait_p90, r.wait_p99, r.fragmentation, r.jain, r.partial_gangs + r.overcommits,
+        r.linked_adjacent, r.linked_jobs, r.mean_slowdown,
+        fmt::format("{}/{}/{}", r.shrinks, r.kills, r.restarts), r.wall_s);
+  return out + report_legend();
+}
+
+std::string report_legend() {
+  return "  refused: jobs larger than the whole cluster (links aside), the same rule for every "
+         "policy\n"
+         "  makespan: first submit to last end\n"
+         "  util, goodput: chips (CPUs on a chipless cluster) held, and held divided by the\n"
+         "    placement's slowdown (the work done), over the arrival window\n"
+         "  waiting: util/good: the same two while some job waits\n"
+         "  wait p50/p90/p99: submit to first start\n"
+         "  frag: time-weighted fragmentation of the free chips\n"
+         "  jain: time-weighted Jain index of the waiting queues' dominant shares (1 = fair)\n"
+         "  partial: gangs started short or resources overcommitted (must be 0)\n"
+         "  adjacent: ring/mesh jobs placed on linked chips / all ring/mesh jobs started\n"
+         "  slowdown: mean step time over the ideal placement's, multi-rank jobs\n"
+         "  shrink/kill/rest: elastic shrinks, preemptions back to a checkpoint, restarts after "
+         "failures\n"
+         "  wall s: the simulation's own run time\n";
 }
 
 }  // namespace shoal::cluster

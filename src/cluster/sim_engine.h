@@ -37,6 +37,7 @@ class Engine {
     double last = 0;       // when remaining was last brought up to date
     double run_start = 0, first_start = -1, planned_end = -1;
     int gen = 0, ranks = 0;
+    bool adjacent_never = false;  // its links cannot be had on this cluster
     Placement p;
   };
   using Key = std::tuple<int, double, int>;  // (−priority, submit, id)
@@ -69,6 +70,7 @@ class Engine {
   void pass_backfill(bool drf);
   int pick_queue(const std::vector<std::set<Key>::iterator>& it) const;
   std::optional<Placement> try_place(int j) const;
+  PlaceOptions options_for(int j) const;  // place_, without adjacency it can never have
   bool preempt_for(int j);
   void grow_elastic();
   struct Reservation {

@@ -20,17 +20,24 @@ void Engine::schedule() {
   if (policy_ == Policy::kShoal) grow_elastic();
 }
 
+PlaceOptions Engine::options_for(int j) const {
+  PlaceOptions po = place_;
+  po.adjacency = po.adjacency && !jobs_[j].adjacent_never;
+  return po;
+}
+
 std::optional<Placement> Engine::try_place(int j) const {
   const JobSpec& s = tr_.jobs[j].spec;
-  auto p = place(s_, s, s.ranks, place_);
+  const PlaceOptions po = options_for(j);
+  auto p = place(s_, s, s.ranks, po);
   if (p || s.kind == JobKind::kSync || policy_ != Policy::kShoal) return p;
   // Elastic: the most ranks that fit, at least its minimum.
   int lo = s.min_ranks, hi = s.ranks - 1;
-  auto best = place(s_, s, lo, place_);
+  auto best = place(s_, s, lo, po);
   if (!best) return best;
   while (lo < hi) {
     int mid = (lo + hi + 1) / 2;
-    if (auto q = place(s_, s, mid, place_)) {
+    if (auto q = place(s_, s, mid, po)) {
       best = q;
       lo = mid;
     } else {
@@ -187,7 +194,7 @@ bool Engine::preempt_for(int j) {
     trial.give(tr_.jobs[r].spec, jobs_[r].p.ranks);
     cuts.push_back({r, -1});
   }
-  if (!place(trial, h, h.ranks, place_)) return false;
+  if (!place(trial, h, h.ranks, options_for(j))) return false;
   for (const Cut& c : cuts) {
     if (c.drop > 0) {
       shrink(c.job, c.drop);

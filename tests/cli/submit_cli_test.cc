@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -180,6 +181,25 @@ TEST_F(Submit, PinGivesSlurmThePlacersNodes) {
   EXPECT_TRUE(has(r, "ended COMPLETED on n[1-2]")) << r.out;
 }
 
+// Issue 36's goal, replayed: the 6-job set through `shoal submit` finishes
+// no later than through plain sbatch (the ranks started the same way in
+// both, so only the placement differs), every ring job under one switch.
+// Makespans are ~20 s at scontrol's one-second resolution: the bound
+// allows one second of it (docs/BENCHMARKS.md has the measured ratios).
+TEST_F(Submit, TheSixJobSetFinishesNoLaterThanPlainSbatch) {
+  if (run_sh("python3 --version").code != 0) GTEST_SKIP() << "python3 is not installed";
+  Result r =
+      run_sh(fmt::format("timeout 400 python3 {}/bench/slurm_makespan.py --set six --shoal {}",
+                         SHOAL_SOURCE_DIR, SHOAL_BINARY));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "ring jobs across switches: 0")) << r.out;
+  const auto at = r.out.find("ratio shoal/sbatch ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const double ratio = std::atof(r.out.c_str() + at + 19);
+  EXPECT_LE(ratio, 1.06) << r.out;
+  EXPECT_GT(ratio, 0.3) << r.out;
+}
+
 TEST_F(Submit, ACancelledJobLeavesNothingBehind) {
   const std::string marker = "shoal_submit_cancel_" + std::to_string(getpid());
   Result r = shoal(submit(job("cancel", "ranks: 2\naccels_per_rank: 1\n"),
@@ -255,10 +275,32 @@ TEST(Simulate, ComparesThePoliciesOnOneTrace) {
     EXPECT_EQ(run_sh("ls " + dir.path()).out, "sim.png\n");
   }
   EXPECT_TRUE(has(r, "cluster: 64 nodes, 5 switches, 512 chips")) << r.out;
-  for (const char* p : {"fifo-first-fit", "backfill", "shoal"}) EXPECT_TRUE(has(r, p)) << r.out;
+  for (const char* p : {"fifo-first-fit", "backfill", "backfill-topo", "shoal"})
+    EXPECT_TRUE(has(r, p)) << r.out;
+  EXPECT_TRUE(has(r, "  makespan: first submit to last end")) << r.out;  // the legend
   Result bad = shoal("simulate --policies fifo,shoal");
   EXPECT_EQ(bad.code, 2);
-  EXPECT_TRUE(has(bad, "`fifo` is not fifo-first-fit, backfill or shoal")) << bad.out;
+  EXPECT_TRUE(has(bad, "`fifo` is not fifo-first-fit, backfill, backfill-topo or shoal"))
+      << bad.out;
+  // No chip links: every policy runs the same jobs (before: Shoal refused
+  // every ring job the others ran).
+  Result none = shoal("simulate --nodes 64 --per-switch 16 --jobs 2000 --chip-links none");
+  ASSERT_EQ(none.code, 0) << none.out;
+  std::istringstream rows(none.out);
+  std::string line;
+  int policies = 0;
+  while (std::getline(rows, line)) {
+    std::istringstream f(line);
+    std::string name, jobs, done, refused;
+    f >> name >> jobs >> done >> refused;
+    if (name != "fifo-first-fit" && name != "backfill" && name != "backfill-topo" &&
+        name != "shoal")
+      continue;
+    ++policies;
+    EXPECT_EQ(refused, "0") << line;
+    EXPECT_EQ(done, jobs) << line;
+  }
+  EXPECT_EQ(policies, 4) << none.out;
 }
 
 }  // namespace

@@ -55,8 +55,13 @@ Result<Trace> load_pai_trace(const std::string& path, int max_jobs);
 enum class Policy {
   kFifoFirstFit,  // one queue in submit order, head-of-line blocking, first fit
   kBackfill,      // Slurm-like: priority then submit order, EASY backfill, first fit
-  kShoal,         // fair share across queues (DRF), EASY backfill, best fit,
-                  // ring/mesh adjacency, elastic shrink before preemption
+  // As Slurm with topology/tree: EASY backfill, best-fit node, else the
+  // best-fit leaf switch (the one with the least room that holds the job),
+  // else the fewest switches; no chip adjacency. What Shoal is measured
+  // against.
+  kTopoBackfill,
+  kShoal,  // fair share across queues (DRF), EASY backfill, best fit,
+           // ring/mesh adjacency, elastic shrink before preemption
 };
 const char* policy_name(Policy p);
 
@@ -85,15 +90,17 @@ struct SimReport {
   int partial_gangs = 0;     // starts of a sync job with fewer ranks than asked: must be 0
   int overcommits = 0;       // refused takes: must be 0
   int linked_jobs = 0, linked_adjacent = 0;  // ring/mesh jobs, and those placed adjacent
-  double mean_slowdown = 1;                  // over multi-rank jobs
+  int linked_never = 0;      // of them, those whose links this cluster cannot give (run unlinked)
+  double mean_slowdown = 1;  // over multi-rank jobs
   int shrinks = 0, kills = 0, restarts = 0;
   double wall_s = 0;                     // the simulation's own run time
   std::vector<double> first_start, end;  // per job (−1: never)
 };
 
 SimReport simulate(const Topology& t, const Trace& trace, Policy p, const SimOptions& o);
-// A text table, one row per report.
+// A text table, one row per report, and the legend of its columns.
 std::string format_reports(const std::vector<SimReport>& r);
+std::string report_legend();
 // A PNG (gnuplot): utilization and goodput per policy, and each policy's
 // wait-time distribution over the trace's jobs.
 Status plot_reports(const std::vector<SimReport>& r, const Trace& trace, const std::string& png);
