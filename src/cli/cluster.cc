@@ -232,7 +232,7 @@ int run_submit(const ClusterFlags& f) {
     return 2;
   }
   if (s->rank_nodes.empty())
-    fmt::print("{}: does not fit now; Slurm queues it until it does\n", j->name);
+    fmt::print("{}: does not fit now ({}); Slurm queues it until it does\n", j->name, s->why);
   else if (f.pin)
     fmt::print("{}: placed on {}{}\n", j->name, fmt::join(s->rank_nodes, " "),
                s->one_switch ? " (one switch)" : "");
@@ -332,21 +332,22 @@ int run_place(const ClusterFlags& f) {
       SHOAL_LOG_ERROR("shoal place: {}", j.status().to_string());
       return 2;
     }
-    auto p = cluster::place(state, *j, j->ranks, {});
-    if (!p && !cluster::place(cluster::ClusterState(*t), *j, j->ranks, {})) {
+    const cluster::Fit fit = cluster::fit(state, *j);
+    if (!fit.ever) {
       fmt::print(
-          "{}: can never fit on this cluster, even empty ({} ranks × {} chips, links {}{})\n",
+          "{}: can never fit on this cluster, even empty ({} ranks × {} chips, links {}{}): {}\n",
           j->name, j->ranks, j->accels_per_rank, cluster::link_need_name(j->links),
           j->links == cluster::LinkNeed::kMesh
               ? fmt::format(" {}x{}: a mesh must fit in one node's mesh", j->mesh_w, j->mesh_h)
-              : "");
+              : "",
+          fit.why);
       ++unplaced;
       continue;
     }
+    const auto& p = fit.p;
     if (!p || !state.take(*j, p->ranks).ok()) {
-      fmt::print("{}: does not fit now ({} ranks × {} chips, links {}; free: {} chips, {} CPUs)\n",
-                 j->name, j->ranks, j->accels_per_rank, cluster::link_need_name(j->links),
-                 state.free_accels_total(), state.free_cpus_total());
+      fmt::print("{}: does not fit now ({} ranks × {} chips, links {}): {}\n", j->name, j->ranks,
+                 j->accels_per_rank, cluster::link_need_name(j->links), fit.why);
       ++unplaced;
       continue;
     }

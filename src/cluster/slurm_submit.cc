@@ -209,13 +209,6 @@ Result<int> wait_for_job(const std::string& id, double wait_s, std::string* fina
 
 }  // namespace
 
-template <typename F>
-auto largest(const Topology& t, F Node::*field) {
-  F most{};
-  for (const Node& n : t.nodes) most = std::max(most, n.*field);
-  return most;
-}
-
 Result<Submission> submit_slurm(const JobSpec& j, const SubmitOptions& o, const std::string& model,
                                 bool dry_run, bool wait, double wait_s) {
   std::string scontrol;
@@ -225,19 +218,20 @@ Result<Submission> submit_slurm(const JobSpec& j, const SubmitOptions& o, const 
   } else {
     SHOAL_ASSIGN_OR_RETURN(t, live_topology(scontrol, o.live_links));
   }
-  // A job that cannot fit even on the empty cluster is refused here; sbatch
-  // would queue it forever or refuse it later with less to say.
-  if (!place(ClusterState(t), j, j.ranks, {}))
-    return failed_precondition(
-        "job `{}` can never fit on this cluster, even empty ({} ranks x {} GPUs, {} CPUs, {} MB "
-        "each, links {}; the largest node has {} GPUs, {} CPUs, {} MB)",
-        j.name, j.ranks, j.accels_per_rank, j.cpus_per_rank, j.mem_mb_per_rank,
-        link_need_name(j.links), largest(t, &Node::accels), largest(t, &Node::cpus),
-        largest(t, &Node::mem_mb));
   ClusterState s(t);
   if (!scontrol.empty()) SHOAL_RETURN_IF_ERROR(occupy_from_scontrol(s, scontrol));
+  // A job that cannot fit even on the empty cluster is refused here; sbatch
+  // would queue it forever or refuse it later with less to say.
+  const Fit fit = cluster::fit(s, j);
+  if (!fit.ever)
+    return failed_precondition(
+        "job `{}` can never fit on this cluster, even empty ({} ranks x {} GPUs, {} CPUs, {} MB "
+        "each, links {}): {}",
+        j.name, j.ranks, j.accels_per_rank, j.cpus_per_rank, j.mem_mb_per_rank,
+        link_need_name(j.links), fit.why);
   Submission out;
-  std::optional<Placement> p = place(s, j, j.ranks, {});
+  out.why = fit.why;
+  const std::optional<Placement>& p = fit.p;
   if (p) {
     std::set<int> leaves;
     for (const RankSlot& r : p->ranks) {

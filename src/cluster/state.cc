@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include <bit>
 #include <map>
 
@@ -109,6 +111,65 @@ double ClusterState::fragmentation() const {
     if (!idle(static_cast<int>(n))) scattered += amount;
   }
   return total > 0 ? scattered / total : 0;
+}
+
+std::string why_not(const ClusterState& s, const JobSpec& j) {
+  const Topology& t = s.topology();
+  const int nodes = static_cast<int>(t.nodes.size());
+  // In the order a reader checks them; a node counts under its first.
+  const std::string reasons[] = {
+      "down", fmt::format("too few free CPUs (needs {})", j.cpus_per_rank),
+      fmt::format("too little free memory (needs {} MB)", j.mem_mb_per_rank),
+      fmt::format("too few free GPUs (needs {})", j.accels_per_rank)};
+  int count[4] = {0, 0, 0, 0}, takers = 0;
+  long room = 0;
+  for (int n = 0; n < nodes; ++n) {
+    const int cap = s.capacity(n, j);
+    if (cap > 0) {
+      ++takers;
+      room += cap;
+      continue;
+    }
+    const int r = !s.up(n)                               ? 0
+                  : s.free_cpus(n) < j.cpus_per_rank     ? 1
+                  : s.free_mem_mb(n) < j.mem_mb_per_rank ? 2
+                                                         : 3;
+    ++count[r];
+  }
+  std::string out = fmt::format("{}/{} nodes can take a rank", takers, nodes);
+  std::string sep = ": ";
+  for (int r = 0; r < 4; ++r)
+    if (count[r] > 0) {
+      out += fmt::format("{}{} {}", sep, count[r], reasons[r]);
+      sep = ", ";
+    }
+  const int want = j.ranks + j.servers;
+  if (room < want) return out + fmt::format("; room for {} of {} ranks", room, want);
+  // Room enough, in the wrong shape: what the links ask for.
+  switch (j.links) {
+    case LinkNeed::kRing:
+      return out + fmt::format(
+                       "; room for all {} ranks, but not as a ring: {} linked chips in one "
+                       "node, or whole nodes of one switch",
+                       want, j.total_accels());
+    case LinkNeed::kMesh:
+      return out +
+             fmt::format("; room for all {} ranks, but no free {}x{} block of one node's mesh",
+                         want, j.mesh_w, j.mesh_h);
+    case LinkNeed::kNone:
+      break;
+  }
+  return out + fmt::format("; room for all {} ranks, but not in one placement", want);
+}
+
+Fit fit(const ClusterState& now, const JobSpec& j) {
+  Fit f;
+  f.p = place(now, j, j.ranks, {});
+  if (f.p) return f;
+  const ClusterState empty(now.topology());
+  f.ever = place(empty, j, j.ranks, {}).has_value();
+  f.why = why_not(f.ever ? now : empty, j);
+  return f;
 }
 
 }  // namespace shoal::cluster

@@ -152,6 +152,33 @@ TEST(Placer, NeverPartNeverOvercommittedAlwaysAdjacent) {
   EXPECT_GT(rings, 50);
 }
 
+// Why a job does not fit, counted per node (each under its first
+// reason), and the verdict the CLI and the engines share: now, not now,
+// never.
+TEST(Placer, SaysWhyAJobDoesNotFit) {
+  Topology t = generate_topology(4, 2, 4, 8000, 4, ChipLinks::kRing);
+  ClusterState s(t);
+  s.set_up(0, false);
+  JobSpec hog = job("hog", 1, 0);
+  hog.cpus_per_rank = 4;
+  ASSERT_TRUE(s.take(hog, {{1, 0}}).ok());
+  ASSERT_TRUE(s.take(job("three", 1, 3), {{2, 0b0111}}).ok());
+  Fit now = fit(s, job("two", 2, 2));
+  EXPECT_TRUE(now.p.has_value());  // node 3 holds both
+  Fit later = fit(s, job("three", 3, 2));
+  EXPECT_FALSE(later.p);
+  EXPECT_TRUE(later.ever);
+  EXPECT_EQ(later.why,
+            "1/4 nodes can take a rank: 1 down, 1 too few free CPUs (needs 1), 1 too few free "
+            "GPUs (needs 2); room for 2 of 3 ranks");
+  // 12 linked chips: 3 whole nodes of one switch, and the switches hold 2.
+  Fit never = fit(s, job("ring", 3, 4, LinkNeed::kRing));
+  EXPECT_FALSE(never.ever);
+  EXPECT_EQ(never.why,
+            "4/4 nodes can take a rank; room for all 3 ranks, but not as a ring: 12 linked chips "
+            "in one node, or whole nodes of one switch");
+}
+
 TEST(Placer, TakeRefusesWhatIsNotFree) {
   Topology t = generate_topology(2, 2, 4, 8000, 4, ChipLinks::kRing);
   ClusterState s(t);

@@ -71,6 +71,22 @@ struct PlaceOptions {
 // job); std::nullopt when they cannot all be placed now.
 std::optional<Placement> place(const ClusterState& s, const JobSpec& j, int ranks,
                                const PlaceOptions& o);
+// Why j does not fit on `s`, counted per node as Volcano's FitErrors are:
+// each node's first reason not to take one more rank, then what is left
+// when the nodes have room but not in the shape the job's links need:
+// "0/64 nodes can take a rank: 40 too few free GPUs (needs 4), 24 down".
+std::string why_not(const ClusterState& s, const JobSpec& j);
+
+// One verdict, for the CLI and the engines: placed now, or not now (and
+// why), or never, not even on the empty cluster (and why). The empty
+// cluster is tried only when `now` fails.
+struct Fit {
+  std::optional<Placement> p;  // set when it fits now
+  bool ever = true;            // false: it cannot fit even on the empty cluster
+  std::string why;             // when it does not fit: why_not, now or on the empty cluster
+};
+Fit fit(const ClusterState& now, const JobSpec& j);
+
 // Whether the placement gives j the chip links it asked for.
 bool adjacent(const Topology& t, const JobSpec& j, const Placement& p);
 // α-β seconds of j's ring all-reduce (2(k−1) steps of S/k bytes, each

@@ -50,6 +50,7 @@ Result<CommandResult> run_command(const std::vector<std::string>& argv, double t
 struct Submission {
   std::string script_path, script;
   std::vector<std::string> rank_nodes;  // the placer's node per rank; none: queued until it fits
+  std::string why;                      // when it does not fit now: cluster::why_not
   bool one_switch = false;
   std::string job_id;  // empty on a dry run
   int exit_code = 0;   // with `wait`: the job's
