@@ -151,7 +151,11 @@ Result<Trace> load_pai_trace(const std::string& path, int max_jobs) {
     }
   }
   Trace tr;
+  // A job whose tasks start and end in the same second took no time: it is
+  // left out of the simulation, and said so by name (before: silently).
+  std::vector<std::string> instant;
   for (const auto& [name, pj] : jobs) {
+    if (pj.ok && pj.ranks > 0 && pj.end == pj.start) instant.push_back(name);
     if (!pj.ok || pj.ranks == 0 || pj.end <= pj.start) continue;
     TraceJob tj;
     tj.spec.name = name;
@@ -177,8 +181,15 @@ Result<Trace> load_pai_trace(const std::string& path, int max_jobs) {
     double t0 = tr.jobs.front().submit;
     for (TraceJob& tj : tr.jobs) tj.submit -= t0;
   }
-  tr.source = fmt::format("{}: {} jobs ({} rows skipped: not Terminated or incomplete)", path,
+  tr.source = fmt::format("{}: {} jobs ({} rows skipped: not Terminated or incomplete", path,
                           tr.jobs.size(), skipped);
+  if (!instant.empty())
+    tr.source +=
+        fmt::format("; {} jobs of zero duration left out: {}{}", instant.size(),
+                    fmt::join(instant.begin(),
+                              instant.begin() + std::min<std::size_t>(instant.size(), 3), ", "),
+                    instant.size() > 3 ? ", ..." : "");
+  tr.source += ")";
   return tr;
 }
 

@@ -188,7 +188,8 @@ TEST(PaiTrace, LoadsJobsFromTaskRows) {
                          "jobA,ps,2.0,Terminated,1000.0,1600.0,400.0,10.0,,V100\n"
                          "jobB,tensorflow,1.0,Terminated,900.0,950.0,200.0,4.0,50.0,T4\n"
                          "jobC,worker,2.0,Failed,800.0,900.0,100.0,1.0,100.0,P100\n"
-                         "jobD,worker,1.0,Terminated,1200.0,,100.0,1.0,100.0,T4\n";
+                         "jobD,worker,1.0,Terminated,1200.0,,100.0,1.0,100.0,T4\n"
+                         "jobZ,worker,1.0,Terminated,1300.0,1300.0,100.0,1.0,100.0,T4\n";
   auto tr = load_pai_trace(path, 0);
   ASSERT_TRUE(tr.ok()) << tr.status().to_string();
   ASSERT_EQ(tr->jobs.size(), 2u);   // C failed, D has no end: skipped
@@ -204,6 +205,9 @@ TEST(PaiTrace, LoadsJobsFromTaskRows) {
   EXPECT_EQ(a.spec.servers, 2);
   EXPECT_DOUBLE_EQ(a.submit, 100);
   EXPECT_NE(tr->source.find("2 rows skipped"), std::string::npos) << tr->source;
+  // Zero duration: left out, by name.
+  EXPECT_NE(tr->source.find("1 jobs of zero duration left out: jobZ"), std::string::npos)
+      << tr->source;
   Topology t = generate_topology(4, 4, 16, 128000, 8, ChipLinks::kNone);
   SimReport r = simulate(t, *tr, Policy::kShoal, {});
   expect_sound(r);
@@ -211,7 +215,7 @@ TEST(PaiTrace, LoadsJobsFromTaskRows) {
   std::ofstream(path, std::ios::app) << "jobE,worker,1.0,Terminated\n";
   auto bad = load_pai_trace(path, 0);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("pai_task_table.csv:6: 4 columns, a pai_task_table row "
+  EXPECT_NE(bad.status().message().find("pai_task_table.csv:7: 4 columns, a pai_task_table row "
                                         "has 10"),
             std::string::npos)
       << bad.status().message();
