@@ -40,7 +40,7 @@ void emit(YAML::Emitter& e, const json& v) {
 }
 
 // What `ranks` ranks of the job need together. Memory in "M" (10^6
-// bytes), the unit of the spec's mem_mb_per_rank; "Mi" would ask 5% more.
+// bytes), the unit of the spec's mem_mb_per_rank; "Mi" asked about 5% more.
 json quantities(const JobSpec& j, int ranks) {
   json r = json::object();
   if (j.cpus_per_rank > 0) r["cpu"] = std::to_string(j.cpus_per_rank * ranks);
@@ -196,11 +196,12 @@ std::vector<json> pytorch_job(const Topology* t, const JobSpec& j,
 
 std::vector<json> mpi_job(const Topology* t, const JobSpec& j, const std::optional<Placement>& p,
                           const K8sOptions& o) {
-  // mpirun says where no rank runs (docs/launch.md), so it is told: rank 0
-  // is on the first worker (the operator's hostfile lists the workers in
-  // order, one slot each) and serves the store there, under the name the
-  // operator's headless Service <job>-worker gives that pod. The job token
-  // goes with it; a process sshd starts sees none of its pod's environment.
+  // mpirun does not say where rank 0 runs (docs/launch.md), so the launch
+  // line does: rank 0 is on the first worker (the operator's hostfile lists
+  // the workers in order, one slot each) and serves the store there, under
+  // the name the operator's headless Service <job>-worker gives that pod.
+  // The job token goes with it: a process sshd starts sees none of its
+  // pod's environment.
   std::vector<std::string> launch = {"mpirun",
                                      "-n",
                                      std::to_string(j.ranks),
