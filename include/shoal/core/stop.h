@@ -9,7 +9,8 @@ namespace shoal {
 
 // Installs SIGINT and SIGTERM handlers that record the signal; a second
 // one ends the process at once with the default action (a user pressing
-// Ctrl-C twice means now).
+// Ctrl-C twice means now). The handler runs on a thread of its own: the
+// caller, and every thread it starts afterwards, blocks the two signals.
 void catch_stop_signals();
 
 // The signal that asked to stop (SIGINT, SIGTERM), or 0.
