@@ -40,8 +40,8 @@ int gpus_in_use(const std::string& gres_used, const std::string& tres) {
       const std::size_t end = std::min(paren, comma);
       const std::size_t colon = gres_used.rfind(':', end);
       if (colon != std::string::npos && colon >= at) n += std::atoi(gres_used.c_str() + colon + 1);
-      at = comma == std::string::npos ? std::string::npos : comma;
-      if (at == std::string::npos) break;
+      if (comma == std::string::npos) break;
+      at = comma;
     }
     return n;
   }
@@ -233,13 +233,14 @@ Result<Submission> submit_slurm(const JobSpec& j, const SubmitOptions& o, const 
   out.why = fit.why;
   const std::optional<Placement>& p = fit.p;
   if (p) {
-    std::set<int> leaves;
+    std::set<int> leaves, nodes;
     for (const RankSlot& r : p->ranks) {
       out.rank_nodes.push_back(t.nodes[r.node].name);
       leaves.insert(t.nodes[r.node].leaf);
+      nodes.insert(r.node);
     }
-    out.one_switch = leaves.size() == 1 &&
-                     std::set<std::string>(out.rank_nodes.begin(), out.rank_nodes.end()).size() > 1;
+    out.one_switch =
+        leaves.size() == 1 && nodes.size() > 1;  // "one switch" says nothing of one node
   }
   std::error_code ec;
   std::filesystem::create_directories(o.dir, ec);

@@ -203,7 +203,8 @@ Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o) {
   }
   SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(where, "SHOAL_STORE"));
   if (serve && e.rank == 0) {
-    auto s = net::TcpStoreServer::start(net::listen_address_for(hp.first), hp.second, o.token);
+    const std::string bind = net::listen_address_for(hp.first);
+    auto s = net::TcpStoreServer::start(bind, hp.second, o.token);
     if (!s.ok())
       return s.status().with_context(
           fmt::format("rank 0 serving the store at {}{}", where,
@@ -211,8 +212,7 @@ Result<Rendezvous> open_rendezvous(const LaunchEnv& e, CommOptions& o) {
     rv.server = std::move(s).value();
     if (!where_derived)
       SHOAL_LOG_INFO("rank 0 serves the store at {} (bound to {})", where,
-                     net::listen_address_for(hp.first).empty() ? std::string("loopback")
-                                                               : net::listen_address_for(hp.first));
+                     bind.empty() ? std::string("loopback") : bind);
   }
   SHOAL_ASSIGN_OR_RETURN(rv.store, connect_with_retries(where, [&] {
                            return net::TcpStore::connect(hp.first, hp.second,

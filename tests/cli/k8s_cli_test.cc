@@ -138,6 +138,11 @@ TEST_F(K8s, AnElasticJobsManifestsTolerateWhatItCanLose) {
   EXPECT_EQ(v.code, 0) << v.out;
 }
 
+// The pod scripts exit 77 when they cannot bind-mount /etc/hosts.
+#define SKIP_WITHOUT_MOUNT_NAMESPACE(r)             \
+  if ((r).code == 77 || has((r), "unshare failed")) \
+  GTEST_SKIP() << "no private mount namespace here (unshare --mount needs root): " << (r).out
+
 // Two "pods", each with only the environment its manifest (or its
 // operator) gives it, the Service's names on loopback in a private mount
 // namespace.
@@ -181,8 +186,7 @@ Result pods(const std::string& dir, const Pods& o) {
 
 TEST_F(K8s, PodsMeetThroughTheHeadlessServiceWhenTheMasterIsLate) {
   Result r = pods(dir_.path(), {.late = 3, .steps = 30});
-  if (r.code == 77 || has(r, "unshare failed"))
-    GTEST_SKIP() << "no private mount namespace here (unshare --mount needs root): " << r.out;
+  SKIP_WITHOUT_MOUNT_NAMESPACE(r);
   EXPECT_TRUE(has(r, "pod0-exit=0 pod1-exit=0")) << r.out;
   EXPECT_TRUE(has(r, "waiting for the store at gang-0.gang:")) << r.out;
   EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
@@ -194,8 +198,7 @@ TEST_F(K8s, PodsMeetThroughTheHeadlessServiceWhenTheMasterIsLate) {
 // name within SHOAL_STORE_WAIT instead of failing the Job at once.
 TEST_F(K8s, PodsWaitForTheServiceRecordToResolve) {
   Result r = pods(dir_.path(), {.dns_late = 4});
-  if (r.code == 77 || has(r, "unshare failed"))
-    GTEST_SKIP() << "no private mount namespace here (unshare --mount needs root): " << r.out;
+  SKIP_WITHOUT_MOUNT_NAMESPACE(r);
   EXPECT_TRUE(has(r, "pod0-exit=0 pod1-exit=0")) << r.out;
   EXPECT_TRUE(has(r, "(the name does not resolve)")) << r.out;
   EXPECT_FALSE(has(r, "port in use")) << r.out;
@@ -206,16 +209,14 @@ TEST_F(K8s, PodsWaitForTheServiceRecordToResolve) {
 // the rank.
 TEST_F(K8s, TheCompletionIndexAloneIsTheRank) {
   Result r = pods(dir_.path(), {.rank = false});
-  if (r.code == 77 || has(r, "unshare failed"))
-    GTEST_SKIP() << "no private mount namespace here (unshare --mount needs root): " << r.out;
+  SKIP_WITHOUT_MOUNT_NAMESPACE(r);
   EXPECT_TRUE(has(r, "pod0-exit=0 pod1-exit=0")) << r.out;
   EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
 }
 
 TEST_F(K8s, AKilledPodStopsItsPeerWithItsName) {
   Result r = pods(dir_.path(), {.kill_after = 6, .steps = 100000});
-  if (r.code == 77 || has(r, "unshare failed"))
-    GTEST_SKIP() << "no private mount namespace here (unshare --mount needs root): " << r.out;
+  SKIP_WITHOUT_MOUNT_NAMESPACE(r);
   EXPECT_TRUE(has(r, "pod1-exit=137")) << r.out;
   EXPECT_FALSE(has(r, "pod0-exit=0")) << r.out;
   // Its address: the route to the store's name (127.0.0.1 in these pods' /etc/hosts,
@@ -233,8 +234,7 @@ TEST_F(K8s, PyTorchJobPodsTrainWithTheOperatorsEnvironment) {
   ASSERT_EQ(m.code, 0) << m.out;
   EXPECT_TRUE(has(m, "name: \"pytorchjob-port\"")) << m.out;
   Result r = pods(dir_.path(), {.master = "gang-master-0", .names = "gang-master-0 gang-worker-0"});
-  if (r.code == 77 || has(r, "unshare failed"))
-    GTEST_SKIP() << "no private mount namespace here (unshare --mount needs root): " << r.out;
+  SKIP_WITHOUT_MOUNT_NAMESPACE(r);
   EXPECT_TRUE(has(r, "pod0-exit=0 pod1-exit=0")) << r.out;
   EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
 }
@@ -276,8 +276,7 @@ TEST_F(K8s, MpiJobLauncherCommandTrainsUnderOpenMpi) {
       << "/bin/mpirun\n"
       << "env -i PATH=" << d << "/bin:/usr/bin:/bin HOME=" << d << " " << cmd.out;
   Result r = run_sh("timeout 180 unshare --mount sh " + d + "/launcher.sh 2>&1");
-  if (r.code == 77 || has(r, "unshare failed"))
-    GTEST_SKIP() << "no private mount namespace here (unshare --mount needs root): " << r.out;
+  SKIP_WITHOUT_MOUNT_NAMESPACE(r);
   EXPECT_EQ(r.code, 0) << r.out;
   // On one host OpenMPI's ranks could derive a store; across pods they
   // cannot, so the test holds them to the one the manifest names.
