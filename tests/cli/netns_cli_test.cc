@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 #include <string>
 
 #include "cli/cli_results.h"
@@ -293,11 +294,15 @@ TEST_F(NetnsCluster, AHostWhoseLinkGoesDownIsNamedWithinTheHeartbeatDeadline) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(run.code, 0);
   EXPECT_LT(took, 3 + 5 + 4) << run.out;  // down at 3 s, a 5 s deadline, ticks and exits
-  EXPECT_NE(run.out.find("stopping: rank 2 (pid "), std::string::npos) << run.out;
-  EXPECT_NE(run.out.find(" on h2) sent no heartbeat"), std::string::npos) << run.out;
-  EXPECT_NE(run.out.find("the job's store at 198.18.1.1:29500 (served by rank 0) answered no "
-                         "heartbeat of rank 3"),
-            std::string::npos)
+  // Which of h2's two ranks is named first, and which of them notices the
+  // store rather than its host peer's exit, is a race; that one of each is
+  // named is not.
+  EXPECT_TRUE(std::regex_search(
+      run.out, std::regex(R"(stopping: rank [23] \(pid \d+ on h2\) sent no heartbeat)")))
+      << run.out;
+  EXPECT_TRUE(std::regex_search(
+      run.out, std::regex(R"(the job's store at 198\.18\.1\.1:29500 \(served by rank 0\) )"
+                          R"(answered no heartbeat of rank [23])")))
       << run.out;
 }
 
