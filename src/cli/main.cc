@@ -30,6 +30,7 @@ struct Cli {
   shoal::launch::LaunchOptions launch;
   std::string ps_roles;    // shoal run --ps S,W
   std::string ps_elastic;  // shoal run --ps-elastic MIN:MAX
+  std::string elastic;     // shoal run --elastic MIN[:MAX]
   CLI::App* run_rank = nullptr;
   std::vector<std::string> run_rank_cmd;
   CLI::App* bench = nullptr;
@@ -77,6 +78,10 @@ struct Cli {
                     "An async or bounded PS job whose workers come and go: MIN:MAX, a failed "
                     "worker is replaced while fewer than MIN train, and `shoal ps join --job "
                     "<ps dir>` adds workers up to MAX");
+    run->add_option("--elastic", elastic,
+                    "Data parallelism that survives its ranks: MIN[:MAX], a rank that dies, "
+                    "freezes or is cut off leaves and the others train on in-process (same "
+                    "global batch, no checkpoint read) while at least MIN remain");
     run->add_option("--engine", launch.engine,
                     "local (fork here), mpirun (OpenMPI) or srun (a Slurm job step)")
         ->check(CLI::IsMember({"local", "mpirun", "srun"}))
@@ -234,6 +239,17 @@ int main(int argc, char** argv) {
     } else if (cli->run->count("-n") == 0) {
       fmt::print(stderr, "shoal run: give -n N (ranks) or --ps S,W (a parameter-server job)\n");
       return 2;
+    }
+    if (!cli->elastic.empty()) {
+      char colon = 0, extra = 0;
+      const int got = std::sscanf(cli->elastic.c_str(), "%d%c%d%c", &l.elastic_min, &colon,
+                                  &l.elastic_max, &extra);
+      if (!(got == 1 || (got == 3 && colon == ':')) || l.elastic_min < 1) {
+        fmt::print(stderr, "shoal run: --elastic {}: expected MIN or MIN:MAX, e.g. --elastic 2\n",
+                   cli->elastic);
+        return 2;
+      }
+      if (got == 1) l.elastic_max = l.ranks;
     }
     return shoal::launch::launch(l);
   }

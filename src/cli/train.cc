@@ -15,6 +15,7 @@
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
 #include "shoal/core/stop.h"
+#include "shoal/dist/elastic.h"
 #include "shoal/dist/job.h"
 #include "shoal/dp/data_parallel.h"
 #include "shoal/train/model.h"
@@ -327,9 +328,9 @@ TrainCommand add_train_command(CLI::App& app) {
   return c;
 }
 
-int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flags_yaml) {
-  // Several ranks in the environment (shoal run, mpirun, srun, torchrun),
-  // or a parameter-server job's variables: join them.
+namespace {
+
+dist::JoinOptions join_options(const DistFlags& d) {
   dist::JoinOptions jo;
   jo.dist = d.dist;
   jo.dp.wire = *parse_dtype(d.wire);
@@ -350,16 +351,31 @@ int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flag
   jo.staleness = d.staleness;
   jo.ps_compress = d.ps_compress;
   jo.ps_stale_lr = d.ps_stale_lr;
+  return jo;
+}
+
+// How one generation of training ended: the exit code, and for an elastic
+// job the step's error and the state kept at the last step boundary.
+struct Ended {
+  int code = 0;
+  Status failed;
+  std::shared_ptr<const train::CheckpointState> committed;
+};
+
+// Several ranks in the environment (shoal run, mpirun, srun, torchrun),
+// or a parameter-server job's variables: join them, and train.
+Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo,
+                 const std::string& flags_yaml) {
   auto job = dist::Job::join(o, jo);
   if (!job.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", job.status().to_string());
-    return 2;
+    return {2, ok_status(), nullptr};
   }
   const bool ps_job = (*job)->parameter_server();
   auto t = train::Trainer::create(o);
   if (!t.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", t.status().to_string());
-    return 2;
+    return {2, ok_status(), nullptr};
   }
   auto& tr = **t;
   if (o.rank == 0 && !flags_yaml.empty()) {
@@ -392,9 +408,10 @@ int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flag
   Status st = tr.run();
   if (!st.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
-    return 1;
+    return {1, st, tr.committed()};
   }
-  if (tr.stopped_by() != 0) return 128 + tr.stopped_by();  // as a shell reports the signal
+  if (tr.stopped_by() != 0)
+    return {128 + tr.stopped_by(), ok_status(), nullptr};  // as a shell reports the signal
   // What the rank held at most, as the kernel counts it (ZeRO's stages
   // are judged by it, not by the planner's figures).
   rusage ru{};
@@ -419,7 +436,66 @@ int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flag
       fmt::print("final: test accuracy {:.2f}% after {}, {:.0f} img/s, {:.1f} s\n",
                  100 * last.test_acc, when, last.images_per_s, secs);
   }
-  return 0;
+  return {0, ok_status(), nullptr};
+}
+
+// A step that failed because a peer is gone (died, froze, cut off): what
+// an elastic job's survivors go on from. Other errors end the rank.
+bool peer_lost(const Status& st) {
+  return st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kAborted ||
+         st.code() == StatusCode::kDeadlineExceeded;
+}
+
+// `shoal run --elastic MIN`: generations of one job (dist/elastic.h). Each
+// trains until done or until a peer is lost; then this rank checks in with
+// the state it kept and continues in the next generation, which trains on
+// the same global batch.
+int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std::string& flags_yaml,
+                  dist::ElasticEnv el) {
+  if (Status st = dist::check_elastic(el, jo, o.batch); !st.ok()) {
+    SHOAL_LOG_ERROR("shoal train: {}", st.message());
+    return 2;
+  }
+  el.global_batch = o.batch * el.world;
+  std::shared_ptr<const train::CheckpointState> carry;
+  std::string note;
+  for (int lost = 0;; ++lost) {
+    train::TrainOptions g = o;
+    g.commit = true;
+    g.batch = el.global_batch / el.world;
+    g.resume_state = carry;
+    g.resume = o.resume || carry != nullptr;
+    g.metrics_note = note;
+    Ended end = train_once(g, jo, flags_yaml);
+    if (end.code == 0 || end.failed.ok() || !peer_lost(end.failed)) return end.code;
+    if (!end.committed) return end.code;  // failed before its first step: nothing to carry
+    const std::int64_t step = end.committed->get_int("step", 0);
+    SHOAL_LOG_WARN(
+        "generation {} lost a peer; going on from the state after step {} (a step in flight "
+        "is trained again)",
+        el.generation, step);
+    // How long the launcher may take: its settling time and a margin.
+    auto next = dist::next_generation(el, step, 60);
+    if (!next.ok()) {
+      SHOAL_LOG_ERROR("shoal train: {}", next.status().message());
+      return 1;
+    }
+    note = *next;
+    carry = end.committed;
+  }
+}
+
+}  // namespace
+
+int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flags_yaml) {
+  const dist::JoinOptions jo = join_options(d);
+  auto el = dist::elastic_env();
+  if (!el.ok()) {
+    SHOAL_LOG_ERROR("shoal train: {}", el.status().message());
+    return 2;
+  }
+  if (*el) return train_elastic(std::move(o), jo, flags_yaml, **el);
+  return train_once(std::move(o), jo, flags_yaml).code;
 }
 
 }  // namespace shoal::cli

@@ -78,6 +78,8 @@ Result<CommOptions> CommOptions::from_env() {
     o.allreduce = *alg;
   }
   if (auto t = env::get("SHOAL_JOB_TOKEN")) o.token = *t;
+  // An elastic job's generation keeps its keys apart from the ones before.
+  if (auto p = env::get("SHOAL_COMM_PREFIX"); p && !p->empty()) o.prefix = *p;
   if (auto h = env::get("SHOAL_IFACE_ADDR")) {
     o.host = *h;
     o.iface = "SHOAL_IFACE_ADDR";
@@ -175,11 +177,23 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env() {
     // Heartbeats on a store connection of their own: a frozen rank is named
     // within SHOAL_HEARTBEAT seconds, whatever a collective may wait.
     SHOAL_ASSIGN_OR_RETURN(auto hb_store, rv.connect_again());
+    // In an elastic job (dist/elastic.h) a silent rank ends the step in
+    // flight, not the process: the survivors go on without it.
+    std::function<void(const std::string&)> stop;
+    if (env::get("SHOAL_ELASTIC"))
+      stop = [p = c.get()](const std::string& why) {
+        SHOAL_LOG_WARN("ending the step in flight: {}", why);
+        p->cut();
+      };
     SHOAL_ASSIGN_OR_RETURN(
         c->watchdog_, Watchdog::start(std::move(hb_store),
-                                      {e.rank, e.world, c->o_.prefix, deadline, rv.where, {}}));
+                                      {e.rank, e.world, c->o_.prefix, deadline, rv.where, stop}));
   }
   return c;
+}
+
+void Communicator::cut() {
+  if (mesh_) mesh_->cut();
 }
 
 Communicator::~Communicator() {

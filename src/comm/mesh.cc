@@ -34,6 +34,11 @@ void Mesh::abort_peers(const Status& why) {
   }
 }
 
+void Mesh::cut() {
+  for (auto& p : peers_)
+    if (p.valid()) ::shutdown(p.fd(), SHUT_RDWR);
+}
+
 // The text of an abort frame whose header has been read, from where the
 // header came: the peer's shared-memory ring or its socket (bounded: 1 MiB).
 std::string Mesh::abort_message(int peer, std::uint64_t length, bool from_ring, Deadline dl) {

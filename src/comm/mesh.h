@@ -114,6 +114,10 @@ class Mesh {
                       const char* what);
   // Tells every peer why this rank gave up (an abort frame, best effort).
   void abort_peers(const Status& why);
+  // Shuts every peer connection down from another thread: a call waiting
+  // in exchange() sees its peers close and fails at once (an elastic job's
+  // watchdog ends the step in flight this way instead of exiting).
+  void cut();
 
   // MPICH's fold for non-powers of two (recursive doubling and halving-
   // doubling): see mesh.cc.

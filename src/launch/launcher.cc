@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "launch/elastic_coordinator.h"
 #include "launch/output.h"
 #include "launch/process.h"
 #include "shoal/core/cpus.h"
@@ -59,10 +60,29 @@ Status validate(const LaunchOptions& o) {
     return invalid_argument(
         "--ps does not take --max-restarts (a dead server restarts from its snapshot: "
         "--ps-snapshot-every; async workers come and go: --ps-elastic)");
+  if (o.elastic_min != 0) {
+    if (o.elastic_min < 1 || o.elastic_min > o.ranks)
+      return invalid_argument("--elastic {}: MIN must be in [1, {}] (-n)", o.elastic_min, o.ranks);
+    if (o.elastic_max > o.ranks)
+      return invalid_argument(
+          "--elastic {}:{}: ranks joining beyond -n {} are not built yet (MAX must be <= -n)",
+          o.elastic_min, o.elastic_max, o.ranks);
+    if (o.engine != "local" || o.ps_servers > 0 || o.max_restarts > 0)
+      return invalid_argument(
+          "--elastic keeps a job of local ranks (--engine local) going without restarts: it "
+          "takes no --engine {}, --ps or --max-restarts",
+          o.engine);
+  }
   return ok_status();
 }
 
 namespace {
+
+// --elastic: how long the launcher waits, once a rank checked in or died,
+// for the others still running to check in before it kills them as hung.
+// Survivors of a death check in within a step; those of a frozen peer
+// within a heartbeat tick of its naming.
+constexpr double kElasticSettleSeconds = 5;
 
 struct Outcome {
   int code = 0;
@@ -114,6 +134,21 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   // --bind layout: each `shoal train` rank binds itself once it knows its
   // place in the layout (dist/layout_binding.h).
   if (o.bind == "layout") env.emplace_back("SHOAL_BIND", "layout");
+  std::unique_ptr<ElasticCoordinator> elastic;
+  if (o.elastic_min > 0) {
+    env.emplace_back("SHOAL_ELASTIC", std::to_string(o.elastic_min));
+    auto client = net::TcpStore::connect((*store)->host(), (*store)->port(),
+                                         Deadline::after_seconds(10), token);
+    auto c = client.ok() ? ElasticCoordinator::start(std::move(client).value(), o.ranks,
+                                                     o.elastic_min, kElasticSettleSeconds)
+                         : client.status();
+    if (!c.ok()) {
+      fmt::print(stderr, "shoal run: --elastic: {}\n", c.status().message());
+      oc.code = 2;
+      return oc;
+    }
+    elastic = std::move(c).value();
+  }
 
   std::vector<Proc> procs;
   Output output(o.ranks, o.engine);
@@ -228,13 +263,21 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
         p.status = st;
         kill(-p.pid, SIGKILL);  // anything it left in its group
         bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-        if (!ok && failed < 0 && !stopping) {
+        if (!ok && failed < 0 && !stopping && !elastic) {
           failed = static_cast<int>(i);
           begin_stop(per_rank ? fmt::format("rank {} {}", i, describe(st))
                               : fmt::format("{} {}", o.engine, describe(st)));
         }
       } else {
         ++alive;
+      }
+    }
+    if (elastic && !stopping) {
+      std::string stop;
+      for (const auto& line : elastic->tick(procs, &stop)) fmt::print(stderr, "{}\n", line);
+      if (!stop.empty()) {
+        if (!elastic->lost().empty()) failed = elastic->lost().begin()->first;
+        begin_stop(stop);
       }
     }
     if (!stopping && o.timeout_s > 0 &&
@@ -244,6 +287,22 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
     if (alive == 0) break;
   }
   for (std::size_t i = 0; i < procs.size(); ++i) drain(static_cast<int>(i), procs[i], output, true);
+  if (elastic && why.empty()) {
+    // The job ran to its end on the ranks that remained: their result is
+    // its result, and the lost ranks are named.
+    for (std::size_t i = 0; i < procs.size(); ++i)
+      if (!elastic->left(static_cast<int>(i)) && exit_code_of(procs[i].status) != 0)
+        oc.code = exit_code_of(procs[i].status);
+    if (!elastic->lost().empty()) {
+      std::string lost;
+      for (const auto& [id, w] : elastic->lost())
+        lost += fmt::format("{}rank {} {}", lost.empty() ? "" : "; ", id, w);
+      fmt::print(stderr, "shoal run: the job ran on {} of {} ranks after generation {}; lost: {}\n",
+                 o.ranks - static_cast<int>(elastic->lost().size()), o.ranks, elastic->generation(),
+                 lost);
+    }
+    return oc;
+  }
   if (why.empty()) return oc;
 
   // The report.

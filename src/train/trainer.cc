@@ -109,7 +109,8 @@ Status Trainer::init(const TrainOptions& o) {
   } else {
     dir_ = o.out;
   }
-  if (!o.resume && o.checkpoints && o.rank == 0 && !checkpoint_dir().list().empty())
+  if (!o.resume && !o.resume_state && o.checkpoints && o.rank == 0 &&
+      !checkpoint_dir().list().empty())
     return already_exists(
         "{} holds checkpoints of an earlier run; pass --resume to continue it or choose "
         "another --out",
@@ -147,7 +148,11 @@ Status Trainer::init(const TrainOptions& o) {
   m.sched.gamma = o.gamma;
   SHOAL_RETURN_IF_ERROR(validate(m.sched));
   SHOAL_RETURN_IF_ERROR(count_reporters());
-  if (o.resume && o.rank == 0) SHOAL_RETURN_IF_ERROR(resume_latest());
+  if (o.resume_state)  // an elastic job's next generation: no file is read
+    SHOAL_RETURN_IF_ERROR(
+        restore(fmt::format("the state rank {} kept in memory", o.rank), *o.resume_state));
+  else if (o.resume && o.rank == 0)
+    SHOAL_RETURN_IF_ERROR(resume_latest());
   if (o.peers) SHOAL_RETURN_IF_ERROR(sync_from_lead().with_context("start-up broadcast"));
   if (o.on_start) SHOAL_RETURN_IF_ERROR(o.on_start(params_));
   if (o.resume && o.on_resume) SHOAL_RETURN_IF_ERROR(o.on_resume(checkpoint_dir().dir(), step_));
@@ -367,6 +372,7 @@ Status Trainer::run() {
   const std::int64_t limit =
       o_.max_steps > 0 ? std::min(o_.max_steps, spe * o_.epochs) : spe * o_.epochs;
   if (step_ >= limit && step_ > 0) return report_finished(limit);
+  if (o_.commit) SHOAL_RETURN_IF_ERROR(commit_step());  // the state before the first step
   auto wall0 = Clock::now();
   double window_sum = 0;  // the losses since the last train record
   std::int64_t window_steps = 0;
@@ -385,6 +391,9 @@ Status Trainer::run() {
         return aborted("training diverged: loss is {} at step {} (epoch {}); lower --lr", loss,
                        step_ - 1, epoch + 1);
       SHOAL_ASSIGN_OR_RETURN(const int stop, step_vote(&loss));
+      // Every rank has finished this step (the vote sums all of them): the
+      // state an elastic job's survivors may continue from.
+      if (o_.commit) SHOAL_RETURN_IF_ERROR(commit_step());
       loss_sum += loss;
       correct += ok;
       seen += o_.batch * m.train.labels_per_sample();

@@ -223,7 +223,12 @@ Status Trainer::resume_latest() {
     }
     return got.status();
   }
-  const auto& [path, s] = *got;
+  return restore(got->first, got->second);
+}
+
+// Continues from `s`, a checkpoint read from `path` or a state kept in
+// memory (an elastic job's commit, "path" then says so).
+Status Trainer::restore(const std::string& path, const CheckpointState& s) {
   auto want = [&](const char* key, const std::string& mine) -> Status {
     auto it = s.meta.find(key);
     std::string theirs = it == s.meta.end() ? "" : it->second;
@@ -252,7 +257,7 @@ Status Trainer::resume_latest() {
     SHOAL_RETURN_IF_ERROR(want("onnx_tied", o_.onnx_tied ? "1" : "0"));
   if (o_.deterministic)
     SHOAL_RETURN_IF_ERROR(want("threads", std::to_string(runtime::num_threads())));
-  auto restore = [&](const std::string& key, Tensor& dst) -> Status {
+  auto take = [&](const std::string& key, Tensor& dst) -> Status {
     auto it = s.tensors.find(key);
     if (it == s.tensors.end()) return data_loss("resume: {} has no tensor '{}'", path, key);
     if (it->second.shape() != dst.shape() || it->second.dtype() != dst.dtype())
@@ -265,11 +270,11 @@ Status Trainer::resume_latest() {
   // Sliced parameters and their state are read whole; sync_from_lead cuts the slices.
   auto restore_whole = [&](const std::string& key, const std::string& param) -> Status {
     Tensor& t = impl_->resumed_whole[key] = Tensor::zeros(whole_shape(param), DType::kF32);
-    return restore(key, t);
+    return take(key, t);
   };
   for (auto& [n, t] : params_)
-    SHOAL_RETURN_IF_ERROR(sliced(n) ? restore_whole("param/" + n, n) : restore("param/" + n, t));
-  for (auto& [n, t] : buffers_) SHOAL_RETURN_IF_ERROR(restore("buf/" + n, t));
+    SHOAL_RETURN_IF_ERROR(sliced(n) ? restore_whole("param/" + n, n) : take("param/" + n, t));
+  for (auto& [n, t] : buffers_) SHOAL_RETURN_IF_ERROR(take("buf/" + n, t));
   if (impl_->layout) {                 // sync_from_lead gives each rank its shard of these
     for (const auto& [n, t] : state_)  // other pipeline stages' state (sliced: empty here)
       if (sliced(state_param(n)) && !impl_->layout->logical.count(n))
@@ -280,12 +285,11 @@ Status Trainer::resume_latest() {
         continue;
       }
       Tensor& t = impl_->resumed_state[n] = Tensor::zeros(shape, DType::kF32);
-      SHOAL_RETURN_IF_ERROR(restore(n, t));
+      SHOAL_RETURN_IF_ERROR(take(n, t));
     }
   } else {
     for (auto& [n, t] : state_)
-      SHOAL_RETURN_IF_ERROR(sliced(state_param(n)) ? restore_whole(n, state_param(n))
-                                                   : restore(n, t));
+      SHOAL_RETURN_IF_ERROR(sliced(state_param(n)) ? restore_whole(n, state_param(n)) : take(n, t));
   }
   step_ = s.get_int("step", 0);
   const std::int64_t spe = steps_per_epoch();

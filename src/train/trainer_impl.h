@@ -111,6 +111,8 @@ struct Trainer::Impl {
   // slices report: all of a tensor-parallel group, a pipeline's last stage).
   int loss_out = 0, logits_out = -1, correct_out = -1;
   double report_copies = 1;
+  // TrainOptions::commit: the state at the last step boundary.
+  std::shared_ptr<CheckpointState> commit;
 };
 
 inline bool has_input(const runtime::Executable& exe, const std::string& name) {

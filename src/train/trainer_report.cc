@@ -93,6 +93,7 @@ Status Trainer::open_run_dir() {
   if (!m.metrics.is_open() && o_.resume) SHOAL_RETURN_IF_ERROR(keep_metrics_until(metrics, step_));
   if (!m.metrics.is_open()) m.metrics.open(metrics, o_.resume ? std::ios::app : std::ios::trunc);
   if (!m.metrics) return unavailable("opening {}/metrics.jsonl for append", dir_);
+  if (!o_.metrics_note.empty()) m.metrics << o_.metrics_note << '\n' << std::flush;
   checkpoint_dir().clean();
   return ok_status();
 }

@@ -209,6 +209,11 @@ class Communicator {
   double beta() const { return beta_; }
   std::uint64_t sequence() const;
   Deadline deadline() const { return Deadline::after_seconds(o_.timeout_seconds); }
+  // From another thread: every call in flight or to come fails at once, as
+  // if every peer had closed (an elastic job's survivors end the step this
+  // way when the watchdog names a silent rank, then form the next
+  // generation; dist/elastic.h). The native backend only.
+  void cut();
 
  private:
   Communicator() = default;

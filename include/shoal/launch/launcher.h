@@ -56,6 +56,11 @@ struct LaunchOptions {
   // replaced while fewer than MIN are training, and `shoal ps join` asks
   // for more, up to MAX. 0:0 = not elastic.
   int ps_elastic_min = 0, ps_elastic_max = 0;
+  // --elastic MIN[:MAX] (data parallel, local engine): a rank that dies,
+  // freezes or is cut off leaves the job, which goes on in-process with the
+  // others while at least MIN remain (dist/elastic.h). 0 = not elastic.
+  // MAX above -n (ranks that join later) is not built yet.
+  int elastic_min = 0, elastic_max = 0;
 };
 Status validate(const LaunchOptions& o);
 

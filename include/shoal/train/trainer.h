@@ -184,6 +184,17 @@ struct StrategyHooks {
   // Prepare training batches ahead on a worker thread. dp::attach turns it off
   // when no core is free: the worker would run only by preempting a rank.
   bool prefetch = true;
+  // Elastic data parallelism (dist/elastic.h). `commit`: keep a copy of
+  // the parameters, buffers and optimizer state at every step boundary
+  // (Trainer::committed), so a step that fails half-applied is not lost.
+  // `resume_state`: such a copy from the generation before, where training
+  // continues instead of from a checkpoint file (every rank restores its
+  // own; rank 0's is then broadcast as after any resume). `metrics_note`: a
+  // JSON object the lead appends to metrics.jsonl when run() starts (what
+  // changed in the job's membership).
+  bool commit = false;
+  std::shared_ptr<const CheckpointState> resume_state;
+  std::string metrics_note;
   // The other ranks (null when world == 1): start-up agreement on the graph
   // and build, rank 0's weights broadcast, metrics summed, buffers averaged.
   std::shared_ptr<Peers> peers;
@@ -219,6 +230,9 @@ class Trainer {
   Result<EvalResult> evaluate();
   Status checkpoint();  // saves now (collective; rank 0 writes unless sharded)
   Status resume_latest();
+  // The state at the last step boundary (TrainOptions::commit), or null:
+  // what an elastic job's next generation continues from.
+  std::shared_ptr<const CheckpointState> committed() const;
 
   std::int64_t global_step() const { return step_; }
   std::int64_t steps_per_epoch() const;
@@ -252,6 +266,8 @@ class Trainer {
   Status train_step(double* loss, std::int64_t* correct);
   Result<int> step_vote(double* loss);  // collective where ranks step together
   Status stop_now(int sig);
+  Status commit_step();  // trainer_commit.cc
+  Status restore(const std::string& from, const CheckpointState& s);
   Status report_finished(std::int64_t limit);
   const char* rate_key() const;  // metrics.jsonl's name for the rate
   void log_train_record(int epoch, double loss, std::int64_t steps, double rate);

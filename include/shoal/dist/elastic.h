@@ -1,0 +1,67 @@
+// Elastic data parallelism, the rank's side (`shoal run --elastic MIN`).
+// The launcher serves the job's store and decides each generation's
+// membership (launch/elastic_coordinator.h); a rank trains in generation 0
+// as its launcher rank, and when a step fails because a peer died, froze or
+// became unreachable, it keeps its state in memory (Trainer::committed),
+// checks in with the step it holds, and waits for the next generation: the
+// survivors, ordered so that the one holding the newest step is rank 0 and
+// broadcasts it. The rank then joins again under that generation's rank,
+// world and store keys; nothing is read from a checkpoint.
+//
+// Store keys (prefix shoal/elastic): "gen" the current generation;
+// "g<G>/members" its member ids, comma-separated, in rank order; "g<G>/note"
+// what changed; "g<G>/in/<id>" a member's check-in (the step it holds)
+// after generation G failed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shoal/core/status.h"
+
+namespace shoal::net {
+class Store;
+}
+
+namespace shoal::dist {
+
+struct JoinOptions;
+
+struct ElasticEnv {
+  int min = 0;                    // SHOAL_ELASTIC: the fewest ranks the job trains on
+  int id = 0;                     // this process's rank in generation 0: its name for good
+  int generation = 0;             // SHOAL_ELASTIC_GENERATION
+  int world = 0;                  // ranks in this generation
+  std::int64_t global_batch = 0;  // what every generation trains on per step
+};
+
+// SHOAL_ELASTIC and the launcher's rank variables, or nullopt when the job
+// is not elastic. An elastic job needs `shoal run`'s store (SHOAL_STORE).
+Result<std::optional<ElasticEnv>> elastic_env();
+
+// What elastic training supports: plain data parallelism over `shoal run`'s
+// ranks, with a global batch (--batch x ranks) every allowed world size
+// splits evenly, so each generation computes the same step. The error names
+// the flag or the sizes that do not divide.
+Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t batch);
+
+// Key names, shared with the launcher's coordinator.
+std::string elastic_key(const std::string& rest);
+std::string members_key(int generation);
+std::string check_in_key(int generation, int id);
+
+// "0,1,3" <-> {0, 1, 3}.
+std::string join_ids(const std::vector<int>& ids);
+Result<std::vector<int>> parse_ids(const std::string& s);
+
+// After generation e.generation failed: checks in with `step` (the state
+// this rank holds), waits up to `wait_s` for the launcher's next
+// generation, and enters it (the environment the next dist::Job::join
+// reads: SHOAL_RANK, SHOAL_WORLD_SIZE, SHOAL_COMM_PREFIX...). Returns what
+// changed, as a metrics record (JSON). Fails, saying why, when this rank
+// was dropped or the launcher ended the job.
+Result<std::string> next_generation(ElasticEnv& e, std::int64_t step, double wait_s);
+
+}  // namespace shoal::dist

@@ -1,0 +1,162 @@
+#include "shoal/dist/elastic.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "shoal/core/env.h"
+#include "shoal/core/launch_env.h"
+#include "shoal/core/logging.h"
+#include "shoal/dist/job.h"
+#include "shoal/net/socket.h"
+#include "shoal/net/store.h"
+
+namespace shoal::dist {
+
+std::string elastic_key(const std::string& rest) { return "shoal/elastic/" + rest; }
+std::string members_key(int generation) {
+  return elastic_key(fmt::format("g{}/members", generation));
+}
+std::string check_in_key(int generation, int id) {
+  return elastic_key(fmt::format("g{}/in/{}", generation, id));
+}
+
+std::string join_ids(const std::vector<int>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
+
+Result<std::vector<int>> parse_ids(const std::string& s) {
+  std::vector<int> ids;
+  std::size_t at = 0;
+  while (at < s.size()) {
+    std::size_t comma = s.find(',', at);
+    if (comma == std::string::npos) comma = s.size();
+    const std::string one = s.substr(at, comma - at);
+    char* end = nullptr;
+    const long v = std::strtol(one.c_str(), &end, 10);
+    if (one.empty() || *end != '\0' || v < 0 || v > 65535)
+      return data_loss("elastic membership '{}': '{}' is not a rank id", s, one);
+    ids.push_back(static_cast<int>(v));
+    at = comma + 1;
+  }
+  return ids;
+}
+
+Result<std::optional<ElasticEnv>> elastic_env() {
+  const auto min = env::get("SHOAL_ELASTIC");
+  if (!min) return std::optional<ElasticEnv>{};
+  ElasticEnv e;
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t m, env::get_int("SHOAL_ELASTIC", 0));
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t g, env::get_int("SHOAL_ELASTIC_GENERATION", 0));
+  SHOAL_ASSIGN_OR_RETURN(LaunchEnv le, launch_env());
+  if (m < 1 || m > le.world)
+    return invalid_argument("SHOAL_ELASTIC={} must be in [1, {}] (the job's ranks)", m, le.world);
+  if (le.store.empty() || !env::get("SHOAL_RANK"))
+    return failed_precondition(
+        "SHOAL_ELASTIC is set, but not by `shoal run --elastic`: an elastic job's membership is "
+        "kept by shoal run's store (srun, mpirun and torchrun restart the whole job instead)");
+  e.min = static_cast<int>(m);
+  e.id = le.rank;
+  e.generation = static_cast<int>(g);
+  e.world = le.world;
+  return std::optional<ElasticEnv>(e);
+}
+
+Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t batch) {
+  if (j.dist == "ps")
+    return invalid_argument(
+        "--elastic is data parallelism's (a parameter-server job tolerates workers that come "
+        "and go with --ps-elastic)");
+  if (j.dp.zero > 0 || j.layout.tp > 1 || j.layout.pp > 1)
+    return invalid_argument(
+        "--elastic keeps whole copies of the state on every rank: --zero, --tp and --pp are not "
+        "built for it yet (drop them, or use --max-restarts, which resumes any layout)");
+  if (j.layout.micro_batches > 1)
+    return invalid_argument("--elastic with --micro-batches {} is not built yet",
+                            j.layout.micro_batches);
+  const std::int64_t global = batch * e.world;
+  std::vector<int> uneven;
+  std::int64_t every = 1;  // the least global batch every size divides
+  for (int w = e.min; w <= e.world; ++w) {
+    if (global % w != 0) uneven.push_back(w);
+    every = std::lcm(every, static_cast<std::int64_t>(w));
+  }
+  if (!uneven.empty())
+    return invalid_argument(
+        "--elastic {}:{}: the global batch {} (--batch {} x {} ranks) does not split evenly "
+        "over {} ranks, so a smaller job would train on another step; choose a global batch "
+        "that is a multiple of {}",
+        e.min, e.world, global, batch, e.world, join_ids(uneven), every);
+  return ok_status();
+}
+
+namespace {
+
+Result<std::unique_ptr<net::Store>> connect_store() {
+  SHOAL_ASSIGN_OR_RETURN(LaunchEnv le, launch_env());
+  SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(le.store, "SHOAL_STORE"));
+  SHOAL_ASSIGN_OR_RETURN(auto s,
+                         net::TcpStore::connect(hp.first, hp.second, Deadline::after_seconds(10),
+                                                env::get("SHOAL_JOB_TOKEN").value_or("")));
+  return std::unique_ptr<net::Store>(std::move(s));
+}
+
+// Enters generation `g` as rank `rank` of `world` (one host: shoal run's
+// local engine).
+void enter(ElasticEnv& e, int g, int rank, int world) {
+  setenv("SHOAL_RANK", std::to_string(rank).c_str(), 1);
+  setenv("SHOAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+  setenv("SHOAL_LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  setenv("SHOAL_LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+  setenv("SHOAL_ELASTIC_GENERATION", std::to_string(g).c_str(), 1);
+  setenv("SHOAL_COMM_PREFIX", fmt::format("shoal/g{}", g).c_str(), 1);
+  log::set_identity(rank, world, "comm");
+  e.generation = g;
+  e.world = world;
+}
+
+}  // namespace
+
+Result<std::string> next_generation(ElasticEnv& e, std::int64_t step, double wait_s) {
+  SHOAL_ASSIGN_OR_RETURN(auto store, connect_store());
+  SHOAL_RETURN_IF_ERROR(store->set(check_in_key(e.generation, e.id), std::to_string(step))
+                            .with_context("checking in"));
+  const Deadline dl = Deadline::after_seconds(wait_s);
+  int g = e.generation;
+  while (g <= e.generation) {
+    if (dl.expired())
+      return deadline_exceeded(
+          "rank {} (id {}) checked in after generation {} failed, but the launcher formed no "
+          "next generation within {} s",
+          e.id, e.id, e.generation, wait_s);
+    SHOAL_ASSIGN_OR_RETURN(std::string now, store->peek(elastic_key("gen")));
+    if (now == "end") {
+      auto why = store->peek(elastic_key("end_why"));
+      return aborted("the launcher ended the job: {}", why.ok() ? *why : "(no reason stored)");
+    }
+    g = now.empty() ? g : std::atoi(now.c_str());
+    if (g <= e.generation) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  SHOAL_ASSIGN_OR_RETURN(std::string listed, store->peek(members_key(g)));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<int> ids, parse_ids(listed));
+  const auto me = std::find(ids.begin(), ids.end(), e.id);
+  if (me == ids.end())
+    return aborted(
+        "rank id {} was dropped from the job at generation {} (its members: {}): it is stale "
+        "and writes nothing more",
+        e.id, g, listed);
+  const int rank = static_cast<int>(me - ids.begin());
+  auto read_note = store->peek(elastic_key(fmt::format("g{}/note", g)));
+  const std::string note = read_note.ok() ? *read_note : "";
+  SHOAL_LOG_WARN("generation {}: continuing as rank {} of {} from step {} ({})", g, rank,
+                 ids.size(), step, note);
+  enter(e, g, rank, static_cast<int>(ids.size()));
+  nlohmann::json rec = {{"kind", "membership"}, {"generation", g}, {"world", ids.size()},
+                        {"members", ids},       {"step", step},    {"why", note}};
+  return rec.dump();
+}
+
+}  // namespace shoal::dist

@@ -1,0 +1,117 @@
+#include "launch/elastic_coordinator.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+
+#include "shoal/dist/elastic.h"
+
+namespace shoal::launch {
+
+Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::start(
+    std::unique_ptr<net::Store> store, int ranks, int min, double settle_s) {
+  std::unique_ptr<ElasticCoordinator> c(new ElasticCoordinator());
+  c->store_ = std::move(store);
+  c->min_ = min;
+  c->settle_s_ = settle_s;
+  for (int r = 0; r < ranks; ++r) c->members_.push_back(r);
+  SHOAL_RETURN_IF_ERROR(c->store_->set(dist::members_key(0), dist::join_ids(c->members_)));
+  SHOAL_RETURN_IF_ERROR(c->store_->set(dist::elastic_key("gen"), "0"));
+  return c;
+}
+
+void ElasticCoordinator::end(const std::string& why) {
+  (void)store_->set(dist::elastic_key("end_why"), why);
+  (void)store_->set(dist::elastic_key("gen"), "end");
+}
+
+std::vector<std::string> ElasticCoordinator::tick(std::vector<Proc>& procs, std::string* stop) {
+  for (int id : members_) {
+    const Proc& p = procs[static_cast<std::size_t>(id)];
+    if (p.exited && !(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0) && !left_.count(id)) {
+      left_[id] = describe(p.status);
+      troubled_ = true;
+    }
+    if (checked_in_.count(id)) continue;
+    auto v = store_->peek(dist::check_in_key(gen_, id));
+    if (v.ok() && !v->empty()) {
+      checked_in_[id] = std::atoll(v->c_str());
+      troubled_ = true;
+    }
+  }
+  if (!troubled_) return {};
+  if (since_ == Clock::time_point{}) since_ = Clock::now();
+  // Wait for every member still running to check in, or the settling time;
+  // a stopped one will not, whatever the wait.
+  bool waiting = false;
+  for (int id : members_) {
+    const Proc& p = procs[static_cast<std::size_t>(id)];
+    if (!p.exited && !checked_in_.count(id) && !is_stopped(p.pid)) waiting = true;
+  }
+  if (waiting && Clock::now() - since_ < std::chrono::duration<double>(settle_s_)) return {};
+  return reform(procs, stop);
+}
+
+std::vector<std::string> ElasticCoordinator::reform(std::vector<Proc>& procs, std::string* stop) {
+  std::vector<std::string> lines;
+  std::vector<int> next;
+  for (int id : members_) {
+    Proc& p = procs[static_cast<std::size_t>(id)];
+    if (p.exited) continue;
+    if (!checked_in_.count(id)) {
+      const bool frozen = is_stopped(p.pid);
+      kill(-p.pid, SIGKILL);
+      left_[id] = frozen ? "was stopped (state T) when its peers lost it: killed"
+                         : fmt::format(
+                               "did not check in within {} s of its peers (hung or cut off): "
+                               "killed",
+                               settle_s_);
+      continue;
+    }
+    next.push_back(id);
+  }
+  // The newest state first: its holder becomes rank 0 and broadcasts it.
+  std::stable_sort(next.begin(), next.end(),
+                   [&](int a, int b) { return checked_in_.at(a) > checked_in_.at(b); });
+  std::string who_left;
+  for (int id : members_)
+    if (left_.count(id) && std::find(next.begin(), next.end(), id) == next.end())
+      who_left += fmt::format("{}rank {} {}", who_left.empty() ? "" : "; ", id, left_.at(id));
+  if (next.empty() && checked_in_.empty()) {
+    *stop = fmt::format("every rank of generation {} exited ({}): none is left to go on", gen_,
+                        who_left);
+  } else if (next.size() == members_.size()) {
+    *stop = fmt::format(
+        "every rank of generation {} failed its step with no rank lost: not a fault elastic "
+        "training goes on from (the ranks' errors say why)",
+        gen_);
+  } else if (static_cast<int>(next.size()) < min_) {
+    *stop = fmt::format("{} rank{} left after generation {} ({}), fewer than --elastic {}",
+                        next.size(), next.size() == 1 ? "" : "s", gen_, who_left, min_);
+  }
+  if (!stop->empty()) {
+    end(*stop);
+    return lines;
+  }
+  ++gen_;
+  const std::string note = who_left;
+  Status wrote = store_->set(dist::elastic_key(fmt::format("g{}/note", gen_)), note);
+  if (wrote.ok()) wrote = store_->set(dist::members_key(gen_), dist::join_ids(next));
+  if (wrote.ok()) wrote = store_->set(dist::elastic_key("gen"), std::to_string(gen_));
+  if (!wrote.ok()) {
+    *stop = fmt::format("writing generation {} into the store: {}", gen_, wrote.message());
+    return lines;
+  }
+  lines.push_back(fmt::format(
+      "shoal run: generation {}: {} rank{} go on from step {} (ranks {} now ranks 0..{}); {}", gen_,
+      next.size(), next.size() == 1 ? "" : "s", checked_in_.at(next.front()), dist::join_ids(next),
+      next.size() - 1, note));
+  members_ = std::move(next);
+  checked_in_.clear();
+  troubled_ = false;
+  since_ = {};
+  return lines;
+}
+
+}  // namespace shoal::launch

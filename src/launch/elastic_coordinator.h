@@ -1,0 +1,57 @@
+// `shoal run --elastic`: the launcher's side of an elastic job's
+// generations (the ranks' side and the store keys: dist/elastic.h). The
+// launcher serves the store and sees every rank's process, so it decides
+// who is in the next generation: each member that checked in (its step
+// failed because a peer was lost) and is still running; a member that
+// exited is out, and one still running that has not checked in within the
+// settling time, or is stopped (SIGSTOP), is killed and out. The members
+// are ordered by the step they hold, newest first, so the new rank 0 holds
+// the state every rank continues from. Private to launch.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launch/process.h"
+#include "shoal/core/status.h"
+#include "shoal/net/store.h"
+
+namespace shoal::launch {
+
+class ElasticCoordinator {
+ public:
+  // `store` is a client of the launcher's own store; `ranks` the processes
+  // of generation 0, `min` the fewest the job goes on with.
+  static Result<std::unique_ptr<ElasticCoordinator>> start(std::unique_ptr<net::Store> store,
+                                                           int ranks, int min, double settle_s);
+
+  // One look at the processes (procs[id] is the rank of that id). Returns
+  // lines for the user; sets `stop` to why the job must end ("" = go on).
+  std::vector<std::string> tick(std::vector<Proc>& procs, std::string* stop);
+  // Whether process `id` left the job (its failure is not the job's).
+  bool left(int id) const { return left_.count(id) != 0; }
+  const std::map<int, std::string>& lost() const { return left_; }
+  int generation() const { return gen_; }
+  // Tells ranks waiting for a generation that none comes, and why.
+  void end(const std::string& why);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  ElasticCoordinator() = default;
+  // The next generation from the members that checked in.
+  std::vector<std::string> reform(std::vector<Proc>& procs, std::string* stop);
+  std::unique_ptr<net::Store> store_;
+  int min_ = 1;
+  double settle_s_ = 5;
+  int gen_ = 0;
+  std::vector<int> members_;
+  std::map<int, std::string> left_;         // id -> why it left
+  std::map<int, std::int64_t> checked_in_;  // this generation's: id -> step held
+  bool troubled_ = false;                   // a member failed or checked in
+  Clock::time_point since_{};
+};
+
+}  // namespace shoal::launch
