@@ -407,7 +407,8 @@ Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo,
   if (!ps_job) catch_stop_signals();
   Status st = tr.run();
   if (!st.ok()) {
-    SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
+    // A regroup (ranks joining an elastic job) is no error: it is said there.
+    if (st.code() != StatusCode::kCancelled) SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
     return {1, st, tr.committed()};
   }
   if (tr.stopped_by() != 0)
@@ -443,7 +444,8 @@ Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo,
 // an elastic job's survivors go on from. Other errors end the rank.
 bool peer_lost(const Status& st) {
   return st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kAborted ||
-         st.code() == StatusCode::kDeadlineExceeded;
+         st.code() == StatusCode::kDeadlineExceeded ||
+         st.code() == StatusCode::kCancelled;  // a regroup: ranks wait to join
 }
 
 // `shoal run --elastic MIN`: generations of one job (dist/elastic.h). Each
@@ -459,21 +461,44 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
   el.global_batch = o.batch * el.world;
   std::shared_ptr<const train::CheckpointState> carry;
   std::string note;
-  for (int lost = 0;; ++lost) {
+  // A replacement waits to be admitted; its state comes from rank 0's
+  // start-up broadcast.
+  if (el.joining) {
+    auto in = dist::admit(el, 300);
+    if (!in.ok()) {
+      SHOAL_LOG_ERROR("shoal train: {}", in.status().message());
+      return 1;
+    }
+  }
+  while (true) {
     train::TrainOptions g = o;
     g.commit = true;
     g.batch = el.global_batch / el.world;
     g.resume_state = carry;
-    g.resume = o.resume || carry != nullptr;
+    g.resume = o.resume || carry != nullptr || el.joining;
     g.metrics_note = note;
+    std::unique_ptr<dist::RegroupWatch> watch;
+    if (el.world > 1 || el.joining) {
+      auto w = dist::RegroupWatch::connect();
+      if (!w.ok()) {
+        SHOAL_LOG_ERROR("shoal train: {}", w.status().message());
+        return 1;
+      }
+      watch = std::move(w).value();
+    }
+    if (watch) g.regroup = [&watch, gen = el.generation] { return watch->asked(gen); };
     Ended end = train_once(g, jo, flags_yaml);
     if (end.code == 0 || end.failed.ok() || !peer_lost(end.failed)) return end.code;
     if (!end.committed) return end.code;  // failed before its first step: nothing to carry
     const std::int64_t step = end.committed->get_int("step", 0);
-    SHOAL_LOG_WARN(
-        "generation {} lost a peer; going on from the state after step {} (a step in flight "
-        "is trained again)",
-        el.generation, step);
+    if (end.failed.code() == StatusCode::kCancelled)
+      SHOAL_LOG_INFO("generation {} ends after step {}: {}", el.generation, step,
+                     end.failed.message());
+    else
+      SHOAL_LOG_WARN(
+          "generation {} lost a peer; going on from the state after step {} (a step in flight "
+          "is trained again)",
+          el.generation, step);
     // How long the launcher may take: its settling time and a margin.
     auto next = dist::next_generation(el, step, 60);
     if (!next.ok()) {

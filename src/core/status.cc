@@ -30,6 +30,8 @@ const char* status_code_name(StatusCode code) {
       return "DATA_LOSS";
     case StatusCode::kFailedPrecondition:
       return "FAILED_PRECONDITION";
+    case StatusCode::kCancelled:
+      return "CANCELLED";
   }
   return "UNKNOWN";
 }

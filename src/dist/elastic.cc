@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <thread>
 
 #include "shoal/core/env.h"
@@ -25,6 +25,11 @@ std::string members_key(int generation) {
 std::string check_in_key(int generation, int id) {
   return elastic_key(fmt::format("g{}/in/{}", generation, id));
 }
+
+std::string regroup_key(int generation) {
+  return elastic_key(fmt::format("g{}/regroup", generation));
+}
+std::string join_key(int id) { return elastic_key(fmt::format("join/{}", id)); }
 
 std::string join_ids(const std::vector<int>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
 
@@ -59,7 +64,9 @@ Result<std::optional<ElasticEnv>> elastic_env() {
         "SHOAL_ELASTIC is set, but not by `shoal run --elastic`: an elastic job's membership is "
         "kept by shoal run's store (srun, mpirun and torchrun restart the whole job instead)");
   e.min = static_cast<int>(m);
-  e.id = le.rank;
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t id, env::get_int("SHOAL_ELASTIC_ID", le.rank));
+  SHOAL_ASSIGN_OR_RETURN(e.joining, env::get_bool("SHOAL_ELASTIC_JOIN", false));
+  e.id = static_cast<int>(id);
   e.generation = static_cast<int>(g);
   e.world = le.world;
   return std::optional<ElasticEnv>(e);
@@ -120,43 +127,84 @@ void enter(ElasticEnv& e, int g, int rank, int world) {
 
 }  // namespace
 
+namespace {
+
+// Waits for a generation after `after` that lists e.id, and enters it.
+// `step`: the state this rank holds (-1: none, a newcomer).
+Result<std::string> await_generation(net::Store& store, ElasticEnv& e, int after, std::int64_t step,
+                                     double wait_s) {
+  const Deadline dl = Deadline::after_seconds(wait_s);
+  int seen = after;
+  while (true) {
+    if (dl.expired())
+      return deadline_exceeded(
+          "rank id {} waited {} s for a generation after {} that lists it; the launcher formed "
+          "none",
+          e.id, wait_s, after);
+    SHOAL_ASSIGN_OR_RETURN(std::string now, store.peek(elastic_key("gen")));
+    if (now == "end") {
+      auto why = store.peek(elastic_key("end_why"));
+      return aborted("the launcher ended the job: {}", why.ok() ? *why : "(no reason stored)");
+    }
+    const int g = now.empty() ? seen : std::atoi(now.c_str());
+    if (g <= seen) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    seen = g;
+    SHOAL_ASSIGN_OR_RETURN(std::string listed, store.peek(members_key(g)));
+    SHOAL_ASSIGN_OR_RETURN(std::vector<int> ids, parse_ids(listed));
+    const auto me = std::find(ids.begin(), ids.end(), e.id);
+    if (me == ids.end()) {
+      if (step < 0) continue;  // a newcomer not admitted yet
+      return aborted(
+          "rank id {} was dropped from the job at generation {} (its members: {}): it is stale "
+          "and writes nothing more",
+          e.id, g, listed);
+    }
+    const int rank = static_cast<int>(me - ids.begin());
+    auto read_note = store.peek(elastic_key(fmt::format("g{}/note", g)));
+    const std::string note = read_note.ok() ? *read_note : "";
+    if (step >= 0)
+      SHOAL_LOG_WARN("generation {}: continuing as rank {} of {} from step {} ({})", g, rank,
+                     ids.size(), step, note);
+    else
+      SHOAL_LOG_WARN("generation {}: joining as rank {} of {} ({})", g, rank, ids.size(), note);
+    enter(e, g, rank, static_cast<int>(ids.size()));
+    nlohmann::json rec = {{"kind", "membership"}, {"generation", g}, {"world", ids.size()},
+                          {"members", ids},       {"step", step},    {"why", note}};
+    return rec.dump();
+  }
+}
+
+}  // namespace
+
 Result<std::string> next_generation(ElasticEnv& e, std::int64_t step, double wait_s) {
   SHOAL_ASSIGN_OR_RETURN(auto store, connect_store());
   SHOAL_RETURN_IF_ERROR(store->set(check_in_key(e.generation, e.id), std::to_string(step))
                             .with_context("checking in"));
-  const Deadline dl = Deadline::after_seconds(wait_s);
-  int g = e.generation;
-  while (g <= e.generation) {
-    if (dl.expired())
-      return deadline_exceeded(
-          "rank {} (id {}) checked in after generation {} failed, but the launcher formed no "
-          "next generation within {} s",
-          e.id, e.id, e.generation, wait_s);
-    SHOAL_ASSIGN_OR_RETURN(std::string now, store->peek(elastic_key("gen")));
-    if (now == "end") {
-      auto why = store->peek(elastic_key("end_why"));
-      return aborted("the launcher ended the job: {}", why.ok() ? *why : "(no reason stored)");
-    }
-    g = now.empty() ? g : std::atoi(now.c_str());
-    if (g <= e.generation) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  SHOAL_ASSIGN_OR_RETURN(std::string listed, store->peek(members_key(g)));
-  SHOAL_ASSIGN_OR_RETURN(std::vector<int> ids, parse_ids(listed));
-  const auto me = std::find(ids.begin(), ids.end(), e.id);
-  if (me == ids.end())
-    return aborted(
-        "rank id {} was dropped from the job at generation {} (its members: {}): it is stale "
-        "and writes nothing more",
-        e.id, g, listed);
-  const int rank = static_cast<int>(me - ids.begin());
-  auto read_note = store->peek(elastic_key(fmt::format("g{}/note", g)));
-  const std::string note = read_note.ok() ? *read_note : "";
-  SHOAL_LOG_WARN("generation {}: continuing as rank {} of {} from step {} ({})", g, rank,
-                 ids.size(), step, note);
-  enter(e, g, rank, static_cast<int>(ids.size()));
-  nlohmann::json rec = {{"kind", "membership"}, {"generation", g}, {"world", ids.size()},
-                        {"members", ids},       {"step", step},    {"why", note}};
-  return rec.dump();
+  return await_generation(*store, e, e.generation, step, wait_s);
+}
+
+Result<std::string> admit(ElasticEnv& e, double wait_s) {
+  SHOAL_ASSIGN_OR_RETURN(auto store, connect_store());
+  SHOAL_ASSIGN_OR_RETURN(std::string now, store->peek(elastic_key("gen")));
+  SHOAL_RETURN_IF_ERROR(store->set(join_key(e.id), "ready").with_context("announcing"));
+  SHOAL_LOG_INFO("rank id {} waits to join the job (generation {} trains)", e.id, now);
+  return await_generation(*store, e, now.empty() ? 0 : std::atoi(now.c_str()), -1, wait_s);
+}
+
+Result<std::unique_ptr<RegroupWatch>> RegroupWatch::connect() {
+  std::unique_ptr<RegroupWatch> w(new RegroupWatch());
+  SHOAL_ASSIGN_OR_RETURN(w->store_, connect_store());
+  return w;
+}
+
+RegroupWatch::~RegroupWatch() = default;
+
+bool RegroupWatch::asked(int generation) {
+  auto v = store_->peek(regroup_key(generation));
+  return v.ok() && !v->empty();
 }
 
 }  // namespace shoal::dist

@@ -10,11 +10,12 @@
 namespace shoal::launch {
 
 Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::start(
-    std::unique_ptr<net::Store> store, int ranks, int min, double settle_s) {
+    std::unique_ptr<net::Store> store, int ranks, int min, double settle_s, int replacements) {
   std::unique_ptr<ElasticCoordinator> c(new ElasticCoordinator());
   c->store_ = std::move(store);
   c->min_ = min;
   c->settle_s_ = settle_s;
+  c->replacements_ = replacements;
   for (int r = 0; r < ranks; ++r) c->members_.push_back(r);
   SHOAL_RETURN_IF_ERROR(c->store_->set(dist::members_key(0), dist::join_ids(c->members_)));
   SHOAL_RETURN_IF_ERROR(c->store_->set(dist::elastic_key("gen"), "0"));
@@ -26,7 +27,47 @@ void ElasticCoordinator::end(const std::string& why) {
   (void)store_->set(dist::elastic_key("gen"), "end");
 }
 
+int ElasticCoordinator::to_replace() {
+  const int n = std::min(owed_, replacements_);
+  owed_ = 0;
+  replacements_ -= n;
+  return n;
+}
+
+void ElasticCoordinator::joined(int id) { joiners_.push_back(id); }
+
 std::vector<std::string> ElasticCoordinator::tick(std::vector<Proc>& procs, std::string* stop) {
+  // Newcomers: gone before admission, or ready (then this generation is
+  // asked to end after its step in progress).
+  for (auto it = joiners_.begin(); it != joiners_.end();) {
+    const Proc& p = procs[static_cast<std::size_t>(*it)];
+    if (p.exited) {
+      left_[*it] = describe(p.status) + " before it was admitted";
+      announced_.erase(*it);
+      it = joiners_.erase(it);
+      continue;
+    }
+    auto v = store_->peek(dist::join_key(*it));
+    if (v.ok() && !v->empty()) announced_.insert(*it);
+    ++it;
+  }
+  // Every member ended well: the job is done, and a newcomer still
+  // waiting is told so (it leaves, which is no failure of the job).
+  if (!finished_ && std::all_of(members_.begin(), members_.end(), [&](int id) {
+        const Proc& p = procs[static_cast<std::size_t>(id)];
+        return p.exited && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0;
+      })) {
+    finished_ = true;
+    end("the job finished before it was admitted");
+    for (int id : joiners_) left_[id] = "was not admitted: the job finished first";
+    joiners_.clear();
+    announced_.clear();
+    return {};
+  }
+  if (finished_) return {};
+  if (!announced_.empty() && !regroup_asked_) {
+    regroup_asked_ = store_->set(dist::regroup_key(gen_), "1").ok();
+  }
   for (int id : members_) {
     const Proc& p = procs[static_cast<std::size_t>(id)];
     if (p.exited && !(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0) && !left_.count(id)) {
@@ -78,10 +119,13 @@ std::vector<std::string> ElasticCoordinator::reform(std::vector<Proc>& procs, st
   for (int id : members_)
     if (left_.count(id) && std::find(next.begin(), next.end(), id) == next.end())
       who_left += fmt::format("{}rank {} {}", who_left.empty() ? "" : "; ", id, left_.at(id));
-  if (next.empty() && checked_in_.empty()) {
+  const std::size_t survivors = next.size();
+  const int lost_now = static_cast<int>(members_.size() - survivors);
+  for (int id : announced_) next.push_back(id);  // newcomers last: rank 0 holds the state
+  if (survivors == 0) {
     *stop = fmt::format("every rank of generation {} exited ({}): none is left to go on", gen_,
                         who_left);
-  } else if (next.size() == members_.size()) {
+  } else if (survivors == members_.size() && announced_.empty()) {
     *stop = fmt::format(
         "every rank of generation {} failed its step with no rank lost: not a fault elastic "
         "training goes on from (the ranks' errors say why)",
@@ -95,7 +139,11 @@ std::vector<std::string> ElasticCoordinator::reform(std::vector<Proc>& procs, st
     return lines;
   }
   ++gen_;
-  const std::string note = who_left;
+  std::string note = who_left;
+  if (!announced_.empty())
+    note += fmt::format("{}rank{} {} joined", note.empty() ? "" : "; ",
+                        announced_.size() == 1 ? "" : "s",
+                        dist::join_ids(std::vector<int>(announced_.begin(), announced_.end())));
   Status wrote = store_->set(dist::elastic_key(fmt::format("g{}/note", gen_)), note);
   if (wrote.ok()) wrote = store_->set(dist::members_key(gen_), dist::join_ids(next));
   if (wrote.ok()) wrote = store_->set(dist::elastic_key("gen"), std::to_string(gen_));
@@ -108,6 +156,10 @@ std::vector<std::string> ElasticCoordinator::reform(std::vector<Proc>& procs, st
       next.size(), next.size() == 1 ? "" : "s", checked_in_.at(next.front()), dist::join_ids(next),
       next.size() - 1, note));
   members_ = std::move(next);
+  for (int id : announced_) joiners_.erase(std::find(joiners_.begin(), joiners_.end(), id));
+  announced_.clear();
+  regroup_asked_ = false;
+  owed_ += lost_now;
   checked_in_.clear();
   troubled_ = false;
   since_ = {};

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,8 +26,10 @@ class ElasticCoordinator {
  public:
   // `store` is a client of the launcher's own store; `ranks` the processes
   // of generation 0, `min` the fewest the job goes on with.
+  // `replacements`: how many lost ranks the launcher replaces in all.
   static Result<std::unique_ptr<ElasticCoordinator>> start(std::unique_ptr<net::Store> store,
-                                                           int ranks, int min, double settle_s);
+                                                           int ranks, int min, double settle_s,
+                                                           int replacements);
 
   // One look at the processes (procs[id] is the rank of that id). Returns
   // lines for the user; sets `stop` to why the job must end ("" = go on).
@@ -35,8 +38,13 @@ class ElasticCoordinator {
   bool left(int id) const { return left_.count(id) != 0; }
   const std::map<int, std::string>& lost() const { return left_; }
   int generation() const { return gen_; }
+  int members() const { return static_cast<int>(members_.size()); }
   // Tells ranks waiting for a generation that none comes, and why.
   void end(const std::string& why);
+  // How many replacements to start now (lost ranks, while any are left);
+  // the launcher starts each and names it with joined(id).
+  int to_replace();
+  void joined(int id);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -48,9 +56,15 @@ class ElasticCoordinator {
   double settle_s_ = 5;
   int gen_ = 0;
   std::vector<int> members_;
+  std::vector<int> joiners_;                // started, not admitted yet
+  std::set<int> announced_;                 // joiners ready to be admitted
+  bool regroup_asked_ = false;              // this generation was asked to regroup
+  int replacements_ = 0;                    // left to start
+  int owed_ = 0;                            // lost ranks not replaced yet
   std::map<int, std::string> left_;         // id -> why it left
   std::map<int, std::int64_t> checked_in_;  // this generation's: id -> step held
   bool troubled_ = false;                   // a member failed or checked in
+  bool finished_ = false;                   // every member ended well
   Clock::time_point since_{};
 };
 

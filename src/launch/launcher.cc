@@ -67,10 +67,10 @@ Status validate(const LaunchOptions& o) {
       return invalid_argument(
           "--elastic {}:{}: ranks joining beyond -n {} are not built yet (MAX must be <= -n)",
           o.elastic_min, o.elastic_max, o.ranks);
-    if (o.engine != "local" || o.ps_servers > 0 || o.max_restarts > 0)
+    if (o.engine != "local" || o.ps_servers > 0)
       return invalid_argument(
           "--elastic keeps a job of local ranks (--engine local) going without restarts: it "
-          "takes no --engine {}, --ps or --max-restarts",
+          "takes no --engine {} or --ps",
           o.engine);
   }
   return ok_status();
@@ -139,9 +139,10 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
     env.emplace_back("SHOAL_ELASTIC", std::to_string(o.elastic_min));
     auto client = net::TcpStore::connect((*store)->host(), (*store)->port(),
                                          Deadline::after_seconds(10), token);
-    auto c = client.ok() ? ElasticCoordinator::start(std::move(client).value(), o.ranks,
-                                                     o.elastic_min, kElasticSettleSeconds)
-                         : client.status();
+    auto c = client.ok()
+                 ? ElasticCoordinator::start(std::move(client).value(), o.ranks, o.elastic_min,
+                                             kElasticSettleSeconds, o.max_restarts)
+                 : client.status();
     if (!c.ok()) {
       fmt::print(stderr, "shoal run: --elastic: {}\n", c.status().message());
       oc.code = 2;
@@ -179,6 +180,7 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
     }
     for (int r = 0; r < o.ranks; ++r) {
       auto e = env;
+      if (elastic) e.emplace_back("SHOAL_ELASTIC_ID", std::to_string(r));
       e.insert(e.end(), {{"SHOAL_RANK", std::to_string(r)},
                          {"SHOAL_WORLD_SIZE", std::to_string(o.ranks)},
                          {"SHOAL_LOCAL_RANK", std::to_string(r)},
@@ -275,6 +277,28 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
     if (elastic && !stopping) {
       std::string stop;
       for (const auto& line : elastic->tick(procs, &stop)) fmt::print(stderr, "{}\n", line);
+      // A replacement for each rank lost, while --max-restarts allows: it
+      // joins at a step boundary and takes its state from rank 0.
+      for (int k = stop.empty() ? elastic->to_replace() : 0; k > 0; --k) {
+        const int id = static_cast<int>(procs.size());
+        auto e = env;
+        e.insert(e.end(), {{"SHOAL_ELASTIC_ID", std::to_string(id)},
+                           {"SHOAL_ELASTIC_JOIN", "1"},
+                           {"SHOAL_RANK", "0"},
+                           {"SHOAL_WORLD_SIZE", std::to_string(o.ranks)},
+                           {"SHOAL_LOCAL_RANK", "0"},
+                           {"SHOAL_LOCAL_WORLD_SIZE", std::to_string(o.ranks)}});
+        auto p = spawn(o.cmd, e, {});
+        if (!p.ok()) {
+          fmt::print(stderr, "shoal run: starting a replacement: {}\n", p.status().message());
+          break;
+        }
+        procs.push_back(*p);
+        frozen.push_back(false);
+        output.add_rank();
+        elastic->joined(id);
+        fmt::print(stderr, "shoal run: started rank {} to replace a lost rank\n", id);
+      }
       if (!stop.empty()) {
         if (!elastic->lost().empty()) failed = elastic->lost().begin()->first;
         begin_stop(stop);
@@ -297,9 +321,10 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
       std::string lost;
       for (const auto& [id, w] : elastic->lost())
         lost += fmt::format("{}rank {} {}", lost.empty() ? "" : "; ", id, w);
-      fmt::print(stderr, "shoal run: the job ran on {} of {} ranks after generation {}; lost: {}\n",
-                 o.ranks - static_cast<int>(elastic->lost().size()), o.ranks, elastic->generation(),
-                 lost);
+      fmt::print(stderr,
+                 "shoal run: the job ended on {} ranks (it started on {}; generation {}); lost: "
+                 "{}\n",
+                 elastic->members(), o.ranks, elastic->generation(), lost);
     }
     return oc;
   }

@@ -26,6 +26,8 @@ class Output {
   // Local processes with names of their own ("server 0", "worker 1").
   explicit Output(std::vector<std::string> labels)
       : tails_(labels.size()), engine_("local"), labels_(std::move(labels)) {}
+  // One more rank (a replacement in an elastic data-parallel job).
+  void add_rank() { tails_.emplace_back(); }
   // One more local process (an elastic job's new worker).
   void add_label(std::string label) {
     labels_.push_back(std::move(label));

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 
 #include "cli/cli_results.h"
 #include "cli/run_shoal.h"
@@ -24,10 +25,11 @@ using testing::run_shoal;
 
 bool has(const std::string& out, const std::string& s) { return out.find(s) != std::string::npos; }
 
-// 250 steps an epoch of a global batch of 48 (12 x 4 ranks, 16 x 3).
+// 250 steps an epoch of a global batch of 48 (12 x 4 ranks, 16 x 3);
+// the tests give --epochs.
 const char* kTrain =
     "train --model mlp --limit-train 12000 --limit-test 256 --threads 1 --no-plot --quiet "
-    "--optimizer momentum --lr 0.05 --epochs 2";
+    "--optimizer momentum --lr 0.05";
 
 // `shoal train` under `sh`, in which rank `victim` sends itself `sig` once
 // the run has logged its first training record (step 25); bounded: 30 s.
@@ -59,11 +61,11 @@ TEST(Elastic, AKilledRankLeavesAndTheRestEndAsAJobThatShrankOnPurpose) {
   const std::string dir = testing::scratch_dir("elastic_kill");
   const std::string env = "SHOAL_DETERMINISTIC=1 ";
   auto r = run_sh(env + SHOAL_BINARY + " run -n 4 --elastic 2 --timeout 300 -- " +
-                  with_fault(dir + "/elastic", 2, "KILL", "--batch 12"));
+                  with_fault(dir + "/elastic", 2, "KILL", "--batch 12 --epochs 2"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "generation 1: 3 ranks go on from step ")) << r.out;
   EXPECT_TRUE(has(r.out, "rank 2 was killed by signal 9")) << r.out;
-  EXPECT_TRUE(has(r.out, "the job ran on 3 of 4 ranks")) << r.out;
+  EXPECT_TRUE(has(r.out, "the job ended on 3 ranks (it started on 4; generation 1)")) << r.out;
   EXPECT_FALSE(has(r.out, "resumed from " + dir)) << r.out;  // no file was read
   auto m = memberships(dir + "/elastic");
   ASSERT_EQ(m.size(), 1u) << r.out;
@@ -76,11 +78,13 @@ TEST(Elastic, AKilledRankLeavesAndTheRestEndAsAJobThatShrankOnPurpose) {
   ASSERT_LT(step, 500);
 
   const std::string ref = dir + "/ref";
-  auto a = run_sh(fmt::format("{}{} run -n 4 -- {} {} --batch 12 --max-steps {} --out {}", env,
-                              SHOAL_BINARY, SHOAL_BINARY, kTrain, step, ref));
+  auto a =
+      run_sh(fmt::format("{}{} run -n 4 -- {} {} --epochs 2 --batch 12 --max-steps {} --out {}",
+                         env, SHOAL_BINARY, SHOAL_BINARY, kTrain, step, ref));
   ASSERT_EQ(a.code, 0) << a.out;
-  auto b = run_sh(fmt::format("{}{} run -n 3 -- {} {} --batch 16 --max-steps 0 --resume --out {}",
-                              env, SHOAL_BINARY, SHOAL_BINARY, kTrain, ref));
+  auto b = run_sh(
+      fmt::format("{}{} run -n 3 -- {} {} --epochs 2 --batch 16 --max-steps 0 --resume --out {}",
+                  env, SHOAL_BINARY, SHOAL_BINARY, kTrain, ref));
   ASSERT_EQ(b.code, 0) << b.out;
   auto x = testing::last_checkpoint(dir + "/elastic"), y = testing::last_checkpoint(ref);
   ASSERT_TRUE(x.ok() && y.ok());
@@ -93,13 +97,57 @@ TEST(Elastic, AKilledRankLeavesAndTheRestEndAsAJobThatShrankOnPurpose) {
   EXPECT_EQ(ns, np);  // momentum: one state tensor per parameter
 }
 
+// With --max-restarts 1 the launcher starts a replacement for the killed
+// rank: it joins at a step boundary (the three regroup), takes the state
+// from rank 0's broadcast, and the job ends as one that ran 4 ranks, then
+// 3, then 4 again on purpose, each change a checkpoint and a resume.
+TEST(Elastic, AReplacementJoinsAtAStepBoundaryAndTakesTheStateFromRankZero) {
+  const std::string dir = testing::scratch_dir("elastic_grow");
+  const std::string env = "SHOAL_DETERMINISTIC=1 ";
+  const std::string train = std::string(kTrain) + " --epochs 3";
+  auto r = run_sh(env + SHOAL_BINARY + " run -n 4 --elastic 2 --max-restarts 1 --timeout 300 -- " +
+                  with_fault(dir + "/elastic", 2, "KILL", "--batch 12 --epochs 3"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "started rank 4 to replace a lost rank")) << r.out;
+  EXPECT_TRUE(has(r.out, "joining as rank 3 of 4")) << r.out;
+  EXPECT_TRUE(has(r.out, "the job ended on 4 ranks (it started on 4; generation 2)")) << r.out;
+  auto m = memberships(dir + "/elastic");
+  ASSERT_EQ(m.size(), 2u) << r.out;
+  EXPECT_EQ(m[0]["world"], 3);
+  EXPECT_EQ(m[1]["world"], 4);
+  EXPECT_EQ(m[1]["members"].back(), 4);  // the newcomer last: rank 0 holds the state
+  const std::int64_t shrink = m[0]["step"], grow = m[1]["step"];
+  ASSERT_GT(shrink, 0);
+  ASSERT_GE(grow, shrink);
+  ASSERT_LT(grow, 750);
+
+  const std::string ref = dir + "/ref";
+  for (auto [ranks, batch, until, resume] :
+       {std::tuple{4, 12, shrink, ""}, std::tuple{3, 16, grow, " --resume"},
+        std::tuple{4, 12, std::int64_t{0}, " --resume"}}) {
+    auto a =
+        run_sh(fmt::format("{}{} run -n {} -- {} {} --batch {} --max-steps {}{} --out {}", env,
+                           SHOAL_BINARY, ranks, SHOAL_BINARY, train, batch, until, resume, ref));
+    ASSERT_EQ(a.code, 0) << a.out;
+  }
+  auto x = testing::last_checkpoint(dir + "/elastic"), y = testing::last_checkpoint(ref);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_EQ(x->metadata.at("step"), "750");
+  EXPECT_EQ(y->metadata.at("step"), "750");
+  int np = 0, ns = 0;
+  EXPECT_LE(testing::max_abs_diff(*x, *y, "param/", &np), 1e-5);
+  EXPECT_LE(testing::max_abs_diff(*x, *y, "opt/", &ns), 1e-5);
+  EXPECT_GT(np, 0);
+  EXPECT_EQ(ns, np);
+}
+
 // A frozen rank (SIGSTOP) is named by the heartbeat, the survivors end the
 // step in flight and check in, and the launcher kills the stopped one and
 // forms the next generation: the job finishes.
 TEST(Elastic, AFrozenRankIsDroppedAndKilledAndTheJobFinishes) {
   const std::string dir = testing::scratch_dir("elastic_freeze");
   auto r = run_sh(fmt::format("SHOAL_HEARTBEAT=2 {} run -n 3 --elastic 2 --timeout 300 -- {}",
-                              SHOAL_BINARY, with_fault(dir, 1, "STOP", "--batch 16")));
+                              SHOAL_BINARY, with_fault(dir, 1, "STOP", "--batch 16 --epochs 2")));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "sent no heartbeat")) << r.out;
   EXPECT_TRUE(has(r.out, "ending the step in flight")) << r.out;
@@ -114,7 +162,7 @@ TEST(Elastic, AFrozenRankIsDroppedAndKilledAndTheJobFinishes) {
 TEST(Elastic, FewerRanksThanTheMinimumStopTheJob) {
   const std::string dir = testing::scratch_dir("elastic_floor");
   auto r = run_sh(fmt::format("{} run -n 2 --elastic 2 --timeout 300 -- {}", SHOAL_BINARY,
-                              with_fault(dir, 1, "KILL", "--batch 24")));
+                              with_fault(dir, 1, "KILL", "--batch 24 --epochs 2")));
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "1 rank left after generation 0 (rank 1 was killed by signal 9")) << r.out;
   EXPECT_TRUE(has(r.out, "fewer than --elastic 2")) << r.out;

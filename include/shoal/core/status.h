@@ -26,6 +26,7 @@ enum class StatusCode {
   kAborted,
   kDataLoss,
   kFailedPrecondition,
+  kCancelled,  // ended on purpose, not failed (an elastic generation that regroups)
 };
 
 const char* status_code_name(StatusCode code);
@@ -66,6 +67,7 @@ SHOAL_DEFINE_ERROR_FN(deadline_exceeded, kDeadlineExceeded)
 SHOAL_DEFINE_ERROR_FN(aborted, kAborted)
 SHOAL_DEFINE_ERROR_FN(data_loss, kDataLoss)
 SHOAL_DEFINE_ERROR_FN(failed_precondition, kFailedPrecondition)
+SHOAL_DEFINE_ERROR_FN(cancelled, kCancelled)
 #undef SHOAL_DEFINE_ERROR_FN
 
 // std::expected-shaped: holds a T or a non-ok Status.

@@ -8,13 +8,21 @@
 // broadcasts it. The rank then joins again under that generation's rank,
 // world and store keys; nothing is read from a checkpoint.
 //
+// A replacement (started by the launcher for a lost rank) announces itself
+// and waits; the launcher then asks generation G to regroup, its ranks end
+// run() after the step in progress (CANCELLED), check in, and the next
+// generation admits the newcomer, which receives the state from rank 0's
+// start-up broadcast (parameters, optimizer state, step, data position).
+//
 // Store keys (prefix shoal/elastic): "gen" the current generation;
 // "g<G>/members" its member ids, comma-separated, in rank order; "g<G>/note"
 // what changed; "g<G>/in/<id>" a member's check-in (the step it holds)
-// after generation G failed.
+// after generation G ended; "g<G>/regroup" set when ranks wait to join;
+// "join/<id>" a newcomer's announcement.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,8 +38,11 @@ namespace shoal::dist {
 struct JoinOptions;
 
 struct ElasticEnv {
-  int min = 0;                    // SHOAL_ELASTIC: the fewest ranks the job trains on
-  int id = 0;                     // this process's rank in generation 0: its name for good
+  int min = 0;  // SHOAL_ELASTIC: the fewest ranks the job trains on
+  // SHOAL_ELASTIC_ID: this process's name for good (its rank in generation
+  // 0; a replacement's is above the first ranks').
+  int id = 0;
+  bool joining = false;           // SHOAL_ELASTIC_JOIN: a replacement, admitted later
   int generation = 0;             // SHOAL_ELASTIC_GENERATION
   int world = 0;                  // ranks in this generation
   std::int64_t global_batch = 0;  // what every generation trains on per step
@@ -51,6 +62,8 @@ Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t bat
 std::string elastic_key(const std::string& rest);
 std::string members_key(int generation);
 std::string check_in_key(int generation, int id);
+std::string regroup_key(int generation);
+std::string join_key(int id);
 
 // "0,1,3" <-> {0, 1, 3}.
 std::string join_ids(const std::vector<int>& ids);
@@ -63,5 +76,22 @@ Result<std::vector<int>> parse_ids(const std::string& s);
 // changed, as a metrics record (JSON). Fails, saying why, when this rank
 // was dropped or the launcher ended the job.
 Result<std::string> next_generation(ElasticEnv& e, std::int64_t step, double wait_s);
+
+// A replacement's start: announces itself and waits up to `wait_s` for a
+// generation that admits it, then enters it as next_generation does.
+Result<std::string> admit(ElasticEnv& e, double wait_s);
+
+// Rank 0's question after each step (TrainOptions::regroup), on a store
+// connection of its own: whether ranks wait to join this generation.
+class RegroupWatch {
+ public:
+  static Result<std::unique_ptr<RegroupWatch>> connect();
+  ~RegroupWatch();
+  bool asked(int generation);
+
+ private:
+  RegroupWatch() = default;
+  std::unique_ptr<net::Store> store_;
+};
 
 }  // namespace shoal::dist

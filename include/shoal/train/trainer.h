@@ -195,6 +195,9 @@ struct StrategyHooks {
   bool commit = false;
   std::shared_ptr<const CheckpointState> resume_state;
   std::string metrics_note;
+  // Asked on rank 0 after every step: whether ranks wait to join. If so,
+  // every rank ends run() after that step with CANCELLED, state committed.
+  std::function<bool()> regroup;
   // The other ranks (null when world == 1): start-up agreement on the graph
   // and build, rank 0's weights broadcast, metrics summed, buffers averaged.
   std::shared_ptr<Peers> peers;
@@ -264,7 +267,9 @@ class Trainer {
   Status init_state(StepBuild& sb, const std::optional<WeightsFile>& init_w);
   Status compile_step(StepBuild& sb);
   Status train_step(double* loss, std::int64_t* correct);
-  Result<int> step_vote(double* loss);  // collective where ranks step together
+  // Collective where ranks step together: the mean loss, a stop signal on
+  // any rank, and whether an elastic job regroups (TrainOptions::regroup).
+  Result<int> step_vote(double* loss, bool* regroup);
   Status stop_now(int sig);
   Status commit_step();  // trainer_commit.cc
   Status restore(const std::string& from, const CheckpointState& s);
