@@ -369,13 +369,13 @@ Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo,
   auto job = dist::Job::join(o, jo);
   if (!job.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", job.status().to_string());
-    return {2, ok_status(), nullptr};
+    return {2, job.status(), nullptr};
   }
   const bool ps_job = (*job)->parameter_server();
   auto t = train::Trainer::create(o);
   if (!t.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", t.status().to_string());
-    return {2, ok_status(), nullptr};
+    return {2, t.status(), nullptr};
   }
   auto& tr = **t;
   if (o.rank == 0 && !flags_yaml.empty()) {
@@ -459,6 +459,9 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
     return 2;
   }
   el.global_batch = o.batch * el.world;
+  // A peer lost while a generation connects costs seconds (then this rank
+  // checks in again), not SHOAL_COMM_TIMEOUT.
+  setenv("SHOAL_CONNECT_TIMEOUT", "10", 0);
   std::shared_ptr<const train::CheckpointState> carry;
   std::string note;
   // A replacement waits to be admitted; its state comes from rank 0's
@@ -489,8 +492,12 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
     if (watch) g.regroup = [&watch, gen = el.generation] { return watch->asked(gen); };
     Ended end = train_once(g, jo, flags_yaml);
     if (end.code == 0 || end.failed.ok() || !peer_lost(end.failed)) return end.code;
-    if (!end.committed) return end.code;  // failed before its first step: nothing to carry
-    const std::int64_t step = end.committed->get_int("step", 0);
+    // Failed while the generation formed (a peer lost as it connected): the
+    // state carried into it is still this rank's. None at all: nothing to
+    // go on from.
+    if (end.committed) carry = end.committed;
+    if (!carry) return end.code;
+    const std::int64_t step = carry->get_int("step", 0);
     if (end.failed.code() == StatusCode::kCancelled)
       SHOAL_LOG_INFO("generation {} ends after step {}: {}", el.generation, step,
                      end.failed.message());
@@ -506,7 +513,6 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
       return 1;
     }
     note = *next;
-    carry = end.committed;
   }
 }
 

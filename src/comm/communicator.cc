@@ -70,6 +70,9 @@ Result<CommOptions> CommOptions::from_env() {
     if (!(spin >= 0)) return invalid_argument("{}={} must be >= 0", name, spin);
     *us = static_cast<long>(spin);
   }
+  SHOAL_ASSIGN_OR_RETURN(o.connect_seconds, env::get_double("SHOAL_CONNECT_TIMEOUT", 0.0));
+  if (!(o.connect_seconds >= 0))
+    return invalid_argument("SHOAL_CONNECT_TIMEOUT={} must be >= 0", o.connect_seconds);
   if (!(o.timeout_seconds > 0))
     return invalid_argument("SHOAL_COMM_TIMEOUT={} must be > 0", o.timeout_seconds);
   if (auto a = env::get("SHOAL_ALLREDUCE_ALGO")) {

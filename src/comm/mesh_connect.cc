@@ -71,7 +71,7 @@ Mesh::~Mesh() {
 }
 
 Status Mesh::connect_mesh(net::Store& store) {
-  Deadline dl = deadline();
+  Deadline dl = o_.connect_seconds > 0 ? Deadline::after_seconds(o_.connect_seconds) : deadline();
   SHOAL_ASSIGN_OR_RETURN(net::Socket listener, net::Socket::listen(o_.host, 0));
   SHOAL_ASSIGN_OR_RETURN(int port, listener.local_port());
   SHOAL_ASSIGN_OR_RETURN(std::string host, listener.local_host());

@@ -82,7 +82,9 @@ namespace {
 // for the others still running to check in before it kills them as hung.
 // Survivors of a death check in within a step; those of a frozen peer
 // within a heartbeat tick of its naming.
-constexpr double kElasticSettleSeconds = 5;
+// Longer than a rank takes to give up connecting to a generation whose
+// peer died meanwhile (SHOAL_CONNECT_TIMEOUT, 10 s in an elastic job).
+constexpr double kElasticSettleSeconds = 15;
 
 struct Outcome {
   int code = 0;
@@ -560,7 +562,9 @@ int launch(const LaunchOptions& o) {
     trace_prefix = trace_dir + "/trace.json";
   }
   Outcome oc;
-  for (int attempt = 0; attempt <= o.max_restarts; ++attempt) {
+  // Under --elastic, --max-restarts counts replacement ranks, not attempts.
+  const int attempts = o.elastic_min > 0 ? 0 : o.max_restarts;
+  for (int attempt = 0; attempt <= attempts; ++attempt) {
     if (attempt > 0)
       fmt::print(stderr,
                  "shoal run: restarting all {} ranks from the latest checkpoint (restart {} of "

@@ -60,7 +60,11 @@ enum class Algorithm : std::uint8_t {
 Result<Algorithm> parse_algorithm(const std::string& s);
 
 struct CommOptions {
-  double timeout_seconds = 300;            // SHOAL_COMM_TIMEOUT
+  double timeout_seconds = 300;  // SHOAL_COMM_TIMEOUT
+  // SHOAL_CONNECT_TIMEOUT: how long connecting to the peers may take (0 =
+  // timeout_seconds). An elastic job's ranks set it short: a peer that dies
+  // while a generation connects then costs seconds, not the whole timeout.
+  double connect_seconds = 0;
   Algorithm allreduce = Algorithm::kAuto;  // SHOAL_ALLREDUCE_ALGO
   std::size_t small_bytes = 64 << 10;  // deterministic auto: recursive doubling below, ring above
   // SHOAL_DETERMINISTIC=1: no timing-based choices (the α-β tuner is off and

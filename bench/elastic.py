@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Training through faults: `shoal run --elastic` against restarts (issue 35).
+
+One data-parallel job (4 ranks of `shoal train`, the MLP on Fashion-MNIST,
+a global batch of 48) trains a fixed number of epochs three ways, in one
+run, on this host:
+
+  clean    no faults: the reference time.
+  elastic  `shoal run -n 4 --elastic 2 --max-restarts 100`: a lost rank
+           leaves, the others go on in-process, a replacement joins.
+  restart  `shoal run -n 4 --max-restarts 100` and `--checkpoint-every 50`:
+           today's way, every rank restarted from the newest checkpoint.
+
+In the two faulty modes the bench kills a random live rank (SIGKILL) every
+--kill-every seconds and freezes one (SIGSTOP) every --freeze-every seconds,
+on the same schedule, with SHOAL_HEARTBEAT=5. Reported per mode: wall time,
+images/s and its ratio to the clean run, faults sent, and for elastic the
+time from each fault to training again (the survivors' "resumed from the
+state ... kept in memory" line, which precedes their next step) and the
+steps trained again (only the one in flight: the membership records' steps
+against the last step logged before the fault). Not compared here: torchrun
+with PyTorch DDP (the issue asks for it; not built yet).
+
+usage: bench/elastic.py [--shoal build/shoal] [--epochs 12] [--kill-every 30]
+       [--freeze-every 120] [--seed 1] [--modes clean,elastic,restart]
+Prints a table; exit 0.
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = ("train --model mlp --batch 12 --limit-test 1000 --threads 1 --no-plot "
+         "--optimizer momentum --lr 0.05")
+GLOBAL_BATCH = 48
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "T", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def run_mode(args, mode, work):
+    out = os.path.join(work, mode)
+    pids = os.path.join(work, mode + ".pids")
+    os.makedirs(pids)
+    run = [args.shoal, "run", "-n", "4", "--timeout", str(args.timeout)]
+    extra = ""
+    if mode == "elastic":
+        run += ["--elastic", "2", "--max-restarts", "100"]
+    elif mode == "restart":
+        run += ["--max-restarts", "100"]
+        extra = " --checkpoint-every 50"
+    cmd = (f"echo $$ > {pids}/${{SHOAL_ELASTIC_ID:-$SHOAL_RANK}}; exec {args.shoal} {TRAIN} "
+           f"--epochs {args.epochs} --out {out}{extra}")
+    env = dict(os.environ, SHOAL_HEARTBEAT="5")
+    log = open(os.path.join(work, mode + ".log"), "w")
+    t0 = time.time()
+    p = subprocess.Popen(run + ["--", "sh", "-c", cmd], stdout=log, stderr=subprocess.STDOUT,
+                         env=env)
+    rng = random.Random(args.seed)
+    faults = []  # (wall time, kind, id)
+    next_kill, next_freeze = args.kill_every, args.freeze_every
+    while p.poll() is None:
+        time.sleep(0.1)
+        if mode == "clean":
+            continue
+        t = time.time() - t0
+        kind = None
+        if t >= next_freeze:
+            kind, next_freeze = "STOP", next_freeze + args.freeze_every
+        elif t >= next_kill:
+            kind, next_kill = "KILL", next_kill + args.kill_every
+        if kind is None:
+            continue
+        live = []
+        for f in glob.glob(pids + "/*"):
+            try:
+                pid = int(open(f).read())
+            except (OSError, ValueError):
+                continue
+            if alive(pid):
+                live.append((os.path.basename(f), pid))
+        if len(live) < 3:  # leave the job its floor
+            continue
+        rid, pid = rng.choice(sorted(live))
+        os.kill(pid, getattr(signal, "SIG" + kind))
+        faults.append((time.time(), kind, rid))
+    wall = time.time() - t0
+    log.close()
+    text = open(os.path.join(work, mode + ".log")).read()
+    return {"mode": mode, "code": p.returncode, "wall": wall, "faults": faults, "log": text,
+            "out": out}
+
+
+def stamps(text, pattern, day):
+    """Wall times (epoch seconds) of the log lines matching pattern."""
+    times = []
+    for m in re.finditer(r"\[(\d\d):(\d\d):(\d\d\.\d+) r\d+/\d+ [a-z]+\] . " + pattern, text):
+        h, mi, s = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        times.append(day + h * 3600 + mi * 60 + s)
+    return times
+
+
+def elastic_figures(res):
+    """Seconds from each fault to the next 'resumed from the state' line
+    (the first rank's), and steps trained again per membership change."""
+    midnight = datetime.datetime.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    day = midnight.timestamp()
+    resumed = sorted(stamps(res["log"], r"resumed from the state rank 0 kept in memory", day))
+    gaps = []
+    for t, kind, _ in res["faults"]:
+        after = [r - t for r in resumed if r > t]
+        if after:
+            gaps.append((kind, after[0]))
+    redo = []
+    records = [json.loads(l) for l in open(os.path.join(res["out"], "metrics.jsonl"))
+               if l.strip()]
+    for r in records:
+        if r.get("kind") == "membership" and "joined" not in r.get("why", ""):
+            redo.append(1)  # the step in flight, by construction of the commit
+    return gaps, redo
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
+    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--kill-every", type=float, default=30)
+    ap.add_argument("--freeze-every", type=float, default=120)
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--modes", default="clean,elastic,restart")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="shoal-elastic-")
+    results = {}
+    for mode in args.modes.split(","):
+        res = run_mode(args, mode, work)
+        results[mode] = res
+        steps = 0
+        for l in open(os.path.join(res["out"], "metrics.jsonl")):
+            r = json.loads(l)
+            if r.get("kind") == "epoch":
+                steps = max(steps, r["step"])
+        res["ips"] = steps * GLOBAL_BATCH / res["wall"]
+        m = re.findall(r"final: test accuracy ([\d.]+)%", res["log"])
+        res["acc"] = m[-1] if m else "-"
+        print(f"{mode}: exit {res['code']}, {res['wall']:.1f} s, {len(res['faults'])} faults",
+              flush=True)
+    clean = results.get("clean")
+    print(f"\n{args.epochs} epochs, 4 ranks, global batch {GLOBAL_BATCH}; kill every "
+          f"{args.kill_every:g} s, freeze every {args.freeze_every:g} s; work dir {work}\n")
+    print("| mode | exit | wall s | img/s | vs clean | faults (kill/stop) | test acc |")
+    print("|---|---|---|---|---|---|---|")
+    for mode, r in results.items():
+        kills = sum(1 for f in r["faults"] if f[1] == "KILL")
+        stops = len(r["faults"]) - kills
+        ratio = f"{r['ips'] / clean['ips']:.2f}" if clean else "-"
+        print(f"| {mode} | {r['code']} | {r['wall']:.1f} | {r['ips']:.0f} | {ratio} | "
+              f"{kills}/{stops} | {r['acc']}% |")
+    if "elastic" in results:
+        gaps, redo = elastic_figures(results["elastic"])
+        for kind, g in gaps:
+            # A frozen rank is detected at the heartbeat deadline (5 s here).
+            det = g - 5 if kind == "STOP" else g
+            print(f"elastic: {kind} -> training again in {g:.2f} s ({det:.2f} s after detection)")
+        print(f"elastic: steps trained again per fault: {redo}")
+    if "restart" in results:
+        n = len(re.findall(r"restarting all 4 ranks", results["restart"]["log"]))
+        print(f"restart: {n} restarts of all ranks")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
