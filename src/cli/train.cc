@@ -496,8 +496,10 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
     // state carried into it is still this rank's. None at all: nothing to
     // go on from.
     if (end.committed) carry = end.committed;
-    if (!carry) return end.code;
-    const std::int64_t step = carry->get_int("step", 0);
+    if (!carry && !el.joining) return end.code;
+    // A newcomer whose first generation failed before it received the
+    // state checks in holding none (-1): it is admitted again as new.
+    const std::int64_t step = carry ? carry->get_int("step", 0) : -1;
     if (end.failed.code() == StatusCode::kCancelled)
       SHOAL_LOG_INFO("generation {} ends after step {}: {}", el.generation, step,
                      end.failed.message());

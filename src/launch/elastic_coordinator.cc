@@ -97,6 +97,7 @@ std::vector<std::string> ElasticCoordinator::tick(std::vector<Proc>& procs, std:
 std::vector<std::string> ElasticCoordinator::reform(std::vector<Proc>& procs, std::string* stop) {
   std::vector<std::string> lines;
   std::vector<int> next;
+  int again = 0;  // members that hold no state yet: newcomers once more
   for (int id : members_) {
     Proc& p = procs[static_cast<std::size_t>(id)];
     if (p.exited) continue;
@@ -110,6 +111,11 @@ std::vector<std::string> ElasticCoordinator::reform(std::vector<Proc>& procs, st
                                settle_s_);
       continue;
     }
+    if (checked_in_.at(id) < 0) {
+      announced_.insert(id);  // a newcomer that holds no state yet
+      ++again;
+      continue;
+    }
     next.push_back(id);
   }
   // The newest state first: its holder becomes rank 0 and broadcasts it.
@@ -120,12 +126,12 @@ std::vector<std::string> ElasticCoordinator::reform(std::vector<Proc>& procs, st
     if (left_.count(id) && std::find(next.begin(), next.end(), id) == next.end())
       who_left += fmt::format("{}rank {} {}", who_left.empty() ? "" : "; ", id, left_.at(id));
   const std::size_t survivors = next.size();
-  const int lost_now = static_cast<int>(members_.size() - survivors);
+  const int lost_now = static_cast<int>(members_.size() - survivors) - again;
   for (int id : announced_) next.push_back(id);  // newcomers last: rank 0 holds the state
   if (survivors == 0) {
     *stop = fmt::format("every rank of generation {} exited ({}): none is left to go on", gen_,
                         who_left);
-  } else if (survivors == members_.size() && announced_.empty()) {
+  } else if (lost_now == 0 && again == 0 && announced_.empty()) {
     *stop = fmt::format(
         "every rank of generation {} failed its step with no rank lost: not a fault elastic "
         "training goes on from (the ranks' errors say why)",
@@ -156,7 +162,9 @@ std::vector<std::string> ElasticCoordinator::reform(std::vector<Proc>& procs, st
       next.size(), next.size() == 1 ? "" : "s", checked_in_.at(next.front()), dist::join_ids(next),
       next.size() - 1, note));
   members_ = std::move(next);
-  for (int id : announced_) joiners_.erase(std::find(joiners_.begin(), joiners_.end(), id));
+  for (int id : announced_)
+    if (auto it = std::find(joiners_.begin(), joiners_.end(), id); it != joiners_.end())
+      joiners_.erase(it);
   announced_.clear();
   regroup_asked_ = false;
   owed_ += lost_now;
