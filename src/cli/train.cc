@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
+#include "shoal/core/env.h"
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
 #include "shoal/core/stop.h"
@@ -360,6 +361,7 @@ struct Ended {
   int code = 0;
   Status failed;
   std::shared_ptr<const train::CheckpointState> committed;
+  std::int64_t reached = 0;  // steps the trainer had finished
 };
 
 // Several ranks in the environment (shoal run, mpirun, srun, torchrun),
@@ -369,13 +371,13 @@ Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo,
   auto job = dist::Job::join(o, jo);
   if (!job.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", job.status().to_string());
-    return {2, job.status(), nullptr};
+    return {2, job.status(), nullptr, 0};
   }
   const bool ps_job = (*job)->parameter_server();
   auto t = train::Trainer::create(o);
   if (!t.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", t.status().to_string());
-    return {2, t.status(), nullptr};
+    return {2, t.status(), nullptr, 0};
   }
   auto& tr = **t;
   if (o.rank == 0 && !flags_yaml.empty()) {
@@ -409,10 +411,10 @@ Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo,
   if (!st.ok()) {
     // A regroup (ranks joining an elastic job) is no error: it is said there.
     if (st.code() != StatusCode::kCancelled) SHOAL_LOG_ERROR("shoal train: {}", st.to_string());
-    return {1, st, tr.committed()};
+    return {1, st, tr.committed(), tr.global_step()};
   }
   if (tr.stopped_by() != 0)
-    return {128 + tr.stopped_by(), ok_status(), nullptr};  // as a shell reports the signal
+    return {128 + tr.stopped_by(), ok_status(), nullptr, 0};  // as a shell reports the signal
   // What the rank held at most, as the kernel counts it (ZeRO's stages
   // are judged by it, not by the planner's figures).
   rusage ru{};
@@ -437,7 +439,7 @@ Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo,
       fmt::print("final: test accuracy {:.2f}% after {}, {:.0f} img/s, {:.1f} s\n",
                  100 * last.test_acc, when, last.images_per_s, secs);
   }
-  return {0, ok_status(), nullptr};
+  return {0, ok_status(), nullptr, 0};
 }
 
 // A step that failed because a peer is gone (died, froze, cut off): what
@@ -459,6 +461,14 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
     return 2;
   }
   el.global_batch = o.batch * el.world;
+  auto every = env::get_int("SHOAL_ELASTIC_COMMIT_EVERY", 0);
+  if (!every.ok() || *every < 0) {
+    SHOAL_LOG_ERROR(
+        "shoal train: SHOAL_ELASTIC_COMMIT_EVERY must be a count of steps >= 0 "
+        "(0: chosen from the measured costs)");
+    return 2;
+  }
+  const int commit_every = static_cast<int>(*every);
   // A peer lost while a generation connects costs seconds (then this rank
   // checks in again), not SHOAL_COMM_TIMEOUT.
   setenv("SHOAL_CONNECT_TIMEOUT", "10", 0);
@@ -476,20 +486,22 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
   while (true) {
     train::TrainOptions g = o;
     g.commit = true;
+    g.commit_every = commit_every;
     g.batch = el.global_batch / el.world;
     g.resume_state = carry;
     g.resume = o.resume || carry != nullptr || el.joining;
     g.metrics_note = note;
+    // Only rank 0 asks (the step's vote tells the others).
     std::unique_ptr<dist::RegroupWatch> watch;
-    if (el.world > 1 || el.joining) {
-      auto w = dist::RegroupWatch::connect();
+    if (el.rank == 0) {
+      auto w = dist::RegroupWatch::start(el.generation);
       if (!w.ok()) {
         SHOAL_LOG_ERROR("shoal train: {}", w.status().message());
         return 1;
       }
       watch = std::move(w).value();
+      g.regroup = [&watch] { return watch->asked(); };
     }
-    if (watch) g.regroup = [&watch, gen = el.generation] { return watch->asked(gen); };
     Ended end = train_once(g, jo, flags_yaml);
     if (end.code == 0 || end.failed.ok() || !peer_lost(end.failed)) return end.code;
     // Failed while the generation formed (a peer lost as it connected): the
@@ -505,9 +517,9 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
                      end.failed.message());
     else
       SHOAL_LOG_WARN(
-          "generation {} lost a peer; going on from the state after step {} (a step in flight "
-          "is trained again)",
-          el.generation, step);
+          "generation {} lost a peer after step {}; going on from the state after step {} ({} "
+          "steps trained again)",
+          el.generation, end.reached, step, std::max<std::int64_t>(end.reached, step) - step + 1);
     // How long the launcher may take: its settling time and a margin.
     auto next = dist::next_generation(el, step, 60);
     if (!next.ok()) {

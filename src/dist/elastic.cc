@@ -68,6 +68,7 @@ Result<std::optional<ElasticEnv>> elastic_env() {
   SHOAL_ASSIGN_OR_RETURN(e.joining, env::get_bool("SHOAL_ELASTIC_JOIN", false));
   e.id = static_cast<int>(id);
   e.generation = static_cast<int>(g);
+  e.rank = le.rank;
   e.world = le.world;
   return std::optional<ElasticEnv>(e);
 }
@@ -122,6 +123,7 @@ void enter(ElasticEnv& e, int g, int rank, int world) {
   setenv("SHOAL_COMM_PREFIX", fmt::format("shoal/g{}", g).c_str(), 1);
   log::set_identity(rank, world, "comm");
   e.generation = g;
+  e.rank = rank;
   e.world = world;
 }
 
@@ -194,17 +196,32 @@ Result<std::string> admit(ElasticEnv& e, double wait_s) {
   return await_generation(*store, e, now.empty() ? 0 : std::atoi(now.c_str()), -1, wait_s);
 }
 
-Result<std::unique_ptr<RegroupWatch>> RegroupWatch::connect() {
+Result<std::unique_ptr<RegroupWatch>> RegroupWatch::start(int generation) {
   std::unique_ptr<RegroupWatch> w(new RegroupWatch());
   SHOAL_ASSIGN_OR_RETURN(w->store_, connect_store());
+  w->generation_ = generation;
+  w->thread_ = std::thread([p = w.get()] { p->loop(); });
   return w;
 }
 
-RegroupWatch::~RegroupWatch() = default;
+RegroupWatch::~RegroupWatch() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
 
-bool RegroupWatch::asked(int generation) {
-  auto v = store_->peek(regroup_key(generation));
-  return v.ok() && !v->empty();
+void RegroupWatch::loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!cv_.wait_for(lk, std::chrono::milliseconds(200), [&] { return stop_; })) {
+    lk.unlock();
+    auto v = store_->peek(regroup_key(generation_));
+    if (v.ok() && !v->empty()) asked_.store(true, std::memory_order_relaxed);
+    lk.lock();
+    if (asked_.load(std::memory_order_relaxed)) return;  // asked once is enough
+  }
 }
 
 }  // namespace shoal::dist

@@ -397,7 +397,8 @@ Status Trainer::run() {
       SHOAL_ASSIGN_OR_RETURN(const int stop, step_vote(&loss, &regroup));
       // Every rank has finished this step (the vote sums all of them): the
       // state an elastic job's survivors may continue from.
-      if (o_.commit) SHOAL_RETURN_IF_ERROR(commit_step());
+      if (o_.commit && (regroup || commit_due(train_s / static_cast<double>(steps + 1))))
+        SHOAL_RETURN_IF_ERROR(commit_step());
       if (regroup)
         return cancelled("ranks are waiting to join: this generation ends after step {}", step_);
       loss_sum += loss;

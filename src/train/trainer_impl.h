@@ -113,6 +113,7 @@ struct Trainer::Impl {
   double report_copies = 1;
   // TrainOptions::commit: the state at the last step boundary.
   std::shared_ptr<CheckpointState> commit;
+  double commit_seconds = 0;  // how long the last copy took
 };
 
 inline bool has_input(const runtime::Executable& exe, const std::string& name) {

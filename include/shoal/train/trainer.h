@@ -193,6 +193,10 @@ struct StrategyHooks {
   // JSON object the lead appends to metrics.jsonl when run() starts (what
   // changed in the job's membership).
   bool commit = false;
+  // Steps between copies (SHOAL_ELASTIC_COMMIT_EVERY): 0 = chosen from the
+  // measured copy and step times so the copies cost about 2% of training;
+  // a fault then trains again at most that many steps.
+  int commit_every = 0;
   std::shared_ptr<const CheckpointState> resume_state;
   std::string metrics_note;
   // Asked on rank 0 after every step: whether ranks wait to join. If so,
@@ -272,6 +276,9 @@ class Trainer {
   Result<int> step_vote(double* loss, bool* regroup);
   Status stop_now(int sig);
   Status commit_step();  // trainer_commit.cc
+  // Whether this step boundary gets a copy (TrainOptions::commit_every),
+  // given the mean step time so far.
+  bool commit_due(double step_seconds) const;
   Status restore(const std::string& from, const CheckpointState& s);
   Status report_finished(std::int64_t limit);
   const char* rate_key() const;  // metrics.jsonl's name for the rate
