@@ -9,6 +9,7 @@
 #include <numeric>
 #include <thread>
 
+#include "shoal/core/elastic_keys.h"
 #include "shoal/core/env.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
@@ -18,37 +19,7 @@
 
 namespace shoal::dist {
 
-std::string elastic_key(const std::string& rest) { return "shoal/elastic/" + rest; }
-std::string members_key(int generation) {
-  return elastic_key(fmt::format("g{}/members", generation));
-}
-std::string check_in_key(int generation, int id) {
-  return elastic_key(fmt::format("g{}/in/{}", generation, id));
-}
-
-std::string regroup_key(int generation) {
-  return elastic_key(fmt::format("g{}/regroup", generation));
-}
-std::string join_key(int id) { return elastic_key(fmt::format("join/{}", id)); }
-
-std::string join_ids(const std::vector<int>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
-
-Result<std::vector<int>> parse_ids(const std::string& s) {
-  std::vector<int> ids;
-  std::size_t at = 0;
-  while (at < s.size()) {
-    std::size_t comma = s.find(',', at);
-    if (comma == std::string::npos) comma = s.size();
-    const std::string one = s.substr(at, comma - at);
-    char* end = nullptr;
-    const long v = std::strtol(one.c_str(), &end, 10);
-    if (one.empty() || *end != '\0' || v < 0 || v > 65535)
-      return data_loss("elastic membership '{}': '{}' is not a rank id", s, one);
-    ids.push_back(static_cast<int>(v));
-    at = comma + 1;
-  }
-  return ids;
-}
+namespace keys = elastic_keys;
 
 Result<std::optional<ElasticEnv>> elastic_env() {
   const auto min = env::get("SHOAL_ELASTIC");
@@ -97,7 +68,7 @@ Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t bat
         "--elastic {}:{}: the global batch {} (--batch {} x {} ranks) does not split evenly "
         "over {} ranks, so a smaller job would train on another step; choose a global batch "
         "that is a multiple of {}",
-        e.min, e.world, global, batch, e.world, join_ids(uneven), every);
+        e.min, e.world, global, batch, e.world, keys::join_ids(uneven), every);
   return ok_status();
 }
 
@@ -143,9 +114,9 @@ Result<std::string> await_generation(net::Store& store, ElasticEnv& e, int after
           "rank id {} waited {} s for a generation after {} that lists it; the launcher formed "
           "none",
           e.id, wait_s, after);
-    SHOAL_ASSIGN_OR_RETURN(std::string now, store.peek(elastic_key("gen")));
+    SHOAL_ASSIGN_OR_RETURN(std::string now, store.peek(keys::key("gen")));
     if (now == "end") {
-      auto why = store.peek(elastic_key("end_why"));
+      auto why = store.peek(keys::key("end_why"));
       return aborted("the launcher ended the job: {}", why.ok() ? *why : "(no reason stored)");
     }
     const int g = now.empty() ? seen : std::atoi(now.c_str());
@@ -154,8 +125,8 @@ Result<std::string> await_generation(net::Store& store, ElasticEnv& e, int after
       continue;
     }
     seen = g;
-    SHOAL_ASSIGN_OR_RETURN(std::string listed, store.peek(members_key(g)));
-    SHOAL_ASSIGN_OR_RETURN(std::vector<int> ids, parse_ids(listed));
+    SHOAL_ASSIGN_OR_RETURN(std::string listed, store.peek(keys::members(g)));
+    SHOAL_ASSIGN_OR_RETURN(std::vector<int> ids, keys::parse_ids(listed));
     const auto me = std::find(ids.begin(), ids.end(), e.id);
     if (me == ids.end()) {
       if (step < 0) continue;  // a newcomer not admitted yet
@@ -165,7 +136,7 @@ Result<std::string> await_generation(net::Store& store, ElasticEnv& e, int after
           e.id, g, listed);
     }
     const int rank = static_cast<int>(me - ids.begin());
-    auto read_note = store.peek(elastic_key(fmt::format("g{}/note", g)));
+    auto read_note = store.peek(keys::note(g));
     const std::string note = read_note.ok() ? *read_note : "";
     if (step >= 0)
       SHOAL_LOG_WARN("generation {}: continuing as rank {} of {} from step {} ({})", g, rank,
@@ -183,15 +154,15 @@ Result<std::string> await_generation(net::Store& store, ElasticEnv& e, int after
 
 Result<std::string> next_generation(ElasticEnv& e, std::int64_t step, double wait_s) {
   SHOAL_ASSIGN_OR_RETURN(auto store, connect_store());
-  SHOAL_RETURN_IF_ERROR(store->set(check_in_key(e.generation, e.id), std::to_string(step))
+  SHOAL_RETURN_IF_ERROR(store->set(keys::check_in(e.generation, e.id), std::to_string(step))
                             .with_context("checking in"));
   return await_generation(*store, e, e.generation, step, wait_s);
 }
 
 Result<std::string> admit(ElasticEnv& e, double wait_s) {
   SHOAL_ASSIGN_OR_RETURN(auto store, connect_store());
-  SHOAL_ASSIGN_OR_RETURN(std::string now, store->peek(elastic_key("gen")));
-  SHOAL_RETURN_IF_ERROR(store->set(join_key(e.id), "ready").with_context("announcing"));
+  SHOAL_ASSIGN_OR_RETURN(std::string now, store->peek(keys::key("gen")));
+  SHOAL_RETURN_IF_ERROR(store->set(keys::join(e.id), "ready").with_context("announcing"));
   SHOAL_LOG_INFO("rank id {} waits to join the job (generation {} trains)", e.id, now);
   return await_generation(*store, e, now.empty() ? 0 : std::atoi(now.c_str()), -1, wait_s);
 }
@@ -217,7 +188,7 @@ void RegroupWatch::loop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (!cv_.wait_for(lk, std::chrono::milliseconds(200), [&] { return stop_; })) {
     lk.unlock();
-    auto v = store_->peek(regroup_key(generation_));
+    auto v = store_->peek(keys::regroup(generation_));
     if (v.ok() && !v->empty()) asked_.store(true, std::memory_order_relaxed);
     lk.lock();
     if (asked_.load(std::memory_order_relaxed)) return;  // asked once is enough

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 
-#include "shoal/dist/elastic.h"
+#include "shoal/core/elastic_keys.h"
 
 namespace shoal::launch {
+
+namespace keys = elastic_keys;
 
 Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::start(
     std::unique_ptr<net::Store> store, int ranks, int min, double settle_s, int replacements) {
@@ -17,14 +19,14 @@ Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::start(
   c->settle_s_ = settle_s;
   c->replacements_ = replacements;
   for (int r = 0; r < ranks; ++r) c->members_.push_back(r);
-  SHOAL_RETURN_IF_ERROR(c->store_->set(dist::members_key(0), dist::join_ids(c->members_)));
-  SHOAL_RETURN_IF_ERROR(c->store_->set(dist::elastic_key("gen"), "0"));
+  SHOAL_RETURN_IF_ERROR(c->store_->set(keys::members(0), keys::join_ids(c->members_)));
+  SHOAL_RETURN_IF_ERROR(c->store_->set(keys::key("gen"), "0"));
   return c;
 }
 
 void ElasticCoordinator::end(const std::string& why) {
-  (void)store_->set(dist::elastic_key("end_why"), why);
-  (void)store_->set(dist::elastic_key("gen"), "end");
+  (void)store_->set(keys::key("end_why"), why);
+  (void)store_->set(keys::key("gen"), "end");
 }
 
 int ElasticCoordinator::to_replace() {
@@ -47,7 +49,7 @@ std::vector<std::string> ElasticCoordinator::tick(std::vector<Proc>& procs, std:
       it = joiners_.erase(it);
       continue;
     }
-    auto v = store_->peek(dist::join_key(*it));
+    auto v = store_->peek(keys::join(*it));
     if (v.ok() && !v->empty()) announced_.insert(*it);
     ++it;
   }
@@ -66,7 +68,7 @@ std::vector<std::string> ElasticCoordinator::tick(std::vector<Proc>& procs, std:
   }
   if (finished_) return {};
   if (!announced_.empty() && !regroup_asked_) {
-    regroup_asked_ = store_->set(dist::regroup_key(gen_), "1").ok();
+    regroup_asked_ = store_->set(keys::regroup(gen_), "1").ok();
   }
   for (int id : members_) {
     const Proc& p = procs[static_cast<std::size_t>(id)];
@@ -75,7 +77,7 @@ std::vector<std::string> ElasticCoordinator::tick(std::vector<Proc>& procs, std:
       troubled_ = true;
     }
     if (checked_in_.count(id)) continue;
-    auto v = store_->peek(dist::check_in_key(gen_, id));
+    auto v = store_->peek(keys::check_in(gen_, id));
     if (v.ok() && !v->empty()) {
       checked_in_[id] = std::atoll(v->c_str());
       troubled_ = true;
@@ -149,17 +151,17 @@ std::vector<std::string> ElasticCoordinator::reform(std::vector<Proc>& procs, st
   if (!announced_.empty())
     note += fmt::format("{}rank{} {} joined", note.empty() ? "" : "; ",
                         announced_.size() == 1 ? "" : "s",
-                        dist::join_ids(std::vector<int>(announced_.begin(), announced_.end())));
-  Status wrote = store_->set(dist::elastic_key(fmt::format("g{}/note", gen_)), note);
-  if (wrote.ok()) wrote = store_->set(dist::members_key(gen_), dist::join_ids(next));
-  if (wrote.ok()) wrote = store_->set(dist::elastic_key("gen"), std::to_string(gen_));
+                        keys::join_ids(std::vector<int>(announced_.begin(), announced_.end())));
+  Status wrote = store_->set(keys::note(gen_), note);
+  if (wrote.ok()) wrote = store_->set(keys::members(gen_), keys::join_ids(next));
+  if (wrote.ok()) wrote = store_->set(keys::key("gen"), std::to_string(gen_));
   if (!wrote.ok()) {
     *stop = fmt::format("writing generation {} into the store: {}", gen_, wrote.message());
     return lines;
   }
   lines.push_back(fmt::format(
       "shoal run: generation {}: {} rank{} go on from step {} (ranks {} now ranks 0..{}); {}", gen_,
-      next.size(), next.size() == 1 ? "" : "s", checked_in_.at(next.front()), dist::join_ids(next),
+      next.size(), next.size() == 1 ? "" : "s", checked_in_.at(next.front()), keys::join_ids(next),
       next.size() - 1, note));
   members_ = std::move(next);
   for (int id : announced_)

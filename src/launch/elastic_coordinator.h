@@ -1,5 +1,5 @@
 // `shoal run --elastic`: the launcher's side of an elastic job's
-// generations (the ranks' side and the store keys: dist/elastic.h). The
+// generations (the ranks' side: dist/elastic.h; the store keys: core/elastic_keys.h). The
 // launcher serves the store and sees every rank's process, so it decides
 // who is in the next generation: each member that checked in (its step
 // failed because a peer was lost) and is still running; a member that

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -396,6 +397,37 @@ TEST(Faults, MismatchedCallsAreReportedWithBothSides) {
   EXPECT_NE(all.find("collective mismatch"), std::string::npos) << all;
   EXPECT_NE(all.find("allreduce(f32, count 10, sum)"), std::string::npos) << all;
   EXPECT_NE(all.find("broadcast(f32, count 16, root 0)"), std::string::npos) << all;
+}
+
+// Communicator::cut from another thread (an elastic job's watchdog) fails
+// the call in flight at once, on every transport the ranks use, while the
+// peer it waits for is alive and silent: not at the 60 s deadline.
+TEST(Faults, ACutFailsTheCallInFlightAtOnce) {
+  std::atomic<int> returned{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto st = run_world(3, [&](Communicator& c) -> Status {
+    if (c.rank() == 2) {  // alive, connected, and never joins the call
+      for (int i = 0; i < 3000 && returned.load() < 2; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return ok_status();
+    }
+    std::thread cutter;
+    if (c.rank() == 0)
+      cutter = std::thread([&c] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        c.cut();
+      });
+    std::vector<float> v(1000, 1.f);
+    Status s = c.allreduce(v.data(), v.data(), v.size(), DType::kF32, ReduceOp::kSum);
+    if (cutter.joinable()) cutter.join();
+    ++returned;
+    return s;
+  });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(st[0].ok());
+  EXPECT_FALSE(st[1].ok());  // rank 0's connections closed under it
+  EXPECT_TRUE(st[2].ok()) << st[2].to_string();
+  EXPECT_LT(took, 10) << st[0].to_string();  // rank 2 would end it at 30 s
 }
 
 TEST(Faults, WrongTokenIsRejected) {

@@ -14,11 +14,7 @@
 // generation admits the newcomer, which receives the state from rank 0's
 // start-up broadcast (parameters, optimizer state, step, data position).
 //
-// Store keys (prefix shoal/elastic): "gen" the current generation;
-// "g<G>/members" its member ids, comma-separated, in rank order; "g<G>/note"
-// what changed; "g<G>/in/<id>" a member's check-in (the step it holds)
-// after generation G ended; "g<G>/regroup" set when ranks wait to join;
-// "join/<id>" a newcomer's announcement.
+// The store keys: core/elastic_keys.h.
 #pragma once
 
 #include <atomic>
@@ -61,17 +57,6 @@ Result<std::optional<ElasticEnv>> elastic_env();
 // splits evenly, so each generation computes the same step. The error names
 // the flag or the sizes that do not divide.
 Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t batch);
-
-// Key names, shared with the launcher's coordinator.
-std::string elastic_key(const std::string& rest);
-std::string members_key(int generation);
-std::string check_in_key(int generation, int id);
-std::string regroup_key(int generation);
-std::string join_key(int id);
-
-// "0,1,3" <-> {0, 1, 3}.
-std::string join_ids(const std::vector<int>& ids);
-Result<std::vector<int>> parse_ids(const std::string& s);
 
 // After generation e.generation failed: checks in with `step` (the state
 // this rank holds), waits up to `wait_s` for the launcher's next
