@@ -53,6 +53,20 @@ std::vector<nlohmann::json> memberships(const std::string& dir) {
   return v;
 }
 
+// The newest checkpoints of two runs are at `step` and hold the same
+// weights and momentum (one state tensor per parameter) within 1e-5.
+void expect_same_end(const std::string& a_dir, const std::string& b_dir, const char* step) {
+  auto x = testing::last_checkpoint(a_dir), y = testing::last_checkpoint(b_dir);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_EQ(x->metadata.at("step"), step);
+  EXPECT_EQ(y->metadata.at("step"), step);
+  int np = 0, ns = 0;
+  EXPECT_LE(testing::max_abs_diff(*x, *y, "param/", &np), 1e-5);
+  EXPECT_LE(testing::max_abs_diff(*x, *y, "opt/", &ns), 1e-5);
+  EXPECT_GT(np, 0);
+  EXPECT_EQ(ns, np);
+}
+
 // Rank 2 of 4 is killed near step 25: the three others go on from the
 // step they hold and end with the weights and momentum of a job that ran
 // 4 ranks to that step, wrote a checkpoint, and resumed on 3 (--batch 16:
@@ -86,15 +100,7 @@ TEST(Elastic, AKilledRankLeavesAndTheRestEndAsAJobThatShrankOnPurpose) {
       fmt::format("{}{} run -n 3 -- {} {} --epochs 2 --batch 16 --max-steps 0 --resume --out {}",
                   env, SHOAL_BINARY, SHOAL_BINARY, kTrain, ref));
   ASSERT_EQ(b.code, 0) << b.out;
-  auto x = testing::last_checkpoint(dir + "/elastic"), y = testing::last_checkpoint(ref);
-  ASSERT_TRUE(x.ok() && y.ok());
-  EXPECT_EQ(x->metadata.at("step"), "500");
-  EXPECT_EQ(y->metadata.at("step"), "500");
-  int np = 0, ns = 0;
-  EXPECT_LE(testing::max_abs_diff(*x, *y, "param/", &np), 1e-5);
-  EXPECT_LE(testing::max_abs_diff(*x, *y, "opt/", &ns), 1e-5);
-  EXPECT_GT(np, 0);
-  EXPECT_EQ(ns, np);  // momentum: one state tensor per parameter
+  expect_same_end(dir + "/elastic", ref, "500");
 }
 
 // With --max-restarts 1 the launcher starts a replacement for the killed
@@ -130,15 +136,7 @@ TEST(Elastic, AReplacementJoinsAtAStepBoundaryAndTakesTheStateFromRankZero) {
                            SHOAL_BINARY, ranks, SHOAL_BINARY, train, batch, until, resume, ref));
     ASSERT_EQ(a.code, 0) << a.out;
   }
-  auto x = testing::last_checkpoint(dir + "/elastic"), y = testing::last_checkpoint(ref);
-  ASSERT_TRUE(x.ok() && y.ok());
-  EXPECT_EQ(x->metadata.at("step"), "750");
-  EXPECT_EQ(y->metadata.at("step"), "750");
-  int np = 0, ns = 0;
-  EXPECT_LE(testing::max_abs_diff(*x, *y, "param/", &np), 1e-5);
-  EXPECT_LE(testing::max_abs_diff(*x, *y, "opt/", &ns), 1e-5);
-  EXPECT_GT(np, 0);
-  EXPECT_EQ(ns, np);
+  expect_same_end(dir + "/elastic", ref, "750");
 }
 
 // A frozen rank (SIGSTOP) is named by the heartbeat, the survivors end the
