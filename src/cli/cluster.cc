@@ -180,9 +180,21 @@ ClusterCommand add_cluster_commands(CLI::App& app) {
   c.place = app.add_subcommand(
       "place", "Place jobs (YAML specs) one after another on a cluster and show where they go");
   add_topology_flags(c.place, f);
-  c.place->add_option("jobs", f.job_files, "Job spec files (YAML)")->required();
-  c.place->add_option("--topology-conf", f.topology_conf,
+  c.place->add_option("jobs", f.job_files, "Job spec files (YAML)");
+  c.place->add_option("--topology-conf,--emit-topology", f.topology_conf,
                       "Also write the cluster as Slurm's topology.conf to FILE");
+  c.place->add_option("--serve", f.serve,
+                      "Instead: serve kube-scheduler's extender verbs (filter, prioritize) on "
+                      "HOST:PORT, placing Shoal's jobs on the --cluster model");
+  c.place->add_option("--url-prefix", f.url_prefix,
+                      "--serve: the path before /filter and /prioritize (the extender "
+                      "config's urlPrefix path)");
+  c.place
+      ->add_option("--hold-seconds", f.hold_seconds,
+                   "--serve: drop a job's plan when none of its pods was asked about for "
+                   "this long")
+      ->check(positive())
+      ->capture_default_str();
   c.submit = add_submit_command(app, f);
   return c;
 }
@@ -301,7 +313,7 @@ int run_simulate(const ClusterFlags& f) {
              t->switches.size(), t->total_accels(), t->total_cpus(), trace.source);
   std::vector<cluster::SimReport> reports;
   for (auto p : *policies) reports.push_back(cluster::simulate(*t, trace, p, f.sim));
-  fmt::print("{}", cluster::format_reports(reports));
+  fmt::print("{}{}", cluster::format_reports(reports), cluster::format_wait_reasons(reports));
   if (!f.png.empty()) {
     if (Status st = cluster::plot_reports(reports, trace, f.png); !st.ok()) {
       SHOAL_LOG_ERROR("shoal simulate: {}", st.to_string());
@@ -313,6 +325,11 @@ int run_simulate(const ClusterFlags& f) {
 }
 
 int run_place(const ClusterFlags& f) {
+  if (!f.serve.empty()) return run_place_serve(f);
+  if (f.job_files.empty()) {
+    SHOAL_LOG_ERROR("shoal place: give job spec files to place, or --serve HOST:PORT");
+    return 2;
+  }
   auto t = topology_of(f);
   if (!t.ok()) {
     SHOAL_LOG_ERROR("shoal place: {}", t.status().to_string());

@@ -156,6 +156,9 @@ struct ClusterFlags {
   cluster::SimOptions sim;
   std::vector<std::string> job_files;
   std::string topology_conf;
+  // shoal place --serve (kube-scheduler's extender)
+  std::string serve, url_prefix;
+  double hold_seconds = 600;
   // shoal simulate --project
   bool project = false;
   std::string png;
@@ -182,6 +185,7 @@ struct ClusterCommand {
 ClusterCommand add_cluster_commands(CLI::App& app);
 int run_simulate(const ClusterFlags& f);
 int run_place(const ClusterFlags& f);
+int run_place_serve(const ClusterFlags& f);  // place_serve.cc
 int run_submit(const ClusterFlags& f);
 int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared);
 }  // namespace shoal::cli

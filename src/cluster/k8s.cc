@@ -70,7 +70,14 @@ json resources(const JobSpec& j) {
 int failures_tolerated(const JobSpec& j) { return j.ranks - j.fewest_ranks(); }
 
 json labels(const JobSpec& j) {
-  return {{"app.kubernetes.io/managed-by", "shoal"}, {"shoal.dev/job", j.name}};
+  // shoal.dev/ranks and /links tell `shoal place --serve` (kube-scheduler's
+  // extender) the gang each pod belongs to.
+  json l = {{"app.kubernetes.io/managed-by", "shoal"},
+            {"shoal.dev/job", j.name},
+            {"shoal.dev/ranks", std::to_string(j.ranks)},
+            {"shoal.dev/links", link_need_name(j.links)}};
+  if (j.links == LinkNeed::kMesh) l["shoal.dev/mesh"] = fmt::format("{}x{}", j.mesh_w, j.mesh_h);
+  return l;
 }
 
 // Required node affinity to the placer's nodes.
