@@ -32,7 +32,7 @@ double ring(LinkCost c, double p, double n) {
 // n/2^k bytes with the rank 2^(k−1) away (reduce-scatter), then the
 // same in reverse (all-gather). Steps that leave the node share its NIC
 // among all its ranks. Ranks beyond the largest power of two fold in and
-// out with two whole-buffer exchanges.
+// out with two whole-buffer exchanges, which share the NIC too.
 double halving_doubling(const LinkCosts& costs, int p, double n, int per_node, int per_switch) {
   if (p <= 1) return 0;
   int p2 = 1;
@@ -44,8 +44,12 @@ double halving_doubling(const LinkCosts& costs, int p, double n, int per_node, i
     t += 2 * (h.c.alpha + bytes * h.c.beta * h.flows);
   }
   if (p2 != p) {
+    // Ranks p2.. fold into ranks 0.. at once: where that leaves the node,
+    // every folding rank of a node sends its whole buffer through one NIC
+    // (24 ranks, 8 a node: the third node's 8 flows share it).
     Hop h = hop(costs, p2, per_node, per_switch);
-    t += 2 * (h.c.alpha + n * h.c.beta);
+    const int flows = std::min(h.flows, p - p2);
+    t += 2 * (h.c.alpha + n * h.c.beta * flows);
   }
   return t;
 }
