@@ -170,6 +170,10 @@ bool Engine::start(int j, const Placement& p) {
   if (job.first_start < 0) {
     job.first_start = now_;
     waits_.push_back(now_ - tj.submit);
+    if (now_ > tj.submit) {
+      ++r_.waited[static_cast<int>(job.why)];
+      r_.wait_s[static_cast<int>(job.why)] += now_ - tj.submit;
+    }
   }
   if (tj.spec.links != LinkNeed::kNone) {
     ++r_.linked_jobs;
@@ -344,7 +348,11 @@ SimReport Engine::report(double wall) {
   r_.mean_slowdown = slow_n_ ? slow_sum_ / slow_n_ : 1;
   r_.wall_s = wall;
   r_.first_start.resize(jobs_.size());
-  for (std::size_t j = 0; j < jobs_.size(); ++j) r_.first_start[j] = jobs_[j].first_start;
+  r_.wait_reason.resize(jobs_.size());
+  for (std::size_t j = 0; j < jobs_.size(); ++j) {
+    r_.first_start[j] = jobs_[j].first_start;
+    r_.wait_reason[j] = jobs_[j].why;
+  }
   return r_;
 }
 
@@ -370,6 +378,34 @@ std::string format_reports(const std::vector<SimReport>& rs) {
         r.linked_adjacent, r.linked_jobs, r.mean_slowdown,
         fmt::format("{}/{}/{}", r.shrinks, r.kills, r.restarts), r.wall_s);
   return out + report_legend();
+}
+
+const char* wait_reason_text(WaitReason r) {
+  switch (r) {
+    case WaitReason::kQueued:
+      return "not tried (queue order, fair share, pass limit)";
+    case WaitReason::kNoRoom:
+      return "too few free chips in all";
+    case WaitReason::kShape:
+      return "room, but not in its ranks' and links' shape";
+    case WaitReason::kReservation:
+      return "would delay the backfill reservation";
+  }
+  return "?";
+}
+
+std::string format_wait_reasons(const std::vector<SimReport>& rs) {
+  std::string out =
+      "why jobs waited (the reason of each one's last failed try; jobs, mean wait):\n";
+  for (const SimReport& r : rs) {
+    out += fmt::format("  {:<15}", r.policy);
+    for (int k = 0; k < kWaitReasons; ++k)
+      out += fmt::format("{}{} {} ({:.0f} s)", k ? "; " : " ", r.waited[k],
+                         wait_reason_text(static_cast<WaitReason>(k)),
+                         r.waited[k] ? r.wait_s[k] / r.waited[k] : 0.0);
+    out += "\n";
+  }
+  return out;
 }
 
 std::string report_legend() {

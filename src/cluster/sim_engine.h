@@ -37,7 +37,8 @@ class Engine {
     double last = 0;       // when remaining was last brought up to date
     double run_start = 0, first_start = -1, planned_end = -1;
     int gen = 0, ranks = 0;
-    bool adjacent_never = false;  // its links cannot be had on this cluster
+    bool adjacent_never = false;           // its links cannot be had on this cluster
+    WaitReason why = WaitReason::kQueued;  // of its last failed try
     Placement p;
   };
   using Key = std::tuple<int, double, int>;  // (−priority, submit, id)
@@ -71,6 +72,7 @@ class Engine {
   int pick_queue(const std::vector<std::set<Key>::iterator>& it) const;
   std::optional<Placement> try_place(int j) const;
   PlaceOptions options_for(int j) const;  // place_, without adjacency it can never have
+  void blame(int j);                      // its try failed: no room, or no room in its shape
   bool preempt_for(int j);
   void grow_elastic();
   struct Reservation {

@@ -47,12 +47,19 @@ std::optional<Placement> Engine::try_place(int j) const {
   return best;
 }
 
+void Engine::blame(int j) {
+  const JobSpec& s = tr_.jobs[j].spec;
+  const int ranks = policy_ == Policy::kShoal ? s.fewest_ranks() : s.ranks;
+  const double free = chips_ ? s_.free_accels_total() : s_.free_cpus_total();
+  jobs_[j].why = free < units(s, ranks + s.servers) ? WaitReason::kNoRoom : WaitReason::kShape;
+}
+
 void Engine::pass_fifo() {
   auto& q = pending_[0];
   while (!q.empty()) {
     int j = std::get<2>(*q.begin());
     auto p = try_place(j);
-    if (!p || !start(j, *p)) return;
+    if (!p || !start(j, *p)) return blame(j);
   }
 }
 
@@ -112,6 +119,7 @@ void Engine::pass_backfill(bool drf) {
     if ((p && start(holder_, *p)) || (drf && preempt_for(holder_))) {
       holder_ = -1;
     } else {
+      blame(holder_);
       res = reserve(holder_);
     }
   }
@@ -127,13 +135,20 @@ void Engine::pass_backfill(bool drf) {
     const double need = units(s, s.ranks + s.servers);
     const double limit = s.max_runtime_s > 0 ? s.max_runtime_s : tj.duration;
     const bool before_shadow = res && now_ + limit <= res->shadow;
-    if (res && !before_shadow && need > res->extra) continue;
+    if (res && !before_shadow && need > res->extra) {
+      jobs_[j].why = WaitReason::kReservation;
+      continue;
+    }
     const GangShape shape = gang_shape(s);
-    if (s.kind == JobKind::kSync && failed.contains(shape)) continue;
+    if (s.kind == JobKind::kSync && failed.contains(shape)) {
+      blame(j);
+      continue;
+    }
     if (auto p = try_place(j); p && start(j, *p)) {
       if (res && !before_shadow) res->extra -= need;
       continue;
     }
+    blame(j);
     failed.insert(shape);
     // A job of higher priority than some running one may preempt, with or
     // without a reservation in place.

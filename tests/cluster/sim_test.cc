@@ -94,10 +94,17 @@ TEST(Simulator, BackfillNeverStarvesAWaitingGang) {
     EXPECT_DOUBLE_EQ(r.first_start[1], 1000) << r.policy;  // when `long` ends, not later
     // Small jobs ran beside `long` while the gang waited (that is backfill)…
     EXPECT_DOUBLE_EQ(r.first_start[2], 2) << r.policy;
+    // The gang waited for room (16 of its 32 chips free); a small job that
+    // would have run past the gang's reserved start waited for it.
+    EXPECT_EQ(r.wait_reason[1], WaitReason::kNoRoom) << r.policy;
+    EXPECT_GT(r.waited[static_cast<int>(WaitReason::kReservation)], 0) << format_wait_reasons({r});
+    EXPECT_EQ(r.waited[static_cast<int>(WaitReason::kShape)], 0) << format_wait_reasons({r});
+    EXPECT_EQ(r.waited[static_cast<int>(WaitReason::kQueued)], 0) << format_wait_reasons({r});
   }
-  // …which first fit does not do.
+  // …which first fit does not do: there they wait behind the gang, untried.
   SimReport fifo = simulate(t, tr, Policy::kFifoFirstFit, {});
   EXPECT_GE(fifo.first_start[2], 1000);
+  EXPECT_GT(fifo.waited[static_cast<int>(WaitReason::kQueued)], 100) << format_wait_reasons({fifo});
 }
 
 TEST(Simulator, ShrinksElasticBeforeKilling) {
@@ -176,6 +183,24 @@ TEST(Projection, AlgorithmsWinWhereTheModelSays) {
     EXPECT_GT(r.halving_doubling, 0);
     EXPECT_GT(r.hierarchical, 0);
   }
+}
+
+// A non-power-of-two world folds its extra ranks in and out whole: with 8
+// ranks a node, 24 ranks fold a whole node into another, 8 flows through
+// one NIC, not one (issue 36: 35 ms projected where ~147 ms was measured).
+TEST(Projection, AFoldThroughOneNicIsPricedAsTheFlowsThatShareIt) {
+  LinkCosts c;
+  c.host = {1e-6, 1 / 50e9};
+  c.leaf = {10e-6, 1 / 12.5e9};
+  c.spine = {20e-6, 1 / 6.25e9};
+  const double n = 100e6;
+  auto rows = project_allreduce(c, {16, 24, 17}, {n}, 8, 32);
+  ASSERT_EQ(rows.size(), 3u);
+  const double fold24 = rows[1].halving_doubling - rows[0].halving_doubling;
+  EXPECT_NEAR(fold24, 2 * (10e-6 + n * 8 / 12.5e9), 1e-9);
+  EXPECT_GT(rows[1].halving_doubling, 0.135);  // 16 ranks' ~12 ms + 128 ms of fold
+  // 17 ranks: one rank folds, alone on its NIC.
+  EXPECT_NEAR(rows[2].halving_doubling - rows[0].halving_doubling, 2 * (10e-6 + n / 12.5e9), 1e-9);
 }
 
 // Rows in the column layout of Alibaba's cluster-trace-gpu-v2020

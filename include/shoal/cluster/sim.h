@@ -5,6 +5,7 @@
 // any gang was ever partly started (it must not be).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -73,6 +74,15 @@ struct SimOptions {
   bool baseline_adjacency = false;
 };
 
+// Why a job waited: the reason of its last failed try before it first
+// started. kQueued: never tried (behind the queue's head, past the pass's
+// tries, or another queue's turn); kNoRoom: fewer chips free in all than
+// it needs; kShape: enough free, but not where its ranks and links fit;
+// kReservation: it would have delayed the backfill reservation.
+enum class WaitReason { kQueued, kNoRoom, kShape, kReservation };
+inline constexpr int kWaitReasons = 4;
+const char* wait_reason_text(WaitReason r);
+
 struct SimReport {
   std::string policy;
   int jobs = 0, finished = 0, never_fit = 0;
@@ -95,12 +105,18 @@ struct SimReport {
   int shrinks = 0, kills = 0, restarts = 0;
   double wall_s = 0;                     // the simulation's own run time
   std::vector<double> first_start, end;  // per job (−1: never)
+  std::vector<WaitReason> wait_reason;   // per job; meaningful where it waited
+  // Jobs that waited, and their waits' sum in seconds, by WaitReason.
+  std::array<int, kWaitReasons> waited{};
+  std::array<double, kWaitReasons> wait_s{};
 };
 
 SimReport simulate(const Topology& t, const Trace& trace, Policy p, const SimOptions& o);
 // A text table, one row per report, and the legend of its columns.
 std::string format_reports(const std::vector<SimReport>& r);
 std::string report_legend();
+// Per policy: how many jobs waited for each reason and for how long.
+std::string format_wait_reasons(const std::vector<SimReport>& r);
 // A PNG (gnuplot): utilization and goodput per policy, and each policy's
 // wait-time distribution over the trace's jobs.
 Status plot_reports(const std::vector<SimReport>& r, const Trace& trace, const std::string& png);
