@@ -80,6 +80,33 @@ TEST(Placer, MeshOnAnAlignedBlock) {
   EXPECT_FALSE(place(s, m, 8, {}));
 }
 
+// A gang that did not ask for links still all-reduces: it gets linked chips
+// when they are free (and so the chip links' cost), else whatever fits.
+TEST(Placer, AnUnlinkedGangTakesLinkedChipsWhenFree) {
+  Topology t = generate_topology(1, 1, 16, 64000, 8, ChipLinks::kRing);
+  ClusterState s(t);
+  ASSERT_TRUE(s.take(job("used", 3, 1), {{0, 1ull << 0}, {0, 1ull << 1}, {0, 1ull << 3}}).ok());
+  const JobSpec four = job("four", 4, 1);
+  auto p = place(s, four, 4, {});
+  ASSERT_TRUE(p);
+  std::uint64_t mask = 0;
+  for (const RankSlot& r : p->ranks) mask |= r.accels;
+  EXPECT_EQ(mask, 0b11110000ull) << "the free arc 4-7, not the lowest free chips 2,4,5,6";
+  EXPECT_LT(slowdown(t, four, *p), 1.0 + 1e-9);
+  // Without a free arc of 4 it still starts, on any chips.
+  ASSERT_TRUE(s.take(job("mid", 1, 1), {{0, 1ull << 5}}).ok());
+  p = place(s, four, 4, {});
+  ASSERT_TRUE(p);
+  // As a scheduler that knows only chip counts does: the lowest free chips.
+  s.give(job("mid", 1, 1), {{0, 1ull << 5}});
+  PlaceOptions counts_only;
+  counts_only.adjacency = false;
+  p = place(s, four, 4, counts_only);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->ranks[0].accels | p->ranks[1].accels | p->ranks[2].accels | p->ranks[3].accels,
+            0b01110100ull);
+}
+
 TEST(Placer, BestFitKeepsWholeNodesFree) {
   Topology t = generate_topology(4, 4, 16, 64000, 8, ChipLinks::kNone);
   ClusterState best(t), first(t);
