@@ -113,7 +113,7 @@ Result<SchedulerExtender::Ask> SchedulerExtender::read(std::string_view body, do
   Ask a;
   try {
     a.args = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
     return invalid_argument("the body is not JSON: {}", e.what());
   }
   const json* pod = field(a.args, "Pod");

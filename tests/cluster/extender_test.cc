@@ -131,6 +131,8 @@ TEST(Extender, WhatIsNotExtenderArgsIsRefusedByName) {
     EXPECT_NE(r.status().message().find(words), std::string::npos) << r.status().message();
   };
   expect_refused("{\"Pod\": ", "not JSON");
+  expect_refused("{\"Pod\": 1e999}",
+                 "number overflow");  // the fuzzer's: out_of_range, not a parse error
   expect_refused(json{{"NodeNames", {"n1"}}}.dump(), "no Pod");
   expect_refused(json{{"Pod", pod("j", 0, 1, "none", 1)}}.dump(), "neither Nodes nor NodeNames");
   json bad = pod("j", 0, 1, "none", 1);

@@ -12,6 +12,7 @@
 #include "ps/wire.h"
 #include "shoal/comm/handshake.h"
 #include "shoal/net/auth.h"
+#include "shoal/net/http_server.h"
 #include "shoal/net/socket.h"
 
 using namespace shoal;
@@ -67,5 +68,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         ps::encode_pull_reply(p->first, p->second) != sv)
       std::abort();
   }
+  // An HTTP request head (the extender's webhook): a head it accepts has
+  // a method and a path, and a body within the bound it was read with.
+  net::HttpLimits lim;
+  lim.max_body_bytes = 1 << 20;
+  net::HttpHead hh = net::parse_http_head(sv, lim);
+  if (hh.refuse == 0 && (hh.req.method.empty() || hh.body_bytes > lim.max_body_bytes)) std::abort();
+  if (hh.refuse != 0 && hh.why.empty()) std::abort();
   return 0;
 }

@@ -101,6 +101,8 @@ TEST(HttpServer, BadHeadsAndBodiesGetTheStatusThatNamesThem) {
       status_of("POST /f HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
       "HTTP/1.1 411 Length Required");
   EXPECT_EQ(status_of("GARBAGE\r\n\r\n"), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status_of(" /f HTTP/1.1\r\n\r\n"), "HTTP/1.1 400 Bad Request");  // no method
+  EXPECT_EQ(status_of("POST /f SHTTP\r\n\r\n"), "HTTP/1.1 400 Bad Request");
   EXPECT_EQ(status_of("POST /f HTTP/1.1\r\nX: " + std::string(2000, 'a')),
             "HTTP/1.1 431 Request Header Fields Too Large");
   // Connection: close is honoured: the answer, then the server closes.

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "shoal/core/status.h"
@@ -62,5 +63,18 @@ class HttpServer {
 
 // The reason phrase of a status code ("OK", "Bad Request", ...).
 const char* http_reason(int status);
+
+// A request's head (request line and fields, up to the blank line) as the
+// server reads it: the method and path, how many body bytes follow, and
+// whether to close after the answer; `refuse` a status to answer with
+// (400, 411, 413) and `why` the reason, then close.
+struct HttpHead {
+  HttpRequest req;
+  std::size_t body_bytes = 0;
+  bool close = false, expect_continue = false;
+  int refuse = 0;
+  std::string why;
+};
+HttpHead parse_http_head(std::string_view head, const HttpLimits& lim);
 
 }  // namespace shoal::net
