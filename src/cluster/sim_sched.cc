@@ -125,7 +125,9 @@ void Engine::pass_backfill(bool drf) {
   }
   std::vector<std::set<Key>::iterator> it;  // after the holder's start: it leaves pending_
   for (auto& q : pending_) it.push_back(q.begin());
-  for (int tries = 0; tries < o_.max_tries; ++tries) {
+  // Tries count placements attempted; a job skipped for its shape or the
+  // reservation costs nothing (bounded all the same).
+  for (int tries = 0, looked = 0; tries < o_.max_tries && looked < 100000; ++looked) {
     int q = drf ? pick_queue(it) : (it[0] == pending_[0].end() ? -1 : 0);
     if (q < 0) break;
     const int j = std::get<2>(*it[q]++);
@@ -144,6 +146,7 @@ void Engine::pass_backfill(bool drf) {
       blame(j);
       continue;
     }
+    ++tries;
     if (auto p = try_place(j); p && start(j, *p)) {
       if (res && !before_shadow) res->extra -= need;
       continue;
