@@ -1,5 +1,6 @@
 #include "launch/elastic_coordinator.h"
 
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -10,6 +11,73 @@
 namespace shoal::launch {
 
 namespace keys = elastic_keys;
+
+namespace {
+
+// How long the launcher waits, once a rank checked in or died, for the
+// others still running to check in before it kills them as hung. Survivors
+// of a death check in within a step; those of a frozen peer within a
+// heartbeat tick of its naming. Longer than a rank takes to give up
+// connecting to a generation whose peer died meanwhile
+// (SHOAL_CONNECT_TIMEOUT, 10 s in an elastic job).
+constexpr double kSettleSeconds = 15;
+
+}  // namespace
+
+Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::for_launcher(
+    const std::string& host, int port, const std::string& token, int ranks, int min,
+    int replacements) {
+  SHOAL_ASSIGN_OR_RETURN(auto client,
+                         net::TcpStore::connect(host, port, Deadline::after_seconds(10), token));
+  return start(std::move(client), ranks, min, kSettleSeconds, replacements);
+}
+
+std::string ElasticCoordinator::supervise(
+    std::vector<Proc>& procs, std::vector<bool>& frozen, Output& output,
+    const std::vector<std::pair<std::string, std::string>>& env,
+    const std::vector<std::string>& cmd, int ranks) {
+  std::string stop;
+  for (const auto& line : tick(procs, &stop)) fmt::print(stderr, "{}\n", line);
+  // A replacement joins at a step boundary and takes its state from rank 0.
+  for (int k = stop.empty() ? to_replace() : 0; k > 0; --k) {
+    const int id = static_cast<int>(procs.size());
+    auto e = env;
+    e.insert(e.end(), {{"SHOAL_ELASTIC_ID", std::to_string(id)},
+                       {"SHOAL_ELASTIC_JOIN", "1"},
+                       {"SHOAL_RANK", "0"},
+                       {"SHOAL_WORLD_SIZE", std::to_string(ranks)},
+                       {"SHOAL_LOCAL_RANK", "0"},
+                       {"SHOAL_LOCAL_WORLD_SIZE", std::to_string(ranks)}});
+    auto p = spawn(cmd, e, {});
+    if (!p.ok()) {
+      fmt::print(stderr, "shoal run: starting a replacement: {}\n", p.status().message());
+      break;
+    }
+    procs.push_back(*p);
+    frozen.push_back(false);
+    output.add_rank();
+    joined(id);
+    fmt::print(stderr, "shoal run: started rank {} to replace a lost rank\n", id);
+  }
+  return stop;
+}
+
+int ElasticCoordinator::finish(const std::vector<Proc>& procs, int ranks) const {
+  int code = 0;
+  for (std::size_t i = 0; i < procs.size(); ++i)
+    if (!left(static_cast<int>(i)) && exit_code_of(procs[i].status) != 0)
+      code = exit_code_of(procs[i].status);
+  if (!left_.empty()) {
+    std::string lost;
+    for (const auto& [id, w] : left_)
+      lost += fmt::format("{}rank {} {}", lost.empty() ? "" : "; ", id, w);
+    fmt::print(stderr,
+               "shoal run: the job ended on {} ranks (it started on {}; generation {}); lost: "
+               "{}\n",
+               members(), ranks, gen_, lost);
+  }
+  return code;
+}
 
 Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::start(
     std::unique_ptr<net::Store> store, int ranks, int min, double settle_s, int replacements) {

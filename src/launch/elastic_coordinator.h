@@ -30,6 +30,23 @@ class ElasticCoordinator {
   static Result<std::unique_ptr<ElasticCoordinator>> start(std::unique_ptr<net::Store> store,
                                                            int ranks, int min, double settle_s,
                                                            int replacements);
+  // The same as a client of the launcher's store at host:port, with the
+  // launcher's settling time.
+  static Result<std::unique_ptr<ElasticCoordinator>> for_launcher(const std::string& host, int port,
+                                                                  const std::string& token,
+                                                                  int ranks, int min,
+                                                                  int replacements);
+
+  // One turn of the launcher's supervision: tick(), then a replacement
+  // started for each rank lost while --max-restarts allows (procs,
+  // frozen and output grow by one each; `env` and `cmd` are the ranks').
+  // Returns why the job must end, "" to go on.
+  std::string supervise(std::vector<Proc>& procs, std::vector<bool>& frozen, Output& output,
+                        const std::vector<std::pair<std::string, std::string>>& env,
+                        const std::vector<std::string>& cmd, int ranks);
+  // The job ran to its end on the ranks that remained: their exit code is
+  // the job's, and the lost ranks are named on stderr.
+  int finish(const std::vector<Proc>& procs, int ranks) const;
 
   // One look at the processes (procs[id] is the rank of that id). Returns
   // lines for the user; sets `stop` to why the job must end ("" = go on).

@@ -78,14 +78,6 @@ Status validate(const LaunchOptions& o) {
 
 namespace {
 
-// --elastic: how long the launcher waits, once a rank checked in or died,
-// for the others still running to check in before it kills them as hung.
-// Survivors of a death check in within a step; those of a frozen peer
-// within a heartbeat tick of its naming.
-// Longer than a rank takes to give up connecting to a generation whose
-// peer died meanwhile (SHOAL_CONNECT_TIMEOUT, 10 s in an elastic job).
-constexpr double kElasticSettleSeconds = 15;
-
 struct Outcome {
   int code = 0;
   bool restartable = false;  // a rank failed (not a signal to us, not the timeout)
@@ -139,12 +131,8 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   std::unique_ptr<ElasticCoordinator> elastic;
   if (o.elastic_min > 0) {
     env.emplace_back("SHOAL_ELASTIC", std::to_string(o.elastic_min));
-    auto client = net::TcpStore::connect((*store)->host(), (*store)->port(),
-                                         Deadline::after_seconds(10), token);
-    auto c = client.ok()
-                 ? ElasticCoordinator::start(std::move(client).value(), o.ranks, o.elastic_min,
-                                             kElasticSettleSeconds, o.max_restarts)
-                 : client.status();
+    auto c = ElasticCoordinator::for_launcher((*store)->host(), (*store)->port(), token, o.ranks,
+                                              o.elastic_min, o.max_restarts);
     if (!c.ok()) {
       fmt::print(stderr, "shoal run: --elastic: {}\n", c.status().message());
       oc.code = 2;
@@ -277,30 +265,7 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
       }
     }
     if (elastic && !stopping) {
-      std::string stop;
-      for (const auto& line : elastic->tick(procs, &stop)) fmt::print(stderr, "{}\n", line);
-      // A replacement for each rank lost, while --max-restarts allows: it
-      // joins at a step boundary and takes its state from rank 0.
-      for (int k = stop.empty() ? elastic->to_replace() : 0; k > 0; --k) {
-        const int id = static_cast<int>(procs.size());
-        auto e = env;
-        e.insert(e.end(), {{"SHOAL_ELASTIC_ID", std::to_string(id)},
-                           {"SHOAL_ELASTIC_JOIN", "1"},
-                           {"SHOAL_RANK", "0"},
-                           {"SHOAL_WORLD_SIZE", std::to_string(o.ranks)},
-                           {"SHOAL_LOCAL_RANK", "0"},
-                           {"SHOAL_LOCAL_WORLD_SIZE", std::to_string(o.ranks)}});
-        auto p = spawn(o.cmd, e, {});
-        if (!p.ok()) {
-          fmt::print(stderr, "shoal run: starting a replacement: {}\n", p.status().message());
-          break;
-        }
-        procs.push_back(*p);
-        frozen.push_back(false);
-        output.add_rank();
-        elastic->joined(id);
-        fmt::print(stderr, "shoal run: started rank {} to replace a lost rank\n", id);
-      }
+      std::string stop = elastic->supervise(procs, frozen, output, env, o.cmd, o.ranks);
       if (!stop.empty()) {
         if (!elastic->lost().empty()) failed = elastic->lost().begin()->first;
         begin_stop(stop);
@@ -314,20 +279,7 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   }
   for (std::size_t i = 0; i < procs.size(); ++i) drain(static_cast<int>(i), procs[i], output, true);
   if (elastic && why.empty()) {
-    // The job ran to its end on the ranks that remained: their result is
-    // its result, and the lost ranks are named.
-    for (std::size_t i = 0; i < procs.size(); ++i)
-      if (!elastic->left(static_cast<int>(i)) && exit_code_of(procs[i].status) != 0)
-        oc.code = exit_code_of(procs[i].status);
-    if (!elastic->lost().empty()) {
-      std::string lost;
-      for (const auto& [id, w] : elastic->lost())
-        lost += fmt::format("{}rank {} {}", lost.empty() ? "" : "; ", id, w);
-      fmt::print(stderr,
-                 "shoal run: the job ended on {} ranks (it started on {}; generation {}); lost: "
-                 "{}\n",
-                 elastic->members(), o.ranks, elastic->generation(), lost);
-    }
+    oc.code = elastic->finish(procs, o.ranks);
     return oc;
   }
   if (why.empty()) return oc;
