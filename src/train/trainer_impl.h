@@ -113,7 +113,8 @@ struct Trainer::Impl {
   double report_copies = 1;
   // TrainOptions::commit: the state at the last step boundary.
   std::shared_ptr<CheckpointState> commit;
-  double commit_seconds = 0;  // how long the last copy took
+  double commit_seconds = 0;   // how long the last copy took
+  std::int64_t commit_at = 0;  // its step (kept as a number: read every step)
 };
 
 inline bool has_input(const runtime::Executable& exe, const std::string& name) {
