@@ -244,8 +244,8 @@ cmd_fault() {
       if [ "$pct" != 0 ]; then
         ip netns exec "$h" nft -f - <<EOF
 table inet shoalfault {
-  chain in { type filter hook input priority 0; iifname "eth0" numgen random mod 100 < $pct drop; }
-  chain out { type filter hook output priority 0; oifname "eth0" numgen random mod 100 < $pct drop; }
+  chain in { type filter hook input priority 0; iifname "eth0" numgen random mod 100 < $pct counter drop; }
+  chain out { type filter hook output priority 0; oifname "eth0" numgen random mod 100 < $pct counter drop; }
 }
 EOF
       fi ;;

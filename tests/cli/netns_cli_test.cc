@@ -306,6 +306,32 @@ TEST_F(NetnsCluster, AHostWhoseLinkGoesDownIsNamedWithinTheHeartbeatDeadline) {
       << run.out;
 }
 
+// 1% of h2's packets dropped at random, both ways, while 4 ranks train
+// across the hosts: TCP sends them again and the job ends with the weights
+// it has on one host, bit for bit with the ring all-reduce. The drops are
+// counted (nftables), so a fault that dropped nothing fails the test.
+TEST_F(NetnsCluster, OnePercentLossChangesOnlyTheTime) {
+  const std::string dir = testing::scratch_dir("netns_loss");
+  auto one = train_on_one_host(dir, kTrain);
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto f = run_sh(fmt::format("{} --name {} fault h2 loss 1", kTool, name_));
+  ASSERT_EQ(f.code, 0) << f.out;
+  auto lossy = train_across(4, 2, "SHOAL_ALLREDUCE_ALGO=ring",
+                            fmt::format("{} --out {}/lossy", kTrain, dir), dir);
+  ASSERT_EQ(lossy.code, 0) << lossy.out;
+  expect_one_host_weights(dir, "lossy");
+  auto counted =
+      run_sh(fmt::format("{} --name {} exec h2 nft list table inet shoalfault", kTool, name_));
+  const std::regex counter(R"(counter packets (\d+))");
+  long dropped = 0, counters = 0;
+  for (auto it = std::sregex_iterator(counted.out.begin(), counted.out.end(), counter);
+       it != std::sregex_iterator(); ++it, ++counters)
+    dropped += std::stol((*it)[1]);
+  EXPECT_EQ(counters, 2) << counted.out;  // in and out
+  EXPECT_GT(dropped, 0) << counted.out;
+  std::printf("packets dropped on h2: %ld\n", dropped);
+}
+
 // A rank told to advertise loopback while the store is on another host is
 // refused by name at start-up, not left for its peers to time out on.
 TEST_F(NetnsCluster, LoopbackIsNotAdvertisedToAnotherHost) {
