@@ -271,11 +271,28 @@ TEST_F(NetnsCluster, SrunSpansTheHostsOfItsSlurm) {
       on_h1, SHOAL_BINARY, SHOAL_BINARY, kTrain, dir));
   auto bare = run_sh(
       fmt::format("{} srun -N 2 -n 4 {} train {} --out {}/bare", on_h1, SHOAL_BINARY, kTrain, dir));
+  // h2's slurmd killed while the step runs: its slurmstepd holds the ranks,
+  // which train on to the one-host weights; nothing of the step is lost.
+  // (Found by its command line from this namespace: the pid file holds the
+  // pid inside h2's own PID namespace.)
+  const std::string slurmd_h2 =
+      fmt::format("pgrep -f '^slurmd -f /run/shoal-netns/{}/slurm/slurm.conf -N h2$'", name_);
+  // Killed once h2's ranks run (bounded wait), not before the step starts.
+  auto killed = run_sh(fmt::format(
+      "(for i in $(seq 200); do pgrep -f '^{} train .*--out {}/killed' >/dev/null && break; "
+      "sleep 0.05; done; pid=$({}) && kill -KILL $pid && echo slurmd-h2-killed) & "
+      "{} srun -N 2 -n 4 {} train {} --out {}/killed; rc=$?; wait; echo step-rc=$rc",
+      SHOAL_BINARY, dir, slurmd_h2, on_h1, SHOAL_BINARY, kTrain, dir));
+  const bool slurmd_gone = run_sh(slurmd_h2).code != 0;
   run_sh(slurm + " stop");
   ASSERT_EQ(one.code, 0) << one.out;
   ASSERT_EQ(engine.code, 0) << engine.out;
   ASSERT_EQ(bare.code, 0) << bare.out;
   for (const char* out : {"engine", "bare"}) expect_one_host_weights(dir, out);
+  EXPECT_NE(killed.out.find("slurmd-h2-killed"), std::string::npos) << killed.out;
+  EXPECT_TRUE(slurmd_gone) << killed.out;
+  EXPECT_NE(killed.out.find("step-rc=0"), std::string::npos) << killed.out;
+  expect_one_host_weights(dir, "killed");
 }
 
 // h2's link goes down mid-training: every rank stops within the heartbeat
