@@ -10,7 +10,7 @@ run, on this host:
            state copy and regroup check cost.
   elastic  `shoal run -n 4 --elastic 2 --max-restarts 100`: a lost rank
            leaves, the others go on in-process, a replacement joins.
-  restart  `shoal run -n 4 --max-restarts 100` and `--checkpoint-every 50`:
+  restart  `shoal run -n 4 --max-restarts 100 --restart-delay 0` and `--checkpoint-every 50`:
            today's way, every rank restarted from the newest checkpoint.
 
 In the two faulty modes the bench kills a random live rank (SIGKILL) every
@@ -64,7 +64,7 @@ def run_mode(args, mode, work):
     if mode in ("elastic", "calm"):
         run += ["--elastic", "2", "--max-restarts", "100"]
     elif mode == "restart":
-        run += ["--max-restarts", "100"]
+        run += ["--max-restarts", "100", "--restart-delay", "0"]  # as measured before the delay existed
         extra = " --checkpoint-every 50"
     cmd = (f"echo $$ > {pids}/${{SHOAL_ELASTIC_ID:-$SHOAL_RANK}}; exec {args.shoal} {TRAIN} "
            f"--epochs {args.epochs} --out {out}{extra}")

@@ -93,6 +93,11 @@ struct Cli {
                     "After a rank fails, restart all ranks up to K times (shoal train resumes "
                     "from its newest checkpoint)")
         ->check(CLI::Range(0, 1000));
+    run->add_option("--restart-delay", launch.restart_delay_s,
+                    "Wait S seconds before the first restart, twice as long before each next "
+                    "(at most 30 s; 0 = none)")
+        ->check(CLI::Range(0.0, 3600.0))
+        ->capture_default_str();
     run->add_option("--trace", launch.trace,
                     "Merge every rank's Chrome trace (shoal train) into FILE and print the "
                     "exposed communication time per step");

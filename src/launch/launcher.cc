@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <ctime>
@@ -101,6 +102,18 @@ std::vector<std::vector<int>> rank_cpus(int ranks, bool say) {
                cpu_list(*cpus), each);
   }
   return blocks;
+}
+
+// Waits `seconds`; false when SIGINT or SIGTERM came first.
+bool wait_unless_signalled(double seconds) {
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(seconds));
+  while (Clock::now() < until) {
+    pollfd fd{signal_fd(), POLLIN, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (poll(&fd, 1, static_cast<int>(std::max<long>(1, left.count()))) > 0) return false;
+  }
+  return true;
 }
 
 Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_id,
@@ -517,11 +530,17 @@ int launch(const LaunchOptions& o) {
   // Under --elastic, --max-restarts counts replacement ranks, not attempts.
   const int attempts = o.elastic_min > 0 ? 0 : o.max_restarts;
   for (int attempt = 0; attempt <= attempts; ++attempt) {
-    if (attempt > 0)
+    if (attempt > 0) {
+      const double wait = std::min(30.0, o.restart_delay_s * std::ldexp(1.0, attempt - 1));
       fmt::print(stderr,
                  "shoal run: restarting all {} ranks from the latest checkpoint (restart {} of "
-                 "{})\n",
-                 o.ranks, attempt, o.max_restarts);
+                 "{}) in {:g} s\n",
+                 o.ranks, attempt, o.max_restarts, wait);
+      if (!wait_unless_signalled(wait)) {
+        fmt::print(stderr, "shoal run: stopped by a signal before restart {}\n", attempt);
+        break;
+      }
+    }
     oc = run_attempt(o, attempt, job_id, trace_prefix);
     if (oc.code == 0 || !oc.restartable) break;
   }

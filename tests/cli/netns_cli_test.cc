@@ -349,6 +349,44 @@ TEST_F(NetnsCluster, OnePercentLossChangesOnlyTheTime) {
   std::printf("packets dropped on h2: %ld\n", dropped);
 }
 
+// h2's link goes down mid-training (once a checkpoint is written) and
+// comes back 12 s later, under
+// `shoal run --engine mpirun --max-restarts 4` on h1: the ranks name h2
+// within the heartbeat deadline, the launcher restarts the job with a
+// growing delay (1, 2, 4 s: a restart while the link is down fails at
+// once, as OpenMPI's daemon on h2 cannot call back), and once the link is
+// back a restart resumes from the newest checkpoint and finishes.
+TEST_F(NetnsCluster, ALinkThatComesBackIsRestartedInto) {
+  const std::string dir = testing::scratch_dir("netns_back");
+  const std::string exec = fmt::format("{} --name {} exec", kTool, name_);
+  const std::string agent = fmt::format("OMPI_MCA_plm_rsh_agent='{} --name {} rsh'", kTool, name_);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run_sh(fmt::format(
+      "(for i in $(seq 300); do ls {dir}/run/checkpoints/ckpt-* >/dev/null 2>&1 && break; "
+      "sleep 0.1; done; {tool} --name {n} fault h2 down; sleep 12; {tool} --name {n} fault h2 "
+      "up) "
+      ">/dev/null 2>&1 & {exec} h1 env {agent} {bin} run --engine mpirun -n 4 --timeout 120 "
+      "--max-restarts 4 --store-host 198.18.1.1 --engine-arg=--host --engine-arg=h1:2,h2:2 -- "
+      "env SHOAL_HEARTBEAT=5 {bin} train --model mlp --batch 16 --epochs 3 --limit-train 8192 "
+      "--limit-test 256 --threads 1 --no-plot --quiet --checkpoint-every 20 --out {dir}/run; "
+      "rc=$?; wait; exit $rc",
+      fmt::arg("tool", kTool), fmt::arg("n", name_), fmt::arg("exec", exec),
+      fmt::arg("agent", agent), fmt::arg("bin", SHOAL_BINARY), fmt::arg("dir", dir)));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex(R"(rank [23] \(pid \d+ on h2\) sent no heartbeat)")))
+      << r.out;
+  EXPECT_NE(r.out.find("restarting all 4 ranks from the latest checkpoint (restart 1 of 4) in 1 s"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex(R"(resumed from \S+ckpt-\d+\.safetensors at step [1-9])")))
+      << r.out;
+  EXPECT_NE(r.out.find("final: test accuracy"), std::string::npos) << r.out;
+  EXPECT_LT(took, 100) << r.out;
+}
+
 // A rank told to advertise loopback while the store is on another host is
 // refused by name at start-up, not left for its peers to time out on.
 TEST_F(NetnsCluster, LoopbackIsNotAdvertisedToAnotherHost) {

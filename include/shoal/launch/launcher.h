@@ -30,6 +30,9 @@ struct LaunchOptions {
   std::string engine = "local";  // local, mpirun, srun
   double timeout_s = 0;          // per attempt; 0 = none
   int max_restarts = 0;
+  // Before restart k: restart_delay_s x 2^(k-1) seconds, at most 30 (a
+  // link or host that is coming back gets time to; 0 = at once).
+  double restart_delay_s = 1;
   std::string trace;                     // merged trace path ("" = no tracing)
   std::string store_host = "127.0.0.1";  // where the store listens
   int store_port = 0;                    // 0 = any free port
