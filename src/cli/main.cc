@@ -145,7 +145,9 @@ struct Cli {
       if (rc != 0)
         if (std::string hint = shoal::cli::suggestion(app, given); !hint.empty())
           fmt::print(stderr, "{}\n", hint);
-      return rc == 0 ? -1 : rc;
+      // A usage error exits 2, as argparse and getopt programs do (CLI11's own
+      // codes are 100 and up): `shoal run` does not restart it.
+      return rc == 0 ? -1 : 2;
     }
     return 0;
   }

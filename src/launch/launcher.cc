@@ -340,6 +340,14 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   // for Ctrl-C), as srun, mpirun and torchrun do.
   if (interrupted) oc.code = 128 + interrupted;
   oc.restartable = failed >= 0 && !interrupted && !cancelled;
+  // Exit code 2 is a usage or input error (shoal's flags and files, as
+  // argparse's and getopt's): every attempt would end the same way.
+  if (oc.restartable && o.max_restarts > 0 && oc.code == 2) {
+    fmt::print(stderr,
+               "shoal run: exit code 2 is a usage or input error, which a restart would repeat: "
+               "not restarted\n");
+    oc.restartable = false;
+  }
   return oc;
 }
 

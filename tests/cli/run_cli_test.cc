@@ -126,6 +126,24 @@ TEST(Run, MaxRestartsStartsEveryRankAgain) {
   Result bad = shoal("run -n 2 --max-restarts 2 -- sh -c '[ $SHOAL_RANK = 0 ] || exit 4'");
   EXPECT_EQ(bad.code, 4) << bad.out;
   EXPECT_TRUE(has(bad, "(restart 2 of 2)")) << bad.out;
+  // Each restart waits twice as long as the one before (--restart-delay).
+  EXPECT_TRUE(has(bad, "(restart 1 of 2) in 1 s")) << bad.out;
+  EXPECT_TRUE(has(bad, "(restart 2 of 2) in 2 s")) << bad.out;
+  EXPECT_GE(bad.seconds, 3.0) << bad.out;
+}
+
+// A usage error (exit code 2: a flag shoal train does not have) would fail
+// every attempt the same way: it is not restarted.
+TEST(Run, AUsageErrorIsNotRestarted) {
+  Result r =
+      shoal(std::string("run -n 2 --max-restarts 3 -- ") + SHOAL_BINARY + " train --no-such-flag");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "'--no-such-flag' is not an option of shoal train")) << r.out;
+  EXPECT_TRUE(has(r,
+                  "exit code 2 is a usage or input error, which a restart would repeat: not "
+                  "restarted"))
+      << r.out;
+  EXPECT_FALSE(has(r, "restarting all")) << r.out;
 }
 
 // An engine argument that starts with dashes takes one word: before, `--`
