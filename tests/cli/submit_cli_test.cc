@@ -265,7 +265,8 @@ TEST(Place, TheReadmesLineRunsAsWritten) {
   std::ifstream readme(std::string(SHOAL_SOURCE_DIR) + "/README.md");
   std::string line, cmd;
   while (std::getline(readme, line))
-    if (line.rfind("./build/shoal place ", 0) == 0) cmd = line.substr(line.find(' ') + 1);
+    if (cmd.empty() && line.rfind("./build/shoal place ", 0) == 0)  // the first: job files
+      cmd = line.substr(line.find(' ') + 1);
   ASSERT_FALSE(cmd.empty()) << "README.md has no ./build/shoal place line";
   cmd = cmd.substr(0, cmd.find('#'));
   Result r = run_sh(fmt::format("cd {} && {} {}", SHOAL_SOURCE_DIR, SHOAL_BINARY, cmd));
@@ -288,6 +289,7 @@ TEST(Simulate, ComparesThePoliciesOnOneTrace) {
   for (const char* p : {"fifo-first-fit", "backfill", "backfill-topo", "shoal"})
     EXPECT_TRUE(has(r, p)) << r.out;
   EXPECT_TRUE(has(r, "  makespan: first submit to last end")) << r.out;  // the legend
+  EXPECT_TRUE(has(r, "why jobs waited (the reason of each one's last failed try")) << r.out;
   Result bad = shoal("simulate --policies fifo,shoal");
   EXPECT_EQ(bad.code, 2);
   EXPECT_TRUE(has(bad, "`fifo` is not fifo-first-fit, backfill, backfill-topo or shoal"))
@@ -300,6 +302,7 @@ TEST(Simulate, ComparesThePoliciesOnOneTrace) {
   std::string line;
   int policies = 0;
   while (std::getline(rows, line)) {
+    if (line.starts_with("why jobs waited")) break;  // then one line per policy, of reasons
     std::istringstream f(line);
     std::string name, jobs, done, refused;
     f >> name >> jobs >> done >> refused;
