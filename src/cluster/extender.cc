@@ -200,6 +200,12 @@ const SchedulerExtender::Plan* SchedulerExtender::plan_for(const Ask& a, std::st
     *why = f.why;
     return nullptr;
   }
+  if (static_cast<int>(plans_.size()) >= o_.max_plans) {
+    auto oldest = std::min_element(plans_.begin(), plans_.end(), [](const auto& x, const auto& y) {
+      return x.second.last_seen < y.second.last_seen;
+    });
+    plans_.erase(oldest);
+  }
   return &(plans_[a.key] = Plan{a.job, *f.p, 0});
 }
 

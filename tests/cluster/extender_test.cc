@@ -106,6 +106,23 @@ TEST(Extender, APlanWhoseNodeIsNoLongerOfferedIsPlacedAgainAndIdlePlansExpire) {
   EXPECT_EQ(e.plans(), 1);
 }
 
+TEST(Extender, PlansAreBoundedAndTheLeastRecentGoesFirst) {
+  SchedulerExtender e(four_nodes(), {.hold_seconds = 1e9, .max_plans = 3});
+  for (int i = 0; i < 5; ++i) filtered(e, args(pod("j" + std::to_string(i), 0, 1, "none", 1)), i);
+  EXPECT_EQ(e.plans(), 3);
+  // j0 and j1, asked about first, were dropped: no node is theirs (10).
+  auto top = [&](const std::string& job) {
+    auto r = e.prioritize(args(pod(job, 0, 1, "none", 1)), 10);
+    EXPECT_TRUE(r.ok());
+    int best = 0;
+    for (const json& h : json::parse(*r)) best = std::max(best, h["Score"].get<int>());
+    return best;
+  };
+  EXPECT_LT(top("j0"), 10);
+  EXPECT_LT(top("j1"), 10);
+  EXPECT_EQ(top("j4"), 10);
+}
+
 TEST(Extender, OtherPodsPassUntouchedAndFullNodeObjectsComeBack) {
   SchedulerExtender e(four_nodes());
   json nodes = {{"items", json::array()}};

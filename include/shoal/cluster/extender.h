@@ -26,6 +26,9 @@ namespace shoal::cluster {
 
 struct ExtenderOptions {
   double hold_seconds = 600;
+  // Plans held at most; past it the one asked about longest ago goes (a
+  // flood of distinct job labels cannot grow the extender without bound).
+  int max_plans = 10000;
 };
 
 class SchedulerExtender {
