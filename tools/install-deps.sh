@@ -6,7 +6,7 @@ pkgs=(
   build-essential cmake ninja-build ccache git pkg-config
   libdnnl-dev libopenblas-dev libopenblas0
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libsodium-dev libyaml-cpp-dev
-  iproute2 nftables iperf3
+  iproute2 nftables iperf3 curl
   gnuplot-nox clang-14 libclang-rt-14-dev libtsan2 libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
