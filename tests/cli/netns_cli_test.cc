@@ -140,11 +140,14 @@ TEST_F(NetnsCluster, HostsThatShareAHostnameShareNoMemory) {
 // same layout on one host (ring all-reduce, so the sums are the same): with
 // 2 ranks per host, tensor-parallel groups stay within a host and
 // data-parallel groups and pipeline stages cross the link.
+// A small GPT for the layouts beyond data parallelism.
+const char* kGpt =
+    "--model gpt --data text:/usr/share/games/fortunes/fortunes --layers 2 --heads 4 --dim 16 "
+    "--context 8 --limit-train 200 --limit-test 40 --batch 8 --max-steps 4 --threads 1 "
+    "--optimizer adam --lr 0.01 --deterministic --no-plot --quiet";
+
 TEST_F(NetnsCluster, EveryStrategySpansTheHostsWithTheOneHostWeights) {
-  const std::string gpt =
-      "--model gpt --data text:/usr/share/games/fortunes/fortunes --layers 2 --heads 4 --dim 16 "
-      "--context 8 --limit-train 200 --limit-test 40 --batch 8 --max-steps 4 --threads 1 "
-      "--optimizer adam --lr 0.01 --deterministic --no-plot --quiet";
+  const std::string gpt = kGpt;
   for (const std::string layout :
        {"--zero 1", "--zero 3", "--tp 2 --dp 2", "--pp 2 --dp 2", "--tp 2 --pp 2"}) {
     SCOPED_TRACE(layout);
@@ -240,6 +243,16 @@ TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {
                   exec, agent, SHOAL_BINARY, train, dir));
   ASSERT_EQ(shoal_mpirun.code, 0) << shoal_mpirun.out;
   expect_one_host_weights(dir, "mpirun");
+  // Beyond data parallelism under OpenMPI: ZeRO-2 across the hosts.
+  auto zero_one = train_on_one_host(dir + "/zero", std::string(kGpt) + " --zero 2");
+  ASSERT_EQ(zero_one.code, 0) << zero_one.out;
+  auto zero = run_sh(fmt::format(
+      "{} h1 env {} {} run --engine mpirun -n 4 --timeout 120 --store-host 198.18.1.1 "
+      "--engine-arg=--host --engine-arg=h1:2,h2:2 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} "
+      "--zero 2 --out {}/zero/two",
+      exec, agent, SHOAL_BINARY, SHOAL_BINARY, kGpt, dir));
+  ASSERT_EQ(zero.code, 0) << zero.out;
+  expect_one_host_weights(dir + "/zero", "two");
   auto mpi = run_sh(fmt::format(
       "{} h1 env {} timeout -s KILL 120 mpirun.openmpi --allow-run-as-root -n 4 --host h1:2,h2:2 "
       "-x SHOAL_COMM_BACKEND=mpi {} train {} --out {}/mpi",
@@ -271,6 +284,11 @@ TEST_F(NetnsCluster, SrunSpansTheHostsOfItsSlurm) {
       on_h1, SHOAL_BINARY, SHOAL_BINARY, kTrain, dir));
   auto bare = run_sh(
       fmt::format("{} srun -N 2 -n 4 {} train {} --out {}/bare", on_h1, SHOAL_BINARY, kTrain, dir));
+  // Beyond data parallelism under srun: TP within each host, DP across
+  // (before the slurmd is killed: a node without one takes no new step).
+  auto tp_one = train_on_one_host(dir + "/tp", std::string(kGpt) + " --tp 2 --dp 2");
+  auto tp = run_sh(fmt::format("{} srun -N 2 -n 4 {} train {} --tp 2 --dp 2 --out {}/tp/two", on_h1,
+                               SHOAL_BINARY, kGpt, dir));
   // h2's slurmd killed while the step runs: its slurmstepd holds the ranks,
   // which train on to the one-host weights; nothing of the step is lost.
   // (Found by its command line from this namespace: the pid file holds the
@@ -293,6 +311,9 @@ TEST_F(NetnsCluster, SrunSpansTheHostsOfItsSlurm) {
   EXPECT_TRUE(slurmd_gone) << killed.out;
   EXPECT_NE(killed.out.find("step-rc=0"), std::string::npos) << killed.out;
   expect_one_host_weights(dir, "killed");
+  ASSERT_EQ(tp_one.code, 0) << tp_one.out;
+  ASSERT_EQ(tp.code, 0) << tp.out;
+  expect_one_host_weights(dir + "/tp", "two");
 }
 
 // h2's link goes down mid-training: every rank stops within the heartbeat
