@@ -182,8 +182,7 @@ ClusterState SchedulerExtender::held_except(const std::string& job) const {
 
 // The job's plan, placed now if it has none or its rank's node is no
 // longer offered; null with `why` when the gang does not fit.
-const SchedulerExtender::Plan* SchedulerExtender::plan_for(const Ask& a, std::string* why,
-                                                           bool* ever) {
+SchedulerExtender::Plan* SchedulerExtender::plan_for(const Ask& a, std::string* why, bool* ever) {
   auto it = plans_.find(a.key);
   if (it != plans_.end() && it->second.job.ranks == a.job.ranks) {
     const std::string& node = t_.nodes[it->second.p.ranks[a.rank].node].name;
@@ -218,10 +217,10 @@ Result<std::string> SchedulerExtender::filter(std::string_view args, double now_
   } else {
     std::string why;
     bool ever = true;
-    const Plan* plan = plan_for(a, &why, &ever);
+    Plan* plan = plan_for(a, &why, &ever);
     std::string node = plan ? t_.nodes[plan->p.ranks[a.rank].node].name : "";
     if (plan) {
-      plans_[a.key].last_seen = now_s;
+      plan->last_seen = now_s;
       pass.insert(node);
     }
     for (const std::string& n : a.offered) {
@@ -258,7 +257,12 @@ Result<std::string> SchedulerExtender::filter(std::string_view args, double now_
 
 Result<std::string> SchedulerExtender::prioritize(std::string_view args, double now_s) {
   SHOAL_ASSIGN_OR_RETURN(Ask a, read(args, now_s));
-  auto it = a.key.empty() ? plans_.end() : plans_.find(a.key);
+  json out = json::array();
+  if (a.key.empty()) {  // not Shoal's: every node alike, and nothing to compute
+    for (const std::string& name : a.offered) out.push_back({{"Host", name}, {"Score", 0}});
+    return out.dump();
+  }
+  auto it = plans_.find(a.key);
   std::set<int> leaves;
   int mine = -1;
   if (it != plans_.end() && it->second.job.ranks == a.job.ranks) {
@@ -267,10 +271,9 @@ Result<std::string> SchedulerExtender::prioritize(std::string_view args, double 
     for (const RankSlot& r : it->second.p.ranks) leaves.insert(t_.nodes[r.node].leaf);
   }
   ClusterState held = held_except(a.key);
-  json out = json::array();
   for (const std::string& name : a.offered) {
     int n = t_.find_node(name), score = 0;
-    if (!a.key.empty() && n >= 0) {
+    if (n >= 0) {
       if (n == mine) {
         score = 10;
       } else if (leaves.count(t_.nodes[n].leaf)) {

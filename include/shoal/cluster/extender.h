@@ -53,7 +53,7 @@ class SchedulerExtender {
   };
   struct Ask;
   Result<Ask> read(std::string_view args, double now_s);
-  const Plan* plan_for(const Ask& a, std::string* why, bool* ever);
+  Plan* plan_for(const Ask& a, std::string* why, bool* ever);
   ClusterState held_except(const std::string& job) const;
 
   Topology t_;
