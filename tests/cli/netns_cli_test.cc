@@ -237,20 +237,22 @@ TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {
   // ssh stand-in, under `shoal run --engine mpirun` (Shoal's transport) and
   // bare with SHOAL_COMM_BACKEND=mpi (OpenMPI's own).
   const std::string agent = fmt::format("OMPI_MCA_plm_rsh_agent='{} --name {} rsh'", kTool, name_);
-  auto shoal_mpirun = run_sh(
-      fmt::format("{} h1 env {} {} run --engine mpirun -n 4 --timeout 120 --store-host 198.18.1.1 "
-                  "--engine-arg=--host --engine-arg=h1:2,h2:2 -- {} --out {}/mpirun",
-                  exec, agent, SHOAL_BINARY, train, dir));
-  ASSERT_EQ(shoal_mpirun.code, 0) << shoal_mpirun.out;
+  // `shoal run --engine mpirun` on h1, two ranks on each host, running `rank_cmd`.
+  auto shoal_mpirun = [&](const std::string& rank_cmd) {
+    return run_sh(fmt::format(
+        "{} h1 env {} {} run --engine mpirun -n 4 --timeout 120 --store-host 198.18.1.1 "
+        "--engine-arg=--host --engine-arg=h1:2,h2:2 -- {}",
+        exec, agent, SHOAL_BINARY, rank_cmd));
+  };
+  auto dp = shoal_mpirun(fmt::format("{} --out {}/mpirun", train, dir));
+  ASSERT_EQ(dp.code, 0) << dp.out;
   expect_one_host_weights(dir, "mpirun");
   // Beyond data parallelism under OpenMPI: ZeRO-2 across the hosts.
   auto zero_one = train_on_one_host(dir + "/zero", std::string(kGpt) + " --zero 2");
   ASSERT_EQ(zero_one.code, 0) << zero_one.out;
-  auto zero = run_sh(fmt::format(
-      "{} h1 env {} {} run --engine mpirun -n 4 --timeout 120 --store-host 198.18.1.1 "
-      "--engine-arg=--host --engine-arg=h1:2,h2:2 -- env SHOAL_ALLREDUCE_ALGO=ring {} train {} "
-      "--zero 2 --out {}/zero/two",
-      exec, agent, SHOAL_BINARY, SHOAL_BINARY, kGpt, dir));
+  auto zero = shoal_mpirun(
+      fmt::format("env SHOAL_ALLREDUCE_ALGO=ring {} train {} --zero 2 --out {}/zero/two",
+                  SHOAL_BINARY, kGpt, dir));
   ASSERT_EQ(zero.code, 0) << zero.out;
   expect_one_host_weights(dir + "/zero", "two");
   auto mpi = run_sh(fmt::format(
