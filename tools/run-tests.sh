@@ -7,6 +7,9 @@ build="${1:-build}"
 jobs="${2:-$(nproc)}"
 tmp="$(mktemp -d /tmp/shoal-tests.XXXXXX)"
 export TMPDIR="$tmp" TEST_TMPDIR="$tmp"
+# The trainers' GEMM peak for MFU (runtime/peak.h), measured once for the
+# run under the suite's load: kept out of the user's own cache.
+export SHOAL_PEAK_CACHE="$tmp/peak.json"
 rc=0
 (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 600) || rc=$?
 # Only our own names: OpenMPI and Slurm keep session files of their own.

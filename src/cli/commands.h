@@ -29,7 +29,7 @@ std::string cpu_features();
 // Data-parallel flags of `shoal train` (used when the environment names
 // more than one rank: shoal run, mpirun, srun, torchrun).
 struct DistFlags {
-  std::string wire = "f32";
+  std::string wire;  // "": f32, or bf16 under --precision bf16
   double bucket_mb = 25, first_bucket_mb = 1, zero_bucket_mb = 1;
   std::string overlap = "auto";
   std::string dist = "auto";  // auto, allreduce, ps
@@ -188,4 +188,6 @@ int run_place(const ClusterFlags& f);
 int run_place_serve(const ClusterFlags& f);  // place_serve.cc
 int run_submit(const ClusterFlags& f);
 int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared);
+// `shoal bench peak` (bench_peak.cc): threads 0 = all cores.
+int run_bench_peak(int threads, int n, double seconds);
 }  // namespace shoal::cli

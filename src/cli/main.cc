@@ -35,6 +35,8 @@ struct Cli {
   std::vector<std::string> run_rank_cmd;
   CLI::App* bench = nullptr;
   CLI::App* bench_comm = nullptr;
+  CLI::App* bench_peak = nullptr;
+  int peak_n = 1024;
   int ranks = 2;
   std::size_t max_bytes = std::size_t{256} << 20;
   double seconds = 0.3;
@@ -133,6 +135,14 @@ struct Cli {
     bench_comm->add_flag("--shared", shared,
                          "Buffers in shared memory (Communicator::allocate_shared), as a "
                          "data-parallel arena: the direct all-reduce maps peers' buffers");
+    bench_peak = bench->add_subcommand(
+        "peak", "This host's f32/bf16 GEMM peak and memory bandwidth (what MFU is against)");
+    bench_peak->add_option("--threads", threads, "CPU threads (0 = all cores)")
+        ->check(shoal::cli::non_negative());
+    bench_peak->add_option("--size", peak_n, "Matmul size N (N x N x N)")
+        ->check(CLI::Range(64, 8192));
+    bench_peak->add_option("--seconds", seconds, "Timed seconds per measurement")
+        ->check(CLI::Range(0.001, 60.0));
   }
   // CLI11 wants the arguments reversed, without the program name.
   int parse(std::vector<std::string> args) {
@@ -263,6 +273,8 @@ int main(int argc, char** argv) {
   if (cli->run_rank->parsed()) return shoal::launch::exec_rank(cli->run_rank_cmd);
   if (cli->bench_comm->parsed())
     return shoal::cli::run_bench_comm(cli->ranks, cli->max_bytes, cli->seconds, cli->shared);
+  if (cli->bench_peak->parsed())
+    return shoal::cli::run_bench_peak(cli->threads, cli->peak_n, cli->seconds);
   if (cli->example->parsed())
     return shoal::cli::run_example_mlp(cli->threads, cli->steps, cli->seed, cli->trace);
   return 1;

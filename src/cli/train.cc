@@ -205,6 +205,12 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--seed", o.seed, "Random seed (weights, shuffling, augmentation)");
   t->add_option("--out", o.out, "Run directory (default runs/<model>)");
   t->add_flag("--augment", o.augment, "Random crop (pad 2) and horizontal flip");
+  t->add_option("--precision", o.precision,
+                "f32, or bf16: matmuls read bf16 copies of their operands and accumulate in f32 "
+                "(weights, optimizer state, norms and the loss stay f32); needs AVX-512 BF16 or "
+                "AMX")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   t->add_flag("--deterministic", o.deterministic,
               "Bit-identical reruns: fixed all-reduce algorithms (SHOAL_DETERMINISTIC=1); refuse "
               "to resume with a different thread count");
@@ -237,9 +243,10 @@ TrainCommand add_train_command(CLI::App& app) {
                 "Write a Chrome trace of the last 10 steps (each epoch); with several ranks "
                 "each writes FILE.rank<r>.json");
   auto& d = *c.dist;
-  t->add_option("--wire", d.wire, "Data parallel: gradient dtype on the wire (f32, f16, bf16)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
-      ->capture_default_str();
+  t->add_option("--wire", d.wire,
+                "Data parallel: gradient dtype on the wire (f32, f16, bf16; default f32, bf16 "
+                "under --precision bf16)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   t->add_option("--bucket-mb", d.bucket_mb, "Data parallel: gradient bucket cap (MiB)")
       ->check(kPositive)
       ->capture_default_str();
@@ -331,10 +338,12 @@ TrainCommand add_train_command(CLI::App& app) {
 
 namespace {
 
-dist::JoinOptions join_options(const DistFlags& d) {
+// --wire follows --precision unless given: bf16 products leave bf16-exact
+// gradients no wider on the wire.
+dist::JoinOptions join_options(const DistFlags& d, const std::string& precision) {
   dist::JoinOptions jo;
   jo.dist = d.dist;
-  jo.dp.wire = *parse_dtype(d.wire);
+  jo.dp.wire = *parse_dtype(d.wire.empty() ? (precision == "bf16" ? "bf16" : "f32") : d.wire);
   jo.dp.bucket_mb = d.bucket_mb;
   jo.dp.first_bucket_mb = d.first_bucket_mb;
   jo.dp.zero_bucket_mb = d.zero_bucket_mb;
@@ -533,7 +542,7 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
 }  // namespace
 
 int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flags_yaml) {
-  const dist::JoinOptions jo = join_options(d);
+  const dist::JoinOptions jo = join_options(d, o.precision);
   auto el = dist::elastic_env();
   if (!el.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", el.status().message());

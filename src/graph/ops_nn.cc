@@ -73,6 +73,33 @@ Result<Shape> matmul_shape(const Node& n, const TensorType& a, const TensorType&
   return batch;
 }
 
+// The element type a product (matmul, linear, the convolutions and their
+// gradients) writes. Its two operands are f32 or f64, or both bf16 as
+// --precision bf16 leaves them (graph/precision.cc); the "dst" attribute
+// names the output type (bf16 operands accumulate into f32). A bias is of
+// the output's type.
+Result<DType> product_type(const Node& n, const Types& in) {
+  const DType t = in[0].dtype;
+  if (t == DType::kBF16) {
+    if (in[1].dtype != t)
+      return invalid_argument("dtype mismatch: input 0 is {}, input 1 is {}", in[0].str(),
+                              in[1].str());
+  } else {
+    SHOAL_RETURN_IF_ERROR(need_same_float({in[0], in[1]}));
+  }
+  DType out = t;
+  if (n.attrs.has("dst")) {
+    SHOAL_ASSIGN_OR_RETURN(std::string name, n.attrs.get_string("dst"));
+    SHOAL_ASSIGN_OR_RETURN(out, parse_dtype(name));
+    if (out != DType::kF32 && out != t)
+      return invalid_argument("dst {} for operands of {}: only f32 or the operands' type", name,
+                              dtype_name(t));
+  }
+  if (in.size() == 3 && in[2].dtype != out)
+    return invalid_argument("bias is {}, the output {}", in[2].str(), dtype_name(out));
+  return out;
+}
+
 Value post_act_grad(Builder& b, const Node& n, Value y, Value dy) {
   if (n.attrs.get_string_or("activation", "") == "relu") return b.op("relu_grad", {dy, y});
   return dy;
@@ -85,11 +112,11 @@ void register_linear_ops(OpRegistry& r) {
     OpDef d;
     d.name = "matmul";
     d.min_inputs = d.max_inputs = 2;
-    d.attrs = {"transpose_a", "transpose_b"};
+    d.attrs = {"transpose_a", "transpose_b", "dst"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(DType t, product_type(n, in));
       SHOAL_ASSIGN_OR_RETURN(Shape s, matmul_shape(n, in[0], in[1]));
-      return Types{{in[0].dtype, s}};
+      return Types{{t, s}};
     };
     d.grad = GRAD {
       bool ta = g.node.attrs.get_int_or("transpose_a", 0) != 0;
@@ -120,9 +147,9 @@ void register_linear_ops(OpRegistry& r) {
     d.name = "linear";
     d.min_inputs = 2;
     d.max_inputs = 3;
-    d.attrs = {"activation"};
+    d.attrs = {"activation", "dst"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(DType t, product_type(n, in));
       if (in[0].shape.size() != 2) return invalid_argument("linear input must be [N, in]");
       if (in[1].shape.size() != 2 || in[1].shape[1] != in[0].shape[1])
         return invalid_argument("weight must be [out, {}]", in[0].shape[1]);
@@ -130,7 +157,7 @@ void register_linear_ops(OpRegistry& r) {
         return invalid_argument("bias must be [{}]", in[1].shape[0]);
       auto act = n.attrs.get_string_or("activation", "");
       if (!act.empty() && act != "relu") return invalid_argument("unknown activation '{}'", act);
-      return Types{{in[0].dtype, {in[0].shape[0], in[1].shape[0]}}};
+      return Types{{t, {in[0].shape[0], in[1].shape[0]}}};
     };
     d.grad = GRAD {
       Value dy = post_act_grad(g.b, g.node, Y(0), DY);

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "shoal/graph/passes.h"
 #include "shoal/mp/pipeline.h"
 
 namespace shoal::mp {
@@ -13,18 +14,9 @@ namespace {
 // Estimated cost of one node: 2·M·N·K for products, the output's elements
 // otherwise. Only the ratios between stages matter.
 double node_cost(const graph::Graph& g, const graph::Node& n) {
+  if (const double f = graph::node_flops(g, n); f > 0) return f;
   double out = 0;
   for (const auto& t : n.outputs) out += static_cast<double>(num_elements(t.shape));
-  if (n.op == "matmul" || n.op == "linear") {
-    const Shape& a = g.type(n.inputs[0]).shape;
-    const bool ta = n.attrs.get_int_or("transpose_a", 0) != 0;
-    const std::int64_t k = a.size() < 2 ? 1 : ta ? a[a.size() - 2] : a.back();
-    return 2.0 * out * static_cast<double>(k);
-  }
-  if (n.op == "conv2d") {
-    const Shape& w = g.type(n.inputs[1]).shape;  // [Cout, Cin, kh, kw]
-    return 2.0 * out * static_cast<double>(num_elements(w) / std::max<std::int64_t>(w[0], 1));
-  }
   return out;
 }
 

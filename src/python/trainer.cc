@@ -21,7 +21,7 @@ namespace {
 struct Options {
   train::TrainOptions t;
   dist::JoinOptions j;
-  std::string wire = "f32", overlap = "auto";
+  std::string wire, overlap = "auto";  // wire "": f32, bf16 under precision="bf16"
 };
 
 using Field = std::variant<int train::TrainOptions::*, std::int64_t train::TrainOptions::*,
@@ -54,6 +54,7 @@ const std::vector<std::pair<const char*, Field>>& fields() {
       {"out", &T::out},
       {"augment", &T::augment},
       {"deterministic", &T::deterministic},
+      {"precision", &T::precision},
       {"keep_checkpoints", &T::keep_checkpoints},
       {"checkpoint_every", &T::checkpoint_every},
       {"checkpoints", &T::checkpoints},
@@ -199,7 +200,8 @@ class PyTrainer {
       o_.t.model = value_of<std::string>("model", model);
     set_data(o_, data);
     for (auto [k, v] : kw) set_option(o_, k.cast<std::string>(), v);
-    auto wire = parse_dtype(o_.wire);
+    auto wire =
+        parse_dtype(o_.wire.empty() ? (o_.t.precision == "bf16" ? "bf16" : "f32") : o_.wire);
     if (!wire.ok()) throw py::value_error("shoal.Trainer: wire: " + wire.status().message());
     o_.j.dp.wire = *wire;
     o_.j.dp.overlap = check(dp::parse_overlap(o_.overlap));

@@ -586,6 +586,8 @@ std::vector<std::pair<std::string, std::string>> runtime_info() {
   out.emplace_back("blas", fmt::format("OpenBLAS ({})", openblas_get_config()));
   out.emplace_back("threads", std::to_string(num_threads()));
   out.emplace_back("cores", std::to_string(num_cores()));
+  const std::string isas = cpu::bf16_isas();
+  out.emplace_back("bf16", isas.empty() ? "no (needs avx512_bf16 or amx_bf16)" : isas);
   return out;
 }
 

@@ -64,6 +64,10 @@ Status validate(const TrainOptions& o) {
         "that helps (--threads 0 picks for you)",
         o.threads, cpus);
   if (o.eval_batch < 1) return invalid_argument("--eval-batch {} must be >= 1", o.eval_batch);
+  if (o.precision != "f32" && o.precision != "bf16")
+    return invalid_argument("--precision '{}' is not f32 or bf16", o.precision);
+  if (o.precision == "bf16")
+    SHOAL_RETURN_IF_ERROR(runtime::bf16_support().with_context("--precision bf16"));
   if (o.keep_checkpoints < 1)
     return invalid_argument("--keep-checkpoints {} must be >= 1", o.keep_checkpoints);
   if (o.checkpoint_every < 0 || o.max_steps < 0 || o.limit_train < 0 || o.limit_test < 0)
@@ -411,13 +415,14 @@ Status Trainer::run() {
       double ips = static_cast<double>(seen * ranks) / std::max(train_s, 1e-9);
       std::int64_t in_epoch = (step_ - 1) % spe + 1;
       double eta = static_cast<double>(limit - step_) * train_s / static_cast<double>(steps);
+      const double flops = m.step_flops * static_cast<double>(steps) / std::max(train_s, 1e-9);
       m.progress.update(epoch + 1, o_.epochs, in_epoch, spe, loss_sum / static_cast<double>(steps),
-                        ips, eta);
+                        ips, eta, flops_str(flops, m.peak_flops));
       window_sum += loss;
       ++window_steps;
       if (lead && (in_epoch % std::max<std::int64_t>(spe / 10, 1) == 0)) {
         log_train_record(epoch + 1, window_sum / static_cast<double>(window_steps), window_steps,
-                         ips);
+                         ips, flops);
         window_sum = 0;
         window_steps = 0;
       }
@@ -450,6 +455,8 @@ Status Trainer::run() {
     em.train_acc = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0;
     em.train_seconds = train_s;
     em.images_per_s = static_cast<double>(seen) / std::max(train_s, 1e-9);
+    em.model_flops_per_s = m.step_flops * static_cast<double>(steps) / std::max(train_s, 1e-9);
+    em.mfu = m.peak_flops > 0 ? em.model_flops_per_s / m.peak_flops : 0;
     SHOAL_ASSIGN_OR_RETURN(EvalResult ev, evaluate());
     em.test_loss = ev.loss;
     em.test_acc = ev.accuracy;

@@ -22,6 +22,7 @@
 #include "shoal/graph/passes.h"
 #include "shoal/runtime/backend.h"
 #include "shoal/runtime/kernel.h"
+#include "shoal/runtime/peak.h"
 #include "shoal/tensor/safetensors.h"
 #include "shoal/train/checkpoint.h"
 #include "shoal/train/data.h"
@@ -179,6 +180,7 @@ Status Trainer::agree_with_peers(const Graph& g) {
         {"--seed", v(o.seed)},
         {"--augment", v(o.augment)},
         {"--deterministic", v(o.deterministic)},
+        {"--precision", o.precision},
         {"--max-steps", v(o.max_steps)},
         {"--limit-train", v(o.limit_train)},
         {"--limit-test", v(o.limit_test)},
@@ -292,6 +294,18 @@ Status Trainer::init_state(StepBuild& sb, const std::optional<WeightsFile>& init
 Status Trainer::compile_step(StepBuild& sb) {
   const TrainOptions& o = o_;
   Impl& m = *impl_;
+  if (o.precision == "bf16") {
+    SHOAL_ASSIGN_OR_RETURN(graph::PrecisionReport pr, graph::autocast_bf16(sb.g));
+    if (o.rank == 0)
+      SHOAL_LOG_INFO("precision bf16: {} matmuls read bf16 through {} casts{}", pr.products,
+                     pr.casts, pr.kept ? fmt::format(", {} left in f32", pr.kept) : "");
+  }
+  m.step_flops = graph::graph_flops(sb.g);
+  auto peak = runtime::host_gemm_peak(o.precision == "bf16" ? DType::kBF16 : DType::kF32);
+  if (peak.ok())
+    m.peak_flops = *peak;
+  else if (o.rank == 0)
+    SHOAL_LOG_WARN("no MFU in the reports: {}", peak.status().to_string());
   auto backend = runtime::make_backend("cpu");
   if (!backend.ok()) return backend.status();
   runtime::CompileOptions copts;

@@ -35,8 +35,9 @@ class Progress {
       : quiet_(quiet),
         tty_(isatty(STDOUT_FILENO) != 0 && std::getenv("SHOAL_PLAIN_OUTPUT") == nullptr) {}
   std::string unit = "img/s";  // tok/s for text
+  // `extra`: more of the line before the ETA (the model FLOP/s and MFU).
   void update(int epoch, int epochs, std::int64_t i, std::int64_t n, double loss, double ips,
-              double eta_s) {
+              double eta_s, const std::string& extra = "") {
     if (quiet_) return;
     auto now = Clock::now();
     bool last = i == n;
@@ -46,15 +47,15 @@ class Progress {
       int width = 24, fill = n ? static_cast<int>(width * i / n) : width;
       std::string bar(static_cast<std::size_t>(fill), '#');
       bar.resize(static_cast<std::size_t>(width), '.');
-      fmt::print("\repoch {}/{} [{}] {}/{} loss {:.4f} {:.0f} {} ETA {}   ", epoch, epochs, bar, i,
-                 n, loss, ips, unit, eta(eta_s));
+      fmt::print("\repoch {}/{} [{}] {}/{} loss {:.4f} {:.0f} {}{} ETA {}   ", epoch, epochs, bar,
+                 i, n, loss, ips, unit, extra, eta(eta_s));
       if (last) fmt::print("\n");
       std::fflush(stdout);
     } else {
       std::int64_t every = std::max<std::int64_t>(n / 10, 1);
       if (i % every != 0 && !last) return;
-      fmt::print("epoch {}/{} step {}/{} loss {:.4f} {:.0f} {} ETA {}\n", epoch, epochs, i, n, loss,
-                 ips, unit, eta(eta_s));
+      fmt::print("epoch {}/{} step {}/{} loss {:.4f} {:.0f} {}{} ETA {}\n", epoch, epochs, i, n,
+                 loss, ips, unit, extra, eta(eta_s));
       std::fflush(stdout);
     }
   }
@@ -67,6 +68,10 @@ class Progress {
   bool quiet_, tty_;
   Clock::time_point last_{};
 };
+
+// " 12.3 GFLOP/s MFU 41%" for the progress and epoch lines (no MFU when
+// the peak is unknown). trainer_report.cc.
+std::string flops_str(double flops_per_s, double peak);
 
 inline std::int64_t argmax_row(const float* row, std::int64_t c) {
   std::int64_t best = 0;
@@ -115,6 +120,10 @@ struct Trainer::Impl {
   std::shared_ptr<CheckpointState> commit;
   double commit_seconds = 0;   // how long the last copy took
   std::int64_t commit_at = 0;  // its step (kept as a number: read every step)
+  // Model FLOPs of one step on this rank (graph::graph_flops of the compiled
+  // step): with the step time, the model FLOP/s and MFU the reports carry.
+  double step_flops = 0;
+  double peak_flops = 0;  // this host's GEMM peak for the precision (0: unknown)
 };
 
 inline bool has_input(const runtime::Executable& exe, const std::string& name) {

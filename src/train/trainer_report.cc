@@ -15,17 +15,24 @@ namespace shoal::train {
 
 namespace fs = std::filesystem;
 
+std::string flops_str(double flops_per_s, double peak) {
+  std::string s = fmt::format(" {:.1f} GFLOP/s", flops_per_s / 1e9);
+  if (peak > 0) s += fmt::format(" MFU {:.0f}%", 100 * flops_per_s / peak);
+  return s;
+}
+
 void Trainer::print_epoch(const EpochMetrics& em) const {
   const bool text = impl_->train.tokens();
   // Text: the loss in bits per character too, and tokens (not images) per second.
   std::string bpc = text ? fmt::format(" ({:.3f} bits/char)", em.test_loss / std::log(2.0)) : "";
   fmt::print(
       "epoch {}/{}{}: train loss {:.4f} acc {:.2f}%  test loss {:.4f}{} acc {:.2f}%  "
-      "{:.0f} {}  {:.1f} s\n",
+      "{:.0f} {}{}  {:.1f} s\n",
       em.epoch, o_.epochs,
       em.partial ? fmt::format(" (ended at step {} by --max-steps)", em.step) : "", em.train_loss,
       100 * em.train_acc, em.test_loss, bpc, 100 * em.test_acc, em.images_per_s,
-      text ? "tok/s" : "img/s", em.wall_seconds);
+      text ? "tok/s" : "img/s", flops_str(em.model_flops_per_s, impl_->peak_flops),
+      em.wall_seconds);
 }
 
 Status Trainer::write_plot() const {
@@ -70,10 +77,13 @@ const char* Trainer::rate_key() const {
 // One "train" record: the mean loss of the `steps` steps since the last
 // (named, so a plot knows its window; a running mean over the epoch drew a
 // cliff at every epoch boundary).
-void Trainer::log_train_record(int epoch, double loss, std::int64_t steps, double rate) {
-  nlohmann::json j = {{"kind", "train"}, {"epoch", epoch},      {"step", step_},
-                      {"loss", loss},    {"loss_steps", steps}, {"lr", impl_->lr.data<float>()[0]},
-                      {rate_key(), rate}};
+void Trainer::log_train_record(int epoch, double loss, std::int64_t steps, double rate,
+                               double flops) {
+  nlohmann::json j = {{"kind", "train"},     {"epoch", epoch},
+                      {"step", step_},       {"loss", loss},
+                      {"loss_steps", steps}, {"lr", impl_->lr.data<float>()[0]},
+                      {rate_key(), rate},    {"model_flops_per_s", flops}};
+  if (impl_->peak_flops > 0) j["mfu"] = flops / impl_->peak_flops;
   impl_->metrics << j.dump() << "\n" << std::flush;
 }
 
@@ -110,9 +120,11 @@ void Trainer::log_epoch_record(const EpochMetrics& em, double elapsed_s) {
                       {"test_loss", em.test_loss},
                       {"test_acc", em.test_acc},
                       {rate_key(), em.images_per_s},
+                      {"model_flops_per_s", em.model_flops_per_s},
                       {"train_seconds", em.train_seconds},
                       {"elapsed_seconds", elapsed_s}};
   if (m.train.tokens()) j["test_bits_per_char"] = em.test_loss / std::log(2.0);
+  if (m.peak_flops > 0) j["mfu"] = em.mfu;
   m.metrics << j.dump() << "\n" << std::flush;
   if (!o_.quiet) print_epoch(em);
   if (o_.plot) {

@@ -49,6 +49,28 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<int>& order,
                        const std::map<Value, int>& extend_until = {}, std::size_t alignment = 64,
                        const std::vector<Pack>& packs = {}, const std::set<Value>& outside = {});
 
+// Floating-point operations of one node's products, multiply and add
+// counted apart (2·M·N·K for matmul and linear, 2·|y|·Cin/groups·kH·kW for
+// a convolution and each of its gradients); 0 for every other op. The sum
+// over a training step's alive nodes is the step's model FLOPs, forward
+// and backward, as Megatron counts them for model FLOPs utilization.
+double node_flops(const Graph& g, const Node& n);
+double graph_flops(const Graph& g);
+
+// Mixed precision (--precision bf16), as autocast does it: every matmul and
+// linear whose operands are f32 reads bf16 copies of them made by "cast"
+// nodes placed in the graph (one per value, shared by its forward and
+// backward users) and writes f32 (attribute dst). Everything else — biases,
+// norms, softmax, the loss, reductions, the optimizer and the f32 master
+// weights — is left as it was. Products oneDNN cannot run in bf16
+// (broadcast batch shapes, empty operands) are left in f32.
+struct PrecisionReport {
+  int products = 0;  // nodes that now read bf16
+  int casts = 0;     // cast nodes added
+  int kept = 0;      // products left in f32
+};
+Result<PrecisionReport> autocast_bf16(Graph& g);
+
 std::string to_json(const Graph& g);
 std::string to_dot(const Graph& g);
 

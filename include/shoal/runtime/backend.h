@@ -123,4 +123,10 @@ namespace shoal::runtime {
 // Versions and settings of the CPU runtime (oneDNN, BLAS, threads, ISA) for
 // `shoal info` and benchmark headers.
 std::vector<std::pair<std::string, std::string>> runtime_info();
+
+// Whether this CPU computes bf16 products natively (AVX-512 BF16 or AMX-BF16,
+// which oneDNN uses): --precision bf16 needs one, since an emulation would be
+// slower than f32. The error names the instruction sets and the CPU.
+// SHOAL_CPU_BF16=0 reports them missing (to test the refusal on any host).
+Status bf16_support();
 }  // namespace shoal::runtime

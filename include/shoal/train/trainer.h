@@ -83,6 +83,10 @@ struct TrainSettings {
   std::string out;  // run directory ("" = runs/<model>)
   bool augment = false;
   bool deterministic = false;  // refuse to resume with a different thread count
+  // "f32", or "bf16": the step's matmuls read bf16 copies of their operands
+  // and accumulate in f32 (graph::autocast_bf16); weights, optimizer state
+  // and everything else stay f32. Needs a CPU with bf16 products.
+  std::string precision = "f32";
   int keep_checkpoints = 3;
   std::int64_t checkpoint_every = 0;  // steps; 0 = at the end of each epoch
   bool checkpoints = true;
@@ -220,6 +224,9 @@ struct EpochMetrics {
   bool partial = false;   // --max-steps ended the run inside this epoch
   double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
   double images_per_s = 0, train_seconds = 0, wall_seconds = 0;
+  // This rank's model FLOP/s (the step graph's products, forward and
+  // backward) and their share of the host's measured GEMM peak (0: unknown).
+  double model_flops_per_s = 0, mfu = 0;
 };
 
 struct EvalResult {
@@ -282,7 +289,7 @@ class Trainer {
   Status restore(const std::string& from, const CheckpointState& s);
   Status report_finished(std::int64_t limit);
   const char* rate_key() const;  // metrics.jsonl's name for the rate
-  void log_train_record(int epoch, double loss, std::int64_t steps, double rate);
+  void log_train_record(int epoch, double loss, std::int64_t steps, double rate, double flops);
   void log_epoch_record(const EpochMetrics& em, double elapsed_s);
   Status open_run_dir();  // the lead's, at the start of run()
   Status write_plot() const;

@@ -101,5 +101,7 @@ void register_norms(KernelRegistry& r);  // norm_ref.cc
 void register_onednn(KernelRegistry& r);
 void register_layout_op();  // the graph op `layout` (layout.cc)
 std::string onednn_version();
+// "avx512_bf16 amx_bf16", what of them this CPU has, or "" (cpu/isa.cc).
+std::string bf16_isas();
 
 }  // namespace shoal::runtime::cpu

@@ -56,17 +56,21 @@ struct Operand {
   }
 };
 
+// oneDNN's name for a Shoal element type of the products (f32, bf16).
+dt dnnl_type(DType t) { return t == DType::kBF16 ? dt::bf16 : dt::f32; }
+
 // y = op(A) op(B) (+ bias) (relu), batched when both share one batch shape.
+// A and B are `src` (f32, or bf16 under --precision bf16); y and the bias `dst`.
 class MatmulKernel final : public DnnlKernel {
  public:
   MatmulKernel(const Shape& as, const Shape& /*bs*/, const Shape& ys, bool ta, bool tb,
-               bool has_bias, bool relu, bool linear) {
+               bool has_bias, bool relu, bool linear, dt src = dt::f32, dt dst = dt::f32) {
     // Linear: x [N, in] times w [out, in]^T.
     std::size_t r = ys.size();
     memory::dims batch(ys.begin(), ys.end() - 2);
     memory::dim m = ys[r - 2], n = ys[r - 1];
     memory::dim k = linear ? as[1] : (ta ? as[as.size() - 2] : as[as.size() - 1]);
-    auto md = [&](memory::dim rows, memory::dim cols, bool trans) {
+    auto md = [&](memory::dim rows, memory::dim cols, bool trans, dt type) {
       memory::dims d = batch, st;
       d.push_back(rows);
       d.push_back(cols);
@@ -76,14 +80,15 @@ class MatmulKernel final : public DnnlKernel {
         s[i] = (i + 1 < batch.size() ? s[i + 1] * d[i + 1] : mat);
       s[d.size() - 2] = trans ? 1 : cols;
       s[d.size() - 1] = trans ? rows : 1;
-      return memory::desc(d, dt::f32, s);
+      return memory::desc(d, type, s);
     };
-    memory::desc a_md = md(m, k, ta), b_md = md(k, n, tb || linear), y_md = md(m, n, false);
+    memory::desc a_md = md(m, k, ta, src), b_md = md(k, n, tb || linear, src),
+                 y_md = md(m, n, false, dst);
     memory::desc bias_md;
     if (has_bias) {
       memory::dims bd(r, 1);
       bd[r - 1] = n;
-      bias_md = memory::desc(bd, dt::f32, tag::ab);
+      bias_md = memory::desc(bd, dst, tag::ab);
     }
     dnnl::matmul::desc d = has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, y_md)
                                     : dnnl::matmul::desc(a_md, b_md, y_md);
@@ -478,15 +483,26 @@ void override_f32(
     // SHOAL_ONEDNN=0: reference kernels only (read when compiling; for
     // comparisons and for testing the fallbacks).
     SHOAL_ASSIGN_OR_RETURN(bool onednn, env::get_bool("SHOAL_ONEDNN", true));
-    if (in[0].dtype == DType::kF32 && onednn) {
+    // bf16 operands (--precision bf16) run on oneDNN or not at all: the
+    // reference kernels compute in f32 and f64 only.
+    const bool bf16 = in[0].dtype == DType::kBF16;
+    if (bf16 && !onednn)
+      return failed_precondition("{}: bf16 operands run on oneDNN, and SHOAL_ONEDNN=0 turns it off",
+                                 n.label());
+    if ((in[0].dtype == DType::kF32 || bf16) && onednn) {
       try {
         // Output type is re-derived by the caller; kernels take it from the node.
         std::unique_ptr<Kernel> k = make(n, in, n.outputs[0]);
         if (k) return k;
       } catch (const dnnl::error& e) {
+        if (bf16)
+          return failed_precondition("{}: oneDNN has no bf16 kernel for {} ({})", n.label(),
+                                     in[0].str(), e.what());
         SHOAL_LOG_DEBUG("{}: oneDNN declined ({}); using the reference kernel", n.label(),
                         e.what());
       }
+      if (bf16)
+        return failed_precondition("{}: oneDNN has no bf16 kernel for {}", n.label(), in[0].str());
     }
     // The reference convolutions read and write plain layouts only: the
     // blocked operands go through conversions around them.
@@ -514,14 +530,16 @@ void register_onednn(KernelRegistry& r) {
                    return nullptr;
                  return std::make_unique<MatmulKernel>(
                      in[0].shape, in[1].shape, y.shape, n.attrs.get_int_or("transpose_a", 0) != 0,
-                     n.attrs.get_int_or("transpose_b", 0) != 0, false, false, false);
+                     n.attrs.get_int_or("transpose_b", 0) != 0, false, false, false,
+                     dnnl_type(in[0].dtype), dnnl_type(y.dtype));
                });
   override_f32(r, "linear",
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
                  if (num_elements(y.shape) == 0 || in[0].shape[1] == 0) return nullptr;
                  return std::make_unique<MatmulKernel>(
                      in[0].shape, in[1].shape, y.shape, false, true, in.size() == 3,
-                     n.attrs.get_string_or("activation", "") == "relu", true);
+                     n.attrs.get_string_or("activation", "") == "relu", true,
+                     dnnl_type(in[0].dtype), dnnl_type(y.dtype));
                });
   override_f32(r, "conv2d",
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {

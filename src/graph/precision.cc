@@ -1,0 +1,100 @@
+// Counting a graph's products, and mixed precision as a pass over them
+// (graph/passes.h): the step graph's matmuls read bf16 and accumulate f32.
+#include <map>
+
+#include "shoal/graph/passes.h"
+
+namespace shoal::graph {
+namespace {
+
+bool is_product(const std::string& op) { return op == "matmul" || op == "linear"; }
+
+// Whether oneDNN's bf16 matmul runs this node: one batch shape on both
+// sides (no broadcasting) and no empty operand.
+bool bf16_runs(const Graph& g, const Node& n) {
+  const Shape& a = g.type(n.inputs[0]).shape;
+  const Shape& b = g.type(n.inputs[1]).shape;
+  if (num_elements(a) == 0 || num_elements(b) == 0 || num_elements(n.outputs[0].shape) == 0)
+    return false;
+  if (n.op == "linear") return true;
+  return a.size() == b.size() && std::equal(a.begin(), a.end() - 2, b.begin());
+}
+
+}  // namespace
+
+double node_flops(const Graph& g, const Node& n) {
+  if (n.outputs.empty()) return 0;
+  const auto out = static_cast<double>(num_elements(n.outputs[0].shape));
+  if (n.op == "matmul" || n.op == "linear") {
+    const Shape& a = g.type(n.inputs[0]).shape;
+    const bool ta = n.attrs.get_int_or("transpose_a", 0) != 0;
+    const std::int64_t k = a.size() < 2 ? 1 : ta ? a[a.size() - 2] : a.back();
+    return 2.0 * out * static_cast<double>(k);
+  }
+  // Each convolution pass multiplies every output-gradient element of the
+  // forward by Cin/groups·kH·kW weights: the same count three ways.
+  const Shape* w = nullptr;
+  Shape ws;
+  double y = out;
+  if (n.op == "conv2d") {
+    w = &g.type(n.inputs[1]).shape;
+  } else if (n.op == "conv2d_grad_input") {
+    w = &g.type(n.inputs[1]).shape;
+    y = static_cast<double>(num_elements(g.type(n.inputs[0]).shape));
+  } else if (n.op == "conv2d_grad_weight") {
+    ws = n.attrs.get_ints_or("weight_shape", {});
+    w = &ws;
+    y = static_cast<double>(num_elements(g.type(n.inputs[1]).shape));
+  }
+  if (w == nullptr || w->size() != 4 || (*w)[0] <= 0) return 0;
+  return 2.0 * y * static_cast<double>(num_elements(*w) / (*w)[0]);
+}
+
+double graph_flops(const Graph& g) {
+  double f = 0;
+  for (const Node& n : g.nodes())
+    if (n.alive) f += node_flops(g, n);
+  return f;
+}
+
+Result<PrecisionReport> autocast_bf16(Graph& g) {
+  PrecisionReport r;
+  std::map<Value, Value> bf16_of;   // one cast per value, shared by its users
+  const int count = g.num_nodes();  // the casts appended below are not visited
+  for (int id = 0; id < count; ++id) {
+    const Node& n = g.node(id);
+    if (!n.alive || !is_product(n.op) || n.attrs.has("dst")) continue;
+    if (g.type(n.inputs[0]).dtype != DType::kF32 || g.type(n.inputs[1]).dtype != DType::kF32)
+      continue;
+    if (!bf16_runs(g, n)) {
+      ++r.kept;
+      continue;
+    }
+    const std::int64_t slot = n.slot;
+    const std::string name = n.name;
+    Value operands[2] = {n.inputs[0], n.inputs[1]};
+    for (Value& v : operands) {
+      auto it = bf16_of.find(v);
+      if (it == bf16_of.end()) {
+        const std::string cname = (name.empty() ? "" : name + "/") + "bf16";
+        SHOAL_ASSIGN_OR_RETURN(Value c,
+                               g.add("cast", {v}, {{"dtype", std::string("bf16")}}, cname));
+        g.mutable_node(c.node).slot = slot;
+        it = bf16_of.emplace(v, c).first;
+        ++r.casts;
+      } else if (slot < g.node(it->second.node).slot) {
+        g.mutable_node(it->second.node).slot = slot;  // ready for its earliest user
+      }
+      v = it->second;
+    }
+    Node& m = g.mutable_node(id);
+    m.inputs[0] = operands[0];
+    m.inputs[1] = operands[1];
+    m.attrs.set("dst", std::string("f32"));
+    SHOAL_RETURN_IF_ERROR(g.reinfer(id));
+    ++r.products;
+  }
+  return r;
+}
+
+}  // namespace shoal::graph

@@ -1,0 +1,211 @@
+// --precision bf16 (graph::autocast_bf16 and oneDNN's bf16 matmuls): per
+// product, the forward and the gradients of its operands in bf16 against
+// the same graph in f64, within bf16's tolerance, on odd sizes; where the
+// pass puts its casts; that f32 stays untouched where the pass does not
+// reach; and the refusal on a CPU without bf16 products.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "shoal/graph/builder.h"
+#include "shoal/graph/passes.h"
+#include "shoal/runtime/backend.h"
+#include "shoal/runtime/kernel.h"
+#include "shoal/tensor/philox.h"
+
+namespace shoal::runtime {
+namespace {
+
+using graph::Builder;
+using graph::Graph;
+using graph::Value;
+using Fn = std::function<Value(Builder&, const std::vector<Value>&)>;
+
+#define SKIP_WITHOUT_BF16()                                                   \
+  do {                                                                        \
+    if (Status st = bf16_support(); !st.ok()) GTEST_SKIP() << st.to_string(); \
+  } while (0)
+
+// fn's output y, and d(sum(y * r))/d(input) for every input, r fixed noise.
+struct Run {
+  std::vector<Tensor> out;
+  graph::PrecisionReport report;
+  std::map<std::string, std::string> impls;
+};
+
+Run run(const std::vector<Shape>& shapes, const Fn& fn, DType dt, bool bf16) {
+  PhiloxRng rng(7, 1);
+  Graph g;
+  Builder b(g);
+  std::vector<Value> xs;
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    xs.push_back(b.input("in" + std::to_string(i), dt, shapes[i]));
+  Value y = fn(b, xs);
+  Tensor r = Tensor::empty(b.shape(y), DType::kF64);
+  rng.fill_normal(r, 0, 1);
+  Value loss = b.reduce_sum(b.mul(y, b.constant(r.cast(dt))), {});
+  auto grads = graph::autodiff(g, loss, xs);
+  EXPECT_TRUE(grads.ok()) << grads.status().to_string();
+  g.mark_output(y);
+  for (Value v : *grads) g.mark_output(v);
+  Run out;
+  if (bf16) {
+    auto rep = graph::autocast_bf16(g);
+    EXPECT_TRUE(rep.ok()) << rep.status().to_string();
+    out.report = *rep;
+  }
+  EXPECT_TRUE(graph::verify(g).ok());
+  auto exe = (*make_backend("cpu"))->compile(g, {});
+  EXPECT_TRUE(exe.ok()) << exe.status().to_string();
+  if (!exe.ok()) return out;
+  out.impls = (*exe)->kernel_impls();
+  Executor ex(**exe);
+  std::map<std::string, Tensor> feeds;
+  PhiloxRng data(99, 3);
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    Tensor t = Tensor::empty(shapes[i], DType::kF64);
+    data.fill_normal(t, 0, 1);
+    feeds["in" + std::to_string(i)] = t.cast(dt);
+  }
+  auto res = ex.run(feeds);
+  EXPECT_TRUE(res.ok()) << res.status().to_string();
+  if (res.ok()) out.out = *res;
+  return out;
+}
+
+// bf16 keeps 8 significant bits: each operand is off by up to 2^-9 of
+// itself, so a product of K terms of unit noise is off by about
+// 2^-8 * sqrt(K) against a result of size sqrt(K). 2% of the largest
+// element covers it with margin; an f32 result that never met bf16
+// is 1000x closer, which the last check uses to tell them apart.
+void compare(const std::string& what, const std::vector<Shape>& shapes, const Fn& fn,
+             int products) {
+  SCOPED_TRACE(what);
+  const Run ref = run(shapes, fn, DType::kF64, false);
+  const Run f32 = run(shapes, fn, DType::kF32, false);
+  const Run b16 = run(shapes, fn, DType::kF32, true);
+  ASSERT_EQ(b16.report.products, products) << "products the pass turned to bf16";
+  ASSERT_EQ(ref.out.size(), b16.out.size());
+  double worst_bf16 = 0, worst_f32 = 0;
+  for (std::size_t k = 0; k < ref.out.size(); ++k) {
+    const Tensor& r = ref.out[k];
+    double scale = 1e-30;
+    for (std::int64_t i = 0; i < r.numel(); ++i) scale = std::max(scale, std::abs(r.get(i)));
+    for (std::int64_t i = 0; i < r.numel(); ++i) {
+      const double e = std::abs(b16.out[k].get(i) - r.get(i)) / scale;
+      ASSERT_LE(e, 2e-2) << what << " output " << k << " element " << i;
+      worst_bf16 = std::max(worst_bf16, e);
+      worst_f32 = std::max(worst_f32, std::abs(f32.out[k].get(i) - r.get(i)) / scale);
+    }
+    EXPECT_EQ(b16.out[k].dtype(), DType::kF32) << "output " << k << " leaves as f32";
+  }
+  // It really ran in bf16 (the pass did not leave the products in f32).
+  EXPECT_GT(worst_bf16, 20 * worst_f32) << "bf16 error " << worst_bf16 << ", f32 " << worst_f32;
+}
+
+TEST(Bf16, MatmulForwardAndGradients) {
+  SKIP_WITHOUT_BF16();
+  // Each matmul's forward and its two gradient matmuls read bf16: 3 products.
+  compare(
+      "2d", {{33, 17}, {17, 9}}, [](Builder& b, auto x) { return b.matmul(x[0], x[1]); }, 3);
+  compare(
+      "transposed a", {{17, 33}, {17, 9}},
+      [](Builder& b, auto x) { return b.matmul(x[0], x[1], true, false); }, 3);
+  compare(
+      "transposed b", {{33, 17}, {9, 17}},
+      [](Builder& b, auto x) { return b.matmul(x[0], x[1], false, true); }, 3);
+  compare(
+      "both transposed", {{17, 33}, {9, 17}},
+      [](Builder& b, auto x) { return b.matmul(x[0], x[1], true, true); }, 3);
+  compare(
+      "batched (attention's scores)", {{3, 5, 7, 11}, {3, 5, 13, 11}},
+      [](Builder& b, auto x) { return b.matmul(x[0], x[1], false, true); }, 3);
+}
+
+TEST(Bf16, LinearWithBiasAndRelu) {
+  SKIP_WITHOUT_BF16();
+  // The forward linear and two gradient matmuls; the bias gradient is a
+  // reduction and stays f32.
+  compare(
+      "linear + bias", {{31, 19}, {7, 19}, {7}},
+      [](Builder& b, auto x) { return b.linear(x[0], x[1], x[2]); }, 3);
+  compare(
+      "linear + bias + relu", {{31, 19}, {7, 19}, {7}},
+      [](Builder& b, auto x) { return b.relu(b.linear(x[0], x[1], x[2])); }, 3);
+}
+
+TEST(Bf16, CastsAreSharedAndVisibleInTheGraph) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {5, 3});
+  Value w = b.input("param/w", DType::kF32, {4, 3});
+  Value y = b.linear(x, w);
+  Value z = b.matmul(y, w);  // w again: one cast serves both
+  g.mark_output(z);
+  auto rep = graph::autocast_bf16(g);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  EXPECT_EQ(rep->products, 2);
+  EXPECT_EQ(rep->casts, 3);  // x, w (shared) and y
+  int casts = 0;
+  for (const auto& n : g.nodes()) {
+    if (n.op == "cast") {
+      ++casts;
+      EXPECT_EQ(n.outputs[0].dtype, DType::kBF16);
+    }
+    if (n.op == "linear" || n.op == "matmul") {
+      EXPECT_EQ(g.type(n.inputs[0]).dtype, DType::kBF16) << n.label();
+      EXPECT_EQ(n.outputs[0].dtype, DType::kF32) << n.label();
+    }
+  }
+  EXPECT_EQ(casts, 3);
+  EXPECT_NE(graph::to_json(g).find("\"dst\""), std::string::npos);
+  EXPECT_TRUE(graph::verify(g).ok());
+  // Run twice it finds nothing more to do.
+  auto again = graph::autocast_bf16(g);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->products, 0);
+}
+
+TEST(Bf16, BroadcastBatchesStayF32) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {2, 1, 5, 7});
+  Value w = b.input("w", DType::kF32, {3, 7, 2});
+  g.mark_output(b.matmul(x, w));
+  auto rep = graph::autocast_bf16(g);
+  ASSERT_TRUE(rep.ok());
+  EXPECT_EQ(rep->products, 0);
+  EXPECT_EQ(rep->kept, 1);
+}
+
+TEST(Bf16, MixedOperandsAreRefusedByName) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kBF16, {5, 3});
+  Value w = b.input("w", DType::kF32, {3, 4});
+  auto r = g.add("matmul", {x, w});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("dtype mismatch"), std::string::npos) << r.status().message();
+}
+
+TEST(Bf16, ARefusalNamesTheInstructionSets) {
+  ASSERT_EQ(::setenv("SHOAL_CPU_BF16", "0", 1), 0);
+  Status st = bf16_support();
+  ::unsetenv("SHOAL_CPU_BF16");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("avx512_bf16"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("amx_bf16"), std::string::npos) << st.message();
+}
+
+TEST(Bf16, FlopsCountProductsOnly) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {5, 3});
+  Value w = b.input("w", DType::kF32, {4, 3});
+  Value y = b.relu(b.linear(x, w));
+  g.mark_output(y);
+  EXPECT_DOUBLE_EQ(graph::graph_flops(g), 2.0 * 5 * 4 * 3);
+}
+
+}  // namespace
+}  // namespace shoal::runtime
