@@ -13,8 +13,12 @@ accumulated before one update (Shoal: `--micro-batches M`; PyTorch: M
 forward/backward passes of loss / M, then the step), with each process's
 peak resident memory (ru_maxrss) beside the speed.
 
+--precision f32,bf16: also in bf16 (Shoal: `--precision bf16`; PyTorch:
+the forward under `torch.autocast("cpu", dtype=torch.bfloat16)`), with
+Shoal's bf16 over its own f32 in the last column.
+
 usage: bench/gpt_train.py [--shoal build/shoal] [--threads 1,2] [--steps 150]
-                          [--sizes small,base] [--micro-batches 1]
+                          [--sizes small,base] [--micro-batches 1] [--precision f32]
 """
 import argparse
 import json
@@ -31,7 +35,7 @@ SIZES = {"small": (2, 4, 64), "base": (4, 4, 128)}  # layers, heads, dim
 CONTEXT, BATCH = 64, 32
 
 
-def peer(size, threads, steps, micro):
+def peer(size, threads, steps, micro, precision):
     """PyTorch's side: prints {"tokens_per_s": ...}."""
     import torch
     import torch.nn.functional as F
@@ -66,8 +70,9 @@ def peer(size, threads, steps, micro):
         b = perm[(s * BATCH) % (n - BATCH):][:BATCH]
         opt.zero_grad()
         for part in b.chunk(micro):
-            loss = F.cross_entropy(G.forward(w, x[part], a).reshape(-1, a.vocab),
-                                   y[part].reshape(-1))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                logits = G.forward(w, x[part], a).reshape(-1, a.vocab)
+            loss = F.cross_entropy(logits.float(), y[part].reshape(-1))
             (loss / micro).backward()
         opt.step()
     secs = time.perf_counter() - t0
@@ -85,7 +90,7 @@ def run_measured(cmd):
     return out, usage.ru_maxrss / 1024
 
 
-def shoal(binary, size, threads, steps, micro):
+def shoal(binary, size, threads, steps, micro, precision):
     layers, heads, dim = SIZES[size]
     with tempfile.TemporaryDirectory() as d:
         out, rss = run_measured(
@@ -93,7 +98,7 @@ def shoal(binary, size, threads, steps, micro):
              "--heads", str(heads), "--dim", str(dim), "--context", str(CONTEXT), "--batch",
              str(BATCH), "--optimizer", "adam", "--lr", "0.003", "--max-steps", str(steps),
              "--threads", str(threads), "--limit-test", "4", "--no-plot", "--no-checkpoints",
-             "--micro-batches", str(micro), "--quiet", "--out", d])
+             "--micro-batches", str(micro), "--precision", precision, "--quiet", "--out", d])
     line = [l for l in out.splitlines() if l.startswith("final:")][-1]
     return float(line.split(" tok/s")[0].rsplit(" ", 1)[1]), rss
 
@@ -105,26 +110,32 @@ def main():
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--sizes", default="small,base")
     p.add_argument("--micro-batches", default="1")
-    p.add_argument("--peer", nargs=3, metavar=("SIZE", "THREADS", "MICRO"))
+    p.add_argument("--precision", default="f32")
+    p.add_argument("--peer", nargs=4, metavar=("SIZE", "THREADS", "MICRO", "PRECISION"))
     a = p.parse_args()
     if a.peer:
-        peer(a.peer[0], int(a.peer[1]), a.steps, int(a.peer[2]))
+        peer(a.peer[0], int(a.peer[1]), a.steps, int(a.peer[2]), a.peer[3])
         return
     print(f"GPT on {TEXT}, context {CONTEXT}, batch {BATCH}, Adam, {a.steps} steps")
-    print("| size (layers/heads/dim) | threads | micro-batches | Shoal tok/s | PyTorch tok/s | "
-          "Shoal / PyTorch | Shoal peak RSS | PyTorch peak RSS |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| size (layers/heads/dim) | threads | micro-batches | precision | Shoal tok/s | "
+          "PyTorch tok/s | Shoal / PyTorch | Shoal / Shoal f32 | Shoal peak RSS | "
+          "PyTorch peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for size in a.sizes.split(","):
         for t in [int(v) for v in a.threads.split(",")]:
             for m in [int(v) for v in a.micro_batches.split(",")]:
-                mine, mine_rss = shoal(a.shoal, size, t, a.steps, m)
-                out, theirs_rss = run_measured([sys.executable, __file__, "--peer", size, str(t),
-                                                str(m), "--steps", str(a.steps)])
-                theirs = json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
-                l, h, dm = SIZES[size]
-                print(f"| {size} ({l}/{h}/{dm}) | {t} | {m} | {mine:,.0f} | {theirs:,.0f} | "
-                      f"{mine / theirs:.2f}x | {mine_rss:,.0f} MiB | {theirs_rss:,.0f} MiB |",
-                      flush=True)
+                f32 = None
+                for prec in a.precision.split(","):
+                    mine, mine_rss = shoal(a.shoal, size, t, a.steps, m, prec)
+                    out, theirs_rss = run_measured([sys.executable, __file__, "--peer", size,
+                                                    str(t), str(m), prec, "--steps", str(a.steps)])
+                    theirs = json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
+                    f32 = mine if prec == "f32" else f32
+                    own = f"{mine / f32:.2f}x" if f32 else "-"
+                    l, h, dm = SIZES[size]
+                    print(f"| {size} ({l}/{h}/{dm}) | {t} | {m} | {prec} | {mine:,.0f} | "
+                          f"{theirs:,.0f} | {mine / theirs:.2f}x | {own} | {mine_rss:,.0f} MiB | "
+                          f"{theirs_rss:,.0f} MiB |", flush=True)
 
 
 if __name__ == "__main__":

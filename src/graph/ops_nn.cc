@@ -175,7 +175,7 @@ void register_conv_ops(OpRegistry& r) {
     d.name = "conv2d";
     d.min_inputs = 2;
     d.max_inputs = 3;
-    d.attrs = {"stride", "padding", "dilation", "groups", "activation"};
+    d.attrs = {"stride", "padding", "dilation", "groups", "activation", "precision"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
       SHOAL_ASSIGN_OR_RETURN(Shape s, conv_out_shape(n, in[0].shape, in[1].shape));
@@ -202,7 +202,7 @@ void register_conv_ops(OpRegistry& r) {
     OpDef gi;
     gi.name = "conv2d_grad_input";
     gi.min_inputs = gi.max_inputs = 2;
-    gi.attrs = {"stride", "padding", "dilation", "groups", "input_shape"};
+    gi.attrs = {"stride", "padding", "dilation", "groups", "input_shape", "precision"};
     gi.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
       SHOAL_ASSIGN_OR_RETURN(Shape xs, n.attrs.get_ints("input_shape"));
@@ -225,7 +225,7 @@ void register_conv_ops(OpRegistry& r) {
     OpDef gw;
     gw.name = "conv2d_grad_weight";
     gw.min_inputs = gw.max_inputs = 2;
-    gw.attrs = {"stride", "padding", "dilation", "groups", "weight_shape"};
+    gw.attrs = {"stride", "padding", "dilation", "groups", "weight_shape", "precision"};
     gw.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
       SHOAL_ASSIGN_OR_RETURN(Shape ws, n.attrs.get_ints("weight_shape"));

@@ -63,6 +63,12 @@ Result<PrecisionReport> autocast_bf16(Graph& g) {
   const int count = g.num_nodes();  // the casts appended below are not visited
   for (int id = 0; id < count; ++id) {
     const Node& n = g.node(id);
+    if (n.alive && n.op.starts_with("conv2d") && !n.attrs.has("precision") &&
+        g.type(n.inputs[0]).dtype == DType::kF32) {
+      g.mutable_node(id).attrs.set("precision", std::string("bf16"));
+      ++r.convolutions;
+      continue;
+    }
     if (!n.alive || !is_product(n.op) || n.attrs.has("dst")) continue;
     if (g.type(n.inputs[0]).dtype != DType::kF32 || g.type(n.inputs[1]).dtype != DType::kF32)
       continue;

@@ -188,6 +188,8 @@ py::dict epoch_dict(const train::EpochMetrics& e) {
   d["images_per_s"] = e.images_per_s;
   d["train_seconds"] = e.train_seconds;
   d["wall_seconds"] = e.wall_seconds;
+  d["model_flops_per_s"] = e.model_flops_per_s;
+  d["mfu"] = e.mfu;
   return d;
 }
 

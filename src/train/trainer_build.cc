@@ -297,8 +297,11 @@ Status Trainer::compile_step(StepBuild& sb) {
   if (o.precision == "bf16") {
     SHOAL_ASSIGN_OR_RETURN(graph::PrecisionReport pr, graph::autocast_bf16(sb.g));
     if (o.rank == 0)
-      SHOAL_LOG_INFO("precision bf16: {} matmuls read bf16 through {} casts{}", pr.products,
-                     pr.casts, pr.kept ? fmt::format(", {} left in f32", pr.kept) : "");
+      SHOAL_LOG_INFO(
+          "precision bf16: {} matmuls read bf16 through {} casts{}, {} convolutions "
+          "convert as they reorder",
+          pr.products, pr.casts, pr.kept ? fmt::format(", {} left in f32", pr.kept) : "",
+          pr.convolutions);
   }
   m.step_flops = graph::graph_flops(sb.g);
   auto peak = runtime::host_gemm_peak(o.precision == "bf16" ? DType::kBF16 : DType::kF32);

@@ -105,6 +105,23 @@ def test_micro_batches_accumulate_to_the_whole_batchs_weights(tmp_path):
         shoal.Trainer("mlp", (xtr, ytr, xte, yte), batch=32, micro_batches=3)
 
 
+def test_precision_bf16_trains_or_is_refused_by_name(tmp_path):
+    xtr, ytr = blobs(512)
+    xte, yte = blobs(64, seed=1)
+    with pytest.raises(ValueError, match="--precision 'fp8' is not f32 or bf16"):
+        shoal.Trainer("mlp", (xtr, ytr, xte, yte), precision="fp8")
+    try:
+        t = shoal.Trainer("mlp", (xtr, ytr, xte, yte), batch=32, lr=0.05, max_steps=20,
+                          quiet=True, plot=False, threads=1, precision="bf16",
+                          out=str(tmp_path / "bf16"))
+    except ValueError as e:  # a CPU without bf16 products: said by name, not run in f32
+        assert "avx512_bf16" in str(e) and "amx_bf16" in str(e), e
+        pytest.skip(str(e))
+    epochs = t.fit()
+    assert epochs[-1]["test_acc"] > 0.5
+    assert epochs[-1]["model_flops_per_s"] > 0 and 0 < epochs[-1]["mfu"] <= 1
+
+
 def test_dict_data_and_errors_carry_shoals_message(tmp_path):
     xtr, ytr = blobs(64)
     data = {"x_train": xtr, "y_train": ytr, "x_test": xtr, "y_test": ytr}

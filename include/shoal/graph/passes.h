@@ -63,11 +63,15 @@ double graph_flops(const Graph& g);
 // backward users) and writes f32 (attribute dst). Everything else — biases,
 // norms, softmax, the loss, reductions, the optimizer and the f32 master
 // weights — is left as it was. Products oneDNN cannot run in bf16
-// (broadcast batch shapes, empty operands) are left in f32.
+// (broadcast batch shapes, empty operands) are left in f32. Convolutions
+// and their gradients keep f32 operands and get the attribute
+// precision=bf16 instead: their kernel reorders every operand into
+// oneDNN's blocked layout anyway, and converts to bf16 in that same pass.
 struct PrecisionReport {
-  int products = 0;  // nodes that now read bf16
-  int casts = 0;     // cast nodes added
-  int kept = 0;      // products left in f32
+  int products = 0;      // matmuls and linears that now read bf16
+  int casts = 0;         // cast nodes added
+  int kept = 0;          // products left in f32
+  int convolutions = 0;  // convolution nodes marked precision=bf16
 };
 Result<PrecisionReport> autocast_bf16(Graph& g);
 

@@ -268,8 +268,91 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
   }
 }
 
+// f32 layer norm as the transformer runs it: rows in parallel, each row's
+// statistics accumulated in f32 lanes (two passes: mean, then squared
+// deviations, so no cancellation), the gradient's gamma/beta sums in
+// partials per block of rows added at the end. The f64 template below
+// stays the reference the gradient checks use.
+void layer_norm_fwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
+  const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
+  const float* x = in[0].data<float>();
+  const float* g = in[1].data<float>();
+  const float* b = in[2].data<float>();
+  float* y = out[0].data<float>();
+  const auto fd = static_cast<float>(d), feps = static_cast<float>(eps);
+#pragma omp parallel for if (rows * d > kParallelGrain) schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* p = x + r * d;
+    float* q = y + r * d;
+    float m = 0, v = 0;
+#pragma omp simd reduction(+ : m)
+    for (std::int64_t i = 0; i < d; ++i) m += p[i];
+    m /= fd;
+#pragma omp simd reduction(+ : v)
+    for (std::int64_t i = 0; i < d; ++i) v += (p[i] - m) * (p[i] - m);
+    const float rstd = 1.0f / std::sqrt(v / fd + feps);
+#pragma omp simd
+    for (std::int64_t i = 0; i < d; ++i) q[i] = (p[i] - m) * rstd * g[i] + b[i];
+  }
+}
+
+void layer_norm_bwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
+  const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
+  const float* x = in[0].data<float>();
+  const float* g = in[1].data<float>();
+  const float* dy = in[2].data<float>();
+  float* dx = out[0].data<float>();
+  // gamma/beta partials per fixed block of rows (not per thread), added in
+  // block order: the same sums on any thread count.
+  const std::int64_t blocks = std::min<std::int64_t>(rows, 32);
+  std::vector<float> part(static_cast<std::size_t>(blocks * 2 * d), 0.0f);
+  const auto fd = static_cast<float>(d), feps = static_cast<float>(eps);
+#pragma omp parallel for if (rows * d > kParallelGrain) schedule(static)
+  for (std::int64_t blk = 0; blk < blocks; ++blk) {
+    float* dg = part.data() + blk * 2 * d;
+    float* db = dg + d;
+    for (std::int64_t r = rows * blk / blocks; r < rows * (blk + 1) / blocks; ++r) {
+      const float* p = x + r * d;
+      const float* gy = dy + r * d;
+      float m = 0, v = 0, s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : m)
+      for (std::int64_t i = 0; i < d; ++i) m += p[i];
+      m /= fd;
+#pragma omp simd reduction(+ : v)
+      for (std::int64_t i = 0; i < d; ++i) v += (p[i] - m) * (p[i] - m);
+      const float rstd = 1.0f / std::sqrt(v / fd + feps);
+#pragma omp simd reduction(+ : s1, s2)
+      for (std::int64_t i = 0; i < d; ++i) {
+        const float xh = (p[i] - m) * rstd, dxh = gy[i] * g[i];
+        s1 += dxh;
+        s2 += dxh * xh;
+        dg[i] += gy[i] * xh;
+        db[i] += gy[i];
+      }
+      s1 /= fd;
+      s2 /= fd;
+      float* q = dx + r * d;
+#pragma omp simd
+      for (std::int64_t i = 0; i < d; ++i)
+        q[i] = rstd * (gy[i] * g[i] - s1 - (p[i] - m) * rstd * s2);
+    }
+  }
+  float* og = out[1].data<float>();
+  float* ob = out[2].data<float>();
+  for (std::int64_t i = 0; i < d; ++i) {
+    float sg = 0, sb = 0;
+    for (std::int64_t blk = 0; blk < blocks; ++blk) {
+      sg += part[static_cast<std::size_t>(blk * 2 * d + i)];
+      sb += part[static_cast<std::size_t>(blk * 2 * d + d + i)];
+    }
+    og[i] = sg;
+    ob[i] = sb;
+  }
+}
+
 template <typename T>
 void layer_norm_fwd(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
+  if constexpr (std::is_same_v<T, float>) return layer_norm_fwd_f32(eps, in, out);
   std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
   const T* x = in[0].data<T>();
   const T* g = in[1].data<T>();
@@ -291,6 +374,7 @@ void layer_norm_fwd(double eps, std::span<const Tensor> in, std::span<Tensor> ou
 // in: x, gamma, dy -> dx, dgamma, dbeta.
 template <typename T>
 void layer_norm_bwd(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
+  if constexpr (std::is_same_v<T, float>) return layer_norm_bwd_f32(eps, in, out);
   std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
   const T* x = in[0].data<T>();
   const T* g = in[1].data<T>();

@@ -106,6 +106,7 @@ class MatmulKernel final : public DnnlKernel {
                   {DNNL_ARG_DST, &y_},
                   {DNNL_ARG_SCRATCHPAD, &scratch_}};
     if (has_bias) exec_args_.add(DNNL_ARG_BIAS, bias_);
+    if (src == dt::bf16) mark_bf16();
   }
   Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
     a_.set_data_handle(in[0].raw_data());
@@ -144,18 +145,21 @@ memory::desc weights_plain(const Shape& w, std::int64_t groups) {
   if (groups == 1) return memory::desc(dims_of(w), dt::f32, tag::oihw);
   return memory::desc({groups, w[0] / groups, w[1], w[2], w[3]}, dt::f32, tag::goihw);
 }
-memory::desc weights_any(const Shape& w, std::int64_t groups) {
-  if (groups == 1) return memory::desc(dims_of(w), dt::f32, tag::any);
-  return memory::desc({groups, w[0] / groups, w[1], w[2], w[3]}, dt::f32, tag::any);
+memory::desc weights_any(const Shape& w, std::int64_t groups, dt t = dt::f32) {
+  if (groups == 1) return memory::desc(dims_of(w), t, tag::any);
+  return memory::desc({groups, w[0] / groups, w[1], w[2], w[3]}, t, tag::any);
 }
 
+// `c`: the type the convolution reads its operands in (f32, or bf16 under
+// --precision bf16, whose result is still f32: the reorders into the
+// primitive's layout convert on the way).
 dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvParams& p, const Shape& x,
                                                       const Shape& w, const Shape& y,
                                                       std::int64_t groups, bool bias,
                                                       const dnnl::primitive_attr& a,
-                                                      dnnl::algorithm alg) {
-  memory::desc xa(dims_of(x), dt::f32, tag::any), ya(dims_of(y), dt::f32, tag::any);
-  memory::desc wa = weights_any(w, groups);
+                                                      dnnl::algorithm alg, dt c = dt::f32) {
+  memory::desc xa(dims_of(x), c, tag::any), ya(dims_of(y), dt::f32, tag::any);
+  memory::desc wa = weights_any(w, groups, c);
   if (bias) {
     memory::desc ba({w[0]}, dt::f32, tag::x);
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, alg, xa, wa, ba, ya,
@@ -170,9 +174,12 @@ dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvParams& p, const
 // mode 0 forward (x, w[, b]) -> y; 1 grad input (dy, w) -> dx; 2 grad weight (x, dy) -> dw.
 class ConvKernel final : public DnnlKernel {
  public:
+  // bf16: operands read in bf16 (converted by the reorders into the
+  // primitive's layouts), the result written in f32.
   ConvKernel(int mode, const Node& n, const Shape& x, const Shape& w, const Shape& y, bool bias,
-             bool relu, dnnl::algorithm alg)
+             bool relu, dnnl::algorithm alg, bool bf16 = false)
       : mode_(mode), bias_(bias) {
+    const dt c = bf16 ? dt::bf16 : dt::f32;
     std::int64_t groups = n.attrs.get_int_or("groups", 1);
     ConvParams p = ConvParams::make(n, x, w, y);
     // Activations arrive and leave in the layout assign_blocked_layouts chose.
@@ -183,7 +190,7 @@ class ConvKernel final : public DnnlKernel {
     memory::desc xp(dims_of(x), dt::f32, x_blocked ? tag::nChw16c : tag::nchw),
         yp(dims_of(y), dt::f32, y_blocked ? tag::nChw16c : tag::nchw);
     memory::desc wp = weights_plain(w, groups);
-    auto fwd = conv_fwd_pd(p, x, w, y, groups, bias && mode == 0, attr(mode == 0 && relu), alg);
+    auto fwd = conv_fwd_pd(p, x, w, y, groups, bias && mode == 0, attr(mode == 0 && relu), alg, c);
     if (mode == 0) {
       prim_ = dnnl::convolution_forward(fwd);
       init_scratch(fwd);
@@ -193,8 +200,8 @@ class ConvKernel final : public DnnlKernel {
       if (bias) bias_mem_ = memory({{w[0]}, dt::f32, tag::x}, engine(), DNNL_MEMORY_NONE);
       args_ = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
     } else if (mode == 1) {
-      memory::desc xa(dims_of(x), dt::f32, tag::any), ya(dims_of(y), dt::f32, tag::any);
-      dnnl::convolution_backward_data::desc d(alg, xa, weights_any(w, groups), ya, p.strides,
+      memory::desc xa(dims_of(x), dt::f32, tag::any), ya(dims_of(y), c, tag::any);
+      dnnl::convolution_backward_data::desc d(alg, xa, weights_any(w, groups, c), ya, p.strides,
                                               p.dilates, p.pad_l, p.pad_r);
       dnnl::convolution_backward_data::primitive_desc pd(d, attr(false), engine(), fwd);
       prim_ = dnnl::convolution_backward_data(pd);
@@ -204,7 +211,7 @@ class ConvKernel final : public DnnlKernel {
       ops_[2].init(xp, pd.diff_src_desc(), true);
       args_ = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
     } else {
-      memory::desc xa(dims_of(x), dt::f32, tag::any), ya(dims_of(y), dt::f32, tag::any);
+      memory::desc xa(dims_of(x), c, tag::any), ya(dims_of(y), c, tag::any);
       dnnl::convolution_backward_weights::desc d(alg, xa, weights_any(w, groups), ya, p.strides,
                                                  p.dilates, p.pad_l, p.pad_r);
       dnnl::convolution_backward_weights::primitive_desc pd(d, attr(false), engine(), fwd);
@@ -220,6 +227,7 @@ class ConvKernel final : public DnnlKernel {
                   {args_[2], &ops_[2].inner},
                   {DNNL_ARG_SCRATCHPAD, &scratch_}};
     if (mode_ == 0 && bias_) exec_args_.add(DNNL_ARG_BIAS, bias_mem_);
+    if (bf16) mark_bf16();
   }
   Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
     ops_[0].bind(in[0].raw_data());
@@ -250,6 +258,17 @@ class ConvKernel final : public DnnlKernel {
 // SHOAL_CONV_ALGO=direct turns it off.
 std::unique_ptr<Kernel> make_conv(int mode, const Node& n, const Shape& x, const Shape& w,
                                   const Shape& y, bool bias, bool relu) {
+  // --precision bf16 (graph::autocast_bf16 marks the node): direct bf16
+  // where oneDNN has it for the shape, else the f32 kernels below (the
+  // trace and `kernel_impls` tell "onednn:bf16" from "onednn").
+  if (n.attrs.get_string_or("precision", "f32") == "bf16") {
+    try {
+      return std::make_unique<ConvKernel>(mode, n, x, w, y, bias, relu,
+                                          dnnl::algorithm::convolution_direct, true);
+    } catch (const dnnl::error& e) {
+      SHOAL_LOG_DEBUG("{}: no bf16 convolution in oneDNN ({}); f32", n.label(), e.what());
+    }
+  }
   static const bool direct_only = [] {
     const char* e = std::getenv("SHOAL_CONV_ALGO");
     return e != nullptr && std::string(e) == "direct";

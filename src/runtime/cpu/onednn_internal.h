@@ -68,6 +68,10 @@ class DnnlKernel : public Kernel {
     }
     return a;
   }
+  // A kernel computing in bf16: "onednn:bf16" (unless oneDNN fell back to its reference loop).
+  void mark_bf16() {
+    if (std::string_view(impl_) == "onednn") impl_ = "onednn:bf16";
+  }
   std::shared_ptr<Storage> scratch_buf_;
   memory scratch_;
 
