@@ -27,6 +27,13 @@ Status validate(const DpOptions& o) {
         "--zero {} is not a ZeRO stage: 1 shards the optimizer state, 2 the gradients too, 3 "
         "the parameters too",
         o.zero);
+  // ZeRO reduce-scatters and all-gathers f32 (dp/sharded.h): a narrower
+  // wire asked for would be ignored without a word.
+  if (o.zero > 0 && o.wire != DType::kF32)
+    return invalid_argument(
+        "--wire {} with --zero {}: ZeRO's reduce-scatter and all-gather carry f32; --wire "
+        "narrows plain data parallelism's all-reduce only",
+        dtype_name(o.wire), o.zero);
   if (!(o.zero_bucket_mb > 0))
     return invalid_argument("--zero-bucket-mb {} must be > 0", o.zero_bucket_mb);
   return ok_status();

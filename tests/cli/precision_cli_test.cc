@@ -9,7 +9,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
+#include <vector>
 
+#include "cli/cli_results.h"
 #include "cli/run_shoal.h"
 #include "shoal/runtime/backend.h"
 #include "temp_dir.h"
@@ -79,6 +82,62 @@ TEST(Precision, Bf16TrainsTheGptAsF32Does) {
   EXPECT_GE(records, 10);
 }
 
+// Every layout in bf16 against one process in bf16 on the whole batch,
+// after a few SGD steps of a GPT (untied, so the pipeline can cut it): each
+// strategy's pass runs before the precision pass, which then sees the
+// rank's own products (TP's sliced matmuls, a stage's half, ZeRO-3's
+// gathered weights). The layouts round differently (bf16 on the wire,
+// other product shapes), so they are not bit-equal; a broken composition
+// is off by the size of the update, far beyond the f32-vs-bf16 gap the
+// bound is scaled by.
+TEST(Precision, Bf16ComposesWithEveryLayout) {
+  if (shoal::Status st = shoal::runtime::bf16_support(); !st.ok()) GTEST_SKIP() << st.to_string();
+  if (!std::ifstream("/usr/share/games/fortunes/cookie")) GTEST_SKIP() << "fortunes missing";
+  TempDir dir("precision");
+  // `groups`: data-parallel groups, over which the batch of 16 is split.
+  auto train = [&](const std::string& name, int ranks, int groups, const std::string& extra) {
+    const std::string out = dir.path() + "/" + name;
+    Result r = shoal(
+        dir, fmt::format("run -n {} --timeout 120 -- {} train --model gpt --untied --data "
+                         "text:/usr/share/games/fortunes/cookie --layers 2 --heads 2 --dim 32 "
+                         "--context 16 --batch {} --optimizer momentum --lr 0.05 --max-steps 4 "
+                         "--limit-test 64 --threads 1 --no-plot --quiet --out {} {}",
+                         ranks, SHOAL_BINARY, 16 / groups, out, extra));
+    EXPECT_EQ(r.code, 0) << name << ": " << r.out;
+    return std::make_pair(out, r);
+  };
+  auto diff = [](const std::string& a, const std::string& b) {
+    auto x = shoal::testing::last_checkpoint(a), y = shoal::testing::last_checkpoint(b);
+    EXPECT_TRUE(x.ok() && y.ok()) << a << " " << b;
+    int n = 0;
+    return x.ok() && y.ok() ? shoal::testing::max_abs_diff(*x, *y, "param/", &n) : 1e30;
+  };
+  const auto f32 = train("f32", 1, 1, "--precision f32");
+  const auto one = train("one", 1, 1, "--precision bf16");
+  const double gap = diff(f32.first, one.first);
+  EXPECT_GT(gap, 0) << "bf16 changed nothing";
+  for (const auto& [name, ranks, groups, flags] :
+       std::vector<std::tuple<std::string, int, int, std::string>>{
+           {"dp", 2, 2, ""},
+           {"dp-f32-wire", 2, 2, "--wire f32"},
+           {"zero1", 2, 2, "--zero 1"},
+           {"zero2", 2, 2, "--zero 2"},
+           {"zero3", 2, 2, "--zero 3"},
+           {"tp", 2, 1, "--tp 2"},
+           {"pp", 2, 1, "--pp 2 --micro-batches 2"},
+           {"tp-dp", 4, 2, "--tp 2 --dp 2"},
+           {"accumulate", 1, 1, "--micro-batches 2"},
+       }) {
+    SCOPED_TRACE(name);
+    const auto run = train(name, ranks, groups, "--precision bf16 " + flags);
+    EXPECT_TRUE(has(run.second, "precision bf16: ")) << run.second.out;
+    const double d = diff(one.first, run.first);
+    std::printf("%s: max |param - one process bf16| %.3g (f32 vs bf16: %.3g)\n", name.c_str(), d,
+                gap);
+    EXPECT_LE(d, 3 * gap) << "f32 vs bf16 on one process: " << gap;
+  }
+}
+
 TEST(Precision, ACpuWithoutBf16IsRefusedByName) {
   TempDir dir("precision");
   Result r = shoal(dir, gpt(dir.path() + "/no", "bf16"), "SHOAL_CPU_BF16=0");
@@ -90,6 +149,18 @@ TEST(Precision, ACpuWithoutBf16IsRefusedByName) {
   Result bad = shoal(dir, gpt(dir.path() + "/no", "fp8"));
   EXPECT_NE(bad.code, 0) << bad.out;
   EXPECT_TRUE(has(bad, "--precision")) << bad.out;
+}
+
+// ZeRO's collectives carry f32: --wire bf16 with --zero was ignored without
+// a word; now it is refused, and --precision bf16 leaves ZeRO's wire f32.
+TEST(Precision, AWireZeroCannotCarryIsRefused) {
+  TempDir dir("precision");
+  Result r = shoal(dir, fmt::format("run -n 2 --timeout 60 -- {} train --model mlp --limit-train "
+                                    "256 --limit-test 64 --max-steps 2 --zero 1 --wire bf16 "
+                                    "--no-plot --out {}/z",
+                                    SHOAL_BINARY, dir.path()));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "--wire bf16 with --zero 1")) << r.out;
 }
 
 TEST(Precision, BenchPeakMeasuresAndKeepsThePeak) {
