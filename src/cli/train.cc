@@ -211,6 +211,12 @@ TrainCommand add_train_command(CLI::App& app) {
                 "AMX")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
+  t->add_option("--recompute", o.recompute,
+                "Activation recomputation: none; selective (attention's softmax region is "
+                "computed again in the backward instead of kept, as Megatron does); full (only "
+                "the inputs of the norm layers are kept, the rest computed again)")
+      ->check(CLI::IsMember({"none", "selective", "full"}))
+      ->capture_default_str();
   t->add_flag("--deterministic", o.deterministic,
               "Bit-identical reruns: fixed all-reduce algorithms (SHOAL_DETERMINISTIC=1); refuse "
               "to resume with a different thread count");

@@ -55,6 +55,7 @@ const std::vector<std::pair<const char*, Field>>& fields() {
       {"augment", &T::augment},
       {"deterministic", &T::deterministic},
       {"precision", &T::precision},
+      {"recompute", &T::recompute},
       {"keep_checkpoints", &T::keep_checkpoints},
       {"checkpoint_every", &T::checkpoint_every},
       {"checkpoints", &T::checkpoints},

@@ -66,6 +66,8 @@ Status validate(const TrainOptions& o) {
   if (o.eval_batch < 1) return invalid_argument("--eval-batch {} must be >= 1", o.eval_batch);
   if (o.precision != "f32" && o.precision != "bf16")
     return invalid_argument("--precision '{}' is not f32 or bf16", o.precision);
+  if (o.recompute != "none" && o.recompute != "selective" && o.recompute != "full")
+    return invalid_argument("--recompute '{}' is not none, selective or full", o.recompute);
   if (o.precision == "bf16")
     SHOAL_RETURN_IF_ERROR(runtime::bf16_support().with_context("--precision bf16"));
   if (o.keep_checkpoints < 1)

@@ -181,6 +181,7 @@ Status Trainer::agree_with_peers(const Graph& g) {
         {"--augment", v(o.augment)},
         {"--deterministic", v(o.deterministic)},
         {"--precision", o.precision},
+        {"--recompute", o.recompute},
         {"--max-steps", v(o.max_steps)},
         {"--limit-train", v(o.limit_train)},
         {"--limit-test", v(o.limit_test)},
@@ -229,9 +230,15 @@ Status Trainer::differentiate(StepBuild& sb) {
   } else {
     std::vector<Value> wrt;
     for (const auto& r : refs) wrt.push_back(r.param);
+    sb.forward_end = g.num_nodes();
     SHOAL_ASSIGN_OR_RETURN(std::vector<Value> grads, graph::autodiff(g, sb.loss, wrt));
     for (std::size_t i = 0; i < refs.size(); ++i) refs[i].grad = grads[i];
   }
+  if (o.step_pass && o.recompute != "none")
+    return failed_precondition(
+        "--recompute {} with --micro-batches or --pp is not built yet: that step is "
+        "differentiated micro-batch by micro-batch by its own pass",
+        o.recompute);
   if (o.grad_pass) SHOAL_RETURN_IF_ERROR(o.grad_pass(g, refs));
   Builder b(g);
   const OptimizerOptions oo = optimizer_options(o);
@@ -294,6 +301,18 @@ Status Trainer::init_state(StepBuild& sb, const std::optional<WeightsFile>& init
 Status Trainer::compile_step(StepBuild& sb) {
   const TrainOptions& o = o_;
   Impl& m = *impl_;
+  if (o.recompute != "none") {
+    // Autodiff leaves gradients nobody reads (of constants): gone first,
+    // so a value has only the readers that matter.
+    graph::eliminate_dead_code(sb.g);
+    const bool full = o.recompute == "full";
+    SHOAL_ASSIGN_OR_RETURN(graph::RecomputeReport rr,
+                           full ? graph::recompute_full(sb.g, sb.forward_end)
+                                : graph::recompute_attention(sb.g, sb.forward_end));
+    if (o.rank == 0)
+      SHOAL_LOG_INFO("recompute {}: {} {} ({} nodes) computed again in the backward", o.recompute,
+                     rr.regions, full ? "values" : "softmax regions", rr.nodes);
+  }
   if (o.precision == "bf16") {
     SHOAL_ASSIGN_OR_RETURN(graph::PrecisionReport pr, graph::autocast_bf16(sb.g));
     if (o.rank == 0)

@@ -138,6 +138,7 @@ struct StepBuild {
   std::vector<ParamRef> refs;
   OptimizerGraph og;
   std::vector<std::pair<std::string, graph::Value>> buffer_updates;
+  int forward_end = -1;  // nodes before autodiff (-1: a step pass differentiated)
 };
 
 // Binds a batch's images (and labels) where the graph reads them: a

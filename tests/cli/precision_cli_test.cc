@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
@@ -149,6 +150,46 @@ TEST(Precision, ACpuWithoutBf16IsRefusedByName) {
   Result bad = shoal(dir, gpt(dir.path() + "/no", "fp8"));
   EXPECT_NE(bad.code, 0) << bad.out;
   EXPECT_TRUE(has(bad, "--precision")) << bad.out;
+}
+
+// --recompute selective and full compute again what the backward reads
+// instead of keeping it: the same numbers bit for bit, a smaller planned
+// arena (selective: attention's probabilities; full: everything but the
+// norm layers' inputs), on the GPT and on ResNet-20 (its batch norms).
+TEST(Precision, RecomputeKeepsTheMathAndShrinksTheArena) {
+  if (!std::ifstream("/usr/share/games/fortunes/cookie")) GTEST_SKIP() << "fortunes missing";
+  TempDir dir("recompute");
+  const std::string gpt =
+      "--model gpt --data text:/usr/share/games/fortunes/cookie --layers 2 --heads 4 --dim 64 "
+      "--context 64 --batch 32 --optimizer adam --lr 0.003";
+  const std::string resnet = "--model resnet --batch 16 --limit-train 256 --optimizer momentum";
+  for (const auto& [model, flags] :
+       std::vector<std::pair<std::string, std::string>>{{"gpt", gpt}, {"resnet", resnet}}) {
+    SCOPED_TRACE(model);
+    std::map<std::string, double> arena;
+    for (const std::string mode : {"none", "selective", "full"}) {
+      if (model == "resnet" && mode == "selective") continue;  // no attention
+      const std::string out = dir.path() + "/" + model + "-" + mode;
+      Result r = shoal(dir, fmt::format("train {} --max-steps 4 --limit-test 64 --threads 1 "
+                                        "--no-plot --recompute {} --out {}",
+                                        flags, mode, out));
+      ASSERT_EQ(r.code, 0) << r.out;
+      arena[mode] = shoal::testing::step_arena(r.out);
+      if (mode != "none") {
+        EXPECT_TRUE(has(r, "recompute " + mode + ": ")) << r.out;
+        auto a = shoal::testing::last_checkpoint(dir.path() + "/" + model + "-none");
+        auto b = shoal::testing::last_checkpoint(out);
+        ASSERT_TRUE(a.ok() && b.ok());
+        EXPECT_TRUE(shoal::testing::same_bits(*a, *b)) << mode << " changed the numbers";
+      }
+    }
+    if (model == "gpt") {
+      EXPECT_LT(arena["selective"], arena["none"]);
+    }
+    EXPECT_LT(arena["full"], model == "gpt" ? arena["selective"] : arena["none"]);
+    std::printf("%s arena: none %.0f, selective %.0f, full %.0f B\n", model.c_str(), arena["none"],
+                arena["selective"], arena["full"]);
+  }
 }
 
 // ZeRO's collectives carry f32: --wire bf16 with --zero was ignored without

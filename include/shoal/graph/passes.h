@@ -75,6 +75,29 @@ struct PrecisionReport {
 };
 Result<PrecisionReport> autocast_bf16(Graph& g);
 
+// Selective activation recomputation (--recompute selective), as Megatron
+// does it for attention: the region from a product through elementwise
+// ops (scale, mask) to a softmax — nodes among the first `forward_end`
+// (the forward, before autodiff), each value used only inside the region
+// but the softmax's — is computed again for the backward: the backward's
+// uses of the softmax output read a copy of the region appended after
+// every other node. The executor schedules a ready node of higher id only
+// when nothing of lower id is ready, so each copy runs just before its
+// layer's backward needs it, and the [B, H, T, T] probabilities no longer
+// live from the forward to the backward. Regions are copied last layer
+// first, so the copy needed first has the lowest id.
+struct RecomputeReport {
+  int regions = 0;  // softmax regions recomputed
+  int nodes = 0;    // nodes copied
+};
+Result<RecomputeReport> recompute_attention(Graph& g, int forward_end);
+// Full recomputation (--recompute full): of the forward's values, only the
+// inputs of the normalization layers (the residual stream of a transformer,
+// what enters each batch norm of a CNN), parameters, inputs and constants
+// are kept for the backward; every other value the backward reads is
+// computed again from them by copies appended last layer first.
+Result<RecomputeReport> recompute_full(Graph& g, int forward_end);
+
 std::string to_json(const Graph& g);
 std::string to_dot(const Graph& g);
 

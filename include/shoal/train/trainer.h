@@ -87,6 +87,10 @@ struct TrainSettings {
   // and accumulate in f32 (graph::autocast_bf16); weights, optimizer state
   // and everything else stay f32. Needs a CPU with bf16 products.
   std::string precision = "f32";
+  // "none"; "selective": attention's softmax region is computed again in
+  // the backward instead of kept (graph::recompute_attention); "full": only
+  // the norm layers' inputs are kept (graph::recompute_full).
+  std::string recompute = "none";
   int keep_checkpoints = 3;
   std::int64_t checkpoint_every = 0;  // steps; 0 = at the end of each epoch
   bool checkpoints = true;
