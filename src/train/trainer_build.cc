@@ -301,6 +301,9 @@ Status Trainer::init_state(StepBuild& sb, const std::optional<WeightsFile>& init
 Status Trainer::compile_step(StepBuild& sb) {
   const TrainOptions& o = o_;
   Impl& m = *impl_;
+  // Model FLOPs, as Megatron's MFU counts them: recomputation is not
+  // counted (it is the price of the memory saved, not the model's work).
+  m.step_flops = graph::graph_flops(sb.g);
   if (o.recompute != "none") {
     // Autodiff leaves gradients nobody reads (of constants): gone first,
     // so a value has only the readers that matter.
@@ -322,7 +325,6 @@ Status Trainer::compile_step(StepBuild& sb) {
           pr.products, pr.casts, pr.kept ? fmt::format(", {} left in f32", pr.kept) : "",
           pr.convolutions);
   }
-  m.step_flops = graph::graph_flops(sb.g);
   auto peak = runtime::host_gemm_peak(o.precision == "bf16" ? DType::kBF16 : DType::kF32);
   if (peak.ok())
     m.peak_flops = *peak;
