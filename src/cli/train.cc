@@ -97,7 +97,7 @@ Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& 
 // between layouts; the layout flags come from the new command line).
 // clang-format off
 const std::set<std::string> kNotKept = {
-    "resume", "out", "config", "help", "threads", "trace",
+    "resume", "out", "config", "help", "threads", "trace", "dump-graph",
     "wire", "bucket-mb", "first-bucket-mb", "overlap", "dist", "ps-mode", "staleness",
     "ps-stale-lr", "ps-compress", "zero", "zero-bucket-mb", "sequence-parallel", "tp", "dp",
     "pp", "micro-batches", "pp-schedule", "pp-virtual", "pp-cuts"};
@@ -245,6 +245,10 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--eval-batch", o.eval_batch, "Evaluation batch")->check(kPositive);
   t->add_flag("!--no-plot", o.plot, "Do not write metrics.png");
   t->add_flag("--quiet", o.quiet, "No progress output");
+  t->add_option("--dump-graph", o.dump_graph,
+                "Write the training step's graph as JSON after every pass (where --precision put "
+                "its casts, what --recompute copied); with several ranks each writes "
+                "FILE.rank<r>.json");
   t->add_option("--trace", o.trace,
                 "Write a Chrome trace of the last 10 steps (each epoch); with several ranks "
                 "each writes FILE.rank<r>.json");

@@ -95,7 +95,8 @@ Result<DType> product_type(const Node& n, const Types& in) {
       return invalid_argument("dst {} for operands of {}: only f32 or the operands' type", name,
                               dtype_name(t));
   }
-  if (in.size() == 3 && in[2].dtype != out)
+  // A bf16 output keeps an f32 bias (oneDNN adds it in f32 before rounding).
+  if (in.size() == 3 && in[2].dtype != out && !(out == DType::kBF16 && in[2].dtype == DType::kF32))
     return invalid_argument("bias is {}, the output {}", in[2].str(), dtype_name(out));
   return out;
 }

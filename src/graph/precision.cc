@@ -1,6 +1,7 @@
 // Counting a graph's products, and mixed precision as a pass over them
 // (graph/passes.h): the step graph's matmuls read bf16 and accumulate f32.
 #include <map>
+#include <vector>
 
 #include "shoal/graph/passes.h"
 
@@ -57,9 +58,50 @@ double graph_flops(const Graph& g) {
   return f;
 }
 
+namespace {
+
+// A product whose output reaches one of the casts only through shape ops
+// (reshape, transpose, flatten), each value read once, writes bf16 itself
+// (dst bf16): the cast goes, and the shape ops move half the bytes.
+Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
+  int narrowed = 0;
+  for (int c : casts) {
+    const std::map<Value, int> uses = g.use_counts();
+    auto once = [&](Value v) {
+      auto it = uses.find(v);
+      return it != uses.end() && it->second == 1;
+    };
+    const Value v = g.node(c).inputs[0];
+    std::vector<int> chain;  // shape nodes, the cast's side first
+    Value u = v;
+    while (once(u)) {
+      const Node& p = g.node(u.node);
+      if (p.op == "reshape" || p.op == "transpose" || p.op == "flatten") {
+        chain.push_back(p.id);
+        u = p.inputs[0];
+        continue;
+      }
+      if (is_product(p.op) && p.attrs.get_string_or("dst", "") == "f32") {
+        g.mutable_node(p.id).attrs.set("dst", std::string("bf16"));
+        SHOAL_RETURN_IF_ERROR(g.reinfer(p.id));
+        for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+          SHOAL_RETURN_IF_ERROR(g.reinfer(*it));
+        g.replace_all_uses(Value{c, 0}, v);
+        g.mutable_node(c).alive = false;
+        ++narrowed;
+      }
+      break;
+    }
+  }
+  return narrowed;
+}
+
+}  // namespace
+
 Result<PrecisionReport> autocast_bf16(Graph& g) {
   PrecisionReport r;
-  std::map<Value, Value> bf16_of;   // one cast per value, shared by its users
+  std::map<Value, Value> bf16_of;  // one cast per value, shared by its users
+  std::vector<int> casts;
   const int count = g.num_nodes();  // the casts appended below are not visited
   for (int id = 0; id < count; ++id) {
     const Node& n = g.node(id);
@@ -87,6 +129,7 @@ Result<PrecisionReport> autocast_bf16(Graph& g) {
                                g.add("cast", {v}, {{"dtype", std::string("bf16")}}, cname));
         g.mutable_node(c.node).slot = slot;
         it = bf16_of.emplace(v, c).first;
+        casts.push_back(c.node);
         ++r.casts;
       } else if (slot < g.node(it->second.node).slot) {
         g.mutable_node(it->second.node).slot = slot;  // ready for its earliest user
@@ -100,6 +143,8 @@ Result<PrecisionReport> autocast_bf16(Graph& g) {
     SHOAL_RETURN_IF_ERROR(g.reinfer(id));
     ++r.products;
   }
+  SHOAL_ASSIGN_OR_RETURN(r.narrowed, narrow_producers(g, casts));
+  r.casts -= r.narrowed;
   return r;
 }
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 
+#include "shoal/core/file.h"
 #include "shoal/core/hash.h"
 #include "shoal/core/logging.h"
 #include "shoal/core/version.h"
@@ -320,16 +321,24 @@ Status Trainer::compile_step(StepBuild& sb) {
     SHOAL_ASSIGN_OR_RETURN(graph::PrecisionReport pr, graph::autocast_bf16(sb.g));
     if (o.rank == 0)
       SHOAL_LOG_INFO(
-          "precision bf16: {} matmuls read bf16 through {} casts{}, {} convolutions "
-          "convert as they reorder",
-          pr.products, pr.casts, pr.kept ? fmt::format(", {} left in f32", pr.kept) : "",
-          pr.convolutions);
+          "precision bf16: {} matmuls read bf16 through {} casts ({} write bf16 themselves){}, {} "
+          "convolutions convert as they reorder",
+          pr.products, pr.casts, pr.narrowed,
+          pr.kept ? fmt::format(", {} left in f32", pr.kept) : "", pr.convolutions);
   }
   auto peak = runtime::host_gemm_peak(o.precision == "bf16" ? DType::kBF16 : DType::kF32);
   if (peak.ok())
     m.peak_flops = *peak;
   else if (o.rank == 0)
     SHOAL_LOG_WARN("no MFU in the reports: {}", peak.status().to_string());
+  if (!o.dump_graph.empty()) {
+    std::string path = o.dump_graph;
+    if (o.world > 1)
+      path = (path.ends_with(".json") ? path.substr(0, path.size() - 5) : path) +
+             fmt::format(".rank{}.json", o.rank);
+    SHOAL_RETURN_IF_ERROR(
+        write_file_atomic(path, graph::to_json(sb.g)).with_context("--dump-graph"));
+  }
   auto backend = runtime::make_backend("cpu");
   if (!backend.ok()) return backend.status();
   runtime::CompileOptions copts;

@@ -67,11 +67,15 @@ double graph_flops(const Graph& g);
 // and their gradients keep f32 operands and get the attribute
 // precision=bf16 instead: their kernel reorders every operand into
 // oneDNN's blocked layout anyway, and converts to bf16 in that same pass.
+// Last, a product whose f32 output only reaches a cast through shape ops
+// (attention's heads: linear -> reshape -> transpose) writes bf16 itself
+// and that cast goes.
 struct PrecisionReport {
   int products = 0;      // matmuls and linears that now read bf16
   int casts = 0;         // cast nodes added
   int kept = 0;          // products left in f32
   int convolutions = 0;  // convolution nodes marked precision=bf16
+  int narrowed = 0;      // products that write bf16 themselves (dst bf16)
 };
 Result<PrecisionReport> autocast_bf16(Graph& g);
 

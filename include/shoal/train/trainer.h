@@ -110,6 +110,10 @@ struct TrainSettings {
   bool plot = true;
   bool quiet = false;  // no progress output (tests)
   std::string trace;   // Chrome trace of the last 10 steps, rewritten each epoch
+  // The training step's graph as JSON (graph::to_json), after every pass
+  // (strategies, precision, recomputation), before the backend compiles it;
+  // with several ranks each writes FILE.rank<r>.json.
+  std::string dump_graph;
 };
 
 // What the distribution passes fill in (dist::Job and the strategies'

@@ -65,7 +65,8 @@ dt dnnl_type(DType t) { return t == DType::kBF16 ? dt::bf16 : dt::f32; }
 class MatmulKernel final : public DnnlKernel {
  public:
   MatmulKernel(const Shape& as, const Shape& /*bs*/, const Shape& ys, bool ta, bool tb,
-               bool has_bias, bool relu, bool linear, dt src = dt::f32, dt dst = dt::f32) {
+               bool has_bias, bool relu, bool linear, dt src = dt::f32, dt dst = dt::f32,
+               dt bias_t = dt::f32) {
     // Linear: x [N, in] times w [out, in]^T.
     std::size_t r = ys.size();
     memory::dims batch(ys.begin(), ys.end() - 2);
@@ -89,7 +90,7 @@ class MatmulKernel final : public DnnlKernel {
     if (has_bias) {
       memory::dims bd(r, 1);
       bd[r - 1] = n;
-      bias_md = memory::desc(bd, dst, tag::ab);
+      bias_md = memory::desc(bd, bias_t, tag::ab);
     }
     dnnl::matmul::desc d = has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, y_md)
                                     : dnnl::matmul::desc(a_md, b_md, y_md);
@@ -478,7 +479,8 @@ void register_onednn(KernelRegistry& r) {
                  return std::make_unique<MatmulKernel>(
                      in[0].shape, in[1].shape, y.shape, false, true, in.size() == 3,
                      n.attrs.get_string_or("activation", "") == "relu", true,
-                     dnnl_type(in[0].dtype), dnnl_type(y.dtype));
+                     dnnl_type(in[0].dtype), dnnl_type(y.dtype),
+                     in.size() == 3 ? dnnl_type(in[2].dtype) : dt::f32);
                });
   override_f32(r, "conv2d",
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
