@@ -139,6 +139,30 @@ TEST(Precision, Bf16ComposesWithEveryLayout) {
   }
 }
 
+// --dump-graph: the step as the backend receives it, where the pass put
+// each cast and which products now write f32 from bf16 operands.
+TEST(Precision, TheGraphDumpShowsTheCasts) {
+  if (shoal::Status st = shoal::runtime::bf16_support(); !st.ok()) GTEST_SKIP() << st.to_string();
+  TempDir dir("precision");
+  Result r = shoal(dir, fmt::format("train --model mlp --limit-train 256 --limit-test 64 "
+                                    "--max-steps 1 --no-plot --precision bf16 --out {0}/run "
+                                    "--dump-graph {0}/step.json",
+                                    dir.path()));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(dir.path() + "/step.json");
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << "not JSON";
+  int casts = 0, products = 0;
+  for (const auto& n : j["nodes"]) {
+    if (n["op"] == "cast" && n["outputs"][0]["dtype"] == "bf16") ++casts;
+    if ((n["op"] == "linear" || n["op"] == "matmul") && n.contains("attrs") &&
+        n["attrs"].value("dst", "") == "f32")
+      ++products;
+  }
+  EXPECT_GT(casts, 0) << j.dump().substr(0, 2000);
+  EXPECT_EQ(products, 9) << "the MLP's 3 linears and their 6 gradient matmuls";
+}
+
 TEST(Precision, ACpuWithoutBf16IsRefusedByName) {
   TempDir dir("precision");
   Result r = shoal(dir, gpt(dir.path() + "/no", "bf16"), "SHOAL_CPU_BF16=0");
