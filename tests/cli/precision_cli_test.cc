@@ -26,13 +26,10 @@ using shoal::testing::TempDir;
 
 bool has(const Result& r, const std::string& s) { return r.out.find(s) != std::string::npos; }
 
+// The number after the last `prefix` in `out`, or -1.
 double number_after(const std::string& out, const std::string& prefix) {
-  const std::size_t at = out.rfind(prefix);
-  if (at == std::string::npos) return -1;
-  char* end = nullptr;
-  const char* p = out.c_str() + at + prefix.size();
-  const double v = std::strtod(p, &end);
-  return end != p ? v : -1;
+  const std::vector<double> v = shoal::testing::numbers_after(out, prefix);
+  return v.empty() ? -1 : v.back();
 }
 
 // The shoal binary with the peak cache in `dir` (not the user's).

@@ -273,24 +273,32 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
 // deviations, so no cancellation), the gradient's gamma/beta sums in
 // partials per block of rows added at the end. The f64 template below
 // stays the reference the gradient checks use.
+// One row's mean and 1/std, two passes in f32 lanes (no cancellation).
+inline void row_stats(const float* p, std::int64_t d, float eps, float* mean, float* rstd) {
+  const auto fd = static_cast<float>(d);
+  float m = 0, v = 0;
+#pragma omp simd reduction(+ : m)
+  for (std::int64_t i = 0; i < d; ++i) m += p[i];
+  m /= fd;
+#pragma omp simd reduction(+ : v)
+  for (std::int64_t i = 0; i < d; ++i) v += (p[i] - m) * (p[i] - m);
+  *mean = m;
+  *rstd = 1.0f / std::sqrt(v / fd + eps);
+}
+
 void layer_norm_fwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
   const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
   const float* x = in[0].data<float>();
   const float* g = in[1].data<float>();
   const float* b = in[2].data<float>();
   float* y = out[0].data<float>();
-  const auto fd = static_cast<float>(d), feps = static_cast<float>(eps);
+  const auto feps = static_cast<float>(eps);
 #pragma omp parallel for if (rows * d > kParallelGrain) schedule(static)
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* p = x + r * d;
     float* q = y + r * d;
-    float m = 0, v = 0;
-#pragma omp simd reduction(+ : m)
-    for (std::int64_t i = 0; i < d; ++i) m += p[i];
-    m /= fd;
-#pragma omp simd reduction(+ : v)
-    for (std::int64_t i = 0; i < d; ++i) v += (p[i] - m) * (p[i] - m);
-    const float rstd = 1.0f / std::sqrt(v / fd + feps);
+    float m = 0, rstd = 0;
+    row_stats(p, d, feps, &m, &rstd);
 #pragma omp simd
     for (std::int64_t i = 0; i < d; ++i) q[i] = (p[i] - m) * rstd * g[i] + b[i];
   }
@@ -314,13 +322,8 @@ void layer_norm_bwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor
     for (std::int64_t r = rows * blk / blocks; r < rows * (blk + 1) / blocks; ++r) {
       const float* p = x + r * d;
       const float* gy = dy + r * d;
-      float m = 0, v = 0, s1 = 0, s2 = 0;
-#pragma omp simd reduction(+ : m)
-      for (std::int64_t i = 0; i < d; ++i) m += p[i];
-      m /= fd;
-#pragma omp simd reduction(+ : v)
-      for (std::int64_t i = 0; i < d; ++i) v += (p[i] - m) * (p[i] - m);
-      const float rstd = 1.0f / std::sqrt(v / fd + feps);
+      float m = 0, rstd = 0, s1 = 0, s2 = 0;
+      row_stats(p, d, feps, &m, &rstd);
 #pragma omp simd reduction(+ : s1, s2)
       for (std::int64_t i = 0; i < d; ++i) {
         const float xh = (p[i] - m) * rstd, dxh = gy[i] * g[i];
