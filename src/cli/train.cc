@@ -206,7 +206,7 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--out", o.out, "Run directory (default runs/<model>)");
   t->add_flag("--augment", o.augment, "Random crop (pad 2) and horizontal flip");
   t->add_option("--precision", o.precision,
-                "f32, or bf16: matmuls read bf16 copies of their operands and accumulate in f32 "
+                "f32, or bf16: matmuls and convolutions read bf16 operands and accumulate in f32 "
                 "(weights, optimizer state, norms and the loss stay f32); needs AVX-512 BF16 or "
                 "AMX")
       ->check(CLI::IsMember({"f32", "bf16"}))

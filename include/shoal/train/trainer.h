@@ -83,9 +83,10 @@ struct TrainSettings {
   std::string out;  // run directory ("" = runs/<model>)
   bool augment = false;
   bool deterministic = false;  // refuse to resume with a different thread count
-  // "f32", or "bf16": the step's matmuls read bf16 copies of their operands
-  // and accumulate in f32 (graph::autocast_bf16); weights, optimizer state
-  // and everything else stay f32. Needs a CPU with bf16 products.
+  // "f32", or "bf16": the step's matmuls and convolutions read bf16
+  // operands and accumulate in f32 (graph::autocast_bf16); weights,
+  // optimizer state and everything else stay f32. Needs a CPU with bf16
+  // products.
   std::string precision = "f32";
   // "none"; "selective": attention's softmax region is computed again in
   // the backward instead of kept (graph::recompute_attention); "full": only
