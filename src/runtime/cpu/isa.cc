@@ -1,5 +1,5 @@
-// What the CPU offers bf16 products, read from CPUID (runtime/backend.h's
-// bf16_support; `shoal info` lists it).
+// What the CPU is and offers bf16 products, read from /proc/cpuinfo and
+// CPUID (runtime/backend.h's bf16_support; `shoal info` lists it).
 #include <cpuid.h>
 
 #include <fstream>
@@ -24,7 +24,6 @@ std::string bf16_isas() {
   return s;
 }
 
-namespace {
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
   for (std::string line; std::getline(f, line);)
@@ -32,7 +31,6 @@ std::string cpu_model() {
       return line.substr(line.find(':') + 2);
   return "this CPU";
 }
-}  // namespace
 
 }  // namespace cpu
 

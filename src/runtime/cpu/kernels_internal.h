@@ -103,5 +103,7 @@ void register_layout_op();  // the graph op `layout` (layout.cc)
 std::string onednn_version();
 // "avx512_bf16 amx_bf16", what of them this CPU has, or "" (cpu/isa.cc).
 std::string bf16_isas();
+// The CPU's model name from /proc/cpuinfo, or "this CPU" (cpu/isa.cc).
+std::string cpu_model();
 
 }  // namespace shoal::runtime::cpu

@@ -1,10 +1,11 @@
 // Kernels on oneDNN: matmul and linear (bias and ReLU as post-ops; f32,
 // or bf16 operands under --precision bf16), conv2d forward with bias/ReLU
 // and its data and weight gradients (bf16 inside their reorders where the
-// node asks), max/avg pooling; GELU and softmax are in onednn_eltwise.cc. Primitives, reorders,
-// scratch buffers and memory objects are created once per node at compile time; a run only swaps
-// data handles. oneDNN throws: every call stays inside this file, and a primitive oneDNN cannot
-// build falls back to the reference kernel.
+// node asks), max/avg pooling; GELU and softmax are in onednn_eltwise.cc.
+// Primitives, reorders, scratch buffers and memory objects are created
+// once per node at compile time; a run only swaps data handles. oneDNN
+// throws: every call stays inside these files, and a primitive oneDNN
+// cannot build falls back to the reference kernel.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -56,9 +57,6 @@ struct Operand {
     if (to_user) reorder_args.execute(*to_user);
   }
 };
-
-// oneDNN's name for a Shoal element type of the products (f32, bf16).
-dt dnnl_type(DType t) { return t == DType::kBF16 ? dt::bf16 : dt::f32; }
 
 // y = op(A) op(B) (+ bias) (relu), batched when both share one batch shape.
 // A and B are `src` (f32, or bf16 under --precision bf16); y and the bias `dst`.

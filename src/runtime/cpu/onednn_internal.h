@@ -46,6 +46,9 @@ class ExecArgs {
 
 inline memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
 
+// oneDNN's name for a Shoal element type of the products (f32, bf16).
+inline dt dnnl_type(DType t) { return t == DType::kBF16 ? dt::bf16 : dt::f32; }
+
 class DnnlKernel : public Kernel {
  public:
   // "onednn", or "onednn:ref" where oneDNN chose its scalar reference loop.

@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <dnnl.hpp>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -27,14 +26,21 @@ double seconds_since(Clock::time_point t0) {
 }
 
 std::string cpu_key(DType t) {
-  std::string model = "cpu";
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);)
-    if (line.starts_with("model name") && line.find(':') != std::string::npos) {
-      model = line.substr(line.find(':') + 2);
-      break;
-    }
-  return fmt::format("{} / {} threads / {}", model, num_threads(), dtype_name(t));
+  return fmt::format("{} / {} threads / {}", cpu::cpu_model(), num_threads(), dtype_name(t));
+}
+
+// The best rate of `work` (which returns how much it did) over repeats:
+// at least 3, then until `seconds` have passed (at most 1000).
+template <typename F>
+double best_rate(double seconds, F work) {
+  double best = 0;
+  const auto t0 = Clock::now();
+  for (int rep = 0; rep < 1000 && (rep < 3 || seconds_since(t0) < seconds); ++rep) {
+    const auto r0 = Clock::now();
+    const double done = work();
+    best = std::max(best, done / seconds_since(r0));
+  }
+  return best;
 }
 
 }  // namespace
@@ -44,7 +50,7 @@ Result<double> measure_gemm_peak(DType t, int n, double seconds) {
     return invalid_argument("a GEMM peak is measured for f32 or bf16, not {}", dtype_name(t));
   if (t == DType::kBF16) SHOAL_RETURN_IF_ERROR(bf16_support());
   try {
-    const dt src = t == DType::kBF16 ? dt::bf16 : dt::f32;
+    const dt src = dnnl_type(t);
     memory::desc a({n, n}, src, tag::ab), b({n, n}, src, tag::ab), c({n, n}, dt::f32, tag::ab);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine());
     dnnl::matmul mm(pd);
@@ -55,15 +61,11 @@ Result<double> measure_gemm_peak(DType t, int n, double seconds) {
     args.execute(mm);  // warm-up: the kernel's code and the operands' pages
     stream().wait();
     const double flops = 2.0 * n * n * static_cast<double>(n);
-    double best = 0;
-    const auto t0 = Clock::now();
-    for (int rep = 0; rep < 1000 && (rep < 3 || seconds_since(t0) < seconds); ++rep) {
-      const auto r0 = Clock::now();
+    return best_rate(seconds, [&] {
       for (int i = 0; i < 4; ++i) args.execute(mm);
       stream().wait();
-      best = std::max(best, 4 * flops / seconds_since(r0));
-    }
-    return best;
+      return 4 * flops;
+    });
   } catch (const dnnl::error& e) {
     return internal_error("oneDNN cannot run a {} matmul of {}: {}", dtype_name(t), n, e.what());
   }
@@ -73,17 +75,14 @@ Result<double> measure_bandwidth(int mib, double seconds) {
   const std::size_t n = static_cast<std::size_t>(mib) * 1024 * 1024 / sizeof(float);
   std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
   const auto count = static_cast<std::int64_t>(n);
-  double best = 0;
-  const auto t0 = Clock::now();
-  for (int rep = 0; rep < 1000 && (rep < 3 || seconds_since(t0) < seconds); ++rep) {
-    const auto r0 = Clock::now();
-    float* pa = a.data();
-    const float* pb = b.data();
-    const float* pc = c.data();
+  float* pa = a.data();
+  const float* pb = b.data();
+  const float* pc = c.data();
+  const double best = best_rate(seconds, [&] {
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < count; ++i) pa[i] = pb[i] + 0.5f * pc[i];
-    best = std::max(best, 3.0 * static_cast<double>(n * sizeof(float)) / seconds_since(r0));
-  }
+    return 3.0 * static_cast<double>(n * sizeof(float));
+  });
   if (a[n / 2] != 2.0f) return internal_error("the triad computed {} instead of 2", a[n / 2]);
   return best;
 }
