@@ -348,13 +348,11 @@ TrainCommand add_train_command(CLI::App& app) {
 
 namespace {
 
-// --wire follows --precision unless given (ZeRO's collectives carry f32:
-// dp::validate refuses another wire with --zero).
+// --wire follows --precision unless given (dp::wire_for).
 dist::JoinOptions join_options(const DistFlags& d, const std::string& precision) {
   dist::JoinOptions jo;
   jo.dist = d.dist;
-  const bool narrow = precision == "bf16" && d.zero == 0;
-  jo.dp.wire = *parse_dtype(d.wire.empty() ? (narrow ? "bf16" : "f32") : d.wire);
+  jo.dp.wire = *dp::wire_for(d.wire, precision, d.zero);
   jo.dp.bucket_mb = d.bucket_mb;
   jo.dp.first_bucket_mb = d.first_bucket_mb;
   jo.dp.zero_bucket_mb = d.zero_bucket_mb;

@@ -16,6 +16,11 @@ Result<DpOptions::Overlap> parse_overlap(const std::string& s) {
   return invalid_argument("--overlap {} is not one of auto, on, off", s);
 }
 
+Result<DType> wire_for(const std::string& flag, const std::string& precision, int zero) {
+  if (!flag.empty()) return parse_dtype(flag);
+  return precision == "bf16" && zero == 0 ? DType::kBF16 : DType::kF32;
+}
+
 Status validate(const DpOptions& o) {
   if (!(o.bucket_mb > 0)) return invalid_argument("--bucket-mb {} must be > 0", o.bucket_mb);
   if (!(o.first_bucket_mb > 0))

@@ -203,8 +203,7 @@ class PyTrainer {
       o_.t.model = value_of<std::string>("model", model);
     set_data(o_, data);
     for (auto [k, v] : kw) set_option(o_, k.cast<std::string>(), v);
-    const bool narrow = o_.t.precision == "bf16" && o_.j.dp.zero == 0;  // as the CLI's
-    auto wire = parse_dtype(o_.wire.empty() ? (narrow ? "bf16" : "f32") : o_.wire);
+    auto wire = dp::wire_for(o_.wire, o_.t.precision, o_.j.dp.zero);
     if (!wire.ok()) throw py::value_error("shoal.Trainer: wire: " + wire.status().message());
     o_.j.dp.wire = *wire;
     o_.j.dp.overlap = check(dp::parse_overlap(o_.overlap));
