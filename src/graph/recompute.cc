@@ -1,5 +1,6 @@
-// Selective activation recomputation (graph/passes.h): attention's
-// softmax region computed again for the backward.
+// Activation recomputation (graph/passes.h): attention's softmax region
+// (selective), or all but the norm layers' inputs (full), computed again
+// for the backward.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -28,8 +29,8 @@ struct Uses {
 // The region ending at forward softmax `sm`: back through elementwise
 // nodes to the product feeding them, each used only by the next region
 // node. Empty when the softmax is not fed that way.
-std::vector<int> region_of(const Graph& g, const Uses& u, int sm, int forward_end) {
-  std::vector<int> region = {sm};
+std::set<int> region_of(const Graph& g, const Uses& u, int sm, int forward_end) {
+  std::set<int> region = {sm};
   int at = sm;
   for (int depth = 0; depth < 8; ++depth) {  // scale, mask, bias: a few steps
     int next = -1;
@@ -44,67 +45,25 @@ std::vector<int> region_of(const Graph& g, const Uses& u, int sm, int forward_en
       }
     }
     if (next < 0) return {};
-    region.push_back(next);
-    if (g.node(next).op == "matmul") {
-      std::reverse(region.begin(), region.end());
-      return region;
-    }
+    region.insert(next);
+    if (g.node(next).op == "matmul") return region;
     at = next;
   }
   return {};
 }
 
-}  // namespace
-
-Result<RecomputeReport> recompute_attention(Graph& g, int forward_end) {
-  RecomputeReport r;
-  const Uses u(g);
-  std::vector<std::vector<int>> regions;
-  for (int id = 0; id < forward_end && id < g.num_nodes(); ++id) {
-    const Node& n = g.node(id);
-    if (!n.alive || n.op != "softmax") continue;
-    std::vector<int> region = region_of(g, u, id, forward_end);
-    if (!region.empty()) regions.push_back(std::move(region));
-  }
-  // Last layer first: its copy gets the lowest id, and runs first.
-  for (auto it = regions.rbegin(); it != regions.rend(); ++it) {
-    const std::vector<int>& region = *it;
-    const int sm = region.back();
-    std::map<int, Value> copy;  // region node -> its copy's output
-    for (int id : region) {
-      const Node n = g.node(id);  // a copy: add() may move the nodes
-      std::vector<Value> inputs = n.inputs;
-      for (Value& v : inputs)
-        if (auto c = copy.find(v.node); c != copy.end()) v = c->second;
-      SHOAL_ASSIGN_OR_RETURN(Value c, g.add(n.op, inputs, n.attrs, n.name + "/recompute"));
-      g.mutable_node(c.node).slot = n.slot + 1;  // after any ready node of the step
-      copy[id] = c;
-      ++r.nodes;
-    }
-    // The backward's readers of the softmax output read the copy.
-    const Value from{sm, 0}, to = copy.at(sm);
-    for (int user : u.users.count(sm) ? u.users.at(sm) : std::vector<int>{}) {
-      if (user < forward_end) continue;
-      for (Value& v : g.mutable_node(user).inputs)
-        if (v == from) v = to;
-    }
-    ++r.regions;
-  }
-  return r;
-}
-
-namespace {
-
-// Copies node `id` (and, first, whatever of its inputs is not kept) once.
-Result<Value> copy_of(Graph& g, Value v, const std::set<int>& kept, std::map<int, int>& copies,
-                      int* count) {
+// Copies value v's node once, and first whatever it reads that `keep`
+// does not hold (inputs and constants are always read as they are). The
+// copies go in schedule slot 1: after any ready node of the step.
+template <typename Keep>
+Result<Value> copy_of(Graph& g, Value v, const Keep& keep, std::map<int, int>& copies, int* count) {
   const Node& src = g.node(v.node);
-  if (kept.count(v.node) != 0 || src.op == "input" || src.op == "constant") return v;
+  if (keep(v.node) || src.op == "input" || src.op == "constant") return v;
   if (auto it = copies.find(v.node); it != copies.end()) return Value{it->second, v.index};
   const Node n = src;  // a copy: add_node() may move the nodes
   std::vector<Value> inputs = n.inputs;
   for (Value& in : inputs) {
-    SHOAL_ASSIGN_OR_RETURN(in, copy_of(g, in, kept, copies, count));
+    SHOAL_ASSIGN_OR_RETURN(in, copy_of(g, in, keep, copies, count));
   }
   SHOAL_ASSIGN_OR_RETURN(std::vector<Value> outs,
                          g.add_node(n.op, inputs, n.attrs, n.name + "/recompute"));
@@ -114,7 +73,41 @@ Result<Value> copy_of(Graph& g, Value v, const std::set<int>& kept, std::map<int
   return Value{outs[0].node, v.index};
 }
 
+// The backward's readers of `from` (nodes from forward_end on) read `to`.
+void redirect(Graph& g, const Uses& u, int forward_end, Value from, Value to) {
+  const auto it = u.users.find(from.node);
+  if (it == u.users.end()) return;
+  for (int user : it->second) {
+    if (user < forward_end) continue;
+    for (Value& v : g.mutable_node(user).inputs)
+      if (v == from) v = to;
+  }
+}
+
 }  // namespace
+
+Result<RecomputeReport> recompute_attention(Graph& g, int forward_end) {
+  RecomputeReport r;
+  const Uses u(g);
+  std::vector<std::pair<int, std::set<int>>> regions;  // softmax, its region
+  for (int id = 0; id < forward_end && id < g.num_nodes(); ++id) {
+    const Node& n = g.node(id);
+    if (!n.alive || n.op != "softmax") continue;
+    std::set<int> region = region_of(g, u, id, forward_end);
+    if (!region.empty()) regions.emplace_back(id, std::move(region));
+  }
+  // Last layer first: its copy gets the lowest id, and runs first.
+  for (auto it = regions.rbegin(); it != regions.rend(); ++it) {
+    const Value sm{it->first, 0};
+    const std::set<int>& region = it->second;
+    auto outside = [&](int id) { return region.count(id) == 0; };
+    std::map<int, int> copies;
+    SHOAL_ASSIGN_OR_RETURN(Value c, copy_of(g, sm, outside, copies, &r.nodes));
+    redirect(g, u, forward_end, sm, c);
+    ++r.regions;
+  }
+  return r;
+}
 
 Result<RecomputeReport> recompute_full(Graph& g, int forward_end) {
   RecomputeReport r;
@@ -137,15 +130,12 @@ Result<RecomputeReport> recompute_full(Graph& g, int forward_end) {
       read.push_back(id);
   }
   std::map<int, int> copies;
+  auto keep = [&](int id) { return kept.count(id) != 0; };
   for (int id : read) {
     const int outputs = static_cast<int>(g.node(id).outputs.size());
     for (int k = 0; k < outputs; ++k) {
-      SHOAL_ASSIGN_OR_RETURN(Value c, copy_of(g, Value{id, k}, kept, copies, &r.nodes));
-      for (int user : u.users.at(id)) {
-        if (user < forward_end) continue;
-        for (Value& v : g.mutable_node(user).inputs)
-          if (v == Value{id, k}) v = c;
-      }
+      SHOAL_ASSIGN_OR_RETURN(Value c, copy_of(g, Value{id, k}, keep, copies, &r.nodes));
+      redirect(g, u, forward_end, Value{id, k}, c);
     }
     ++r.regions;
   }
