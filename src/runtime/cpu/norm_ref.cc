@@ -269,11 +269,12 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
 }
 
 // f32 layer norm as the transformer runs it: rows in parallel, each row's
-// statistics accumulated in f32 lanes (two passes: mean, then squared
-// deviations, so no cancellation), the gradient's gamma/beta sums in
+// statistics accumulated in f32 lanes, the gradient's gamma/beta sums in
 // partials per block of rows added at the end. The f64 template below
 // stays the reference the gradient checks use.
-// One row's mean and 1/std, two passes in f32 lanes (no cancellation).
+
+// One row's mean and 1/std, in two passes (mean, then squared deviations:
+// no cancellation).
 inline void row_stats(const float* p, std::int64_t d, float eps, float* mean, float* rstd) {
   const auto fd = static_cast<float>(d);
   float m = 0, v = 0;
