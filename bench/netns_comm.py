@@ -46,10 +46,11 @@ class Cluster:
         subprocess.run([TOOL, "--name", self.name, "stop"], env=self.env,
                        stdout=subprocess.DEVNULL)
 
-    def run_each(self, per_host, argv_of, timeout=900):
-        """Starts argv_of(host, local, rank) for every rank; returns rank 0's stdout."""
+    def run_each(self, per_host, argv_of, timeout=900, hosts=None):
+        """Starts argv_of(host, local, rank) for every rank on the first `hosts`
+        hosts (all by default); returns rank 0's stdout."""
         procs = []
-        for h in range(1, self.hosts + 1):
+        for h in range(1, (hosts or self.hosts) + 1):
             for l in range(per_host):
                 r = (h - 1) * per_host + l
                 procs.append(subprocess.Popen(self.cmd(h, *argv_of(h, l, r)), env=self.env,
