@@ -4,8 +4,8 @@
 On the netns testbed (tools/netns-cluster.sh; needs root):
 1. Fits the link costs from `shoal bench comm` tables: across hosts from 2
    hosts x 1 rank with the ring forced (t = 2a + n*b at p = 2), inside a host
-   from 2 ranks on h1 with the ring forced (shared memory). Weighted least
-   squares on relative error, every size.
+   from 2 ranks on h1 with the ring forced (shared memory): a from the small
+   sizes, b from the least-squares slope from 64 KiB up.
 2. Times Shoal's all-reduce with each algorithm forced (SHOAL_ALLREDUCE_ALGO)
    and with the tuner's own choice, at every host count x ranks per host.
 3. Predicts each with `shoal simulate --project` from the fitted costs and
