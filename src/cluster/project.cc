@@ -54,6 +54,26 @@ double halving_doubling(const LinkCosts& costs, int p, double n, int per_node, i
   return t;
 }
 
+// Recursive doubling over p ranks (Shoal's choice for small messages):
+// log2 p steps, each exchanging the whole buffer with the rank 2^k away,
+// every rank of a node at once through its NIC once the partner is off
+// the node; extra ranks fold in and out as in halving-doubling.
+double recursive_doubling(const LinkCosts& costs, int p, double n, int per_node, int per_switch) {
+  if (p <= 1) return 0;
+  int p2 = 1;
+  while (p2 * 2 <= p) p2 *= 2;
+  double t = 0;
+  for (int d = 1; d < p2; d *= 2) {
+    Hop h = hop(costs, d, per_node, per_switch);
+    t += h.c.alpha + n * h.c.beta * h.flows;
+  }
+  if (p2 != p) {
+    Hop h = hop(costs, p2, per_node, per_switch);
+    t += 2 * (h.c.alpha + n * h.c.beta * std::min(h.flows, p - p2));
+  }
+  return t;
+}
+
 LinkCost across(const LinkCosts& costs, int nodes, int per_switch) {
   return nodes <= 1 ? costs.host : nodes <= per_switch ? costs.leaf : costs.spine;
 }
@@ -74,6 +94,7 @@ std::vector<ProjectionRow> project_allreduce(const LinkCosts& costs, const std::
       r.bytes = n;
       r.ring = ring(net, p, n);
       r.halving_doubling = halving_doubling(costs, p, n, local, nodes_per_switch);
+      r.recursive_doubling = recursive_doubling(costs, p, n, local, nodes_per_switch);
       // Reduce-scatter within the node (ring), then the `local` ranks each
       // all-reduce their 1/local slice across nodes at once (sharing the
       // NIC: the slices add up to n), then all-gather within the node.
@@ -87,23 +108,27 @@ std::vector<ProjectionRow> project_allreduce(const LinkCosts& costs, const std::
       r.hierarchical =
           2 * intra + std::min(ring(shared, nodes, slice),
                                halving_doubling(one_per_node, nodes, slice, 1, nodes_per_switch));
-      const double best = std::min({r.ring, r.halving_doubling, r.hierarchical});
-      r.best = best == r.ring               ? "ring"
-               : best == r.halving_doubling ? "halving-doubling"
-                                            : "hierarchical";
+      const double best =
+          std::min({r.ring, r.halving_doubling, r.recursive_doubling, r.hierarchical});
+      r.best = best == r.ring                 ? "ring"
+               : best == r.halving_doubling   ? "halving-doubling"
+               : best == r.recursive_doubling ? "recursive-doubling"
+                                              : "hierarchical";
       rows.push_back(r);
     }
   return rows;
 }
 
 std::string format_projection(const std::vector<ProjectionRow>& rows, double compute_s) {
-  std::string out = fmt::format("{:>10} {:>6} {:>12} {:>18} {:>14} {:>17}{}\n", "bytes", "ranks",
-                                "ring ms", "halving-doubling ms", "hierarchical ms", "best",
-                                compute_s > 0 ? "  step efficiency" : "");
+  std::string out =
+      fmt::format("{:>10} {:>6} {:>12} {:>18} {:>14} {:>20} {:>18}{}\n", "bytes", "ranks",
+                  "ring ms", "halving-doubling ms", "hierarchical ms", "recursive-doubling ms",
+                  "best", compute_s > 0 ? "  step efficiency" : "");
   for (const ProjectionRow& r : rows) {
-    double best = std::min({r.ring, r.halving_doubling, r.hierarchical});
-    out += fmt::format("{:>10.0f} {:>6} {:>12.3f} {:>18.3f} {:>14.3f} {:>17}", r.bytes, r.ranks,
-                       1e3 * r.ring, 1e3 * r.halving_doubling, 1e3 * r.hierarchical, r.best);
+    double best = std::min({r.ring, r.halving_doubling, r.recursive_doubling, r.hierarchical});
+    out += fmt::format("{:>10.0f} {:>6} {:>12.4f} {:>18.4f} {:>14.4f} {:>20.4f} {:>18}", r.bytes,
+                       r.ranks, 1e3 * r.ring, 1e3 * r.halving_doubling, 1e3 * r.hierarchical,
+                       1e3 * r.recursive_doubling, r.best);
     if (compute_s > 0) out += fmt::format("  {:>15.3f}", compute_s / (compute_s + best));
     out += "\n";
   }

@@ -159,7 +159,7 @@ TEST(Simulator, NodeFailureRestartsSyncAndShrinksElastic) {
 }
 
 // The projection's algorithms against their closed forms, and what the
-// α-β model with one NIC per node predicts: halving-doubling wins
+// α-β model with one NIC per node predicts: recursive doubling wins
 // latency-bound sizes; across nodes the flat ring pushes ~2n bytes through
 // each node's NIC where the two-level algorithm (and near-first
 // halving-doubling, which is one) pushes n; and the flat ring's 2(p−1)
@@ -173,7 +173,10 @@ TEST(Projection, AlgorithmsWinWhereTheModelSays) {
   ASSERT_EQ(rows.size(), 6u);
   // One node (8 ranks): the ring in closed form, 2(p−1)(α + n/p β).
   EXPECT_NEAR(rows[0].ring, 14 * (1e-6 + 1e3 / 8 / 50e9), 1e-12);
-  EXPECT_STREQ(rows[2].best, "halving-doubling");  // 1 kB on 4096 ranks: latency
+  // 1 kB on 4096 ranks is latency: recursive doubling's log2 p steps beat
+  // halving-doubling's 2 log2 p, which beats the ring's 2(p−1).
+  EXPECT_STREQ(rows[2].best, "recursive-doubling");
+  EXPECT_LT(rows[2].halving_doubling, rows[2].ring);
   // 100 MB on 2 nodes: ring 2·15·(n/16)·β_net through the NIC, against
   // n·β_net (+ the node's own links) for the two-level algorithm.
   EXPECT_NEAR(rows[4].ring, 30 * (10e-6 + 100e6 / 16 / 12.5e9), 1e-9);
@@ -199,6 +202,9 @@ TEST(Projection, AFoldThroughOneNicIsPricedAsTheFlowsThatShareIt) {
   const double fold24 = rows[1].halving_doubling - rows[0].halving_doubling;
   EXPECT_NEAR(fold24, 2 * (10e-6 + n * 8 / 12.5e9), 1e-9);
   EXPECT_GT(rows[1].halving_doubling, 0.135);  // 16 ranks' ~12 ms + 128 ms of fold
+  // Recursive doubling: 16 ranks, 8 a node, is three steps inside the node
+  // and one whose 8 flows share the NIC, each the whole buffer.
+  EXPECT_NEAR(rows[0].recursive_doubling, 3 * (1e-6 + n / 50e9) + (10e-6 + n * 8 / 12.5e9), 1e-9);
   // 17 ranks: one rank folds, alone on its NIC.
   EXPECT_NEAR(rows[2].halving_doubling - rows[0].halving_doubling, 2 * (10e-6 + n / 12.5e9), 1e-9);
 }

@@ -1,6 +1,7 @@
 // All-reduce and data-parallel step time projected to 8–4,096 ranks from
 // α-β link costs (those the comm tuner measures on this machine), for the
-// flat ring, halving-doubling and the two-level (hierarchical) algorithm:
+// flat ring, halving-doubling, recursive doubling and the two-level
+// (hierarchical) algorithm:
 // which wins where.
 #pragma once
 
@@ -15,6 +16,7 @@ struct ProjectionRow {
   int ranks = 0;
   double bytes = 0;
   double ring = 0, halving_doubling = 0, hierarchical = 0;  // seconds
+  double recursive_doubling = 0;
   const char* best = "";
 };
 
