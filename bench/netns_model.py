@@ -57,7 +57,8 @@ def fit(rows, p):
     steps = 2.0 * (p - 1)
     small = sorted(us * 1e-6 / steps for n, (us, _) in rows.items() if n <= 1024)
     alpha = small[len(small) // 2]
-    big = [(steps * n / p, us * 1e-6) for n, (us, _) in rows.items() if n >= 65536]
+    low = min(65536, sorted(rows)[-2])  # at least the two largest sizes
+    big = [(steps * n / p, us * 1e-6) for n, (us, _) in rows.items() if n >= low]
     mx = sum(x for x, _ in big) / len(big)
     my = sum(y for _, y in big) / len(big)
     beta = sum((x - mx) * (y - my) for x, y in big) / sum((x - mx) ** 2 for x, _ in big)

@@ -136,11 +136,16 @@ Algorithm Communicator::choose_allreduce(std::size_t bytes) const {
   const double p = world_, n = static_cast<double>(bytes);
   if (alpha_ <= 0)  // not calibrated (SHOAL_DETERMINISTIC=1): fixed threshold
     return bytes <= o_.small_bytes ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
-  // Up to 16 KiB the cost is messages, not bytes: fewest messages wins. (The
-  // model's per-byte term, fitted on 1 MiB exchanges, overstates the cost of
+  // Up to 4 KiB, and up to 16 KiB where the bytes cost no more than one
+  // latency, the cost is messages: fewest messages wins. (The model's
+  // per-byte term, fitted on 1 MiB exchanges, overstates the cost of
   // reducing a few cached KiB; with a noisy calibration it once chose the
-  // ring at 4 KiB, 2.8 us against recursive doubling's 1.6.)
-  if (bytes <= 16 << 10) return Algorithm::kRecursiveDoubling;
+  // ring at 4 KiB, 2.8 us against recursive doubling's 1.6.) Where 16 KiB
+  // costs more than a latency, as over a 1 Gbit/s link (129 us against
+  // 17), the model decides: 4 hosts, recursive doubling took 276 us,
+  // halving-doubling 204.
+  if (bytes <= 4 << 10 || (bytes <= 16 << 10 && n * beta_ <= alpha_))
+    return Algorithm::kRecursiveDoubling;
   int p2 = 1, lg = 0;
   while (p2 * 2 <= world_) p2 *= 2, ++lg;
   // Recursive doubling moves the whole buffer each step and reduces from a
