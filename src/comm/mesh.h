@@ -96,6 +96,8 @@ class Mesh {
   std::uint64_t seq = 0;
   // Whether the last direct all-reduce reached every peer through a mapping.
   bool last_mapped = false;
+  // Payload bytes this rank has sent to its peers, over sockets and rings.
+  std::uint64_t bytes_sent = 0;
   // Per-call work buffers of the algorithms (grown on demand, kept).
   std::vector<std::uint8_t> scratch;
   std::vector<std::uint8_t> bounce = std::vector<std::uint8_t>(256 << 10);

@@ -53,6 +53,8 @@ struct Mesh::Exchange {
 
 Status Mesh::exchange(std::vector<Xfer>& xs, std::uint64_t fp, const char* what) {
   Exchange e(xs, fp, what, deadline());
+  for (const Xfer& x : xs)
+    if (x.is_send) bytes_sent += x.bytes;
   arm(e);
   while (true) {
     bool progressed = false, shm_pending = false;

@@ -209,6 +209,36 @@ TEST(Allreduce, HalvingDoublingOnEveryInput) {
   }
 }
 
+// f16 and bf16 travel as themselves: half the bytes of f32 on every
+// algorithm that sends them (before, the whole buffer was widened to f32
+// first, so `--wire bf16` sent f32's bytes).
+TEST(Allreduce, HalfTypesTravelAsHalfTheBytes) {
+  for (Algorithm a :
+       {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kHalvingDoubling}) {
+    CommOptions o;
+    o.allreduce = a;
+    auto st = run_world(
+        3,
+        [&](Communicator& c) -> Status {
+          const std::size_t n = 30001;
+          std::vector<std::uint64_t> sent;
+          for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+            Tensor t = make_input(c.rank(), n, dt, ReduceOp::kSum);
+            const std::uint64_t before = c.bytes_sent();
+            SHOAL_RETURN_IF_ERROR(c.allreduce(t.raw_data(), t.raw_data(), n, dt, ReduceOp::kSum));
+            sent.push_back(c.bytes_sent() - before);
+            SHOAL_RETURN_IF_ERROR(check_result(t, c.size(), ReduceOp::kSum, dt, dtype_name(dt)));
+          }
+          if (sent[0] == 0 || 2 * sent[1] > sent[0] + 64 || 2 * sent[2] > sent[0] + 64)
+            return internal_error("{}: bytes sent f32 {}, bf16 {}, f16 {}", c.last_algorithm(),
+                                  sent[0], sent[1], sent[2]);
+          return ok_status();
+        },
+        o);
+    expect_all_ok(st);
+  }
+}
+
 // Two levels: ranks told they sit on different hosts (SHOAL_HOST_ID) reduce
 // within their host over shared memory, across hosts over TCP between one
 // leader each, and broadcast back. Uneven hosts too (3 + 2, 2 + 1 + 2 + 1 + 2).

@@ -207,6 +207,9 @@ class Communicator {
   bool last_direct_mapped() const;
 
   const char* last_algorithm() const { return last_algo_; }
+  // Payload bytes this rank has sent to its peers so far (frames' headers
+  // and cross-memory copies not counted).
+  std::uint64_t bytes_sent() const;
   // The α-β model fitted at start-up (0 when not calibrated): seconds per
   // message and per byte for one exchange around the ring.
   double alpha() const { return alpha_; }
