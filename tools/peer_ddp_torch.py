@@ -3,7 +3,8 @@
 ResNet-20 as `shoal train`, batch B per rank, SGD momentum 0.9, 1 thread per
 rank, gloo backend, each rank on its own shard of one shared permutation.
 Starts `--ranks` processes itself (torch.multiprocessing, MASTER_ADDR on
-loopback) and prints one JSON line: global training images/s over the timed
+loopback; with --nnodes N --node-rank R --master HOST:PORT, one such
+group per host, meeting there) and prints one JSON line (node 0): global training images/s over the timed
 steps (after warm-up), and the BLAS libtorch loaded."""
 import argparse
 import json
@@ -50,10 +51,14 @@ def resnet20(classes=10):
     return nn.Sequential(*layers)
 
 
-def worker(rank, a, port, q):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def worker(local, a, port, q):
+    # --nnodes: this process is one of --ranks on node --node-rank; the
+    # world is nnodes x ranks, met at --master.
+    host, port = (a.master.rsplit(":", 1) if a.master else ("127.0.0.1", port))
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
     torch.set_num_threads(a.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    rank, world = a.node_rank * a.ranks + local, a.nnodes * a.ranks
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(a.seed)
     x = read_idx(find(a.data, "train", "images", 3)).astype(np.float32) / 255.0
     y = read_idx(find(a.data, "train", "labels", 1)).astype(np.int64)
@@ -64,7 +69,7 @@ def worker(rank, a, port, q):
     opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
     lossf = nn.CrossEntropyLoss()
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(a.seed))
-    gb = a.batch * a.ranks
+    gb = a.batch * world
 
     def step(i):
         idx = perm[(i * gb + rank * a.batch) % (len(y) - gb):][:a.batch]
@@ -105,6 +110,9 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--nnodes", type=int, default=1, help="nodes (hosts), --ranks on each")
+    ap.add_argument("--node-rank", type=int, default=0)
+    ap.add_argument("--master", default="", help="HOST:PORT of rank 0 (with --nnodes)")
     a = ap.parse_args()
     torch.zeros(64, 64) @ torch.zeros(64, 64)  # map the BLAS libtorch uses
     ctx = mp.get_context("spawn")
@@ -115,8 +123,9 @@ def main():
     port = s.getsockname()[1]
     s.close()
     mp.start_processes(worker, args=(a, port, q), nprocs=a.ranks, join=True, start_method="spawn")
-    print(json.dumps({"images_per_s": q.get(), "blas": blas_in_use(),
-                      "torch": torch.__version__}), flush=True)
+    if a.node_rank == 0:
+        print(json.dumps({"images_per_s": q.get(), "blas": blas_in_use(),
+                          "torch": torch.__version__}), flush=True)
 
 
 if __name__ == "__main__":
