@@ -75,30 +75,55 @@ Status Communicator::setup_hierarchy() {
   const int host = static_cast<int>(
       std::find(hosts.begin(), hosts.end(), mesh_->host_of()[static_cast<std::size_t>(rank_)]) -
       hosts.begin());
-  bool leader = true;
-  for (int r = 0; r < rank_; ++r)
-    leader = leader && mesh_->host_of()[static_cast<std::size_t>(r)] !=
-                           mesh_->host_of()[static_cast<std::size_t>(rank_)];
+  // This rank's place among its host's ranks, and whether every host runs
+  // as many ranks (every rank computes the same answer from host_of).
+  const auto& host_of = mesh_->host_of();
+  const std::string& me = host_of[static_cast<std::size_t>(rank_)];
+  const int index = static_cast<int>(std::count(host_of.begin(), host_of.begin() + rank_, me));
+  bool uniform = true;
+  for (const auto& h : hosts)
+    uniform = uniform && std::count(host_of.begin(), host_of.end(), h) ==
+                             std::count(host_of.begin(), host_of.end(), hosts[0]);
   SHOAL_ASSIGN_OR_RETURN(local_, split(host, rank_));
-  SHOAL_ASSIGN_OR_RETURN(leaders_, split(leader ? 0 : -1, rank_));
+  // Column i: the i-th rank of every host, in host order; otherwise only
+  // the leaders (index 0) form one.
+  const int column = uniform ? index : index == 0 ? 0 : -1;
+  SHOAL_ASSIGN_OR_RETURN(columns_, split(column, uniform ? host : rank_));
+  uniform_ = uniform;
   return ok_status();
 }
 
-// Two levels: reduce to the host's leader over shared memory, all-reduce
-// among the leaders (across hosts, TCP), broadcast back within the host.
-// Only the leaders' traffic crosses the network: n bytes per host instead
-// of per rank.
+// Two levels. Where every host runs L ranks: reduce-scatter within the
+// host (rank i keeps the i-th 1/L), all-reduce that slice across hosts
+// among the hosts' i-th ranks (L flows share the NIC: n bytes per host),
+// all-gather within the host; every rank's link and core work. Otherwise
+// (or below L elements): reduce to the host's leader, all-reduce among the
+// leaders, broadcast back. 2 hosts x 2 ranks at 1 Gbit/s, 16 MiB: the
+// leader form took 203 ms, the ring 211, halving-doubling 150.
 Status Communicator::hier_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op) {
   const ReduceOp inner = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  SHOAL_RETURN_IF_ERROR(
-      local_->reduce(buf, buf, count, dt, inner, 0)
-          .with_context(fmt::format("allreduce (hierarchical) #{}, within the host", mesh_->seq)));
-  if (leaders_)
+  auto where = [&](const char* part) {
+    return fmt::format("allreduce (hierarchical) #{}, {}", mesh_->seq, part);
+  };
+  const int L = local_->size();
+  if (!uniform_ || count < static_cast<std::size_t>(L)) {
     SHOAL_RETURN_IF_ERROR(
-        leaders_->allreduce(buf, buf, count, dt, inner)
-            .with_context(fmt::format("allreduce (hierarchical) #{}, across hosts", mesh_->seq)));
-  return local_->broadcast(buf, count, dt, 0)
-      .with_context(fmt::format("allreduce (hierarchical) #{}, within the host", mesh_->seq));
+        local_->reduce(buf, buf, count, dt, inner, 0).with_context(where("within the host")));
+    if (local_->rank() == 0)  // the leaders: column 0
+      SHOAL_RETURN_IF_ERROR(
+          columns_->allreduce(buf, buf, count, dt, inner).with_context(where("across hosts")));
+    return local_->broadcast(buf, count, dt, 0).with_context(where("within the host"));
+  }
+  std::vector<std::size_t> counts(static_cast<std::size_t>(L), count / L);
+  for (std::size_t i = 0; i < count % static_cast<std::size_t>(L); ++i) ++counts[i];
+  const std::size_t es = dtype_size(dt), mine = counts[static_cast<std::size_t>(local_->rank())];
+  hier_slice_.resize(mine * es);
+  SHOAL_RETURN_IF_ERROR(local_->reduce_scatter(buf, hier_slice_.data(), counts, dt, inner)
+                            .with_context(where("within the host")));
+  SHOAL_RETURN_IF_ERROR(columns_->allreduce(hier_slice_.data(), hier_slice_.data(), mine, dt, inner)
+                            .with_context(where("across hosts")));
+  return local_->allgatherv(hier_slice_.data(), buf, counts, dt)
+      .with_context(where("within the host"));
 }
 
 // α-β calibration: time small and 1 MiB exchanges around the ring, take

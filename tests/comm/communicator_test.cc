@@ -239,16 +239,19 @@ TEST(Allreduce, HalfTypesTravelAsHalfTheBytes) {
   }
 }
 
-// Two levels: ranks told they sit on different hosts (SHOAL_HOST_ID) reduce
-// within their host over shared memory, across hosts over TCP between one
-// leader each, and broadcast back. Uneven hosts too (3 + 2, 2 + 1 + 2 + 1 + 2).
+// Two levels: ranks told they sit on different hosts (SHOAL_HOST_ID). Hosts
+// with as many ranks each (2 + 2, 2 + 2 + 2 interleaved, 3 + 3 + 3) slice:
+// reduce-scatter within the host, all-reduce each slice across the hosts,
+// all-gather; uneven hosts (3 + 2, 2 + 1 + 2 + 1 + 2) reduce to a leader,
+// all-reduce among the leaders and broadcast back.
 TEST(Allreduce, HierarchicalAcrossHosts) {
   struct Layout {
     int world;
     std::vector<int> host;  // host of each rank
   };
-  for (const Layout& l :
-       {Layout{4, {0, 0, 1, 1}}, Layout{5, {0, 1, 0, 1, 0}}, Layout{8, {0, 0, 1, 2, 2, 3, 4, 4}}}) {
+  for (const Layout& l : {Layout{4, {0, 0, 1, 1}}, Layout{6, {0, 1, 2, 0, 1, 2}},
+                          Layout{9, {0, 0, 0, 1, 1, 1, 2, 2, 2}}, Layout{5, {0, 1, 0, 1, 0}},
+                          Layout{8, {0, 0, 1, 2, 2, 3, 4, 4}}}) {
     SCOPED_TRACE("world " + std::to_string(l.world));
     CommOptions o;
     o.allreduce = Algorithm::kHierarchical;

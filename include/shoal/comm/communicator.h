@@ -251,8 +251,12 @@ class Communicator {
   int rank_ = 0, world_ = 1;
   CommOptions o_;
   std::unique_ptr<Mesh> mesh_;  // the transport (native backend)
-  // Two-level all-reduce: this host's ranks, and one leader per host.
-  std::unique_ptr<Communicator> local_, leaders_;
+  // Two-level all-reduce: this host's ranks, and the ranks of the other
+  // hosts at this rank's place in theirs (every host as many ranks:
+  // uniform_) or, otherwise, one leader per host (null on the others).
+  std::unique_ptr<Communicator> local_, columns_;
+  bool uniform_ = false;
+  std::vector<std::uint8_t> hier_slice_;  // this rank's slice (uniform)
   double alpha_ = 0, beta_ = 0;
   const char* current_ = "";  // name of the running collective
   const char* last_algo_ = "";
