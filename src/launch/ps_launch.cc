@@ -96,11 +96,9 @@ class PsJob {
     worker_env_ = env;
     worker_env_.push_back({"DMLC_ROLE", "worker"});
     if (!o_.trace.empty()) {
-      char tmpl[] = "/tmp/shoal-trace-XXXXXX";
-      if (mkdtemp(tmpl) == nullptr)
-        return fail_start("cannot make a directory for traces",
-                          unavailable("mkdtemp: {}", std::strerror(errno)));
-      trace_dir_ = tmpl;
+      auto d = make_trace_dir(o_.trace);
+      if (!d.ok()) return fail_start("cannot make a directory for traces", d.status());
+      trace_dir_ = *d;
       worker_env_.push_back({"SHOAL_TRACE", trace_dir_ + "/trace.json"});
     }
     for (int i = 0; i < o_.ps_workers; ++i) {

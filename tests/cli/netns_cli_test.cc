@@ -237,16 +237,24 @@ TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {
   // ssh stand-in, under `shoal run --engine mpirun` (Shoal's transport) and
   // bare with SHOAL_COMM_BACKEND=mpi (OpenMPI's own).
   const std::string agent = fmt::format("OMPI_MCA_plm_rsh_agent='{} --name {} rsh'", kTool, name_);
-  // `shoal run --engine mpirun` on h1, two ranks on each host, running `rank_cmd`.
-  auto shoal_mpirun = [&](const std::string& rank_cmd) {
+  // `shoal run --engine mpirun [run_args]` on h1, two ranks on each host,
+  // running `rank_cmd`.
+  auto shoal_mpirun = [&](const std::string& rank_cmd, const std::string& run_args = "") {
     return run_sh(fmt::format(
         "{} h1 env {} {} run --engine mpirun -n 4 --timeout 120 --store-host 198.18.1.1 "
-        "--engine-arg=--host --engine-arg=h1:2,h2:2 -- {}",
-        exec, agent, SHOAL_BINARY, rank_cmd));
+        "--engine-arg=--host --engine-arg=h1:2,h2:2 {} -- {}",
+        exec, agent, SHOAL_BINARY, run_args, rank_cmd));
   };
-  auto dp = shoal_mpirun(fmt::format("{} --out {}/mpirun", train, dir));
+  // Traced: h2's ranks write their traces beside the merged file (a shared
+  // directory), not into h1's private /tmp, which they cannot reach (they
+  // failed with "writing trace: /tmp/shoal-trace-...: cannot create").
+  auto dp = shoal_mpirun(fmt::format("{} --out {}/mpirun", train, dir),
+                         fmt::format("--trace {}/trace.json", dir));
   ASSERT_EQ(dp.code, 0) << dp.out;
   expect_one_host_weights(dir, "mpirun");
+  EXPECT_TRUE(std::filesystem::exists(dir + "/trace.json"));
+  for (int r = 0; r < 4; ++r)
+    EXPECT_NE(dp.out.find(fmt::format("shoal run:   rank {}: ", r)), std::string::npos) << dp.out;
   // Beyond data parallelism under OpenMPI: ZeRO-2 across the hosts.
   auto zero_one = train_on_one_host(dir + "/zero", std::string(kGpt) + " --zero 2");
   ASSERT_EQ(zero_one.code, 0) << zero_one.out;

@@ -86,6 +86,12 @@ int launch_ps(const LaunchOptions& o, const std::string& job_id);
 // CMD's code (128 + signal).
 int exec_rank(const std::vector<std::string>& cmd);
 
+// The directory the ranks write their traces into until the launcher
+// merges them: a new one beside `trace_file`, which ranks on other hosts
+// reach when it is on a shared file system, as --out must be (the
+// launcher's own /tmp they cannot: each host has its own).
+Result<std::string> make_trace_dir(const std::string& trace_file);
+
 // Trace merging (exposed for tests): reads each rank's Chrome trace,
 // writes one file with pid = rank, and summarizes per rank the mean step
 // time and the mean time per step the compute thread waited for
