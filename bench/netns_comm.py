@@ -30,7 +30,7 @@ def table_rows(text):
 
 class Cluster:
     def __init__(self, name, hosts, link, share):
-        self.name, self.hosts = name, hosts
+        self.name, self.hosts, self.tool = name, hosts, TOOL
         self.env = dict(os.environ, TMPDIR=share)
         subprocess.run([TOOL, "--name", name, "start", "--hosts", str(hosts), "--link", link],
                        check=True, env=self.env, stdout=subprocess.DEVNULL)

@@ -11,8 +11,14 @@ Prints images/s, time per step, the scaling against one host and the ratio
 Shoal / DDP. This machine has 2 cores: 4 hosts x 1 rank is 4 processes on 2
 cores, so the compute ceiling of 4 hosts is ~1.8x one (bench/dp.py).
 
+With --ps, also a synchronous parameter-server job with a server and a
+worker on every host (SGD on the servers, --ps-compress each value given);
+with --trace, Shoal once more under `shoal run --engine mpirun --trace`,
+printing rank 0's communication and exposed communication per step.
+
 usage: bench/netns_train.py [--hosts 4] [--links 1gbit,100mbit]
                             [--models mlp,cnn] [--wire f32,bf16]
+                            [--ps none,bf16,2bit:0.01] [--ps-bound N] [--trace]
 """
 import argparse
 import json
@@ -46,6 +52,61 @@ def shoal_ips(c, a, model, hosts, wire, share):
     return rows[-1]["images_per_s"]
 
 
+def ps_ips(c, a, model, hosts, compress, share):
+    """A synchronous parameter-server job across the hosts, as docs/ps.md
+    starts one by hand: the scheduler on h1, a server and a worker on every
+    host (BytePS's layout: the servers' links add up). Workers' images/s."""
+    out = tempfile.mkdtemp(prefix="ps.", dir=share)
+    env = ["env", "SHOAL_JOB_TOKEN=bench", "DMLC_PS_ROOT_URI=198.18.1.1", "DMLC_PS_ROOT_PORT=9000",
+           f"DMLC_NUM_SERVER={hosts}", f"DMLC_NUM_WORKER={hosts}",
+           f"MXNET_KVSTORE_BIGARRAY_BOUND={a.ps_bound}"]
+    train = ["train", "--dist", "ps", "--ps-compress", compress, "--model", model, "--data", DATA,
+             "--epochs", "1", "--batch", "64", "--threads", "1", "--optimizer", "sgd", "--lr",
+             "0.05", "--limit-train", str(STEPS[model] * 64 * hosts), "--limit-test", "500",
+             "--out", out, "--quiet", "--no-plot", "--no-checkpoints"]
+    procs = [subprocess.Popen(c.cmd(1, *env, "DMLC_ROLE=scheduler", a.shoal, "ps", "scheduler"),
+                              env=c.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
+    for h in range(1, hosts + 1):
+        procs.append(subprocess.Popen(c.cmd(h, *env, "DMLC_ROLE=server", a.shoal, "ps", "server"),
+                                      env=c.env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE))
+    for h in range(1, hosts + 1):
+        procs.append(subprocess.Popen(c.cmd(h, *env, "DMLC_ROLE=worker", a.shoal, *train),
+                                      env=c.env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE))
+    for p in procs:
+        _, err = p.communicate(timeout=900)
+        if p.returncode != 0:
+            raise RuntimeError(f"{p.args}: exit {p.returncode}\n{err.decode()[-2000:]}")
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        rows = [json.loads(l) for l in f if '"kind":"epoch"' in l]
+    return rows[-1]["images_per_s"]
+
+
+def shoal_exposed(c, a, model, hosts, wire, share):
+    """`shoal run --engine mpirun --trace` across the hosts (OpenMPI's daemons
+    started through the tool's rsh): rank 0's communication and exposed
+    communication per step, as `shoal run` prints them."""
+    out = tempfile.mkdtemp(prefix="trace.", dir=share)
+    agent = f"OMPI_MCA_plm_rsh_agent={c.tool} --name {c.name} rsh"
+    hosts_arg = ",".join(f"h{h}:1" for h in range(1, hosts + 1))
+    p = subprocess.run(c.cmd(1, "env", agent, a.shoal, "run", "--engine", "mpirun", "-n",
+                             str(hosts), "--timeout", "600", "--store-host", "198.18.1.1",
+                             "--engine-arg=--host", f"--engine-arg={hosts_arg}", "--trace",
+                             os.path.join(out, "trace.json"), "--", a.shoal, "train", "--model",
+                             model, "--data", DATA, "--epochs", "1", "--batch", "64", "--threads",
+                             "1", "--optimizer", "momentum", "--lr", "0.02", "--limit-train",
+                             str(STEPS[model] * 64 * hosts), "--limit-test", "500", "--out",
+                             os.path.join(out, "run"), "--quiet", "--no-plot", "--no-checkpoints",
+                             "--wire", wire),
+                       capture_output=True, text=True, env=c.env, timeout=900)
+    lines = [l.strip() for l in p.stdout.splitlines() if "rank 0:" in l and "exposed" in l]
+    if p.returncode != 0 or not lines:
+        raise RuntimeError(f"shoal run --trace: exit {p.returncode}\n{p.stdout[-1500:]}"
+                           f"{p.stderr[-1500:]}")
+    return lines[0].split("rank 0: ", 1)[1]
+
+
 def ddp_ips(c, model, hosts):
     def argv(h, l, r):
         return ["env", "GLOO_SOCKET_IFNAME=eth0", "OPENBLAS_NUM_THREADS=1", "/usr/bin/python3",
@@ -64,6 +125,14 @@ def main():
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--wire", default="f32", help="Shoal's --wire values to time (f32,bf16)")
     ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
+    ap.add_argument("--ps", default="", help="also time a sync parameter server, a server "
+                    "and a worker per host, with these --ps-compress values (none,2bit:0.01)")
+    ap.add_argument("--ps-bound", type=int, default=1000000,
+                    help="MXNET_KVSTORE_BIGARRAY_BOUND: keys of at least this many elements are "
+                         "sliced over every server (so every host's link carries a share)")
+    ap.add_argument("--trace", action="store_true",
+                    help="also run Shoal under `shoal run --engine mpirun --trace` and print "
+                         "its communication and exposed communication per step")
     a = ap.parse_args()
     print(f"{'link':>8} {'model':>6} {'who':>12} {'1 host img/s':>13} "
           f"{a.hosts:>2} hosts img/s {'ms/step':>8} {'scaling':>8} {'vs DDP':>7}")
@@ -75,13 +144,19 @@ def main():
             for model in a.models.split(","):
                 ddp1, ddpn = ddp_ips(c, model, 1), ddp_ips(c, model, a.hosts)
                 rows = [("DDP gloo", ddp1, ddpn)]
-                for wire in a.wire.split(","):
+                for wire in [w for w in a.wire.split(",") if w]:
                     rows.append((f"Shoal {wire}", shoal_ips(c, a, model, 1, wire, share),
                                  shoal_ips(c, a, model, a.hosts, wire, share)))
+                for comp in [x for x in a.ps.split(",") if x]:
+                    rows.append((f"PS {comp}", ps_ips(c, a, model, 1, comp, share),
+                                 ps_ips(c, a, model, a.hosts, comp, share)))
                 for who, one, many in rows:
                     ms = 64 * a.hosts / many * 1e3
                     print(f"{link:>8} {model:>6} {who:>12} {one:>13.0f} {many:>16.0f} "
                           f"{ms:>8.1f} {many / one:>7.2f}x {many / ddpn:>6.2f}x", flush=True)
+                for wire in [w for w in a.wire.split(",") if w] if a.trace else []:
+                    print(f"# {link} {model} --wire {wire} traced: "
+                          f"{shoal_exposed(c, a, model, a.hosts, wire, share)}", flush=True)
         finally:
             c.stop()
             subprocess.run(["rm", "-rf", share])
