@@ -269,6 +269,29 @@ TEST_F(NetnsCluster, TorchrunAndMpirunSpanTheHosts) {
       exec, agent, SHOAL_BINARY, kTrain, dir));
   ASSERT_EQ(mpi.code, 0) << mpi.out;
   testing::expect_same_training(dir + "/one", dir + "/mpi", 6, 1e-5);
+  // A parameter server job under OpenMPI, one program per role (docs/ps.md):
+  // by slot the scheduler and both servers land on h1 and both workers on
+  // h2, so every push and pull crosses the link; the weights are those of
+  // `shoal run --ps 2,2` on one host.
+  const std::string ps_train = fmt::format("train --dist ps {}", kTrain);
+  auto ps_one =
+      run_shoal(fmt::format("run --ps 2,2 --timeout 120 --ps-snapshots {}/snap -- {} {} "
+                            "--out {}/ps/one",
+                            dir, SHOAL_BINARY, ps_train, dir));
+  ASSERT_EQ(ps_one.code, 0) << ps_one.out;
+  // -x belongs to its program: each carries the job's variables to h2.
+  const std::string x =
+      "-x SHOAL_JOB_TOKEN=netns -x DMLC_PS_ROOT_URI=198.18.1.1 -x DMLC_PS_ROOT_PORT=9400 "
+      "-x DMLC_NUM_SERVER=2 -x DMLC_NUM_WORKER=2";
+  auto ps = run_sh(fmt::format(
+      "{} h1 env {} timeout -s KILL 120 mpirun.openmpi --allow-run-as-root --host h1:3,h2:2 "
+      "{x} -x DMLC_ROLE=scheduler -n 1 {bin} ps scheduler : {x} -x DMLC_ROLE=server -n 2 {bin} "
+      "ps server : {x} -x DMLC_ROLE=worker -n 2 {bin} {train} --out {dir}/ps/two",
+      exec, agent, fmt::arg("x", x), fmt::arg("bin", SHOAL_BINARY), fmt::arg("train", ps_train),
+      fmt::arg("dir", dir)));
+  ASSERT_EQ(ps.code, 0) << ps.out;
+  EXPECT_NE(ps.out.find("publishing 198.18.1.1"), std::string::npos) << ps.out;
+  expect_one_host_weights(dir + "/ps", "two");
 }
 
 // Slurm with one slurmd on each host (tools/slurm-cluster.sh with
