@@ -255,6 +255,7 @@ TEST(Allreduce, HierarchicalAcrossHosts) {
     SCOPED_TRACE("world " + std::to_string(l.world));
     CommOptions o;
     o.allreduce = Algorithm::kHierarchical;
+    o.hier_piece_bytes = 1000;  // many pieces, the last one short: the pipeline
     std::vector<std::string> algos(static_cast<std::size_t>(l.world));
     auto st = run_world(
         l.world,

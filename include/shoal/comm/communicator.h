@@ -67,6 +67,8 @@ struct CommOptions {
   double connect_seconds = 0;
   Algorithm allreduce = Algorithm::kAuto;  // SHOAL_ALLREDUCE_ALGO
   std::size_t small_bytes = 64 << 10;  // deterministic auto: recursive doubling below, ring above
+  // The two-level all-reduce pipelines its phases in pieces of this size.
+  std::size_t hier_piece_bytes = 4 << 20;
   // SHOAL_DETERMINISTIC=1: no timing-based choices (the α-β tuner is off and
   // the fixed threshold above decides), so reduction order never varies.
   bool deterministic = false;
