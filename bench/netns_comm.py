@@ -6,7 +6,7 @@ iperf3, then times Shoal's all-reduce, OpenMPI's MPI_Allreduce and Gloo's
 timing rule as bench/comm.py (warm-up, ~0.3 s per size, max over ranks).
 
 usage: bench/netns_comm.py [--hosts 2] [--per-host 1] [--link 1gbit]
-                           [--max-bytes 16777216] [--shoal build/shoal]
+                           [--max-bytes 16777216] [--shoal build/shoal] [--png FILE]
 Needs mpicc/mpirun (libopenmpi-dev, openmpi-bin), python3-torch, iperf3.
 """
 import argparse
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 
+import gnuplot_chart
 from comm import print_table  # bench/comm.py: the same table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,6 +99,35 @@ def gloo_times(c, a):
     return table_rows(c.run_each(1, argv))
 
 
+def chart(png, title, n, bound, shoal, mpi, gloo):
+    """busbw against message size for the three, with the link's bound."""
+    bus = lambda b, us: b / (us * 1e3) * 2 * (n - 1) / n
+
+    def script(d, out):
+        for name, rows in (("shoal", {b: t for b, (t, _) in shoal.items()}), ("mpi", mpi),
+                           ("gloo", gloo)):
+            with open(os.path.join(d, name + ".tsv"), "w") as f:
+                for b in sorted(rows):
+                    f.write(f"{b}\t{bus(b, rows[b])}\n")
+        return f"""
+set terminal pngcairo size 900,520 noenhanced
+set output '{out}'
+set title '{title}'
+set logscale x 2
+set format x '%.0b%B'
+set xlabel 'message bytes'
+set ylabel 'all-reduce bus bandwidth (GB/s)'
+set yrange [0:{bound * 1.25}]
+set key top left box opaque
+set grid
+plot '{d}/shoal.tsv' using 1:2 with linespoints lw 2 title 'Shoal', \
+     '{d}/mpi.tsv' using 1:2 with linespoints title 'OpenMPI 4.1 (MPI_Allreduce)', \
+     '{d}/gloo.tsv' using 1:2 with linespoints title 'Gloo (PyTorch 1.13)', \
+     {bound} with lines dt 2 lc rgb 'black' title 'bound of the link (iperf3 rate)'
+"""
+    gnuplot_chart.render(png, script)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=2)
@@ -105,6 +135,7 @@ def main():
     ap.add_argument("--link", default="1gbit")
     ap.add_argument("--max-bytes", type=int, default=16 << 20)
     ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
+    ap.add_argument("--png", default="", help="also chart busbw against size here")
     a = ap.parse_args()
     n = a.hosts * a.per_host
     share = tempfile.mkdtemp(prefix="shoal-netns-bench.", dir="/tmp")
@@ -122,6 +153,13 @@ def main():
     print(f"allreduce f32 sum, {a.hosts} hosts x {a.per_host} ranks (network namespaces, "
           f"--link {a.link}; {link}); peers: {ompi.strip()}, Gloo via PyTorch")
     print_table(n, shoal, mpi, gloo)
+    if a.png:
+        # Each host's link must carry 2(H-1)/H of the buffer each way, so
+        # algbw <= rate * H / (2(H-1)); busbw = algbw * 2(n-1)/n.
+        rate = float(link.split(": ")[1].split(" Mbit/s")[0]) / 8e3  # GB/s
+        bound = rate * a.hosts / (2 * (a.hosts - 1)) * 2 * (n - 1) / n
+        chart(a.png, f"all-reduce across {a.hosts} netns hosts x {a.per_host} rank(s), "
+              f"--link {a.link}", n, bound, shoal, mpi, gloo)
 
 
 if __name__ == "__main__":
