@@ -318,13 +318,7 @@ Status Communicator::reduce(const void* send, void* recv, std::size_t count, DTy
   return run_blocking([=, this] {
     ++mesh_->seq;
     auto fp = fingerprint(kReduce, dt, static_cast<std::uint8_t>(op), root, count);
-    if (dt == DType::kF16 || dt == DType::kBF16) {
-      // f32 accumulation: widen, reduce, narrow.
-      std::vector<float> a = widen_half(send, count, dt), b(count);
-      SHOAL_RETURN_IF_ERROR(do_reduce(a.data(), b.data(), count, DType::kF32, op, root, fp));
-      if (rank_ == root) narrow_half(b, recv, dt);
-      return ok_status();
-    }
+    // f16/bf16 travel as themselves, each hop reducing in f32 (allreduce's rule).
     return do_reduce(send, recv, count, dt, op, root, fp);
   });
 }
@@ -366,13 +360,6 @@ Status Communicator::reduce_scatter(const void* send, void* recv,
     ++mesh_->seq;
     std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
     auto fp = fingerprint(kReduceScatter, dt, static_cast<std::uint8_t>(op), -1, total);
-    if (dt == DType::kF16 || dt == DType::kBF16) {
-      std::vector<float> a = widen_half(send, total, dt),
-                         b(counts[static_cast<std::size_t>(rank_)]);
-      SHOAL_RETURN_IF_ERROR(do_reduce_scatter(a.data(), b.data(), counts, DType::kF32, op, fp));
-      narrow_half(b, recv, dt);
-      return ok_status();
-    }
     return do_reduce_scatter(send, recv, counts, dt, op, fp);
   });
 }

@@ -232,6 +232,24 @@ TEST(Allreduce, HalfTypesTravelAsHalfTheBytes) {
           if (sent[0] == 0 || 2 * sent[1] > sent[0] + 64 || 2 * sent[2] > sent[0] + 64)
             return internal_error("{}: bytes sent f32 {}, bf16 {}, f16 {}", c.last_algorithm(),
                                   sent[0], sent[1], sent[2]);
+          // Reduce-scatter and reduce (ring, binomial) likewise.
+          const std::vector<std::size_t> counts = {10000, 10001, 10000};
+          std::vector<std::uint64_t> rs, red;
+          for (DType dt : {DType::kF32, DType::kBF16}) {
+            Tensor in = make_input(c.rank(), n, dt, ReduceOp::kSum);
+            Tensor out = Tensor::empty(
+                {static_cast<std::int64_t>(counts[static_cast<std::size_t>(c.rank())])}, dt);
+            std::uint64_t before = c.bytes_sent();
+            SHOAL_RETURN_IF_ERROR(
+                c.reduce_scatter(in.raw_data(), out.raw_data(), counts, dt, ReduceOp::kSum));
+            rs.push_back(c.bytes_sent() - before);
+            before = c.bytes_sent();
+            SHOAL_RETURN_IF_ERROR(c.reduce(in.raw_data(), in.raw_data(), n, dt, ReduceOp::kSum, 0));
+            red.push_back(c.bytes_sent() - before);
+          }
+          if (2 * rs[1] > rs[0] + 64 || 2 * red[1] > red[0] + 64)
+            return internal_error("bytes sent f32/bf16: reduce-scatter {}/{}, reduce {}/{}", rs[0],
+                                  rs[1], red[0], red[1]);
           return ok_status();
         },
         o);
