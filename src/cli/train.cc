@@ -254,8 +254,8 @@ TrainCommand add_train_command(CLI::App& app) {
                 "each writes FILE.rank<r>.json");
   auto& d = *c.dist;
   t->add_option("--wire", d.wire,
-                "Data parallel: gradient dtype on the wire (f32, f16, bf16; default f32, bf16 "
-                "under --precision bf16)")
+                "Data parallel: gradient dtype on the wire, for the all-reduce and ZeRO-1/2's "
+                "reduce-scatter (f32, f16, bf16; default f32, bf16 under --precision bf16)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   t->add_option("--bucket-mb", d.bucket_mb, "Data parallel: gradient bucket cap (MiB)")
       ->check(kPositive)

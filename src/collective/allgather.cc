@@ -28,7 +28,7 @@ Result<std::vector<graph::TensorType>> infer(const graph::Node& n,
                                              bool gather) {
   SHOAL_ASSIGN_OR_RETURN(comm::Communicator * c, detail::communicator_of(n));
   SHOAL_ASSIGN_OR_RETURN(detail::Rows r, detail::rows_of(n, *c));
-  return detail::infer_rows(n, in[0], *c, r, gather);
+  return detail::infer_rows(n, in[0], *c, r, gather, /*halves=*/true);
 }
 
 class CollectiveKernel final : public runtime::Kernel {
@@ -39,8 +39,8 @@ class CollectiveKernel final : public runtime::Kernel {
   Status run(const runtime::KernelContext&, std::span<const Tensor> in,
              std::span<Tensor> out) override {
     const Tensor x = in[0].contiguous();
-    if (gather_) return g_.c->allgatherv(x.raw_data(), out[0].raw_data(), counts_, DType::kF32);
-    return g_.c->reduce_scatter(x.raw_data(), out[0].raw_data(), counts_, DType::kF32,
+    if (gather_) return g_.c->allgatherv(x.raw_data(), out[0].raw_data(), counts_, x.dtype());
+    return g_.c->reduce_scatter(x.raw_data(), out[0].raw_data(), counts_, x.dtype(),
                                 comm::ReduceOp::kSum);
   }
   const char* impl() const override { return "comm"; }

@@ -62,12 +62,15 @@ inline Result<Rows> rows_of(const graph::Node& n, const comm::Communicator& c) {
 
 // The output of an op that takes this rank's rows to every rank's
 // (`to_all`: gathers) or every rank's rows to this rank's (scatters).
+// `halves`: f16 and bf16 tensors too (they travel as themselves).
 inline Result<std::vector<graph::TensorType>> infer_rows(const graph::Node& n,
                                                          const graph::TensorType& x,
                                                          const comm::Communicator& c, const Rows& r,
-                                                         bool to_all) {
-  if (x.dtype != DType::kF32 || x.shape.empty())
-    return invalid_argument("{}: needs an f32 tensor of rank >= 1, got {}", n.label(), x.str());
+                                                         bool to_all, bool halves = false) {
+  const bool half = x.dtype == DType::kF16 || x.dtype == DType::kBF16;
+  if ((x.dtype != DType::kF32 && !(halves && half)) || x.shape.empty())
+    return invalid_argument("{}: needs an {} tensor of rank >= 1, got {}", n.label(),
+                            halves ? "f32, f16 or bf16" : "f32", x.str());
   const std::int64_t want = to_all ? r.mine(c) : r.total;
   if (x.shape[0] != want)
     return invalid_argument("{}: rank {} holds {} rows, the sizes say {}", n.label(), c.rank(),

@@ -18,7 +18,7 @@ Result<DpOptions::Overlap> parse_overlap(const std::string& s) {
 
 Result<DType> wire_for(const std::string& flag, const std::string& precision, int zero) {
   if (!flag.empty()) return parse_dtype(flag);
-  return precision == "bf16" && zero == 0 ? DType::kBF16 : DType::kF32;
+  return precision == "bf16" && zero < 3 ? DType::kBF16 : DType::kF32;
 }
 
 Status validate(const DpOptions& o) {
@@ -32,13 +32,14 @@ Status validate(const DpOptions& o) {
         "--zero {} is not a ZeRO stage: 1 shards the optimizer state, 2 the gradients too, 3 "
         "the parameters too",
         o.zero);
-  // ZeRO reduce-scatters and all-gathers f32 (dp/sharded.h): a narrower
-  // wire asked for would be ignored without a word.
-  if (o.zero > 0 && o.wire != DType::kF32)
+  // ZeRO-1/2 reduce-scatter the gradients in the wire type (dp/sharded.h);
+  // ZeRO-3's gathers and reduce-scatters carry f32: a narrower wire asked
+  // for would be ignored without a word.
+  if (o.zero == 3 && o.wire != DType::kF32)
     return invalid_argument(
-        "--wire {} with --zero {}: ZeRO's reduce-scatter and all-gather carry f32; --wire "
-        "narrows plain data parallelism's all-reduce only",
-        dtype_name(o.wire), o.zero);
+        "--wire {} with --zero 3: ZeRO-3's all-gathers and reduce-scatters carry f32; --wire "
+        "narrows the gradients of plain data parallelism and of ZeRO-1 and 2",
+        dtype_name(o.wire));
   if (!(o.zero_bucket_mb > 0))
     return invalid_argument("--zero-bucket-mb {} must be > 0", o.zero_bucket_mb);
   return ok_status();

@@ -92,20 +92,20 @@ Status attach_sharded_update(train::TrainOptions& o, std::int64_t id, const DpOp
                              bool lead) {
   const train::OptimizerOptions oo = train::optimizer_options(o);
   const std::int64_t bucket = d.zero == 2 ? f32_elements(d.zero_bucket_mb) : 0;
-  o.update_pass = [id, oo, lead, bucket, stage = d.zero](
+  o.update_pass = [id, oo, lead, bucket, stage = d.zero, wire = d.wire](
                       graph::Builder& b,
                       const std::vector<train::ParamRef>& params) -> Result<train::OptimizerGraph> {
     std::vector<std::int64_t> shards;
     SHOAL_ASSIGN_OR_RETURN(train::OptimizerGraph og,
-                           inject_sharded(b, params, oo, id, bucket, &shards));
+                           inject_sharded(b, params, oo, id, bucket, &shards, wire));
     if (lead) {
       std::int64_t total = 0, mine = 0;
       for (const auto& p : params) total += num_elements(b.shape(p.param));
       for (std::int64_t n : shards) mine += n;
       SHOAL_LOG_INFO(
-          "data parallel, ZeRO-{}: gradients reduce-scattered in {} part(s); rank 0 holds {} "
-          "of the {} elements of each optimizer slot",
-          stage, shards.size(), mine, total);
+          "data parallel, ZeRO-{}: gradients reduce-scattered in {} part(s), wire {}; rank 0 "
+          "holds {} of the {} elements of each optimizer slot",
+          stage, shards.size(), dtype_name(wire), mine, total);
     }
     return og;
   };

@@ -139,7 +139,8 @@ std::vector<std::int64_t> shard_sizes(std::int64_t total, int world) {
 Result<train::OptimizerGraph> inject_sharded(Builder& b, const std::vector<train::ParamRef>& params,
                                              const train::OptimizerOptions& o, std::int64_t comm_id,
                                              std::int64_t bucket_elements,
-                                             std::vector<std::int64_t>* shard_elements) {
+                                             std::vector<std::int64_t>* shard_elements,
+                                             DType wire) {
   if (train::is_layerwise(o.name))
     return invalid_argument(
         "--zero needs an element-wise optimizer (sgd, momentum, nesterov, adam, adamw): {} "
@@ -165,8 +166,10 @@ Result<train::OptimizerGraph> inject_sharded(Builder& b, const std::vector<train
     f.sizes = shard_sizes(f.total, c->size());
     for (int r = 0; r < rank; ++r) f.begin += f.sizes[static_cast<std::size_t>(r)];
     // The gradient of the global batch's mean loss: the ranks' sum / N.
-    Value gr = collective::reduce_scatter(b, grads.size() == 1 ? grads[0] : b.concat(grads, 0),
-                                          comm_id, f.sizes);
+    Value flat = grads.size() == 1 ? grads[0] : b.concat(grads, 0);
+    if (wire != DType::kF32) flat = b.cast(flat, wire);
+    Value gr = collective::reduce_scatter(b, flat, comm_id, f.sizes);
+    if (wire != DType::kF32) gr = b.cast(gr, DType::kF32);
     gr = b.mul(gr, b.scalar(1.0 / c->size()));
     shards.push_back(train::ParamRef{f.ref, shard_of_weights(b, params, members, f, rank), gr});
   }

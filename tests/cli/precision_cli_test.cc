@@ -218,11 +218,11 @@ TEST(Precision, RecomputeKeepsTheMathAndShrinksTheArena) {
 TEST(Precision, AWireZeroCannotCarryIsRefused) {
   TempDir dir("precision");
   Result r = shoal(dir, fmt::format("run -n 2 --timeout 60 -- {} train --model mlp --limit-train "
-                                    "256 --limit-test 64 --max-steps 2 --zero 1 --wire bf16 "
+                                    "256 --limit-test 64 --max-steps 2 --zero 3 --wire bf16 "
                                     "--no-plot --out {}/z",
                                     SHOAL_BINARY, dir.path()));
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_TRUE(has(r, "--wire bf16 with --zero 1")) << r.out;
+  EXPECT_TRUE(has(r, "--wire bf16 with --zero 3")) << r.out;
 }
 
 TEST(Precision, BenchPeakMeasuresAndKeepsThePeak) {

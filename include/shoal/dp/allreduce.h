@@ -52,7 +52,7 @@ struct DpOptions {
 };
 Result<DpOptions::Overlap> parse_overlap(const std::string& s);  // auto, on, off
 // The wire a --wire flag asks for: as given, or when empty bf16 if the step
-// computes in bf16 (--precision bf16) and ZeRO, whose collectives carry
+// computes in bf16 (--precision bf16) and ZeRO-3, whose collectives carry
 // f32, is off, else f32. The CLI and the Python bindings both read it here.
 Result<DType> wire_for(const std::string& flag, const std::string& precision, int zero);
 Status validate(const DpOptions& o);

@@ -35,12 +35,16 @@ std::vector<std::int64_t> shard_sizes(std::int64_t total, int world);
 // its own, so no buffer of every parameter exists (ZeRO-1's flat gradient
 // and flat gathered weights): the gradients a rank keeps are its shards.
 // Each rank's optimizer state is its shard of every bucket (still 1/N, and
-// the same logical tensors in checkpoints).
+// the same logical tensors in checkpoints). `wire` f16/bf16: the gradients
+// are cast to it before the reduce-scatter (half the bytes; each hop sums in
+// f32 and rounds) and widened after; the parameters are gathered in f32, so
+// every rank keeps the same f32 weights.
 Result<train::OptimizerGraph> inject_sharded(graph::Builder& b,
                                              const std::vector<train::ParamRef>& params,
                                              const train::OptimizerOptions& o, std::int64_t comm_id,
                                              std::int64_t bucket_elements = 0,
-                                             std::vector<std::int64_t>* shard_elements = nullptr);
+                                             std::vector<std::int64_t>* shard_elements = nullptr,
+                                             DType wire = DType::kF32);
 
 // ZeRO-3 (FSDP's full sharding) as a rewrite of the forward graph: every
 // parameter input becomes this rank's block of its rows (as even as N
