@@ -18,7 +18,8 @@ printing rank 0's communication and exposed communication per step.
 
 usage: bench/netns_train.py [--hosts 4] [--links 1gbit,100mbit]
                             [--models mlp,cnn] [--wire f32,bf16]
-                            [--ps none,bf16,2bit:0.01] [--ps-bound N] [--trace]
+                            [--zero 1,2] [--ps none,bf16,2bit:0.01] [--ps-bound N]
+                            [--trace]
 """
 import argparse
 import json
@@ -35,7 +36,7 @@ DATA = "/usr/share/datasets/fashion-mnist"
 STEPS = {"mlp": 300, "cnn": 120, "resnet": 30}
 
 
-def shoal_ips(c, a, model, hosts, wire, share):
+def shoal_ips(c, a, model, hosts, wire, share, zero=0):
     out = tempfile.mkdtemp(prefix="train.", dir=share)
     env = ["env", f"SHOAL_WORLD_SIZE={hosts}", "SHOAL_LOCAL_RANK=0",
            "SHOAL_STORE=198.18.1.1:29400", "SHOAL_STORE_SERVE=1", "SHOAL_JOB_TOKEN=bench"]
@@ -45,7 +46,7 @@ def shoal_ips(c, a, model, hosts, wire, share):
                       "--epochs", "1", "--batch", "64", "--threads", "1", "--optimizer",
                       "momentum", "--lr", "0.02", "--limit-train", str(STEPS[model] * 64 * hosts),
                       "--limit-test", "500", "--out", out, "--quiet", "--no-plot",
-                      "--no-checkpoints", "--wire", wire]
+                      "--no-checkpoints", "--wire", wire, "--zero", str(zero)]
     c.run_each(1, argv, hosts=hosts)
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(l) for l in f if '"kind":"epoch"' in l]
@@ -125,6 +126,8 @@ def main():
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--wire", default="f32", help="Shoal's --wire values to time (f32,bf16)")
     ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
+    ap.add_argument("--zero", default="", help="also time Shoal under these ZeRO stages (1,2), "
+                    "each at every --wire")
     ap.add_argument("--ps", default="", help="also time a sync parameter server, a server "
                     "and a worker per host, with these --ps-compress values (none,2bit:0.01)")
     ap.add_argument("--ps-bound", type=int, default=1000000,
@@ -147,6 +150,9 @@ def main():
                 for wire in [w for w in a.wire.split(",") if w]:
                     rows.append((f"Shoal {wire}", shoal_ips(c, a, model, 1, wire, share),
                                  shoal_ips(c, a, model, a.hosts, wire, share)))
+                    for z in [int(x) for x in a.zero.split(",") if x]:
+                        rows.append((f"ZeRO-{z} {wire}", shoal_ips(c, a, model, 1, wire, share, z),
+                                     shoal_ips(c, a, model, a.hosts, wire, share, z)))
                 for comp in [x for x in a.ps.split(",") if x]:
                     rows.append((f"PS {comp}", ps_ips(c, a, model, 1, comp, share),
                                  ps_ips(c, a, model, a.hosts, comp, share)))
