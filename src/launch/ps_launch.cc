@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -47,6 +48,10 @@ class PsJob {
  public:
   PsJob(const LaunchOptions& o, std::string job_id)
       : o_(o), job_id_(std::move(job_id)), output_(labels(o)) {}
+  ~PsJob() {
+    std::error_code ec;
+    if (!ompi_tmp_.empty()) std::filesystem::remove_all(ompi_tmp_, ec);
+  }
 
   // Starts the store and every process; false (with the code set) on failure.
   bool start() {
@@ -187,6 +192,17 @@ class PsJob {
                          {"OMPI_MCA_hwloc_base_binding_policy", "none"},
                          {"OMPI_ALLOW_RUN_AS_ROOT", "1"},
                          {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}});
+      // Each mpirun its own session directory: OpenMPI 4.1's mpiruns
+      // started at once race to create the shared one ("mkdir
+      // .../ompi.<host>.0: File exists", orte_init failed).
+      if (std::getenv("OMPI_MCA_orte_tmpdir_base") == nullptr) {
+        if (ompi_tmp_.empty())
+          ompi_tmp_ = (std::filesystem::temp_directory_path() / ("shoal-ompi-" + job_id_)).string();
+        const std::string dir = fmt::format("{}/{}", ompi_tmp_, specs_.size());
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        e.push_back({"OMPI_MCA_orte_tmpdir_base", dir});
+      }
     } else if (o_.engine == "srun") {
       argv = {"srun",
               "-N",
@@ -520,6 +536,7 @@ class PsJob {
   std::map<std::size_t, Clock::time_point> stopped_since_;  // processes in state 'T'
   std::string snapshots_;
   std::vector<std::pair<std::vector<std::string>, Env>> specs_;  // per process, to restart
+  std::string ompi_tmp_;  // the mpiruns' session directories (removed at the end)
   std::string last_drop_;
   Env worker_env_;         // a worker's, but for its id
   std::string trace_dir_;  // --trace: the workers' traces until merged
