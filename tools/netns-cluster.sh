@@ -12,15 +12,17 @@
 #   tools/netns-cluster.sh exec HOST CMD...   # HOST: h1..hN (or 1..N)
 #   tools/netns-cluster.sh rsh HOST WORDS...  # as ssh does: one shell line
 #   tools/netns-cluster.sh addr HOST          # the host's address
-#   tools/netns-cluster.sh fault HOST down|up|loss PCT|delay MS
+#   tools/netns-cluster.sh fault HOST down|up|loss PCT|delay MS [JITTER]
 #   tools/netns-cluster.sh measure HOST HOST  # iperf3: rate and mean RTT
 #   tools/netns-cluster.sh status
 #   tools/netns-cluster.sh stop
 #
 # --name NAME before the command (or SHOAL_NETNS_NAME; default "shoal"):
 # clusters of different names coexist. State lives in /run/shoal-netns/NAME.
-# RATE as tc writes it (100mbit, 1gbit); DELAY in ms needs the kernel's
-# netem qdisc, and the tool says so where the kernel lacks it. --share DIR
+# RATE as tc writes it (100mbit, 1gbit); a DELAY in ms at start needs the
+# kernel's netem qdisc, and the tool says so where the kernel lacks it;
+# `fault HOST delay MS [JITTER]` uses netem where there is one and else a
+# relay of the host's frames in user space (tools/netns_delay.py). --share DIR
 # (default $TMPDIR when it is under /tmp) stays visible at the same path on
 # every host, the way a shared file system is; the rest of /tmp is private.
 # Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN), iproute2, util-linux; loss
@@ -224,10 +226,40 @@ cmd_stop() {
       ip netns del "$h" 2>/dev/null || true
     fi
   done
+  for f in "$DIR"/delay.*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
   ip netns del "$FAB" 2>/dev/null || true
   [ -f "$DIR/broker.pid" ] && kill "$(cat "$DIR/broker.pid")" 2>/dev/null || true
   rm -rf "$DIR"
   echo "netns-cluster $NAME: stopped"
+}
+
+# Without netem: frames host i sends wait in a relay in the fabric
+# namespace (tools/netns_delay.py) between the host's link, taken off its
+# rack's bridge, and a veth pair that joins the bridge in its place.
+# Delay 0 (and jitter 0) puts the link back on the bridge.
+delay_relay() {  # index ms jitter
+  local i=$1 ms=$2 jit=$3 r pidf=$DIR/delay.h$1.pid
+  r=$(sed -n 's/.*racks=\([0-9]*\).*/\1/p' "$DIR/config")
+  r=$(( (i - 1) % r + 1 ))
+  if [ -f "$pidf" ]; then
+    kill "$(cat "$pidf")" 2>/dev/null || true
+    rm -f "$pidf"
+    ip -n "$FAB" link del "d$i" 2>/dev/null || true
+    ip -n "$FAB" link set "h$i" master "r$r"
+  fi
+  python3 -c "import sys; sys.exit(float(sys.argv[1]) == 0)" "$ms" || return 0
+  ip -n "$FAB" link set "h$i" nomaster
+  ip -n "$FAB" link add "d$i" type veth peer name "b$i"
+  ip -n "$FAB" link set "b$i" master "r$r" up
+  ip -n "$FAB" link set "d$i" up
+  ip netns exec "$FAB" python3 "$HERE/netns_delay.py" --host "h$i" --fabric "d$i" \
+    --delay "$ms" --jitter "$jit" </dev/null >/dev/null 2>"$DIR/delay.h$i.err" &
+  echo $! > "$pidf"
+  for _ in $(seq 1 50); do  # its sockets bound: it holds two packet sockets
+    [ "$(ls -l /proc/$!/fd 2>/dev/null | grep -c socket)" -ge 2 ] && return 0
+    kill -0 $! 2>/dev/null || die "fault delay: the relay failed: $(cat "$DIR/delay.h$i.err")"
+    sleep 0.05
+  done
 }
 
 cmd_fault() {
@@ -250,11 +282,17 @@ table inet shoalfault {
 EOF
       fi ;;
     delay)
-      local ms=${3:-}
-      [[ "$ms" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "fault delay MS: milliseconds"
-      has_netem || die "fault delay needs the kernel's netem qdisc (sch_netem), which this kernel ($(uname -r)) does not have"
-      ip netns exec "$h" tc qdisc replace dev eth0 root netem delay "${ms}ms" ;;
-    *) die "fault HOST down|up|loss PCT|delay MS" ;;
+      local ms=${3:-} jit=${4:-0}
+      [[ "$ms" =~ ^[0-9]+(\.[0-9]+)?$ ]] && [[ "$jit" =~ ^[0-9]+(\.[0-9]+)?$ ]] ||
+        die "fault delay MS [JITTER]: milliseconds"
+      python3 -c "import sys; sys.exit(float(sys.argv[2]) > float(sys.argv[1]))" "$ms" "$jit" ||
+        die "fault delay MS JITTER: the jitter ($jit ms) cannot exceed the delay ($ms ms)"
+      if has_netem; then
+        ip netns exec "$h" tc qdisc replace dev eth0 root netem delay "${ms}ms" "${jit}ms"
+      else
+        delay_relay "$i" "$ms" "$jit"
+      fi ;;
+    *) die "fault HOST down|up|loss PCT|delay MS [JITTER]" ;;
   esac
   echo "netns-cluster $NAME: h$i ${*:2}"
 }
