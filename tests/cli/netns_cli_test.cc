@@ -183,13 +183,26 @@ TEST_F(NetnsCluster, AParameterServerJobStartedByHandSpansTheHosts) {
     return fmt::format(fmt::runtime(env), host, r) + " " + args + " > " + dir + "/" + log +
            ".log 2>&1 & pids=\"$pids $!\"\n";
   };
-  std::string line = role(1, "scheduler", "ps scheduler", "sched");
-  for (int h : {1, 2}) line += role(h, "server", "ps server", fmt::format("server{}", h));
-  for (int h : {1, 2})
-    line +=
-        role(h, "worker", fmt::format("{} --out {}/two", train, dir), fmt::format("worker{}", h));
-  line += "rc=0; for p in $pids; do wait $p || rc=1; done; cat " + dir + "/*.log; exit $rc";
-  auto r = run_sh(line);
+  // Scheduler on h1, a server and a worker on each host.
+  auto job = [&](const std::string& worker_args) {
+    std::string line = role(1, "scheduler", "ps scheduler", "sched");
+    for (int h : {1, 2}) line += role(h, "server", "ps server", fmt::format("server{}", h));
+    for (int h : {1, 2})
+      line +=
+          role(h, "worker", fmt::format("{} {}", train, worker_args), fmt::format("worker{}", h));
+    line += "rc=0; for p in $pids; do wait $p || rc=1; done; cat " + dir + "/*.log; exit $rc";
+    return run_sh(line);
+  };
+  // Asynchronous: no two runs give the same weights; both workers train to
+  // the end across the hosts.
+  auto async = job(fmt::format("--ps-mode async --out {}/async", dir));
+  ASSERT_EQ(async.code, 0) << async.out;
+  int finals = 0;
+  for (std::size_t at = 0; (at = async.out.find("final: test accuracy", at)) != std::string::npos;
+       ++at)
+    ++finals;
+  EXPECT_EQ(finals, 2) << async.out;
+  auto r = job(fmt::format("--out {}/two", dir));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("ps server: publishing 198.18.1.2 (interface eth0"), std::string::npos)
       << r.out;
@@ -406,8 +419,7 @@ TEST_F(NetnsCluster, OnePercentLossChangesOnlyTheTime) {
 // The mean RTT `measure` reports from h2 to h1 (iperf3), in ms.
 double measured_rtt_ms(const testing::ShoalRun& m) {
   std::smatch x;
-  return std::regex_search(m.out, x, std::regex(R"(mean RTT ([0-9.]+) ms)")) ? std::stod(x[1])
-                                                                             : -1;
+  return std::regex_search(m.out, x, std::regex(R"(mean RTT ([0-9.]+) ms)")) ? std::stod(x[1]) : -1;
 }
 
 // 10 +- 10 ms on every frame h2 sends (netem where the kernel has it, else
@@ -427,8 +439,8 @@ TEST_F(NetnsCluster, DelayAndJitterChangeOnlyTheTime) {
                               fmt::format("{} --out {}/delayed", kTrain, dir), dir);
   ASSERT_EQ(delayed.code, 0) << delayed.out;
   expect_one_host_weights(dir, "delayed");
-  auto back = run_sh(fmt::format("{0} --name {1} fault h2 delay 0 && {0} --name {1} measure h2 h1",
-                                 kTool, name_));
+  auto back = run_sh(
+      fmt::format("{0} --name {1} fault h2 delay 0 && {0} --name {1} measure h2 h1", kTool, name_));
   ASSERT_EQ(back.code, 0) << back.out;
   const double rtt = measured_rtt_ms(back);
   EXPECT_GE(rtt, 0) << back.out;
