@@ -12,9 +12,10 @@ namespace shoal::comm {
 // of p - 1 latencies. Near partners first: launchers number a host's ranks
 // together, so the big first halves stay inside the host and only the
 // small late pieces cross its link (2 hosts x 2 ranks, 1 Gbit/s: far
-// partners first took 17.6 ms for 1 MiB, twice the ring's 13.2). Non-powers of two fold the extra
-// ranks in first, as rd_allreduce does. Each element is reduced once (in the middle phase, lower
-// rank's value first), so every rank gets the same bits.
+// partners first took 17.6 ms for 1 MiB, twice the ring's 13.2). Non-powers
+// of two fold the extra ranks in first, as rd_allreduce does. Each element
+// is reduced once (in the middle phase, lower rank's value first), so every
+// rank gets the same bits.
 Status hd_allreduce(Mesh& m, void* buf, std::size_t count, DType dt, ReduceOp op,
                     std::uint64_t fp) {
   const char* what = "allreduce (halving-doubling)";

@@ -68,28 +68,26 @@ Result<std::shared_ptr<Storage>> Communicator::shared_arena(std::size_t bytes) {
 // The two-level layout, made once at start-up (split is collective): used
 // when the job spans several hosts and some host runs several ranks.
 Status Communicator::setup_hierarchy() {
+  const auto& host_of = mesh_->host_of();
   std::vector<std::string> hosts;  // in order of first rank
-  for (const auto& h : mesh_->host_of())
+  for (const auto& h : host_of)
     if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
   if (hosts.size() < 2 || hosts.size() == static_cast<std::size_t>(world_)) return ok_status();
-  const int host = static_cast<int>(
-      std::find(hosts.begin(), hosts.end(), mesh_->host_of()[static_cast<std::size_t>(rank_)]) -
-      hosts.begin());
-  // This rank's place among its host's ranks, and whether every host runs
-  // as many ranks (every rank computes the same answer from host_of).
-  const auto& host_of = mesh_->host_of();
+  // This rank's host, its place among that host's ranks, and whether every
+  // host runs as many ranks (every rank computes the same answer from host_of).
   const std::string& me = host_of[static_cast<std::size_t>(rank_)];
+  const int host = static_cast<int>(std::find(hosts.begin(), hosts.end(), me) - hosts.begin());
   const int index = static_cast<int>(std::count(host_of.begin(), host_of.begin() + rank_, me));
-  bool uniform = true;
-  for (const auto& h : hosts)
-    uniform = uniform && std::count(host_of.begin(), host_of.end(), h) ==
-                             std::count(host_of.begin(), host_of.end(), hosts[0]);
+  const auto ranks_on = [&](const std::string& h) {
+    return std::count(host_of.begin(), host_of.end(), h);
+  };
+  uniform_ = std::all_of(hosts.begin(), hosts.end(),
+                         [&](const std::string& h) { return ranks_on(h) == ranks_on(hosts[0]); });
   SHOAL_ASSIGN_OR_RETURN(local_, split(host, rank_));
   // Column i: the i-th rank of every host, in host order; otherwise only
   // the leaders (index 0) form one.
-  const int column = uniform ? index : index == 0 ? 0 : -1;
-  SHOAL_ASSIGN_OR_RETURN(columns_, split(column, uniform ? host : rank_));
-  uniform_ = uniform;
+  const int column = uniform_ ? index : index == 0 ? 0 : -1;
+  SHOAL_ASSIGN_OR_RETURN(columns_, split(column, uniform_ ? host : rank_));
   return ok_status();
 }
 
@@ -102,79 +100,79 @@ Status Communicator::setup_hierarchy() {
 // leader form took 203 ms, the sliced form 174, halving-doubling 149.
 Status Communicator::hier_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op) {
   const ReduceOp inner = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  auto where = [&](const char* part) {
-    return fmt::format("allreduce (hierarchical) #{}, {}", mesh_->seq, part);
-  };
-  const int L = local_->size();
-  if (!uniform_ || count < static_cast<std::size_t>(L)) {  // the leader form
+  if (uniform_ && count >= static_cast<std::size_t>(local_->size()))
+    return hier_sliced(buf, count, dt, inner);
+  // The leader form.
+  SHOAL_RETURN_IF_ERROR(
+      local_->reduce(buf, buf, count, dt, inner, 0).with_context(hier_where("within the host")));
+  if (local_->rank() == 0)  // the leaders: column 0
     SHOAL_RETURN_IF_ERROR(
-        local_->reduce(buf, buf, count, dt, inner, 0).with_context(where("within the host")));
-    if (local_->rank() == 0)  // the leaders: column 0
-      SHOAL_RETURN_IF_ERROR(
-          columns_->allreduce(buf, buf, count, dt, inner).with_context(where("across hosts")));
-    return local_->broadcast(buf, count, dt, 0).with_context(where("within the host"));
-  }
-  // Pipelined in pieces of ~4 MiB: piece k+1's reduce-scatter and piece
-  // k-1's all-gather run within the host while piece k crosses the hosts.
-  // Every rank queues the same calls in the same order on each communicator.
-  const std::size_t es = dtype_size(dt), L_ = static_cast<std::size_t>(L);
-  const std::size_t piece = std::max<std::size_t>(L_, (o_.hier_piece_bytes / es) / L_ * L_);
-  const std::size_t pieces = (count + piece - 1) / piece;
+        columns_->allreduce(buf, buf, count, dt, inner).with_context(hier_where("across hosts")));
+  return local_->broadcast(buf, count, dt, 0).with_context(hier_where("within the host"));
+}
+
+std::string Communicator::hier_where(const char* part) const {
+  return fmt::format("allreduce (hierarchical) #{}, {}", mesh_->seq, part);
+}
+
+// The sliced form, pipelined in pieces of ~4 MiB: piece k+1's
+// reduce-scatter and piece k-1's all-gather run within the host while piece
+// k crosses the hosts. Every rank queues the same calls in the same order
+// on each communicator.
+Status Communicator::hier_sliced(void* buf, std::size_t count, DType dt, ReduceOp op) {
+  const std::size_t es = dtype_size(dt), L = static_cast<std::size_t>(local_->size());
+  const std::size_t me = static_cast<std::size_t>(local_->rank());
+  const std::size_t piece = std::max<std::size_t>(L, (o_.hier_piece_bytes / es) / L * L);
   struct Piece {
-    std::size_t off = 0;
+    std::size_t off = 0, at = 0;  // first element in buf; this rank's slice in hier_slice_
     std::vector<std::size_t> counts;
     std::uint8_t* slice = nullptr;
     WorkPtr work;
   };
-  std::vector<Piece> ps(pieces);
+  std::vector<Piece> ps((count + piece - 1) / piece);
   std::size_t slice_bytes = 0;
-  for (std::size_t k = 0; k < pieces; ++k) {
+  for (std::size_t k = 0; k < ps.size(); ++k) {
     Piece& p = ps[k];
     p.off = k * piece;
     const std::size_t n = std::min(piece, count - p.off);
-    p.counts.assign(L_, n / L_);
-    for (std::size_t i = 0; i < n % L_; ++i) ++p.counts[i];
-    slice_bytes += p.counts[static_cast<std::size_t>(local_->rank())] * es;
+    p.counts.assign(L, n / L);
+    for (std::size_t i = 0; i < n % L; ++i) ++p.counts[i];
+    p.at = slice_bytes;
+    slice_bytes += p.counts[me] * es;
   }
   hier_slice_.resize(slice_bytes);
-  if (pieces == 1) {  // inline: a call through a progress thread costs ~50 us more
-    std::uint8_t* slice = hier_slice_.data();
-    const auto& counts = ps[0].counts;
-    const std::size_t mine = counts[static_cast<std::size_t>(local_->rank())];
-    SHOAL_RETURN_IF_ERROR(local_->reduce_scatter(buf, slice, counts, dt, inner)
-                              .with_context(where("within the host")));
-    SHOAL_RETURN_IF_ERROR(
-        columns_->allreduce(slice, slice, mine, dt, inner).with_context(where("across hosts")));
-    return local_->allgatherv(slice, buf, counts, dt).with_context(where("within the host"));
-  }
-  for (std::size_t k = 0, at = 0; k < pieces; ++k) {
-    ps[k].slice = hier_slice_.data() + at;
-    at += ps[k].counts[static_cast<std::size_t>(local_->rank())] * es;
-  }
+  for (Piece& p : ps) p.slice = hier_slice_.data() + p.at;
   auto* base = static_cast<std::uint8_t*>(buf);
-  const std::size_t me = static_cast<std::size_t>(local_->rank());
+  if (ps.size() == 1) {  // inline: a call through a progress thread costs ~50 us more
+    const Piece& p = ps[0];
+    SHOAL_RETURN_IF_ERROR(local_->reduce_scatter(buf, p.slice, p.counts, dt, op)
+                              .with_context(hier_where("within the host")));
+    SHOAL_RETURN_IF_ERROR(columns_->allreduce(p.slice, p.slice, p.counts[me], dt, op)
+                              .with_context(hier_where("across hosts")));
+    return local_->allgatherv(p.slice, buf, p.counts, dt)
+        .with_context(hier_where("within the host"));
+  }
   auto scatter = [&](Piece& p) {
-    p.work = local_->reduce_scatter_async(base + p.off * es, p.slice, p.counts, dt, inner);
+    p.work = local_->reduce_scatter_async(base + p.off * es, p.slice, p.counts, dt, op);
   };
   std::vector<WorkPtr> gathers;
   Status st;
   scatter(ps[0]);
-  for (std::size_t k = 0; k < pieces; ++k) {
-    st = ps[k].work->wait(deadline()).with_context(where("within the host"));
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    Piece& p = ps[k];
+    st = p.work->wait(deadline()).with_context(hier_where("within the host"));
     if (!st.ok()) break;
-    WorkPtr cross =
-        columns_->allreduce_async(ps[k].slice, ps[k].slice, ps[k].counts[me], dt, inner);
-    if (k + 1 < pieces) scatter(ps[k + 1]);
-    st = cross->wait(deadline()).with_context(where("across hosts"));
+    WorkPtr cross = columns_->allreduce_async(p.slice, p.slice, p.counts[me], dt, op);
+    if (k + 1 < ps.size()) scatter(ps[k + 1]);
+    st = cross->wait(deadline()).with_context(hier_where("across hosts"));
     if (!st.ok()) break;
-    gathers.push_back(
-        local_->allgatherv_async(ps[k].slice, base + ps[k].off * es, ps[k].counts, dt));
+    gathers.push_back(local_->allgatherv_async(p.slice, base + p.off * es, p.counts, dt));
   }
   // Whatever failed, every queued call ends before the buffers it uses.
   for (auto& p : ps)
     if (p.work) (void)p.work->wait(deadline());
   for (auto& g : gathers) {
-    Status gs = g->wait(deadline()).with_context(where("within the host"));
+    Status gs = g->wait(deadline()).with_context(hier_where("within the host"));
     if (st.ok()) st = gs;
   }
   return st;

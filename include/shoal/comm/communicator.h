@@ -236,6 +236,8 @@ class Communicator {
   Algorithm choose_allreduce(std::size_t bytes) const;
   Status do_allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
   Status hier_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op);
+  Status hier_sliced(void* buf, std::size_t count, DType dt, ReduceOp op);  // op: not avg
+  std::string hier_where(const char* part) const;  // error context: which phase
   Status setup_hierarchy();
   Status do_reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op, int root,
                    std::uint64_t fp);
