@@ -73,6 +73,11 @@ class NetnsCluster : public ::testing::Test {
             "/r*.log; exit $rc";
     return run_sh(line);
   }
+  // `fault` (the tool's words after `fault h2`) on h2, then 4 ranks, 2 a
+  // host, train across with the ring all-reduce into dir/`out` and end with
+  // the weights `train_on_one_host` reaches, bit for bit.
+  void expect_one_host_weights_under(const std::string& dir, const std::string& fault,
+                                     const std::string& out);
   std::string name_, own_share_;
   bool started_ = false;
 };
@@ -390,20 +395,25 @@ TEST_F(NetnsCluster, AHostWhoseLinkGoesDownIsNamedWithinTheHeartbeatDeadline) {
       << run.out;
 }
 
+void NetnsCluster::expect_one_host_weights_under(const std::string& dir, const std::string& fault,
+                                                 const std::string& out) {
+  auto one = train_on_one_host(dir, kTrain);
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto f = run_sh(fmt::format("{} --name {} fault h2 {}", kTool, name_, fault));
+  ASSERT_EQ(f.code, 0) << f.out;
+  auto run = train_across(4, 2, "SHOAL_ALLREDUCE_ALGO=ring",
+                          fmt::format("{} --out {}/{}", kTrain, dir, out), dir);
+  ASSERT_EQ(run.code, 0) << run.out;
+  expect_one_host_weights(dir, out);
+}
+
 // 1% of h2's packets dropped at random, both ways, while 4 ranks train
 // across the hosts: TCP sends them again and the job ends with the weights
 // it has on one host, bit for bit with the ring all-reduce. The drops are
 // counted (nftables), so a fault that dropped nothing fails the test.
 TEST_F(NetnsCluster, OnePercentLossChangesOnlyTheTime) {
   const std::string dir = testing::scratch_dir("netns_loss");
-  auto one = train_on_one_host(dir, kTrain);
-  ASSERT_EQ(one.code, 0) << one.out;
-  auto f = run_sh(fmt::format("{} --name {} fault h2 loss 1", kTool, name_));
-  ASSERT_EQ(f.code, 0) << f.out;
-  auto lossy = train_across(4, 2, "SHOAL_ALLREDUCE_ALGO=ring",
-                            fmt::format("{} --out {}/lossy", kTrain, dir), dir);
-  ASSERT_EQ(lossy.code, 0) << lossy.out;
-  expect_one_host_weights(dir, "lossy");
+  ASSERT_NO_FATAL_FAILURE(expect_one_host_weights_under(dir, "loss 1", "lossy"));
   auto counted =
       run_sh(fmt::format("{} --name {} exec h2 nft list table inet shoalfault", kTool, name_));
   const std::regex counter(R"(counter packets (\d+))");
@@ -423,22 +433,15 @@ double measured_rtt_ms(const testing::ShoalRun& m) {
 }
 
 // 10 +- 10 ms on every frame h2 sends (netem where the kernel has it, else
-// the tool's user-space relay, tools/netns_delay.py): iperf3's RTT grows by
-// about that, 4 ranks train across the hosts to the one-host weights bit
-// for bit (ring all-reduce), and `delay 0` gives the link back.
+// the tool's user-space relay, tools/netns_delay.py): 4 ranks train across
+// the hosts to the one-host weights bit for bit (ring all-reduce), iperf3's
+// RTT is up by about the delay, and `delay 0` gives the link back.
 TEST_F(NetnsCluster, DelayAndJitterChangeOnlyTheTime) {
   const std::string dir = testing::scratch_dir("netns_delay");
-  auto one = train_on_one_host(dir, kTrain);
-  ASSERT_EQ(one.code, 0) << one.out;
-  auto f = run_sh(fmt::format("{} --name {} fault h2 delay 10 10", kTool, name_));
-  ASSERT_EQ(f.code, 0) << f.out;
+  ASSERT_NO_FATAL_FAILURE(expect_one_host_weights_under(dir, "delay 10 10", "delayed"));
   auto slow = run_sh(fmt::format("{} --name {} measure h2 h1", kTool, name_));
   ASSERT_EQ(slow.code, 0) << slow.out;
   EXPECT_GT(measured_rtt_ms(slow), 8) << slow.out;
-  auto delayed = train_across(4, 2, "SHOAL_ALLREDUCE_ALGO=ring",
-                              fmt::format("{} --out {}/delayed", kTrain, dir), dir);
-  ASSERT_EQ(delayed.code, 0) << delayed.out;
-  expect_one_host_weights(dir, "delayed");
   auto back = run_sh(
       fmt::format("{0} --name {1} fault h2 delay 0 && {0} --name {1} measure h2 h1", kTool, name_));
   ASSERT_EQ(back.code, 0) << back.out;
