@@ -36,21 +36,32 @@ DATA = "/usr/share/datasets/fashion-mnist"
 STEPS = {"mlp": 300, "cnn": 120, "resnet": 30}
 
 
+def train_args(model, hosts, out, optimizer="momentum", lr="0.02"):
+    """`shoal train`'s words for one epoch of STEPS[model] steps of batch 64
+    per rank on `hosts` ranks, into `out`."""
+    return ["train", "--model", model, "--data", DATA, "--epochs", "1", "--batch", "64",
+            "--threads", "1", "--optimizer", optimizer, "--lr", lr, "--limit-train",
+            str(STEPS[model] * 64 * hosts), "--limit-test", "500", "--out", out, "--quiet",
+            "--no-plot", "--no-checkpoints"]
+
+
+def epoch_ips(out):
+    """The last epoch's images/s in the run directory `out`."""
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        rows = [json.loads(l) for l in f if '"kind":"epoch"' in l]
+    return rows[-1]["images_per_s"]
+
+
 def shoal_ips(c, a, model, hosts, wire, share, zero=0):
     out = tempfile.mkdtemp(prefix="train.", dir=share)
     env = ["env", f"SHOAL_WORLD_SIZE={hosts}", "SHOAL_LOCAL_RANK=0",
            "SHOAL_STORE=198.18.1.1:29400", "SHOAL_STORE_SERVE=1", "SHOAL_JOB_TOKEN=bench"]
 
     def argv(h, l, r):
-        return env + [f"SHOAL_RANK={r}", a.shoal, "train", "--model", model, "--data", DATA,
-                      "--epochs", "1", "--batch", "64", "--threads", "1", "--optimizer",
-                      "momentum", "--lr", "0.02", "--limit-train", str(STEPS[model] * 64 * hosts),
-                      "--limit-test", "500", "--out", out, "--quiet", "--no-plot",
-                      "--no-checkpoints", "--wire", wire, "--zero", str(zero)]
+        return env + [f"SHOAL_RANK={r}", a.shoal, *train_args(model, hosts, out), "--wire", wire,
+                      "--zero", str(zero)]
     c.run_each(1, argv, hosts=hosts)
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        rows = [json.loads(l) for l in f if '"kind":"epoch"' in l]
-    return rows[-1]["images_per_s"]
+    return epoch_ips(out)
 
 
 def ps_ips(c, a, model, hosts, compress, share):
@@ -61,10 +72,8 @@ def ps_ips(c, a, model, hosts, compress, share):
     env = ["env", "SHOAL_JOB_TOKEN=bench", "DMLC_PS_ROOT_URI=198.18.1.1", "DMLC_PS_ROOT_PORT=9000",
            f"DMLC_NUM_SERVER={hosts}", f"DMLC_NUM_WORKER={hosts}",
            f"MXNET_KVSTORE_BIGARRAY_BOUND={a.ps_bound}"]
-    train = ["train", "--dist", "ps", "--ps-compress", compress, "--model", model, "--data", DATA,
-             "--epochs", "1", "--batch", "64", "--threads", "1", "--optimizer", "sgd", "--lr",
-             "0.05", "--limit-train", str(STEPS[model] * 64 * hosts), "--limit-test", "500",
-             "--out", out, "--quiet", "--no-plot", "--no-checkpoints"]
+    train = train_args(model, hosts, out, "sgd", "0.05") + ["--dist", "ps", "--ps-compress",
+                                                             compress]
     procs = [subprocess.Popen(c.cmd(1, *env, "DMLC_ROLE=scheduler", a.shoal, "ps", "scheduler"),
                               env=c.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
     for h in range(1, hosts + 1):
@@ -79,9 +88,7 @@ def ps_ips(c, a, model, hosts, compress, share):
         _, err = p.communicate(timeout=900)
         if p.returncode != 0:
             raise RuntimeError(f"{p.args}: exit {p.returncode}\n{err.decode()[-2000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        rows = [json.loads(l) for l in f if '"kind":"epoch"' in l]
-    return rows[-1]["images_per_s"]
+    return epoch_ips(out)
 
 
 def shoal_exposed(c, a, model, hosts, wire, share):
@@ -94,12 +101,8 @@ def shoal_exposed(c, a, model, hosts, wire, share):
     p = subprocess.run(c.cmd(1, "env", agent, a.shoal, "run", "--engine", "mpirun", "-n",
                              str(hosts), "--timeout", "600", "--store-host", "198.18.1.1",
                              "--engine-arg=--host", f"--engine-arg={hosts_arg}", "--trace",
-                             os.path.join(out, "trace.json"), "--", a.shoal, "train", "--model",
-                             model, "--data", DATA, "--epochs", "1", "--batch", "64", "--threads",
-                             "1", "--optimizer", "momentum", "--lr", "0.02", "--limit-train",
-                             str(STEPS[model] * 64 * hosts), "--limit-test", "500", "--out",
-                             os.path.join(out, "run"), "--quiet", "--no-plot", "--no-checkpoints",
-                             "--wire", wire),
+                             os.path.join(out, "trace.json"), "--", a.shoal,
+                             *train_args(model, hosts, os.path.join(out, "run")), "--wire", wire),
                        capture_output=True, text=True, env=c.env, timeout=900)
     lines = [l.strip() for l in p.stdout.splitlines() if "rank 0:" in l and "exposed" in l]
     if p.returncode != 0 or not lines:
