@@ -369,7 +369,7 @@ class PlainAdapter final : public Kernel {
   std::vector<Tensor> in_, out_;
 };
 
-class PoolKernel final : public DnnlKernel {
+class PoolKernel final : public SrcDstKernel {
  public:
   PoolKernel(const Node& n, const Shape& x, const Shape& y, bool is_max) {
     auto k = n.attrs.get_ints_or("kernel", {1, 1});
@@ -389,24 +389,9 @@ class PoolKernel final : public DnnlKernel {
     // reference loop; the blocked layout has a SIMD kernel of our own.
     if (blocked_input(n, 0) && std::string(p.impl_info_str()).starts_with("ref"))
       throw dnnl::error(dnnl_unimplemented, "only a reference pooling for the blocked layout");
-    prim_ = dnnl::pooling_forward(p);
     init_scratch(p);
-    x_ = memory(xp, engine(), DNNL_MEMORY_NONE);
-    y_ = memory(yp, engine(), DNNL_MEMORY_NONE);
-    exec_args_ = {{DNNL_ARG_SRC, &x_}, {DNNL_ARG_DST, &y_}, {DNNL_ARG_SCRATCHPAD, &scratch_}};
+    bind(dnnl::pooling_forward(p), xp, yp);
   }
-  Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
-    x_.set_data_handle(in[0].raw_data());
-    y_.set_data_handle(out[0].raw_data());
-    exec_args_.execute(prim_);
-    stream().wait();
-    return ok_status();
-  }
-
- private:
-  dnnl::pooling_forward prim_;
-  memory x_, y_;
-  ExecArgs exec_args_;
 };
 
 // Wraps the reference factory: f32 nodes get a oneDNN kernel when oneDNN can

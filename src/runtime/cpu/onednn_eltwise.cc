@@ -58,25 +58,15 @@ class GeluKernel final : public DnnlKernel {
 // Softmax and log-softmax over one axis as oneDNN's primitive (vectorized
 // exp; the reference kernel's scalar exp was 12% of a GPT step). Plain
 // layouts; the shape is kept so the axis means what it does in the graph.
-class SoftmaxKernel final : public DnnlKernel {
+class SoftmaxKernel final : public SrcDstKernel {
  public:
   SoftmaxKernel(const Shape& shape, int axis, bool log) {
     memory::desc md(dims_of(shape), dt::f32, plain(shape));
     const auto alg = log ? dnnl::algorithm::softmax_log : dnnl::algorithm::softmax_accurate;
     dnnl::softmax_v2_forward::desc d(dnnl::prop_kind::forward_inference, alg, md, md, axis);
     dnnl::softmax_v2_forward::primitive_desc pd(d, attr(false), engine());
-    prim_ = dnnl::softmax_v2_forward(pd);
     init_scratch(pd);
-    x_ = memory(md, engine(), DNNL_MEMORY_NONE);
-    y_ = memory(md, engine(), DNNL_MEMORY_NONE);
-    args_ = {{DNNL_ARG_SRC, &x_}, {DNNL_ARG_DST, &y_}, {DNNL_ARG_SCRATCHPAD, &scratch_}};
-  }
-  Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
-    x_.set_data_handle(in[0].raw_data());
-    y_.set_data_handle(out[0].raw_data());
-    args_.execute(prim_);
-    stream().wait();
-    return ok_status();
+    bind(dnnl::softmax_v2_forward(pd), md, md);
   }
 
  private:
@@ -85,9 +75,6 @@ class SoftmaxKernel final : public DnnlKernel {
     for (std::size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
     return st;
   }
-  dnnl::softmax_v2_forward prim_;
-  memory x_, y_;
-  ExecArgs args_;
 };
 
 }  // namespace

@@ -82,6 +82,33 @@ class DnnlKernel : public Kernel {
   const char* impl_ = "onednn";
 };
 
+// A primitive that reads one tensor and writes one (pooling, softmax): the
+// subclass builds it and its scratchpad (init_scratch), then bind()s it with
+// the two memory descriptors; run() points them at the step's tensors.
+class SrcDstKernel : public DnnlKernel {
+ public:
+  Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
+    x_.set_data_handle(in[0].raw_data());
+    y_.set_data_handle(out[0].raw_data());
+    args_.execute(prim_);
+    stream().wait();
+    return ok_status();
+  }
+
+ protected:
+  void bind(dnnl::primitive p, const memory::desc& x, const memory::desc& y) {
+    prim_ = std::move(p);
+    x_ = memory(x, engine(), DNNL_MEMORY_NONE);
+    y_ = memory(y, engine(), DNNL_MEMORY_NONE);
+    args_ = {{DNNL_ARG_SRC, &x_}, {DNNL_ARG_DST, &y_}, {DNNL_ARG_SCRATCHPAD, &scratch_}};
+  }
+
+ private:
+  dnnl::primitive prim_;
+  memory x_, y_;
+  ExecArgs args_;
+};
+
 // A oneDNN kernel for convolutions whose input and output maps are 1x1 (the
 // last stage of a ResNet on small images), as matmuls with the one kernel
 // tap that reads the input; null when the node is not such a convolution.
