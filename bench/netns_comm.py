@@ -64,18 +64,23 @@ class Cluster:
         return outs[0][0]
 
 
-def shoal_times(c, a, n):
+def shoal_bench(c, shoal, hosts, per_host, max_bytes, env=(), seconds=None):
+    """`shoal bench comm` on the first `hosts` hosts, `per_host` ranks each,
+    ranks started by hand: {bytes: (us, algorithm)} and its header line."""
+    n = hosts * per_host
+
     def argv(h, l, r):
-        return ["env", f"SHOAL_RANK={r}", f"SHOAL_WORLD_SIZE={n}", f"SHOAL_LOCAL_RANK={l}",
-                "SHOAL_STORE=198.18.1.1:29400", "SHOAL_STORE_SERVE=1", "SHOAL_JOB_TOKEN=bench",
-                a.shoal, "bench", "comm", "--max-bytes", str(a.max_bytes)]
-    out = c.run_each(a.per_host, argv)
+        return (["env", f"SHOAL_RANK={r}", f"SHOAL_WORLD_SIZE={n}", f"SHOAL_LOCAL_RANK={l}",
+                 "SHOAL_STORE=198.18.1.1:29400", "SHOAL_STORE_SERVE=1", "SHOAL_JOB_TOKEN=bench",
+                 *env, shoal, "bench", "comm", "--max-bytes", str(max_bytes)] +
+                (["--seconds", str(seconds)] if seconds else []))
+    out = c.run_each(per_host, argv, hosts=hosts)
     rows = {}
     for line in out.splitlines():
         f = line.split()
         if f and f[0].isdigit():
             rows[int(f[0])] = (float(f[2]), " ".join(f[5:]))
-    return rows
+    return rows, out.splitlines()[0]
 
 
 def mpi_times(c, a, n, share):
@@ -142,7 +147,7 @@ def main():
     c = Cluster(f"b{os.getpid() % 100000}", a.hosts, a.link, share)
     try:
         link = c.measure()
-        shoal = shoal_times(c, a, n)
+        shoal = shoal_bench(c, a.shoal, a.hosts, a.per_host, a.max_bytes)[0]
         mpi = mpi_times(c, a, n, share)
         gloo = gloo_times(c, a)
     finally:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from netns_comm import Cluster
+from netns_comm import Cluster, shoal_bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -32,22 +32,8 @@ ALGOS = {"ring": "ring", "hd": "halving-doubling", "rd": "recursive-doubling",
 
 def bench(c, a, hosts, per_host, algo):
     """{bytes: (us, algorithm)} and the header line of one `shoal bench comm`."""
-    n = hosts * per_host
-    env = ["env", "SHOAL_STORE=198.18.1.1:29400", "SHOAL_STORE_SERVE=1", "SHOAL_JOB_TOKEN=bench"]
-    if algo != "auto":
-        env.append(f"SHOAL_ALLREDUCE_ALGO={algo}")
-
-    def argv(h, l, r):
-        return env + [f"SHOAL_RANK={r}", f"SHOAL_WORLD_SIZE={n}", f"SHOAL_LOCAL_RANK={l}",
-                      a.shoal, "bench", "comm", "--max-bytes", str(a.max_bytes),
-                      "--seconds", str(a.seconds)]
-    out = c.run_each(per_host, argv, hosts=hosts)
-    rows = {}
-    for line in out.splitlines():
-        f = line.split()
-        if f and f[0].isdigit():
-            rows[int(f[0])] = (float(f[2]), " ".join(f[5:]))
-    return rows, out.splitlines()[0]
+    env = [] if algo == "auto" else [f"SHOAL_ALLREDUCE_ALGO={algo}"]
+    return shoal_bench(c, a.shoal, hosts, per_host, a.max_bytes, env, a.seconds)
 
 
 def fit(rows, p):
