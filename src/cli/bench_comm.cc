@@ -45,8 +45,11 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds,
   if (c.rank() == 0) {
     fmt::print(
         "# shoal allreduce f32 sum, {} ranks, in place, {} buffers; tuner alpha {:.2f} us, beta "
-        "{:.3f} ns/byte\n",
-        n, shared ? "shared-memory" : "private", c.alpha() * 1e6, c.beta() * 1e9);
+        "{:.3f} ns/byte{}\n",
+        n, shared ? "shared-memory" : "private", c.alpha() * 1e6, c.beta() * 1e9,
+        c.host_alpha() > 0 ? fmt::format("; inside a host alpha {:.2f} us, beta {:.3f} ns/byte",
+                                         c.host_alpha() * 1e6, c.host_beta() * 1e9)
+                           : "");
     fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9}  {}\n", "bytes", "count", "time(us)", "algbw",
                "busbw", "algorithm");
     fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9}\n", "", "", "", "(GB/s)", "(GB/s)");

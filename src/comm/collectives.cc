@@ -9,6 +9,7 @@
 #include "comm/mesh.h"
 #include "comm/mpi_backend.h"
 #include "comm/reduce_internal.h"
+#include "comm/tuner.h"
 #include "shoal/comm/communicator.h"
 #include "shoal/core/logging.h"
 #include "shoal/net/shared_memory.h"
@@ -41,6 +42,8 @@ bool overlap(const void* a, std::size_t an, const void* b, std::size_t bn) {
 
 bool Communicator::last_direct_mapped() const { return mesh_ && mesh_->last_mapped; }
 std::uint64_t Communicator::bytes_sent() const { return mesh_ ? mesh_->bytes_sent : 0; }
+double Communicator::host_alpha() const { return topo_ ? topo_->local.alpha : 0; }
+double Communicator::host_beta() const { return topo_ ? topo_->local.beta : 0; }
 std::uint64_t Communicator::sequence() const { return mesh_ ? mesh_->seq : 0; }
 
 int Communicator::local_size() const {
@@ -83,6 +86,12 @@ Status Communicator::setup_hierarchy() {
   };
   uniform_ = std::all_of(hosts.begin(), hosts.end(),
                          [&](const std::string& h) { return ranks_on(h) == ranks_on(hosts[0]); });
+  topo_ = std::make_unique<Topology>();
+  for (const auto& h : host_of)
+    topo_->host.push_back(
+        static_cast<int>(std::find(hosts.begin(), hosts.end(), h) - hosts.begin()));
+  topo_->uniform = uniform_;
+  topo_->piece_bytes = o_.hier_piece_bytes;
   SHOAL_ASSIGN_OR_RETURN(local_, split(host, rank_));
   // Column i: the i-th rank of every host, in host order; otherwise only
   // the leaders (index 0) form one.
@@ -180,7 +189,9 @@ Status Communicator::hier_sliced(void* buf, std::size_t count, DType dt, ReduceO
 
 // α-β calibration: time small and 1 MiB exchanges around the ring, take
 // the max over ranks (every rank must pick the same algorithm), and fit
-// t(n) = α + β n per message.
+// t(n) = α + β n per message. Where the job spans hosts the ring crosses
+// a host link, so this is the link's cost; the hosts' own (each host's
+// ranks calibrated at split, the slowest host's) joins it in topo_.
 Status Communicator::calibrate() {
   const int right = (rank_ + 1) % world_, left = (rank_ - 1 + world_) % world_;
   std::vector<std::uint8_t> out(1 << 20, 1), in(1 << 20);
@@ -199,14 +210,37 @@ Status Communicator::calibrate() {
   };
   SHOAL_ASSIGN_OR_RETURN(double small, timed(8, 50));
   SHOAL_ASSIGN_OR_RETURN(double big, timed(1 << 20, 4));
-  double v[2] = {small, std::max(big - small, 1e-12) / (1 << 20)};
   Algorithm keep = o_.allreduce;
   o_.allreduce = Algorithm::kRecursiveDoubling;
-  Status st = do_allreduce(v, v, 2, DType::kF64, ReduceOp::kMax);
+  Status st = topo_ ? fit_hosts_in_turn() : ok_status();
+  const bool sampled = topo_ && topo_->host[static_cast<std::size_t>(rank_)] < kSampledHosts;
+  double v[4] = {small, std::max(big - small, 1e-12) / (1 << 20), sampled ? local_->alpha_ : 0,
+                 sampled ? local_->beta_ : 0};
+  if (st.ok()) st = do_allreduce(v, v, 4, DType::kF64, ReduceOp::kMax);
   o_.allreduce = keep;
   SHOAL_RETURN_IF_ERROR(st);
   alpha_ = v[0];
   beta_ = v[1];
+  if (topo_) {
+    topo_->cross = LinkCost{v[0], v[1]};
+    topo_->local = LinkCost{v[2], v[3]};
+  }
+  return ok_status();
+}
+
+// The hosts' own links, fitted again one host at a time (the first
+// kSampledHosts; hosts of one job are alike). Fitted at once, as split did,
+// the hosts' ranks compete for the cores where one machine runs every host
+// (the netns testbed, 4 hosts x 2 ranks on 2 cores: 341 us and 6.2 ns per
+// byte inside a host, slower than the 1 Gbit/s link), and the tuner chose
+// the ring at 1-4 MiB, 15.4 ms against halving-doubling's 13.2.
+Status Communicator::fit_hosts_in_turn() {
+  const int me = topo_->host[static_cast<std::size_t>(rank_)];
+  for (int h = 0; h < kSampledHosts; ++h) {
+    if (me == h && local_->size() > 1) SHOAL_RETURN_IF_ERROR(local_->calibrate());
+    double none = 0;  // a barrier: the next host starts once this one is done
+    SHOAL_RETURN_IF_ERROR(do_allreduce(&none, &none, 1, DType::kF64, ReduceOp::kMax));
+  }
   return ok_status();
 }
 
@@ -255,8 +289,15 @@ Status Communicator::do_allreduce(const void* send, void* recv, std::size_t coun
   Algorithm a = o_.allreduce;
   if (a == Algorithm::kDirect && !mesh_->cma())
     a = Algorithm::kRing;  // not available: the next best
-  if (a == Algorithm::kAuto && local_ && count * dtype_size(dt) >= o_.small_bytes)
-    a = Algorithm::kHierarchical;
+  if (a == Algorithm::kAuto && local_ && count > 0) {
+    // Across hosts, calibrated: every algorithm priced over the links its
+    // steps cross (comm/tuner.h). Not calibrated (SHOAL_DETERMINISTIC=1):
+    // two levels from the fixed threshold.
+    if (alpha_ > 0 && topo_->local.alpha > 0)
+      a = cheapest_allreduce(*topo_, count * dtype_size(dt), count).algo;
+    else if (count * dtype_size(dt) >= o_.small_bytes)
+      a = Algorithm::kHierarchical;
+  }
   if (a == Algorithm::kAuto && mesh_->cma() && count * dtype_size(dt) >= direct_from(o_, world_))
     a = Algorithm::kDirect;
   if (a == Algorithm::kAuto || a == Algorithm::kTree)

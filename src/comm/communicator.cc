@@ -11,6 +11,7 @@
 #include "comm/mpi_backend.h"
 #include "comm/reduce_internal.h"
 #include "comm/rendezvous.h"
+#include "comm/tuner.h"
 #include "comm/watchdog.h"
 #include "shoal/core/env.h"
 #include "shoal/core/launch_env.h"

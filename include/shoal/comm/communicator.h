@@ -44,6 +44,8 @@ class SharedRegion;
 
 namespace shoal::comm {
 
+struct Topology;  // the tuner's picture of hosts and links (src/comm/tuner.h)
+
 enum class ReduceOp : std::uint8_t { kSum, kProd, kMin, kMax, kAvg };
 const char* reduce_op_name(ReduceOp op);
 
@@ -216,6 +218,11 @@ class Communicator {
   // message and per byte for one exchange around the ring.
   double alpha() const { return alpha_; }
   double beta() const { return beta_; }
+  // Across hosts with several ranks on some host: the same fit between
+  // ranks of one host (the slowest host's), which the tuner prices the
+  // steps inside a host with (0 otherwise).
+  double host_alpha() const;
+  double host_beta() const;
   std::uint64_t sequence() const;
   Deadline deadline() const { return Deadline::after_seconds(o_.timeout_seconds); }
   // From another thread: every call in flight or to come fails at once, as
@@ -233,6 +240,8 @@ class Communicator {
   Status run_blocking(std::function<Status()> fn);
 
   Status calibrate();
+  static constexpr int kSampledHosts = 4;  // hosts whose own links are fitted
+  Status fit_hosts_in_turn();
   Algorithm choose_allreduce(std::size_t bytes) const;
   Status do_allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
   Status hier_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op);
@@ -262,6 +271,8 @@ class Communicator {
   bool uniform_ = false;
   std::vector<std::uint8_t> hier_slice_;  // this rank's slice (uniform)
   double alpha_ = 0, beta_ = 0;
+  // Hosts and their links, for the tuner across hosts (src/comm/tuner.h).
+  std::unique_ptr<Topology> topo_;
   const char* current_ = "";  // name of the running collective
   const char* last_algo_ = "";
   bool aborted_ = false;
