@@ -106,12 +106,14 @@ class PsJob {
       trace_dir_ = *d;
       worker_env_.push_back({"SHOAL_TRACE", trace_dir_ + "/trace.json"});
     }
+    // Published before any worker starts: a worker's own `shoal ps join`
+    // found no job.env when it ran first (seen under load in the tests).
+    if (o_.ps_elastic_max > 0 && !publish_elastic(env)) return false;
     for (int i = 0; i < o_.ps_workers; ++i) {
       Env e = worker_env_;
       e.push_back({"SHOAL_PS_WORKER_ID", std::to_string(i)});
       if (!spawn_unit(o_.cmd, e)) return false;
     }
-    if (o_.ps_elastic_max > 0 && !publish_elastic(env)) return false;
     t0_ = Clock::now();
     return true;
   }
@@ -130,8 +132,14 @@ class PsJob {
           Clock::now() - t0_ > std::chrono::duration<double>(o_.timeout_s))
         stop_all(fmt::format("--timeout {} s passed", o_.timeout_s), true);
       if (stopping_ && term_at_ && Clock::now() > *term_at_) {
-        signal_all(SIGTERM);
-        term_at_.reset();
+        if (others_train()) {
+          term_at_ = Clock::now() + std::chrono::seconds(1);
+          kill_at_ = *term_at_ + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(o_.grace_s));
+        } else {
+          signal_all(SIGTERM);
+          term_at_.reset();
+        }
       }
       if (stopping_ && Clock::now() > kill_at_) signal_all(SIGKILL);
       bool alive = false;
@@ -401,6 +409,23 @@ class PsJob {
     return true;
   }
   int live_workers() const { return workers() - workers_done(); }
+  // Whether, this launcher's workers done, workers it did not start (by
+  // hand, on other hosts) may still train: the job's count of workers is
+  // above those that left. The servers end by themselves once every
+  // worker left or its connection closed; until then (within --timeout)
+  // no SIGTERM cuts them off.
+  bool others_train() const {
+    if (failure_ ||
+        (o_.timeout_s > 0 && Clock::now() - t0_ > std::chrono::duration<double>(o_.timeout_s)))
+      return false;
+    // This launcher's workers that did not leave (failed, or stopped as
+    // frozen) are not counted among those that left, nor still training.
+    int own_gone = 0;
+    for (std::size_t i = o_.ps_servers; i < procs_.size(); ++i)
+      own_gone += !procs_[i].exited || procs_[i].status != 0;
+    auto joined = client_->add(ps_keys::kWorkers, 0), left = client_->add(ps_keys::kLeft, 0);
+    return joined.ok() && left.ok() && *joined > *left + own_gone;
+  }
   // The worker id of unit i (servers come first, then workers in order).
   int worker_of(std::size_t i) const { return static_cast<int>(i) - o_.ps_servers; }
   // A new worker: the next launcher index as its id; it starts from the

@@ -127,8 +127,24 @@ class Server::Handler final : public net::FrameServer::Handler {
       return;
     }
     SHOAL_LOG_WARN("ps server: worker {} left: its connection closed", worker);
+    note_presence(worker, true);
     if (shard_) (void)shard_->remove_worker(worker);
     answer_pulls(s);
+  }
+
+  Server::Presence presence() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return presence_;
+  }
+  // After worker_of_ changed: how many are connected, and whether `worker`
+  // is gone (its connection closed before it left) or back.
+  void note_presence(int worker, bool gone) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (gone)
+      gone_.insert(worker);
+    else
+      gone_.erase(worker);
+    presence_ = {static_cast<int>(worker_of_.size()), static_cast<int>(gone_.size())};
   }
 
   std::string lost() const {
@@ -214,9 +230,11 @@ class Server::Handler final : public net::FrameServer::Handler {
         if (whole_rounds() && !lost_.empty()) return failed_precondition("{}", lost_);
         SHOAL_RETURN_IF_ERROR(shard_->add_worker(r.worker));
         worker_of_[c] = r.worker;
+        note_presence(r.worker, false);
         break;
       case Op::kLeave:
         worker_of_.erase(c);
+        note_presence(r.worker, false);
         if (whole_rounds()) {
           leave_whole(s, r.worker);
           break;
@@ -525,6 +543,8 @@ class Server::Handler final : public net::FrameServer::Handler {
   ServerOptions o_;
   const std::string job_;
   std::map<ConnId, int> worker_of_;
+  std::set<int> gone_;         // connections closed before a leave, not back
+  Server::Presence presence_;  // guarded by mu_
   std::map<int, std::chrono::steady_clock::time_point> seen_;  // worker -> last request
   std::vector<std::pair<int, std::string>> drops_;             // guarded by mu_
   std::string lost_;         // why a sync job of job_workers cannot go on; "" while it can
@@ -583,5 +603,6 @@ Server::Traffic Server::traffic() const { return handler_->traffic(); }
 int Server::refused() const { return server_->refused(); }
 std::vector<std::pair<int, std::string>> Server::take_drops() { return handler_->take_drops(); }
 std::string Server::lost() const { return handler_->lost(); }
+Server::Presence Server::presence() const { return handler_->presence(); }
 
 }  // namespace shoal::ps

@@ -96,13 +96,21 @@ std::string metrics_line(const Server& s, double elapsed) {
 
 // "" while the job runs; else why this server should stop. A sync job
 // that lost a worker (`lost`, "id why"; "" if none) ends once the others
-// have left: the lost one never will.
-std::string job_over(net::Store& store, int num_workers, const std::string& lost) {
+// have left: the lost one never will. Nor will a worker that died in an
+// asynchronous job (killed, its connection closed, as a worker started by
+// hand on another host may be): once no worker is connected, those count
+// as gone. Before, the job's server waited for them until `shoal run`
+// ended it 10 s after its own workers, cutting off any still training.
+std::string job_over(net::Store& store, int num_workers, const std::string& lost,
+                     Server::Presence now) {
   auto joined = store.add(ps_keys::kWorkers, 0);
   auto left = store.add(ps_keys::kLeft, 0);
   if (!joined.ok() || !left.ok()) return "the scheduler is gone";
   if (ps_keys::job_over(*joined, *left, num_workers))
     return fmt::format("all {} workers have left", *joined);
+  if (now.connected == 0 && now.gone > 0 &&
+      ps_keys::job_over(*joined, *left + now.gone, num_workers))
+    return fmt::format("all {} workers have left ({} by a closed connection)", *joined, now.gone);
   if (!lost.empty() && *left + 1 >= *joined) return ps_keys::lost_reason(lost);
   return "";
 }
@@ -138,7 +146,7 @@ std::string serve(Server& s, net::Store* store, int num_workers, const std::stri
         lost_at = tick;
         (void)store->set(ps_keys::kLost, lost);
       }
-      if (std::string done = job_over(*store, num_workers, lost); !done.empty()) {
+      if (std::string done = job_over(*store, num_workers, lost, s.presence()); !done.empty()) {
         why = done;
         break;
       }

@@ -489,6 +489,56 @@ TEST_F(NetnsCluster, ALinkThatComesBackIsRestartedInto) {
   EXPECT_LT(took, 100) << r.out;
 }
 
+// An elastic asynchronous parameter-server job started on h1 (scheduler,
+// server and its own worker) takes workers started by hand on h2 with the
+// job's variables (its job.env): one trains to the end from the server's
+// weights across the link, long after the job's own worker is done; one is
+// killed (SIGKILL) while it trains; the job ends when the last has gone.
+TEST_F(NetnsCluster, AnElasticParameterServerJobTakesAndLosesWorkersOnAnotherHost) {
+  const std::string dir = testing::scratch_dir("netns_ps_elastic");
+  const std::string ps = fmt::format(
+      "--dist ps --ps-mode async --model mlp --limit-train 6144 --epochs 3 --limit-test 256 "
+      "--threads 1 --optimizer sgd --lr 0.05 --batch 32 --no-plot --quiet");
+  const std::string hand = fmt::format(
+      "{tool} --name {n} exec h2 sh -c '. {dir}/ps/job.env; export SHOAL_STORE SHOAL_JOB_TOKEN "
+      "SHOAL_JOB_ID; DMLC_ROLE=worker DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1 exec timeout -s KILL "
+      "{{}} {bin} train {ps} {{}}'",
+      fmt::arg("tool", kTool), fmt::arg("n", name_), fmt::arg("dir", dir),
+      fmt::arg("bin", SHOAL_BINARY), fmt::arg("ps", ps));
+  auto r = run_sh(fmt::format(
+      "{tool} --name {n} exec h1 timeout -s KILL 150 {bin} run --ps 1,1 --ps-elastic 1:3 "
+      "--store-host 198.18.1.1 --timeout 120 --ps-snapshots {dir}/ps -- {bin} train {ps} "
+      "--out {dir}/run > {dir}/job.log 2>&1 & job=$!\n"
+      "i=0; while [ $i -lt 600 ] && [ ! -s {dir}/ps/job.env ]; do sleep 0.05; i=$((i+1)); done\n"
+      "{trains} > {dir}/h2a.log 2>&1 & a=$!\n"
+      "{killed} > {dir}/h2b.log 2>&1; b=$?\n"
+      "wait $a; a=$?; wait $job; j=$?\n"
+      "cat {dir}/job.log; echo \"== h2a $a\"; cat {dir}/h2a.log; echo \"== h2b $b\"; "
+      "cat {dir}/h2b.log; echo \"== job $j\"",
+      fmt::arg("tool", kTool), fmt::arg("n", name_), fmt::arg("dir", dir),
+      fmt::arg("bin", SHOAL_BINARY), fmt::arg("ps", ps),
+      fmt::arg("trains", fmt::format(fmt::runtime(hand), 120, "--out " + dir + "/h2a")),
+      fmt::arg("killed", fmt::format(fmt::runtime(hand), 3, "--out " + dir + "/h2b"))));
+  ASSERT_NE(r.out.find("== job 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("== h2a 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("== h2b 137"), std::string::npos) << r.out;  // killed while training
+  const auto finals = testing::numbers_after(r.out, "final: test accuracy ");
+  ASSERT_EQ(finals.size(), 2u) << r.out;  // the job's worker and h2's first
+  for (double acc : finals) EXPECT_GT(acc, 0.5) << r.out;
+  // The server counted the pushes of all three.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      r.out, m, std::regex(R"(pushes by worker: worker 0: \d+, worker 1: (\d+), worker 2: (\d+))")))
+      << r.out;
+  EXPECT_GT(std::stoi(m[1]), 0) << r.out;
+  EXPECT_GT(std::stoi(m[2]), 0) << r.out;
+  // The server ended by itself once the last left, not cut off by `shoal
+  // run` 10 s after its own worker (h2's first trains ~12 s longer).
+  EXPECT_NE(r.out.find("ps server: stopping: all 3 workers have left (1 by a closed connection)"),
+            std::string::npos)
+      << r.out;
+}
+
 // A rank told to advertise loopback while the store is on another host is
 // refused by name at start-up, not left for its peers to time out on.
 TEST_F(NetnsCluster, LoopbackIsNotAdvertisedToAnotherHost) {

@@ -68,6 +68,13 @@ class Server {
   // The member whose loss ended a sync job of `job_workers` and why; ""
   // while none was lost (thread-safe).
   std::string lost() const;
+  // Workers connected now, and workers whose connection closed before they
+  // left and who have not come back (thread-safe): an asynchronous job
+  // whose last workers died rather than left ends by these.
+  struct Presence {
+    int connected = 0, gone = 0;
+  };
+  Presence presence() const;
 
  private:
   class Handler;
