@@ -114,6 +114,14 @@ struct PsSchedulerFlags {
   int port = -1;     // -1: DMLC_PS_ROOT_PORT
 };
 // `shoal ps join`: more workers for an elastic job (ps_join.cc).
+// `shoal join` (cli/join.cc): more ranks for an elastic data-parallel job.
+struct JoinFlags {
+  std::string job;  // the job's --job-dir
+  int ranks = 1;
+};
+CLI::App* add_join_command(CLI::App& app, JoinFlags& f);
+int run_join(const JoinFlags& f);
+
 struct PsJoinFlags {
   std::string job;  // the job's --ps-snapshots directory
   int workers = 1;

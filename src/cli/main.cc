@@ -33,6 +33,8 @@ struct Cli {
   std::string elastic;     // shoal run --elastic MIN[:MAX]
   CLI::App* run_rank = nullptr;
   std::vector<std::string> run_rank_cmd;
+  CLI::App* join = nullptr;
+  shoal::cli::JoinFlags join_flags;
   CLI::App* bench = nullptr;
   CLI::App* bench_comm = nullptr;
   CLI::App* bench_peak = nullptr;
@@ -83,7 +85,11 @@ struct Cli {
     run->add_option("--elastic", elastic,
                     "Data parallelism that survives its ranks: MIN[:MAX], a rank that dies, "
                     "freezes or is cut off leaves and the others train on in-process (same "
-                    "global batch, no checkpoint read) while at least MIN remain");
+                    "global batch, no checkpoint read) while at least MIN remain; `shoal join "
+                    "--job <job dir>` adds ranks up to MAX");
+    run->add_option("--job-dir", launch.job_dir,
+                    "An elastic job's directory: job.env there lets `shoal join` reach it "
+                    "(default runs/job-<id>)");
     run->add_option("--engine", launch.engine,
                     "local (fork here), mpirun (OpenMPI) or srun (a Slurm job step)")
         ->check(CLI::IsMember({"local", "mpirun", "srun"}))
@@ -120,6 +126,7 @@ struct Cli {
                     "Extra argument for mpirun or srun (repeatable), e.g. --engine-arg=-N2")
         ->allow_extra_args(false);
     run->add_option("cmd", launch.cmd, "Command and its arguments (after --)")->required();
+    join = shoal::cli::add_join_command(app, join_flags);
     run_rank = app.add_subcommand("run-rank", "Run one rank of an mpirun job (used by shoal run)");
     run_rank->group("");  // hidden
     run_rank->add_option("cmd", run_rank_cmd, "Command")->required();
@@ -218,6 +225,7 @@ int main(int argc, char** argv) {
   if (cli->sample.app->parsed()) return shoal::cli::run_sample(*cli->sample.opts);
   if (cli->ps.scheduler->parsed()) return shoal::cli::run_ps_scheduler(*cli->ps.sched);
   if (cli->ps.join->parsed()) return shoal::cli::run_ps_join(*cli->ps.join_flags);
+  if (cli->join->parsed()) return shoal::cli::run_join(cli->join_flags);
   if (cli->ps.server->parsed()) {
     auto* sv = cli->ps.server;
     cli->ps.opts->configured = false;

@@ -35,6 +35,11 @@ Result<std::optional<ElasticEnv>> elastic_env() {
         "SHOAL_ELASTIC is set, but not by `shoal run --elastic`: an elastic job's membership is "
         "kept by shoal run's store (srun, mpirun and torchrun restart the whole job instead)");
   e.min = static_cast<int>(m);
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t most, env::get_int("SHOAL_ELASTIC_MAX", le.world));
+  if (most < le.world || most > 65535)
+    return invalid_argument("SHOAL_ELASTIC_MAX={} must be in [{}, 65535] (the job's ranks)", most,
+                            le.world);
+  e.max = static_cast<int>(most);
   SHOAL_ASSIGN_OR_RETURN(std::int64_t id, env::get_int("SHOAL_ELASTIC_ID", le.rank));
   SHOAL_ASSIGN_OR_RETURN(e.joining, env::get_bool("SHOAL_ELASTIC_JOIN", false));
   e.id = static_cast<int>(id);
@@ -59,16 +64,16 @@ Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t bat
   const std::int64_t global = batch * e.world;
   std::vector<int> uneven;
   std::int64_t every = 1;  // the least global batch every size divides
-  for (int w = e.min; w <= e.world; ++w) {
+  for (int w = e.min; w <= std::max(e.max, e.world); ++w) {
     if (global % w != 0) uneven.push_back(w);
     every = std::lcm(every, static_cast<std::int64_t>(w));
   }
   if (!uneven.empty())
     return invalid_argument(
         "--elastic {}:{}: the global batch {} (--batch {} x {} ranks) does not split evenly "
-        "over {} ranks, so a smaller job would train on another step; choose a global batch "
-        "that is a multiple of {}",
-        e.min, e.world, global, batch, e.world, keys::join_ids(uneven), every);
+        "over {} ranks, so a job of that size would train on another step; choose a global "
+        "batch that is a multiple of {}",
+        e.min, std::max(e.max, e.world), global, batch, e.world, keys::join_ids(uneven), every);
   return ok_status();
 }
 

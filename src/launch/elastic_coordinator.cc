@@ -25,11 +25,11 @@ constexpr double kSettleSeconds = 15;
 }  // namespace
 
 Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::for_launcher(
-    const std::string& host, int port, const std::string& token, int ranks, int min,
+    const std::string& host, int port, const std::string& token, int ranks, int min, int max,
     int replacements) {
   SHOAL_ASSIGN_OR_RETURN(auto client,
                          net::TcpStore::connect(host, port, Deadline::after_seconds(10), token));
-  return start(std::move(client), ranks, min, kSettleSeconds, replacements);
+  return start(std::move(client), ranks, min, max, kSettleSeconds, replacements);
 }
 
 std::string ElasticCoordinator::supervise(
@@ -38,8 +38,11 @@ std::string ElasticCoordinator::supervise(
     const std::vector<std::string>& cmd, int ranks) {
   std::string stop;
   for (const auto& line : tick(procs, &stop)) fmt::print(stderr, "{}\n", line);
-  // A replacement joins at a step boundary and takes its state from rank 0.
-  for (int k = stop.empty() ? to_replace() : 0; k > 0; --k) {
+  // A newcomer (a replacement, or a rank asked for by `shoal join`) joins
+  // at a step boundary and takes its state from rank 0.
+  const int replace = stop.empty() ? to_replace() : 0;
+  const int grow = stop.empty() ? to_grow() : 0;
+  for (int k = 0; k < replace + grow; ++k) {
     const int id = static_cast<int>(procs.size());
     auto e = env;
     e.insert(e.end(), {{"SHOAL_ELASTIC_ID", std::to_string(id)},
@@ -57,9 +60,25 @@ std::string ElasticCoordinator::supervise(
     frozen.push_back(false);
     output.add_rank();
     joined(id);
-    fmt::print(stderr, "shoal run: started rank {} to replace a lost rank\n", id);
+    fmt::print(stderr, "shoal run: started rank {} {}\n", id,
+               k < replace ? "to replace a lost rank" : "(asked for by shoal join)");
   }
   return stop;
+}
+
+int ElasticCoordinator::to_grow() {
+  auto asked = store_->add(keys::grow(), 0);
+  if (!asked.ok() || *asked <= granted_) return 0;
+  const int pending = static_cast<int>(*asked - granted_);
+  const int running = static_cast<int>(members_.size() + joiners_.size());
+  const int n = std::clamp(max_ - running, 0, pending);
+  granted_ = *asked;  // what is refused now stays refused, as MAX says
+  if (n < pending)
+    fmt::print(stderr,
+               "shoal run: {} more rank(s) asked for by shoal join, but {} train or are joining "
+               "(--elastic max {}): {} refused\n",
+               pending, running, max_, pending - n);
+  return n;
 }
 
 int ElasticCoordinator::finish(const std::vector<Proc>& procs, int ranks) const {
@@ -80,15 +99,18 @@ int ElasticCoordinator::finish(const std::vector<Proc>& procs, int ranks) const 
 }
 
 Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::start(
-    std::unique_ptr<net::Store> store, int ranks, int min, double settle_s, int replacements) {
+    std::unique_ptr<net::Store> store, int ranks, int min, int max, double settle_s,
+    int replacements) {
   std::unique_ptr<ElasticCoordinator> c(new ElasticCoordinator());
   c->store_ = std::move(store);
   c->min_ = min;
+  c->max_ = std::max(max, ranks);
   c->settle_s_ = settle_s;
   c->replacements_ = replacements;
   for (int r = 0; r < ranks; ++r) c->members_.push_back(r);
   SHOAL_RETURN_IF_ERROR(c->store_->set(keys::members(0), keys::join_ids(c->members_)));
   SHOAL_RETURN_IF_ERROR(c->store_->set(keys::key("gen"), "0"));
+  SHOAL_RETURN_IF_ERROR(c->store_->set(keys::max(), std::to_string(c->max_)));
   return c;
 }
 

@@ -25,16 +25,17 @@ namespace shoal::launch {
 class ElasticCoordinator {
  public:
   // `store` is a client of the launcher's own store; `ranks` the processes
-  // of generation 0, `min` the fewest the job goes on with.
+  // of generation 0, `min` the fewest the job goes on with, `max` the most
+  // it grows to when `shoal join` asks for more (elastic_keys::grow).
   // `replacements`: how many lost ranks the launcher replaces in all.
   static Result<std::unique_ptr<ElasticCoordinator>> start(std::unique_ptr<net::Store> store,
-                                                           int ranks, int min, double settle_s,
-                                                           int replacements);
+                                                           int ranks, int min, int max,
+                                                           double settle_s, int replacements);
   // The same as a client of the launcher's store at host:port, with the
   // launcher's settling time.
   static Result<std::unique_ptr<ElasticCoordinator>> for_launcher(const std::string& host, int port,
                                                                   const std::string& token,
-                                                                  int ranks, int min,
+                                                                  int ranks, int min, int max,
                                                                   int replacements);
 
   // One turn of the launcher's supervision: tick(), then a replacement
@@ -61,6 +62,9 @@ class ElasticCoordinator {
   // How many replacements to start now (lost ranks, while any are left);
   // the launcher starts each and names it with joined(id).
   int to_replace();
+  // How many ranks `shoal join` asked for that may start now (up to MAX
+  // with those training or joining; the rest refused, once, on stderr).
+  int to_grow();
   void joined(int id);
 
  private:
@@ -69,7 +73,8 @@ class ElasticCoordinator {
   // The next generation from the members that checked in.
   std::vector<std::string> reform(std::vector<Proc>& procs, std::string* stop);
   std::unique_ptr<net::Store> store_;
-  int min_ = 1;
+  int min_ = 1, max_ = 1;
+  std::int64_t granted_ = 0;  // of the grow requests: answered so far
   double settle_s_ = 5;
   int gen_ = 0;
   std::vector<int> members_;

@@ -64,10 +64,9 @@ Status validate(const LaunchOptions& o) {
   if (o.elastic_min != 0) {
     if (o.elastic_min < 1 || o.elastic_min > o.ranks)
       return invalid_argument("--elastic {}: MIN must be in [1, {}] (-n)", o.elastic_min, o.ranks);
-    if (o.elastic_max > o.ranks)
-      return invalid_argument(
-          "--elastic {}:{}: ranks joining beyond -n {} are not built yet (MAX must be <= -n)",
-          o.elastic_min, o.elastic_max, o.ranks);
+    if (o.elastic_max != 0 && o.elastic_max < o.ranks)
+      return invalid_argument("--elastic {}:{}: MAX must be at least -n {}", o.elastic_min,
+                              o.elastic_max, o.ranks);
     if (o.engine != "local" || o.ps_servers > 0)
       return invalid_argument(
           "--elastic keeps a job of local ranks (--engine local) going without restarts: it "
@@ -116,6 +115,22 @@ bool wait_unless_signalled(double seconds) {
   return true;
 }
 
+// An elastic job's address for `shoal join`: the store and its token in
+// dir/job.env, readable by this user only.
+Status publish_job_env(const std::string& dir,
+                       const std::vector<std::pair<std::string, std::string>>& env) {
+  std::string text;
+  for (const auto& [k, v] : env)
+    if (k == "SHOAL_STORE" || k == "SHOAL_JOB_TOKEN" || k == "SHOAL_JOB_ID")
+      text += fmt::format("{}={}\n", k, v);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  SHOAL_RETURN_IF_ERROR(write_file_atomic(dir + "/job.env", text, 0600)
+                            .with_context("writing the elastic job's job.env"));
+  fmt::print(stderr, "shoal run: --elastic: more ranks join with `shoal join --job {}`\n", dir);
+  return ok_status();
+}
+
 Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_id,
                     const std::string& trace_prefix) {
   Outcome oc;
@@ -144,8 +159,14 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, const std::string& job_
   std::unique_ptr<ElasticCoordinator> elastic;
   if (o.elastic_min > 0) {
     env.emplace_back("SHOAL_ELASTIC", std::to_string(o.elastic_min));
+    const int max = std::max(o.elastic_max, o.ranks);
+    env.emplace_back("SHOAL_ELASTIC_MAX", std::to_string(max));
     auto c = ElasticCoordinator::for_launcher((*store)->host(), (*store)->port(), token, o.ranks,
-                                              o.elastic_min, o.max_restarts);
+                                              o.elastic_min, max, o.max_restarts);
+    if (c.ok()) {
+      Status st = publish_job_env(o.job_dir.empty() ? "runs/job-" + job_id : o.job_dir, env);
+      if (!st.ok()) c = st;
+    }
     if (!c.ok()) {
       fmt::print(stderr, "shoal run: --elastic: {}\n", c.status().message());
       oc.code = 2;

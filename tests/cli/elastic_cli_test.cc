@@ -156,6 +156,53 @@ TEST(Elastic, AFrozenRankIsDroppedAndKilledAndTheJobFinishes) {
   EXPECT_EQ(ck->metadata.at("step"), "500");
 }
 
+// Growing beyond -n: `shoal join --job DIR --ranks 2` on a job of 2 ranks
+// run with --elastic 1:3 starts one rank (MAX 3) and refuses the other by
+// count; the newcomer joins at a step boundary with rank 0's state, and the
+// job ends as one that ran 2 ranks to that step, wrote a checkpoint and
+// resumed on 3 (the same global batch of 48), within 1e-5.
+TEST(Elastic, ShoalJoinAddsRanksUpToMax) {
+  const std::string dir = testing::scratch_dir("elastic_join");
+  const std::string env = "SHOAL_DETERMINISTIC=1 ";
+  const std::string ask = fmt::format(
+      "if [ $SHOAL_ELASTIC_ID = 1 ] && mkdir {0}/once 2>/dev/null; then (i=0; while [ $i -lt "
+      "3000 ] && ! grep -q \"kind\\\":\\\"train\" {0}/elastic/metrics.jsonl 2>/dev/null; do "
+      "sleep 0.01; i=$((i+1)); done; {1} join --job {0}/job --ranks 2) & fi;",
+      dir, SHOAL_BINARY);
+  auto r = run_sh(fmt::format(
+      "{}{} run -n 2 --elastic 1:3 --job-dir {}/job --timeout 300 -- sh -c '{} exec {} {} --batch "
+      "24 --epochs 2 --out {}/elastic'",
+      env, SHOAL_BINARY, dir, ask, SHOAL_BINARY, kTrain, dir));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "more ranks join with `shoal join --job " + dir + "/job`")) << r.out;
+  EXPECT_TRUE(has(r.out, "shoal join: asked job")) << r.out;
+  EXPECT_TRUE(has(r.out,
+                  "2 more rank(s) asked for by shoal join, but 2 train or are joining "
+                  "(--elastic max 3): 1 refused"))
+      << r.out;
+  EXPECT_TRUE(has(r.out, "started rank 2 (asked for by shoal join)")) << r.out;
+  EXPECT_TRUE(has(r.out, "joining as rank 2 of 3")) << r.out;
+  auto m = memberships(dir + "/elastic");
+  ASSERT_EQ(m.size(), 1u) << r.out;
+  EXPECT_EQ(m[0]["world"], 3);
+  const std::int64_t grow = m[0]["step"];
+  ASSERT_GT(grow, 0);
+  ASSERT_LT(grow, 500);
+  const std::string ref = dir + "/ref", train = std::string(kTrain) + " --epochs 2";
+  for (auto [ranks, batch, until, resume] :
+       {std::tuple{2, 24, grow, ""}, std::tuple{3, 16, std::int64_t{0}, " --resume"}}) {
+    auto a =
+        run_sh(fmt::format("{}{} run -n {} -- {} {} --batch {} --max-steps {}{} --out {}", env,
+                           SHOAL_BINARY, ranks, SHOAL_BINARY, train, batch, until, resume, ref));
+    ASSERT_EQ(a.code, 0) << a.out;
+  }
+  expect_same_end(dir + "/elastic", ref, "500");
+  // Not an elastic job, or no job there: named.
+  auto none = run_shoal(fmt::format("join --job {}/nowhere", dir));
+  EXPECT_EQ(none.code, 2);
+  EXPECT_TRUE(has(none.out, "job.env is not there")) << none.out;
+}
+
 // Below MIN the job stops, naming who left and the floor.
 TEST(Elastic, FewerRanksThanTheMinimumStopTheJob) {
   const std::string dir = testing::scratch_dir("elastic_floor");
@@ -182,9 +229,9 @@ TEST(Elastic, WhatIsNotBuiltForItIsRefusedByName) {
   auto srun = run_shoal("run -n 2 --elastic 1 --engine srun -- true");
   EXPECT_EQ(srun.code, 2);
   EXPECT_TRUE(has(srun.out, "it takes no --engine srun")) << srun.out;
-  auto grow = run_shoal("run -n 2 --elastic 1:4 -- true");
-  EXPECT_EQ(grow.code, 2);
-  EXPECT_TRUE(has(grow.out, "ranks joining beyond -n 2 are not built yet")) << grow.out;
+  auto shrunk = run_shoal("run -n 3 --elastic 1:2 -- true");
+  EXPECT_EQ(shrunk.code, 2);
+  EXPECT_TRUE(has(shrunk.out, "--elastic 1:2: MAX must be at least -n 3")) << shrunk.out;
   auto by_hand =
       run_sh(fmt::format("SHOAL_ELASTIC=1 SHOAL_RANK=0 SHOAL_WORLD_SIZE=1 {} {} --out {}",
                          SHOAL_BINARY, kTrain, testing::scratch_dir("elastic_h")));

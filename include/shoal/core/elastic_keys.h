@@ -7,7 +7,8 @@
 // in rank order; "g<G>/note" what changed; "g<G>/in/<id>" a member's
 // check-in (the step it holds, -1 for none) after generation G ended;
 // "g<G>/regroup" set when ranks wait to join; "join/<id>" a newcomer's
-// announcement.
+// announcement; "max" the job's --elastic MAX and "grow" the count of ranks
+// asked for by `shoal join` (the launcher starts them up to MAX).
 #pragma once
 
 #include <fmt/format.h>
@@ -29,6 +30,8 @@ inline std::string check_in(int generation, int id) {
 }
 inline std::string regroup(int generation) { return key(fmt::format("g{}/regroup", generation)); }
 inline std::string join(int id) { return key(fmt::format("join/{}", id)); }
+inline std::string max() { return key("max"); }
+inline std::string grow() { return key("grow"); }
 
 // "0,1,3" <-> {0, 1, 3}.
 inline std::string join_ids(const std::vector<int>& ids) {

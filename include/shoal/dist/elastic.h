@@ -39,6 +39,7 @@ struct JoinOptions;
 
 struct ElasticEnv {
   int min = 0;  // SHOAL_ELASTIC: the fewest ranks the job trains on
+  int max = 0;  // SHOAL_ELASTIC_MAX: the most (`shoal join` adds up to it)
   // SHOAL_ELASTIC_ID: this process's name for good (its rank in generation
   // 0; a replacement's is above the first ranks').
   int id = 0;

@@ -62,8 +62,11 @@ struct LaunchOptions {
   // --elastic MIN[:MAX] (data parallel, local engine): a rank that dies,
   // freezes or is cut off leaves the job, which goes on in-process with the
   // others while at least MIN remain (dist/elastic.h). 0 = not elastic.
-  // MAX above -n (ranks that join later) is not built yet.
+  // MAX above -n: `shoal join --job <job_dir>` adds ranks up to MAX.
   int elastic_min = 0, elastic_max = 0;
+  // Where an elastic job leaves job.env (the store's address and token,
+  // mode 0600) for `shoal join`; "" = runs/job-<id>.
+  std::string job_dir;
 };
 Status validate(const LaunchOptions& o);
 
