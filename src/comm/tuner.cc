@@ -152,10 +152,13 @@ Priced cheapest_allreduce(const Topology& t, std::size_t bytes, std::size_t coun
       if (s < best.seconds) best = Priced{a, s};
     }
   // The two levels only where they are cheaper by more than their three
-  // phases' own costs the model leaves out (a sync per phase, a third of
-  // the calls through other communicators): a tie goes to one algorithm.
-  // 4 hosts x 2 ranks, 64 KiB: priced alike, halving-doubling took 822 us,
-  // the two levels 1099.
+  // phases' own costs the model leaves out (calls through two more
+  // communicators, each a sync): a tie goes to one algorithm. 4 hosts x 2
+  // ranks, 64 KiB, priced alike: halving-doubling took 822 us, the two
+  // levels 1099. (At 2 x 2, 1 KiB, that cost still loses: priced 7 us
+  // cheaper, the two levels took 36.5 us against recursive doubling's 23.5;
+  // a margin of one link latency fixes that and loses 4 KiB, 41.8 us
+  // against 57.9.)
   const double hier = allreduce_seconds(t, Algorithm::kHierarchical, bytes, count);
   if (hier < 0.98 * best.seconds) best = Priced{Algorithm::kHierarchical, hier};
   return best;
