@@ -102,10 +102,10 @@ void expect_one_host_weights(const std::string& dir, const std::string& out) {
   EXPECT_TRUE(testing::same_bits(*a, *b)) << out;
 }
 
-// 4 ranks, 2 on each of two hosts, reach the same weights as 4 ranks on one
-// host: bit for bit with the ring all-reduce (the same sums in the same
-// order, whatever carries them), and within float rounding with the
-// automatic choice (hierarchical: within each host, then across).
+// 4 ranks, 2 on each of two hosts (and 3 + 1), reach the same weights as 4
+// ranks on one host: bit for bit with the ring all-reduce (the same sums in
+// the same order, whatever carries them), and within float rounding with
+// the automatic choice (hierarchical where the tuner prices it cheapest).
 TEST_F(NetnsCluster, DataParallelAcrossTwoHostsMatchesOneHost) {
   const std::string dir = testing::scratch_dir("netns_dp");
   auto one = train_on_one_host(dir, kTrain);
@@ -122,6 +122,11 @@ TEST_F(NetnsCluster, DataParallelAcrossTwoHostsMatchesOneHost) {
   auto hier = train_across(4, 2, "", fmt::format("{} --out {}/hier", kTrain, dir), dir);
   ASSERT_EQ(hier.code, 0) << hier.out;
   testing::expect_same_training(dir + "/one", dir + "/hier", 6, 1e-5);
+  // 3 + 1: unequal hosts (the two levels through one leader per host, where
+  // the tuner takes them).
+  auto uneven = train_across(4, 3, "", fmt::format("{} --out {}/uneven", kTrain, dir), dir);
+  ASSERT_EQ(uneven.code, 0) << uneven.out;
+  testing::expect_same_training(dir + "/one", dir + "/uneven", 6, 1e-5);
 }
 
 // Two hosts that share a hostname (containers often do) share no memory:
