@@ -6,6 +6,7 @@ iperf3, then times Shoal's all-reduce, OpenMPI's MPI_Allreduce and Gloo's
 timing rule as bench/comm.py (warm-up, ~0.3 s per size, max over ranks).
 
 usage: bench/netns_comm.py [--hosts 2] [--per-host 1] [--link 1gbit]
+                           [--racks 1] [--spine RATE]
                            [--max-bytes 16777216] [--shoal build/shoal] [--png FILE]
 Needs mpicc/mpirun (libopenmpi-dev, openmpi-bin), python3-torch, iperf3.
 """
@@ -30,11 +31,12 @@ def table_rows(text):
 
 
 class Cluster:
-    def __init__(self, name, hosts, link, share):
+    def __init__(self, name, hosts, link, share, racks=1, spine=""):
         self.name, self.hosts, self.tool = name, hosts, TOOL
         self.env = dict(os.environ, TMPDIR=share)
-        subprocess.run([TOOL, "--name", name, "start", "--hosts", str(hosts), "--link", link],
-                       check=True, env=self.env, stdout=subprocess.DEVNULL)
+        shape = ["--racks", str(racks)] + (["--spine", spine] if spine else [])
+        subprocess.run([TOOL, "--name", name, "start", "--hosts", str(hosts), "--link", link] +
+                       shape, check=True, env=self.env, stdout=subprocess.DEVNULL)
 
     def cmd(self, host, *argv):
         return [TOOL, "--name", self.name, "exec", f"h{host}", *argv]
@@ -138,13 +140,16 @@ def main():
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--per-host", type=int, default=1)
     ap.add_argument("--link", default="1gbit")
+    ap.add_argument("--racks", type=int, default=1, help="hosts in R racks (h1 in rack 1, h2 in "
+                    "rack 2, ...: launchers' rank order crosses the spine at every host)")
+    ap.add_argument("--spine", default="", help="the racks' uplinks' rate, as --link")
     ap.add_argument("--max-bytes", type=int, default=16 << 20)
     ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     ap.add_argument("--png", default="", help="also chart busbw against size here")
     a = ap.parse_args()
     n = a.hosts * a.per_host
     share = tempfile.mkdtemp(prefix="shoal-netns-bench.", dir="/tmp")
-    c = Cluster(f"b{os.getpid() % 100000}", a.hosts, a.link, share)
+    c = Cluster(f"b{os.getpid() % 100000}", a.hosts, a.link, share, a.racks, a.spine)
     try:
         link = c.measure()
         shoal = shoal_bench(c, a.shoal, a.hosts, a.per_host, a.max_bytes)[0]
@@ -155,8 +160,9 @@ def main():
         subprocess.run(["rm", "-rf", share])
     ompi = subprocess.run(["ompi_info", "--version"], capture_output=True,
                           text=True).stdout.split("\n")[0]
+    racks = f", {a.racks} racks, --spine {a.spine or 'unshaped'}" if a.racks > 1 else ""
     print(f"allreduce f32 sum, {a.hosts} hosts x {a.per_host} ranks (network namespaces, "
-          f"--link {a.link}; {link}); peers: {ompi.strip()}, Gloo via PyTorch")
+          f"--link {a.link}{racks}; {link}); peers: {ompi.strip()}, Gloo via PyTorch")
     print_table(n, shoal, mpi, gloo)
     if a.png:
         # Each host's link must carry 2(H-1)/H of the buffer each way, so

@@ -8,7 +8,9 @@ For each model and link rate: one host x 1 rank, then --hosts hosts x 1 rank
 ranks started by hand on each host as a launcher would, DDP's one process
 group per host (tools/peer_ddp_torch.py --nnodes), GLOO_SOCKET_IFNAME=eth0.
 Prints images/s, time per step, the scaling against one host and the ratio
-Shoal / DDP. This machine has 2 cores: 4 hosts x 1 rank is 4 processes on 2
+Shoal / DDP. --models gpt: bench/gpt_train.py's base GPT (4 layers, 4 heads,
+dim 128, context 64) on its text, batch 32 sequences per rank, Adam, in
+tokens/s; DDP wraps tests/python/gpt_torch.py's same decoder. This machine has 2 cores: 4 hosts x 1 rank is 4 processes on 2
 cores, so the compute ceiling of 4 hosts is ~1.8x one (bench/dp.py).
 
 With --ps, also a synchronous parameter-server job with a server and a
@@ -17,7 +19,7 @@ with --trace, Shoal once more under `shoal run --engine mpirun --trace`,
 printing rank 0's communication and exposed communication per step.
 
 usage: bench/netns_train.py [--hosts 4] [--links 1gbit,100mbit]
-                            [--models mlp,cnn] [--wire f32,bf16]
+                            [--models mlp,cnn,gpt] [--wire f32,bf16]
                             [--zero 1,2] [--ps none,bf16,2bit:0.01] [--ps-bound N]
                             [--trace]
 """
@@ -33,12 +35,26 @@ from netns_comm import Cluster
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DATA = "/usr/share/datasets/fashion-mnist"
-STEPS = {"mlp": 300, "cnn": 120, "resnet": 30}
+TEXT = "/usr/share/games/fortunes/cookie"  # --model gpt's text, as bench/gpt_train.py
+STEPS = {"mlp": 300, "cnn": 120, "resnet": 30, "gpt": 60}
+GPT = ["--layers", "4", "--heads", "4", "--dim", "128"]  # bench/gpt_train.py's "base"
+BATCH = {"gpt": 32}  # sequences of 64 characters; 64 images for the others
+
+
+def per_step(model):
+    """Samples of one rank's step in the rate's unit (images, or tokens)."""
+    return BATCH.get(model, 64) * (64 if model == "gpt" else 1)
 
 
 def train_args(model, hosts, out, optimizer="momentum", lr="0.02"):
     """`shoal train`'s words for one epoch of STEPS[model] steps of batch 64
-    per rank on `hosts` ranks, into `out`."""
+    per rank on `hosts` ranks, into `out` (the GPT: batch 32, Adam, as
+    bench/gpt_train.py)."""
+    if model == "gpt":
+        return ["train", "--model", "gpt", "--data", "text:" + TEXT, *GPT, "--context", "64",
+                "--epochs", "1", "--batch", "32", "--threads", "1", "--optimizer", "adam",
+                "--lr", "0.003", "--max-steps", str(STEPS[model]), "--limit-test", "4", "--out",
+                out, "--quiet", "--no-plot", "--no-checkpoints"]
     return ["train", "--model", model, "--data", DATA, "--epochs", "1", "--batch", "64",
             "--threads", "1", "--optimizer", optimizer, "--lr", lr, "--limit-train",
             str(STEPS[model] * 64 * hosts), "--limit-test", "500", "--out", out, "--quiet",
@@ -46,10 +62,10 @@ def train_args(model, hosts, out, optimizer="momentum", lr="0.02"):
 
 
 def epoch_ips(out):
-    """The last epoch's images/s in the run directory `out`."""
+    """The last epoch's images/s (tokens/s for the GPT) in the run directory `out`."""
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(l) for l in f if '"kind":"epoch"' in l]
-    return rows[-1]["images_per_s"]
+    return rows[-1].get("images_per_s", rows[-1].get("tokens_per_s"))
 
 
 def shoal_ips(c, a, model, hosts, wire, share, zero=0):
@@ -115,11 +131,13 @@ def ddp_ips(c, model, hosts):
     def argv(h, l, r):
         return ["env", "GLOO_SOCKET_IFNAME=eth0", "OPENBLAS_NUM_THREADS=1", "/usr/bin/python3",
                 os.path.join(ROOT, "tools", "peer_ddp_torch.py"), "--model", model,
-                "--ranks", "1", "--threads", "1", "--data", DATA,
-                "--steps", str(STEPS[model]), "--nnodes", str(hosts), "--node-rank", str(h - 1),
-                "--master", "198.18.1.1:29600"]
+                "--ranks", "1", "--threads", "1", "--data", TEXT if model == "gpt" else DATA,
+                "--batch", str(BATCH.get(model, 64)), "--steps", str(STEPS[model]), "--nnodes",
+                str(hosts), "--node-rank", str(h - 1), "--master", "198.18.1.1:29600"] + (
+                    GPT if model == "gpt" else [])
     out = c.run_each(1, argv, hosts=hosts)
-    return json.loads([l for l in out.splitlines() if l.startswith("{")][-1])["images_per_s"]
+    row = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+    return row.get("images_per_s", row.get("tokens_per_s"))
 
 
 def main():
@@ -140,8 +158,9 @@ def main():
                     help="also run Shoal under `shoal run --engine mpirun --trace` and print "
                          "its communication and exposed communication per step")
     a = ap.parse_args()
-    print(f"{'link':>8} {'model':>6} {'who':>12} {'1 host img/s':>13} "
-          f"{a.hosts:>2} hosts img/s {'ms/step':>8} {'scaling':>8} {'vs DDP':>7}")
+    print(f"{'link':>8} {'model':>6} {'who':>12} {'1 host /s':>13} "
+          f"{a.hosts:>2} hosts /s {'ms/step':>8} {'scaling':>8} {'vs DDP':>7}  (images/s; "
+          "the GPT's tokens/s)")
     for link in a.links.split(","):
         share = tempfile.mkdtemp(prefix="shoal-netns-train.", dir="/tmp")
         c = Cluster(f"t{os.getpid() % 100000}", a.hosts, link, share)
@@ -160,7 +179,7 @@ def main():
                     rows.append((f"PS {comp}", ps_ips(c, a, model, 1, comp, share),
                                  ps_ips(c, a, model, a.hosts, comp, share)))
                 for who, one, many in rows:
-                    ms = 64 * a.hosts / many * 1e3
+                    ms = per_step(model) * a.hosts / many * 1e3
                     print(f"{link:>8} {model:>6} {who:>12} {one:>13.0f} {many:>16.0f} "
                           f"{ms:>8.1f} {many / one:>7.2f}x {many / ddpn:>6.2f}x", flush=True)
                 for wire in [w for w in a.wire.split(",") if w] if a.trace else []:

@@ -2,6 +2,9 @@
 """PyTorch DistributedDataParallel peer for bench/dp.py: the same MLP, CNN or
 ResNet-20 as `shoal train`, batch B per rank, SGD momentum 0.9, 1 thread per
 rank, gloo backend, each rank on its own shard of one shared permutation.
+--model gpt: the character-level GPT of `shoal train --model gpt` (the layers
+of tests/python/gpt_torch.py, --layers/--heads/--dim, context 64) on
+--data's text, Adam 0.003, reporting tokens/s.
 Starts `--ranks` processes itself (torch.multiprocessing, MASTER_ADDR on
 loopback; with --nnodes N --node-rank R --master HOST:PORT, one such
 group per host, meeting there) and prints one JSON line (node 0): global training images/s over the timed
@@ -51,6 +54,39 @@ def resnet20(classes=10):
     return nn.Sequential(*layers)
 
 
+class Gpt(nn.Module):
+    """tests/python/gpt_torch.py's decoder (weights as named leaves) as a
+    module DDP can wrap, initialized as `shoal train --model gpt` does."""
+
+    def __init__(self, a, vocab):
+        super().__init__()
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))), "tests", "python"))
+        import gpt_torch as G
+        self.G = G
+        self.cfg, w0 = G.initial(a.layers, a.heads, a.dim, GPT_CONTEXT, vocab, True, a.seed)
+        self.keys = list(w0)
+        self.ws = nn.ParameterList([nn.Parameter(w0[k].clone()) for k in self.keys])
+
+    def forward(self, x):
+        return self.G.forward(dict(zip(self.keys, self.ws)), x, self.cfg)
+
+
+GPT_CONTEXT = 64
+
+
+def text_windows(path):
+    """(inputs, targets, vocabulary size): the text's first 90% cut into
+    windows of GPT_CONTEXT characters."""
+    text = open(path, "rb").read()
+    vocab = sorted(set(text))
+    index = {c: i for i, c in enumerate(vocab)}
+    tok = torch.tensor([index[c] for c in text[: len(text) - int(len(text) * 0.1)]])
+    n = (len(tok) - 1) // GPT_CONTEXT
+    return (tok[: n * GPT_CONTEXT].view(n, GPT_CONTEXT),
+            tok[1: n * GPT_CONTEXT + 1].view(n, GPT_CONTEXT), len(vocab))
+
+
 def worker(local, a, port, q):
     # --nnodes: this process is one of --ranks on node --node-rank; the
     # world is nnodes x ranks, met at --master.
@@ -60,14 +96,25 @@ def worker(local, a, port, q):
     rank, world = a.node_rank * a.ranks + local, a.nnodes * a.ranks
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(a.seed)
-    x = read_idx(find(a.data, "train", "images", 3)).astype(np.float32) / 255.0
-    y = read_idx(find(a.data, "train", "labels", 1)).astype(np.int64)
-    x = torch.from_numpy((x - x.mean()) / x.std()).unsqueeze(1)
-    y = torch.from_numpy(y)
-    net = resnet20() if a.model == "resnet" else mlp_or_cnn(a.model)
+    if a.model == "gpt":
+        x, y, vocab = text_windows(a.data)
+        net = Gpt(a, vocab)
+    else:
+        x = read_idx(find(a.data, "train", "images", 3)).astype(np.float32) / 255.0
+        y = read_idx(find(a.data, "train", "labels", 1)).astype(np.int64)
+        x = torch.from_numpy((x - x.mean()) / x.std()).unsqueeze(1)
+        y = torch.from_numpy(y)
+        net = resnet20() if a.model == "resnet" else mlp_or_cnn(a.model)
     ddp = nn.parallel.DistributedDataParallel(net)
-    opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
-    lossf = nn.CrossEntropyLoss()
+    if a.model == "gpt":
+        opt = torch.optim.Adam(ddp.parameters(), lr=0.003)
+        ce = nn.CrossEntropyLoss()
+
+        def lossf(logits, target):
+            return ce(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
+        lossf = nn.CrossEntropyLoss()
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(a.seed))
     gb = a.batch * world
 
@@ -86,7 +133,7 @@ def worker(local, a, port, q):
     dist.barrier()
     dt = time.perf_counter() - t0
     if rank == 0:
-        q.put(a.steps * gb / dt)
+        q.put(a.steps * gb / dt * (GPT_CONTEXT if a.model == "gpt" else 1))
     dist.destroy_process_group()
 
 
@@ -110,6 +157,9 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=4, help="--model gpt")
+    ap.add_argument("--heads", type=int, default=4, help="--model gpt")
+    ap.add_argument("--dim", type=int, default=128, help="--model gpt")
     ap.add_argument("--nnodes", type=int, default=1, help="nodes (hosts), --ranks on each")
     ap.add_argument("--node-rank", type=int, default=0)
     ap.add_argument("--master", default="", help="HOST:PORT of rank 0 (with --nnodes)")
@@ -124,7 +174,8 @@ def main():
     s.close()
     mp.start_processes(worker, args=(a, port, q), nprocs=a.ranks, join=True, start_method="spawn")
     if a.node_rank == 0:
-        print(json.dumps({"images_per_s": q.get(), "blas": blas_in_use(),
+        rate = "tokens_per_s" if a.model == "gpt" else "images_per_s"
+        print(json.dumps({rate: q.get(), "blas": blas_in_use(),
                           "torch": torch.__version__}), flush=True)
 
 

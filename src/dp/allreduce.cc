@@ -97,8 +97,20 @@ Result<BucketPlan> inject_allreduce(graph::Graph& g, std::vector<train::ParamRef
   // to bucket_mb. Fewer buckets are fewer points where ranks wait for the
   // slowest (each absorbs the jitter since the previous one).
   const bool overlap = o.overlap != DpOptions::Overlap::kOff;
+  // Overlapped, no bucket holds more than a quarter of the gradients (nor
+  // less than the first bucket's cap): with DDP's 25 MiB cap a small
+  // model's whole backward fed one last bucket, sent only once the backward
+  // pass ended. The base GPT (3.2 MB of gradients) across 4 hosts at 1
+  // Gbit/s: 33 ms of its 52 ms of communication exposed at 25 MiB, 14.5 of
+  // 64 at 1 MiB (the step 274 -> 254 ms).
+  std::int64_t total = 0;
+  for (const auto& p : params) total += num_elements(g.type(p.grad).shape);
+  const std::int64_t cap =
+      overlap ? std::min(f32_elements(o.bucket_mb),
+                         std::max(f32_elements(o.first_bucket_mb), total / 4))
+              : f32_elements(o.bucket_mb);
   const std::vector<std::vector<std::size_t>> members = group_in_backward_order(
-      g, params, f32_elements(overlap ? o.first_bucket_mb : o.bucket_mb), f32_elements(o.bucket_mb),
+      g, params, f32_elements(overlap ? o.first_bucket_mb : o.bucket_mb), cap,
       overlap ? f32_elements(o.first_bucket_mb) : std::numeric_limits<std::int64_t>::max());
   BucketPlan plan;
   for (const auto& m : members) {

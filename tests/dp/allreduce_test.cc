@@ -261,6 +261,44 @@ TEST(DataParallel, ABucketOfAnotherBucketsOutputsCompilesAndRuns) {
   EXPECT_EQ((*out)[2].to_vector<float>(), (std::vector<float>{-1, -3, -1.5f}));
 }
 
+// Eight layers of 8x8 + 8 (576 gradient elements), none big enough to
+// close a bucket of its own: with overlap, no bucket holds more than a
+// quarter of them (DDP's 25 MiB cap put all but the first bucket's in one,
+// sent only after the whole backward pass; docs/data-parallel.md).
+TEST(DataParallel, NoBucketHoldsMoreThanAQuarterOfTheGradients) {
+  collective::register_ops();
+  net::FileStore unused("/nonexistent");
+  auto c = comm::Communicator::create(0, 1, unused, {});
+  ASSERT_TRUE(c.ok());
+  const std::int64_t id = collective::register_communicator(c->get(), true);
+  Graph g;
+  Builder b(g);
+  Value h = b.input("x", DType::kF32, {2, 8});
+  std::vector<Value> ps;
+  for (int l = 0; l < 8; ++l) {
+    ps.push_back(b.input(fmt::format("w{}", l), DType::kF32, {8, 8}));
+    ps.push_back(b.input(fmt::format("b{}", l), DType::kF32, {8}));
+    h = b.tanh(b.linear(h, ps[ps.size() - 2], ps.back()));
+  }
+  auto grads = graph::autodiff(g, b.reduce_sum(h, {0, 1}), ps);
+  ASSERT_TRUE(grads.ok()) << grads.status().to_string();
+  std::vector<train::ParamRef> refs;
+  for (std::size_t i = 0; i < ps.size(); ++i)
+    refs.push_back({fmt::format("p{}", i), ps[i], (*grads)[i]});
+  DpOptions o;
+  o.first_bucket_mb = 100.0 * 4 / (1 << 20);  // 100 elements
+  auto plan = inject_allreduce(g, refs, id, o);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  std::int64_t total = 0, most = 0;
+  for (const auto& bk : plan->buckets) {
+    total += bk.elements;
+    most = std::max(most, bk.elements);
+  }
+  EXPECT_EQ(total, 8 * 72);
+  EXPECT_LE(most, 8 * 72 / 4);
+  EXPECT_GE(plan->buckets.size(), 4u);
+}
+
 TEST(DataParallel, UnknownCommunicatorIsRefused) {
   Graph g;
   Builder b(g);
