@@ -35,7 +35,7 @@ struct DistFlags {
   std::string dist = "auto";  // auto, allreduce, ps
   std::string ps_mode = "sync";
   int staleness = 2;
-  std::string ps_compress = "none";
+  std::string ps_compress;  // "": follows --precision (dist::JoinOptions)
   bool ps_stale_lr = false;
   int zero = 0;
   int tp = 1;

@@ -290,8 +290,7 @@ TrainCommand add_train_command(CLI::App& app) {
   t->add_option("--ps-compress", d.ps_compress,
                 "Parameter server: how pushes and pulls travel: none, f16, bf16 (both ways), or "
                 "2bit:THRESHOLD[,f16|bf16] (gradients as -t/0/+t with error feedback; pulls f32 or "
-                "the half type given)")
-      ->capture_default_str();
+                "the half type given); default bf16 under --precision bf16, else none");
   t->add_option("--zero", d.zero,
                 "Data parallel: 1 shards the optimizer state over the ranks (ZeRO-1: gradients "
                 "reduce-scattered, each rank updates its shard, parameters all-gathered); 2 "

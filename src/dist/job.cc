@@ -82,7 +82,12 @@ Result<std::unique_ptr<ps::WorkerJob>> join_ps(train::TrainOptions& o, const Joi
   SHOAL_ASSIGN_OR_RETURN(ps::Mode mode, ps::parse_mode(j.ps_mode));
   ps::ShardOptions so = ps::shard_options(o, mode, j.staleness);
   SHOAL_RETURN_IF_ERROR(ps::check_options(so));
-  SHOAL_ASSIGN_OR_RETURN(so.compression, ps::parse_compression(j.ps_compress));
+  // Pushes and pulls follow --precision unless --ps-compress is given, as
+  // --wire does for the all-reduce: a bf16 step's gradients travel as bf16.
+  const std::string compress = !j.ps_compress.empty()  ? j.ps_compress
+                               : o.precision == "bf16" ? "bf16"
+                                                       : "none";
+  SHOAL_ASSIGN_OR_RETURN(so.compression, ps::parse_compression(compress));
   so.stale_lr = j.ps_stale_lr;
   so.slice_bound = e.slice_bound;
   SHOAL_ASSIGN_OR_RETURN(auto job, ps::WorkerJob::join(e, so));

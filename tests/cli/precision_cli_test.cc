@@ -136,6 +136,29 @@ TEST(Precision, Bf16ComposesWithEveryLayout) {
   }
 }
 
+// A parameter-server worker's pushes and pulls follow --precision as the
+// all-reduce's --wire does: bf16 under --precision bf16 unless
+// --ps-compress says otherwise (the server names what it was sent).
+TEST(Precision, ThePsWireFollowsThePrecision) {
+  if (shoal::Status st = shoal::runtime::bf16_support(); !st.ok()) GTEST_SKIP() << st.to_string();
+  TempDir dir("precision_ps");
+  auto job = [&](const std::string& name, const std::string& flags) {
+    return shoal(dir, fmt::format("run --ps 1,1 --timeout 120 -- {} train --dist ps --model mlp "
+                                  "--limit-train 512 --limit-test 64 --batch 32 --max-steps 4 "
+                                  "--threads 1 --no-plot --quiet --out {}/{} {}",
+                                  SHOAL_BINARY, dir.path(), name, flags));
+  };
+  const Result follows = job("bf16", "--precision bf16");
+  ASSERT_EQ(follows.code, 0) << follows.out;
+  EXPECT_TRUE(has(follows, "compress=bf16")) << follows.out;
+  const Result told = job("told", "--precision bf16 --ps-compress none");
+  ASSERT_EQ(told.code, 0) << told.out;
+  EXPECT_TRUE(has(told, "compress=none")) << told.out;
+  const Result f32 = job("f32", "");
+  ASSERT_EQ(f32.code, 0) << f32.out;
+  EXPECT_TRUE(has(f32, "compress=none")) << f32.out;
+}
+
 // --dump-graph: the step as the backend receives it, where the pass put
 // each cast and which products now write f32 from bf16 operands.
 TEST(Precision, TheGraphDumpShowsTheCasts) {

@@ -30,9 +30,11 @@ struct JoinOptions {
   dp::DpOptions dp;           // --dist allreduce
   Layout layout;              // --dist allreduce: --dp x --tp x --pp
   std::string ps_mode = "sync";
-  int staleness = 2;                 // --ps-mode bounded
-  std::string ps_compress = "none";  // ps/codec.h parse_compression
-  bool ps_stale_lr = false;          // ps::ShardOptions::stale_lr
+  int staleness = 2;  // --ps-mode bounded
+  // ps/codec.h parse_compression; "" follows the precision (bf16 under
+  // --precision bf16, else none).
+  std::string ps_compress;
+  bool ps_stale_lr = false;  // ps::ShardOptions::stale_lr
 };
 
 class Job {
