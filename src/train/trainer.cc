@@ -255,6 +255,14 @@ Result<runtime::Executable*> Trainer::eval_exe(const Shape& images) {
   if (!bl.ok()) return bl.status().with_context("building the eval graph");
   g.mark_output(logits);
   if (o_.forward_pass) SHOAL_RETURN_IF_ERROR(o_.forward_pass(g).status());
+  // Evaluated as trained: under --precision bf16 the same pass puts the
+  // forward's products in bf16 (as torch.autocast does at inference).
+  if (o_.precision == "bf16") {
+    SHOAL_ASSIGN_OR_RETURN(graph::PrecisionReport pr, graph::autocast_bf16(g));
+    if (o_.rank == 0 && m.eval_exes.size() == 1)
+      SHOAL_LOG_INFO("evaluation in bf16: {} matmuls read bf16, {} convolutions convert",
+                     pr.products, pr.convolutions);
+  }
   SHOAL_ASSIGN_OR_RETURN(auto backend, runtime::make_backend("cpu"));
   SHOAL_ASSIGN_OR_RETURN(exe, backend->compile(std::move(g), {}));
   for (auto& [name, t] : params_)

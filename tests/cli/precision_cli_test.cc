@@ -54,6 +54,9 @@ TEST(Precision, Bf16TrainsTheGptAsF32Does) {
   Result b16 = shoal(dir, gpt(dir.path() + "/bf16", "bf16"));
   ASSERT_EQ(b16.code, 0) << b16.out;
   EXPECT_TRUE(has(b16, "precision bf16: ")) << b16.out;
+  // Evaluated as trained: the eval graph goes through the same pass.
+  EXPECT_TRUE(has(b16, "evaluation in bf16: 17 matmuls read bf16")) << b16.out;
+  EXPECT_FALSE(has(f32, "evaluation in bf16")) << f32.out;
   const double bits32 = number_after(f32.out, "final: validation ");
   const double bits16 = number_after(b16.out, "final: validation ");
   // Unigram entropy 4.69 bits/char: both learn. At 2 epochs this model is
