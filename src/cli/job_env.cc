@@ -50,4 +50,15 @@ Result<std::pair<std::unique_ptr<net::TcpStore>, std::string>> reach_job(
   }
 }
 
+Result<Asked> ask_job(const std::string& dir, const std::string& what, const std::string& limit_key,
+                      const std::string& grow_key, int k, const std::string& not_elastic) {
+  SHOAL_ASSIGN_OR_RETURN(auto env, read_job_env(dir, what));
+  SHOAL_ASSIGN_OR_RETURN(auto reached, reach_job(env, limit_key));
+  auto& [store, limit] = reached;
+  if (limit.empty())
+    return failed_precondition("the job at {} {}", env["SHOAL_STORE"], not_elastic);
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t total, store->add(grow_key, k));
+  return Asked{env.count("SHOAL_JOB_ID") ? env["SHOAL_JOB_ID"] : env["SHOAL_STORE"], limit, total};
+}
+
 }  // namespace shoal::cli

@@ -26,4 +26,16 @@ Result<std::map<std::string, std::string>> read_job_env(const std::string& dir,
 Result<std::pair<std::unique_ptr<net::TcpStore>, std::string>> reach_job(
     std::map<std::string, std::string>& env, const std::string& key);
 
+// What asking a job for more processes found.
+struct Asked {
+  std::string job;     // its id (else its store's address)
+  std::string limit;   // the launcher's MIN:MAX or MAX
+  std::int64_t total;  // asked for in all, this request included
+};
+// Asks the job whose job.env is in `dir` (`what` names such a directory)
+// for `k` more: `limit_key` must be set (an elastic launcher sets it; else
+// `not_elastic` says why), and `k` is added to the counter `grow_key`.
+Result<Asked> ask_job(const std::string& dir, const std::string& what, const std::string& limit_key,
+                      const std::string& grow_key, int k, const std::string& not_elastic);
+
 }  // namespace shoal::cli

@@ -14,19 +14,15 @@ namespace shoal::cli {
 namespace {
 
 Status join(const JoinFlags& f) {
-  SHOAL_ASSIGN_OR_RETURN(auto env, read_job_env(f.job,
-                                                "the --job-dir of a job run with `shoal run "
-                                                "--elastic` (default runs/job-<id>)"));
-  SHOAL_ASSIGN_OR_RETURN(auto reached, reach_job(env, elastic_keys::max()));
-  auto& [store, max] = reached;
-  if (max.empty())
-    return failed_precondition("the job at {} is not an elastic data-parallel job",
-                               env["SHOAL_STORE"]);
-  SHOAL_ASSIGN_OR_RETURN(std::int64_t asked, store->add(elastic_keys::grow(), f.ranks));
+  SHOAL_ASSIGN_OR_RETURN(
+      Asked a,
+      ask_job(f.job,
+              "the --job-dir of a job run with `shoal run --elastic` (default runs/job-<id>)",
+              elastic_keys::max(), elastic_keys::grow(), f.ranks,
+              "is not an elastic data-parallel job"));
   fmt::print(
       "shoal join: asked job {} for {} more rank{} (--elastic max {}; {} asked for in all)\n",
-      env.count("SHOAL_JOB_ID") ? env["SHOAL_JOB_ID"] : env["SHOAL_STORE"], f.ranks,
-      f.ranks == 1 ? "" : "s", max, asked);
+      a.job, f.ranks, f.ranks == 1 ? "" : "s", a.limit, a.total);
   return ok_status();
 }
 

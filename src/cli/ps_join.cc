@@ -4,37 +4,24 @@
 // DIR/job.env; the request is a counter in that store (ps/grow), which the
 // launcher honours up to MAX.
 #include <CLI/CLI.hpp>
-#include <chrono>
-#include <map>
-#include <sstream>
-#include <thread>
-#include <utility>
 
 #include "cli/commands.h"
 #include "cli/job_env.h"
-#include "shoal/core/file.h"
 #include "shoal/core/logging.h"
 #include "shoal/core/ps_keys.h"
-#include "shoal/net/socket.h"
-#include "shoal/net/store.h"
 
 namespace shoal::cli {
 namespace {
 
 Status join(const PsJoinFlags& f) {
   SHOAL_ASSIGN_OR_RETURN(
-      auto env, read_job_env(f.job, "the --ps-snapshots directory of a job run with --ps-elastic"));
-  SHOAL_ASSIGN_OR_RETURN(auto reached, reach_job(env, ps_keys::kElastic));
-  auto& [store, elastic] = reached;
-  if (elastic.empty())
-    return failed_precondition("the job at {} was not started with --ps-elastic",
-                               env["SHOAL_STORE"]);
-  SHOAL_ASSIGN_OR_RETURN(std::int64_t asked, store->add(ps_keys::kGrow, f.workers));
+      Asked a,
+      ask_job(f.job, "the --ps-snapshots directory of a job run with --ps-elastic",
+              ps_keys::kElastic, ps_keys::kGrow, f.workers, "was not started with --ps-elastic"));
   fmt::print(
       "shoal ps join: asked job {} for {} more worker{} (--ps-elastic {}; {} asked for in "
       "all)\n",
-      env.count("SHOAL_JOB_ID") ? env["SHOAL_JOB_ID"] : env["SHOAL_STORE"], f.workers,
-      f.workers == 1 ? "" : "s", elastic, asked);
+      a.job, f.workers, f.workers == 1 ? "" : "s", a.limit, a.total);
   return ok_status();
 }
 
