@@ -115,18 +115,10 @@ bool wait_unless_signalled(double seconds) {
   return true;
 }
 
-// An elastic job's address for `shoal join`: the store and its token in
-// dir/job.env, readable by this user only.
+// An elastic job's address for `shoal join` (write_job_env), said aloud.
 Status publish_job_env(const std::string& dir,
                        const std::vector<std::pair<std::string, std::string>>& env) {
-  std::string text;
-  for (const auto& [k, v] : env)
-    if (k == "SHOAL_STORE" || k == "SHOAL_JOB_TOKEN" || k == "SHOAL_JOB_ID")
-      text += fmt::format("{}={}\n", k, v);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  SHOAL_RETURN_IF_ERROR(write_file_atomic(dir + "/job.env", text, 0600)
-                            .with_context("writing the elastic job's job.env"));
+  SHOAL_RETURN_IF_ERROR(write_job_env(dir, env).with_context("writing the elastic job's job.env"));
   fmt::print(stderr, "shoal run: --elastic: more ranks join with `shoal join --job {}`\n", dir);
   return ok_status();
 }

@@ -11,9 +11,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "shoal/core/cpus.h"
+#include "shoal/core/file.h"
 
 namespace shoal::launch {
 
@@ -158,6 +160,17 @@ char proc_state(pid_t pid) {
 bool is_stopped(pid_t pid) {
   const char c = proc_state(pid);
   return c == 'T' || c == 't';
+}
+
+Status write_job_env(const std::string& dir,
+                     const std::vector<std::pair<std::string, std::string>>& env) {
+  std::string text;
+  for (const auto& [k, v] : env)
+    if (k == "SHOAL_STORE" || k == "SHOAL_JOB_TOKEN" || k == "SHOAL_JOB_ID")
+      text += fmt::format("{}={}\n", k, v);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  return write_file_atomic(dir + "/job.env", text, 0600);
 }
 
 std::string self_exe() {

@@ -52,4 +52,11 @@ char proc_state(pid_t pid);
 // This executable's path (/proc/self/exe), "" if unreadable.
 std::string self_exe();
 
+// An elastic job's address for the commands that ask it for more processes
+// (`shoal join`, `shoal ps join`; cli/job_env.h reads it): SHOAL_STORE,
+// SHOAL_JOB_TOKEN and SHOAL_JOB_ID of `env` in dir/job.env, readable by this
+// user only from the moment it exists. Makes `dir` if need be.
+Status write_job_env(const std::string& dir,
+                     const std::vector<std::pair<std::string, std::string>>& env);
+
 }  // namespace shoal::launch

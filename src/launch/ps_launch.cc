@@ -17,7 +17,6 @@
 // the next launcher index as its id and starts from the servers' weights.
 #include <poll.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,7 +31,6 @@
 
 #include "launch/output.h"
 #include "launch/process.h"
-#include "shoal/core/file.h"
 #include "shoal/core/ps_keys.h"
 #include "shoal/launch/launcher.h"
 #include "shoal/net/interfaces.h"
@@ -398,13 +396,7 @@ class PsJob {
   bool publish_elastic(const Env& env) {
     Status st =
         client_->set(ps_keys::kElastic, fmt::format("{}:{}", o_.ps_elastic_min, o_.ps_elastic_max));
-    std::string text;
-    for (const auto& [k, v] : env)
-      if (k == "SHOAL_STORE" || k == "SHOAL_JOB_TOKEN" || k == "SHOAL_JOB_ID")
-        text += fmt::format("{}={}\n", k, v);
-    const std::string path = snapshots_ + "/job.env";
-    if (st.ok()) st = write_file_atomic(path, text);
-    if (st.ok()) ::chmod(path.c_str(), 0600);
+    if (st.ok()) st = write_job_env(snapshots_, env);
     if (!st.ok()) return fail_start("cannot publish the elastic job's address", st);
     return true;
   }
