@@ -243,6 +243,7 @@ class Communicator {
   static constexpr int kSampledHosts = 4;  // hosts whose own links are fitted
   Status fit_hosts_in_turn();
   Algorithm choose_allreduce(std::size_t bytes) const;
+  Algorithm tuned_allreduce(std::size_t bytes, std::size_t count);  // across hosts, cached
   Status do_allreduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp op);
   Status hier_allreduce(void* buf, std::size_t count, DType dt, ReduceOp op);
   Status hier_sliced(void* buf, std::size_t count, DType dt, ReduceOp op);  // op: not avg
@@ -273,6 +274,7 @@ class Communicator {
   double alpha_ = 0, beta_ = 0;
   // Hosts and their links, for the tuner across hosts (src/comm/tuner.h).
   std::unique_ptr<Topology> topo_;
+  std::map<std::pair<std::size_t, std::size_t>, Algorithm> tuned_;  // (bytes, count) -> choice
   const char* current_ = "";  // name of the running collective
   const char* last_algo_ = "";
   bool aborted_ = false;
