@@ -113,7 +113,6 @@ struct PsSchedulerFlags {
   std::string host;  // "": by DMLC_PS_ROOT_URI (ps::Scheduler::run)
   int port = -1;     // -1: DMLC_PS_ROOT_PORT
 };
-// `shoal ps join`: more workers for an elastic job (ps_join.cc).
 // `shoal join` (cli/join.cc): more ranks for an elastic data-parallel job.
 struct JoinFlags {
   std::string job;  // the job's --job-dir
@@ -122,6 +121,7 @@ struct JoinFlags {
 CLI::App* add_join_command(CLI::App& app, JoinFlags& f);
 int run_join(const JoinFlags& f);
 
+// `shoal ps join`: more workers for an elastic job (ps_join.cc).
 struct PsJoinFlags {
   std::string job;  // the job's --ps-snapshots directory
   int workers = 1;

@@ -76,20 +76,21 @@ Status Communicator::setup_hierarchy() {
   for (const auto& h : host_of)
     if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
   if (hosts.size() < 2 || hosts.size() == static_cast<std::size_t>(world_)) return ok_status();
-  // This rank's host, its place among that host's ranks, and whether every
-  // host runs as many ranks (every rank computes the same answer from host_of).
+  // Each rank's host (as an index), this rank's place among its host's
+  // ranks, and whether every host runs as many ranks (every rank computes
+  // the same answer from host_of).
+  topo_ = std::make_unique<Topology>();
+  for (const auto& h : host_of)
+    topo_->host.push_back(
+        static_cast<int>(std::find(hosts.begin(), hosts.end(), h) - hosts.begin()));
   const std::string& me = host_of[static_cast<std::size_t>(rank_)];
-  const int host = static_cast<int>(std::find(hosts.begin(), hosts.end(), me) - hosts.begin());
+  const int host = topo_->host[static_cast<std::size_t>(rank_)];
   const int index = static_cast<int>(std::count(host_of.begin(), host_of.begin() + rank_, me));
   const auto ranks_on = [&](const std::string& h) {
     return std::count(host_of.begin(), host_of.end(), h);
   };
   uniform_ = std::all_of(hosts.begin(), hosts.end(),
                          [&](const std::string& h) { return ranks_on(h) == ranks_on(hosts[0]); });
-  topo_ = std::make_unique<Topology>();
-  for (const auto& h : host_of)
-    topo_->host.push_back(
-        static_cast<int>(std::find(hosts.begin(), hosts.end(), h) - hosts.begin()));
   topo_->uniform = uniform_;
   topo_->piece_bytes = o_.hier_piece_bytes;
   SHOAL_ASSIGN_OR_RETURN(local_, split(host, rank_));
@@ -190,8 +191,9 @@ Status Communicator::hier_sliced(void* buf, std::size_t count, DType dt, ReduceO
 // α-β calibration: time small and 1 MiB exchanges around the ring, take
 // the max over ranks (every rank must pick the same algorithm), and fit
 // t(n) = α + β n per message. Where the job spans hosts the ring crosses
-// a host link, so this is the link's cost; the hosts' own (each host's
-// ranks calibrated at split, the slowest host's) joins it in topo_.
+// a host link, so this is the link's cost; the hosts' own (fitted again
+// host by host, fit_hosts_in_turn; the slowest sampled host's) joins it in
+// topo_.
 Status Communicator::calibrate() {
   const int right = (rank_ + 1) % world_, left = (rank_ - 1 + world_) % world_;
   std::vector<std::uint8_t> out(1 << 20, 1), in(1 << 20);
