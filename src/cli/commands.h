@@ -14,9 +14,13 @@
 namespace CLI {
 class App;
 }
+namespace YAML {
+class Node;
+}
 namespace shoal::train {
 struct TrainOptions;
-}
+class Trainer;
+}  // namespace shoal::train
 
 namespace shoal::cli {
 int run_info();
@@ -52,6 +56,7 @@ struct TrainCommand {
   std::shared_ptr<train::TrainOptions> opts;
   std::shared_ptr<DistFlags> dist;
   std::shared_ptr<std::string> config;
+  std::shared_ptr<std::string> plan;  // --plan FILE (shoal plan's)
 };
 TrainCommand add_train_command(CLI::App& app);
 // --model: a built-in model's name or a path ending in .onnx.
@@ -60,6 +65,36 @@ std::function<std::string(const std::string&)> model_name_check();
 // the command line (its flags win).
 Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,
                                              const std::vector<std::string>& cli);
+// The same from a YAML mapping already read; `where` names it in errors.
+Result<std::vector<std::string>> config_node_args(const YAML::Node& root, const std::string& where,
+                                                  CLI::App& t, const std::vector<std::string>& cli);
+// What a plan file (shoal plan --out) predicted for the run.
+struct PlanPrediction {
+  int ranks = 0;
+  double step_s = 0, compute_s = 0, comm_s = 0, memory_bytes = 0;
+};
+// `shoal train --plan FILE`: the file's flags as --config's, and its
+// prediction in `p`.
+Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
+                                           const std::vector<std::string>& cli, PlanPrediction* p);
+// After training: the measured step time and memory against `p`, logged;
+// a gap over 25% warns and names the estimate that was off.
+void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int world);
+// `shoal plan`.
+struct PlanFlags {
+  int ranks = 2;
+  std::int64_t global_batch = 0;
+  double mem_gb = 0;
+  std::string out = "plan.yaml";
+  std::string calibration, save_calibration;
+  std::shared_ptr<train::TrainOptions> train;  // the model, data and precision
+};
+struct PlanCommand {
+  CLI::App* app = nullptr;
+  std::shared_ptr<PlanFlags> flags;
+};
+PlanCommand add_plan_command(CLI::App& app);
+int run_plan(PlanFlags& f);
 // The flags the train subcommand `t` was given (on the command line or by
 // --config), as a --config file, without --resume, --out and --config: a
 // run keeps it as RUN/options.yaml, and `--resume` reads it back so a
@@ -70,7 +105,9 @@ std::string given_flags_yaml(const CLI::App& t);
 Result<std::vector<std::string>> resume_args(const std::string& out, CLI::App& t,
                                              const std::vector<std::string>& cli);
 // `flags_yaml` (given_flags_yaml) is written into the run directory.
-int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flags_yaml);
+// `plan`: what `shoal train --plan` checks the run against (none: null).
+int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flags_yaml,
+              const PlanPrediction* plan = nullptr);
 // `shoal eval`: evaluates weights (a checkpoint or a state_dict) on a
 // dataset's test split and prints loss and accuracy.
 struct EvalCommand {

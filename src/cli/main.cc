@@ -21,6 +21,7 @@ struct Cli {
   int threads = 0, steps = 10;
   std::uint64_t seed = 1;
   shoal::cli::TrainCommand train;
+  shoal::cli::PlanCommand plan;
   shoal::cli::EvalCommand eval;
   shoal::cli::SampleCommand sample;
   shoal::cli::PsCommand ps;
@@ -56,6 +57,7 @@ struct Cli {
     example->add_option("--seed", seed, "Random seed");
     example->add_option("--trace", trace, "Write Chrome trace JSON to FILE");
     train = shoal::cli::add_train_command(app);
+    plan = shoal::cli::add_plan_command(app);
     eval = shoal::cli::add_eval_command(app);
     sample = shoal::cli::add_sample_command(app);
     ps = shoal::cli::add_ps_command(app);
@@ -204,6 +206,19 @@ int main(int argc, char** argv) {
     cli = std::make_unique<Cli>();
     if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
   }
+  shoal::cli::PlanPrediction plan;
+  if (cli->train.app->parsed() && !cli->train.plan->empty()) {
+    // A plan file is a --config file with the prediction beside the flags.
+    auto extra = shoal::cli::plan_args(*cli->train.plan, *cli->train.app, args, &plan);
+    if (!extra.ok()) {
+      SHOAL_LOG_ERROR("shoal train: {}", extra.status().to_string());
+      return 2;
+    }
+    auto pos = std::find(args.begin(), args.end(), "train");
+    args.insert(pos + 1, extra->begin(), extra->end());
+    cli = std::make_unique<Cli>();
+    if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
+  }
   if (cli->train.app->parsed() && cli->train.opts->resume && !cli->train.opts->out.empty()) {
     // A resumed run takes the flags it started with, unless given again.
     auto extra = shoal::cli::resume_args(cli->train.opts->out, *cli->train.app, args);
@@ -220,7 +235,8 @@ int main(int argc, char** argv) {
   }
   if (cli->train.app->parsed())
     return shoal::cli::run_train(*cli->train.opts, *cli->train.dist,
-                                 shoal::cli::given_flags_yaml(*cli->train.app));
+                                 shoal::cli::given_flags_yaml(*cli->train.app),
+                                 plan.step_s > 0 ? &plan : nullptr);
   if (cli->eval.app->parsed()) return shoal::cli::run_eval(*cli->eval.opts);
   if (cli->sample.app->parsed()) return shoal::cli::run_sample(*cli->sample.opts);
   if (cli->ps.scheduler->parsed()) return shoal::cli::run_ps_scheduler(*cli->ps.sched);
@@ -235,6 +251,7 @@ int main(int argc, char** argv) {
     return shoal::cli::run_ps_server(*cli->ps.opts);
   }
   if (cli->info->parsed()) return shoal::cli::run_info();
+  if (cli->plan.app->parsed()) return shoal::cli::run_plan(*cli->plan.flags);
   if (cli->cluster.simulate->parsed()) return shoal::cli::run_simulate(*cli->cluster.flags);
   if (cli->cluster.place->parsed()) return shoal::cli::run_place(*cli->cluster.flags);
   if (cli->cluster.submit->parsed()) return shoal::cli::run_submit(*cli->cluster.flags);

@@ -48,18 +48,23 @@ Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& 
     return invalid_argument("--config {}: not valid YAML/JSON at line {}, column {}: {}", path,
                             e.mark.line + 1, e.mark.column + 1, e.msg);
   }
+  return config_node_args(root, "--config " + path, t, cli);
+}
+
+Result<std::vector<std::string>> config_node_args(const YAML::Node& root, const std::string& path,
+                                                  CLI::App& t,
+                                                  const std::vector<std::string>& cli) {
   std::vector<std::string> out;
   if (root.IsNull()) return out;
   if (!root.IsMap())
-    return invalid_argument("--config {}: the file must hold a mapping of option: value", path);
+    return invalid_argument("{}: the file must hold a mapping of option: value", path);
   for (const auto& kv : root) {
     std::string key = kv.first.as<std::string>();
     std::string name = key;
     std::replace(name.begin(), name.end(), '_', '-');
     CLI::Option* opt = t.get_option_no_throw("--" + name);
-    if (opt == nullptr || name == "config")
-      return invalid_argument("--config {}: unknown option '{}' (see `shoal train --help`)", path,
-                              key);
+    if (opt == nullptr || name == "config" || name == "plan")
+      return invalid_argument("{}: unknown option '{}' (see `shoal train --help`)", path, key);
     bool on_cli = false;
     for (const auto& a : cli) on_cli |= a == "--" + name || a.rfind("--" + name + "=", 0) == 0;
     if (on_cli) continue;
@@ -70,17 +75,16 @@ Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& 
     } else if (v.IsSequence()) {
       for (const auto& e : v) {
         if (!e.IsScalar())
-          return invalid_argument("--config {}: option '{}' holds a nested value", path, key);
+          return invalid_argument("{}: option '{}' holds a nested value", path, key);
         vals.push_back(e.as<std::string>());
       }
     } else {
-      return invalid_argument("--config {}: option '{}' must be a scalar or a list", path, key);
+      return invalid_argument("{}: option '{}' must be a scalar or a list", path, key);
     }
     if (opt->get_expected_min() == 0) {  // a flag
       bool on = false;
       if (vals.size() != 1 || !YAML::convert<bool>::decode(v, on))
-        return invalid_argument("--config {}: option '{}' is a flag and needs true or false", path,
-                                key);
+        return invalid_argument("{}: option '{}' is a flag and needs true or false", path, key);
       if (on) out.push_back("--" + name);
       continue;
     }
@@ -97,7 +101,7 @@ Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& 
 // between layouts; the layout flags come from the new command line).
 // clang-format off
 const std::set<std::string> kNotKept = {
-    "resume", "out", "config", "help", "threads", "trace", "dump-graph",
+    "resume", "out", "config", "plan", "help", "threads", "trace", "dump-graph",
     "wire", "bucket-mb", "first-bucket-mb", "overlap", "dist", "ps-mode", "staleness",
     "ps-stale-lr", "ps-compress", "zero", "zero-bucket-mb", "sequence-parallel", "tp", "dp",
     "pp", "micro-batches", "pp-schedule", "pp-virtual", "pp-cuts"};
@@ -342,6 +346,10 @@ TrainCommand add_train_command(CLI::App& app) {
                 "them); default: balanced by estimated cost")
       ->delimiter(',');
   t->add_option("--config", *c.config, "YAML or JSON file with the same options (flags win)");
+  c.plan = std::make_shared<std::string>();
+  t->add_option("--plan", *c.plan,
+                "A plan file (shoal plan --out): its flags as --config's (flags win), and at the "
+                "end the measured step time and memory against its prediction");
   return c;
 }
 
@@ -383,8 +391,8 @@ struct Ended {
 
 // Several ranks in the environment (shoal run, mpirun, srun, torchrun),
 // or a parameter-server job's variables: join them, and train.
-Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo,
-                 const std::string& flags_yaml) {
+Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo, const std::string& flags_yaml,
+                 const PlanPrediction* plan = nullptr) {
   auto job = dist::Job::join(o, jo);
   if (!job.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", job.status().to_string());
@@ -438,6 +446,7 @@ Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo,
   if (getrusage(RUSAGE_SELF, &ru) == 0)
     SHOAL_LOG_INFO("peak resident memory of rank {}: {:.0f} MB (getrusage)", o.rank,
                    static_cast<double>(ru.ru_maxrss) / 1024.0);
+  if (plan != nullptr && !ps_job) check_plan(*plan, tr, o.rank, o.world);
   // The result line is printed under --quiet too: it is what a script reads.
   // Each worker of a parameter-server job has its own (async: they differ).
   if (!tr.history().empty() && (o.rank == 0 || ps_job)) {
@@ -549,7 +558,8 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
 
 }  // namespace
 
-int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flags_yaml) {
+int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flags_yaml,
+              const PlanPrediction* plan) {
   const dist::JoinOptions jo = join_options(d, o.precision);
   auto el = dist::elastic_env();
   if (!el.ok()) {
@@ -557,7 +567,7 @@ int run_train(train::TrainOptions o, const DistFlags& d, const std::string& flag
     return 2;
   }
   if (*el) return train_elastic(std::move(o), jo, flags_yaml, **el);
-  return train_once(std::move(o), jo, flags_yaml).code;
+  return train_once(std::move(o), jo, flags_yaml, plan).code;
 }
 
 }  // namespace shoal::cli

@@ -1,5 +1,6 @@
 // Trainer: what a run shows of itself: the epoch line and the metrics plot
 // (gnuplot over metrics.jsonl).
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
 #include "shoal/core/plot.h"
+#include "shoal/graph/passes.h"
 #include "shoal/train/trainer.h"
 #include "train/trainer_impl.h"
 
@@ -19,6 +21,65 @@ std::string flops_str(double flops_per_s, double peak) {
   std::string s = fmt::format(" {:.1f} GFLOP/s", flops_per_s / 1e9);
   if (peak > 0) s += fmt::format(" MFU {:.0f}%", 100 * flops_per_s / peak);
   return s;
+}
+
+StepProfile Trainer::step_profile(std::size_t skip) const {
+  const Impl& m = *impl_;
+  StepProfile p;
+  auto bytes = [](const std::map<std::string, Tensor>& ts) {
+    std::size_t n = 0;
+    for (const auto& [name, t] : ts) n += t.nbytes();
+    return n;
+  };
+  p.param_bytes = bytes(params_);
+  p.state_bytes = bytes(state_);
+  p.buffer_bytes = bytes(buffers_);
+  p.flops = m.step_flops;
+  if (!m.exe) return p;
+  p.arena_bytes = m.exe->arena_bytes();
+  const graph::Graph& g = m.exe->graph();
+  // Each part's median over the steps: one step a time slice of another
+  // process fell into does not move it.
+  std::vector<double> step, product, update, other, period;
+  double last_start = -1;
+  for (std::size_t s = skip; s < m.trace_steps.size(); ++s) {
+    double st = 0, pr = 0, up = 0, ot = 0;
+    for (const runtime::TraceEvent& e : m.trace_steps[s]) {
+      const double sec = e.dur_us * 1e-6;
+      if (e.node < 0) {
+        if (std::string_view(e.name) != "train_step") continue;
+        st += sec;
+        if (last_start >= 0) period.push_back((e.start_us - last_start) * 1e-6);
+        last_start = e.start_us;
+        continue;
+      }
+      if (e.lane != 0) continue;  // the communication thread
+      const graph::Node& n = g.nodes()[static_cast<std::size_t>(e.node)];
+      if (n.op.ends_with("_update"))
+        up += sec;
+      else if (graph::node_flops(g, n) > 0)
+        pr += sec;
+      else
+        ot += sec;
+    }
+    step.push_back(st);
+    product.push_back(pr);
+    update.push_back(up);
+    other.push_back(ot);
+  }
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const std::size_t h = v.size() / 2;
+    return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+  };
+  p.steps = static_cast<int>(step.size());
+  p.step_s = median(step);
+  p.product_s = median(product);
+  p.update_s = median(update);
+  p.other_s = median(other);
+  p.period_s = median(period);
+  return p;
 }
 
 void Trainer::print_epoch(const EpochMetrics& em) const {

@@ -238,6 +238,24 @@ struct EpochMetrics {
   double model_flops_per_s = 0, mfu = 0;
 };
 
+// Where one training step's time and memory go on this rank: the median
+// over the traced steps (TrainSettings::trace, the last 10) of the step
+// graph's kernels, by kind, and the bytes the rank holds. What `shoal
+// plan` calibrates from.
+struct StepProfile {
+  int steps = 0;      // traced steps the medians are over
+  double step_s = 0;  // the step graph's run, wall clock
+  // From one step's start to the next's: the run, the batch, and waiting
+  // for the other ranks where they step together.
+  double period_s = 0;
+  double product_s = 0;  // matmuls and convolutions, forward and backward
+  double update_s = 0;   // optimizer updates
+  double other_s = 0;    // every other kernel on the compute thread
+  double flops = 0;      // model FLOPs of one step (graph::graph_flops)
+  std::size_t arena_bytes = 0, param_bytes = 0, state_bytes = 0, buffer_bytes = 0;
+  std::size_t bytes() const { return arena_bytes + param_bytes + state_bytes + buffer_bytes; }
+};
+
 struct EvalResult {
   double loss = 0, accuracy = 0;
   std::int64_t samples = 0;
@@ -270,6 +288,9 @@ class Trainer {
   Status set_epochs(int epochs);
   int epochs() const { return o_.epochs; }
   const std::vector<EpochMetrics>& history() const { return history_; }
+  // The traced steps' profile (needs TrainSettings::trace; the first
+  // `skip` traced steps are left out, as warm-up). Bytes without tracing.
+  StepProfile step_profile(std::size_t skip = 0) const;
   const std::string& run_dir() const { return dir_; }
   // The signal (SIGINT, SIGTERM; core/stop.h) that ended run() early after
   // a checkpoint, or 0.

@@ -1,0 +1,103 @@
+// `shoal plan`: which layout (--dp x --tp x --pp, --zero, --micro-batches)
+// to train a model with on N ranks, predicted from the model's graph and a
+// short measurement of this host, never from a formula alone:
+//   - compute: the model's own step, run on N concurrent processes (as the
+//     job's ranks would share the cores) at each micro-batch size the
+//     layouts need, its kernels' time split into products (matmul, conv),
+//     other kernels and the optimizer update (train::StepProfile);
+//   - how each split changes that: tensor parallelism's rewrite of the
+//     forward graph (mp::shard_tensor_parallel) gives the share of products
+//     and other work a rank keeps and the bytes its collectives carry; the
+//     pipeline's plan (mp::plan_pipeline) its largest stage's share of the
+//     cost and the bytes crossing each cut;
+//   - communication: all-reduces measured among the same processes, in
+//     groups of each size the layouts use, all groups at once, fitted as
+//     t = alpha + bytes * beta.
+// docs/plan.md: the model, and where it is known to be wrong.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shoal/core/status.h"
+#include "shoal/dist/layout.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::dist {
+
+struct PlanRequest {
+  int ranks = 2;                  // the job's ranks, all on this host
+  std::int64_t global_batch = 0;  // samples per step over the job
+  double mem_per_rank = 0;        // bytes a rank may hold (0: no budget)
+  int cores = 0;                  // this host's cores (0: the allowed CPUs)
+};
+
+// All-reduce time of `bytes` within one group: alpha + bytes * beta.
+struct LinkFit {
+  double alpha = 0, beta = 0;
+  double time(double bytes) const { return bytes > 0 ? alpha + bytes * beta : 0; }
+};
+
+// What splitting the model over T tensor-parallel ranks leaves a rank.
+struct TpShape {
+  std::string refused;  // why the model cannot be split so ("" if it can)
+  double product_ratio = 1, other_ratio = 1, param_ratio = 1;
+  std::vector<double> collective_bytes_per_row;  // each all-reduce, fwd or bwd
+};
+// What cutting the model into P pipeline stages leaves the largest stage.
+struct PpShape {
+  std::string refused;
+  double stage_share = 1;             // the largest stage's share of the estimated cost
+  double param_share = 1;             // the largest share of the parameters a stage holds
+  double boundary_bytes_per_row = 0;  // the largest activation crossing a cut
+};
+
+struct Calibration {
+  int ranks = 1, threads = 1;
+  bool overlap = false;  // --overlap auto's choice for this many ranks
+  std::string precision = "f32";
+  std::map<std::int64_t, train::StepProfile> steps;  // by micro-batch rows
+  std::map<int, TpShape> tp;                         // by --tp
+  std::map<int, PpShape> pp;                         // by --pp
+  std::map<int, LinkFit> allreduce;                  // by group size
+  double seconds = 0;                                // what calibrating took
+};
+
+struct Candidate {
+  Layout layout;
+  int dp = 1, zero = 0;
+  std::int64_t batch = 0;  // --batch: per data-parallel rank
+  double compute_s = 0, comm_s = 0, step_s = 0;
+  double memory_bytes = 0;  // the largest rank's
+  bool fits = true;
+  std::string flags() const;  // "--dp 2 --tp 2 --zero 1 --batch 32 ..."
+};
+
+// The distinct micro-batch sizes the layouts of `r` use.
+std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r, const std::vector<int>& tp_sizes,
+                                           const std::vector<int>& pp_sizes);
+
+// Runs `r.ranks` processes on this host that each train `base` for a few
+// steps at each micro-batch size, then measure all-reduces among
+// themselves. Bounded by `deadline_s`; a process that fails is named.
+Result<Calibration> calibrate(const train::TrainOptions& base, const PlanRequest& r,
+                              double deadline_s = 600);
+
+// Every layout of `r` the model allows, predicted from `c`, fastest first
+// (those over the memory budget after those within it).
+std::vector<Candidate> plan_layouts(const PlanRequest& r, const Calibration& c);
+Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, int zero);
+
+// The table `shoal plan` prints, and the file it writes for the first
+// candidate (the flags as `shoal train --config` reads them, and the
+// prediction under plan-* keys `shoal train --plan` checks).
+std::string plan_table(const std::vector<Candidate>& cs, std::size_t rows = 20);
+std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::TrainSettings& s);
+
+// Calibration to and from JSON (`shoal plan --calibration FILE` reuses one).
+std::string calibration_json(const Calibration& c);
+Result<Calibration> parse_calibration(const std::string& text);
+
+}  // namespace shoal::dist

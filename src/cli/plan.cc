@@ -1,0 +1,199 @@
+// `shoal plan`: calibrate, rank the layouts, write the first as a file
+// `shoal train --plan FILE` runs; and the check of that prediction against
+// the run (dist/plan.h does the work).
+#include "shoal/dist/plan.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+
+#include "cli/commands.h"
+#include "cli/flag_checks.h"
+#include "shoal/core/file.h"
+#include "shoal/core/logging.h"
+#include "shoal/train/trainer.h"
+
+namespace shoal::cli {
+
+PlanCommand add_plan_command(CLI::App& app) {
+  PlanCommand c;
+  c.flags = std::make_shared<PlanFlags>();
+  PlanFlags& f = *c.flags;
+  f.train = std::make_shared<train::TrainOptions>();
+  train::TrainOptions& o = *f.train;
+  CLI::App* p = app.add_subcommand(
+      "plan",
+      "Rank the layouts (--dp x --tp x --pp, --zero, --micro-batches) of a model on N ranks of "
+      "this host by predicted step time and memory, from a short measurement; write the best "
+      "as a file for shoal train --plan");
+  c.app = p;
+  p->add_option("-n,--ranks", f.ranks, "Ranks the job will run")
+      ->check(CLI::Range(1, 64))
+      ->required();
+  p->add_option("--batch", f.global_batch, "Samples per step over the job (default 64 x ranks)")
+      ->check(positive());
+  p->add_option("--mem-per-rank", f.mem_gb, "Memory a rank may hold, GB (0: no budget)")
+      ->check(non_negative());
+  p->add_option("--out", f.out, "The plan file to write")->capture_default_str();
+  p->add_option("--calibration", f.calibration,
+                "Read the calibration from this file instead of measuring (written by "
+                "--save-calibration)");
+  p->add_option("--save-calibration", f.save_calibration, "Write the calibration as JSON");
+  p->add_option("--model", o.model, "As shoal train --model")
+      ->check(model_name_check())
+      ->capture_default_str();
+  p->add_option("--data", o.data, "As shoal train --data")->capture_default_str();
+  p->add_option("--layers", o.gpt.layers, "--model gpt: transformer blocks")->check(positive());
+  p->add_option("--heads", o.gpt.heads, "--model gpt: attention heads")->check(positive());
+  p->add_option("--dim", o.gpt.dim, "--model gpt: embedding width")->check(positive());
+  p->add_option("--context", o.gpt.context, "--model gpt: tokens per sample")->check(positive());
+  p->add_option("--optimizer", o.optimizer, "As shoal train --optimizer")
+      ->check(CLI::IsMember({"sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"}))
+      ->capture_default_str();
+  p->add_option("--precision", o.precision, "f32 or bf16, as shoal train")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  p->add_option("--threads", o.threads, "CPU threads per rank (0 = the cores / ranks)")
+      ->check(non_negative());
+  return c;
+}
+
+int run_plan(PlanFlags& f) {
+  dist::PlanRequest r;
+  r.ranks = f.ranks;
+  r.global_batch = f.global_batch > 0 ? f.global_batch : 64LL * f.ranks;
+  r.mem_per_rank = f.mem_gb * 1e9;
+  Result<dist::Calibration> cal = internal_error("unset");
+  if (!f.calibration.empty()) {
+    auto text = read_file(f.calibration);
+    cal = text.ok() ? dist::parse_calibration(*text) : Result<dist::Calibration>(text.status());
+    if (cal.ok() && cal->ranks != r.ranks)
+      cal = invalid_argument("--calibration {} was measured with {} ranks, not -n {}",
+                             f.calibration, cal->ranks, r.ranks);
+  } else {
+    fmt::print("shoal plan: calibrating {} on {} ranks of this host...\n", f.train->model, r.ranks);
+    std::fflush(stdout);
+    cal = dist::calibrate(*f.train, r);
+  }
+  if (!cal.ok()) {
+    SHOAL_LOG_ERROR("shoal plan: {}", cal.status().to_string());
+    return 1;
+  }
+  if (!f.save_calibration.empty())
+    if (Status st = write_file_atomic(f.save_calibration, dist::calibration_json(*cal)); !st.ok()) {
+      SHOAL_LOG_ERROR("shoal plan: --save-calibration: {}", st.to_string());
+      return 1;
+    }
+  for (const auto& [t, s] : cal->tp)
+    if (!s.refused.empty()) fmt::print("  --tp {}: not possible: {}\n", t, s.refused);
+  for (const auto& [p, s] : cal->pp)
+    if (!s.refused.empty()) fmt::print("  --pp {}: not possible: {}\n", p, s.refused);
+  const auto cands = dist::plan_layouts(r, *cal);
+  if (cands.empty()) {
+    SHOAL_LOG_ERROR("shoal plan: no layout of {} ranks splits {} samples per step", r.ranks,
+                    r.global_batch);
+    return 1;
+  }
+  fmt::print("{} ranks x {} threads, {} samples per step, calibrated in {:.1f} s\n", cal->ranks,
+             cal->threads, r.global_batch, cal->seconds);
+  fmt::print("{}", dist::plan_table(cands));
+  if (!cands.front().fits) {
+    double least = cands.front().memory_bytes;
+    for (const auto& c : cands) least = std::min(least, c.memory_bytes);
+    SHOAL_LOG_ERROR(
+        "shoal plan: no layout fits --mem-per-rank {} GB: the smallest needs {:.3f} GB per rank",
+        f.mem_gb, least / 1e9);
+    return 1;
+  }
+  const dist::Candidate& best = cands.front();
+  if (Status st = write_file_atomic(f.out, dist::plan_yaml(best, r, *f.train)); !st.ok()) {
+    SHOAL_LOG_ERROR("shoal plan: --out: {}", st.to_string());
+    return 1;
+  }
+  fmt::print("plan: {} (predicted {:.1f} ms a step, {:.1f} MB per rank) written to {}\n",
+             best.flags(), best.step_s * 1e3, best.memory_bytes / 1e6, f.out);
+  fmt::print("run it: shoal run -n {} shoal train --plan {}\n", r.ranks, f.out);
+  return 0;
+}
+
+Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
+                                           const std::vector<std::string>& cli, PlanPrediction* p) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    return not_found("--plan {}: cannot open the file", path);
+  } catch (const YAML::Exception& e) {
+    return invalid_argument("--plan {}: not valid YAML at line {}: {}", path, e.mark.line + 1,
+                            e.msg);
+  }
+  if (!root.IsMap()) return invalid_argument("--plan {}: not a mapping of option: value", path);
+  YAML::Node flags(YAML::NodeType::Map);
+  try {
+    for (const auto& kv : root) {
+      const std::string key = kv.first.as<std::string>();
+      if (key == "plan-step-seconds")
+        p->step_s = kv.second.as<double>();
+      else if (key == "plan-compute-seconds")
+        p->compute_s = kv.second.as<double>();
+      else if (key == "plan-comm-seconds")
+        p->comm_s = kv.second.as<double>();
+      else if (key == "plan-memory-bytes")
+        p->memory_bytes = kv.second.as<double>();
+      else if (key == "plan-ranks")
+        p->ranks = kv.second.as<int>();
+      else
+        flags[key] = kv.second;
+    }
+  } catch (const YAML::Exception& e) {
+    return invalid_argument("--plan {}: a plan-* value is not a number: {}", path, e.msg);
+  }
+  return config_node_args(flags, "--plan " + path, t, cli);
+}
+
+void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int world) {
+  if (p.step_s <= 0) return;
+  if (p.ranks > 0 && p.ranks != world)
+    SHOAL_LOG_WARN("plan check: the plan was made for {} ranks, this job has {}", p.ranks, world);
+  std::int64_t steps = 0;
+  double secs = 0;
+  for (const auto& e : tr.history()) secs += e.train_seconds;
+  if (!tr.history().empty()) steps = tr.history().back().step;
+  const train::StepProfile prof = tr.step_profile(2);
+  const double bytes = static_cast<double>(prof.bytes());
+  const double mem_gap = p.memory_bytes > 0 ? bytes / p.memory_bytes - 1 : 0;
+  if (std::abs(mem_gap) > 0.25)
+    SHOAL_LOG_WARN("plan check: rank {} holds {:.1f} MB, the plan said {:.1f} MB ({:+.0f}%)", rank,
+                   bytes / 1e6, p.memory_bytes / 1e6, 100 * mem_gap);
+  if (rank != 0 || steps <= 0) return;
+  const double step = secs / static_cast<double>(steps);
+  const double gap = step / p.step_s - 1;
+  SHOAL_LOG_INFO(
+      "plan check: step {:.1f} ms measured, {:.1f} ms predicted ({:+.0f}%); memory {:.1f} MB on "
+      "rank 0, {:.1f} MB predicted for the largest rank",
+      step * 1e3, p.step_s * 1e3, 100 * gap, bytes / 1e6, p.memory_bytes / 1e6);
+  if (std::abs(gap) <= 0.25) return;
+  if (prof.steps == 0) {
+    SHOAL_LOG_WARN(
+        "plan check: the step is {:+.0f}% off the prediction (compute {:.1f} ms, communication "
+        "{:.1f} ms predicted); run with --trace FILE to see which part was misjudged",
+        100 * gap, p.compute_s * 1e3, p.comm_s * 1e3);
+    return;
+  }
+  // Kernels on the compute thread against the predicted compute; the rest
+  // of the step (waiting for collectives, the pipeline's bubble) against
+  // the predicted communication.
+  const double kernels = prof.product_s + prof.other_s + prof.update_s;
+  const double waiting = std::max(0.0, prof.step_s - kernels);
+  const bool compute_off = std::abs(kernels - p.compute_s) >= std::abs(waiting - p.comm_s);
+  SHOAL_LOG_WARN(
+      "plan check: the step is {:+.0f}% off; the {} estimate is the one off: {:.1f} ms measured "
+      "against {:.1f} ms predicted (products {:.1f} ms, other kernels {:.1f} ms, optimizer "
+      "{:.1f} ms measured)",
+      100 * gap, compute_off ? "compute" : "communication", (compute_off ? kernels : waiting) * 1e3,
+      (compute_off ? p.compute_s : p.comm_s) * 1e3, prof.product_s * 1e3, prof.other_s * 1e3,
+      prof.update_s * 1e3);
+}
+
+}  // namespace shoal::cli

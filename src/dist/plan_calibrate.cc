@@ -1,0 +1,358 @@
+// dist/plan.h's calibration: the job's ranks, forked on this host, each
+// train the model a few steps at every micro-batch size the layouts need
+// (all at once, so they share the cores as the job's ranks will), then
+// time all-reduces among themselves in groups of each size. Rank 0 reads
+// the forward graph's splits and writes the result as JSON for the parent.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "dist/plan_internal.h"
+#include "shoal/collective/registry.h"
+#include "shoal/comm/communicator.h"
+#include "shoal/core/file.h"
+#include "shoal/core/logging.h"
+#include "shoal/dp/data_parallel.h"
+#include "shoal/net/store.h"
+#include "shoal/runtime/kernel.h"
+
+namespace shoal::dist {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// The trainer traces its last 10 steps (train/trainer_impl.h kTraceSteps).
+constexpr int kWarmSteps = 2, kTimedSteps = 10;
+
+std::vector<int> group_sizes(int n) {
+  std::vector<int> g;
+  for (int k = 2; k <= n; ++k)
+    if (n % k == 0) g.push_back(k);
+  return g;
+}
+
+// One all-reduce of `bytes` in every group at once: the slowest rank's
+// mean.
+Result<double> time_allreduce(comm::Communicator& world, comm::Communicator& group,
+                              std::vector<float>& buf, std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>(bytes / 4, 1);
+  for (int w = 0; w < 2; ++w)
+    SHOAL_RETURN_IF_ERROR(
+        group.allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum));
+  // Repetitions for ~20 ms, the same on every rank (each group's ranks
+  // must make the same calls).
+  auto t0 = Clock::now();
+  SHOAL_RETURN_IF_ERROR(
+      group.allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum));
+  double one = std::chrono::duration<double>(Clock::now() - t0).count();
+  SHOAL_RETURN_IF_ERROR(world.allreduce(&one, &one, 1, DType::kF64, comm::ReduceOp::kMax));
+  const int iters = std::clamp(static_cast<int>(0.02 / std::max(one, 1e-7)), 3, 200);
+  SHOAL_RETURN_IF_ERROR(world.barrier());
+  t0 = Clock::now();
+  for (int i = 0; i < iters; ++i)
+    SHOAL_RETURN_IF_ERROR(
+        group.allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum));
+  double mean = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  SHOAL_RETURN_IF_ERROR(world.allreduce(&mean, &mean, 1, DType::kF64, comm::ReduceOp::kMax));
+  return mean;
+}
+
+Result<std::map<int, LinkFit>> measure_links(comm::Communicator& c) {
+  std::map<int, LinkFit> fits;
+  const std::size_t small = 4 << 10, large = 4 << 20;
+  std::vector<float> buf(large / 4, 1.0f);
+  for (int g : group_sizes(c.size())) {
+    std::unique_ptr<comm::Communicator> sub;
+    comm::Communicator* grp = &c;
+    if (g < c.size()) {
+      SHOAL_ASSIGN_OR_RETURN(sub, c.split(c.rank() / g, c.rank()));
+      grp = sub.get();
+    }
+    SHOAL_ASSIGN_OR_RETURN(double t_small, time_allreduce(c, *grp, buf, small));
+    SHOAL_ASSIGN_OR_RETURN(double t_large, time_allreduce(c, *grp, buf, large));
+    LinkFit f;
+    f.beta = std::max(0.0, (t_large - t_small) / static_cast<double>(large - small));
+    f.alpha = std::max(1e-6, t_small - f.beta * static_cast<double>(small));
+    fits[g] = f;
+  }
+  return fits;
+}
+
+// This rank trains `rows` per step for a few steps beside the others;
+// with `forward`, keeps a copy of the training graph's forward there.
+Result<train::StepProfile> profile_rows(train::TrainOptions o, std::int64_t rows,
+                                        const std::string& dir, comm::Communicator& c,
+                                        std::unique_ptr<graph::Graph>* forward) {
+  const int rank = c.rank();
+  // The ranks step together, as a data-parallel job's do (each step's vote
+  // is collective), and share the cores as they will; nothing else of the
+  // job's communication is in the step.
+  o.peers = dp::peers(c);
+  o.rank = rank;
+  o.world = c.size();
+  o.batch = rows;
+  o.micro_batches = 1;
+  o.epochs = 1;
+  o.max_steps = kWarmSteps + kTimedSteps;
+  o.limit_test = rows;
+  o.quiet = true;
+  o.plot = false;
+  o.checkpoints = false;
+  o.resume = false;
+  o.out = fmt::format("{}/run.{}.{}", dir, rank, rows);
+  o.trace = fmt::format("{}/trace.{}.json", dir, rank);
+  if (forward != nullptr) {  // the training graph's forward, before autodiff
+    o.forward_pass = [forward](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
+      if (!*forward) *forward = std::make_unique<graph::Graph>(g);
+      return train::TrainOptions::ParamSlices{};
+    };
+  }
+  SHOAL_ASSIGN_OR_RETURN(auto t, train::Trainer::create(o));
+  SHOAL_RETURN_IF_ERROR(t->run());
+  train::StepProfile p = t->step_profile(kWarmSteps);
+  if (p.steps == 0) return internal_error("no step was traced at --batch {}", rows);
+  // A step of the job lasts from one start to the next (the batch, the
+  // executor between kernels, waiting for a core while another rank holds
+  // it): each part grows in proportion to its kernels' share.
+  const double kernels = p.product_s + p.other_s + p.update_s;
+  const double whole = std::max({p.period_s, p.step_s, kernels});
+  if (kernels > 0) {
+    const double k = whole / kernels;
+    p.product_s *= k;
+    p.other_s *= k;
+    p.update_s *= k;
+  }
+  return p;
+}
+
+int calibrate_rank(int rank, const train::TrainOptions& base, const PlanRequest& r,
+                   const std::vector<std::int64_t>& rows, const std::string& dir) {
+  log::set_identity(rank, r.ranks, "plan");
+  log::logger().set_level(spdlog::level::warn);  // the trainers' set-up lines, r.ranks times
+  net::FileStore store(dir + "/store");
+  auto co = comm::CommOptions::from_env();
+  if (!co.ok()) return 2;
+  co->timeout_seconds = std::min(co->timeout_seconds, 60.0);  // a stuck rank, named in a minute
+  auto c = comm::Communicator::create(rank, r.ranks, store, *co);
+  Status st = c.status();
+  Calibration cal;
+  cal.ranks = r.ranks;
+  cal.threads = base.threads;
+  cal.overlap = r.ranks * base.threads < r.cores;
+  cal.precision = base.precision;
+  const auto t0 = Clock::now();
+  std::unique_ptr<graph::Graph> forward;
+  for (std::size_t i = 0; st.ok() && i < rows.size(); ++i) {
+    st = (*c)->barrier();
+    if (!st.ok()) break;
+    auto p = profile_rows(base, rows[i], dir, **c, i == 0 ? &forward : nullptr);
+    if (!p.ok()) {
+      st = p.status().with_context(fmt::format("calibrating at --batch {}", rows[i]));
+      break;
+    }
+    cal.steps[rows[i]] = *p;
+  }
+  if (st.ok() && !forward) st = internal_error("the trainer built no forward graph");
+  // What each split leaves a rank. Tensor parallelism's rewrite reads its
+  // group from a registered communicator: a real one of T ranks.
+  std::vector<std::unique_ptr<comm::Communicator>> groups;
+  for (int t = 2; st.ok() && t <= r.ranks; ++t) {
+    if (r.ranks % t != 0) continue;
+    comm::Communicator* grp = c->get();
+    if (t < r.ranks) {
+      auto sub = (*c)->split(rank / t, rank);
+      if (!sub.ok()) {
+        st = sub.status();
+        break;
+      }
+      groups.push_back(std::move(*sub));
+      grp = groups.back().get();
+    }
+    if (rank != 0) continue;
+    cal.tp[t] = tp_shape(*forward, t, collective::register_communicator(grp, false));
+    cal.pp[t] = pp_shape(*forward, t);
+  }
+  if (st.ok()) {
+    auto links = measure_links(**c);
+    if (links.ok())
+      cal.allreduce = *links;
+    else
+      st = links.status().with_context("timing all-reduces");
+  }
+  if (!st.ok()) {
+    SHOAL_LOG_ERROR("shoal plan: {}", st.to_string());
+    return 1;
+  }
+  cal.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (rank == 0 && !write_file_atomic(dir + "/calibration.json", calibration_json(cal)).ok())
+    return 1;
+  c->reset();  // the communicator's threads end before the process does
+  return 0;
+}
+
+}  // namespace
+
+std::string calibration_json(const Calibration& c) {
+  nlohmann::json j;
+  j["ranks"] = c.ranks;
+  j["threads"] = c.threads;
+  j["overlap"] = c.overlap;
+  j["precision"] = c.precision;
+  j["seconds"] = c.seconds;
+  for (const auto& [rows, p] : c.steps)
+    j["steps"].push_back({{"rows", rows},
+                          {"steps", p.steps},
+                          {"step_s", p.step_s},
+                          {"period_s", p.period_s},
+                          {"product_s", p.product_s},
+                          {"other_s", p.other_s},
+                          {"update_s", p.update_s},
+                          {"flops", p.flops},
+                          {"arena_bytes", p.arena_bytes},
+                          {"param_bytes", p.param_bytes},
+                          {"state_bytes", p.state_bytes},
+                          {"buffer_bytes", p.buffer_bytes}});
+  for (const auto& [t, s] : c.tp)
+    j["tp"].push_back({{"size", t},
+                       {"refused", s.refused},
+                       {"product_ratio", s.product_ratio},
+                       {"other_ratio", s.other_ratio},
+                       {"param_ratio", s.param_ratio},
+                       {"collective_bytes_per_row", s.collective_bytes_per_row}});
+  for (const auto& [p, s] : c.pp)
+    j["pp"].push_back({{"size", p},
+                       {"refused", s.refused},
+                       {"stage_share", s.stage_share},
+                       {"param_share", s.param_share},
+                       {"boundary_bytes_per_row", s.boundary_bytes_per_row}});
+  for (const auto& [g, f] : c.allreduce)
+    j["allreduce"].push_back({{"group", g}, {"alpha", f.alpha}, {"beta", f.beta}});
+  return j.dump(1) + "\n";
+}
+
+Result<Calibration> parse_calibration(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return invalid_argument("plan calibration: not a JSON object");
+  Calibration c;
+  try {
+    c.ranks = j.at("ranks").get<int>();
+    c.threads = j.at("threads").get<int>();
+    c.overlap = j.at("overlap").get<bool>();
+    c.precision = j.at("precision").get<std::string>();
+    c.seconds = j.value("seconds", 0.0);
+    for (const auto& e : j.value("steps", nlohmann::json::array())) {
+      train::StepProfile p;
+      p.steps = e.at("steps").get<int>();
+      p.step_s = e.at("step_s").get<double>();
+      p.period_s = e.value("period_s", 0.0);
+      p.product_s = e.at("product_s").get<double>();
+      p.other_s = e.at("other_s").get<double>();
+      p.update_s = e.at("update_s").get<double>();
+      p.flops = e.at("flops").get<double>();
+      p.arena_bytes = e.at("arena_bytes").get<std::size_t>();
+      p.param_bytes = e.at("param_bytes").get<std::size_t>();
+      p.state_bytes = e.at("state_bytes").get<std::size_t>();
+      p.buffer_bytes = e.at("buffer_bytes").get<std::size_t>();
+      c.steps[e.at("rows").get<std::int64_t>()] = p;
+    }
+    for (const auto& e : j.value("tp", nlohmann::json::array())) {
+      TpShape s;
+      s.refused = e.at("refused").get<std::string>();
+      s.product_ratio = e.at("product_ratio").get<double>();
+      s.other_ratio = e.at("other_ratio").get<double>();
+      s.param_ratio = e.at("param_ratio").get<double>();
+      s.collective_bytes_per_row = e.at("collective_bytes_per_row").get<std::vector<double>>();
+      c.tp[e.at("size").get<int>()] = s;
+    }
+    for (const auto& e : j.value("pp", nlohmann::json::array())) {
+      PpShape s;
+      s.refused = e.at("refused").get<std::string>();
+      s.stage_share = e.at("stage_share").get<double>();
+      s.param_share = e.at("param_share").get<double>();
+      s.boundary_bytes_per_row = e.at("boundary_bytes_per_row").get<double>();
+      c.pp[e.at("size").get<int>()] = s;
+    }
+    for (const auto& e : j.value("allreduce", nlohmann::json::array()))
+      c.allreduce[e.at("group").get<int>()] = {e.at("alpha").get<double>(),
+                                               e.at("beta").get<double>()};
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_argument("plan calibration: {}", e.what());
+  }
+  if (c.steps.empty()) return invalid_argument("plan calibration: no step sizes measured");
+  return c;
+}
+
+Result<Calibration> calibrate(const train::TrainOptions& base_in, const PlanRequest& r,
+                              double deadline_s) {
+  if (r.ranks < 1 || r.global_batch < 1)
+    return invalid_argument("plan: {} ranks, {} samples per step", r.ranks, r.global_batch);
+  train::TrainOptions base = base_in;
+  const int cores = r.cores > 0 ? r.cores : runtime::num_cores();
+  if (base.threads == 0) base.threads = std::max(1, cores / r.ranks);
+  base.prefetch = r.ranks * base.threads < cores;  // as dp::attach decides
+  PlanRequest req = r;
+  req.cores = cores;
+  std::vector<int> sizes;
+  for (int k = 1; k <= r.ranks; ++k)
+    if (r.ranks % k == 0) sizes.push_back(k);
+  const std::vector<std::int64_t> rows = micro_batch_rows(req, sizes, sizes);
+  if (rows.empty())
+    return invalid_argument("plan: no layout of {} ranks splits {} samples per step evenly",
+                            r.ranks, r.global_batch);
+  const std::string dir =
+      (fs::temp_directory_path() / fmt::format("shoal_plan_{}", ::getpid())).string();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < r.ranks; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid < 0) break;
+    if (pid == 0) ::_exit(calibrate_rank(rank, base, req, rows, dir));
+    pids.push_back(pid);
+  }
+  // Every rank, bounded by the deadline; one that fails stops the others.
+  std::string failed;
+  const auto until = Clock::now() + std::chrono::duration<double>(deadline_s);
+  std::size_t left = pids.size();
+  std::vector<bool> done(pids.size(), false);
+  while (left > 0) {
+    for (std::size_t i = 0; i < pids.size(); ++i) {
+      int status = 0;
+      if (done[i] || ::waitpid(pids[i], &status, WNOHANG) != pids[i]) continue;
+      done[i] = true;
+      --left;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && failed.empty()) {
+        failed =
+            fmt::format("calibration rank {} {}", i,
+                        WIFEXITED(status) ? fmt::format("exited {}", WEXITSTATUS(status))
+                                          : fmt::format("died of signal {}", WTERMSIG(status)));
+        for (std::size_t j = 0; j < pids.size(); ++j)
+          if (!done[j]) ::kill(pids[j], SIGTERM);
+      }
+    }
+    if (left > 0 && Clock::now() > until) {
+      for (std::size_t j = 0; j < pids.size(); ++j)
+        if (!done[j]) ::kill(pids[j], SIGKILL);
+      if (failed.empty()) failed = fmt::format("calibration took over {:.0f} s", deadline_s);
+    }
+    if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (pids.size() < static_cast<std::size_t>(r.ranks) && failed.empty()) failed = "fork failed";
+  Result<Calibration> cal = internal_error("plan: {}", failed);
+  if (failed.empty()) {
+    auto text = read_file(dir + "/calibration.json");
+    cal = text.ok() ? parse_calibration(*text) : Result<Calibration>(text.status());
+  }
+  fs::remove_all(dir, ec);
+  return cal;
+}
+
+}  // namespace shoal::dist

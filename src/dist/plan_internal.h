@@ -1,0 +1,18 @@
+// dist/plan.h's parts, shared by its files: what the forward graph says
+// of each split (plan_shape.cc).
+#pragma once
+
+#include <cstdint>
+
+#include "shoal/dist/plan.h"
+#include "shoal/graph/graph.h"
+
+namespace shoal::dist {
+
+std::int64_t forward_rows(const graph::Graph& g);  // input x's first dimension
+// `comm_id`: a registered communicator of T ranks (the rewrite reads its
+// rank and size; nothing is sent).
+TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id);
+PpShape pp_shape(const graph::Graph& g, int P);
+
+}  // namespace shoal::dist

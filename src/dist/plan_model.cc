@@ -1,0 +1,225 @@
+// The cost model of dist/plan.h: each layout's step time and memory per
+// rank from a calibration, the layouts a job allows, and how the plan is
+// shown and written.
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+#include "shoal/dist/plan.h"
+
+namespace shoal::dist {
+namespace {
+
+double lerp(double a, double b, double t) { return a + (b - a) * t; }
+
+// The profile at `rows`, linear between the measured sizes (and beyond
+// them along the nearest two; one size alone scales in proportion).
+train::StepProfile profile_at(const Calibration& c, std::int64_t rows) {
+  const auto& s = c.steps;
+  if (s.empty()) return {};
+  if (auto it = s.find(rows); it != s.end()) return it->second;
+  auto hi = s.lower_bound(rows);
+  if (s.size() == 1) hi = s.begin();
+  if (hi == s.end()) --hi;
+  auto lo = hi == s.begin() ? std::next(hi) : std::prev(hi);
+  if (lo == s.end()) lo = hi;
+  train::StepProfile p = hi->second;
+  const double x0 = static_cast<double>(lo->first), x1 = static_cast<double>(hi->first);
+  const double t = x0 == x1 ? 0 : (static_cast<double>(rows) - x0) / (x1 - x0);
+  const train::StepProfile &a = lo->second, &b = hi->second;
+  if (x0 == x1) {  // one size: in proportion to the rows
+    const double k = static_cast<double>(rows) / x1;
+    p.product_s *= k;
+    p.other_s *= k;
+    p.step_s *= k;
+    p.arena_bytes = static_cast<std::size_t>(static_cast<double>(p.arena_bytes) * k);
+    return p;
+  }
+  p.product_s = std::max(0.0, lerp(a.product_s, b.product_s, t));
+  p.other_s = std::max(0.0, lerp(a.other_s, b.other_s, t));
+  p.update_s = std::max(0.0, lerp(a.update_s, b.update_s, t));
+  p.step_s = std::max(0.0, lerp(a.step_s, b.step_s, t));
+  p.arena_bytes = static_cast<std::size_t>(std::max(
+      0.0, lerp(static_cast<double>(a.arena_bytes), static_cast<double>(b.arena_bytes), t)));
+  return p;
+}
+
+// An all-reduce among `group` ranks (the nearest measured group size).
+double allreduce_s(const Calibration& c, int group, double bytes) {
+  if (group < 2 || bytes <= 0 || c.allreduce.empty()) return 0;
+  auto it = c.allreduce.lower_bound(group);
+  if (it == c.allreduce.end()) --it;
+  return it->second.time(bytes);
+}
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int k = 1; k <= n; ++k)
+    if (n % k == 0) d.push_back(k);
+  return d;
+}
+
+std::string mb(double bytes) { return fmt::format("{:.1f}", bytes / 1e6); }
+
+}  // namespace
+
+std::string Candidate::flags() const {
+  std::string s = fmt::format("--dp {} --tp {} --pp {}", dp, layout.tp, layout.pp);
+  if (zero > 0) s += fmt::format(" --zero {}", zero);
+  s += fmt::format(" --micro-batches {} --batch {}", micro_batches(layout), batch);
+  return s;
+}
+
+std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r, const std::vector<int>& tp_sizes,
+                                           const std::vector<int>& pp_sizes) {
+  std::vector<std::int64_t> rows;
+  for (int tp : tp_sizes)
+    for (int pp : pp_sizes) {
+      if (r.ranks % (tp * pp) != 0) continue;
+      const int dp = r.ranks / (tp * pp);
+      if (r.global_batch % dp != 0) continue;
+      const std::int64_t b = r.global_batch / dp;
+      for (int k : {1, 2, 4}) {
+        const std::int64_t m = pp > 1 ? pp * k : k;
+        if (b % m == 0) rows.push_back(b / m);
+      }
+    }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, int zero) {
+  Candidate k;
+  k.layout = l;
+  k.zero = zero;
+  const int T = l.tp, P = l.pp, D = r.ranks / (T * P), m = micro_batches(l);
+  k.dp = D;
+  k.layout.dp = D;
+  k.batch = r.global_batch / D;
+  const std::int64_t rows = k.batch / m;
+  const train::StepProfile p = profile_at(c, rows);
+  const TpShape tp = T > 1 ? c.tp.at(T) : TpShape{};
+  const PpShape pp = P > 1 ? c.pp.at(P) : PpShape{};
+  const double share = tp.param_ratio * pp.param_share;  // of the parameters a rank holds
+  const double per_mb = p.product_s * tp.product_ratio + p.other_s * tp.other_ratio;
+  double tp_mb = 0;
+  for (double b : tp.collective_bytes_per_row)
+    tp_mb += allreduce_s(c, T, b * static_cast<double>(rows));
+  const double update = p.update_s * share / (zero >= 1 ? D : 1);
+  double comm = 0;
+  if (P == 1) {
+    k.compute_s = m * per_mb + update;
+    comm = m * tp_mb;
+  } else {  // (m + P - 1) slots of the largest stage: the pipeline's bubble
+    const double slots = m + P - 1;
+    k.compute_s = slots * per_mb * pp.stage_share + update;
+    comm = slots * (tp_mb * pp.stage_share +
+                    2 * allreduce_s(c, 2, pp.boundary_bytes_per_row * static_cast<double>(rows)));
+  }
+  if (D > 1) {
+    const double wire = c.precision == "bf16" ? 2.0 : 4.0;
+    const double grads = static_cast<double>(p.param_bytes) / 4.0 * wire * share;
+    // ZeRO-3 gathers the parameters for the forward and again for the
+    // backward, and reduce-scatters the gradients: 1.5 all-reduces.
+    double dp = allreduce_s(c, D, grads) * (zero == 3 ? 1.5 : 1.0);
+    // Overlapped with the backward (about 2/3 of the compute) where a
+    // core is free for it; what is left shows.
+    if (c.overlap) dp = std::max(0.1 * dp, dp - 2.0 / 3.0 * k.compute_s);
+    comm += dp;
+  }
+  k.comm_s = comm;
+  k.step_s = k.compute_s + k.comm_s;
+  double arena = static_cast<double>(p.arena_bytes) * tp.other_ratio;
+  if (P > 1) arena *= pp.stage_share * (l.pp_schedule == "gpipe" ? m : std::min(m, P));
+  const double params = static_cast<double>(p.param_bytes) * share;
+  if (m > 1) arena += params;  // accumulated gradients
+  k.memory_bytes = arena + params / (zero == 3 ? D : 1) +
+                   static_cast<double>(p.state_bytes) * share / (zero >= 1 ? D : 1) +
+                   static_cast<double>(p.buffer_bytes);
+  k.fits = r.mem_per_rank <= 0 || k.memory_bytes <= r.mem_per_rank;
+  return k;
+}
+
+std::vector<Candidate> plan_layouts(const PlanRequest& r, const Calibration& c) {
+  std::vector<Candidate> out;
+  for (int T : divisors(r.ranks)) {
+    if (T > 1 && (!c.tp.count(T) || !c.tp.at(T).refused.empty())) continue;
+    for (int P : divisors(r.ranks / T)) {
+      if (P > 1 && (!c.pp.count(P) || !c.pp.at(P).refused.empty())) continue;
+      const int D = r.ranks / (T * P);
+      if (r.global_batch % D != 0) continue;
+      const std::int64_t b = r.global_batch / D;
+      for (int k : {1, 2, 4}) {
+        Layout l;
+        l.tp = T;
+        l.pp = P;
+        l.micro_batches = P > 1 ? P * k : k;
+        if (b % l.micro_batches != 0) continue;
+        for (int zero = 0; zero <= (D > 1 ? 3 : 0); ++zero) {
+          dp::DpOptions d;
+          d.zero = zero;
+          if (!check_layout(l, d, r.ranks).ok()) continue;
+          if (zero == 3 && (P > 1 || l.micro_batches > 1)) continue;  // refused by attach
+          out.push_back(predict(r, c, l, zero));
+        }
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.step_s < b.step_s;
+  });
+  return out;
+}
+
+std::string plan_table(const std::vector<Candidate>& cs, std::size_t rows) {
+  std::string s = fmt::format("{:>3}  {:<56} {:>10} {:>9} {:>9} {:>10}\n", "#", "layout",
+                              "compute ms", "comm ms", "step ms", "memory MB");
+  for (std::size_t i = 0; i < cs.size() && i < rows; ++i) {
+    const Candidate& c = cs[i];
+    s += fmt::format("{:>3}  {:<56} {:>10.1f} {:>9.1f} {:>9.1f} {:>10}{}\n", i + 1, c.flags(),
+                     c.compute_s * 1e3, c.comm_s * 1e3, c.step_s * 1e3, mb(c.memory_bytes),
+                     c.fits ? "" : "  over the budget");
+  }
+  if (cs.size() > rows) s += fmt::format("     ({} more)\n", cs.size() - rows);
+  return s;
+}
+
+std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::TrainSettings& s) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  e << YAML::Key << "model" << YAML::Value << s.model;
+  e << YAML::Key << "data" << YAML::Value << s.data;
+  if (s.model == "gpt") {
+    e << YAML::Key << "layers" << YAML::Value << s.gpt.layers;
+    e << YAML::Key << "heads" << YAML::Value << s.gpt.heads;
+    e << YAML::Key << "dim" << YAML::Value << s.gpt.dim;
+    e << YAML::Key << "context" << YAML::Value << s.gpt.context;
+  }
+  e << YAML::Key << "optimizer" << YAML::Value << s.optimizer;
+  e << YAML::Key << "precision" << YAML::Value << s.precision;
+  e << YAML::Key << "batch" << YAML::Value << c.batch;
+  e << YAML::Key << "dp" << YAML::Value << c.dp;
+  e << YAML::Key << "tp" << YAML::Value << c.layout.tp;
+  e << YAML::Key << "pp" << YAML::Value << c.layout.pp;
+  e << YAML::Key << "zero" << YAML::Value << c.zero;
+  e << YAML::Key << "micro-batches" << YAML::Value << micro_batches(c.layout);
+  e << YAML::Key << "plan-ranks" << YAML::Value << r.ranks;
+  e << YAML::Key << "plan-step-seconds" << YAML::Value << fmt::format("{:.6f}", c.step_s);
+  e << YAML::Key << "plan-compute-seconds" << YAML::Value << fmt::format("{:.6f}", c.compute_s);
+  e << YAML::Key << "plan-comm-seconds" << YAML::Value << fmt::format("{:.6f}", c.comm_s);
+  e << YAML::Key << "plan-memory-bytes" << YAML::Value
+    << static_cast<std::int64_t>(std::llround(c.memory_bytes));
+  e << YAML::EndMap;
+  return fmt::format(
+      "# shoal plan: {} on {} ranks, {} samples per step; edit freely (these are\n"
+      "# `shoal train` flags); the plan-* keys are the prediction `shoal train --plan`\n"
+      "# checks the run against.\n{}\n",
+      s.model, r.ranks, r.global_batch, e.c_str());
+}
+
+}  // namespace shoal::dist

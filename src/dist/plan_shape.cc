@@ -1,0 +1,126 @@
+// What each split leaves one rank of a model, read from its forward graph
+// (dist/plan.h): tensor parallelism's rewrite run on a copy, the
+// pipeline's plan of cuts. Nothing here runs a kernel.
+#include "dist/plan_internal.h"
+#include "shoal/graph/passes.h"
+#include "shoal/mp/pipeline.h"
+#include "shoal/mp/tensor_parallel.h"
+
+namespace shoal::dist {
+namespace {
+
+double bytes_of(const graph::TensorType& t) {
+  return static_cast<double>(num_elements(t.shape) *
+                             static_cast<std::int64_t>(dtype_size(t.dtype)));
+}
+
+// Products' FLOPs, other ops' output elements, parameter bytes, and the
+// bytes of each tensor-parallel collective.
+struct Sums {
+  double flops = 0, elements = 0, params = 0;
+  std::vector<double> collectives;
+};
+
+Sums sums(const graph::Graph& g) {
+  Sums s;
+  for (const graph::Node& n : g.nodes()) {
+    if (!n.alive) continue;
+    if (n.op == "input") {
+      if (n.name.starts_with("param/")) s.params += bytes_of(n.outputs[0]);
+      continue;
+    }
+    if (n.op == "constant") continue;
+    if (n.op == "tp_copy" || n.op == "tp_allreduce") {
+      s.collectives.push_back(bytes_of(n.outputs[0]));
+      continue;
+    }
+    if (const double f = graph::node_flops(g, n); f > 0) {
+      s.flops += f;
+      continue;
+    }
+    for (const auto& t : n.outputs) s.elements += static_cast<double>(num_elements(t.shape));
+  }
+  return s;
+}
+
+double ratio(double a, double b) { return b > 0 ? a / b : 1.0; }
+
+}  // namespace
+
+std::int64_t forward_rows(const graph::Graph& g) {
+  auto x = g.find_input("x");
+  if (!x.ok() || g.type(*x).shape.empty()) return 1;
+  return std::max<std::int64_t>(g.type(*x).shape[0], 1);
+}
+
+TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id) {
+  TpShape s;
+  mp::register_tensor_parallel_ops();
+  auto plan = mp::plan_tensor_parallel(g, T);
+  if (!plan.ok()) {
+    s.refused = plan.status().message();
+    return s;
+  }
+  if (plan->regions.empty() && plan->tables.empty() && plan->heads.empty()) {
+    s.refused = "nothing in the model splits across tensor-parallel ranks";
+    return s;
+  }
+  graph::Graph split = g;
+  if (Status st = mp::shard_tensor_parallel(split, *plan, comm_id); !st.ok()) {
+    s.refused = st.message();
+    return s;
+  }
+  const Sums whole = sums(g), mine = sums(split);
+  s.product_ratio = ratio(mine.flops, whole.flops);
+  s.other_ratio = ratio(mine.elements, whole.elements);
+  s.param_ratio = ratio(mine.params, whole.params);
+  const double rows = static_cast<double>(forward_rows(g));
+  for (double b : mine.collectives) s.collective_bytes_per_row.push_back(b / rows);
+  return s;
+}
+
+PpShape pp_shape(const graph::Graph& g, int P) {
+  PpShape s;
+  graph::Value loss;
+  for (const graph::Node& n : g.nodes())
+    if (n.alive && n.op == "cross_entropy") loss = graph::Value{n.id, 0};
+  if (!loss.valid()) {
+    s.refused = "no cross-entropy loss in the forward graph";
+    return s;
+  }
+  const graph::Value logits = g.node(loss.node).inputs[0];
+  auto plan = mp::plan_pipeline(g, {loss, logits}, P);
+  if (!plan.ok()) {
+    s.refused = plan.status().message();
+    return s;
+  }
+  double largest = 0;
+  for (double c : plan->stage_cost) largest = std::max(largest, c);
+  s.stage_share = ratio(largest, plan->total_cost);
+  const double rows = static_cast<double>(forward_rows(g));
+  for (std::size_t cut : plan->cuts)
+    s.boundary_bytes_per_row =
+        std::max(s.boundary_bytes_per_row, bytes_of(g.type(plan->candidates[cut].value)) / rows);
+  auto held = mp::stage_params(g, *plan);
+  if (!held.ok()) {
+    s.refused = held.status().message();
+    return s;
+  }
+  std::map<std::string, double> size;
+  double total = 0;
+  for (const graph::Node& n : g.nodes())
+    if (n.alive && n.op == "input" && n.name.starts_with("param/")) {
+      size[n.name.substr(6)] = bytes_of(n.outputs[0]);
+      total += bytes_of(n.outputs[0]);
+    }
+  double most = 0;
+  for (const auto& stage : *held) {
+    double b = 0;
+    for (const auto& p : stage) b += size.count(p) ? size[p] : 0;
+    most = std::max(most, b);
+  }
+  s.param_share = ratio(most, total);
+  return s;
+}
+
+}  // namespace shoal::dist
