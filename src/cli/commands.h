@@ -87,6 +87,7 @@ struct PlanFlags {
   double mem_gb = 0;
   std::string out = "plan.yaml";
   std::string calibration, save_calibration;
+  std::string json;                            // every candidate, as JSON
   std::shared_ptr<train::TrainOptions> train;  // the model, data and precision
 };
 struct PlanCommand {

@@ -40,6 +40,7 @@ PlanCommand add_plan_command(CLI::App& app) {
                 "Read the calibration from this file instead of measuring (written by "
                 "--save-calibration)");
   p->add_option("--save-calibration", f.save_calibration, "Write the calibration as JSON");
+  p->add_option("--json", f.json, "Write every layout's prediction as JSON");
   p->add_option("--model", o.model, "As shoal train --model")
       ->check(model_name_check())
       ->capture_default_str();
@@ -98,6 +99,11 @@ int run_plan(PlanFlags& f) {
   fmt::print("{} ranks x {} threads, {} samples per step, calibrated in {:.1f} s\n", cal->ranks,
              cal->threads, r.global_batch, cal->seconds);
   fmt::print("{}", dist::plan_table(cands));
+  if (!f.json.empty())
+    if (Status st = write_file_atomic(f.json, dist::candidates_json(cands)); !st.ok()) {
+      SHOAL_LOG_ERROR("shoal plan: --json: {}", st.to_string());
+      return 1;
+    }
   if (!cands.front().fits) {
     double least = cands.front().memory_bytes;
     for (const auto& c : cands) least = std::min(least, c.memory_bytes);
@@ -154,27 +160,32 @@ Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
 
 void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int world) {
   if (p.step_s <= 0) return;
-  if (p.ranks > 0 && p.ranks != world)
+  if (p.ranks > 0 && p.ranks != world && rank == 0)
     SHOAL_LOG_WARN("plan check: the plan was made for {} ranks, this job has {}", p.ranks, world);
-  std::int64_t steps = 0;
-  double secs = 0;
-  for (const auto& e : tr.history()) secs += e.train_seconds;
-  if (!tr.history().empty()) steps = tr.history().back().step;
+  // The step: the median period of the traced steps (--trace), else the
+  // mean over the run, its first steps' warm-up included.
   const train::StepProfile prof = tr.step_profile(2);
+  double step = prof.period_s;
+  if (prof.steps < 3) {
+    double secs = 0;
+    for (const auto& e : tr.history()) secs += e.train_seconds;
+    const std::int64_t steps = tr.history().empty() ? 0 : tr.history().back().step;
+    step = steps > 0 ? secs / static_cast<double>(steps) : 0;
+  }
   const double bytes = static_cast<double>(prof.bytes());
   const double mem_gap = p.memory_bytes > 0 ? bytes / p.memory_bytes - 1 : 0;
-  if (std::abs(mem_gap) > 0.25)
-    SHOAL_LOG_WARN("plan check: rank {} holds {:.1f} MB, the plan said {:.1f} MB ({:+.0f}%)", rank,
-                   bytes / 1e6, p.memory_bytes / 1e6, 100 * mem_gap);
-  if (rank != 0 || steps <= 0) return;
-  const double step = secs / static_cast<double>(steps);
+  // Every rank says what it holds (the prediction is the largest rank's).
+  SHOAL_LOG_INFO("plan check: rank {} holds {:.2f} MB, {:.2f} MB predicted for the largest rank",
+                 rank, bytes / 1e6, p.memory_bytes / 1e6);
+  if (mem_gap > 0.10)
+    SHOAL_LOG_WARN("plan check: rank {} holds {:+.0f}% more than the plan said", rank,
+                   100 * mem_gap);
+  if (rank != 0 || step <= 0) return;
   const double gap = step / p.step_s - 1;
-  SHOAL_LOG_INFO(
-      "plan check: step {:.1f} ms measured, {:.1f} ms predicted ({:+.0f}%); memory {:.1f} MB on "
-      "rank 0, {:.1f} MB predicted for the largest rank",
-      step * 1e3, p.step_s * 1e3, 100 * gap, bytes / 1e6, p.memory_bytes / 1e6);
+  SHOAL_LOG_INFO("plan check: step {:.2f} ms measured, {:.2f} ms predicted ({:+.0f}%)", step * 1e3,
+                 p.step_s * 1e3, 100 * gap);
   if (std::abs(gap) <= 0.25) return;
-  if (prof.steps == 0) {
+  if (prof.steps < 3) {
     SHOAL_LOG_WARN(
         "plan check: the step is {:+.0f}% off the prediction (compute {:.1f} ms, communication "
         "{:.1f} ms predicted); run with --trace FILE to see which part was misjudged",
@@ -185,7 +196,7 @@ void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int
   // of the step (waiting for collectives, the pipeline's bubble) against
   // the predicted communication.
   const double kernels = prof.product_s + prof.other_s + prof.update_s;
-  const double waiting = std::max(0.0, prof.step_s - kernels);
+  const double waiting = std::max(0.0, step - kernels);
   const bool compute_off = std::abs(kernels - p.compute_s) >= std::abs(waiting - p.comm_s);
   SHOAL_LOG_WARN(
       "plan check: the step is {:+.0f}% off; the {} estimate is the one off: {:.1f} ms measured "

@@ -5,6 +5,7 @@
 // the forward graph's splits and writes the result as JSON for the parent.
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -63,7 +64,45 @@ Result<double> time_allreduce(comm::Communicator& world, comm::Communicator& gro
   return mean;
 }
 
-Result<std::map<int, LinkFit>> measure_links(comm::Communicator& c) {
+// Spins for `cpu_s` of this thread's CPU time: longer on the wall clock
+// while another process holds the core.
+void busy(double cpu_s) {
+  auto now = [] {
+    timespec t{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  const double until = now() + cpu_s;
+  volatile double x = 1;
+  while (now() < until)
+    for (int i = 0; i < 256; ++i) x = x * 1.0000001 + 1e-9;
+}
+
+// The cost of a small all-reduce among `group`'s ranks between bursts of
+// compute on every rank, beyond the bursts alone: what each collective
+// inside a step adds (on an oversubscribed host, mostly waiting for a
+// peer to get a core). The slowest rank's, per collective.
+Result<double> sync_cost(comm::Communicator& world, comm::Communicator& group) {
+  constexpr int kBursts = 40;
+  constexpr double kBurst = 1e-3;
+  float v[16] = {};
+  double wall[2] = {0, 0};
+  for (int with = 0; with < 2; ++with) {
+    SHOAL_RETURN_IF_ERROR(world.barrier());
+    const auto t0 = Clock::now();
+    for (int k = 0; k < kBursts; ++k) {
+      busy(kBurst);
+      if (with) SHOAL_RETURN_IF_ERROR(group.allreduce(v, v, 16, DType::kF32, comm::ReduceOp::kSum));
+    }
+    SHOAL_RETURN_IF_ERROR(world.barrier());
+    wall[with] = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  double extra = std::max(0.0, (wall[1] - wall[0]) / kBursts);
+  SHOAL_RETURN_IF_ERROR(world.allreduce(&extra, &extra, 1, DType::kF64, comm::ReduceOp::kMax));
+  return extra;
+}
+
+Result<std::map<int, LinkFit>> measure_links(comm::Communicator& c, std::map<int, double>* sync) {
   std::map<int, LinkFit> fits;
   const std::size_t small = 4 << 10, large = 4 << 20;
   std::vector<float> buf(large / 4, 1.0f);
@@ -76,6 +115,7 @@ Result<std::map<int, LinkFit>> measure_links(comm::Communicator& c) {
     }
     SHOAL_ASSIGN_OR_RETURN(double t_small, time_allreduce(c, *grp, buf, small));
     SHOAL_ASSIGN_OR_RETURN(double t_large, time_allreduce(c, *grp, buf, large));
+    SHOAL_ASSIGN_OR_RETURN((*sync)[g], sync_cost(c, *grp));
     LinkFit f;
     f.beta = std::max(0.0, (t_large - t_small) / static_cast<double>(large - small));
     f.alpha = std::max(1e-6, t_small - f.beta * static_cast<double>(small));
@@ -144,6 +184,7 @@ int calibrate_rank(int rank, const train::TrainOptions& base, const PlanRequest&
   Calibration cal;
   cal.ranks = r.ranks;
   cal.threads = base.threads;
+  cal.cores = r.cores;
   cal.overlap = r.ranks * base.threads < r.cores;
   cal.precision = base.precision;
   const auto t0 = Clock::now();
@@ -179,7 +220,7 @@ int calibrate_rank(int rank, const train::TrainOptions& base, const PlanRequest&
     cal.pp[t] = pp_shape(*forward, t);
   }
   if (st.ok()) {
-    auto links = measure_links(**c);
+    auto links = measure_links(**c, &cal.sync_s);
     if (links.ok())
       cal.allreduce = *links;
     else
@@ -217,7 +258,8 @@ std::string calibration_json(const Calibration& c) {
                           {"arena_bytes", p.arena_bytes},
                           {"param_bytes", p.param_bytes},
                           {"state_bytes", p.state_bytes},
-                          {"buffer_bytes", p.buffer_bytes}});
+                          {"buffer_bytes", p.buffer_bytes},
+                          {"param_tensors", p.param_tensors}});
   for (const auto& [t, s] : c.tp)
     j["tp"].push_back({{"size", t},
                        {"refused", s.refused},
@@ -232,7 +274,11 @@ std::string calibration_json(const Calibration& c) {
                        {"param_share", s.param_share},
                        {"boundary_bytes_per_row", s.boundary_bytes_per_row}});
   for (const auto& [g, f] : c.allreduce)
-    j["allreduce"].push_back({{"group", g}, {"alpha", f.alpha}, {"beta", f.beta}});
+    j["allreduce"].push_back({{"group", g},
+                              {"alpha", f.alpha},
+                              {"beta", f.beta},
+                              {"sync_s", c.sync_s.count(g) ? c.sync_s.at(g) : 0.0}});
+  j["cores"] = c.cores;
   return j.dump(1) + "\n";
 }
 
@@ -260,6 +306,7 @@ Result<Calibration> parse_calibration(const std::string& text) {
       p.param_bytes = e.at("param_bytes").get<std::size_t>();
       p.state_bytes = e.at("state_bytes").get<std::size_t>();
       p.buffer_bytes = e.at("buffer_bytes").get<std::size_t>();
+      p.param_tensors = e.value("param_tensors", 0);
       c.steps[e.at("rows").get<std::int64_t>()] = p;
     }
     for (const auto& e : j.value("tp", nlohmann::json::array())) {
@@ -279,9 +326,12 @@ Result<Calibration> parse_calibration(const std::string& text) {
       s.boundary_bytes_per_row = e.at("boundary_bytes_per_row").get<double>();
       c.pp[e.at("size").get<int>()] = s;
     }
-    for (const auto& e : j.value("allreduce", nlohmann::json::array()))
+    c.cores = j.value("cores", 1);
+    for (const auto& e : j.value("allreduce", nlohmann::json::array())) {
       c.allreduce[e.at("group").get<int>()] = {e.at("alpha").get<double>(),
                                                e.at("beta").get<double>()};
+      c.sync_s[e.at("group").get<int>()] = e.value("sync_s", 0.0);
+    }
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument("plan calibration: {}", e.what());
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <nlohmann/json.hpp>
 
 #include "shoal/dist/plan.h"
 
@@ -53,6 +54,15 @@ double allreduce_s(const Calibration& c, int group, double bytes) {
   auto it = c.allreduce.lower_bound(group);
   if (it == c.allreduce.end()) --it;
   return it->second.time(bytes);
+}
+
+// What one collective inside the step adds beyond its transfer (waiting
+// for the group while every rank computes).
+double sync_s(const Calibration& c, int group) {
+  if (group < 2 || c.sync_s.empty()) return 0;
+  auto it = c.sync_s.lower_bound(group);
+  if (it == c.sync_s.end()) --it;
+  return it->second;
 }
 
 std::vector<int> divisors(int n) {
@@ -108,15 +118,23 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
   const double per_mb = p.product_s * tp.product_ratio + p.other_s * tp.other_ratio;
   double tp_mb = 0;
   for (double b : tp.collective_bytes_per_row)
-    tp_mb += allreduce_s(c, T, b * static_cast<double>(rows));
+    tp_mb += allreduce_s(c, T, b * static_cast<double>(rows)) + sync_s(c, T);
   const double update = p.update_s * share / (zero >= 1 ? D : 1);
   double comm = 0;
   if (P == 1) {
     k.compute_s = m * per_mb + update;
     comm = m * tp_mb;
-  } else {  // (m + P - 1) slots of the largest stage: the pipeline's bubble
+  } else {
+    // (m + P - 1) slots of the largest stage: the pipeline's bubble. On a
+    // host with more ranks x threads than cores the calibration ran every
+    // rank at once; a stage idle in the bubble leaves its core to the
+    // others, so the path runs faster by that contention, but never below
+    // the work every stage must do with all of them busy.
     const double slots = m + P - 1;
-    k.compute_s = slots * per_mb * pp.stage_share + update;
+    const double contention =
+        std::max(1.0, static_cast<double>(c.ranks * c.threads) / std::max(c.cores, 1));
+    const double stage = per_mb * pp.stage_share;
+    k.compute_s = std::max(m * stage, slots * stage / contention) + update;
     comm = slots * (tp_mb * pp.stage_share +
                     2 * allreduce_s(c, 2, pp.boundary_bytes_per_row * static_cast<double>(rows)));
   }
@@ -125,7 +143,10 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
     const double grads = static_cast<double>(p.param_bytes) / 4.0 * wire * share;
     // ZeRO-3 gathers the parameters for the forward and again for the
     // backward, and reduce-scatters the gradients: 1.5 all-reduces.
-    double dp = allreduce_s(c, D, grads) * (zero == 3 ? 1.5 : 1.0);
+    double dp = allreduce_s(c, D, grads) * (zero == 3 ? 1.5 : 1.0) + sync_s(c, D);
+    // ZeRO-3 gathers each parameter where the forward uses it and again in
+    // the backward: two collectives inside the step per tensor.
+    if (zero == 3) dp += 2.0 * p.param_tensors * share * sync_s(c, D);
     // Overlapped with the backward (about 2/3 of the compute) where a
     // core is free for it; what is left shows.
     if (c.overlap) dp = std::max(0.1 * dp, dp - 2.0 / 3.0 * k.compute_s);
@@ -133,7 +154,12 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
   }
   k.comm_s = comm;
   k.step_s = k.compute_s + k.comm_s;
-  double arena = static_cast<double>(p.arena_bytes) * tp.other_ratio;
+  // The arena holds the gradients (split as the parameters are) and the
+  // activations (as the other work is).
+  const double grads_whole =
+      std::min(static_cast<double>(p.param_bytes), static_cast<double>(p.arena_bytes));
+  double arena = (static_cast<double>(p.arena_bytes) - grads_whole) * tp.other_ratio +
+                 grads_whole * tp.param_ratio;
   if (P > 1) arena *= pp.stage_share * (l.pp_schedule == "gpipe" ? m : std::min(m, P));
   const double params = static_cast<double>(p.param_bytes) * share;
   if (m > 1) arena += params;  // accumulated gradients
@@ -187,6 +213,24 @@ std::string plan_table(const std::vector<Candidate>& cs, std::size_t rows) {
   }
   if (cs.size() > rows) s += fmt::format("     ({} more)\n", cs.size() - rows);
   return s;
+}
+
+std::string candidates_json(const std::vector<Candidate>& cs) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const Candidate& c : cs)
+    j.push_back({{"flags", c.flags()},
+                 {"dp", c.dp},
+                 {"tp", c.layout.tp},
+                 {"pp", c.layout.pp},
+                 {"zero", c.zero},
+                 {"micro_batches", micro_batches(c.layout)},
+                 {"batch", c.batch},
+                 {"compute_s", c.compute_s},
+                 {"comm_s", c.comm_s},
+                 {"step_s", c.step_s},
+                 {"memory_bytes", c.memory_bytes},
+                 {"fits", c.fits}});
+  return j.dump(1) + "\n";
 }
 
 std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::TrainSettings& s) {

@@ -32,6 +32,7 @@ StepProfile Trainer::step_profile(std::size_t skip) const {
     return n;
   };
   p.param_bytes = bytes(params_);
+  p.param_tensors = static_cast<int>(params_.size());
   p.state_bytes = bytes(state_);
   p.buffer_bytes = bytes(buffers_);
   p.flops = m.step_flops;

@@ -55,14 +55,18 @@ struct PpShape {
 };
 
 struct Calibration {
-  int ranks = 1, threads = 1;
+  int ranks = 1, threads = 1, cores = 1;
   bool overlap = false;  // --overlap auto's choice for this many ranks
   std::string precision = "f32";
   std::map<std::int64_t, train::StepProfile> steps;  // by micro-batch rows
   std::map<int, TpShape> tp;                         // by --tp
   std::map<int, PpShape> pp;                         // by --pp
   std::map<int, LinkFit> allreduce;                  // by group size
-  double seconds = 0;                                // what calibrating took
+  // What a collective inside the step costs beyond its transfer: waiting
+  // for the group's ranks while all of them compute (on a host with more
+  // ranks x threads than cores, for a core), by group size.
+  std::map<int, double> sync_s;
+  double seconds = 0;  // what calibrating took
 };
 
 struct Candidate {
@@ -95,6 +99,9 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
 // prediction under plan-* keys `shoal train --plan` checks).
 std::string plan_table(const std::vector<Candidate>& cs, std::size_t rows = 20);
 std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::TrainSettings& s);
+
+// Every candidate as JSON (flags, prediction, whether it fits).
+std::string candidates_json(const std::vector<Candidate>& cs);
 
 // Calibration to and from JSON (`shoal plan --calibration FILE` reuses one).
 std::string calibration_json(const Calibration& c);

@@ -253,6 +253,7 @@ struct StepProfile {
   double other_s = 0;    // every other kernel on the compute thread
   double flops = 0;      // model FLOPs of one step (graph::graph_flops)
   std::size_t arena_bytes = 0, param_bytes = 0, state_bytes = 0, buffer_bytes = 0;
+  int param_tensors = 0;
   std::size_t bytes() const { return arena_bytes + param_bytes + state_bytes + buffer_bytes; }
 };
 

@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""bench/plan: `shoal plan`'s prediction against every layout it ranks, run.
+
+For each model and rank count: `shoal plan -n N --json` (one calibration),
+then every layout it lists trained for --steps steps under `shoal run -n N
+shoal train --plan <that layout> --trace` (the step measured as the median
+period of the last traced steps, as `shoal train --plan` reports it; memory
+as the largest rank's parameters + optimizer state + buffers + step arena).
+Prints, per layout, predicted and measured step time and memory and their
+gaps; then the plan's first choice against the fastest measured layout that
+fits, and the rank correlation of the two orders.
+
+Goals (issue 37): every layout's step within 20% and memory within 10%;
+the plan's first choice within 5% of the fastest measured.
+
+usage: bench/plan.py [--models gpt,resnet] [--ranks 2,4] [--steps 30]
+                     [--mem-per-rank GB]
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHOAL = os.path.join(ROOT, "build", "shoal")
+MODELS = {
+    # bench/gpt_train.py's "base" GPT on Debian's fortunes, Adam.
+    "gpt": (["--model", "gpt", "--data", "text:/usr/share/games/fortunes/cookie",
+             "--layers", "4", "--heads", "4", "--dim", "128", "--optimizer", "adam"], 16),
+    # ResNet-20 on Fashion-MNIST, SGD with momentum.
+    "resnet": (["--model", "resnet", "--data", "/usr/share/datasets/fashion-mnist",
+                "--optimizer", "momentum"], 32),
+}
+STEP = re.compile(r"plan check: step ([\d.]+) ms measured, ([\d.]+) ms predicted")
+HOLDS = re.compile(r"plan check: rank (\d+) holds ([\d.]+) MB, ([\d.]+) MB predicted")
+
+
+def run_layout(args, model_flags, cand, ranks, tmp, i):
+    plan = os.path.join(tmp, f"layout{i}.yaml")
+    keys = {"batch": cand["batch"], "dp": cand["dp"], "tp": cand["tp"], "pp": cand["pp"],
+            "zero": cand["zero"], "micro-batches": cand["micro_batches"],
+            "plan-ranks": ranks, "plan-step-seconds": cand["step_s"],
+            "plan-compute-seconds": cand["compute_s"], "plan-comm-seconds": cand["comm_s"],
+            "plan-memory-bytes": int(cand["memory_bytes"])}
+    with open(plan, "w") as f:
+        for k, v in keys.items():
+            f.write(f"{k}: {v}\n")
+    cmd = [SHOAL, "run", "-n", str(ranks), "--timeout", "600", "--", SHOAL, "train",
+           *model_flags, "--plan", plan, "--max-steps", str(args.steps), "--no-checkpoints",
+           "--no-plot", "--quiet", "--limit-test", "64", "--trace", os.path.join(tmp, "t.json"),
+           "--out", os.path.join(tmp, f"run{i}")]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    out = p.stdout + p.stderr
+    step = STEP.search(out)
+    mems = [float(m.group(2)) for m in HOLDS.finditer(out)]
+    if p.returncode != 0 or not step or not mems:
+        tail = "\n".join(out.strip().splitlines()[-3:])
+        return None, f"failed ({p.returncode}): {tail}"
+    return (float(step.group(1)) / 1e3, max(mems) * 1e6), ""
+
+
+def spearman(a, b):
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0] * len(v)
+        for k, i in enumerate(order):
+            r[i] = k
+        return r
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    if n < 2:
+        return 1.0
+    d2 = sum((x - y) ** 2 for x, y in zip(ra, rb))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+def bench(args, model, ranks):
+    flags, per_rank = MODELS[model]
+    batch = per_rank * ranks
+    with tempfile.TemporaryDirectory() as tmp:
+        cj = os.path.join(tmp, "cands.json")
+        cmd = [SHOAL, "plan", "-n", str(ranks), *flags, "--batch", str(batch), "--json", cj,
+               "--out", os.path.join(tmp, "plan.yaml")]
+        if args.mem_per_rank:
+            cmd += ["--mem-per-rank", str(args.mem_per_rank)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        print(f"\n## {model}, {ranks} ranks, {batch} samples per step: "
+              f"`{' '.join(cmd[1:])}`")
+        calib = re.search(r"calibrated in ([\d.]+) s", p.stdout)
+        if not os.path.exists(cj):
+            print(p.stdout + p.stderr)
+            return None
+        cands = json.load(open(cj))
+        print(f"calibration {calib.group(1) if calib else '?'} s; {len(cands)} layouts\n")
+        print("| # | layout | step predicted | measured | gap | memory predicted | measured | gap |")
+        print("|---|---|---|---|---|---|---|---|")
+        rows = []
+        for i, c in enumerate(cands):
+            got, why = run_layout(args, flags, c, ranks, tmp, i)
+            if got is None:
+                print(f"| {i + 1} | `{c['flags']}` | {c['step_s'] * 1e3:.1f} ms | {why} |")
+                continue
+            step, mem = got
+            sg = step / c["step_s"] - 1
+            mg = mem / c["memory_bytes"] - 1
+            rows.append((c, step, mem, sg, mg))
+            print(f"| {i + 1} | `{c['flags']}` | {c['step_s'] * 1e3:.1f} ms | {step * 1e3:.1f} ms "
+                  f"| {sg * 100:+.0f}% | {c['memory_bytes'] / 1e6:.2f} MB | {mem / 1e6:.2f} MB "
+                  f"| {mg * 100:+.0f}% |")
+            sys.stdout.flush()
+        if not rows:
+            return None
+        fits = [r for r in rows if r[0]["fits"]]
+        fastest = min(fits, key=lambda r: r[1])
+        first = fits[0] if fits and fits[0][0] is cands[0] else None
+        within_step = sum(1 for r in rows if abs(r[3]) <= 0.20)
+        within_mem = sum(1 for r in rows if abs(r[4]) <= 0.10)
+        rho = spearman([r[0]["step_s"] for r in rows], [r[1] for r in rows])
+        print(f"\nstep within 20%: {within_step}/{len(rows)}; memory within 10%: "
+              f"{within_mem}/{len(rows)}; rank correlation (predicted vs measured step): "
+              f"{rho:.2f}")
+        if first:
+            print(f"plan's first choice `{first[0]['flags']}` measured {first[1] * 1e3:.1f} ms; "
+                  f"fastest measured `{fastest[0]['flags']}` {fastest[1] * 1e3:.1f} ms: "
+                  f"first choice at {first[1] / fastest[1] * 100:.0f}% of the fastest's time")
+        return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="gpt,resnet")
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--mem-per-rank", type=float, default=0)
+    args = ap.parse_args()
+    for model in args.models.split(","):
+        for n in args.ranks.split(","):
+            bench(args, model, int(n))
+
+
+if __name__ == "__main__":
+    main()
