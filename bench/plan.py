@@ -14,7 +14,7 @@ Goals (issue 37): every layout's step within 20% and memory within 10%;
 the plan's first choice within 5% of the fastest measured.
 
 usage: bench/plan.py [--models gpt,resnet] [--ranks 2,4] [--steps 30]
-                     [--mem-per-rank GB]
+                     [--mem-per-rank GB] [--filter REGEX]
 """
 import argparse
 import json
@@ -100,6 +100,8 @@ def bench(args, model, ranks):
         print("|---|---|---|---|---|---|---|---|")
         rows = []
         for i, c in enumerate(cands):
+            if args.filter and not re.search(args.filter, c["flags"]):
+                continue
             got, why = run_layout(args, flags, c, ranks, tmp, i)
             if got is None:
                 print(f"| {i + 1} | `{c['flags']}` | {c['step_s'] * 1e3:.1f} ms | {why} |")
@@ -117,6 +119,8 @@ def bench(args, model, ranks):
         fits = [r for r in rows if r[0]["fits"]]
         fastest = min(fits, key=lambda r: r[1])
         first = fits[0] if fits and fits[0][0] is cands[0] else None
+        if not fits:
+            return rows
         within_step = sum(1 for r in rows if abs(r[3]) <= 0.20)
         within_mem = sum(1 for r in rows if abs(r[4]) <= 0.10)
         rho = spearman([r[0]["step_s"] for r in rows], [r[1] for r in rows])
@@ -136,6 +140,7 @@ def main():
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--mem-per-rank", type=float, default=0)
+    ap.add_argument("--filter", default="", help="only the layouts whose flags match this regex")
     args = ap.parse_args()
     for model in args.models.split(","):
         for n in args.ranks.split(","):

@@ -266,6 +266,7 @@ std::string calibration_json(const Calibration& c) {
                        {"product_ratio", s.product_ratio},
                        {"other_ratio", s.other_ratio},
                        {"param_ratio", s.param_ratio},
+                       {"arena_ratio", s.arena_ratio},
                        {"collective_bytes_per_row", s.collective_bytes_per_row}});
   for (const auto& [p, s] : c.pp)
     j["pp"].push_back({{"size", p},
@@ -315,6 +316,7 @@ Result<Calibration> parse_calibration(const std::string& text) {
       s.product_ratio = e.at("product_ratio").get<double>();
       s.other_ratio = e.at("other_ratio").get<double>();
       s.param_ratio = e.at("param_ratio").get<double>();
+      s.arena_ratio = e.value("arena_ratio", 0.0);
       s.collective_bytes_per_row = e.at("collective_bytes_per_row").get<std::vector<double>>();
       c.tp[e.at("size").get<int>()] = s;
     }

@@ -144,6 +144,8 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
     // ZeRO-3 gathers the parameters for the forward and again for the
     // backward, and reduce-scatters the gradients: 1.5 all-reduces.
     double dp = allreduce_s(c, D, grads) * (zero == 3 ? 1.5 : 1.0) + sync_s(c, D);
+    // ZeRO's reduce-scatter and all-gather: two collectives, not one.
+    if (zero >= 1) dp += allreduce_s(c, D, 1) + sync_s(c, D);
     // ZeRO-3 gathers each parameter where the forward uses it and again in
     // the backward: two collectives inside the step per tensor.
     if (zero == 3) dp += 2.0 * p.param_tensors * share * sync_s(c, D);
@@ -158,8 +160,10 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
   // activations (as the other work is).
   const double grads_whole =
       std::min(static_cast<double>(p.param_bytes), static_cast<double>(p.arena_bytes));
-  double arena = (static_cast<double>(p.arena_bytes) - grads_whole) * tp.other_ratio +
-                 grads_whole * tp.param_ratio;
+  double arena = tp.arena_ratio > 0
+                     ? static_cast<double>(p.arena_bytes) * tp.arena_ratio
+                     : (static_cast<double>(p.arena_bytes) - grads_whole) * tp.other_ratio +
+                           grads_whole * tp.param_ratio;
   if (P > 1) arena *= pp.stage_share * (l.pp_schedule == "gpipe" ? m : std::min(m, P));
   const double params = static_cast<double>(p.param_bytes) * share;
   if (m > 1) arena += params;  // accumulated gradients

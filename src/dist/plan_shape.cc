@@ -45,6 +45,28 @@ Sums sums(const graph::Graph& g) {
 
 double ratio(double a, double b) { return b > 0 ? a / b : 1.0; }
 
+// The arena the memory planner gives the forward and its gradients (the
+// loss differentiated with respect to every parameter input), or 0.
+double planned_arena(graph::Graph g) {
+  graph::Value loss;
+  std::vector<graph::Value> params;
+  for (const graph::Node& n : g.nodes()) {
+    if (!n.alive) continue;
+    if (n.op.find("cross_entropy") != std::string::npos) loss = graph::Value{n.id, 0};
+    if (n.op == "input" && n.name.starts_with("param/")) params.push_back({n.id, 0});
+  }
+  if (!loss.valid()) return 0;
+  auto grads = graph::autodiff(g, loss, params);
+  if (!grads.ok()) return 0;
+  g.mark_output(loss);
+  for (const graph::Value& v : *grads)
+    if (v.valid()) g.mark_output(v);
+  graph::eliminate_dead_code(g);
+  auto order = g.topo_order();
+  if (!order.ok()) return 0;
+  return static_cast<double>(graph::plan_memory(g, *order).arena_bytes);
+}
+
 }  // namespace
 
 std::int64_t forward_rows(const graph::Graph& g) {
@@ -74,6 +96,10 @@ TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id) {
   s.product_ratio = ratio(mine.flops, whole.flops);
   s.other_ratio = ratio(mine.elements, whole.elements);
   s.param_ratio = ratio(mine.params, whole.params);
+  // The step's arena (activations and gradients) as the memory planner
+  // lays out each graph's forward and backward.
+  const double arena_whole = planned_arena(g), arena_mine = planned_arena(split);
+  if (arena_whole > 0 && arena_mine > 0) s.arena_ratio = arena_mine / arena_whole;
   const double rows = static_cast<double>(forward_rows(g));
   for (double b : mine.collectives) s.collective_bytes_per_row.push_back(b / rows);
   return s;
@@ -81,6 +107,15 @@ TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id) {
 
 PpShape pp_shape(const graph::Graph& g, int P) {
   PpShape s;
+  for (const graph::Node& n : g.nodes())
+    if (n.alive && n.op == "input" && n.name.starts_with("buf/")) {
+      // mp::attach_pipeline refuses such a model (its stages do not carry them).
+      s.refused = fmt::format(
+          "the model keeps running statistics ('{}', batch norm), which a pipeline's stages do "
+          "not carry yet",
+          n.name.substr(4));
+      return s;
+    }
   graph::Value loss;
   for (const graph::Node& n : g.nodes())
     if (n.alive && n.op == "cross_entropy") loss = graph::Value{n.id, 0};

@@ -44,6 +44,7 @@ struct LinkFit {
 struct TpShape {
   std::string refused;  // why the model cannot be split so ("" if it can)
   double product_ratio = 1, other_ratio = 1, param_ratio = 1;
+  double arena_ratio = 0;  // the planned arena's (0: unknown, from the others)
   std::vector<double> collective_bytes_per_row;  // each all-reduce, fwd or bwd
 };
 // What cutting the model into P pipeline stages leaves the largest stage.
