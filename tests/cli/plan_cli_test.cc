@@ -1,0 +1,136 @@
+// `shoal plan` as a user runs it: calibrate a GPT on 2 ranks, write
+// the plan, train it under `shoal run` with `shoal train --plan`, and read
+// the check of the prediction; a memory budget nothing fits is refused with
+// the least a rank would need, one that rules out plain data parallelism
+// picks a layout that fits and trains; bad plan files and calibrations are
+// named.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+
+#include "cli/run_shoal.h"
+#include "shoal/core/file.h"
+#include "temp_dir.h"
+
+namespace shoal {
+namespace {
+
+using testing::run_shoal;
+
+const std::string kText = "/usr/share/games/fortunes/fortunes";
+// Steps of ~30 ms on 2 ranks: long enough that the fixed costs per step
+// the model leaves out (the launcher, the loader) do not decide the check.
+const std::string kModel = fmt::format(
+    "--model gpt --data text:{} --layers 2 --heads 4 --dim 128 --context 64 --optimizer adam",
+    kText);
+
+bool have_text() { return std::filesystem::exists(kText); }
+
+// `shoal plan -n 2` of the GPT, 32 samples a step; its calibration
+// kept in `dir` for the next runs.
+testing::ShoalRun plan(const std::string& dir, const std::string& extra = "") {
+  const std::string cal = dir + "/calibration.json";
+  const std::string source =
+      std::filesystem::exists(cal) ? "--calibration " + cal : "--save-calibration " + cal;
+  return run_shoal(
+      fmt::format("plan -n 2 {} --batch 32 --out {}/plan.yaml --json {}/all.json {} {}", kModel,
+                  dir, dir, source, extra));
+}
+
+testing::ShoalRun train(const std::string& dir, const std::string& plan_file) {
+  return run_shoal(
+      fmt::format("run -n 2 --timeout 300 -- {} train {} --plan {} --max-steps 30 --limit-test 32 "
+                  "--no-checkpoints --no-plot --quiet --trace {}/t.json --out {}/run",
+                  SHOAL_BINARY, kModel, plan_file, dir, dir));
+}
+
+TEST(PlanCli, PlansTrainsAndChecksItsPrediction) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  const std::string dir = testing::scratch_dir("plan_run");
+  auto p = plan(dir);
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_NE(p.out.find("compute ms"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("run it: shoal run -n 2 shoal train --plan"), std::string::npos) << p.out;
+  auto text = read_file(dir + "/plan.yaml");
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("plan-step-seconds:"), std::string::npos) << *text;
+  auto t = train(dir, dir + "/plan.yaml");
+  ASSERT_EQ(t.code, 0) << t.out;
+  std::smatch m;
+  const std::regex step(R"(plan check: step ([\d.]+) ms measured, ([\d.]+) ms predicted)");
+  ASSERT_TRUE(std::regex_search(t.out, m, step)) << t.out;
+  const double measured = std::stod(m[1]), predicted = std::stod(m[2]);
+  // The goal is 20% (bench/plan.py); a test on a loaded 2-core machine
+  // allows twice that, and still fails a model that is wrong by a factor.
+  EXPECT_NEAR(measured / predicted, 1.0, 0.4) << t.out;
+  const std::regex holds(R"(plan check: rank (\d) holds ([\d.]+) MB, ([\d.]+) MB predicted)");
+  int ranks = 0;
+  for (auto it = std::sregex_iterator(t.out.begin(), t.out.end(), holds);
+       it != std::sregex_iterator(); ++it, ++ranks)
+    EXPECT_NEAR(std::stod((*it)[2]) / std::stod((*it)[3]), 1.0, 0.25) << it->str();
+  EXPECT_EQ(ranks, 2) << t.out;
+}
+
+TEST(PlanCli, AMemoryBudgetPicksALayoutThatFitsOrNamesTheLeastNeeded) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  const std::string dir = testing::scratch_dir("plan_budget");
+  auto p = plan(dir);
+  ASSERT_EQ(p.code, 0) << p.out;
+  auto all = nlohmann::json::parse(*read_file(dir + "/all.json"));
+  double plain = 0, least = 1e18;
+  for (const auto& c : all) {
+    least = std::min(least, c["memory_bytes"].get<double>());
+    if (c["dp"] == 2 && c["zero"] == 0 && c["micro_batches"] == 1)
+      plain = c["memory_bytes"].get<double>();
+  }
+  ASSERT_GT(plain, least);
+  // Below plain data parallelism's need: another layout, and it trains.
+  const double budget = (plain + least) / 2;
+  auto fit = plan(dir, fmt::format("--mem-per-rank {}", budget / 1e9));
+  ASSERT_EQ(fit.code, 0) << fit.out;
+  auto chosen = read_file(dir + "/plan.yaml");
+  ASSERT_TRUE(chosen.ok());
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(*chosen, m, std::regex(R"(plan-memory-bytes: (\d+))")));
+  EXPECT_LE(std::stod(m[1]), budget) << *chosen;
+  auto t = train(dir, dir + "/plan.yaml");
+  EXPECT_EQ(t.code, 0) << t.out;
+  // Below every layout's: refused, with the least a rank needs.
+  auto none = plan(dir, fmt::format("--mem-per-rank {}", least / 2 / 1e9));
+  EXPECT_EQ(none.code, 1) << none.out;
+  EXPECT_NE(none.out.find(fmt::format("the smallest needs {:.3f} GB per rank", least / 1e9)),
+            std::string::npos)
+      << none.out;
+}
+
+TEST(PlanCli, BadPlansAndCalibrationsAreNamed) {
+  const std::string dir = testing::scratch_dir("plan_bad");
+  auto missing = run_shoal(fmt::format("train --plan {}/none.yaml", dir));
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.out.find("--plan " + dir + "/none.yaml: cannot open the file"),
+            std::string::npos)
+      << missing.out;
+  ASSERT_TRUE(write_file_atomic(dir + "/bad.yaml", "tp: 2\nplan-step-seconds: fast\n").ok());
+  auto bad = run_shoal(fmt::format("train --plan {}/bad.yaml", dir));
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("a plan-* value is not a number"), std::string::npos) << bad.out;
+  ASSERT_TRUE(write_file_atomic(dir + "/odd.yaml", "tensor-split: 2\n").ok());
+  auto odd = run_shoal(fmt::format("train --plan {}/odd.yaml", dir));
+  EXPECT_EQ(odd.code, 2);
+  EXPECT_NE(odd.out.find("unknown option 'tensor-split'"), std::string::npos) << odd.out;
+  ASSERT_TRUE(write_file_atomic(dir + "/cal.json",
+                                "{\"ranks\": 4, \"threads\": 1, "
+                                "\"overlap\": false, \"precision\": \"f32\", "
+                                "\"steps\": [{\"rows\": 8}]}")
+                  .ok());
+  auto cal = run_shoal(fmt::format("plan -n 2 --calibration {}/cal.json", dir));
+  EXPECT_EQ(cal.code, 1);
+  EXPECT_NE(cal.out.find("plan calibration"), std::string::npos) << cal.out;
+}
+
+}  // namespace
+}  // namespace shoal

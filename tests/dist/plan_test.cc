@@ -1,0 +1,222 @@
+// dist/plan.h's model without a calibration run: the layouts a job allows
+// (and none it does not), how ZeRO, micro-batches, the pipeline's bubble
+// and a memory budget move the prediction, the calibration's JSON; and
+// what the forward graph says of each split (tensor parallelism on real
+// communicators, the pipeline's cuts, a batch-norm model refused).
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+
+#include "dist/plan_internal.h"
+#include "ranks.h"
+#include "shoal/collective/registry.h"
+#include "shoal/graph/builder.h"
+#include "shoal/train/model.h"
+
+namespace shoal::dist {
+namespace {
+
+// A model of 8 MB of parameters (50 tensors) whose step costs 1 ms a row
+// (60% products), with Adam's two slots; tensor parallelism over 2 splits
+// it, over 4 cannot; the pipeline cuts in 2 and 4.
+Calibration calibration(int ranks, int cores) {
+  Calibration c;
+  c.ranks = ranks;
+  c.threads = 1;
+  c.cores = cores;
+  for (std::int64_t rows : {1, 2, 4, 8, 16, 32, 64}) {
+    train::StepProfile p;
+    p.steps = 8;
+    p.product_s = 0.6e-3 * static_cast<double>(rows);
+    p.other_s = 0.4e-3 * static_cast<double>(rows);
+    p.update_s = 2e-3;
+    p.param_bytes = 8'000'000;
+    p.state_bytes = 16'000'000;
+    p.arena_bytes = 8'000'000 + 1'000'000 * static_cast<std::size_t>(rows);
+    p.param_tensors = 50;
+    c.steps[rows] = p;
+  }
+  TpShape t2;
+  t2.product_ratio = 0.5;
+  t2.other_ratio = 0.7;
+  t2.param_ratio = 0.55;
+  t2.arena_ratio = 0.6;
+  t2.collective_bytes_per_row = {4096, 4096, 4096, 4096};
+  c.tp[2] = t2;
+  if (ranks >= 4) c.tp[4].refused = "heads do not divide";
+  for (int p : {2, 4}) {
+    if (p > ranks) continue;
+    PpShape s;
+    s.stage_share = 1.1 / p;
+    s.param_share = 1.05 / p;
+    s.boundary_bytes_per_row = 8192;
+    c.pp[p] = s;
+  }
+  c.allreduce[2] = {10e-6, 0.2e-9};
+  c.allreduce[4] = {20e-6, 0.3e-9};
+  c.sync_s[2] = c.sync_s[4] = 50e-6;
+  return c;
+}
+
+PlanRequest request(int ranks, std::int64_t batch) {
+  PlanRequest r;
+  r.ranks = ranks;
+  r.global_batch = batch;
+  r.cores = 64;
+  return r;
+}
+
+TEST(Plan, EveryLayoutTheJobAllowsAndNoOther) {
+  const PlanRequest r = request(4, 64);
+  const auto cs = plan_layouts(r, calibration(4, 64));
+  std::set<std::tuple<int, int, int, int, int>> seen;
+  for (const Candidate& c : cs) {
+    const int m = micro_batches(c.layout);
+    EXPECT_EQ(c.dp * c.layout.tp * c.layout.pp, 4) << c.flags();
+    EXPECT_EQ(c.batch * c.dp, 64) << c.flags();
+    EXPECT_EQ(c.batch % m, 0) << c.flags();
+    EXPECT_NE(c.layout.tp, 4) << "a refused split was planned: " << c.flags();
+    if (c.zero == 3) {
+      EXPECT_TRUE(c.layout.pp == 1 && m == 1) << c.flags();
+    }
+    if (c.dp == 1) {
+      EXPECT_EQ(c.zero, 0) << c.flags();
+    }
+    EXPECT_TRUE(seen.insert({c.dp, c.layout.tp, c.layout.pp, c.zero, m}).second)
+        << "listed twice: " << c.flags();
+  }
+  // Counted apart: (tp, pp) in {1x1: dp 4, 1x2: dp 2, 1x4: dp 1, 2x1: dp 2,
+  // 2x2: dp 1}; micro-batches 1, 2, 4 (x pp with a pipeline); ZeRO 0-2 where
+  // dp > 1, and 3 with one micro-batch and no pipeline.
+  const int dp4 = 3 * 3 + 1, dp2_pp = 3 * 3, pp4 = 3, tp2 = 3 * 3 + 1, tp2pp2 = 3;
+  EXPECT_EQ(cs.size(), static_cast<std::size_t>(dp4 + dp2_pp + pp4 + tp2 + tp2pp2));
+  for (std::size_t i = 1; i < cs.size(); ++i) EXPECT_LE(cs[i - 1].step_s, cs[i].step_s);
+}
+
+TEST(Plan, ShardingAndMicroBatchesLowerMemoryAndTheBubbleCosts) {
+  const PlanRequest r = request(4, 64);
+  const Calibration c = calibration(4, 64);
+  Layout plain;
+  const Candidate z0 = predict(r, c, plain, 0), z1 = predict(r, c, plain, 1),
+                  z3 = predict(r, c, plain, 3);
+  EXPECT_LT(z1.memory_bytes, z0.memory_bytes);  // the optimizer state sharded
+  EXPECT_LT(z3.memory_bytes, z1.memory_bytes);  // the parameters too
+  EXPECT_LT(z1.compute_s, z0.compute_s);        // each rank updates a quarter
+  EXPECT_GT(z3.comm_s, z1.comm_s);              // gathers in both passes
+  Layout accum;
+  accum.micro_batches = 4;
+  EXPECT_LT(predict(r, c, accum, 0).memory_bytes, z0.memory_bytes);
+  // A pipeline of 4 stages: the bubble is (P - 1) slots, less of the step
+  // with more micro-batches.
+  Layout pp;
+  pp.pp = 4;
+  pp.micro_batches = 4;
+  const Candidate few = predict(r, c, pp, 0);
+  pp.micro_batches = 16;
+  const Candidate many = predict(r, c, pp, 0);
+  EXPECT_GT(few.compute_s, many.compute_s);
+  // With 4 ranks on 2 cores the idle stages' cores go to the busy ones.
+  const Candidate shared = predict(r, calibration(4, 2), pp, 0);
+  EXPECT_LT(shared.compute_s, many.compute_s * 1.0001);
+}
+
+TEST(Plan, AMemoryBudgetPutsWhatFitsFirst) {
+  PlanRequest r = request(4, 64);
+  const Calibration c = calibration(4, 64);
+  const Candidate plain = predict(r, c, Layout{}, 0);
+  r.mem_per_rank = 0.8 * plain.memory_bytes;
+  const auto cs = plan_layouts(r, c);
+  ASSERT_FALSE(cs.empty());
+  EXPECT_TRUE(cs.front().fits);
+  EXPECT_LE(cs.front().memory_bytes, r.mem_per_rank);
+  bool over = false;
+  for (const Candidate& k : cs) {
+    if (!k.fits) over = true;
+    EXPECT_TRUE(!over || !k.fits) << "a layout that fits after one that does not: " << k.flags();
+    EXPECT_EQ(k.fits, k.memory_bytes <= r.mem_per_rank) << k.flags();
+  }
+  EXPECT_TRUE(over);
+  EXPECT_NE(plan_table(cs, cs.size()).find("over the budget"), std::string::npos);
+}
+
+TEST(Plan, MicroBatchSizesAreThoseTheLayoutsUse) {
+  const auto rows = micro_batch_rows(request(2, 24), {1, 2}, {1, 2});
+  // dp 2: 12 per rank / 1, 2, 4; dp 1 (tp 2 or pp 2): 24 / 1, 2, 4 and 24 / 2, 4, 8.
+  EXPECT_EQ(rows, (std::vector<std::int64_t>{3, 6, 12, 24}));
+}
+
+TEST(Plan, TheCalibrationRoundTripsAndBadTextIsNamed) {
+  const Calibration c = calibration(4, 2);
+  auto back = parse_calibration(calibration_json(c));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(calibration_json(*back), calibration_json(c));
+  EXPECT_EQ(back->tp.at(4).refused, "heads do not divide");
+  auto bad = parse_calibration("{\"ranks\": 2}");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("plan calibration"), std::string::npos);
+  EXPECT_FALSE(parse_calibration("not json").ok());
+}
+
+// The forward graph of `model` at `rows` rows, as the trainer builds it.
+graph::Graph forward(const train::Model& model, Shape x, std::int64_t labels) {
+  graph::Graph g;
+  graph::Builder b(g);
+  graph::Value xv = b.input("x", DType::kF32, x);
+  graph::Value y = b.input("labels", DType::kI32, {labels});
+  train::ModelContext mc(b, true);
+  b.cross_entropy(model.forward(mc, xv), y);
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  return g;
+}
+
+train::GptConfig small_gpt() {
+  train::GptConfig c;
+  c.layers = 2;
+  c.heads = 4;
+  c.dim = 32;
+  c.context = 8;
+  return c;
+}
+
+TEST(PlanShape, APipelineOfTheGptAndNoneOfABatchNormModel) {
+  auto gpt = train::gpt_model(small_gpt(), 40);
+  ASSERT_TRUE(gpt.ok());
+  const graph::Graph g = forward(*gpt, {4, 8}, 32);
+  const PpShape two = pp_shape(g, 2);
+  ASSERT_EQ(two.refused, "");
+  EXPECT_GT(two.stage_share, 0.45);
+  EXPECT_LT(two.stage_share, 0.8);
+  EXPECT_GT(two.param_share, 0.2);
+  EXPECT_LT(two.param_share, 0.95);
+  EXPECT_EQ(two.boundary_bytes_per_row, 8 * 32 * 4.0);  // [rows, T, dim] f32 per row
+  EXPECT_LT(pp_shape(g, 4).stage_share, two.stage_share);
+  auto resnet = train::make_model("resnet", 10);
+  ASSERT_TRUE(resnet.ok());
+  const PpShape bn = pp_shape(forward(*resnet, {2, 1, 28, 28}, 2), 2);
+  EXPECT_NE(bn.refused.find("running statistics"), std::string::npos) << bn.refused;
+}
+
+TEST(PlanShape, TensorParallelismHalvesTheProductsOnRealCommunicators) {
+  auto gpt = train::gpt_model(small_gpt(), 40);
+  ASSERT_TRUE(gpt.ok());
+  const graph::Graph g = forward(*gpt, {4, 8}, 32);
+  auto shapes = testing::run_on_ranks<TpShape>(2, "plan", [&](int, comm::Communicator& c) {
+    return Result<TpShape>(tp_shape(g, 2, collective::register_communicator(&c, false)));
+  });
+  for (const auto& s : shapes) {
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    ASSERT_EQ(s->refused, "");
+    // The blocks' products are split in two; the head's (vocabulary) too.
+    EXPECT_NEAR(s->product_ratio, 0.5, 0.05);
+    EXPECT_LT(s->param_ratio, 0.75);
+    EXPECT_GT(s->arena_ratio, 0.3);
+    EXPECT_LT(s->arena_ratio, 1.0);
+    // Per block: the attention and MLP regions' sums, forward and backward;
+    // the embedding's sum.
+    EXPECT_GE(s->collective_bytes_per_row.size(), 2u * 2 + 1);
+  }
+}
+
+}  // namespace
+}  // namespace shoal::dist
