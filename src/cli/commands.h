@@ -77,6 +77,8 @@ struct PlanPrediction {
 // prediction in `p`.
 Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
                                            const std::vector<std::string>& cli, PlanPrediction* p);
+// `--plan auto`: dist::auto_plan's plan, written to a file of this process.
+Result<std::string> auto_plan_file(const train::TrainOptions& o);
 // After training: the measured step time and memory against `p`, logged;
 // a gap over 25% warns and names the estimate that was off.
 void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int world);

@@ -208,8 +208,27 @@ int main(int argc, char** argv) {
   }
   shoal::cli::PlanPrediction plan;
   if (cli->train.app->parsed() && !cli->train.plan->empty()) {
+    std::string file = *cli->train.plan;
+    if (file == "auto") {  // planned now, for this job, by its rank 0
+      auto made = shoal::cli::auto_plan_file(*cli->train.opts);
+      if (!made.ok()) {
+        SHOAL_LOG_ERROR("shoal train: {}", made.status().to_string());
+        return 2;
+      }
+      file = *made;
+      // --batch set the samples per step (x ranks); the plan's per-rank
+      // share of them replaces it.
+      for (auto it = args.begin(); it != args.end();) {
+        if (*it == "--batch" && it + 1 != args.end())
+          it = args.erase(it, it + 2);
+        else if (it->rfind("--batch=", 0) == 0)
+          it = args.erase(it);
+        else
+          ++it;
+      }
+    }
     // A plan file is a --config file with the prediction beside the flags.
-    auto extra = shoal::cli::plan_args(*cli->train.plan, *cli->train.app, args, &plan);
+    auto extra = shoal::cli::plan_args(file, *cli->train.app, args, &plan);
     if (!extra.ok()) {
       SHOAL_LOG_ERROR("shoal train: {}", extra.status().to_string());
       return 2;

@@ -3,10 +3,12 @@
 // the run (dist/plan.h does the work).
 #include "shoal/dist/plan.h"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <filesystem>
 
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
@@ -123,6 +125,15 @@ int run_plan(PlanFlags& f) {
   return 0;
 }
 
+Result<std::string> auto_plan_file(const train::TrainOptions& o) {
+  SHOAL_ASSIGN_OR_RETURN(std::string text, dist::auto_plan(o));
+  const std::string path =
+      (std::filesystem::temp_directory_path() / fmt::format("shoal_plan_{}.yaml", ::getpid()))
+          .string();
+  SHOAL_RETURN_IF_ERROR(write_file_atomic(path, text));
+  return path;
+}
+
 Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
                                            const std::vector<std::string>& cli, PlanPrediction* p) {
   YAML::Node root;
@@ -162,11 +173,11 @@ void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int
   if (p.step_s <= 0) return;
   if (p.ranks > 0 && p.ranks != world && rank == 0)
     SHOAL_LOG_WARN("plan check: the plan was made for {} ranks, this job has {}", p.ranks, world);
-  // The step: the median period of the traced steps (--trace), else the
-  // mean over the run, its first steps' warm-up included.
+  // The step: the median period of the last steps (warm-up left out), else
+  // (a run of a few steps) the mean over the run.
   const train::StepProfile prof = tr.step_profile(2);
   double step = prof.period_s;
-  if (prof.steps < 3) {
+  if (step <= 0) {
     double secs = 0;
     for (const auto& e : tr.history()) secs += e.train_seconds;
     const std::int64_t steps = tr.history().empty() ? 0 : tr.history().back().step;

@@ -349,7 +349,8 @@ TrainCommand add_train_command(CLI::App& app) {
   c.plan = std::make_shared<std::string>();
   t->add_option("--plan", *c.plan,
                 "A plan file (shoal plan --out): its flags as --config's (flags win), and at the "
-                "end the measured step time and memory against its prediction");
+                "end the measured step time and memory against its prediction; auto: rank 0 "
+                "plans now for the job's ranks (on one host) and --batch x ranks per step");
   return c;
 }
 

@@ -19,6 +19,7 @@
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
 #include "shoal/dp/data_parallel.h"
+#include "shoal/mp/accumulate.h"
 #include "shoal/net/store.h"
 #include "shoal/runtime/kernel.h"
 
@@ -128,7 +129,7 @@ Result<std::map<int, LinkFit>> measure_links(comm::Communicator& c, std::map<int
 // with `forward`, keeps a copy of the training graph's forward there.
 Result<train::StepProfile> profile_rows(train::TrainOptions o, std::int64_t rows,
                                         const std::string& dir, comm::Communicator& c,
-                                        std::unique_ptr<graph::Graph>* forward) {
+                                        std::unique_ptr<graph::Graph>* forward, int micro = 1) {
   const int rank = c.rank();
   // The ranks step together, as a data-parallel job's do (each step's vote
   // is collective), and share the cores as they will; nothing else of the
@@ -136,8 +137,9 @@ Result<train::StepProfile> profile_rows(train::TrainOptions o, std::int64_t rows
   o.peers = dp::peers(c);
   o.rank = rank;
   o.world = c.size();
-  o.batch = rows;
+  o.batch = rows * micro;
   o.micro_batches = 1;
+  SHOAL_RETURN_IF_ERROR(mp::attach_accumulation(o, micro));
   o.epochs = 1;
   o.max_steps = kWarmSteps + kTimedSteps;
   o.limit_test = rows;
@@ -200,6 +202,17 @@ int calibrate_rank(int rank, const train::TrainOptions& base, const PlanRequest&
     cal.steps[rows[i]] = *p;
   }
   if (st.ok() && !forward) st = internal_error("the trainer built no forward graph");
+  // What a second micro-batch adds beyond its rows (the gradients summed,
+  // the step built of copies), at the middle size.
+  if (st.ok()) st = (*c)->barrier();
+  if (st.ok()) {
+    const std::int64_t mid = rows[rows.size() / 2];
+    auto two = profile_rows(base, mid, dir, **c, nullptr, 2);
+    if (two.ok())
+      cal.accumulate_s = std::max(0.0, two->period_s - 2 * cal.steps.at(mid).period_s);
+    else
+      st = two.status().with_context("calibrating gradient accumulation");
+  }
   // What each split leaves a rank. Tensor parallelism's rewrite reads its
   // group from a registered communicator: a real one of T ranks.
   std::vector<std::unique_ptr<comm::Communicator>> groups;
@@ -280,6 +293,7 @@ std::string calibration_json(const Calibration& c) {
                               {"beta", f.beta},
                               {"sync_s", c.sync_s.count(g) ? c.sync_s.at(g) : 0.0}});
   j["cores"] = c.cores;
+  j["accumulate_s"] = c.accumulate_s;
   return j.dump(1) + "\n";
 }
 
@@ -329,6 +343,7 @@ Result<Calibration> parse_calibration(const std::string& text) {
       c.pp[e.at("size").get<int>()] = s;
     }
     c.cores = j.value("cores", 1);
+    c.accumulate_s = j.value("accumulate_s", 0.0);
     for (const auto& e : j.value("allreduce", nlohmann::json::array())) {
       c.allreduce[e.at("group").get<int>()] = {e.at("alpha").get<double>(),
                                                e.at("beta").get<double>()};

@@ -122,7 +122,7 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
   const double update = p.update_s * share / (zero >= 1 ? D : 1);
   double comm = 0;
   if (P == 1) {
-    k.compute_s = m * per_mb + update;
+    k.compute_s = m * per_mb + update + (m - 1) * c.accumulate_s * share;
     comm = m * tp_mb;
   } else {
     // (m + P - 1) slots of the largest stage: the pipeline's bubble. On a

@@ -398,8 +398,14 @@ Status Trainer::run() {
     double loss_sum = 0, train_s = 0;
     std::int64_t correct = 0, seen = 0, steps = 0;
     auto e0 = Clock::now();
+    Clock::time_point last_start{};  // within this epoch (evaluation is between epochs)
     while (step_ < limit && step_ / spe == epoch) {
       auto t0 = Clock::now();
+      if (last_start != Clock::time_point{}) {
+        m.periods.push_back(std::chrono::duration<double>(t0 - last_start).count());
+        if (m.periods.size() > kTraceSteps) m.periods.pop_front();
+      }
+      last_start = t0;
       double loss = 0;
       std::int64_t ok = 0;
       SHOAL_RETURN_IF_ERROR(train_step(&loss, &ok));

@@ -101,6 +101,8 @@ struct Trainer::Impl {
   Progress progress{false};
   bool tracing = false;
   std::deque<std::vector<runtime::TraceEvent>> trace_steps;
+  // Seconds from one step's start to the next's, the last kTraceSteps.
+  std::deque<double> periods;
   // A sharded optimizer state's layout (null: per parameter, OptimizerGraph),
   // and the logical state a resume read on rank 0, until sync_from_lead
   // hands every rank its shard.

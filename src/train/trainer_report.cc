@@ -80,6 +80,10 @@ StepProfile Trainer::step_profile(std::size_t skip) const {
   p.update_s = median(update);
   p.other_s = median(other);
   p.period_s = median(period);
+  // Without a trace, the periods the loop measures (warm-up left out too).
+  if (p.steps == 0 && m.periods.size() > skip)
+    p.period_s = median(std::vector<double>(m.periods.begin() + static_cast<std::ptrdiff_t>(skip),
+                                            m.periods.end()));
   return p;
 }
 

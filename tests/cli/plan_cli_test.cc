@@ -107,6 +107,26 @@ TEST(PlanCli, AMemoryBudgetPicksALayoutThatFitsOrNamesTheLeastNeeded) {
       << none.out;
 }
 
+TEST(PlanCli, AutoPlansForTheJobItRunsIn) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  const std::string dir = testing::scratch_dir("plan_auto");
+  // --batch 16 per rank: 32 samples a step over the 2 ranks, whatever the
+  // layout; rank 0 plans while rank 1 waits for the plan in the store.
+  auto t = run_shoal(
+      fmt::format("run -n 2 --timeout 300 -- {} train {} --batch 16 --plan auto --max-steps 20 "
+                  "--limit-test 32 --no-checkpoints --no-plot --quiet --out {}/run",
+                  SHOAL_BINARY, kModel, dir));
+  ASSERT_EQ(t.code, 0) << t.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      t.out, m, std::regex(R"(plan auto: --dp (\d) --tp (\d) --pp (\d).* --batch (\d+))")))
+      << t.out;
+  EXPECT_EQ(std::stoi(m[1]) * std::stoi(m[4]), 32) << m[0];  // the global batch kept
+  EXPECT_NE(t.out.find("plan check: step"), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find("plan auto:", m.position(0) + 1), std::string::npos)
+      << "planned more than once: " << t.out;
+}
+
 TEST(PlanCli, BadPlansAndCalibrationsAreNamed) {
   const std::string dir = testing::scratch_dir("plan_bad");
   auto missing = run_shoal(fmt::format("train --plan {}/none.yaml", dir));

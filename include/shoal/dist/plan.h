@@ -67,6 +67,9 @@ struct Calibration {
   // for the group's ranks while all of them compute (on a host with more
   // ranks x threads than cores, for a core), by group size.
   std::map<int, double> sync_s;
+  // What each micro-batch after the first adds under gradient
+  // accumulation beyond its rows' compute (measured at one size).
+  double accumulate_s = 0;
   double seconds = 0;  // what calibrating took
 };
 
@@ -103,6 +106,13 @@ std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::Tra
 
 // Every candidate as JSON (flags, prediction, whether it fits).
 std::string candidates_json(const std::vector<Candidate>& cs);
+
+// `shoal train --plan auto` on one rank of a job `shoal run` started on
+// this host: rank 0 calibrates and plans for the job's ranks and
+// `base.batch` x ranks samples per step, the other ranks wait for it in
+// the job's store; every rank returns the same plan file's text. A job
+// whose ranks span hosts is refused (the calibration measures one host).
+Result<std::string> auto_plan(const train::TrainOptions& base);
 
 // Calibration to and from JSON (`shoal plan --calibration FILE` reuses one).
 std::string calibration_json(const Calibration& c);

@@ -246,7 +246,8 @@ struct StepProfile {
   int steps = 0;      // traced steps the medians are over
   double step_s = 0;  // the step graph's run, wall clock
   // From one step's start to the next's: the run, the batch, and waiting
-  // for the other ranks where they step together.
+  // for the other ranks where they step together (measured with or
+  // without a trace).
   double period_s = 0;
   double product_s = 0;  // matmuls and convolutions, forward and backward
   double update_s = 0;   // optimizer updates
