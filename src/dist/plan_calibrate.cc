@@ -173,6 +173,48 @@ Result<train::StepProfile> profile_rows(train::TrainOptions o, std::int64_t rows
   return p;
 }
 
+// The model's step at each of `rows`, then a second micro-batch's cost at
+// the middle size; keeps the training graph's forward in `forward`.
+Status measure_steps(comm::Communicator& c, const train::TrainOptions& base,
+                     const std::vector<std::int64_t>& rows, const std::string& dir,
+                     Calibration& cal, std::unique_ptr<graph::Graph>& forward) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    SHOAL_RETURN_IF_ERROR(c.barrier());
+    auto p = profile_rows(base, rows[i], dir, c, i == 0 ? &forward : nullptr);
+    if (!p.ok()) return p.status().with_context(fmt::format("calibrating at --batch {}", rows[i]));
+    cal.steps[rows[i]] = *p;
+  }
+  if (!forward) return internal_error("the trainer built no forward graph");
+  // What a second micro-batch adds beyond its rows (the gradients summed,
+  // the step built of copies).
+  SHOAL_RETURN_IF_ERROR(c.barrier());
+  const std::int64_t mid = rows[rows.size() / 2];
+  auto two = profile_rows(base, mid, dir, c, nullptr, 2);
+  if (!two.ok()) return two.status().with_context("calibrating gradient accumulation");
+  cal.accumulate_s = std::max(0.0, two->period_s - 2 * cal.steps.at(mid).period_s);
+  return ok_status();
+}
+
+// What each split leaves a rank (rank 0 reads them into `cal`). Tensor
+// parallelism's rewrite reads its group from a registered communicator: a
+// real one of T ranks, split off collectively and kept in `groups`.
+Status read_splits(comm::Communicator& c, const graph::Graph& forward, Calibration& cal,
+                   std::vector<std::unique_ptr<comm::Communicator>>& groups) {
+  for (int t = 2; t <= c.size(); ++t) {
+    if (c.size() % t != 0) continue;
+    comm::Communicator* grp = &c;
+    if (t < c.size()) {
+      SHOAL_ASSIGN_OR_RETURN(auto sub, c.split(c.rank() / t, c.rank()));
+      groups.push_back(std::move(sub));
+      grp = groups.back().get();
+    }
+    if (c.rank() != 0) continue;
+    cal.tp[t] = tp_shape(forward, t, collective::register_communicator(grp, false));
+    cal.pp[t] = pp_shape(forward, t);
+  }
+  return ok_status();
+}
+
 int calibrate_rank(int rank, const train::TrainOptions& base, const PlanRequest& r,
                    const std::vector<std::int64_t>& rows, const std::string& dir) {
   log::set_identity(rank, r.ranks, "plan");
@@ -191,47 +233,9 @@ int calibrate_rank(int rank, const train::TrainOptions& base, const PlanRequest&
   cal.precision = base.precision;
   const auto t0 = Clock::now();
   std::unique_ptr<graph::Graph> forward;
-  for (std::size_t i = 0; st.ok() && i < rows.size(); ++i) {
-    st = (*c)->barrier();
-    if (!st.ok()) break;
-    auto p = profile_rows(base, rows[i], dir, **c, i == 0 ? &forward : nullptr);
-    if (!p.ok()) {
-      st = p.status().with_context(fmt::format("calibrating at --batch {}", rows[i]));
-      break;
-    }
-    cal.steps[rows[i]] = *p;
-  }
-  if (st.ok() && !forward) st = internal_error("the trainer built no forward graph");
-  // What a second micro-batch adds beyond its rows (the gradients summed,
-  // the step built of copies), at the middle size.
-  if (st.ok()) st = (*c)->barrier();
-  if (st.ok()) {
-    const std::int64_t mid = rows[rows.size() / 2];
-    auto two = profile_rows(base, mid, dir, **c, nullptr, 2);
-    if (two.ok())
-      cal.accumulate_s = std::max(0.0, two->period_s - 2 * cal.steps.at(mid).period_s);
-    else
-      st = two.status().with_context("calibrating gradient accumulation");
-  }
-  // What each split leaves a rank. Tensor parallelism's rewrite reads its
-  // group from a registered communicator: a real one of T ranks.
   std::vector<std::unique_ptr<comm::Communicator>> groups;
-  for (int t = 2; st.ok() && t <= r.ranks; ++t) {
-    if (r.ranks % t != 0) continue;
-    comm::Communicator* grp = c->get();
-    if (t < r.ranks) {
-      auto sub = (*c)->split(rank / t, rank);
-      if (!sub.ok()) {
-        st = sub.status();
-        break;
-      }
-      groups.push_back(std::move(*sub));
-      grp = groups.back().get();
-    }
-    if (rank != 0) continue;
-    cal.tp[t] = tp_shape(*forward, t, collective::register_communicator(grp, false));
-    cal.pp[t] = pp_shape(*forward, t);
-  }
+  if (st.ok()) st = measure_steps(**c, base, rows, dir, cal, forward);
+  if (st.ok()) st = read_splits(**c, *forward, cal, groups);
   if (st.ok()) {
     auto links = measure_links(**c, &cal.sync_s);
     if (links.ok())
