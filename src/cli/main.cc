@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
@@ -229,6 +230,10 @@ int main(int argc, char** argv) {
     }
     // A plan file is a --config file with the prediction beside the flags.
     auto extra = shoal::cli::plan_args(file, *cli->train.app, args, &plan);
+    if (file != *cli->train.plan) {  // --plan auto's own file, read now
+      std::error_code ec;
+      std::filesystem::remove(file, ec);
+    }
     if (!extra.ok()) {
       SHOAL_LOG_ERROR("shoal train: {}", extra.status().to_string());
       return 2;
