@@ -77,8 +77,11 @@ struct PlanPrediction {
 // prediction in `p`.
 Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
                                            const std::vector<std::string>& cli, PlanPrediction* p);
-// `--plan auto`: dist::auto_plan's plan, written to a file of this process.
-Result<std::string> auto_plan_file(const train::TrainOptions& o);
+// `--plan FILE` as plan_args; `--plan auto`: dist::auto_plan's plan for
+// this job (and --batch taken out of `cli`: the plan's share replaces it).
+Result<std::vector<std::string>> plan_file_args(const std::string& plan, CLI::App& t,
+                                                const train::TrainOptions& o,
+                                                std::vector<std::string>& cli, PlanPrediction* p);
 // After training: the measured step time and memory against `p`, logged;
 // a gap over 25% warns and names the estimate that was off.
 void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int world);

@@ -4,7 +4,6 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
@@ -187,6 +186,16 @@ void wait_passively_unless_told(char** argv) {
   execv("/proc/self/exe", argv);  // returns only on failure: go on spinning
 }
 
+// Puts `extra` (flag tokens from a file) right after "train" in `args` and
+// parses the whole line again, so every value meets the same checks.
+int reparse(std::unique_ptr<Cli>& cli, std::vector<std::string>& args,
+            const std::vector<std::string>& extra) {
+  auto pos = std::find(args.begin(), args.end(), "train");
+  args.insert(pos + 1, extra.begin(), extra.end());
+  cli = std::make_unique<Cli>();
+  return cli->parse(args);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,46 +211,18 @@ int main(int argc, char** argv) {
       SHOAL_LOG_ERROR("shoal train: {}", extra.status().to_string());
       return 2;
     }
-    auto pos = std::find(args.begin(), args.end(), "train");
-    args.insert(pos + 1, extra->begin(), extra->end());
-    cli = std::make_unique<Cli>();
-    if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
+    if (int rc = reparse(cli, args, *extra); rc != 0) return rc < 0 ? 0 : rc;
   }
   shoal::cli::PlanPrediction plan;
   if (cli->train.app->parsed() && !cli->train.plan->empty()) {
-    std::string file = *cli->train.plan;
-    if (file == "auto") {  // planned now, for this job, by its rank 0
-      auto made = shoal::cli::auto_plan_file(*cli->train.opts);
-      if (!made.ok()) {
-        SHOAL_LOG_ERROR("shoal train: {}", made.status().to_string());
-        return 2;
-      }
-      file = *made;
-      // --batch set the samples per step (x ranks); the plan's per-rank
-      // share of them replaces it.
-      for (auto it = args.begin(); it != args.end();) {
-        if (*it == "--batch" && it + 1 != args.end())
-          it = args.erase(it, it + 2);
-        else if (it->rfind("--batch=", 0) == 0)
-          it = args.erase(it);
-        else
-          ++it;
-      }
-    }
     // A plan file is a --config file with the prediction beside the flags.
-    auto extra = shoal::cli::plan_args(file, *cli->train.app, args, &plan);
-    if (file != *cli->train.plan) {  // --plan auto's own file, read now
-      std::error_code ec;
-      std::filesystem::remove(file, ec);
-    }
+    auto extra = shoal::cli::plan_file_args(*cli->train.plan, *cli->train.app, *cli->train.opts,
+                                            args, &plan);
     if (!extra.ok()) {
       SHOAL_LOG_ERROR("shoal train: {}", extra.status().to_string());
       return 2;
     }
-    auto pos = std::find(args.begin(), args.end(), "train");
-    args.insert(pos + 1, extra->begin(), extra->end());
-    cli = std::make_unique<Cli>();
-    if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
+    if (int rc = reparse(cli, args, *extra); rc != 0) return rc < 0 ? 0 : rc;
   }
   if (cli->train.app->parsed() && cli->train.opts->resume && !cli->train.opts->out.empty()) {
     // A resumed run takes the flags it started with, unless given again.
@@ -251,10 +232,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (!extra->empty()) {
-      auto pos = std::find(args.begin(), args.end(), "train");
-      args.insert(pos + 1, extra->begin(), extra->end());
-      cli = std::make_unique<Cli>();
-      if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;
+      if (int rc = reparse(cli, args, *extra); rc != 0) return rc < 0 ? 0 : rc;
     }
   }
   if (cli->train.app->parsed())

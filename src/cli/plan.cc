@@ -125,13 +125,29 @@ int run_plan(PlanFlags& f) {
   return 0;
 }
 
-Result<std::string> auto_plan_file(const train::TrainOptions& o) {
+Result<std::vector<std::string>> plan_file_args(const std::string& plan, CLI::App& t,
+                                                const train::TrainOptions& o,
+                                                std::vector<std::string>& cli, PlanPrediction* p) {
+  if (plan != "auto") return plan_args(plan, t, cli, p);
+  // Planned now, for this job, by its rank 0. --batch set the samples per
+  // step (x ranks); the plan's per-rank share of them replaces it.
   SHOAL_ASSIGN_OR_RETURN(std::string text, dist::auto_plan(o));
+  for (auto it = cli.begin(); it != cli.end();) {
+    if (*it == "--batch" && it + 1 != cli.end())
+      it = cli.erase(it, it + 2);
+    else if (it->rfind("--batch=", 0) == 0)
+      it = cli.erase(it);
+    else
+      ++it;
+  }
   const std::string path =
       (std::filesystem::temp_directory_path() / fmt::format("shoal_plan_{}.yaml", ::getpid()))
           .string();
   SHOAL_RETURN_IF_ERROR(write_file_atomic(path, text));
-  return path;
+  auto args = plan_args(path, t, cli, p);
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  return args;
 }
 
 Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
