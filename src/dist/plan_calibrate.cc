@@ -370,10 +370,7 @@ Result<Calibration> calibrate(const train::TrainOptions& base_in, const PlanRequ
   base.prefetch = r.ranks * base.threads < cores;  // as dp::attach decides
   PlanRequest req = r;
   req.cores = cores;
-  std::vector<int> sizes;
-  for (int k = 1; k <= r.ranks; ++k)
-    if (r.ranks % k == 0) sizes.push_back(k);
-  const std::vector<std::int64_t> rows = micro_batch_rows(req, sizes, sizes);
+  const std::vector<std::int64_t> rows = micro_batch_rows(req);
   if (rows.empty())
     return invalid_argument("plan: no layout of {} ranks splits {} samples per step evenly",
                             r.ranks, r.global_batch);

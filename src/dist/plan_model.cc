@@ -83,20 +83,36 @@ std::string Candidate::flags() const {
   return s;
 }
 
-std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r, const std::vector<int>& tp_sizes,
-                                           const std::vector<int>& pp_sizes) {
-  std::vector<std::int64_t> rows;
-  for (int tp : tp_sizes)
-    for (int pp : pp_sizes) {
-      if (r.ranks % (tp * pp) != 0) continue;
-      const int dp = r.ranks / (tp * pp);
-      if (r.global_batch % dp != 0) continue;
-      const std::int64_t b = r.global_batch / dp;
+std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r) {
+  std::vector<std::pair<Layout, int>> out;
+  for (int T : divisors(r.ranks)) {
+    for (int P : divisors(r.ranks / T)) {
+      const int D = r.ranks / (T * P);
+      if (r.global_batch % D != 0) continue;
+      const std::int64_t b = r.global_batch / D;
       for (int k : {1, 2, 4}) {
-        const std::int64_t m = pp > 1 ? pp * k : k;
-        if (b % m == 0) rows.push_back(b / m);
+        Layout l;
+        l.tp = T;
+        l.pp = P;
+        l.micro_batches = P > 1 ? P * k : k;
+        if (b % l.micro_batches != 0) continue;
+        for (int zero = 0; zero <= (D > 1 ? 3 : 0); ++zero) {
+          dp::DpOptions d;
+          d.zero = zero;
+          if (!check_layout(l, d, r.ranks).ok()) continue;
+          if (zero == 3 && (P > 1 || l.micro_batches > 1)) continue;  // refused by attach
+          out.emplace_back(l, zero);
+        }
       }
     }
+  }
+  return out;
+}
+
+std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r) {
+  std::vector<std::int64_t> rows;
+  for (const auto& [l, zero] : job_layouts(r))
+    rows.push_back(r.global_batch / (r.ranks / (l.tp * l.pp)) / micro_batches(l));
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   return rows;
@@ -175,30 +191,12 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
 }
 
 std::vector<Candidate> plan_layouts(const PlanRequest& r, const Calibration& c) {
+  auto splits = [](const auto& shapes, int n) {
+    return n == 1 || (shapes.count(n) && shapes.at(n).refused.empty());
+  };
   std::vector<Candidate> out;
-  for (int T : divisors(r.ranks)) {
-    if (T > 1 && (!c.tp.count(T) || !c.tp.at(T).refused.empty())) continue;
-    for (int P : divisors(r.ranks / T)) {
-      if (P > 1 && (!c.pp.count(P) || !c.pp.at(P).refused.empty())) continue;
-      const int D = r.ranks / (T * P);
-      if (r.global_batch % D != 0) continue;
-      const std::int64_t b = r.global_batch / D;
-      for (int k : {1, 2, 4}) {
-        Layout l;
-        l.tp = T;
-        l.pp = P;
-        l.micro_batches = P > 1 ? P * k : k;
-        if (b % l.micro_batches != 0) continue;
-        for (int zero = 0; zero <= (D > 1 ? 3 : 0); ++zero) {
-          dp::DpOptions d;
-          d.zero = zero;
-          if (!check_layout(l, d, r.ranks).ok()) continue;
-          if (zero == 3 && (P > 1 || l.micro_batches > 1)) continue;  // refused by attach
-          out.push_back(predict(r, c, l, zero));
-        }
-      }
-    }
-  }
+  for (const auto& [l, zero] : job_layouts(r))
+    if (splits(c.tp, l.tp) && splits(c.pp, l.pp)) out.push_back(predict(r, c, l, zero));
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;
     return a.step_s < b.step_s;

@@ -141,7 +141,7 @@ TEST(Plan, AMemoryBudgetPutsWhatFitsFirst) {
 }
 
 TEST(Plan, MicroBatchSizesAreThoseTheLayoutsUse) {
-  const auto rows = micro_batch_rows(request(2, 24), {1, 2}, {1, 2});
+  const auto rows = micro_batch_rows(request(2, 24));
   // dp 2: 12 per rank / 1, 2, 4; dp 1 (tp 2 or pp 2): 24 / 1, 2, 4 and 24 / 2, 4, 8.
   EXPECT_EQ(rows, (std::vector<std::int64_t>{3, 6, 12, 24}));
 }

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shoal/core/status.h"
@@ -83,9 +84,14 @@ struct Candidate {
   std::string flags() const;  // "--dp 2 --tp 2 --zero 1 --batch 32 ..."
 };
 
-// The distinct micro-batch sizes the layouts of `r` use.
-std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r, const std::vector<int>& tp_sizes,
-                                           const std::vector<int>& pp_sizes);
+// Every layout of `r`'s ranks and samples dist::attach accepts, with its
+// ZeRO stage: --tp x --pp dividing the ranks, a data-parallel share that
+// divides the samples, micro-batches 1, 2, 4 (x pp under a pipeline), ZeRO
+// 0-3 where there is a data-parallel group (3 only without micro-batches
+// or a pipeline). Whether the model splits so is the calibration's to say.
+std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r);
+// The distinct micro-batch sizes those layouts use.
+std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r);
 
 // Runs `r.ranks` processes on this host that each train `base` for a few
 // steps at each micro-batch size, then measure all-reduces among
