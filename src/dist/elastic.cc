@@ -9,12 +9,12 @@
 #include <numeric>
 #include <thread>
 
+#include "dist/job_store.h"
 #include "shoal/core/elastic_keys.h"
 #include "shoal/core/env.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
 #include "shoal/dist/job.h"
-#include "shoal/net/socket.h"
 #include "shoal/net/store.h"
 
 namespace shoal::dist {
@@ -79,14 +79,7 @@ Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t bat
 
 namespace {
 
-Result<std::unique_ptr<net::Store>> connect_store() {
-  SHOAL_ASSIGN_OR_RETURN(LaunchEnv le, launch_env());
-  SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(le.store, "SHOAL_STORE"));
-  SHOAL_ASSIGN_OR_RETURN(auto s,
-                         net::TcpStore::connect(hp.first, hp.second, Deadline::after_seconds(10),
-                                                env::get("SHOAL_JOB_TOKEN").value_or("")));
-  return std::unique_ptr<net::Store>(std::move(s));
-}
+Result<std::unique_ptr<net::Store>> connect_store() { return connect_job_store(10); }
 
 // Enters generation `g` as rank `rank` of `world` (one host: shoal run's
 // local engine).

@@ -3,12 +3,10 @@
 // store; every rank then trains the same plan.
 #include <fmt/format.h>
 
+#include "dist/job_store.h"
 #include "shoal/core/env.h"
 #include "shoal/core/launch_env.h"
-#include "shoal/core/logging.h"
 #include "shoal/dist/plan.h"
-#include "shoal/net/socket.h"
-#include "shoal/net/store.h"
 
 namespace shoal::dist {
 namespace {
@@ -47,10 +45,7 @@ Result<std::string> auto_plan(const train::TrainOptions& base) {
         le.world,
         local.empty() ? "were not started by shoal run on this host"
                       : fmt::format("span hosts ({} here)", local));
-  SHOAL_ASSIGN_OR_RETURN(auto hp, net::split_host_port(le.store, "SHOAL_STORE"));
-  SHOAL_ASSIGN_OR_RETURN(auto store,
-                         net::TcpStore::connect(hp.first, hp.second, Deadline::after_seconds(30),
-                                                env::get("SHOAL_JOB_TOKEN").value_or("")));
+  SHOAL_ASSIGN_OR_RETURN(auto store, connect_job_store(30));
   const std::string key = fmt::format("shoal/plan-auto/{}", le.restart);
   if (le.rank == 0) {
     Result<std::string> plan = plan_here(base, r);
