@@ -65,6 +65,9 @@ std::function<std::string(const std::string&)> model_name_check();
 // the command line (its flags win).
 Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,
                                              const std::vector<std::string>& cli);
+// A YAML (or JSON) file given as `flag`; the error names both and the
+// place a parse failed.
+Result<YAML::Node> load_yaml_file(const std::string& flag, const std::string& path);
 // The same from a YAML mapping already read; `where` names it in errors.
 Result<std::vector<std::string>> config_node_args(const YAML::Node& root, const std::string& where,
                                                   CLI::App& t, const std::vector<std::string>& cli);

@@ -8,7 +8,6 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
-#include <filesystem>
 
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
@@ -125,43 +124,14 @@ int run_plan(PlanFlags& f) {
   return 0;
 }
 
-Result<std::vector<std::string>> plan_file_args(const std::string& plan, CLI::App& t,
-                                                const train::TrainOptions& o,
-                                                std::vector<std::string>& cli, PlanPrediction* p) {
-  if (plan != "auto") return plan_args(plan, t, cli, p);
-  // Planned now, for this job, by its rank 0. --batch set the samples per
-  // step (x ranks); the plan's per-rank share of them replaces it.
-  SHOAL_ASSIGN_OR_RETURN(std::string text, dist::auto_plan(o));
-  for (auto it = cli.begin(); it != cli.end();) {
-    if (*it == "--batch" && it + 1 != cli.end())
-      it = cli.erase(it, it + 2);
-    else if (it->rfind("--batch=", 0) == 0)
-      it = cli.erase(it);
-    else
-      ++it;
-  }
-  const std::string path =
-      (std::filesystem::temp_directory_path() / fmt::format("shoal_plan_{}.yaml", ::getpid()))
-          .string();
-  SHOAL_RETURN_IF_ERROR(write_file_atomic(path, text));
-  auto args = plan_args(path, t, cli, p);
-  std::error_code ec;
-  std::filesystem::remove(path, ec);
-  return args;
-}
+namespace {
 
-Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
-                                           const std::vector<std::string>& cli, PlanPrediction* p) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    return not_found("--plan {}: cannot open the file", path);
-  } catch (const YAML::Exception& e) {
-    return invalid_argument("--plan {}: not valid YAML at line {}: {}", path, e.mark.line + 1,
-                            e.msg);
-  }
-  if (!root.IsMap()) return invalid_argument("--plan {}: not a mapping of option: value", path);
+// A plan file's mapping (`where` names it): its plan-* keys into `p`, the
+// rest as --config's flags.
+Result<std::vector<std::string>> plan_node_args(const YAML::Node& root, const std::string& where,
+                                                CLI::App& t, const std::vector<std::string>& cli,
+                                                PlanPrediction* p) {
+  if (!root.IsMap()) return invalid_argument("{}: not a mapping of option: value", where);
   YAML::Node flags(YAML::NodeType::Map);
   try {
     for (const auto& kv : root) {
@@ -180,9 +150,41 @@ Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
         flags[key] = kv.second;
     }
   } catch (const YAML::Exception& e) {
-    return invalid_argument("--plan {}: a plan-* value is not a number: {}", path, e.msg);
+    return invalid_argument("{}: a plan-* value is not a number: {}", where, e.msg);
   }
-  return config_node_args(flags, "--plan " + path, t, cli);
+  return config_node_args(flags, where, t, cli);
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> plan_file_args(const std::string& plan, CLI::App& t,
+                                                const train::TrainOptions& o,
+                                                std::vector<std::string>& cli, PlanPrediction* p) {
+  if (plan != "auto") return plan_args(plan, t, cli, p);
+  // Planned now, for this job, by its rank 0. --batch set the samples per
+  // step (x ranks); the plan's per-rank share of them replaces it.
+  SHOAL_ASSIGN_OR_RETURN(std::string text, dist::auto_plan(o));
+  for (auto it = cli.begin(); it != cli.end();) {
+    if (*it == "--batch" && it + 1 != cli.end())
+      it = cli.erase(it, it + 2);
+    else if (it->rfind("--batch=", 0) == 0)
+      it = cli.erase(it);
+    else
+      ++it;
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return internal_error("--plan auto: the plan written is not YAML: {}", e.msg);
+  }
+  return plan_node_args(root, "--plan auto", t, cli, p);
+}
+
+Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
+                                           const std::vector<std::string>& cli, PlanPrediction* p) {
+  SHOAL_ASSIGN_OR_RETURN(YAML::Node root, load_yaml_file("--plan", path));
+  return plan_node_args(root, "--plan " + path, t, cli, p);
 }
 
 void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int world) {

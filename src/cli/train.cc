@@ -37,17 +37,20 @@ std::function<std::string(const std::string&)> model_name_check() {
 // tokens: "key: value" -> "--key value", lists -> repeated values, a true
 // flag -> "--key". Keys may use '-' or '_'. A key the command line also
 // sets is skipped (the command line wins); an unknown key is an error.
-Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,
-                                             const std::vector<std::string>& cli) {
-  YAML::Node root;
+Result<YAML::Node> load_yaml_file(const std::string& flag, const std::string& path) {
   try {
-    root = YAML::LoadFile(path);
+    return YAML::LoadFile(path);
   } catch (const YAML::BadFile&) {
-    return not_found("--config {}: cannot open the file", path);
+    return not_found("{} {}: cannot open the file", flag, path);
   } catch (const YAML::Exception& e) {
-    return invalid_argument("--config {}: not valid YAML/JSON at line {}, column {}: {}", path,
+    return invalid_argument("{} {}: not valid YAML/JSON at line {}, column {}: {}", flag, path,
                             e.mark.line + 1, e.mark.column + 1, e.msg);
   }
+}
+
+Result<std::vector<std::string>> config_args(const std::string& path, CLI::App& t,
+                                             const std::vector<std::string>& cli) {
+  SHOAL_ASSIGN_OR_RETURN(YAML::Node root, load_yaml_file("--config", path));
   return config_node_args(root, "--config " + path, t, cli);
 }
 
