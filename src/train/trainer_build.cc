@@ -373,13 +373,8 @@ Status Trainer::compile_step(StepBuild& sb) {
   }
   m.writeback = std::move(copies);
   if (o.rank == 0) {  // measured from the tensors and the planned arena, per rank
-    auto bytes = [](const std::map<std::string, Tensor>& ts) {
-      std::size_t n = 0;
-      for (const auto& [name, t] : ts) n += t.nbytes();
-      return n;
-    };
     SHOAL_LOG_INFO("memory on rank 0: parameters {} B, optimizer state {} B{}, step arena {} B",
-                   bytes(params_), bytes(state_), m.layout ? " (sharded)" : "",
+                   total_bytes(params_), total_bytes(state_), m.layout ? " (sharded)" : "",
                    m.exe->arena_bytes());
   }
   m.tracing = !o.trace.empty();

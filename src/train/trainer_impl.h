@@ -80,6 +80,13 @@ inline std::int64_t argmax_row(const float* row, std::int64_t c) {
   return best;
 }
 
+// The bytes of a set of named tensors (parameters, optimizer state, buffers).
+inline std::size_t total_bytes(const std::map<std::string, Tensor>& ts) {
+  std::size_t n = 0;
+  for (const auto& [name, t] : ts) n += t.nbytes();
+  return n;
+}
+
 inline void copy_into(Tensor& dst, const Tensor& src) {
   std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
 }

@@ -26,15 +26,10 @@ std::string flops_str(double flops_per_s, double peak) {
 StepProfile Trainer::step_profile(std::size_t skip) const {
   const Impl& m = *impl_;
   StepProfile p;
-  auto bytes = [](const std::map<std::string, Tensor>& ts) {
-    std::size_t n = 0;
-    for (const auto& [name, t] : ts) n += t.nbytes();
-    return n;
-  };
-  p.param_bytes = bytes(params_);
+  p.param_bytes = total_bytes(params_);
   p.param_tensors = static_cast<int>(params_.size());
-  p.state_bytes = bytes(state_);
-  p.buffer_bytes = bytes(buffers_);
+  p.state_bytes = total_bytes(state_);
+  p.buffer_bytes = total_bytes(buffers_);
   p.flops = m.step_flops;
   if (!m.exe) return p;
   p.arena_bytes = m.exe->arena_bytes();
