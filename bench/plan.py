@@ -13,13 +13,21 @@ fits, and the rank correlation of the two orders.
 Goals (issue 37): every layout's step within 20% and memory within 10%;
 the plan's first choice within 5% of the fastest measured.
 
+With --netns H (as root) the job spans H hosts of a cluster of network
+namespaces (tools/netns-cluster.sh, --link RATE between them), ranks / H on
+each, started by hand as docs/cluster.md shows: `shoal plan` runs as the
+job's ranks there (measuring the links between the hosts), and so does
+every layout.
+
 usage: bench/plan.py [--models gpt,resnet] [--ranks 2,4] [--steps 30]
                      [--mem-per-rank GB] [--filter REGEX]
+                     [--netns HOSTS [--link 1gbit]]
 """
 import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,8 +43,38 @@ MODELS = {
     "resnet": (["--model", "resnet", "--data", "/usr/share/datasets/fashion-mnist",
                 "--optimizer", "momentum"], 32),
 }
+NETNS = os.path.join(ROOT, "tools", "netns-cluster.sh")
 STEP = re.compile(r"plan check: step ([\d.]+) ms measured, ([\d.]+) ms predicted")
 HOLDS = re.compile(r"plan check: rank (\d+) holds ([\d.]+) MB, ([\d.]+) MB predicted")
+
+
+def launch(args, ranks, words, tmp):
+    """`shoal <words>` as a job of `ranks` ranks: under `shoal run` on this
+    host, or by hand on the netns hosts (rank 0 serving the store on h1).
+    Returns (exit code, every rank's output)."""
+    if not args.netns:
+        cmd = [SHOAL, "run", "-n", str(ranks), "--timeout", "600", "--", SHOAL, *words]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        return p.returncode, p.stdout + p.stderr
+    per_host = ranks // args.netns
+    procs = []
+    for r in range(ranks):
+        env = [f"SHOAL_RANK={r}", f"SHOAL_WORLD_SIZE={ranks}", f"SHOAL_LOCAL_RANK={r % per_host}",
+               "SHOAL_STORE=198.18.1.1:29500", "SHOAL_STORE_SERVE=1", "SHOAL_JOB_TOKEN=bench"]
+        log = open(os.path.join(tmp, f"r{r}.log"), "w")
+        procs.append((subprocess.Popen(
+            [NETNS, "--name", args.cluster, "exec", f"h{r // per_host + 1}", "env", *env,
+             "timeout", "-s", "KILL", "600", SHOAL, *words],
+            stdout=log, stderr=subprocess.STDOUT), log))
+    rc = 0
+    for p, log in procs:
+        rc = rc or p.wait()
+        log.close()
+    out = ""
+    for r in range(ranks):
+        with open(os.path.join(tmp, f"r{r}.log")) as f:
+            out += f.read()
+    return rc, out
 
 
 def run_layout(args, model_flags, cand, ranks, tmp, i):
@@ -49,17 +87,15 @@ def run_layout(args, model_flags, cand, ranks, tmp, i):
     with open(plan, "w") as f:
         for k, v in keys.items():
             f.write(f"{k}: {v}\n")
-    cmd = [SHOAL, "run", "-n", str(ranks), "--timeout", "600", "--", SHOAL, "train",
-           *model_flags, "--plan", plan, "--max-steps", str(args.steps), "--no-checkpoints",
-           "--no-plot", "--quiet", "--limit-test", "64", "--trace", os.path.join(tmp, "t.json"),
-           "--out", os.path.join(tmp, f"run{i}")]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    out = p.stdout + p.stderr
+    words = ["train", *model_flags, "--plan", plan, "--max-steps", str(args.steps),
+             "--no-checkpoints", "--no-plot", "--quiet", "--limit-test", "64", "--trace",
+             os.path.join(tmp, "t.json"), "--out", os.path.join(tmp, f"run{i}")]
+    rc, out = launch(args, ranks, words, tmp)
     step = STEP.search(out)
     mems = [float(m.group(2)) for m in HOLDS.finditer(out)]
-    if p.returncode != 0 or not step or not mems:
+    if rc != 0 or not step or not mems:
         tail = "\n".join(out.strip().splitlines()[-3:])
-        return None, f"failed ({p.returncode}): {tail}"
+        return None, f"failed ({rc}): {tail}"
     return (float(step.group(1)) / 1e3, max(mems) * 1e6), ""
 
 
@@ -81,18 +117,24 @@ def spearman(a, b):
 def bench(args, model, ranks):
     flags, per_rank = MODELS[model]
     batch = per_rank * ranks
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.share) as tmp:
         cj = os.path.join(tmp, "cands.json")
-        cmd = [SHOAL, "plan", "-n", str(ranks), *flags, "--batch", str(batch), "--json", cj,
-               "--out", os.path.join(tmp, "plan.yaml")]
+        words = ["plan", "-n", str(ranks), *flags, "--batch", str(batch), "--json", cj,
+                 "--out", os.path.join(tmp, "plan.yaml")]
         if args.mem_per_rank:
-            cmd += ["--mem-per-rank", str(args.mem_per_rank)]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        print(f"\n## {model}, {ranks} ranks, {batch} samples per step: "
-              f"`{' '.join(cmd[1:])}`")
-        calib = re.search(r"calibrated in ([\d.]+) s", p.stdout)
+            words += ["--mem-per-rank", str(args.mem_per_rank)]
+        if args.netns:
+            words += ["--hosts", str(args.netns)]
+            rc, out = launch(args, ranks, words, tmp)
+        else:
+            p = subprocess.run([SHOAL, *words], capture_output=True, text=True)
+            out = p.stdout + p.stderr
+        where = f" on {args.netns} netns hosts ({args.link})" if args.netns else ""
+        print(f"\n## {model}, {ranks} ranks{where}, {batch} samples per step: "
+              f"`{' '.join(words)}`")
+        calib = re.search(r"calibrated in ([\d.]+) s", out)
         if not os.path.exists(cj):
-            print(p.stdout + p.stderr)
+            print(out)
             return None
         cands = json.load(open(cj))
         print(f"calibration {calib.group(1) if calib else '?'} s; {len(cands)} layouts\n")
@@ -141,10 +183,25 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--mem-per-rank", type=float, default=0)
     ap.add_argument("--filter", default="", help="only the layouts whose flags match this regex")
+    ap.add_argument("--netns", type=int, default=0, help="hosts of a netns cluster to span")
+    ap.add_argument("--link", default="1gbit", help="--netns: the hosts' link rate")
     args = ap.parse_args()
-    for model in args.models.split(","):
-        for n in args.ranks.split(","):
-            bench(args, model, int(n))
+    args.share = None
+    args.cluster = f"bp{os.getpid() % 100000}"
+    if args.netns:
+        # The hosts share one directory at the same path (the runs' files).
+        args.share = tempfile.mkdtemp(prefix="shoal_plan_bench_", dir="/tmp")
+        subprocess.run([NETNS, "--name", args.cluster, "start", "--hosts", str(args.netns),
+                        "--link", args.link, "--share", args.share], check=True,
+                       stdout=subprocess.DEVNULL)
+    try:
+        for model in args.models.split(","):
+            for n in args.ranks.split(","):
+                bench(args, model, int(n))
+    finally:
+        if args.netns:
+            subprocess.run([NETNS, "--name", args.cluster, "stop"], stdout=subprocess.DEVNULL)
+            shutil.rmtree(args.share, ignore_errors=True)
 
 
 if __name__ == "__main__":

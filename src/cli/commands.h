@@ -90,7 +90,8 @@ Result<std::vector<std::string>> plan_file_args(const std::string& plan, CLI::Ap
 void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int world);
 // `shoal plan`.
 struct PlanFlags {
-  int ranks = 2;
+  int ranks = 0;  // 0: the job's ranks (under a launcher)
+  int hosts = 0;  // 0: wherever the ranks are
   std::int64_t global_batch = 0;
   double mem_gb = 0;
   std::string out = "plan.yaml";

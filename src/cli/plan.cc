@@ -11,7 +11,9 @@
 
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
+#include "shoal/comm/communicator.h"
 #include "shoal/core/file.h"
+#include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
 #include "shoal/train/trainer.h"
 
@@ -25,13 +27,18 @@ PlanCommand add_plan_command(CLI::App& app) {
   train::TrainOptions& o = *f.train;
   CLI::App* p = app.add_subcommand(
       "plan",
-      "Rank the layouts (--dp x --tp x --pp, --zero, --micro-batches) of a model on N ranks of "
-      "this host by predicted step time and memory, from a short measurement; write the best "
-      "as a file for shoal train --plan");
+      "Rank the layouts (--dp x --tp x --pp, --zero, --micro-batches) of a model on N ranks by "
+      "predicted step time and memory, from a short measurement (on this host; started as a "
+      "job's ranks, on theirs); write the best as a file for shoal train --plan");
   c.app = p;
-  p->add_option("-n,--ranks", f.ranks, "Ranks the job will run")
-      ->check(CLI::Range(1, 64))
-      ->required();
+  p->add_option("-n,--ranks", f.ranks,
+                "Ranks the job will run (under a launcher: its ranks, the default)")
+      ->check(CLI::Range(1, 64));
+  p->add_option("--hosts", f.hosts,
+                "Hosts the ranks span, checked against where they were measured (more than one: "
+                "start shoal plan as a job on those hosts, e.g. shoal run --hosts ... -- shoal "
+                "plan)")
+      ->check(CLI::Range(1, 64));
   p->add_option("--batch", f.global_batch, "Samples per step over the job (default 64 x ranks)")
       ->check(positive());
   p->add_option("--mem-per-rank", f.mem_gb, "Memory a rank may hold, GB (0: no budget)")
@@ -61,27 +68,67 @@ PlanCommand add_plan_command(CLI::App& app) {
   return c;
 }
 
-int run_plan(PlanFlags& f) {
-  dist::PlanRequest r;
-  r.ranks = f.ranks;
-  r.global_batch = f.global_batch > 0 ? f.global_batch : 64LL * f.ranks;
+namespace {
+
+// The calibration: read from --calibration, measured on the ranks of the
+// job this process is one of, or on ranks forked here. `report` is false
+// on a job's ranks other than 0 (rank 0 prints and writes the plan).
+Result<dist::Calibration> obtain_calibration(const PlanFlags& f, dist::PlanRequest& r,
+                                             bool* report) {
+  *report = true;
+  SHOAL_ASSIGN_OR_RETURN(LaunchEnv le, launch_env());
+  const bool in_job = f.calibration.empty() && le.world > 1;
+  r.ranks = f.ranks > 0 ? f.ranks : in_job ? le.world : 0;
+  if (r.ranks == 0)
+    return invalid_argument("-n: how many ranks to plan for (or start shoal plan as a job)");
+  r.global_batch = f.global_batch > 0 ? f.global_batch : 64LL * r.ranks;
   r.mem_per_rank = f.mem_gb * 1e9;
   Result<dist::Calibration> cal = internal_error("unset");
   if (!f.calibration.empty()) {
-    auto text = read_file(f.calibration);
-    cal = text.ok() ? dist::parse_calibration(*text) : Result<dist::Calibration>(text.status());
-    if (cal.ok() && cal->ranks != r.ranks)
-      cal = invalid_argument("--calibration {} was measured with {} ranks, not -n {}",
-                             f.calibration, cal->ranks, r.ranks);
+    SHOAL_ASSIGN_OR_RETURN(std::string text, read_file(f.calibration));
+    SHOAL_ASSIGN_OR_RETURN(cal, dist::parse_calibration(text));
+    if (cal->ranks != r.ranks)
+      return invalid_argument("--calibration {} was measured with {} ranks, not -n {}",
+                              f.calibration, cal->ranks, r.ranks);
+  } else if (in_job) {
+    if (r.ranks != le.world)
+      return invalid_argument("-n {}: this job ({}) has {} ranks, and they are what is measured",
+                              r.ranks, le.source, le.world);
+    SHOAL_ASSIGN_OR_RETURN(auto c, comm::Communicator::from_env());
+    if (c->rank() == 0) {
+      fmt::print("shoal plan: calibrating {} on the job's {} ranks...\n", f.train->model,
+                 r.ranks);
+      std::fflush(stdout);
+    }
+    cal = dist::calibrate_job(*f.train, r, *c);
+    *report = c->rank() == 0;
   } else {
+    if (f.hosts > 1)
+      return invalid_argument(
+          "--hosts {}: shoal plan forks its ranks on this host; to measure {} ranks on {} hosts, "
+          "start it as a job on them (shoal run --hosts ... -- shoal plan ..., srun, mpirun)",
+          f.hosts, r.ranks, f.hosts);
     fmt::print("shoal plan: calibrating {} on {} ranks of this host...\n", f.train->model, r.ranks);
     std::fflush(stdout);
     cal = dist::calibrate(*f.train, r);
   }
+  if (cal.ok() && f.hosts > 0 && cal->hosts != f.hosts)
+    return invalid_argument("--hosts {}: the ranks were measured on {} host{}", f.hosts,
+                            cal->hosts, cal->hosts == 1 ? "" : "s");
+  return cal;
+}
+
+}  // namespace
+
+int run_plan(PlanFlags& f) {
+  dist::PlanRequest r;
+  bool report = true;
+  Result<dist::Calibration> cal = obtain_calibration(f, r, &report);
   if (!cal.ok()) {
     SHOAL_LOG_ERROR("shoal plan: {}", cal.status().to_string());
     return 1;
   }
+  if (!report) return 0;
   if (!f.save_calibration.empty())
     if (Status st = write_file_atomic(f.save_calibration, dist::calibration_json(*cal)); !st.ok()) {
       SHOAL_LOG_ERROR("shoal plan: --save-calibration: {}", st.to_string());
@@ -97,8 +144,9 @@ int run_plan(PlanFlags& f) {
                     r.global_batch);
     return 1;
   }
-  fmt::print("{} ranks x {} threads, {} samples per step, calibrated in {:.1f} s\n", cal->ranks,
-             cal->threads, r.global_batch, cal->seconds);
+  fmt::print("{} ranks x {} threads on {} host{}, {} samples per step, calibrated in {:.1f} s\n",
+             cal->ranks, cal->threads, cal->hosts, cal->hosts == 1 ? "" : "s", r.global_batch,
+             cal->seconds);
   fmt::print("{}", dist::plan_table(cands));
   if (!f.json.empty())
     if (Status st = write_file_atomic(f.json, dist::candidates_json(cands)); !st.ok()) {
@@ -120,7 +168,11 @@ int run_plan(PlanFlags& f) {
   }
   fmt::print("plan: {} (predicted {:.1f} ms a step, {:.1f} MB per rank) written to {}\n",
              best.flags(), best.step_s * 1e3, best.memory_bytes / 1e6, f.out);
-  fmt::print("run it: shoal run -n {} shoal train --plan {}\n", r.ranks, f.out);
+  if (cal->hosts > 1)
+    fmt::print("run it on the same {} hosts, {} ranks each: shoal train --plan {}\n", cal->hosts,
+               r.ranks / cal->hosts, f.out);
+  else
+    fmt::print("run it: shoal run -n {} shoal train --plan {}\n", r.ranks, f.out);
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include "shoal/comm/communicator.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
+#include "shoal/dist/plan.h"
 #include "shoal/mp/accumulate.h"
 #include "shoal/ps/attach.h"
 #include "shoal/runtime/kernel.h"
@@ -50,9 +51,13 @@ void apply_launch_env(train::TrainOptions& o, const LaunchEnv& env) {
 Result<std::unique_ptr<comm::Communicator>> join_allreduce(train::TrainOptions& o,
                                                            const JoinOptions& j) {
   if (o.deterministic) setenv("SHOAL_DETERMINISTIC", "1", 1);
-  auto c = comm::Communicator::from_env();
-  if (!c.ok()) return c.status().with_context("joining the job's ranks");
-  auto comm = std::move(c).value();
+  // `--plan auto` joined the ranks already, to calibrate on them.
+  std::unique_ptr<comm::Communicator> comm = take_plan_communicator();
+  if (!comm) {
+    auto c = comm::Communicator::from_env();
+    if (!c.ok()) return c.status().with_context("joining the job's ranks");
+    comm = std::move(c).value();
+  }
   // Ranks sharing this host split its cores unless --threads says
   // otherwise (before attach, which decides on overlap from the threads).
   // The count is the communicator's own (ranks grouped by host at

@@ -1,9 +1,12 @@
-// `shoal train --plan auto` (dist/plan.h): the job's rank 0 calibrates and
-// plans on its host while the other ranks wait for the plan in the job's
-// store; every rank then trains the same plan.
+// `shoal train --plan auto` (dist/plan.h): the job's ranks calibrate
+// together in their own places (one host or several), rank 0 plans and
+// sends the plan to the others; every rank then trains the same plan over
+// the communicator the calibration joined.
 #include <fmt/format.h>
 
-#include "dist/job_store.h"
+#include <cstdlib>
+#include <mutex>
+
 #include "shoal/core/env.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/dist/plan.h"
@@ -11,20 +14,34 @@
 namespace shoal::dist {
 namespace {
 
+std::mutex g_mu;
+std::unique_ptr<comm::Communicator> g_comm;  // joined by auto_plan, for Job::join
+
 // The first layout that fits, as plan_yaml writes it, and a line saying so.
-Result<std::string> plan_here(const train::TrainOptions& base, const PlanRequest& r) {
-  SHOAL_ASSIGN_OR_RETURN(Calibration cal, calibrate(base, r));
+Result<std::string> best_plan(const train::TrainOptions& base, const PlanRequest& r,
+                              const Calibration& cal) {
   const auto cands = plan_layouts(r, cal);
   if (cands.empty())
     return invalid_argument("--plan auto: no layout of {} ranks splits {} samples per step",
                             r.ranks, r.global_batch);
   const Candidate& best = cands.front();
   fmt::print(
-      "plan auto: {} ({} layouts, calibrated in {:.1f} s): predicted {:.1f} ms a step, "
-      "{:.1f} MB per rank\n",
-      best.flags(), cands.size(), cal.seconds, best.step_s * 1e3, best.memory_bytes / 1e6);
+      "plan auto: {} ({} layouts, {} ranks on {} host{}, calibrated in {:.1f} s): predicted "
+      "{:.1f} ms a step, {:.1f} MB per rank\n",
+      best.flags(), cands.size(), r.ranks, cal.hosts, cal.hosts == 1 ? "" : "s", cal.seconds,
+      best.step_s * 1e3, best.memory_bytes / 1e6);
   std::fflush(stdout);
   return plan_yaml(best, r, base);
+}
+
+// Rank 0's text (the plan, or why there is none) to every rank.
+Result<std::string> share(comm::Communicator& c, std::string text) {
+  std::int64_t n = static_cast<std::int64_t>(text.size());
+  SHOAL_RETURN_IF_ERROR(c.broadcast(&n, 1, DType::kI64, 0));
+  if (n < 0 || n > (64 << 20)) return internal_error("--plan auto: a plan of {} bytes", n);
+  text.resize(static_cast<std::size_t>(n));
+  SHOAL_RETURN_IF_ERROR(c.broadcast(text.data(), text.size(), DType::kU8, 0));
+  return text;
 }
 
 }  // namespace
@@ -34,31 +51,38 @@ Result<std::string> auto_plan(const train::TrainOptions& base) {
   PlanRequest r;
   r.ranks = le.world;
   r.global_batch = base.batch * le.world;  // --batch per rank, as without a plan
-  if (le.world == 1) return plan_here(base, r);
-  // The calibration runs the job's ranks on this host: a job that spans
-  // hosts is not what it measures.
-  const std::string local = env::get("SHOAL_LOCAL_WORLD_SIZE").value_or("");
-  if (local != std::to_string(le.world))
-    return failed_precondition(
-        "--plan auto calibrates the job's {} ranks on one host, and this job's ranks {} (plan "
-        "on one host with shoal plan, then train with --plan FILE)",
-        le.world,
-        local.empty() ? "were not started by shoal run on this host"
-                      : fmt::format("span hosts ({} here)", local));
-  SHOAL_ASSIGN_OR_RETURN(auto store, connect_job_store(30));
-  const std::string key = fmt::format("shoal/plan-auto/{}", le.restart);
-  if (le.rank == 0) {
-    Result<std::string> plan = plan_here(base, r);
-    SHOAL_RETURN_IF_ERROR(
-        store->set(key, plan.ok() ? "ok\n" + *plan : "error\n" + plan.status().to_string()));
-    return plan;
+  if (le.world == 1) {
+    SHOAL_ASSIGN_OR_RETURN(Calibration cal, calibrate(base, r));
+    return best_plan(base, r, cal);
   }
-  // Rank 0's calibration and plan take seconds to a few minutes.
-  store->set_io_timeout(std::chrono::milliseconds(660'000));
-  SHOAL_ASSIGN_OR_RETURN(std::string got, store->get(key, Deadline::after_seconds(660)));
-  if (got.starts_with("ok\n")) return got.substr(3);
+  if (env::get("SHOAL_ELASTIC"))
+    return failed_precondition(
+        "--plan auto plans for a fixed set of ranks, and this job is elastic (--elastic): plan "
+        "with shoal plan and train with --plan FILE");
+  if (base.deterministic) setenv("SHOAL_DETERMINISTIC", "1", 1);  // read as the ranks join
+  auto joined = comm::Communicator::from_env();
+  if (!joined.ok()) return joined.status().with_context("--plan auto: joining the job's ranks");
+  std::unique_ptr<comm::Communicator> c = std::move(joined).value();
+  Result<Calibration> cal = calibrate_job(base, r, *c);
+  if (!cal.ok()) return cal.status().with_context("--plan auto: calibrating");
+  std::string text;
+  if (c->rank() == 0) {
+    Result<std::string> plan = best_plan(base, r, *cal);
+    text = plan.ok() ? "ok\n" + *plan : "error\n" + plan.status().to_string();
+  }
+  SHOAL_ASSIGN_OR_RETURN(text, share(*c, std::move(text)));
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_comm = std::move(c);
+  }
+  if (text.starts_with("ok\n")) return text.substr(3);
   return failed_precondition("--plan auto: rank 0 could not plan: {}",
-                             got.substr(got.find('\n') + 1));
+                             text.substr(text.find('\n') + 1));
+}
+
+std::unique_ptr<comm::Communicator> take_plan_communicator() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return std::move(g_comm);
 }
 
 }  // namespace shoal::dist

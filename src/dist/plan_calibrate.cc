@@ -32,13 +32,6 @@ using Clock = std::chrono::steady_clock;
 // The trainer traces its last 10 steps (train/trainer_impl.h kTraceSteps).
 constexpr int kWarmSteps = 2, kTimedSteps = 10;
 
-std::vector<int> group_sizes(int n) {
-  std::vector<int> g;
-  for (int k = 2; k <= n; ++k)
-    if (n % k == 0) g.push_back(k);
-  return g;
-}
-
 // One all-reduce of `bytes` in every group at once: the slowest rank's
 // mean.
 Result<double> time_allreduce(comm::Communicator& world, comm::Communicator& group,
@@ -103,26 +96,30 @@ Result<double> sync_cost(comm::Communicator& world, comm::Communicator& group) {
   return extra;
 }
 
-Result<std::map<int, LinkFit>> measure_links(comm::Communicator& c, std::map<int, double>* sync) {
-  std::map<int, LinkFit> fits;
+// Each group the layouts use, every one of its kind at once, in the
+// ranks' own places (across hosts, over the links the job will use).
+Status measure_links(comm::Communicator& c, const std::vector<Group>& groups, Calibration& cal) {
   const std::size_t small = 4 << 10, large = 4 << 20;
   std::vector<float> buf(large / 4, 1.0f);
-  for (int g : group_sizes(c.size())) {
+  const int r = c.rank();
+  for (const Group g : groups) {
     std::unique_ptr<comm::Communicator> sub;
     comm::Communicator* grp = &c;
-    if (g < c.size()) {
-      SHOAL_ASSIGN_OR_RETURN(sub, c.split(c.rank() / g, c.rank()));
+    if (g.size < c.size()) {
+      const int n = c.size(), at = (r - g.shift * g.stride + n) % n;
+      const int color = at % g.stride + g.stride * (at / (g.size * g.stride));
+      SHOAL_ASSIGN_OR_RETURN(sub, c.split(color, r));
       grp = sub.get();
     }
     SHOAL_ASSIGN_OR_RETURN(double t_small, time_allreduce(c, *grp, buf, small));
     SHOAL_ASSIGN_OR_RETURN(double t_large, time_allreduce(c, *grp, buf, large));
-    SHOAL_ASSIGN_OR_RETURN((*sync)[g], sync_cost(c, *grp));
+    SHOAL_ASSIGN_OR_RETURN(cal.sync_s[g], sync_cost(c, *grp));
     LinkFit f;
     f.beta = std::max(0.0, (t_large - t_small) / static_cast<double>(large - small));
     f.alpha = std::max(1e-6, t_small - f.beta * static_cast<double>(small));
-    fits[g] = f;
+    cal.allreduce[g] = f;
   }
-  return fits;
+  return ok_status();
 }
 
 // This rank trains `rows` per step for a few steps beside the others;
@@ -215,8 +212,33 @@ Status read_splits(comm::Communicator& c, const graph::Graph& forward, Calibrati
   return ok_status();
 }
 
+// The whole measurement on `c`'s ranks (base.threads already chosen).
+Result<Calibration> measure(comm::Communicator& c, const train::TrainOptions& base,
+                            const PlanRequest& r, const std::string& dir) {
+  Calibration cal;
+  cal.ranks = c.size();
+  cal.threads = base.threads;
+  cal.cores = r.cores;
+  // Hosts: every rank counts 1 / the ranks of its host.
+  double hosts = 1.0 / std::max(1, c.local_size());
+  SHOAL_RETURN_IF_ERROR(c.allreduce(&hosts, &hosts, 1, DType::kF64, comm::ReduceOp::kSum));
+  cal.hosts = std::max(1, static_cast<int>(std::lround(hosts)));
+  cal.overlap = c.local_size() * base.threads < r.cores;
+  cal.precision = base.precision;
+  const auto t0 = Clock::now();
+  std::unique_ptr<graph::Graph> forward;
+  std::vector<std::unique_ptr<comm::Communicator>> groups;
+  SHOAL_RETURN_IF_ERROR(measure_steps(c, base, micro_batch_rows(r), dir, cal, forward));
+  SHOAL_RETURN_IF_ERROR(read_splits(c, *forward, cal, groups));
+  if (Status st = measure_links(c, job_groups(r), cal); !st.ok())
+    return st.with_context("timing all-reduces");
+  cal.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return cal;
+}
+
+// One forked rank of `calibrate`: rank 0 writes the result for the parent.
 int calibrate_rank(int rank, const train::TrainOptions& base, const PlanRequest& r,
-                   const std::vector<std::int64_t>& rows, const std::string& dir) {
+                   const std::string& dir) {
   log::set_identity(rank, r.ranks, "plan");
   log::logger().set_level(spdlog::level::warn);  // the trainers' set-up lines, r.ranks times
   net::FileStore store(dir + "/store");
@@ -224,31 +246,12 @@ int calibrate_rank(int rank, const train::TrainOptions& base, const PlanRequest&
   if (!co.ok()) return 2;
   co->timeout_seconds = std::min(co->timeout_seconds, 60.0);  // a stuck rank, named in a minute
   auto c = comm::Communicator::create(rank, r.ranks, store, *co);
-  Status st = c.status();
-  Calibration cal;
-  cal.ranks = r.ranks;
-  cal.threads = base.threads;
-  cal.cores = r.cores;
-  cal.overlap = r.ranks * base.threads < r.cores;
-  cal.precision = base.precision;
-  const auto t0 = Clock::now();
-  std::unique_ptr<graph::Graph> forward;
-  std::vector<std::unique_ptr<comm::Communicator>> groups;
-  if (st.ok()) st = measure_steps(**c, base, rows, dir, cal, forward);
-  if (st.ok()) st = read_splits(**c, *forward, cal, groups);
-  if (st.ok()) {
-    auto links = measure_links(**c, &cal.sync_s);
-    if (links.ok())
-      cal.allreduce = *links;
-    else
-      st = links.status().with_context("timing all-reduces");
-  }
-  if (!st.ok()) {
-    SHOAL_LOG_ERROR("shoal plan: {}", st.to_string());
+  Result<Calibration> cal = c.ok() ? measure(**c, base, r, dir) : Result<Calibration>(c.status());
+  if (!cal.ok()) {
+    SHOAL_LOG_ERROR("shoal plan: {}", cal.status().to_string());
     return 1;
   }
-  cal.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (rank == 0 && !write_file_atomic(dir + "/calibration.json", calibration_json(cal)).ok())
+  if (rank == 0 && !write_file_atomic(dir + "/calibration.json", calibration_json(*cal)).ok())
     return 1;
   c->reset();  // the communicator's threads end before the process does
   return 0;
@@ -292,11 +295,14 @@ std::string calibration_json(const Calibration& c) {
                        {"param_share", s.param_share},
                        {"boundary_bytes_per_row", s.boundary_bytes_per_row}});
   for (const auto& [g, f] : c.allreduce)
-    j["allreduce"].push_back({{"group", g},
+    j["allreduce"].push_back({{"group", g.size},
+                              {"stride", g.stride},
+                              {"shift", g.shift},
                               {"alpha", f.alpha},
                               {"beta", f.beta},
                               {"sync_s", c.sync_s.count(g) ? c.sync_s.at(g) : 0.0}});
   j["cores"] = c.cores;
+  j["hosts"] = c.hosts;
   j["accumulate_s"] = c.accumulate_s;
   return j.dump(1) + "\n";
 }
@@ -347,16 +353,19 @@ Result<Calibration> parse_calibration(const std::string& text) {
       c.pp[e.at("size").get<int>()] = s;
     }
     c.cores = j.value("cores", 1);
+    c.hosts = j.value("hosts", 1);
     c.accumulate_s = j.value("accumulate_s", 0.0);
     for (const auto& e : j.value("allreduce", nlohmann::json::array())) {
-      c.allreduce[e.at("group").get<int>()] = {e.at("alpha").get<double>(),
-                                               e.at("beta").get<double>()};
-      c.sync_s[e.at("group").get<int>()] = e.value("sync_s", 0.0);
+      const Group g{e.at("group").get<int>(), e.value("stride", 1), e.value("shift", 0)};
+      c.allreduce[g] = {e.at("alpha").get<double>(), e.at("beta").get<double>()};
+      c.sync_s[g] = e.value("sync_s", 0.0);
     }
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument("plan calibration: {}", e.what());
   }
   if (c.steps.empty()) return invalid_argument("plan calibration: no step sizes measured");
+  if (c.hosts < 1 || c.ranks % c.hosts != 0)
+    return invalid_argument("plan calibration: {} ranks over {} hosts", c.ranks, c.hosts);
   return c;
 }
 
@@ -370,8 +379,7 @@ Result<Calibration> calibrate(const train::TrainOptions& base_in, const PlanRequ
   base.prefetch = r.ranks * base.threads < cores;  // as dp::attach decides
   PlanRequest req = r;
   req.cores = cores;
-  const std::vector<std::int64_t> rows = micro_batch_rows(req);
-  if (rows.empty())
+  if (micro_batch_rows(req).empty())
     return invalid_argument("plan: no layout of {} ranks splits {} samples per step evenly",
                             r.ranks, r.global_batch);
   const std::string dir =
@@ -382,7 +390,7 @@ Result<Calibration> calibrate(const train::TrainOptions& base_in, const PlanRequ
   for (int rank = 0; rank < r.ranks; ++rank) {
     const pid_t pid = ::fork();
     if (pid < 0) break;
-    if (pid == 0) ::_exit(calibrate_rank(rank, base, req, rows, dir));
+    if (pid == 0) ::_exit(calibrate_rank(rank, base, req, dir));
     pids.push_back(pid);
   }
   // Every rank, bounded by the deadline; one that fails stops the others.
@@ -419,6 +427,34 @@ Result<Calibration> calibrate(const train::TrainOptions& base_in, const PlanRequ
     auto text = read_file(dir + "/calibration.json");
     cal = text.ok() ? parse_calibration(*text) : Result<Calibration>(text.status());
   }
+  fs::remove_all(dir, ec);
+  return cal;
+}
+
+Result<Calibration> calibrate_job(const train::TrainOptions& base_in, const PlanRequest& r,
+                                  comm::Communicator& c) {
+  if (r.ranks != c.size())
+    return invalid_argument("plan: {} ranks asked, the job has {}", r.ranks, c.size());
+  if (r.global_batch < 1 || micro_batch_rows(r).empty())
+    return invalid_argument("plan: no layout of {} ranks splits {} samples per step evenly",
+                            r.ranks, r.global_batch);
+  train::TrainOptions base = base_in;
+  PlanRequest req = r;
+  req.cores = r.cores > 0 ? r.cores : runtime::num_cores();
+  const int local = std::max(1, c.local_size());
+  if (base.threads == 0) base.threads = std::max(1, req.cores / local);  // as dist::Job does
+  base.prefetch = local * base.threads < req.cores;
+  // The trainers' run directories and traces: this rank's own, on its host.
+  const std::string dir = (fs::temp_directory_path() /
+                           fmt::format("shoal_plan_{}_{}", ::getpid(), c.rank()))
+                              .string();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  auto& logger = log::logger();
+  const auto level = logger.level();
+  logger.set_level(spdlog::level::warn);  // the trainers' set-up lines, at every size
+  Result<Calibration> cal = measure(c, base, req, dir);
+  logger.set_level(level);
   fs::remove_all(dir, ec);
   return cal;
 }

@@ -48,21 +48,33 @@ train::StepProfile profile_at(const Calibration& c, std::int64_t rows) {
   return p;
 }
 
-// An all-reduce among `group` ranks (the nearest measured group size).
-double allreduce_s(const Calibration& c, int group, double bytes) {
-  if (group < 2 || bytes <= 0 || c.allreduce.empty()) return 0;
-  auto it = c.allreduce.lower_bound(group);
-  if (it == c.allreduce.end()) --it;
-  return it->second.time(bytes);
+// The group's own measurement; else (a calibration made for other
+// layouts) the nearest group of at least its size, the widest stride first.
+template <typename V>
+const V* nearest(const std::map<Group, V>& m, Group g) {
+  if (g.size < 2 || m.empty()) return nullptr;
+  if (auto it = m.find(g); it != m.end()) return &it->second;
+  int size = 0;  // the smallest measured size >= g's (else the largest)
+  for (const auto& [k, v] : m)
+    if (size == 0 && k.size >= g.size) size = k.size;
+  if (size == 0) size = m.rbegin()->first.size;
+  const V* best = nullptr;
+  for (const auto& [k, v] : m)
+    if (k.size == size) best = &v;  // ordered by stride: the widest last
+  return best;
+}
+
+// An all-reduce of `bytes` among the group's ranks.
+double allreduce_s(const Calibration& c, Group g, double bytes) {
+  const LinkFit* f = bytes > 0 ? nearest(c.allreduce, g) : nullptr;
+  return f != nullptr ? f->time(bytes) : 0;
 }
 
 // What one collective inside the step adds beyond its transfer (waiting
 // for the group while every rank computes).
-double sync_s(const Calibration& c, int group) {
-  if (group < 2 || c.sync_s.empty()) return 0;
-  auto it = c.sync_s.lower_bound(group);
-  if (it == c.sync_s.end()) --it;
-  return it->second;
+double sync_s(const Calibration& c, Group g) {
+  const double* s = nearest(c.sync_s, g);
+  return s != nullptr ? *s : 0;
 }
 
 std::vector<int> divisors(int n) {
@@ -109,6 +121,20 @@ std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r) {
   return out;
 }
 
+std::vector<Group> job_groups(const PlanRequest& r) {
+  std::vector<Group> g;
+  for (const auto& [l, zero] : job_layouts(r)) {
+    const int D = r.ranks / (l.tp * l.pp);
+    if (l.tp > 1) g.push_back({l.tp, 1});
+    if (l.pp > 1) g.push_back({2, l.tp});
+    if (l.pp > 2) g.push_back({2, l.tp, 1});  // the hops between the pairs
+    if (D > 1) g.push_back({D, l.tp * l.pp});
+  }
+  std::sort(g.begin(), g.end());
+  g.erase(std::unique(g.begin(), g.end()), g.end());
+  return g;
+}
+
 std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r) {
   std::vector<std::int64_t> rows;
   for (const auto& [l, zero] : job_layouts(r))
@@ -131,10 +157,11 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
   const TpShape tp = T > 1 ? c.tp.at(T) : TpShape{};
   const PpShape pp = P > 1 ? c.pp.at(P) : PpShape{};
   const double share = tp.param_ratio * pp.param_share;  // of the parameters a rank holds
+  const Group tp_group{T, 1}, pp_group{2, T}, dp_group{D, T * P};
   const double per_mb = p.product_s * tp.product_ratio + p.other_s * tp.other_ratio;
   double tp_mb = 0;
   for (double b : tp.collective_bytes_per_row)
-    tp_mb += allreduce_s(c, T, b * static_cast<double>(rows)) + sync_s(c, T);
+    tp_mb += allreduce_s(c, tp_group, b * static_cast<double>(rows)) + sync_s(c, tp_group);
   const double update = p.update_s * share / (zero >= 1 ? D : 1);
   double comm = 0;
   if (P == 1) {
@@ -148,23 +175,27 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
     // the work every stage must do with all of them busy.
     const double slots = m + P - 1;
     const double contention =
-        std::max(1.0, static_cast<double>(c.ranks * c.threads) / std::max(c.cores, 1));
+        std::max(1.0, static_cast<double>(c.ranks / std::max(c.hosts, 1) * c.threads) /
+                          std::max(c.cores, 1));
     const double stage = per_mb * pp.stage_share;
     k.compute_s = std::max(m * stage, slots * stage / contention) + update;
-    comm = slots * (tp_mb * pp.stage_share +
-                    2 * allreduce_s(c, 2, pp.boundary_bytes_per_row * static_cast<double>(rows)));
+    // The slowest hop between neighbouring stages.
+    const double bytes = pp.boundary_bytes_per_row * static_cast<double>(rows);
+    const double hop = std::max(allreduce_s(c, pp_group, bytes),
+                                P > 2 ? allreduce_s(c, {2, T, 1}, bytes) : 0.0);
+    comm = slots * (tp_mb * pp.stage_share + 2 * hop);
   }
   if (D > 1) {
     const double wire = c.precision == "bf16" ? 2.0 : 4.0;
     const double grads = static_cast<double>(p.param_bytes) / 4.0 * wire * share;
     // ZeRO-3 gathers the parameters for the forward and again for the
     // backward, and reduce-scatters the gradients: 1.5 all-reduces.
-    double dp = allreduce_s(c, D, grads) * (zero == 3 ? 1.5 : 1.0) + sync_s(c, D);
+    double dp = allreduce_s(c, dp_group, grads) * (zero == 3 ? 1.5 : 1.0) + sync_s(c, dp_group);
     // ZeRO's reduce-scatter and all-gather: two collectives, not one.
-    if (zero >= 1) dp += allreduce_s(c, D, 1) + sync_s(c, D);
+    if (zero >= 1) dp += allreduce_s(c, dp_group, 1) + sync_s(c, dp_group);
     // ZeRO-3 gathers each parameter where the forward uses it and again in
     // the backward: two collectives inside the step per tensor.
-    if (zero == 3) dp += 2.0 * p.param_tensors * share * sync_s(c, D);
+    if (zero == 3) dp += 2.0 * p.param_tensors * share * sync_s(c, dp_group);
     // Overlapped with the backward (about 2/3 of the compute) where a
     // core is free for it; what is left shows.
     if (c.overlap) dp = std::max(0.1 * dp, dp - 2.0 / 3.0 * k.compute_s);

@@ -15,6 +15,8 @@
 
 #include "cli/cli_results.h"
 #include "cli/run_shoal.h"
+#include "shoal/core/file.h"
+#include "shoal/dist/plan.h"
 #include "temp_dir.h"
 
 namespace shoal {
@@ -62,13 +64,19 @@ class NetnsCluster : public ::testing::Test {
   testing::ShoalRun train_across(int world, int per_host, const std::string& env,
                                  const std::string& args, const std::string& logs,
                                  const std::string& during = "") {
+    return run_across(world, per_host, env, "train " + args, logs, during);
+  }
+  // The same for any command: `shoal <words>`.
+  testing::ShoalRun run_across(int world, int per_host, const std::string& env,
+                               const std::string& words, const std::string& logs,
+                               const std::string& during = "") {
     std::string line;
     for (int r = 0; r < world; ++r)
       line += fmt::format(
           "{} --name {} exec h{} env SHOAL_RANK={} SHOAL_WORLD_SIZE={} SHOAL_LOCAL_RANK={} "
           "SHOAL_STORE=198.18.1.1:29500 SHOAL_STORE_SERVE=1 SHOAL_JOB_TOKEN=netns {} "
-          "timeout -s KILL 120 {} train {} > {}/r{}.log 2>&1 & pids=\"$pids $!\"\n",
-          kTool, name_, r / per_host + 1, r, world, r % per_host, env, SHOAL_BINARY, args, logs, r);
+          "timeout -s KILL 120 {} {} > {}/r{}.log 2>&1 & pids=\"$pids $!\"\n",
+          kTool, name_, r / per_host + 1, r, world, r % per_host, env, SHOAL_BINARY, words, logs, r);
     line += during + "\nrc=0; for p in $pids; do wait $p || rc=1; done; cat " + logs +
             "/r*.log; exit $rc";
     return run_sh(line);
@@ -169,6 +177,49 @@ TEST_F(NetnsCluster, EveryStrategySpansTheHostsWithTheOneHostWeights) {
     ASSERT_EQ(two.code, 0) << two.out;
     expect_one_host_weights(dir, "two");
   }
+}
+
+// `shoal plan` started as a job's ranks on two hosts measures the groups in
+// the ranks' places: a pair across the 1 Gbit/s link is priced well below
+// a pair inside a host (shared memory), and the plan says the hosts.
+// `--plan auto` then plans and trains across them over the communicator its
+// calibration joined.
+TEST_F(NetnsCluster, ThePlanMeasuresTheLinksBetweenTheHosts) {
+  const std::string dir = testing::scratch_dir("netns_plan");
+  const std::string model =
+      "--model gpt --data text:/usr/share/games/fortunes/fortunes --layers 2 --heads 4 --dim 32 "
+      "--context 16 --threads 1";
+  auto plan = run_across(4, 2, "",
+                         fmt::format("plan --hosts 2 {} --batch 32 --out {}/plan.yaml "
+                                     "--save-calibration {}/cal.json",
+                                     model, dir, dir),
+                         dir);
+  ASSERT_EQ(plan.code, 0) << plan.out;
+  EXPECT_NE(plan.out.find("4 ranks x 1 threads on 2 hosts"), std::string::npos) << plan.out;
+  EXPECT_NE(plan.out.find("run it on the same 2 hosts, 2 ranks each"), std::string::npos)
+      << plan.out;
+  auto text = read_file(dir + "/cal.json");
+  ASSERT_TRUE(text.ok()) << text.status().to_string();
+  auto cal = dist::parse_calibration(*text);
+  ASSERT_TRUE(cal.ok()) << cal.status().to_string();
+  EXPECT_EQ(cal->hosts, 2);
+  // Ranks 0, 1 share h1: a pair 1 apart stays inside a host, a pair 2 apart
+  // crosses (each MB: ~8 ms at 1 Gbit/s, well under 1 ms in memory).
+  const dist::LinkFit inside = cal->allreduce.at({2, 1}), across = cal->allreduce.at({2, 2});
+  EXPECT_GT(across.time(4 << 20), 3 * inside.time(4 << 20))
+      << "inside " << inside.time(4 << 20) << " s, across " << across.time(4 << 20) << " s";
+  auto fresh = run_sh(fmt::format("{} plan -n 4 --hosts 2 {}", SHOAL_BINARY, model));
+  EXPECT_NE(fresh.code, 0);
+  EXPECT_NE(fresh.out.find("start it as a job on them"), std::string::npos) << fresh.out;
+  auto train = train_across(
+      4, 2, "",
+      fmt::format("{} --batch 8 --max-steps 6 --limit-train 400 --limit-test 40 --no-plot "
+                  "--plan auto --out {}/auto",
+                  model, dir),
+      dir);
+  ASSERT_EQ(train.code, 0) << train.out;
+  EXPECT_NE(train.out.find("4 ranks on 2 hosts"), std::string::npos) << train.out;
+  EXPECT_NE(train.out.find("plan check: step"), std::string::npos) << train.out;
 }
 
 // A parameter-server job started by hand as docs/ps.md says, one role per

@@ -5,6 +5,7 @@
 // communicators, the pipeline's cuts, a batch-norm model refused).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <tuple>
 
@@ -16,6 +17,14 @@
 
 namespace shoal::dist {
 namespace {
+
+PlanRequest request(int ranks, std::int64_t batch) {
+  PlanRequest r;
+  r.ranks = ranks;
+  r.global_batch = batch;
+  r.cores = 64;
+  return r;
+}
 
 // A model of 8 MB of parameters (50 tensors) whose step costs 1 ms a row
 // (60% products), with Adam's two slots; tensor parallelism over 2 splits
@@ -53,19 +62,13 @@ Calibration calibration(int ranks, int cores) {
     s.boundary_bytes_per_row = 8192;
     c.pp[p] = s;
   }
-  c.allreduce[2] = {10e-6, 0.2e-9};
-  c.allreduce[4] = {20e-6, 0.3e-9};
-  c.sync_s[2] = c.sync_s[4] = 50e-6;
+  for (const Group g : job_groups(request(ranks, 64))) {
+    c.allreduce[g] = g.size == 2 ? LinkFit{10e-6, 0.2e-9} : LinkFit{20e-6, 0.3e-9};
+    c.sync_s[g] = 50e-6;
+  }
   return c;
 }
 
-PlanRequest request(int ranks, std::int64_t batch) {
-  PlanRequest r;
-  r.ranks = ranks;
-  r.global_batch = batch;
-  r.cores = 64;
-  return r;
-}
 
 TEST(Plan, EveryLayoutTheJobAllowsAndNoOther) {
   const PlanRequest r = request(4, 64);
@@ -146,12 +149,47 @@ TEST(Plan, MicroBatchSizesAreThoseTheLayoutsUse) {
   EXPECT_EQ(rows, (std::vector<std::int64_t>{3, 6, 12, 24}));
 }
 
+TEST(Plan, TheGroupsAreThoseTheLayoutsCommunicateIn) {
+  // 4 ranks, r = g*P*T + s*T + t: tensor groups T apart from 1, pipeline
+  // neighbours T apart, data-parallel groups P*T apart.
+  EXPECT_EQ(job_groups(request(4, 64)),
+            (std::vector<Group>{{2, 1}, {2, 1, 1}, {2, 2}, {4, 1}}));
+  // 2x2x2 on 8 ranks adds pipeline pairs 2 apart and data pairs 4 apart.
+  const auto g8 = job_groups(request(8, 64));
+  for (const Group g : {Group{2, 4}, Group{4, 2}, Group{8, 1}, Group{2, 1}})
+    EXPECT_NE(std::find(g8.begin(), g8.end(), g), g8.end()) << g.size << "/" << g.stride;
+}
+
+// 4 ranks on 2 hosts (0, 1 on one, 2, 3 on the other): the groups that
+// cross hosts (data-parallel pairs 2 apart, groups of 4) run at 1 Gbit/s,
+// pairs within a host at memory speed. The gradients' all-reduce then costs
+// more than the compute, and the plan keeps it off the slow links: no
+// data-parallel group, a pipeline (only activations cross).
+TEST(Plan, ALinkBetweenHostsMovesTheGradientsOffIt) {
+  const PlanRequest r = request(4, 64);
+  Calibration fast = calibration(4, 64);
+  const Candidate one_host = plan_layouts(r, fast).front();
+  EXPECT_GT(one_host.dp, 1) << one_host.flags();
+  Calibration two = fast;
+  two.hosts = 2;
+  for (auto& [g, f] : two.allreduce)
+    if (g.size * g.stride > 2 || g.shift == 1) f = {50e-6, 8e-9};  // crosses the hosts
+  const Candidate across = plan_layouts(r, two).front();
+  EXPECT_EQ(across.dp, 1) << across.flags();
+  EXPECT_LT(across.comm_s, predict(r, two, one_host.layout, one_host.zero).comm_s);
+}
+
 TEST(Plan, TheCalibrationRoundTripsAndBadTextIsNamed) {
-  const Calibration c = calibration(4, 2);
+  Calibration c = calibration(4, 2);
+  c.hosts = 2;
   auto back = parse_calibration(calibration_json(c));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(calibration_json(*back), calibration_json(c));
   EXPECT_EQ(back->tp.at(4).refused, "heads do not divide");
+  EXPECT_EQ(back->hosts, 2);
+  EXPECT_EQ(back->allreduce.size(), 4u);
+  c.hosts = 3;  // 4 ranks cannot be spread evenly over 3 hosts
+  EXPECT_FALSE(parse_calibration(calibration_json(c)).ok());
   auto bad = parse_calibration("{\"ranks\": 2}");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("plan calibration"), std::string::npos);

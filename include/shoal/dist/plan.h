@@ -18,10 +18,12 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "shoal/comm/communicator.h"
 #include "shoal/core/status.h"
 #include "shoal/dist/layout.h"
 #include "shoal/train/trainer.h"
@@ -29,10 +31,22 @@
 namespace shoal::dist {
 
 struct PlanRequest {
-  int ranks = 2;                  // the job's ranks, all on this host
+  int ranks = 2;                  // the job's ranks
   std::int64_t global_batch = 0;  // samples per step over the job
   double mem_per_rank = 0;        // bytes a rank may hold (0: no budget)
   int cores = 0;                  // this host's cores (0: the allowed CPUs)
+};
+
+// A group of ranks a layout communicates in: `size` ranks, `stride` apart
+// (rank r = g*P*T + s*T + t: tensor-parallel groups are T ranks 1 apart,
+// a pipeline's neighbours 2 ranks T apart, data-parallel groups D ranks
+// P*T apart). Across hosts the stride says which links a group crosses.
+// `shift` 1 pairs the ranks one stride on: with 4 stages, (1, 2) and
+// (3, 0) where 0 pairs (0, 1) and (2, 3), so every hop of a pipeline is
+// measured.
+struct Group {
+  int size = 2, stride = 1, shift = 0;
+  auto operator<=>(const Group&) const = default;
 };
 
 // All-reduce time of `bytes` within one group: alpha + bytes * beta.
@@ -57,17 +71,20 @@ struct PpShape {
 };
 
 struct Calibration {
-  int ranks = 1, threads = 1, cores = 1;
+  int ranks = 1, threads = 1, cores = 1;  // cores: of one host
+  // The hosts the ranks ran on, each with ranks / hosts of them (1 host:
+  // forked here by calibrate; more: a job's own ranks, calibrate_job).
+  int hosts = 1;
   bool overlap = false;  // --overlap auto's choice for this many ranks
   std::string precision = "f32";
   std::map<std::int64_t, train::StepProfile> steps;  // by micro-batch rows
   std::map<int, TpShape> tp;                         // by --tp
   std::map<int, PpShape> pp;                         // by --pp
-  std::map<int, LinkFit> allreduce;                  // by group size
+  std::map<Group, LinkFit> allreduce;                // measured in the ranks' places
   // What a collective inside the step costs beyond its transfer: waiting
   // for the group's ranks while all of them compute (on a host with more
-  // ranks x threads than cores, for a core), by group size.
-  std::map<int, double> sync_s;
+  // ranks x threads than cores, for a core), by group.
+  std::map<Group, double> sync_s;
   // What each micro-batch after the first adds under gradient
   // accumulation beyond its rows' compute (measured at one size).
   double accumulate_s = 0;
@@ -90,14 +107,22 @@ struct Candidate {
 // 0-3 where there is a data-parallel group (3 only without micro-batches
 // or a pipeline). Whether the model splits so is the calibration's to say.
 std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r);
-// The distinct micro-batch sizes those layouts use.
+// The distinct micro-batch sizes those layouts use, and the groups they
+// communicate in.
 std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r);
+std::vector<Group> job_groups(const PlanRequest& r);
 
 // Runs `r.ranks` processes on this host that each train `base` for a few
 // steps at each micro-batch size, then measure all-reduces among
 // themselves. Bounded by `deadline_s`; a process that fails is named.
 Result<Calibration> calibrate(const train::TrainOptions& base, const PlanRequest& r,
                               double deadline_s = 600);
+// The same measurement on a job's own ranks, wherever they run (several
+// hosts: the groups' all-reduces cross the links they will cross).
+// Collective over `c` (r.ranks must be its size); rank 0's result holds
+// the splits, and every rank's the rest.
+Result<Calibration> calibrate_job(const train::TrainOptions& base, const PlanRequest& r,
+                                  comm::Communicator& c);
 
 // Every layout of `r` the model allows, predicted from `c`, fastest first
 // (those over the memory budget after those within it).
@@ -113,12 +138,15 @@ std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::Tra
 // Every candidate as JSON (flags, prediction, whether it fits).
 std::string candidates_json(const std::vector<Candidate>& cs);
 
-// `shoal train --plan auto` on one rank of a job `shoal run` started on
-// this host: rank 0 calibrates and plans for the job's ranks and
-// `base.batch` x ranks samples per step, the other ranks wait for it in
-// the job's store; every rank returns the same plan file's text. A job
-// whose ranks span hosts is refused (the calibration measures one host).
+// `shoal train --plan auto` on one rank of a job (any launcher, one host
+// or several): the job's ranks calibrate together in their places, rank 0
+// plans for them and `base.batch` x ranks samples per step and sends the
+// plan to the others; every rank returns the same plan file's text. The
+// communicator it joined is kept for the job (take_plan_communicator).
 Result<std::string> auto_plan(const train::TrainOptions& base);
+// The job's communicator auto_plan joined (null if none): dist::Job trains
+// over it rather than joining the ranks a second time.
+std::unique_ptr<comm::Communicator> take_plan_communicator();
 
 // Calibration to and from JSON (`shoal plan --calibration FILE` reuses one).
 std::string calibration_json(const Calibration& c);
