@@ -97,6 +97,7 @@ struct PlanFlags {
   std::string out = "plan.yaml";
   std::string calibration, save_calibration;
   std::string json;                            // every candidate, as JSON
+  std::string recompute = "auto";              // none, selective, full or auto (all three)
   std::shared_ptr<train::TrainOptions> train;  // the model, data and precision
 };
 struct PlanCommand {

@@ -15,6 +15,7 @@
 #include "shoal/core/file.h"
 #include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
+#include "shoal/runtime/backend.h"
 #include "shoal/train/trainer.h"
 
 namespace shoal::cli {
@@ -60,8 +61,14 @@ PlanCommand add_plan_command(CLI::App& app) {
   p->add_option("--optimizer", o.optimizer, "As shoal train --optimizer")
       ->check(CLI::IsMember({"sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"}))
       ->capture_default_str();
-  p->add_option("--precision", o.precision, "f32 or bf16, as shoal train")
-      ->check(CLI::IsMember({"f32", "bf16"}))
+  p->add_option("--precision", o.precision,
+                "f32 or bf16, as shoal train; auto: both searched (bf16 where the CPU has it)")
+      ->check(CLI::IsMember({"f32", "bf16", "auto"}))
+      ->capture_default_str();
+  p->add_option("--recompute", f.recompute,
+                "none, selective or full, as shoal train; auto: all three searched (where "
+                "recomputing saves memory)")
+      ->check(CLI::IsMember({"none", "selective", "full", "auto"}))
       ->capture_default_str();
   p->add_option("--threads", o.threads, "CPU threads per rank (0 = the cores / ranks)")
       ->check(non_negative());
@@ -73,7 +80,7 @@ namespace {
 // The calibration: read from --calibration, measured on the ranks of the
 // job this process is one of, or on ranks forked here. `report` is false
 // on a job's ranks other than 0 (rank 0 prints and writes the plan).
-Result<dist::Calibration> obtain_calibration(const PlanFlags& f, dist::PlanRequest& r,
+Result<dist::Calibration> obtain_calibration(PlanFlags& f, dist::PlanRequest& r,
                                              bool* report) {
   *report = true;
   SHOAL_ASSIGN_OR_RETURN(LaunchEnv le, launch_env());
@@ -83,6 +90,15 @@ Result<dist::Calibration> obtain_calibration(const PlanFlags& f, dist::PlanReque
     return invalid_argument("-n: how many ranks to plan for (or start shoal plan as a job)");
   r.global_batch = f.global_batch > 0 ? f.global_batch : 64LL * r.ranks;
   r.mem_per_rank = f.mem_gb * 1e9;
+  if (f.recompute == "auto")
+    r.recomputes = {"none", "selective", "full"};
+  else
+    r.recomputes = {f.recompute};
+  if (f.train->precision == "auto") {
+    r.precisions = {"f32"};
+    if (runtime::bf16_support().ok()) r.precisions.push_back("bf16");
+    f.train->precision = "f32";  // the base the others are measured against
+  }
   Result<dist::Calibration> cal = internal_error("unset");
   if (!f.calibration.empty()) {
     SHOAL_ASSIGN_OR_RETURN(std::string text, read_file(f.calibration));

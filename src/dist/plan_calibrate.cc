@@ -10,7 +10,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "dist/plan_internal.h"
@@ -32,27 +31,28 @@ using Clock = std::chrono::steady_clock;
 // The trainer traces its last 10 steps (train/trainer_impl.h kTraceSteps).
 constexpr int kWarmSteps = 2, kTimedSteps = 10;
 
+// `group`'s all-reduce (null: this rank sits out).
+Status group_allreduce(comm::Communicator* group, float* buf, std::size_t n) {
+  return group == nullptr ? ok_status()
+                          : group->allreduce(buf, buf, n, DType::kF32, comm::ReduceOp::kSum);
+}
+
 // One all-reduce of `bytes` in every group at once: the slowest rank's
 // mean.
-Result<double> time_allreduce(comm::Communicator& world, comm::Communicator& group,
+Result<double> time_allreduce(comm::Communicator& world, comm::Communicator* group,
                               std::vector<float>& buf, std::size_t bytes) {
   const std::size_t n = std::max<std::size_t>(bytes / 4, 1);
-  for (int w = 0; w < 2; ++w)
-    SHOAL_RETURN_IF_ERROR(
-        group.allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum));
+  for (int w = 0; w < 2; ++w) SHOAL_RETURN_IF_ERROR(group_allreduce(group, buf.data(), n));
   // Repetitions for ~20 ms, the same on every rank (each group's ranks
   // must make the same calls).
   auto t0 = Clock::now();
-  SHOAL_RETURN_IF_ERROR(
-      group.allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum));
+  SHOAL_RETURN_IF_ERROR(group_allreduce(group, buf.data(), n));
   double one = std::chrono::duration<double>(Clock::now() - t0).count();
   SHOAL_RETURN_IF_ERROR(world.allreduce(&one, &one, 1, DType::kF64, comm::ReduceOp::kMax));
   const int iters = std::clamp(static_cast<int>(0.02 / std::max(one, 1e-7)), 3, 200);
   SHOAL_RETURN_IF_ERROR(world.barrier());
   t0 = Clock::now();
-  for (int i = 0; i < iters; ++i)
-    SHOAL_RETURN_IF_ERROR(
-        group.allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum));
+  for (int i = 0; i < iters; ++i) SHOAL_RETURN_IF_ERROR(group_allreduce(group, buf.data(), n));
   double mean = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
   SHOAL_RETURN_IF_ERROR(world.allreduce(&mean, &mean, 1, DType::kF64, comm::ReduceOp::kMax));
   return mean;
@@ -72,11 +72,29 @@ void busy(double cpu_s) {
     for (int i = 0; i < 256; ++i) x = x * 1.0000001 + 1e-9;
 }
 
+// Every rank's `threads` threads spin for the same CPU time at once: the
+// mean over ranks of wall time / CPU time (how many compete for a core).
+Result<double> measure_contention(comm::Communicator& c, int threads) {
+  constexpr double kCpu = 0.03;
+  double k[3];
+  for (double& x : k) {
+    SHOAL_RETURN_IF_ERROR(c.barrier());
+    const auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads)
+    busy(kCpu);
+    x = std::chrono::duration<double>(Clock::now() - t0).count() / kCpu;
+  }
+  std::sort(k, k + 3);
+  double mean = k[1];  // the median of three
+  SHOAL_RETURN_IF_ERROR(c.allreduce(&mean, &mean, 1, DType::kF64, comm::ReduceOp::kSum));
+  return std::max(1.0, mean / c.size());
+}
+
 // The cost of a small all-reduce among `group`'s ranks between bursts of
 // compute on every rank, beyond the bursts alone: what each collective
 // inside a step adds (on an oversubscribed host, mostly waiting for a
 // peer to get a core). The slowest rank's, per collective.
-Result<double> sync_cost(comm::Communicator& world, comm::Communicator& group) {
+Result<double> sync_cost(comm::Communicator& world, comm::Communicator* group) {
   constexpr int kBursts = 40;
   constexpr double kBurst = 1e-3;
   float v[16] = {};
@@ -86,7 +104,7 @@ Result<double> sync_cost(comm::Communicator& world, comm::Communicator& group) {
     const auto t0 = Clock::now();
     for (int k = 0; k < kBursts; ++k) {
       busy(kBurst);
-      if (with) SHOAL_RETURN_IF_ERROR(group.allreduce(v, v, 16, DType::kF32, comm::ReduceOp::kSum));
+      if (with) SHOAL_RETURN_IF_ERROR(group_allreduce(group, v, 16));
     }
     SHOAL_RETURN_IF_ERROR(world.barrier());
     wall[with] = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -105,15 +123,13 @@ Status measure_links(comm::Communicator& c, const std::vector<Group>& groups, Ca
   for (const Group g : groups) {
     std::unique_ptr<comm::Communicator> sub;
     comm::Communicator* grp = &c;
-    if (g.size < c.size()) {
-      const int n = c.size(), at = (r - g.shift * g.stride + n) % n;
-      const int color = at % g.stride + g.stride * (at / (g.size * g.stride));
-      SHOAL_ASSIGN_OR_RETURN(sub, c.split(color, r));
-      grp = sub.get();
+    if (g.size < c.size() || g.shift > 0) {
+      SHOAL_ASSIGN_OR_RETURN(sub, c.split(group_color(g, r, c.size()), r));
+      grp = sub.get();  // null where this rank sits out
     }
-    SHOAL_ASSIGN_OR_RETURN(double t_small, time_allreduce(c, *grp, buf, small));
-    SHOAL_ASSIGN_OR_RETURN(double t_large, time_allreduce(c, *grp, buf, large));
-    SHOAL_ASSIGN_OR_RETURN(cal.sync_s[g], sync_cost(c, *grp));
+    SHOAL_ASSIGN_OR_RETURN(double t_small, time_allreduce(c, grp, buf, small));
+    SHOAL_ASSIGN_OR_RETURN(double t_large, time_allreduce(c, grp, buf, large));
+    SHOAL_ASSIGN_OR_RETURN(cal.sync_s[g], sync_cost(c, grp));
     LinkFit f;
     f.beta = std::max(0.0, (t_large - t_small) / static_cast<double>(large - small));
     f.alpha = std::max(1e-6, t_small - f.beta * static_cast<double>(small));
@@ -192,6 +208,43 @@ Status measure_steps(comm::Communicator& c, const train::TrainOptions& base,
   return ok_status();
 }
 
+// Each other --precision and --recompute asked for, at one size (the rows
+// of data parallelism over every rank, the layout recomputation serves). A
+// recomputation that saves no memory (nothing in the model to recompute)
+// is left out.
+Status measure_variants(comm::Communicator& c, const train::TrainOptions& base,
+                        const PlanRequest& r, const std::string& dir, Calibration& cal) {
+  const auto rows = micro_batch_rows(r);
+  const std::int64_t plain = r.global_batch / r.ranks;
+  cal.variant_rows = std::find(rows.begin(), rows.end(), plain) != rows.end()
+                         ? plain
+                         : rows[rows.size() / 2];
+  const std::vector<std::string> precisions =
+      r.precisions.empty() ? std::vector<std::string>{base.precision} : r.precisions;
+  const std::vector<std::string> recomputes =
+      r.recomputes.empty() ? std::vector<std::string>{"none"} : r.recomputes;
+  const train::StepProfile& at = cal.steps.at(cal.variant_rows);
+  int n = 0;
+  for (const std::string& p : precisions)
+    for (const std::string& rc : recomputes) {
+      if (p == cal.precision && rc == cal.recompute) continue;
+      train::TrainOptions o = base;
+      o.precision = p;
+      o.recompute = rc;
+      SHOAL_RETURN_IF_ERROR(c.barrier());
+      const std::string sub = fmt::format("{}/v{}", dir, n++);
+      std::error_code ec;
+      fs::create_directories(sub, ec);  // the trace is written there
+      auto v = profile_rows(o, cal.variant_rows, sub, c, nullptr);
+      if (!v.ok())
+        return v.status().with_context(
+            fmt::format("calibrating --precision {} --recompute {}", p, rc));
+      const bool saves = rc == "none" || v->arena_bytes < at.arena_bytes;
+      if (saves) cal.variants[variant_key(p, rc)] = *v;
+    }
+  return ok_status();
+}
+
 // What each split leaves a rank (rank 0 reads them into `cal`). Tensor
 // parallelism's rewrite reads its group from a registered communicator: a
 // real one of T ranks, split off collectively and kept in `groups`.
@@ -225,11 +278,16 @@ Result<Calibration> measure(comm::Communicator& c, const train::TrainOptions& ba
   cal.hosts = std::max(1, static_cast<int>(std::lround(hosts)));
   cal.overlap = c.local_size() * base.threads < r.cores;
   cal.precision = base.precision;
+  cal.recompute = "none";  // micro-batches and pipelines are measured too
   const auto t0 = Clock::now();
   std::unique_ptr<graph::Graph> forward;
   std::vector<std::unique_ptr<comm::Communicator>> groups;
-  SHOAL_RETURN_IF_ERROR(measure_steps(c, base, micro_batch_rows(r), dir, cal, forward));
+  train::TrainOptions plain = base;
+  plain.recompute = "none";
+  SHOAL_RETURN_IF_ERROR(measure_steps(c, plain, micro_batch_rows(r), dir, cal, forward));
+  SHOAL_RETURN_IF_ERROR(measure_variants(c, plain, r, dir, cal));
   SHOAL_RETURN_IF_ERROR(read_splits(c, *forward, cal, groups));
+  SHOAL_ASSIGN_OR_RETURN(cal.contention, measure_contention(c, base.threads));
   if (Status st = measure_links(c, job_groups(r), cal); !st.ok())
     return st.with_context("timing all-reduces");
   cal.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -259,114 +317,12 @@ int calibrate_rank(int rank, const train::TrainOptions& base, const PlanRequest&
 
 }  // namespace
 
-std::string calibration_json(const Calibration& c) {
-  nlohmann::json j;
-  j["ranks"] = c.ranks;
-  j["threads"] = c.threads;
-  j["overlap"] = c.overlap;
-  j["precision"] = c.precision;
-  j["seconds"] = c.seconds;
-  for (const auto& [rows, p] : c.steps)
-    j["steps"].push_back({{"rows", rows},
-                          {"steps", p.steps},
-                          {"step_s", p.step_s},
-                          {"period_s", p.period_s},
-                          {"product_s", p.product_s},
-                          {"other_s", p.other_s},
-                          {"update_s", p.update_s},
-                          {"flops", p.flops},
-                          {"arena_bytes", p.arena_bytes},
-                          {"param_bytes", p.param_bytes},
-                          {"state_bytes", p.state_bytes},
-                          {"buffer_bytes", p.buffer_bytes},
-                          {"param_tensors", p.param_tensors}});
-  for (const auto& [t, s] : c.tp)
-    j["tp"].push_back({{"size", t},
-                       {"refused", s.refused},
-                       {"product_ratio", s.product_ratio},
-                       {"other_ratio", s.other_ratio},
-                       {"param_ratio", s.param_ratio},
-                       {"arena_ratio", s.arena_ratio},
-                       {"collective_bytes_per_row", s.collective_bytes_per_row}});
-  for (const auto& [p, s] : c.pp)
-    j["pp"].push_back({{"size", p},
-                       {"refused", s.refused},
-                       {"stage_share", s.stage_share},
-                       {"param_share", s.param_share},
-                       {"boundary_bytes_per_row", s.boundary_bytes_per_row}});
-  for (const auto& [g, f] : c.allreduce)
-    j["allreduce"].push_back({{"group", g.size},
-                              {"stride", g.stride},
-                              {"shift", g.shift},
-                              {"alpha", f.alpha},
-                              {"beta", f.beta},
-                              {"sync_s", c.sync_s.count(g) ? c.sync_s.at(g) : 0.0}});
-  j["cores"] = c.cores;
-  j["hosts"] = c.hosts;
-  j["accumulate_s"] = c.accumulate_s;
-  return j.dump(1) + "\n";
-}
-
-Result<Calibration> parse_calibration(const std::string& text) {
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return invalid_argument("plan calibration: not a JSON object");
-  Calibration c;
-  try {
-    c.ranks = j.at("ranks").get<int>();
-    c.threads = j.at("threads").get<int>();
-    c.overlap = j.at("overlap").get<bool>();
-    c.precision = j.at("precision").get<std::string>();
-    c.seconds = j.value("seconds", 0.0);
-    for (const auto& e : j.value("steps", nlohmann::json::array())) {
-      train::StepProfile p;
-      p.steps = e.at("steps").get<int>();
-      p.step_s = e.at("step_s").get<double>();
-      p.period_s = e.value("period_s", 0.0);
-      p.product_s = e.at("product_s").get<double>();
-      p.other_s = e.at("other_s").get<double>();
-      p.update_s = e.at("update_s").get<double>();
-      p.flops = e.at("flops").get<double>();
-      p.arena_bytes = e.at("arena_bytes").get<std::size_t>();
-      p.param_bytes = e.at("param_bytes").get<std::size_t>();
-      p.state_bytes = e.at("state_bytes").get<std::size_t>();
-      p.buffer_bytes = e.at("buffer_bytes").get<std::size_t>();
-      p.param_tensors = e.value("param_tensors", 0);
-      c.steps[e.at("rows").get<std::int64_t>()] = p;
-    }
-    for (const auto& e : j.value("tp", nlohmann::json::array())) {
-      TpShape s;
-      s.refused = e.at("refused").get<std::string>();
-      s.product_ratio = e.at("product_ratio").get<double>();
-      s.other_ratio = e.at("other_ratio").get<double>();
-      s.param_ratio = e.at("param_ratio").get<double>();
-      s.arena_ratio = e.value("arena_ratio", 0.0);
-      s.collective_bytes_per_row = e.at("collective_bytes_per_row").get<std::vector<double>>();
-      c.tp[e.at("size").get<int>()] = s;
-    }
-    for (const auto& e : j.value("pp", nlohmann::json::array())) {
-      PpShape s;
-      s.refused = e.at("refused").get<std::string>();
-      s.stage_share = e.at("stage_share").get<double>();
-      s.param_share = e.at("param_share").get<double>();
-      s.boundary_bytes_per_row = e.at("boundary_bytes_per_row").get<double>();
-      c.pp[e.at("size").get<int>()] = s;
-    }
-    c.cores = j.value("cores", 1);
-    c.hosts = j.value("hosts", 1);
-    c.accumulate_s = j.value("accumulate_s", 0.0);
-    for (const auto& e : j.value("allreduce", nlohmann::json::array())) {
-      const Group g{e.at("group").get<int>(), e.value("stride", 1), e.value("shift", 0)};
-      c.allreduce[g] = {e.at("alpha").get<double>(), e.at("beta").get<double>()};
-      c.sync_s[g] = e.value("sync_s", 0.0);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return invalid_argument("plan calibration: {}", e.what());
-  }
-  if (c.steps.empty()) return invalid_argument("plan calibration: no step sizes measured");
-  if (c.hosts < 1 || c.ranks % c.hosts != 0)
-    return invalid_argument("plan calibration: {} ranks over {} hosts", c.ranks, c.hosts);
-  return c;
+int group_color(const Group& g, int rank, int world) {
+  const int span = g.span > 0 ? g.span : world;
+  const int block = rank / span, at = rank % span - g.shift * g.stride;
+  const int width = g.size * g.stride;
+  if (at < 0 || (at / width + 1) * width + g.shift * g.stride > span) return -1;
+  return block * span + (at / width) * g.stride + at % g.stride;
 }
 
 Result<Calibration> calibrate(const train::TrainOptions& base_in, const PlanRequest& r,

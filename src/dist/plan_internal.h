@@ -14,5 +14,10 @@ std::int64_t forward_rows(const graph::Graph& g);  // input x's first dimension
 // rank and size; nothing is sent).
 TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id);
 PpShape pp_shape(const graph::Graph& g, int P);
+// The sub-communicator of `world` ranks that `g` puts `rank` in (a split's
+// color; -1: none, the rank sits out).
+int group_color(const Group& g, int rank, int world);
+// Calibration::variants' key: "bf16/none".
+std::string variant_key(const std::string& precision, const std::string& recompute);
 
 }  // namespace shoal::dist

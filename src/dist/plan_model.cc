@@ -9,7 +9,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
-#include "shoal/dist/plan.h"
+#include "dist/plan_internal.h"
 
 namespace shoal::dist {
 namespace {
@@ -86,12 +86,41 @@ std::vector<int> divisors(int n) {
 
 std::string mb(double bytes) { return fmt::format("{:.1f}", bytes / 1e6); }
 
+// The base profile at `rows` under another precision or recomputation:
+// each part scaled by what the variant measured against the base at the
+// calibration's variant size; its bytes as the variant holds them.
+train::StepProfile variant_at(const Calibration& c, std::int64_t rows, const std::string& key) {
+  train::StepProfile p = profile_at(c, rows);
+  auto it = c.variants.find(key);
+  if (it == c.variants.end()) return p;
+  const train::StepProfile& v = it->second;
+  const train::StepProfile b = profile_at(c, c.variant_rows);
+  auto ratio = [](double x, double y) { return y > 0 ? x / y : 1.0; };
+  p.product_s *= ratio(v.product_s, b.product_s);
+  p.other_s *= ratio(v.other_s, b.other_s);
+  p.update_s *= ratio(v.update_s, b.update_s);
+  p.step_s *= ratio(v.step_s, b.step_s);
+  p.arena_bytes = static_cast<std::size_t>(
+      static_cast<double>(p.arena_bytes) *
+      ratio(static_cast<double>(v.arena_bytes), static_cast<double>(b.arena_bytes)));
+  p.param_bytes = v.param_bytes;
+  p.state_bytes = v.state_bytes;
+  p.buffer_bytes = v.buffer_bytes;
+  return p;
+}
+
 }  // namespace
+
+std::string variant_key(const std::string& precision, const std::string& recompute) {
+  return precision + "/" + recompute;
+}
 
 std::string Candidate::flags() const {
   std::string s = fmt::format("--dp {} --tp {} --pp {}", dp, layout.tp, layout.pp);
   if (zero > 0) s += fmt::format(" --zero {}", zero);
   s += fmt::format(" --micro-batches {} --batch {}", micro_batches(layout), batch);
+  if (precision != "f32") s += " --precision " + precision;
+  if (recompute != "none") s += " --recompute " + recompute;
   return s;
 }
 
@@ -126,8 +155,8 @@ std::vector<Group> job_groups(const PlanRequest& r) {
   for (const auto& [l, zero] : job_layouts(r)) {
     const int D = r.ranks / (l.tp * l.pp);
     if (l.tp > 1) g.push_back({l.tp, 1});
-    if (l.pp > 1) g.push_back({2, l.tp});
-    if (l.pp > 2) g.push_back({2, l.tp, 1});  // the hops between the pairs
+    if (l.pp > 1) g.push_back({2, l.tp, 0, l.tp * l.pp});
+    if (l.pp > 2) g.push_back({2, l.tp, 1, l.tp * l.pp});  // the hops between the pairs
     if (D > 1) g.push_back({D, l.tp * l.pp});
   }
   std::sort(g.begin(), g.end());
@@ -144,20 +173,23 @@ std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r) {
   return rows;
 }
 
-Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, int zero) {
+Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, int zero,
+                  const std::string& precision, const std::string& recompute) {
   Candidate k;
   k.layout = l;
   k.zero = zero;
+  k.precision = precision.empty() ? c.precision : precision;
+  k.recompute = recompute.empty() ? c.recompute : recompute;
   const int T = l.tp, P = l.pp, D = r.ranks / (T * P), m = micro_batches(l);
   k.dp = D;
   k.layout.dp = D;
   k.batch = r.global_batch / D;
   const std::int64_t rows = k.batch / m;
-  const train::StepProfile p = profile_at(c, rows);
+  const train::StepProfile p = variant_at(c, rows, variant_key(k.precision, k.recompute));
   const TpShape tp = T > 1 ? c.tp.at(T) : TpShape{};
   const PpShape pp = P > 1 ? c.pp.at(P) : PpShape{};
   const double share = tp.param_ratio * pp.param_share;  // of the parameters a rank holds
-  const Group tp_group{T, 1}, pp_group{2, T}, dp_group{D, T * P};
+  const Group tp_group{T, 1}, pp_group{2, T, 0, T * P}, dp_group{D, T * P};
   const double per_mb = p.product_s * tp.product_ratio + p.other_s * tp.other_ratio;
   double tp_mb = 0;
   for (double b : tp.collective_bytes_per_row)
@@ -174,19 +206,20 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
     // others, so the path runs faster by that contention, but never below
     // the work every stage must do with all of them busy.
     const double slots = m + P - 1;
-    const double contention =
-        std::max(1.0, static_cast<double>(c.ranks / std::max(c.hosts, 1) * c.threads) /
-                          std::max(c.cores, 1));
+    const double contention = std::max(
+        1.0, c.contention > 0 ? c.contention
+                              : static_cast<double>(c.ranks / std::max(c.hosts, 1) * c.threads) /
+                                    std::max(c.cores, 1));
     const double stage = per_mb * pp.stage_share;
     k.compute_s = std::max(m * stage, slots * stage / contention) + update;
     // The slowest hop between neighbouring stages.
     const double bytes = pp.boundary_bytes_per_row * static_cast<double>(rows);
     const double hop = std::max(allreduce_s(c, pp_group, bytes),
-                                P > 2 ? allreduce_s(c, {2, T, 1}, bytes) : 0.0);
+                                P > 2 ? allreduce_s(c, {2, T, 1, T * P}, bytes) : 0.0);
     comm = slots * (tp_mb * pp.stage_share + 2 * hop);
   }
   if (D > 1) {
-    const double wire = c.precision == "bf16" ? 2.0 : 4.0;
+    const double wire = k.precision == "bf16" && zero < 3 ? 2.0 : 4.0;  // dp::wire_dtype
     const double grads = static_cast<double>(p.param_bytes) / 4.0 * wire * share;
     // ZeRO-3 gathers the parameters for the forward and again for the
     // backward, and reduce-scatters the gradients: 1.5 all-reduces.
@@ -225,9 +258,23 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r, const Calibration& c) 
   auto splits = [](const auto& shapes, int n) {
     return n == 1 || (shapes.count(n) && shapes.at(n).refused.empty());
   };
+  // The base's precision and recomputation, and each variant measured.
+  std::vector<std::pair<std::string, std::string>> variants = {{c.precision, c.recompute}};
+  for (const auto& [key, v] : c.variants)
+    variants.emplace_back(key.substr(0, key.find('/')), key.substr(key.find('/') + 1));
   std::vector<Candidate> out;
-  for (const auto& [l, zero] : job_layouts(r))
-    if (splits(c.tp, l.tp) && splits(c.pp, l.pp)) out.push_back(predict(r, c, l, zero));
+  for (const auto& [l, zero] : job_layouts(r)) {
+    if (!splits(c.tp, l.tp) || !splits(c.pp, l.pp)) continue;
+    for (const auto& [precision, recompute] : variants) {
+      // The trainer recomputes only a step it differentiates whole; and
+      // what recomputing saves is measured under data parallelism alone:
+      // with tensor parallelism's collectives or ZeRO-3's gathers in the
+      // forward it saves far less (measured: +60-100% over the prediction).
+      if (recompute != "none" && (l.pp > 1 || micro_batches(l) > 1 || l.tp > 1 || zero == 3))
+        continue;
+      out.push_back(predict(r, c, l, zero, precision, recompute));
+    }
+  }
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;
     return a.step_s < b.step_s;
@@ -236,11 +283,13 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r, const Calibration& c) 
 }
 
 std::string plan_table(const std::vector<Candidate>& cs, std::size_t rows) {
-  std::string s = fmt::format("{:>3}  {:<56} {:>10} {:>9} {:>9} {:>10}\n", "#", "layout",
+  std::size_t w = 56;
+  for (std::size_t i = 0; i < cs.size() && i < rows; ++i) w = std::max(w, cs[i].flags().size());
+  std::string s = fmt::format("{:>3}  {:<{}} {:>10} {:>9} {:>9} {:>10}\n", "#", "layout", w,
                               "compute ms", "comm ms", "step ms", "memory MB");
   for (std::size_t i = 0; i < cs.size() && i < rows; ++i) {
     const Candidate& c = cs[i];
-    s += fmt::format("{:>3}  {:<56} {:>10.1f} {:>9.1f} {:>9.1f} {:>10}{}\n", i + 1, c.flags(),
+    s += fmt::format("{:>3}  {:<{}} {:>10.1f} {:>9.1f} {:>9.1f} {:>10}{}\n", i + 1, c.flags(), w,
                      c.compute_s * 1e3, c.comm_s * 1e3, c.step_s * 1e3, mb(c.memory_bytes),
                      c.fits ? "" : "  over the budget");
   }
@@ -257,6 +306,8 @@ std::string candidates_json(const std::vector<Candidate>& cs) {
                  {"pp", c.layout.pp},
                  {"zero", c.zero},
                  {"micro_batches", micro_batches(c.layout)},
+                 {"precision", c.precision},
+                 {"recompute", c.recompute},
                  {"batch", c.batch},
                  {"compute_s", c.compute_s},
                  {"comm_s", c.comm_s},
@@ -278,7 +329,8 @@ std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::Tra
     e << YAML::Key << "context" << YAML::Value << s.gpt.context;
   }
   e << YAML::Key << "optimizer" << YAML::Value << s.optimizer;
-  e << YAML::Key << "precision" << YAML::Value << s.precision;
+  e << YAML::Key << "precision" << YAML::Value << c.precision;
+  e << YAML::Key << "recompute" << YAML::Value << c.recompute;
   e << YAML::Key << "batch" << YAML::Value << c.batch;
   e << YAML::Key << "dp" << YAML::Value << c.dp;
   e << YAML::Key << "tp" << YAML::Value << c.layout.tp;

@@ -143,6 +143,44 @@ TEST(Plan, AMemoryBudgetPutsWhatFitsFirst) {
   EXPECT_NE(plan_table(cs, cs.size()).find("over the budget"), std::string::npos);
 }
 
+// A variant measured at one size scales every size: recomputation that
+// halves the activations and costs a third more products; bf16 products
+// twice as fast with gradients half as wide on the wire.
+TEST(Plan, PrecisionAndRecomputationAreSearchedWhereTheyApply) {
+  const PlanRequest r = request(4, 64);
+  Calibration c = calibration(4, 64);
+  c.variant_rows = 16;
+  train::StepProfile full = c.steps.at(16);
+  full.product_s *= 4.0 / 3.0;
+  full.arena_bytes = 8'000'000 + 8'000'000;  // the gradients, half the activations
+  c.variants[variant_key("f32", "full")] = full;
+  train::StepProfile bf16 = c.steps.at(16);
+  bf16.product_s /= 2;
+  c.variants[variant_key("bf16", "none")] = bf16;
+  const Layout plain;
+  const Candidate base = predict(r, c, plain, 1), rec = predict(r, c, plain, 1, "f32", "full"),
+                  half = predict(r, c, plain, 1, "bf16", "none");
+  EXPECT_LT(rec.memory_bytes, base.memory_bytes);
+  EXPECT_GT(rec.compute_s, base.compute_s);
+  EXPECT_LT(half.compute_s, base.compute_s);
+  EXPECT_LT(half.comm_s, base.comm_s);  // bf16 on the wire below ZeRO-3
+  EXPECT_NE(rec.flags().find("--recompute full"), std::string::npos) << rec.flags();
+  EXPECT_NE(half.flags().find("--precision bf16"), std::string::npos) << half.flags();
+  int recomputed = 0, halves = 0;
+  for (const Candidate& k : plan_layouts(r, c)) {
+    if (k.precision == "bf16") ++halves;
+    if (k.recompute == "none") continue;
+    ++recomputed;
+    EXPECT_TRUE(k.layout.tp == 1 && k.layout.pp == 1 && micro_batches(k.layout) == 1 &&
+                k.zero < 3)
+        << "recomputation priced where it was not measured: " << k.flags();
+  }
+  EXPECT_EQ(recomputed, 3);  // dp 4, ZeRO 0-2
+  EXPECT_EQ(halves, static_cast<int>(plan_layouts(r, calibration(4, 64)).size()));
+  const std::string yaml = plan_yaml(rec, r, train::TrainSettings{});
+  EXPECT_NE(yaml.find("recompute: full"), std::string::npos) << yaml;
+}
+
 TEST(Plan, MicroBatchSizesAreThoseTheLayoutsUse) {
   const auto rows = micro_batch_rows(request(2, 24));
   // dp 2: 12 per rank / 1, 2, 4; dp 1 (tp 2 or pp 2): 24 / 1, 2, 4 and 24 / 2, 4, 8.
@@ -152,12 +190,34 @@ TEST(Plan, MicroBatchSizesAreThoseTheLayoutsUse) {
 TEST(Plan, TheGroupsAreThoseTheLayoutsCommunicateIn) {
   // 4 ranks, r = g*P*T + s*T + t: tensor groups T apart from 1, pipeline
   // neighbours T apart, data-parallel groups P*T apart.
+  // Pipelines of 2 (dp 2) and of 4 stages, and of 2 stages of 2 tensor ranks.
   EXPECT_EQ(job_groups(request(4, 64)),
-            (std::vector<Group>{{2, 1}, {2, 1, 1}, {2, 2}, {4, 1}}));
+            (std::vector<Group>{{2, 1}, {2, 1, 0, 2}, {2, 1, 0, 4}, {2, 1, 1, 4}, {2, 2},
+                                {2, 2, 0, 4}, {4, 1}}));
   // 2x2x2 on 8 ranks adds pipeline pairs 2 apart and data pairs 4 apart.
   const auto g8 = job_groups(request(8, 64));
-  for (const Group g : {Group{2, 4}, Group{4, 2}, Group{8, 1}, Group{2, 1}})
+  for (const Group g : {Group{2, 2, 0, 4}, Group{2, 4}, Group{4, 2}, Group{8, 1}, Group{2, 1}})
     EXPECT_NE(std::find(g8.begin(), g8.end(), g), g8.end()) << g.size << "/" << g.stride;
+}
+
+TEST(Plan, EachGroupIsFormedAsItsLayoutFormsIt) {
+  auto colors = [](Group g, int world) {
+    std::vector<int> c;
+    for (int r = 0; r < world; ++r) c.push_back(group_color(g, r, world));
+    return c;
+  };
+  // Tensor pairs, data-parallel pairs 2 apart, one group of all.
+  EXPECT_EQ(colors({2, 1}, 4), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(colors({2, 2}, 4), (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(colors({4, 1}, 4), (std::vector<int>{0, 0, 0, 0}));
+  // Two pipelines of 4 stages: stages (0, 1), (2, 3), then (1, 2), the
+  // first and last stage sitting out (no hop from stage 3 to the next
+  // pipeline's 0).
+  EXPECT_EQ(colors({2, 1, 0, 4}, 8), (std::vector<int>{0, 0, 1, 1, 4, 4, 5, 5}));
+  EXPECT_EQ(colors({2, 1, 1, 4}, 8), (std::vector<int>{-1, 0, 0, -1, -1, 4, 4, -1}));
+  // Stages of 2 tensor ranks: a stage's rank t talks to the next's t.
+  EXPECT_EQ(colors({2, 2, 0, 4}, 4), (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(colors({2, 2, 1, 6}, 6), (std::vector<int>{-1, -1, 0, 1, 0, 1}));
 }
 
 // 4 ranks on 2 hosts (0, 1 on one, 2, 3 on the other): the groups that
@@ -173,7 +233,7 @@ TEST(Plan, ALinkBetweenHostsMovesTheGradientsOffIt) {
   Calibration two = fast;
   two.hosts = 2;
   for (auto& [g, f] : two.allreduce)
-    if (g.size * g.stride > 2 || g.shift == 1) f = {50e-6, 8e-9};  // crosses the hosts
+    if (g.size * g.stride + g.shift * g.stride > 2) f = {50e-6, 8e-9};  // crosses the hosts
   const Candidate across = plan_layouts(r, two).front();
   EXPECT_EQ(across.dp, 1) << across.flags();
   EXPECT_LT(across.comm_s, predict(r, two, one_host.layout, one_host.zero).comm_s);
@@ -187,7 +247,7 @@ TEST(Plan, TheCalibrationRoundTripsAndBadTextIsNamed) {
   EXPECT_EQ(calibration_json(*back), calibration_json(c));
   EXPECT_EQ(back->tp.at(4).refused, "heads do not divide");
   EXPECT_EQ(back->hosts, 2);
-  EXPECT_EQ(back->allreduce.size(), 4u);
+  EXPECT_EQ(back->allreduce.size(), 7u);
   c.hosts = 3;  // 4 ranks cannot be spread evenly over 3 hosts
   EXPECT_FALSE(parse_calibration(calibration_json(c)).ok());
   auto bad = parse_calibration("{\"ranks\": 2}");

@@ -35,17 +35,23 @@ struct PlanRequest {
   std::int64_t global_batch = 0;  // samples per step over the job
   double mem_per_rank = 0;        // bytes a rank may hold (0: no budget)
   int cores = 0;                  // this host's cores (0: the allowed CPUs)
+  // The --precision and --recompute values to search (empty: the base
+  // options' own). Recomputation applies to layouts without micro-batches
+  // or a pipeline (what the trainer builds).
+  std::vector<std::string> precisions, recomputes;
 };
 
 // A group of ranks a layout communicates in: `size` ranks, `stride` apart
 // (rank r = g*P*T + s*T + t: tensor-parallel groups are T ranks 1 apart,
 // a pipeline's neighbours 2 ranks T apart, data-parallel groups D ranks
 // P*T apart). Across hosts the stride says which links a group crosses.
-// `shift` 1 pairs the ranks one stride on: with 4 stages, (1, 2) and
-// (3, 0) where 0 pairs (0, 1) and (2, 3), so every hop of a pipeline is
-// measured.
+// `span` > 0 forms the groups inside each block of `span` ranks (a
+// pipeline: P*T), `shift` 1 one stride on: the pairs of stages (1, 2),
+// (3, 4), ... where shift 0 pairs (0, 1), (2, 3), ..., so every hop of a
+// pipeline is measured and none that is not one (a rank with no partner
+// in its block sits out).
 struct Group {
-  int size = 2, stride = 1, shift = 0;
+  int size = 2, stride = 1, shift = 0, span = 0;
   auto operator<=>(const Group&) const = default;
 };
 
@@ -75,6 +81,11 @@ struct Calibration {
   // The hosts the ranks ran on, each with ranks / hosts of them (1 host:
   // forked here by calibrate; more: a job's own ranks, calibrate_job).
   int hosts = 1;
+  // How much the ranks slow each other when all compute at once: wall time
+  // over CPU time of every rank's threads spinning together (2 for 4 ranks
+  // on 2 cores; also where "hosts" share a machine's cores, as the netns
+  // testbed's do). 0: from the core count.
+  double contention = 0;
   bool overlap = false;  // --overlap auto's choice for this many ranks
   std::string precision = "f32";
   std::map<std::int64_t, train::StepProfile> steps;  // by micro-batch rows
@@ -88,17 +99,24 @@ struct Calibration {
   // What each micro-batch after the first adds under gradient
   // accumulation beyond its rows' compute (measured at one size).
   double accumulate_s = 0;
+  // Other --precision / --recompute than the base's, measured at
+  // variant_rows and applied to every size in proportion to the base's
+  // there; keyed "bf16/none", "f32/full", ...
+  std::map<std::string, train::StepProfile> variants;
+  std::int64_t variant_rows = 0;
+  std::string recompute = "none";  // the base's
   double seconds = 0;  // what calibrating took
 };
 
 struct Candidate {
   Layout layout;
   int dp = 1, zero = 0;
+  std::string precision = "f32", recompute = "none";
   std::int64_t batch = 0;  // --batch: per data-parallel rank
   double compute_s = 0, comm_s = 0, step_s = 0;
   double memory_bytes = 0;  // the largest rank's
   bool fits = true;
-  std::string flags() const;  // "--dp 2 --tp 2 --zero 1 --batch 32 ..."
+  std::string flags() const;  // "--dp 2 --tp 2 --zero 1 --batch 32 ..." (+ --precision bf16 ...)
 };
 
 // Every layout of `r`'s ranks and samples dist::attach accepts, with its
@@ -127,7 +145,9 @@ Result<Calibration> calibrate_job(const train::TrainOptions& base, const PlanReq
 // Every layout of `r` the model allows, predicted from `c`, fastest first
 // (those over the memory budget after those within it).
 std::vector<Candidate> plan_layouts(const PlanRequest& r, const Calibration& c);
-Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, int zero);
+// `precision` / `recompute` empty: the calibration's own.
+Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, int zero,
+                  const std::string& precision = "", const std::string& recompute = "");
 
 // The table `shoal plan` prints, and the file it writes for the first
 // candidate (the flags as `shoal train --config` reads them, and the
