@@ -19,7 +19,7 @@ each, started by hand as docs/cluster.md shows: `shoal plan` runs as the
 job's ranks there (measuring the links between the hosts), and so does
 every layout.
 
-usage: bench/plan.py [--models gpt,resnet] [--ranks 2,4] [--steps 30]
+usage: bench/plan.py [--models gpt,resnet] [--ranks 2,4] [--steps 30] [--repeat N]
                      [--mem-per-rank GB] [--filter REGEX]
                      [--netns HOSTS [--link 1gbit]]
 """
@@ -91,13 +91,18 @@ def run_layout(args, model_flags, cand, ranks, tmp, i):
     words = ["train", *model_flags, "--plan", plan, "--max-steps", str(args.steps),
              "--no-checkpoints", "--no-plot", "--quiet", "--limit-test", "64", "--trace",
              os.path.join(tmp, "t.json"), "--out", os.path.join(tmp, f"run{i}")]
-    rc, out = launch(args, ranks, words, tmp)
-    step = STEP.search(out)
-    mems = [float(m.group(2)) for m in HOLDS.finditer(out)]
-    if rc != 0 or not step or not mems:
-        tail = "\n".join(out.strip().splitlines()[-3:])
-        return None, f"failed ({rc}): {tail}"
-    return (float(step.group(1)) / 1e3, max(mems) * 1e6), ""
+    steps, mem = [], 0.0
+    for _ in range(args.repeat):
+        rc, out = launch(args, ranks, words, tmp)
+        step = STEP.search(out)
+        mems = [float(m.group(2)) for m in HOLDS.finditer(out)]
+        if rc != 0 or not step or not mems:
+            tail = "\n".join(out.strip().splitlines()[-3:])
+            return None, f"failed ({rc}): {tail}"
+        steps.append(float(step.group(1)) / 1e3)
+        mem = max(mem, max(mems) * 1e6)
+    steps.sort()
+    return (steps[len(steps) // 2], mem), ""  # the median run
 
 
 def spearman(a, b):
@@ -184,6 +189,8 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--mem-per-rank", type=float, default=0)
     ap.add_argument("--filter", default="", help="only the layouts whose flags match this regex")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of each layout; its step is the median (the VM's spread: ~10%%)")
     ap.add_argument("--netns", type=int, default=0, help="hosts of a netns cluster to span")
     ap.add_argument("--link", default="1gbit", help="--netns: the hosts' link rate")
     args = ap.parse_args()

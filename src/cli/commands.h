@@ -75,6 +75,8 @@ Result<std::vector<std::string>> config_node_args(const YAML::Node& root, const 
 struct PlanPrediction {
   int ranks = 0;
   double step_s = 0, compute_s = 0, comm_s = 0, memory_bytes = 0;
+  // The classes apart (plan-products-seconds, ...; 0 in an older file).
+  double product_s = 0, other_s = 0, update_s = 0, allreduce_s = 0, transfer_s = 0, shard_s = 0;
 };
 // `shoal train --plan FILE`: the file's flags as --config's, and its
 // prediction in `p`.

@@ -194,6 +194,20 @@ int run_plan(PlanFlags& f) {
 
 namespace {
 
+// The prediction's part a plan-*-seconds key names (null: none).
+double* plan_part(PlanPrediction& p, const std::string& key) {
+  static const std::pair<const char*, double PlanPrediction::*> parts[] = {
+      {"plan-products-seconds", &PlanPrediction::product_s},
+      {"plan-other-seconds", &PlanPrediction::other_s},
+      {"plan-update-seconds", &PlanPrediction::update_s},
+      {"plan-allreduce-seconds", &PlanPrediction::allreduce_s},
+      {"plan-transfer-seconds", &PlanPrediction::transfer_s},
+      {"plan-shard-seconds", &PlanPrediction::shard_s}};
+  for (const auto& [name, member] : parts)
+    if (key == name) return &(p.*member);
+  return nullptr;
+}
+
 // A plan file's mapping (`where` names it): its plan-* keys into `p`, the
 // rest as --config's flags.
 Result<std::vector<std::string>> plan_node_args(const YAML::Node& root, const std::string& where,
@@ -214,6 +228,8 @@ Result<std::vector<std::string>> plan_node_args(const YAML::Node& root, const st
         p->memory_bytes = kv.second.as<double>();
       else if (key == "plan-ranks")
         p->ranks = kv.second.as<int>();
+      else if (double* part = plan_part(*p, key); part != nullptr)
+        *part = kv.second.as<double>();
       else
         flags[key] = kv.second;
     }
@@ -255,6 +271,43 @@ Result<std::vector<std::string>> plan_args(const std::string& path, CLI::App& t,
   return plan_node_args(root, "--plan " + path, t, cli, p);
 }
 
+namespace {
+
+// Measured against predicted, each class of the step; the one whose
+// estimate was most off (by time) comes first.
+std::string misjudged(const PlanPrediction& p, const train::StepProfile& m, double step) {
+  const double kernels = m.product_s + m.other_s + m.update_s + m.allreduce_s + m.transfer_s +
+                         m.shard_s;
+  const double parts = p.product_s + p.other_s + p.update_s + p.allreduce_s + p.transfer_s +
+                       p.shard_s;
+  struct Part {
+    const char* name;
+    double measured, predicted;
+  };
+  std::vector<Part> v = {
+      {"products (matmul, convolution)", m.product_s, p.product_s},
+      {"other kernels", m.other_s, p.other_s},
+      {"the optimizer update", m.update_s, p.update_s},
+      {"all-reduces (data and tensor parallelism)", m.allreduce_s, p.allreduce_s},
+      {"the pipeline's sends and receives", m.transfer_s, p.transfer_s},
+      {"ZeRO's gathers and reduce-scatters", m.shard_s, p.shard_s},
+      {"the rest of the step (waiting for peers or a core, the pipeline's bubble)",
+       std::max(0.0, step - kernels), std::max(0.0, p.step_s - parts)}};
+  std::stable_sort(v.begin(), v.end(), [](const Part& a, const Part& b) {
+    return std::abs(a.measured - a.predicted) > std::abs(b.measured - b.predicted);
+  });
+  std::string s = fmt::format("the estimate most off is {}: {:.1f} ms measured against {:.1f} ms "
+                              "predicted (then",
+                              v[0].name, v[0].measured * 1e3, v[0].predicted * 1e3);
+  for (std::size_t i = 1; i < v.size(); ++i)
+    if (v[i].measured > 0 || v[i].predicted > 0)
+      s += fmt::format("{} {} {:.1f}/{:.1f}", i == 1 ? "" : ",", v[i].name, v[i].measured * 1e3,
+                       v[i].predicted * 1e3);
+  return s + " ms)";
+}
+
+}  // namespace
+
 void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int world) {
   if (p.step_s <= 0) return;
   if (p.ranks > 0 && p.ranks != world && rank == 0)
@@ -289,19 +342,8 @@ void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int
         100 * gap, p.compute_s * 1e3, p.comm_s * 1e3);
     return;
   }
-  // Kernels on the compute thread against the predicted compute; the rest
-  // of the step (waiting for collectives, the pipeline's bubble) against
-  // the predicted communication.
-  const double kernels = prof.product_s + prof.other_s + prof.update_s;
-  const double waiting = std::max(0.0, step - kernels);
-  const bool compute_off = std::abs(kernels - p.compute_s) >= std::abs(waiting - p.comm_s);
-  SHOAL_LOG_WARN(
-      "plan check: the step is {:+.0f}% off; the {} estimate is the one off: {:.1f} ms measured "
-      "against {:.1f} ms predicted (products {:.1f} ms, other kernels {:.1f} ms, optimizer "
-      "{:.1f} ms measured)",
-      100 * gap, compute_off ? "compute" : "communication", (compute_off ? kernels : waiting) * 1e3,
-      (compute_off ? p.compute_s : p.comm_s) * 1e3, prof.product_s * 1e3, prof.other_s * 1e3,
-      prof.update_s * 1e3);
+  SHOAL_LOG_WARN("plan check: the step is {:+.0f}% off; {}", 100 * gap,
+                 misjudged(p, prof, step));
 }
 
 }  // namespace shoal::cli

@@ -36,10 +36,10 @@ StepProfile Trainer::step_profile(std::size_t skip) const {
   const graph::Graph& g = m.exe->graph();
   // Each part's median over the steps: one step a time slice of another
   // process fell into does not move it.
-  std::vector<double> step, product, update, other, period;
+  std::vector<double> step, product, update, other, period, allreduce, transfer, shard;
   double last_start = -1;
   for (std::size_t s = skip; s < m.trace_steps.size(); ++s) {
-    double st = 0, pr = 0, up = 0, ot = 0;
+    double st = 0, pr = 0, up = 0, ot = 0, ar = 0, tr = 0, sh = 0;
     for (const runtime::TraceEvent& e : m.trace_steps[s]) {
       const double sec = e.dur_us * 1e-6;
       if (e.node < 0) {
@@ -53,6 +53,12 @@ StepProfile Trainer::step_profile(std::size_t skip) const {
       const graph::Node& n = g.nodes()[static_cast<std::size_t>(e.node)];
       if (n.op.ends_with("_update"))
         up += sec;
+      else if (n.op == "allreduce_bucket" || n.op == "tp_copy_bucket" || n.op.starts_with("comm_"))
+        ar += sec;
+      else if (n.op == "pp_send" || n.op == "pp_recv")
+        tr += sec;
+      else if (n.op == "allgather" || n.op == "reduce_scatter")
+        sh += sec;
       else if (graph::node_flops(g, n) > 0)
         pr += sec;
       else
@@ -62,6 +68,9 @@ StepProfile Trainer::step_profile(std::size_t skip) const {
     product.push_back(pr);
     update.push_back(up);
     other.push_back(ot);
+    allreduce.push_back(ar);
+    transfer.push_back(tr);
+    shard.push_back(sh);
   }
   auto median = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
@@ -75,6 +84,9 @@ StepProfile Trainer::step_profile(std::size_t skip) const {
   p.update_s = median(update);
   p.other_s = median(other);
   p.period_s = median(period);
+  p.allreduce_s = median(allreduce);
+  p.transfer_s = median(transfer);
+  p.shard_s = median(shard);
   // Without a trace, the periods the loop measures (warm-up left out too).
   if (p.steps == 0 && m.periods.size() > skip)
     p.period_s = median(std::vector<double>(m.periods.begin() + static_cast<std::ptrdiff_t>(skip),

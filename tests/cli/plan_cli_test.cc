@@ -127,6 +127,38 @@ TEST(PlanCli, AutoPlansForTheJobItRunsIn) {
       << "planned more than once: " << t.out;
 }
 
+// The value of a plan-* key in a plan file's text (-1 if absent).
+double plan_value(const std::string& text, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(key + R"(: ([\d.]+))"))) return -1;
+  return std::stod(m[1]);
+}
+
+// A plan whose products were misjudged (set here to a tenth of what the
+// calibration said, the step to half): the run's check names the products,
+// not "compute" or "communication" at large.
+TEST(PlanCli, AStepOffItsPlanNamesTheClassThatWasOff) {
+  if (!have_text()) GTEST_SKIP() << "Debian's fortunes package is not installed";
+  const std::string dir = testing::scratch_dir("plan_off");
+  auto p = plan(dir);
+  ASSERT_EQ(p.code, 0) << p.out;
+  auto text = read_file(dir + "/plan.yaml");
+  ASSERT_TRUE(text.ok());
+  const double step = plan_value(*text, "plan-step-seconds");
+  const double products = plan_value(*text, "plan-products-seconds");
+  ASSERT_GT(products, 0.3 * step) << *text;  // the GPT's step is mostly products
+  std::string off = std::regex_replace(*text, std::regex(R"(plan-step-seconds: [\d.]+)"),
+                                       fmt::format("plan-step-seconds: {:.6f}", step / 2));
+  off = std::regex_replace(off, std::regex(R"(plan-products-seconds: [\d.]+)"),
+                           fmt::format("plan-products-seconds: {:.6f}", products / 10));
+  ASSERT_TRUE(write_file_atomic(dir + "/off.yaml", off).ok());
+  auto t = train(dir, dir + "/off.yaml");
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("the estimate most off is products (matmul, convolution)"),
+            std::string::npos)
+      << t.out;
+}
+
 TEST(PlanCli, BadPlansAndCalibrationsAreNamed) {
   const std::string dir = testing::scratch_dir("plan_bad");
   auto missing = run_shoal(fmt::format("train --plan {}/none.yaml", dir));

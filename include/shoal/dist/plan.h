@@ -114,6 +114,12 @@ struct Candidate {
   std::string precision = "f32", recompute = "none";
   std::int64_t batch = 0;  // --batch: per data-parallel rank
   double compute_s = 0, comm_s = 0, step_s = 0;
+  // The parts: kernels on the compute thread (products, other kernels, the
+  // optimizer update), collectives (all-reduces, a pipeline's transfers,
+  // ZeRO's gathers and reduce-scatters); the rest of compute_s is the
+  // pipeline's bubble.
+  double product_s = 0, other_s = 0, update_s = 0;
+  double allreduce_s = 0, transfer_s = 0, shard_s = 0;
   double memory_bytes = 0;  // the largest rank's
   bool fits = true;
   std::string flags() const;  // "--dp 2 --tp 2 --zero 1 --batch 32 ..." (+ --precision bf16 ...)

@@ -252,6 +252,10 @@ struct StepProfile {
   double product_s = 0;  // matmuls and convolutions, forward and backward
   double update_s = 0;   // optimizer updates
   double other_s = 0;    // every other kernel on the compute thread
+  // Collectives on the compute thread: all-reduces (data and tensor
+  // parallelism), a pipeline's sends and receives, ZeRO's gathers and
+  // reduce-scatters (not in other_s).
+  double allreduce_s = 0, transfer_s = 0, shard_s = 0;
   double flops = 0;      // model FLOPs of one step (graph::graph_flops)
   std::size_t arena_bytes = 0, param_bytes = 0, state_bytes = 0, buffer_bytes = 0;
   int param_tensors = 0;
