@@ -80,8 +80,7 @@ namespace {
 // The calibration: read from --calibration, measured on the ranks of the
 // job this process is one of, or on ranks forked here. `report` is false
 // on a job's ranks other than 0 (rank 0 prints and writes the plan).
-Result<dist::Calibration> obtain_calibration(PlanFlags& f, dist::PlanRequest& r,
-                                             bool* report) {
+Result<dist::Calibration> obtain_calibration(PlanFlags& f, dist::PlanRequest& r, bool* report) {
   *report = true;
   SHOAL_ASSIGN_OR_RETURN(LaunchEnv le, launch_env());
   const bool in_job = f.calibration.empty() && le.world > 1;
@@ -112,8 +111,7 @@ Result<dist::Calibration> obtain_calibration(PlanFlags& f, dist::PlanRequest& r,
                               r.ranks, le.source, le.world);
     SHOAL_ASSIGN_OR_RETURN(auto c, comm::Communicator::from_env());
     if (c->rank() == 0) {
-      fmt::print("shoal plan: calibrating {} on the job's {} ranks...\n", f.train->model,
-                 r.ranks);
+      fmt::print("shoal plan: calibrating {} on the job's {} ranks...\n", f.train->model, r.ranks);
       std::fflush(stdout);
     }
     cal = dist::calibrate_job(*f.train, r, *c);
@@ -129,8 +127,8 @@ Result<dist::Calibration> obtain_calibration(PlanFlags& f, dist::PlanRequest& r,
     cal = dist::calibrate(*f.train, r);
   }
   if (cal.ok() && f.hosts > 0 && cal->hosts != f.hosts)
-    return invalid_argument("--hosts {}: the ranks were measured on {} host{}", f.hosts,
-                            cal->hosts, cal->hosts == 1 ? "" : "s");
+    return invalid_argument("--hosts {}: the ranks were measured on {} host{}", f.hosts, cal->hosts,
+                            cal->hosts == 1 ? "" : "s");
   return cal;
 }
 
@@ -276,10 +274,10 @@ namespace {
 // Measured against predicted, each class of the step; the one whose
 // estimate was most off (by time) comes first.
 std::string misjudged(const PlanPrediction& p, const train::StepProfile& m, double step) {
-  const double kernels = m.product_s + m.other_s + m.update_s + m.allreduce_s + m.transfer_s +
-                         m.shard_s;
-  const double parts = p.product_s + p.other_s + p.update_s + p.allreduce_s + p.transfer_s +
-                       p.shard_s;
+  const double kernels =
+      m.product_s + m.other_s + m.update_s + m.allreduce_s + m.transfer_s + m.shard_s;
+  const double parts =
+      p.product_s + p.other_s + p.update_s + p.allreduce_s + p.transfer_s + p.shard_s;
   struct Part {
     const char* name;
     double measured, predicted;
@@ -296,9 +294,10 @@ std::string misjudged(const PlanPrediction& p, const train::StepProfile& m, doub
   std::stable_sort(v.begin(), v.end(), [](const Part& a, const Part& b) {
     return std::abs(a.measured - a.predicted) > std::abs(b.measured - b.predicted);
   });
-  std::string s = fmt::format("the estimate most off is {}: {:.1f} ms measured against {:.1f} ms "
-                              "predicted (then",
-                              v[0].name, v[0].measured * 1e3, v[0].predicted * 1e3);
+  std::string s = fmt::format(
+      "the estimate most off is {}: {:.1f} ms measured against {:.1f} ms "
+      "predicted (then",
+      v[0].name, v[0].measured * 1e3, v[0].predicted * 1e3);
   for (std::size_t i = 1; i < v.size(); ++i)
     if (v[i].measured > 0 || v[i].predicted > 0)
       s += fmt::format("{} {} {:.1f}/{:.1f}", i == 1 ? "" : ",", v[i].name, v[i].measured * 1e3,
@@ -342,8 +341,7 @@ void check_plan(const PlanPrediction& p, const train::Trainer& tr, int rank, int
         100 * gap, p.compute_s * 1e3, p.comm_s * 1e3);
     return;
   }
-  SHOAL_LOG_WARN("plan check: the step is {:+.0f}% off; {}", 100 * gap,
-                 misjudged(p, prof, step));
+  SHOAL_LOG_WARN("plan check: the step is {:+.0f}% off; {}", 100 * gap, misjudged(p, prof, step));
 }
 
 }  // namespace shoal::cli

@@ -50,7 +50,7 @@ Result<std::string> auto_plan(const train::TrainOptions& base) {
   SHOAL_ASSIGN_OR_RETURN(LaunchEnv le, launch_env());
   PlanRequest r;
   r.ranks = le.world;
-  r.global_batch = base.batch * le.world;  // --batch per rank, as without a plan
+  r.global_batch = base.batch * le.world;        // --batch per rank, as without a plan
   r.recomputes = {"none", "selective", "full"};  // exact: searched where it saves memory
   if (le.world == 1) {
     SHOAL_ASSIGN_OR_RETURN(Calibration cal, calibrate(base, r));

@@ -117,7 +117,8 @@ Result<double> sync_cost(comm::Communicator& world, comm::Communicator* group) {
 // Each group the layouts use, every one of its kind at once, in the
 // ranks' own places (across hosts, over the links the job will use).
 Status measure_links(comm::Communicator& c, const std::vector<Group>& groups, Calibration& cal) {
-  const std::size_t small = 4 << 10, large = 4 << 20;
+  const std::size_t sizes[] = {4 << 10, 64 << 10, 512 << 10, 4 << 20};
+  const std::size_t small = sizes[0], large = sizes[3];
   std::vector<float> buf(large / 4, 1.0f);
   const int r = c.rank();
   for (const Group g : groups) {
@@ -127,10 +128,13 @@ Status measure_links(comm::Communicator& c, const std::vector<Group>& groups, Ca
       SHOAL_ASSIGN_OR_RETURN(sub, c.split(group_color(g, r, c.size()), r));
       grp = sub.get();  // null where this rank sits out
     }
-    SHOAL_ASSIGN_OR_RETURN(double t_small, time_allreduce(c, grp, buf, small));
-    SHOAL_ASSIGN_OR_RETURN(double t_large, time_allreduce(c, grp, buf, large));
-    SHOAL_ASSIGN_OR_RETURN(cal.sync_s[g], sync_cost(c, grp));
     LinkFit f;
+    for (std::size_t bytes : sizes) {
+      SHOAL_ASSIGN_OR_RETURN(double t, time_allreduce(c, grp, buf, bytes));
+      f.points.emplace_back(static_cast<double>(bytes), t);
+    }
+    const double t_small = f.points.front().second, t_large = f.points.back().second;
+    SHOAL_ASSIGN_OR_RETURN(cal.sync_s[g], sync_cost(c, grp));
     f.beta = std::max(0.0, (t_large - t_small) / static_cast<double>(large - small));
     f.alpha = std::max(1e-6, t_small - f.beta * static_cast<double>(small));
     cal.allreduce[g] = f;
@@ -216,9 +220,8 @@ Status measure_variants(comm::Communicator& c, const train::TrainOptions& base,
                         const PlanRequest& r, const std::string& dir, Calibration& cal) {
   const auto rows = micro_batch_rows(r);
   const std::int64_t plain = r.global_batch / r.ranks;
-  cal.variant_rows = std::find(rows.begin(), rows.end(), plain) != rows.end()
-                         ? plain
-                         : rows[rows.size() / 2];
+  cal.variant_rows =
+      std::find(rows.begin(), rows.end(), plain) != rows.end() ? plain : rows[rows.size() / 2];
   const std::vector<std::string> precisions =
       r.precisions.empty() ? std::vector<std::string>{base.precision} : r.precisions;
   const std::vector<std::string> recomputes =
@@ -401,9 +404,8 @@ Result<Calibration> calibrate_job(const train::TrainOptions& base_in, const Plan
   if (base.threads == 0) base.threads = std::max(1, req.cores / local);  // as dist::Job does
   base.prefetch = local * base.threads < req.cores;
   // The trainers' run directories and traces: this rank's own, on its host.
-  const std::string dir = (fs::temp_directory_path() /
-                           fmt::format("shoal_plan_{}_{}", ::getpid(), c.rank()))
-                              .string();
+  const std::string dir =
+      (fs::temp_directory_path() / fmt::format("shoal_plan_{}_{}", ::getpid(), c.rank())).string();
   std::error_code ec;
   fs::create_directories(dir, ec);
   auto& logger = log::logger();

@@ -1,5 +1,6 @@
 // dist/plan.h's calibration as JSON: what `shoal plan --save-calibration`
 // writes and `--calibration` reads back (a malformed file is named).
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "dist/plan_internal.h"
@@ -75,6 +76,7 @@ std::string calibration_json(const Calibration& c) {
                               {"span", g.span},
                               {"alpha", f.alpha},
                               {"beta", f.beta},
+                              {"points", f.points},
                               {"sync_s", c.sync_s.count(g) ? c.sync_s.at(g) : 0.0}});
   j["cores"] = c.cores;
   j["hosts"] = c.hosts;
@@ -128,7 +130,11 @@ Result<Calibration> parse_calibration(const std::string& text) {
     for (const auto& e : j.value("allreduce", nlohmann::json::array())) {
       const Group g{e.at("group").get<int>(), e.value("stride", 1), e.value("shift", 0),
                     e.value("span", 0)};
-      c.allreduce[g] = {e.at("alpha").get<double>(), e.at("beta").get<double>()};
+      LinkFit f{e.at("alpha").get<double>(), e.at("beta").get<double>(), {}};
+      f.points = e.value("points", std::vector<std::pair<double, double>>{});
+      if (!std::is_sorted(f.points.begin(), f.points.end()))
+        return invalid_argument("plan calibration: a group's sizes are not in ascending order");
+      c.allreduce[g] = f;
       c.sync_s[g] = e.value("sync_s", 0.0);
     }
   } catch (const nlohmann::json::exception& e) {

@@ -115,6 +115,17 @@ train::StepProfile variant_at(const Calibration& c, std::int64_t rows, const std
 
 }  // namespace
 
+double LinkFit::time(double bytes) const {
+  if (bytes <= 0) return 0;
+  if (points.size() < 2) return alpha + bytes * beta;
+  std::size_t i = 1;
+  while (i + 1 < points.size() && points[i].first < bytes) ++i;
+  const auto& [x0, y0] = points[i - 1];
+  const auto& [x1, y1] = points[i];
+  const double t = y0 + (bytes - x0) * (y1 - y0) / std::max(x1 - x0, 1.0);
+  return std::max(t, std::min(y0, y1) * std::min(1.0, bytes / std::max(x0, 1.0)));
+}
+
 std::string variant_key(const std::string& precision, const std::string& recompute) {
   return precision + "/" + recompute;
 }
@@ -386,10 +397,11 @@ std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::Tra
   e << YAML::Key << "plan-comm-seconds" << YAML::Value << fmt::format("{:.6f}", c.comm_s);
   // Each class apart, for the check to name the one that was off.
   const std::pair<const char*, double> parts[] = {
-      {"plan-products-seconds", c.product_s},   {"plan-other-seconds", c.other_s},
-      {"plan-update-seconds", c.update_s},      {"plan-allreduce-seconds", c.allreduce_s},
-      {"plan-transfer-seconds", c.transfer_s},  {"plan-shard-seconds", c.shard_s}};
-  for (const auto& [key, v] : parts) e << YAML::Key << key << YAML::Value << fmt::format("{:.6f}", v);
+      {"plan-products-seconds", c.product_s},  {"plan-other-seconds", c.other_s},
+      {"plan-update-seconds", c.update_s},     {"plan-allreduce-seconds", c.allreduce_s},
+      {"plan-transfer-seconds", c.transfer_s}, {"plan-shard-seconds", c.shard_s}};
+  for (const auto& [key, v] : parts)
+    e << YAML::Key << key << YAML::Value << fmt::format("{:.6f}", v);
   e << YAML::Key << "plan-memory-bytes" << YAML::Value
     << static_cast<std::int64_t>(std::llround(c.memory_bytes));
   e << YAML::EndMap;

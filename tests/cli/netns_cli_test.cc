@@ -76,7 +76,8 @@ class NetnsCluster : public ::testing::Test {
           "{} --name {} exec h{} env SHOAL_RANK={} SHOAL_WORLD_SIZE={} SHOAL_LOCAL_RANK={} "
           "SHOAL_STORE=198.18.1.1:29500 SHOAL_STORE_SERVE=1 SHOAL_JOB_TOKEN=netns {} "
           "timeout -s KILL 120 {} {} > {}/r{}.log 2>&1 & pids=\"$pids $!\"\n",
-          kTool, name_, r / per_host + 1, r, world, r % per_host, env, SHOAL_BINARY, words, logs, r);
+          kTool, name_, r / per_host + 1, r, world, r % per_host, env, SHOAL_BINARY, words, logs,
+          r);
     line += during + "\nrc=0; for p in $pids; do wait $p || rc=1; done; cat " + logs +
             "/r*.log; exit $rc";
     return run_sh(line);

@@ -63,12 +63,11 @@ Calibration calibration(int ranks, int cores) {
     c.pp[p] = s;
   }
   for (const Group g : job_groups(request(ranks, 64))) {
-    c.allreduce[g] = g.size == 2 ? LinkFit{10e-6, 0.2e-9} : LinkFit{20e-6, 0.3e-9};
+    c.allreduce[g] = g.size == 2 ? LinkFit{10e-6, 0.2e-9, {}} : LinkFit{20e-6, 0.3e-9, {}};
     c.sync_s[g] = 50e-6;
   }
   return c;
 }
-
 
 TEST(Plan, EveryLayoutTheJobAllowsAndNoOther) {
   const PlanRequest r = request(4, 64);
@@ -171,8 +170,7 @@ TEST(Plan, PrecisionAndRecomputationAreSearchedWhereTheyApply) {
     if (k.precision == "bf16") ++halves;
     if (k.recompute == "none") continue;
     ++recomputed;
-    EXPECT_TRUE(k.layout.tp == 1 && k.layout.pp == 1 && micro_batches(k.layout) == 1 &&
-                k.zero < 3)
+    EXPECT_TRUE(k.layout.tp == 1 && k.layout.pp == 1 && micro_batches(k.layout) == 1 && k.zero < 3)
         << "recomputation priced where it was not measured: " << k.flags();
   }
   EXPECT_EQ(recomputed, 3);  // dp 4, ZeRO 0-2
@@ -192,8 +190,8 @@ TEST(Plan, TheGroupsAreThoseTheLayoutsCommunicateIn) {
   // neighbours T apart, data-parallel groups P*T apart.
   // Pipelines of 2 (dp 2) and of 4 stages, and of 2 stages of 2 tensor ranks.
   EXPECT_EQ(job_groups(request(4, 64)),
-            (std::vector<Group>{{2, 1}, {2, 1, 0, 2}, {2, 1, 0, 4}, {2, 1, 1, 4}, {2, 2},
-                                {2, 2, 0, 4}, {4, 1}}));
+            (std::vector<Group>{
+                {2, 1}, {2, 1, 0, 2}, {2, 1, 0, 4}, {2, 1, 1, 4}, {2, 2}, {2, 2, 0, 4}, {4, 1}}));
   // 2x2x2 on 8 ranks adds pipeline pairs 2 apart and data pairs 4 apart.
   const auto g8 = job_groups(request(8, 64));
   for (const Group g : {Group{2, 2, 0, 4}, Group{2, 4}, Group{4, 2}, Group{8, 1}, Group{2, 1}})
@@ -233,10 +231,23 @@ TEST(Plan, ALinkBetweenHostsMovesTheGradientsOffIt) {
   Calibration two = fast;
   two.hosts = 2;
   for (auto& [g, f] : two.allreduce)
-    if (g.size * g.stride + g.shift * g.stride > 2) f = {50e-6, 8e-9};  // crosses the hosts
+    if (g.size * g.stride + g.shift * g.stride > 2) f = {50e-6, 8e-9, {}};  // crosses the hosts
   const Candidate across = plan_layouts(r, two).front();
   EXPECT_EQ(across.dp, 1) << across.flags();
   EXPECT_LT(across.comm_s, predict(r, two, one_host.layout, one_host.zero).comm_s);
+}
+
+// Measured sizes price the sizes between them along their own segment: an
+// algorithm that changes at 64 KiB is not averaged into one line.
+TEST(Plan, AllReducesAreInterpolatedBetweenTheSizesMeasured) {
+  LinkFit f{1e-6, 1e-9, {{4096, 20e-6}, {65536, 40e-6}, {1 << 20, 1e-3}}};
+  EXPECT_NEAR(f.time(4096), 20e-6, 1e-12);
+  EXPECT_NEAR(f.time(65536), 40e-6, 1e-12);
+  EXPECT_NEAR(f.time((65536 + (1 << 20)) / 2.0), (40e-6 + 1e-3) / 2, 1e-9);
+  EXPECT_GT(f.time(2 << 20), 1e-3);  // beyond: along the last segment
+  EXPECT_GT(f.time(1024), 0);        // below: never free
+  EXPECT_LE(f.time(1024), 20e-6);
+  EXPECT_NEAR(LinkFit({1e-6, 1e-9, {}}).time(1000), 2e-6, 1e-12);  // no points: alpha-beta
 }
 
 TEST(Plan, TheCalibrationRoundTripsAndBadTextIsNamed) {

@@ -55,10 +55,15 @@ struct Group {
   auto operator<=>(const Group&) const = default;
 };
 
-// All-reduce time of `bytes` within one group: alpha + bytes * beta.
+// All-reduce time of `bytes` within one group: alpha + bytes * beta, or,
+// where sizes were measured (`points`: bytes, seconds, ascending), linear
+// between the nearest two (the algorithm the communicator picks changes
+// with the size; one line through the smallest and largest misprices the
+// sizes between), along the last two beyond.
 struct LinkFit {
   double alpha = 0, beta = 0;
-  double time(double bytes) const { return bytes > 0 ? alpha + bytes * beta : 0; }
+  std::vector<std::pair<double, double>> points;
+  double time(double bytes) const;
 };
 
 // What splitting the model over T tensor-parallel ranks leaves a rank.
@@ -105,7 +110,7 @@ struct Calibration {
   std::map<std::string, train::StepProfile> variants;
   std::int64_t variant_rows = 0;
   std::string recompute = "none";  // the base's
-  double seconds = 0;  // what calibrating took
+  double seconds = 0;              // what calibrating took
 };
 
 struct Candidate {

@@ -256,7 +256,7 @@ struct StepProfile {
   // parallelism), a pipeline's sends and receives, ZeRO's gathers and
   // reduce-scatters (not in other_s).
   double allreduce_s = 0, transfer_s = 0, shard_s = 0;
-  double flops = 0;      // model FLOPs of one step (graph::graph_flops)
+  double flops = 0;  // model FLOPs of one step (graph::graph_flops)
   std::size_t arena_bytes = 0, param_bytes = 0, state_bytes = 0, buffer_bytes = 0;
   int param_tensors = 0;
   std::size_t bytes() const { return arena_bytes + param_bytes + state_bytes + buffer_bytes; }
