@@ -248,20 +248,7 @@ void Attempt::supervise() {
   const auto t0 = Clock::now();
   frozen_.assign(procs_.size(), false);
   while (true) {
-    std::vector<pollfd> fds{{signal_fd(), POLLIN, 0}};
-    std::vector<int> who{-1};
-    for (std::size_t i = 0; i < procs_.size(); ++i)
-      if (procs_[i].out >= 0) {
-        fds.push_back({procs_[i].out, POLLIN, 0});
-        who.push_back(static_cast<int>(i));
-      }
-    poll(fds.data(), fds.size(), 100);
-    for (std::size_t k = 1; k < fds.size(); ++k)
-      if (fds[k].revents) drain(who[k], procs_[static_cast<std::size_t>(who[k])], output_, false);
-    if (fds[0].revents & POLLIN) {
-      unsigned char sig = 0;
-      while (read(signal_fd(), &sig, 1) == 1) {
-      }
+    if (const int sig = poll_procs(procs_, output_); sig != 0) {
       interrupted_ = sig;
       if (!stopping_)
         begin_stop(fmt::format("launcher received signal {}", strsignal(sig)));

@@ -1,6 +1,7 @@
 #include "launch/process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sodium.h>
@@ -58,6 +59,24 @@ std::string random_hex(std::size_t bytes) {
   std::string s;
   for (unsigned char c : b) s += fmt::format("{:02x}", c);
   return s;
+}
+
+int poll_procs(std::vector<Proc>& procs, Output& out) {
+  std::vector<pollfd> fds{{signal_fd(), POLLIN, 0}};
+  std::vector<int> who{-1};
+  for (std::size_t i = 0; i < procs.size(); ++i)
+    if (procs[i].out >= 0) {
+      fds.push_back({procs[i].out, POLLIN, 0});
+      who.push_back(static_cast<int>(i));
+    }
+  poll(fds.data(), fds.size(), 100);
+  for (std::size_t k = 1; k < fds.size(); ++k)
+    if (fds[k].revents) drain(who[k], procs[static_cast<std::size_t>(who[k])], out, false);
+  if (!(fds[0].revents & POLLIN)) return 0;
+  unsigned char sig = 0;
+  while (read(signal_fd(), &sig, 1) == 1) {
+  }
+  return sig;
 }
 
 void drain(int unit, Proc& p, Output& out, bool final) {

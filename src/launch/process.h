@@ -37,6 +37,10 @@ struct Proc {
 // `final` (or at EOF) a last partial line too.
 void drain(int unit, Proc& p, Output& out, bool final);
 
+// Waits up to 100 ms for output of `procs` (each line handed to `out`)
+// or a signal to the launcher; returns that signal, or 0.
+int poll_procs(std::vector<Proc>& procs, Output& out);
+
 // Forks `argv` in a new process group with `env` added, bound to `cpus`
 // unless empty; its stdout and stderr go to one pipe. It dies with the launcher (PR_SET_PDEATHSIG).
 Result<Proc> spawn(const std::vector<std::string>& argv,
