@@ -53,7 +53,7 @@ StepProfile Trainer::step_profile(std::size_t skip) const {
       const graph::Node& n = g.nodes()[static_cast<std::size_t>(e.node)];
       if (n.op.ends_with("_update"))
         up += sec;
-      else if (n.op == "allreduce_bucket" || n.op == "tp_copy_bucket" || n.op.starts_with("comm_"))
+      else if (n.op == "allreduce_bucket" || n.op == "tp_allreduce" || n.op.starts_with("comm_"))
         ar += sec;
       else if (n.op == "pp_send" || n.op == "pp_recv")
         tr += sec;
