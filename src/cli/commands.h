@@ -9,6 +9,7 @@
 
 #include "shoal/cluster/sim.h"
 #include "shoal/core/status.h"
+#include "shoal/dist/plan.h"
 #include "shoal/train/sample.h"
 
 namespace CLI {
@@ -72,11 +73,10 @@ Result<YAML::Node> load_yaml_file(const std::string& flag, const std::string& pa
 Result<std::vector<std::string>> config_node_args(const YAML::Node& root, const std::string& where,
                                                   CLI::App& t, const std::vector<std::string>& cli);
 // What a plan file (shoal plan --out) predicted for the run.
-struct PlanPrediction {
+// A plan file's prediction: its plan-* keys (dist::plan_keys; a key an
+// older file lacks stays 0) and the ranks it was made for.
+struct PlanPrediction : dist::Candidate {
   int ranks = 0;
-  double step_s = 0, compute_s = 0, comm_s = 0, memory_bytes = 0;
-  // The classes apart (plan-products-seconds, ...; 0 in an older file).
-  double product_s = 0, other_s = 0, update_s = 0, allreduce_s = 0, transfer_s = 0, shard_s = 0;
 };
 // `shoal train --plan FILE`: the file's flags as --config's, and its
 // prediction in `p`.

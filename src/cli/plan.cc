@@ -192,17 +192,10 @@ int run_plan(PlanFlags& f) {
 
 namespace {
 
-// The prediction's part a plan-*-seconds key names (null: none).
-double* plan_part(PlanPrediction& p, const std::string& key) {
-  static const std::pair<const char*, double PlanPrediction::*> parts[] = {
-      {"plan-products-seconds", &PlanPrediction::product_s},
-      {"plan-other-seconds", &PlanPrediction::other_s},
-      {"plan-update-seconds", &PlanPrediction::update_s},
-      {"plan-allreduce-seconds", &PlanPrediction::allreduce_s},
-      {"plan-transfer-seconds", &PlanPrediction::transfer_s},
-      {"plan-shard-seconds", &PlanPrediction::shard_s}};
-  for (const auto& [name, member] : parts)
-    if (key == name) return &(p.*member);
+// The prediction's field a plan-* key names (null: none).
+double* plan_field(PlanPrediction& p, const std::string& key) {
+  for (const auto& [name, field] : dist::plan_keys())
+    if (key == name) return &(p.*field);
   return nullptr;
 }
 
@@ -216,18 +209,10 @@ Result<std::vector<std::string>> plan_node_args(const YAML::Node& root, const st
   try {
     for (const auto& kv : root) {
       const std::string key = kv.first.as<std::string>();
-      if (key == "plan-step-seconds")
-        p->step_s = kv.second.as<double>();
-      else if (key == "plan-compute-seconds")
-        p->compute_s = kv.second.as<double>();
-      else if (key == "plan-comm-seconds")
-        p->comm_s = kv.second.as<double>();
-      else if (key == "plan-memory-bytes")
-        p->memory_bytes = kv.second.as<double>();
-      else if (key == "plan-ranks")
+      if (key == "plan-ranks")
         p->ranks = kv.second.as<int>();
-      else if (double* part = plan_part(*p, key); part != nullptr)
-        *part = kv.second.as<double>();
+      else if (double* field = plan_field(*p, key); field != nullptr)
+        *field = kv.second.as<double>();
       else
         flags[key] = kv.second;
     }

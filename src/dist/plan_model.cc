@@ -126,6 +126,22 @@ double LinkFit::time(double bytes) const {
   return std::max(t, std::min(y0, y1) * std::min(1.0, bytes / std::max(x0, 1.0)));
 }
 
+const std::vector<PlanKey>& plan_keys() {
+  // The step and its two halves, then each class apart (for the check to
+  // name the one that was off), then the largest rank's memory.
+  static const std::vector<PlanKey> keys = {{"plan-step-seconds", &Candidate::step_s},
+                                            {"plan-compute-seconds", &Candidate::compute_s},
+                                            {"plan-comm-seconds", &Candidate::comm_s},
+                                            {"plan-products-seconds", &Candidate::product_s},
+                                            {"plan-other-seconds", &Candidate::other_s},
+                                            {"plan-update-seconds", &Candidate::update_s},
+                                            {"plan-allreduce-seconds", &Candidate::allreduce_s},
+                                            {"plan-transfer-seconds", &Candidate::transfer_s},
+                                            {"plan-shard-seconds", &Candidate::shard_s},
+                                            {"plan-memory-bytes", &Candidate::memory_bytes}};
+  return keys;
+}
+
 std::string variant_key(const std::string& precision, const std::string& recompute) {
   return precision + "/" + recompute;
 }
@@ -392,18 +408,13 @@ std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::Tra
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   e << YAML::Key << "micro-batches" << YAML::Value << micro_batches(c.layout);
   e << YAML::Key << "plan-ranks" << YAML::Value << r.ranks;
-  e << YAML::Key << "plan-step-seconds" << YAML::Value << fmt::format("{:.6f}", c.step_s);
-  e << YAML::Key << "plan-compute-seconds" << YAML::Value << fmt::format("{:.6f}", c.compute_s);
-  e << YAML::Key << "plan-comm-seconds" << YAML::Value << fmt::format("{:.6f}", c.comm_s);
-  // Each class apart, for the check to name the one that was off.
-  const std::pair<const char*, double> parts[] = {
-      {"plan-products-seconds", c.product_s},  {"plan-other-seconds", c.other_s},
-      {"plan-update-seconds", c.update_s},     {"plan-allreduce-seconds", c.allreduce_s},
-      {"plan-transfer-seconds", c.transfer_s}, {"plan-shard-seconds", c.shard_s}};
-  for (const auto& [key, v] : parts)
-    e << YAML::Key << key << YAML::Value << fmt::format("{:.6f}", v);
-  e << YAML::Key << "plan-memory-bytes" << YAML::Value
-    << static_cast<std::int64_t>(std::llround(c.memory_bytes));
+  for (const auto& [key, field] : plan_keys()) {
+    e << YAML::Key << key;
+    if (field == &Candidate::memory_bytes)
+      e << YAML::Value << static_cast<std::int64_t>(std::llround(c.memory_bytes));
+    else
+      e << YAML::Value << fmt::format("{:.6f}", c.*field);
+  }
   e << YAML::EndMap;
   return fmt::format(
       "# shoal plan: {} on {} ranks, {} samples per step; edit freely (these are\n"

@@ -130,6 +130,15 @@ struct Candidate {
   std::string flags() const;  // "--dp 2 --tp 2 --zero 1 --batch 32 ..." (+ --precision bf16 ...)
 };
 
+// The prediction's keys in a plan file (plan_yaml writes them, `shoal
+// train --plan` reads them back), each with the Candidate field it holds;
+// seconds, and plan-memory-bytes (written as an integer).
+struct PlanKey {
+  const char* key;
+  double Candidate::*field;
+};
+const std::vector<PlanKey>& plan_keys();
+
 // Every layout of `r`'s ranks and samples dist::attach accepts, with its
 // ZeRO stage: --tp x --pp dividing the ranks, a data-parallel share that
 // divides the samples, micro-batches 1, 2, 4 (x pp under a pipeline), ZeRO
