@@ -166,7 +166,9 @@ Result<train::StepProfile> profile_rows(train::TrainOptions o, std::int64_t rows
   o.resume = false;
   o.out = fmt::format("{}/run.{}.{}", dir, rank, rows);
   o.trace = fmt::format("{}/trace.{}.json", dir, rank);
-  if (forward != nullptr) {  // the training graph's forward, before autodiff
+  std::error_code ec;
+  fs::create_directories(dir, ec);  // the trace is written there
+  if (forward != nullptr) {         // the training graph's forward, before autodiff
     o.forward_pass = [forward](graph::Graph& g) -> Result<train::TrainOptions::ParamSlices> {
       if (!*forward) *forward = std::make_unique<graph::Graph>(g);
       return train::TrainOptions::ParamSlices{};
@@ -235,10 +237,7 @@ Status measure_variants(comm::Communicator& c, const train::TrainOptions& base,
       o.precision = p;
       o.recompute = rc;
       SHOAL_RETURN_IF_ERROR(c.barrier());
-      const std::string sub = fmt::format("{}/v{}", dir, n++);
-      std::error_code ec;
-      fs::create_directories(sub, ec);  // the trace is written there
-      auto v = profile_rows(o, cal.variant_rows, sub, c, nullptr);
+      auto v = profile_rows(o, cal.variant_rows, fmt::format("{}/v{}", dir, n++), c, nullptr);
       if (!v.ok())
         return v.status().with_context(
             fmt::format("calibrating --precision {} --recompute {}", p, rc));
@@ -268,29 +267,46 @@ Status read_splits(comm::Communicator& c, const graph::Graph& forward, Calibrati
   return ok_status();
 }
 
-// The whole measurement on `c`'s ranks (base.threads already chosen).
+// Whether `r` is a job some layout can split.
+Status check_request(const PlanRequest& r) {
+  if (r.ranks < 1 || r.global_batch < 1)
+    return invalid_argument("plan: {} ranks, {} samples per step", r.ranks, r.global_batch);
+  if (micro_batch_rows(r).empty())
+    return invalid_argument("plan: no layout of {} ranks splits {} samples per step evenly",
+                            r.ranks, r.global_batch);
+  return ok_status();
+}
+
+// The whole measurement on `c`'s ranks (r.cores: of one host).
 Result<Calibration> measure(comm::Communicator& c, const train::TrainOptions& base,
                             const PlanRequest& r, const std::string& dir) {
+  // The ranks on a host share its cores unless --threads says otherwise,
+  // as dist::Job decides (the job's ranks on this host, or all of them
+  // forked here), and prefetch batches as dp::attach decides; recomputation
+  // is a variant, measured apart.
+  const int local = std::max(1, c.local_size());
+  train::TrainOptions plain = base;
+  if (plain.threads == 0) plain.threads = std::max(1, r.cores / local);
+  plain.prefetch = local * plain.threads < r.cores;
+  plain.recompute = "none";
   Calibration cal;
   cal.ranks = c.size();
-  cal.threads = base.threads;
+  cal.threads = plain.threads;
   cal.cores = r.cores;
   // Hosts: every rank counts 1 / the ranks of its host.
   double hosts = 1.0 / std::max(1, c.local_size());
   SHOAL_RETURN_IF_ERROR(c.allreduce(&hosts, &hosts, 1, DType::kF64, comm::ReduceOp::kSum));
   cal.hosts = std::max(1, static_cast<int>(std::lround(hosts)));
-  cal.overlap = c.local_size() * base.threads < r.cores;
-  cal.precision = base.precision;
+  cal.overlap = local * plain.threads < r.cores;
+  cal.precision = plain.precision;
   cal.recompute = "none";  // micro-batches and pipelines are measured too
   const auto t0 = Clock::now();
   std::unique_ptr<graph::Graph> forward;
   std::vector<std::unique_ptr<comm::Communicator>> groups;
-  train::TrainOptions plain = base;
-  plain.recompute = "none";
   SHOAL_RETURN_IF_ERROR(measure_steps(c, plain, micro_batch_rows(r), dir, cal, forward));
   SHOAL_RETURN_IF_ERROR(measure_variants(c, plain, r, dir, cal));
   SHOAL_RETURN_IF_ERROR(read_splits(c, *forward, cal, groups));
-  SHOAL_ASSIGN_OR_RETURN(cal.contention, measure_contention(c, base.threads));
+  SHOAL_ASSIGN_OR_RETURN(cal.contention, measure_contention(c, plain.threads));
   if (Status st = measure_links(c, job_groups(r), cal); !st.ok())
     return st.with_context("timing all-reduces");
   cal.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -328,19 +344,11 @@ int group_color(const Group& g, int rank, int world) {
   return block * span + (at / width) * g.stride + at % g.stride;
 }
 
-Result<Calibration> calibrate(const train::TrainOptions& base_in, const PlanRequest& r,
+Result<Calibration> calibrate(const train::TrainOptions& base, const PlanRequest& r,
                               double deadline_s) {
-  if (r.ranks < 1 || r.global_batch < 1)
-    return invalid_argument("plan: {} ranks, {} samples per step", r.ranks, r.global_batch);
-  train::TrainOptions base = base_in;
-  const int cores = r.cores > 0 ? r.cores : runtime::num_cores();
-  if (base.threads == 0) base.threads = std::max(1, cores / r.ranks);
-  base.prefetch = r.ranks * base.threads < cores;  // as dp::attach decides
+  SHOAL_RETURN_IF_ERROR(check_request(r));
   PlanRequest req = r;
-  req.cores = cores;
-  if (micro_batch_rows(req).empty())
-    return invalid_argument("plan: no layout of {} ranks splits {} samples per step evenly",
-                            r.ranks, r.global_batch);
+  req.cores = r.cores > 0 ? r.cores : runtime::num_cores();
   const std::string dir =
       (fs::temp_directory_path() / fmt::format("shoal_plan_{}", ::getpid())).string();
   std::error_code ec;
@@ -390,29 +398,22 @@ Result<Calibration> calibrate(const train::TrainOptions& base_in, const PlanRequ
   return cal;
 }
 
-Result<Calibration> calibrate_job(const train::TrainOptions& base_in, const PlanRequest& r,
+Result<Calibration> calibrate_job(const train::TrainOptions& base, const PlanRequest& r,
                                   comm::Communicator& c) {
   if (r.ranks != c.size())
     return invalid_argument("plan: {} ranks asked, the job has {}", r.ranks, c.size());
-  if (r.global_batch < 1 || micro_batch_rows(r).empty())
-    return invalid_argument("plan: no layout of {} ranks splits {} samples per step evenly",
-                            r.ranks, r.global_batch);
-  train::TrainOptions base = base_in;
+  SHOAL_RETURN_IF_ERROR(check_request(r));
   PlanRequest req = r;
   req.cores = r.cores > 0 ? r.cores : runtime::num_cores();
-  const int local = std::max(1, c.local_size());
-  if (base.threads == 0) base.threads = std::max(1, req.cores / local);  // as dist::Job does
-  base.prefetch = local * base.threads < req.cores;
   // The trainers' run directories and traces: this rank's own, on its host.
   const std::string dir =
       (fs::temp_directory_path() / fmt::format("shoal_plan_{}_{}", ::getpid(), c.rank())).string();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
   auto& logger = log::logger();
   const auto level = logger.level();
   logger.set_level(spdlog::level::warn);  // the trainers' set-up lines, at every size
   Result<Calibration> cal = measure(c, base, req, dir);
   logger.set_level(level);
+  std::error_code ec;
   fs::remove_all(dir, ec);
   return cal;
 }
