@@ -91,6 +91,14 @@ Status add_requests(const json& spec, JobSpec* j) {
       if (k == "nvidia.com/gpu") gpu += *q;
     }
   }
+  // A pod asks for at most what a node could hold; beyond that the counts
+  // would not fit in the placer's integers (and no node would take it).
+  constexpr double kMaxCount = 1 << 20, kMaxBytes = 1e18;  // cores/GPUs; 1 EB
+  if (!(cpu <= kMaxCount) || !(gpu <= kMaxCount) || !(mem <= kMaxBytes))
+    return invalid_argument(
+        "pod.spec.containers[].resources.requests: cpu {}, memory {} B, nvidia.com/gpu {} is "
+        "more than any node holds (at most {} cores or GPUs, {} bytes)",
+        cpu, mem, gpu, kMaxCount, kMaxBytes);
   j->cpus_per_rank = std::max(1, static_cast<int>(std::ceil(cpu - 1e-9)));
   j->mem_mb_per_rank = static_cast<std::int64_t>(std::ceil(mem / 1e6));
   j->accels_per_rank = static_cast<int>(std::ceil(gpu - 1e-9));

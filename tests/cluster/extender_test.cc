@@ -155,6 +155,12 @@ TEST(Extender, WhatIsNotExtenderArgsIsRefusedByName) {
   json bad = pod("j", 0, 1, "none", 1);
   bad["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "2 cores";
   expect_refused(args(bad), "`2 cores` is not a Kubernetes quantity");
+  bad["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1";
+  bad["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "4294967296";
+  expect_refused(args(bad), "is more than any node holds");  // the fuzzer's: once cast to int
+  bad["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1";
+  bad["spec"]["containers"][0]["resources"]["requests"]["memory"] = "9e300Ti";
+  expect_refused(args(bad), "is more than any node holds");
   expect_refused(args(pod("j", 5, 4, "none", 1)), "rank 5 of job ml/j, which has 4 ranks");
   expect_refused(args(pod("j", 0, 4, "torus", 1)), "`torus`, not ring, mesh or none");
 }
