@@ -54,10 +54,11 @@ Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t bat
     return invalid_argument(
         "--elastic is data parallelism's (a parameter-server job tolerates workers that come "
         "and go with --ps-elastic)");
-  if (j.dp.zero > 0 || j.layout.tp > 1 || j.layout.pp > 1)
+  if (j.dp.zero > 2 || j.layout.tp > 1 || j.layout.pp > 1)
     return invalid_argument(
-        "--elastic keeps whole copies of the state on every rank: --zero, --tp and --pp are not "
-        "built for it yet (drop them, or use --max-restarts, which resumes any layout)");
+        "--elastic keeps whole copies of the parameters on every rank: {} not built for it yet "
+        "(--zero 1 and 2 are; or use --max-restarts, which resumes any layout)",
+        j.dp.zero > 2 ? "--zero 3 (parameters in shards) is" : "--tp and --pp are");
   if (j.layout.micro_batches > 1)
     return invalid_argument("--elastic with --micro-batches {} is not built yet",
                             j.layout.micro_batches);

@@ -327,16 +327,18 @@ Result<EvalResult> Trainer::evaluate() {
 // One small sum a step where ranks step together: the loss of the global
 // batch for the log (not rank 0's own), and whether any rank was asked to
 // stop, so that all stop after the same step. The signal, or 0.
-Result<int> Trainer::step_vote(double* loss, bool* regroup) {
+Result<int> Trainer::step_vote(double* loss, bool* regroup, bool* commit) {
   int stop = stop_signal();
   // An elastic job's lead asks whether ranks wait to join (a store read).
   *regroup = o_.regroup && o_.rank == 0 && o_.regroup();
   if (!o_.peers || !o_.peers->collective() || o_.world == 1) return stop;
-  std::vector<double> v = {*loss, static_cast<double>(stop), *regroup ? 1.0 : 0.0};
+  std::vector<double> v = {*loss, static_cast<double>(stop), *regroup ? 1.0 : 0.0,
+                           *commit ? 1.0 : 0.0};
   SHOAL_RETURN_IF_ERROR(o_.peers->sum(v).with_context("the step's loss and stop vote"));
   *loss = v[0] / o_.world;                    // a mean of per-rank mean losses, as the epoch's
   if (stop == 0 && v[1] > 0) stop = SIGTERM;  // another rank was asked
   *regroup = v[2] > 0;
+  *commit = v[3] > 0;  // a copy on every rank when one's measure says it is due
   return stop;
 }
 
@@ -414,11 +416,11 @@ Status Trainer::run() {
         return aborted("training diverged: loss is {} at step {} (epoch {}); lower --lr", loss,
                        step_ - 1, epoch + 1);
       bool regroup = false;
-      SHOAL_ASSIGN_OR_RETURN(const int stop, step_vote(&loss, &regroup));
+      bool commit = o_.commit && commit_due(train_s / static_cast<double>(steps + 1));
+      SHOAL_ASSIGN_OR_RETURN(const int stop, step_vote(&loss, &regroup, &commit));
       // Every rank has finished this step (the vote sums all of them): the
       // state an elastic job's survivors may continue from.
-      if (o_.commit && (regroup || commit_due(train_s / static_cast<double>(steps + 1))))
-        SHOAL_RETURN_IF_ERROR(commit_step());
+      if (o_.commit && (regroup || commit)) SHOAL_RETURN_IF_ERROR(commit_step());
       if (regroup)
         return cancelled("ranks are waiting to join: this generation ends after step {}", step_);
       loss_sum += loss;

@@ -30,10 +30,34 @@ bool Trainer::commit_due(double step_seconds) const {
 Status Trainer::commit_step() {
   Impl& m = *impl_;
   const auto t0 = std::chrono::steady_clock::now();
-  if (m.layout || m.slices)
+  if (m.slices)
     return failed_precondition(
-        "an elastic job keeps whole copies of the parameters and optimizer state: sharded "
-        "(ZeRO) or sliced (--tp, --pp) state is not built for it");
+        "an elastic job keeps whole copies of the parameters and optimizer state: sliced "
+        "(--tp, --pp) state is not built for it");
+  // A sharded (ZeRO-1/2) optimizer state is kept whole, as a checkpoint
+  // holds it: the shard of a rank that dies is gone with it, and the next
+  // generation cuts its own shards (of another world size) from the whole.
+  // The gather is collective, so every rank commits at the same steps (the
+  // step's vote carries the decision). Gathered first, kept after: a peer
+  // lost mid-gather leaves the last copy whole.
+  std::map<std::string, Tensor> logical;
+  if (m.layout)
+    SHOAL_RETURN_IF_ERROR(
+        m.layout
+            ->gather(
+                state_, [](const std::string&) { return true; }, logical)
+            .with_context("gathering the optimizer state's shards for the elastic copy"));
+  // Batch-norm running statistics differ per rank; a checkpoint holds
+  // their mean over ranks (sync_buffers), and so does the copy, so the next
+  // generation starts where a checkpoint and a resume would. The live ones
+  // are left as they are: training goes on as it would without the copy.
+  std::map<std::string, Tensor> mean_buffers;
+  if (o_.peers && o_.peers->collective() && o_.world > 1)
+    for (const auto& [n, t] : buffers_) {
+      Tensor& c = mean_buffers[n] = t.clone();
+      SHOAL_RETURN_IF_ERROR(
+          o_.peers->average(c).with_context("averaging the running statistics for the copy"));
+    }
   const bool first = m.commit == nullptr;
   if (first) m.commit = std::make_shared<CheckpointState>();
   auto keep = [&](const std::string& key, const Tensor& t) {
@@ -44,8 +68,12 @@ Status Trainer::commit_step() {
       copy_into(dst, t);
   };
   for (const auto& [n, t] : params_) keep("param/" + n, t);
-  for (const auto& [n, t] : buffers_) keep("buf/" + n, t);
-  for (const auto& [n, t] : state_) keep(n, t);
+  for (const auto& [n, t] : buffers_)
+    keep("buf/" + n, mean_buffers.empty() ? t : mean_buffers.at(n));
+  if (m.layout)
+    for (auto& [n, t] : logical) m.commit->tensors[n] = std::move(t);  // fresh from the gather
+  else
+    for (const auto& [n, t] : state_) keep(n, t);
   describe_checkpoint(*m.commit);
   m.commit_at = step_;
   m.commit_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

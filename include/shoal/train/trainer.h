@@ -315,8 +315,10 @@ class Trainer {
   Status compile_step(StepBuild& sb);
   Status train_step(double* loss, std::int64_t* correct);
   // Collective where ranks step together: the mean loss, a stop signal on
-  // any rank, and whether an elastic job regroups (TrainOptions::regroup).
-  Result<int> step_vote(double* loss, bool* regroup);
+  // any rank, whether an elastic job regroups (TrainOptions::regroup), and
+  // whether it copies its state (`commit`: any rank's wish is every rank's,
+  // as a sharded state's copy is a collective gather).
+  Result<int> step_vote(double* loss, bool* regroup, bool* commit);
   Status stop_now(int sig);
   Status commit_step();  // trainer_commit.cc
   // Whether this step boundary gets a copy (TrainOptions::commit_every),
