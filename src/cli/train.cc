@@ -183,7 +183,15 @@ TrainCommand add_train_command(CLI::App& app) {
               "tied on purpose); by default each node gets its own, since torch.onnx.export "
               "merges initializers of equal value");
   t->add_option("--epochs", o.epochs, "Epochs")->check(kPositive)->capture_default_str();
-  t->add_option("--batch", o.batch, "Batch size per rank")->check(kPositive)->capture_default_str();
+  auto* per_rank = t->add_option("--batch", o.batch, "Batch size per rank")
+                       ->check(kPositive)
+                       ->capture_default_str();
+  t->add_option("--global-batch", o.global_batch,
+                "Samples per step over all data-parallel ranks, instead of --batch: split as "
+                "evenly as it goes (the first G mod ranks take one more), each share's gradient "
+                "weighted so the step is the mean over the G samples")
+      ->check(kPositive)
+      ->excludes(per_rank);
   t->add_option("--optimizer", o.optimizer, "sgd, momentum, nesterov, adam, adamw, lars, lamb")
       ->check(CLI::IsMember({"sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"}))
       ->capture_default_str();
@@ -422,6 +430,9 @@ Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo, const std::
   std::string each;
   if (ps_job && o.world > 1)
     each = fmt::format(" per worker x {} workers", o.world);
+  else if (o.global_batch > 0 && o.global_batch % o.data_shards() != 0)
+    each = fmt::format(" or {} (a global {} over {} data-parallel ranks, weighted)",
+                       o.global_batch / o.data_shards(), o.global_batch, o.data_shards());
   else if (o.world > 1 && o.data_shards() == o.world)
     each = fmt::format(" per rank x {} ranks", o.world);
   else if (o.world > 1)
@@ -429,7 +440,8 @@ Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo, const std::
                        o.data_shards() > 1 ? "s" : "", o.world / o.data_shards());
   if (o.rank == 0 && !o.quiet)
     fmt::print("shoal train: {} on {} ({} steps/epoch, batch {}{}), {} lr {}, run dir {}\n",
-               o.model, o.data, tr.steps_per_epoch(), o.batch, each, o.optimizer, o.lr,
+               o.model, o.data, tr.steps_per_epoch(),
+               o.global_batch > 0 ? o.share_size(0) : o.batch, each, o.optimizer, o.lr,
                tr.run_dir());
   // From here a Ctrl-C or SIGTERM ends the run at a step boundary with a
   // checkpoint (before, the steps since the last one were lost). Not for a
@@ -486,11 +498,11 @@ bool peer_lost(const Status& st) {
 // the same global batch.
 int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std::string& flags_yaml,
                   dist::ElasticEnv el) {
-  if (Status st = dist::check_elastic(el, jo, o.batch); !st.ok()) {
+  el.global_batch = o.global_batch > 0 ? o.global_batch : o.batch * el.world;
+  if (Status st = dist::check_elastic(el, jo, el.global_batch); !st.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", st.message());
     return 2;
   }
-  el.global_batch = o.batch * el.world;
   auto every = env::get_int("SHOAL_ELASTIC_COMMIT_EVERY", 0);
   if (!every.ok() || *every < 0) {
     SHOAL_LOG_ERROR(
@@ -517,7 +529,7 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
     train::TrainOptions g = o;
     g.commit = true;
     g.commit_every = commit_every;
-    g.batch = el.global_batch / el.world;
+    g.global_batch = el.global_batch;  // shares of it, even or not
     g.resume_state = carry;
     g.resume = o.resume || carry != nullptr || el.joining;
     g.metrics_note = note;

@@ -91,10 +91,38 @@ Trainer::~Trainer() = default;
 
 std::int64_t Trainer::steps_per_epoch() const { return impl_->loader->batches_per_epoch(); }
 
+std::int64_t TrainOptions::share_offset(int s) const {
+  const std::int64_t g = global(), w = data_shards();
+  return s * (g / w) + std::min<std::int64_t>(s, g % w);
+}
+
+std::int64_t TrainOptions::share_size(int s) const {
+  const std::int64_t g = global(), w = data_shards();
+  return g / w + (s < g % w ? 1 : 0);
+}
+
 Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
-  SHOAL_RETURN_IF_ERROR(validate(o));
+  TrainOptions mine = o;
+  if (o.global_batch > 0) {  // --global-batch: this rank's share is its batch
+    if (o.global_batch < o.data_shards())
+      return invalid_argument("--global-batch {} is fewer samples than the {} data-parallel ranks",
+                              o.global_batch, o.data_shards());
+    mine.batch = o.share_size(o.data_shard());
+    const bool uneven = o.global_batch % o.data_shards() != 0;
+    if (uneven && (o.step_pass || o.micro_batches > 1))
+      return invalid_argument(
+          "--global-batch {} does not split evenly over {} data-parallel ranks: uneven shares "
+          "with --micro-batches or --pp are not built (give a multiple of {})",
+          o.global_batch, o.data_shards(), o.data_shards() * o.micro_batches);
+    if (uneven && o.peers && !o.peers->collective())
+      return invalid_argument(
+          "--global-batch {} does not split evenly over {} workers: a parameter-server job "
+          "needs even shares",
+          o.global_batch, o.data_shards());
+  }
+  SHOAL_RETURN_IF_ERROR(validate(mine));
   std::unique_ptr<Trainer> t(new Trainer());
-  SHOAL_RETURN_IF_ERROR(t->init(o));
+  SHOAL_RETURN_IF_ERROR(t->init(mine));
   return t;
 }
 
@@ -142,8 +170,7 @@ Status Trainer::init(const TrainOptions& o) {
   SHOAL_RETURN_IF_ERROR(compile_step(sb));
 
   const std::int64_t spe = m.loader->batches_per_epoch();
-  double base =
-      o.lr * (o.linear_scaling ? static_cast<double>(o.batch * o.data_shards()) / 256.0 : 1.0);
+  double base = o.lr * (o.linear_scaling ? static_cast<double>(o.global()) / 256.0 : 1.0);
   m.sched.kind = o.schedule;
   m.sched.base = base;
   m.sched.warmup =
@@ -429,8 +456,10 @@ Status Trainer::run() {
       ++steps;
       // The job's rate where ranks step together; a worker's own where
       // they do not (async parameter server).
-      const std::int64_t ranks = o_.peers && !o_.peers->collective() ? 1 : o_.data_shards();
-      double ips = static_cast<double>(seen * ranks) / std::max(train_s, 1e-9);
+      const std::int64_t job_seen = o_.peers && !o_.peers->collective()
+                                        ? seen
+                                        : steps * o_.global() * m.train.labels_per_sample();
+      double ips = static_cast<double>(job_seen) / std::max(train_s, 1e-9);
       std::int64_t in_epoch = (step_ - 1) % spe + 1;
       double eta = static_cast<double>(limit - step_) * train_s / static_cast<double>(steps);
       const double flops = m.step_flops * static_cast<double>(steps) / std::max(train_s, 1e-9);

@@ -110,13 +110,17 @@ Status Trainer::load_splits(const std::optional<WeightsFile>& init_w) {
   lo.augment = o.augment;
   lo.rank = o.data_shard();
   lo.world = o.data_shards();
+  if (o.global_batch > 0) {
+    lo.global = o.global_batch;
+    lo.offset = o.share_offset(o.data_shard());
+  }
   lo.mean = m.mean;
   lo.stddev = m.stddev;
   if (!o.prefetch) lo.prefetch = 0;
   m.loader = std::make_unique<Loader>(m.train, lo);
   if (m.loader->batches_per_epoch() < 1)
-    return invalid_argument("--batch {} x {} ranks is larger than the {} training samples", o.batch,
-                            o.data_shards(), m.train.size());
+    return invalid_argument("a global batch of {} is larger than the {} training samples",
+                            o.global(), m.train.size());
 
   return ok_status();
 }
@@ -167,7 +171,9 @@ Status Trainer::agree_with_peers(const Graph& g) {
         {"--onnx-tied", v(o.onnx_tied)},
         {"--data", o.data},
         {"--epochs", v(o.epochs)},
-        {"--batch", v(o.batch)},
+        // Uneven shares (--global-batch) differ by rank by design.
+        {"--batch", o.global_batch > 0 ? "-" : v(o.batch)},
+        {"--global-batch", v(o.global())},
         {"--optimizer", o.optimizer},
         {"--lr", v(o.lr)},
         {"--momentum", v(o.momentum)},
@@ -198,11 +204,28 @@ Status Trainer::agree_with_peers(const Graph& g) {
     }));
     std::string opts = fmt::format("{} {} {} {} {} {}", o.optimizer, o.momentum, o.weight_decay,
                                    o.trust, o.seed, o.augment);
+    // Uneven shares (--global-batch) make graphs of two batch sizes: then
+    // the options above, by name, are what the ranks agree on.
+    const bool even = o.global() % o.data_shards() == 0;
     SHOAL_RETURN_IF_ERROR(
         o.peers->agree("training graph (model, batch, options)",
-                       fnv1a(graph::to_json(g)) ^ (fnv1a(opts) * 0x9e3779b97f4a7c15ull)));
+                       fnv1a(even ? graph::to_json(g) : fmt::format("{} {}", o.global(), o.model)) ^
+                           (fnv1a(opts) * 0x9e3779b97f4a7c15ull)));
   }
   return ok_status();
+}
+
+// Uneven shares (--global-batch): each rank's loss is the mean over its
+// b samples and the ranks' gradients are averaged, so a share of b of a
+// global batch G over W ranks is weighted b W / G: the average is then the
+// mean over the G samples, as on one process.
+void Trainer::weigh_share(Graph& g, std::vector<ParamRef>& refs) const {
+  const TrainOptions& o = o_;
+  const std::int64_t w = o.data_shards();
+  if (o.global() % w == 0) return;
+  const double weight = static_cast<double>(o.batch * w) / static_cast<double>(o.global());
+  Builder b(g);
+  for (auto& r : refs) r.grad = b.mul(r.grad, b.scalar(weight));
 }
 
 // Rewrites, gradients (autodiff, or the step pass), the gradient pass and
@@ -234,6 +257,7 @@ Status Trainer::differentiate(StepBuild& sb) {
     sb.forward_end = g.num_nodes();
     SHOAL_ASSIGN_OR_RETURN(std::vector<Value> grads, graph::autodiff(g, sb.loss, wrt));
     for (std::size_t i = 0; i < refs.size(); ++i) refs[i].grad = grads[i];
+    weigh_share(g, refs);
   }
   if (o.step_pass && o.recompute != "none")
     return failed_precondition(

@@ -142,7 +142,7 @@ void Trainer::describe_checkpoint(CheckpointState& s) const {
   s.meta["batch"] = std::to_string(o_.batch);
   // What one step trains on, whatever the layout: a checkpoint continues in
   // any layout with the same global batch.
-  s.meta["global_batch"] = std::to_string(o_.batch * o_.data_shards());
+  s.meta["global_batch"] = std::to_string(o_.global());
   s.meta["world"] = std::to_string(o_.world);
   s.meta["threads"] = std::to_string(runtime::num_threads());
   s.meta["executable_step"] = std::to_string(impl_->exe->steps());
@@ -240,12 +240,15 @@ Status Trainer::restore(const std::string& path, const CheckpointState& s) {
   SHOAL_RETURN_IF_ERROR(want("model", o_.model));
   SHOAL_RETURN_IF_ERROR(want("optimizer", o_.optimizer));
   if (s.meta.count("global_batch")) {
-    if (s.meta.at("global_batch") != std::to_string(o_.batch * o_.data_shards()))
+    if (s.meta.at("global_batch") != std::to_string(o_.global()))
       return failed_precondition(
           "resume: {} was written with a global batch of {} (per step, over all data-parallel "
-          "ranks), this run has {} (--batch {} x {} data-parallel group{}): keep the product",
-          path, s.meta.at("global_batch"), o_.batch * o_.data_shards(), o_.batch, o_.data_shards(),
-          o_.data_shards() == 1 ? "" : "s");
+          "ranks), this run has {} ({}): keep the global batch (--global-batch {} does)",
+          path, s.meta.at("global_batch"), o_.global(),
+          o_.global_batch > 0 ? fmt::format("--global-batch {}", o_.global_batch)
+                              : fmt::format("--batch {} x {} data-parallel group{}", o_.batch,
+                                            o_.data_shards(), o_.data_shards() == 1 ? "" : "s"),
+          s.meta.at("global_batch"));
   } else {
     SHOAL_RETURN_IF_ERROR(want("batch", std::to_string(o_.batch)));  // written before global_batch
   }

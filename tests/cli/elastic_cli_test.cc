@@ -161,6 +161,32 @@ TEST(Elastic, ZeroShardsAreCutAgainAtEveryChangeOfMembership) {
   replaced_rank_ends_as_on_purpose("elastic_zero", " --zero 2");
 }
 
+// A global batch of 64 (--batch 16 x 4 ranks) that 3 ranks do not divide:
+// after rank 2 is killed the survivors take shares of 22, 21 and 21, each
+// gradient weighted by its share, and the job ends as one run on purpose
+// with --global-batch 64 on 4 ranks, then on 3. Before, the job was refused.
+TEST(Elastic, AGlobalBatchTheSurvivorsDoNotDivideIsSharedUnevenly) {
+  const std::string dir = testing::scratch_dir("elastic_uneven");
+  const std::string env = "SHOAL_DETERMINISTIC=1 " + std::string(kCommitEvery);
+  auto r = run_sh(env + SHOAL_BINARY + " run -n 4 --elastic 2 --timeout 300 -- " +
+                  with_fault(dir + "/elastic", 2, "KILL", "--batch 16 --epochs 2"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "generation 1: 3 ranks go on from step ")) << r.out;
+  auto m = memberships(dir + "/elastic");
+  ASSERT_EQ(m.size(), 1u) << r.out;
+  const std::int64_t step = m[0]["step"];
+  ASSERT_GT(step, 0);
+  const std::string ref = dir + "/ref";
+  for (auto [ranks, until, resume] :
+       {std::tuple{4, step, ""}, std::tuple{3, std::int64_t{0}, " --resume"}}) {
+    auto a = run_sh(fmt::format(
+        "{}{} run -n {} -- {} {} --epochs 2 --global-batch 64 --max-steps {}{} --out {}", env,
+        SHOAL_BINARY, ranks, SHOAL_BINARY, kTrain, until, resume, ref));
+    ASSERT_EQ(a.code, 0) << a.out;
+  }
+  expect_same_end(dir + "/elastic", ref, "374");
+}
+
 // The CNN's batch norms: each rank's running statistics differ, and a
 // checkpoint holds their mean. The copy holds the mean too, so the job
 // that lost rank 1 (ZeRO-1, Adam) ends with the weights, the moments and
@@ -270,13 +296,10 @@ TEST(Elastic, FewerRanksThanTheMinimumStopTheJob) {
 
 // What elastic training does not do is refused by name before training.
 TEST(Elastic, WhatIsNotBuiltForItIsRefusedByName) {
-  auto uneven = run_shoal(fmt::format("run -n 4 --elastic 2 -- {} {} --batch 16 --out {}",
-                                      SHOAL_BINARY, kTrain, testing::scratch_dir("elastic_b")));
-  EXPECT_NE(uneven.code, 0);
-  EXPECT_TRUE(has(uneven.out,
-                  "the global batch 64 (--batch 16 x 4 ranks) does not split evenly "
-                  "over 3 ranks"))
-      << uneven.out;
+  auto few = run_shoal(fmt::format("run -n 4 --elastic 2 -- {} {} --global-batch 3 --out {}",
+                                   SHOAL_BINARY, kTrain, testing::scratch_dir("elastic_b")));
+  EXPECT_NE(few.code, 0);
+  EXPECT_TRUE(has(few.out, "the global batch 3 is fewer samples than the 4 ranks")) << few.out;
   auto zero = run_shoal(fmt::format("run -n 2 --elastic 1 -- {} {} --batch 16 --zero 3 --out {}",
                                     SHOAL_BINARY, kTrain, testing::scratch_dir("elastic_z")));
   EXPECT_NE(zero.code, 0);

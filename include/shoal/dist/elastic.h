@@ -53,11 +53,12 @@ struct ElasticEnv {
 // is not elastic. An elastic job needs `shoal run`'s store (SHOAL_STORE).
 Result<std::optional<ElasticEnv>> elastic_env();
 
-// What elastic training supports: plain data parallelism over `shoal run`'s
-// ranks, with a global batch (--batch x ranks) every allowed world size
-// splits evenly, so each generation computes the same step. The error names
-// the flag or the sizes that do not divide.
-Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t batch);
+// What elastic training supports: data parallelism (ZeRO-1/2 too) over
+// `shoal run`'s ranks, with a global batch of at least one sample for
+// each rank of the largest allowed world. Sizes it does not divide train
+// on uneven, weighted shares (TrainOptions::global_batch): the same step.
+// The error names the flag or the sizes.
+Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t global_batch);
 
 // After generation e.generation failed: checks in with `step` (the state
 // this rank holds), waits up to `wait_s` for the launcher's next

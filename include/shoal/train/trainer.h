@@ -70,6 +70,12 @@ struct TrainSettings {
   std::shared_ptr<const DataSplits> dataset;
   int epochs = 5;
   std::int64_t batch = 64;
+  // The samples of one step over every data-parallel share (--global-batch);
+  // 0 means batch x shares. When set, Trainer::create gives this rank its
+  // share as `batch`: global / shares each, the first global % shares one
+  // more, each share's gradient weighted so their mean is the mean over
+  // the global batch (the math of any layout with that global batch).
+  std::int64_t global_batch = 0;
   std::string optimizer = "sgd";
   double lr = 0.02;
   double momentum = 0.9, weight_decay = 0.0;
@@ -221,7 +227,12 @@ struct StrategyHooks {
 };
 
 // A trainer's options: the user's settings and the strategies' hooks.
-struct TrainOptions : TrainSettings, StrategyHooks {};
+struct TrainOptions : TrainSettings, StrategyHooks {
+  std::int64_t global() const { return global_batch > 0 ? global_batch : batch * data_shards(); }
+  // Share `s` of the global batch: its first sample and its size.
+  std::int64_t share_offset(int s) const;
+  std::int64_t share_size(int s) const;
+};
 // Checks ranges and names (model, optimizer, schedule); the error names the option.
 Status validate(const TrainOptions& o);
 // The optimizer the options name (what append_optimizer builds).
@@ -311,6 +322,7 @@ class Trainer {
   Status build_forward(StepBuild& sb);
   Status agree_with_peers(const graph::Graph& g);
   Status differentiate(StepBuild& sb);
+  void weigh_share(graph::Graph& g, std::vector<ParamRef>& refs) const;
   Status init_state(StepBuild& sb, const std::optional<WeightsFile>& init_w);
   Status compile_step(StepBuild& sb);
   Status train_step(double* loss, std::int64_t* correct);
