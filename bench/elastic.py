@@ -24,7 +24,8 @@ the state: SHOAL_ELASTIC_COMMIT_EVERY, by default about 2% of the time). Not com
 with PyTorch DDP (the issue asks for it; not built yet).
 
 usage: bench/elastic.py [--shoal build/shoal] [--epochs 12] [--kill-every 30]
-       [--freeze-every 120] [--seed 1] [--modes clean,elastic,restart]
+       [--freeze-every 120] [--seed 1] [--modes clean,calm,elastic,restart,ddp-clean,ddp-restart]
+       [--ddp-timeout 60]
 Prints a table; exit 0.
 """
 import argparse
@@ -59,6 +60,8 @@ def run_mode(args, mode, work):
     out = os.path.join(work, mode)
     pids = os.path.join(work, mode + ".pids")
     os.makedirs(pids)
+    if mode.startswith("ddp"):
+        return run_ddp(args, mode, work, out, pids)
     run = [args.shoal, "run", "-n", "4", "--timeout", str(args.timeout)]
     extra = ""
     if mode in ("elastic", "calm"):
@@ -69,17 +72,36 @@ def run_mode(args, mode, work):
     cmd = (f"echo $$ > {pids}/${{SHOAL_ELASTIC_ID:-$SHOAL_RANK}}; exec {args.shoal} {TRAIN} "
            f"--epochs {args.epochs} --out {out}{extra}")
     env = dict(os.environ, SHOAL_HEARTBEAT="5")
+    return supervise(args, mode, work, out, pids, run + ["--", "sh", "-c", cmd], env)
+
+
+def run_ddp(args, mode, work, out, pids):
+    """PyTorch DDP under torchrun: ddp-clean without faults, ddp-restart
+    with them (torchrun restarts every worker; each resumes from the newest
+    checkpoint, written every 50 steps as in `restart`)."""
+    restarts = "0" if mode == "ddp-clean" else "100"
+    run = ["/usr/bin/python3", os.path.join(ROOT, "tools", "torchrun.py"), "--standalone",
+           "--nnodes", "1",
+           "--nproc_per_node", "4", "--max_restarts", restarts,
+           os.path.join(ROOT, "tools", "peer_elastic_torch.py"), "--epochs", str(args.epochs),
+           "--global-batch", str(GLOBAL_BATCH), "--checkpoint-every", "50",
+           "--collective-timeout", str(args.ddp_timeout), "--out", out, "--pids", pids]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return supervise(args, mode, work, out, pids, run, env)
+
+
+def supervise(args, mode, work, out, pids, cmd, env):
+    """Runs cmd, sending the faults of faulty modes to its ranks' pids."""
     log = open(os.path.join(work, mode + ".log"), "w")
     t0 = time.time()
-    p = subprocess.Popen(run + ["--", "sh", "-c", cmd], stdout=log, stderr=subprocess.STDOUT,
-                         env=env)
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     rng = random.Random(args.seed)
     faults = []  # (wall time, kind, id)
     # Freezes fall between kills, so each fault's recovery is timed alone.
     next_kill, next_freeze = args.kill_every, args.freeze_every + args.kill_every / 2
     while p.poll() is None:
         time.sleep(0.1)
-        if mode in ("clean", "calm"):
+        if mode in ("clean", "calm", "ddp-clean"):
             continue
         t = time.time() - t0
         kind = None
@@ -103,6 +125,11 @@ def run_mode(args, mode, work):
         os.kill(pid, getattr(signal, "SIG" + kind))
         faults.append((time.time(), kind, rid))
     wall = time.time() - t0
+    for f in glob.glob(pids + "/*"):  # a frozen rank nobody killed: not left behind
+        try:
+            os.kill(int(open(f).read()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
     log.close()
     text = open(os.path.join(work, mode + ".log")).read()
     return {"mode": mode, "code": p.returncode, "wall": wall, "faults": faults, "log": text,
@@ -145,7 +172,9 @@ def main():
     ap.add_argument("--freeze-every", type=float, default=120)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--modes", default="clean,calm,elastic,restart")
+    ap.add_argument("--modes", default="clean,calm,elastic,restart,ddp-clean,ddp-restart")
+    ap.add_argument("--ddp-timeout", type=float, default=60,
+                    help="the DDP workers' collective deadline (s): how a freeze is found there")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="shoal-elastic-")
     results = {}
@@ -183,6 +212,17 @@ def main():
     if "restart" in results:
         n = len(re.findall(r"restarting all 4 ranks", results["restart"]["log"]))
         print(f"restart: {n} restarts of all ranks")
+    if "ddp-restart" in results:
+        text = results["ddp-restart"]["log"]
+        n = len(re.findall(r"rank 0 resumed from", text))
+        print(f"ddp-restart: {n} restarts of all workers (torchrun)")
+        midnight = datetime.datetime.now().replace(hour=0, minute=0, second=0, microsecond=0)
+        back = [midnight.timestamp() + int(h) * 3600 + int(m) * 60 + float(sec) for h, m, sec in
+                re.findall(r"\[(\d\d):(\d\d):(\d\d\.\d+)\] rank 0 resumed from", text)]
+        for t, kind, _ in results["ddp-restart"]["faults"]:
+            after = [b - t for b in back if b > t]
+            if after:
+                print(f"ddp-restart: {kind} -> training again in {after[0]:.2f} s")
     return 0
 
 
