@@ -59,10 +59,23 @@ Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t glo
         "--elastic keeps whole copies of the parameters on every rank: {} not built for it yet "
         "(--zero 1 and 2 are; or use --max-restarts, which resumes any layout)",
         j.dp.zero > 2 ? "--zero 3 (parameters in shards) is" : "--tp and --pp are");
-  if (j.layout.micro_batches > 1)
-    return invalid_argument("--elastic with --micro-batches {} is not built yet",
-                            j.layout.micro_batches);
   const int most = std::max(e.max, e.world);
+  // Micro-batches need every world's share to split into them: even shares
+  // (uneven ones are weighted per rank, not per micro-batch).
+  if (const int mb = micro_batches(j.layout); mb > 1) {
+    std::vector<int> bad;
+    std::int64_t every = mb;  // the least global batch that works for every size
+    for (int w = e.min; w <= most; ++w) {
+      if (global % w != 0 || (global / w) % mb != 0) bad.push_back(w);
+      every = std::lcm(every, static_cast<std::int64_t>(w) * mb);
+    }
+    if (!bad.empty())
+      return invalid_argument(
+          "--elastic {}:{} with --micro-batches {}: the global batch {} does not split into "
+          "{} equal micro-batches on each of {} ranks; choose a global batch that is a multiple "
+          "of {}",
+          e.min, most, mb, global, mb, keys::join_ids(bad), every);
+  }
   if (global < most)
     return invalid_argument(
         "--elastic {}:{}: the global batch {} is fewer samples than the {} ranks the job may "

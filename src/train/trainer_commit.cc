@@ -30,7 +30,7 @@ bool Trainer::commit_due(double step_seconds) const {
 Status Trainer::commit_step() {
   Impl& m = *impl_;
   const auto t0 = std::chrono::steady_clock::now();
-  if (m.slices)
+  if (m.slices && !m.slices->names.empty())  // accumulation's step pass slices nothing
     return failed_precondition(
         "an elastic job keeps whole copies of the parameters and optimizer state: sliced "
         "(--tp, --pp) state is not built for it");

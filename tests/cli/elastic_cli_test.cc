@@ -187,6 +187,31 @@ TEST(Elastic, AGlobalBatchTheSurvivorsDoNotDivideIsSharedUnevenly) {
   expect_same_end(dir + "/elastic", ref, "374");
 }
 
+// Gradient accumulation: each generation splits its share of the global
+// batch 48 into 2 micro-batches (12 = 2 x 6 on 4 ranks, 16 = 2 x 8 on 3),
+// and the job ends as one run on purpose with those micro-batches.
+TEST(Elastic, MicroBatchesSplitEachGenerationsShare) {
+  const std::string dir = testing::scratch_dir("elastic_micro");
+  const std::string env = "SHOAL_DETERMINISTIC=1 " + std::string(kCommitEvery);
+  auto r =
+      run_sh(env + SHOAL_BINARY + " run -n 4 --elastic 2 --timeout 300 -- " +
+             with_fault(dir + "/elastic", 2, "KILL", "--batch 12 --epochs 2 --micro-batches 2"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = memberships(dir + "/elastic");
+  ASSERT_EQ(m.size(), 1u) << r.out;
+  const std::int64_t step = m[0]["step"];
+  ASSERT_GT(step, 0);
+  const std::string ref = dir + "/ref";
+  for (auto [ranks, batch, until, resume] :
+       {std::tuple{4, 12, step, ""}, std::tuple{3, 16, std::int64_t{0}, " --resume"}}) {
+    auto a = run_sh(fmt::format(
+        "{}{} run -n {} -- {} {} --epochs 2 --micro-batches 2 --batch {} --max-steps {}{} --out {}",
+        env, SHOAL_BINARY, ranks, SHOAL_BINARY, kTrain, batch, until, resume, ref));
+    ASSERT_EQ(a.code, 0) << a.out;
+  }
+  expect_same_end(dir + "/elastic", ref, "500");
+}
+
 // The CNN's batch norms: each rank's running statistics differ, and a
 // checkpoint holds their mean. The copy holds the mean too, so the job
 // that lost rank 1 (ZeRO-1, Adam) ends with the weights, the moments and
@@ -304,6 +329,14 @@ TEST(Elastic, WhatIsNotBuiltForItIsRefusedByName) {
                                     SHOAL_BINARY, kTrain, testing::scratch_dir("elastic_z")));
   EXPECT_NE(zero.code, 0);
   EXPECT_TRUE(has(zero.out, "--zero 3 (parameters in shards) is not built for it yet")) << zero.out;
+  auto micro =
+      run_shoal(fmt::format("run -n 4 --elastic 2 -- {} {} --batch 12 --micro-batches 3 --out {}",
+                            SHOAL_BINARY, kTrain, testing::scratch_dir("elastic_m")));
+  EXPECT_NE(micro.code, 0);
+  EXPECT_TRUE(has(micro.out,
+                  "the global batch 48 does not split into 3 equal micro-batches on each of 3 "
+                  "ranks; choose a global batch that is a multiple of 36"))
+      << micro.out;
   auto srun = run_shoal("run -n 2 --elastic 1 --engine srun -- true");
   EXPECT_EQ(srun.code, 2);
   EXPECT_TRUE(has(srun.out, "it takes no --engine srun")) << srun.out;
