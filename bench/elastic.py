@@ -25,7 +25,7 @@ with PyTorch DDP (the issue asks for it; not built yet).
 
 usage: bench/elastic.py [--shoal build/shoal] [--epochs 12] [--kill-every 30]
        [--freeze-every 120] [--seed 1] [--modes clean,calm,elastic,restart,ddp-clean,ddp-restart]
-       [--ddp-timeout 60]
+       [--ddp-timeout 60] [--chart docs/elastic_faults.png]
 Prints a table; exit 0.
 """
 import argparse
@@ -40,6 +40,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gnuplot_chart  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ("train --model mlp --batch 12 --limit-test 1000 --threads 1 --no-plot "
@@ -97,10 +100,17 @@ def supervise(args, mode, work, out, pids, cmd, env):
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     rng = random.Random(args.seed)
     faults = []  # (wall time, kind, id)
+    progress = []  # (seconds since start, newest step in metrics.jsonl)
+    next_look = 0.0
     # Freezes fall between kills, so each fault's recovery is timed alone.
     next_kill, next_freeze = args.kill_every, args.freeze_every + args.kill_every / 2
     while p.poll() is None:
         time.sleep(0.1)
+        if time.time() - t0 >= next_look:  # for the chart: steps over time
+            next_look += 1.0
+            step = newest_step(os.path.join(out, "metrics.jsonl"))
+            if step is not None:
+                progress.append((time.time() - t0, step))
         if mode in ("clean", "calm", "ddp-clean"):
             continue
         t = time.time() - t0
@@ -133,7 +143,60 @@ def supervise(args, mode, work, out, pids, cmd, env):
     log.close()
     text = open(os.path.join(work, mode + ".log")).read()
     return {"mode": mode, "code": p.returncode, "wall": wall, "faults": faults, "log": text,
-            "out": out}
+            "out": out, "t0": t0, "progress": progress}
+
+
+def newest_step(path):
+    """The step of the last record in a run's metrics.jsonl, or None."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def chart(results, png):
+    """Images/s over time (5 s windows) for each mode, faults marked."""
+    def commands(d, out):
+        plots, arrows = [], []
+        for i, (mode, r) in enumerate(results.items()):
+            pts = r["progress"]
+            data = os.path.join(d, f"{i}.tsv")
+            with open(data, "w") as f:
+                j = 0
+                for k in range(len(pts)):
+                    while pts[k][0] - pts[j][0] > 5:
+                        j += 1
+                    dt = pts[k][0] - pts[j][0]
+                    if dt > 0:
+                        rate = max(0, pts[k][1] - pts[j][1]) * GLOBAL_BATCH / dt
+                        f.write(f"{pts[k][0]:.1f}\t{rate:.0f}\n")
+            plots.append(f"'{data}' using 1:2 with lines lw 2 title '{mode}'")
+            for t, kind, _ in r["faults"]:
+                colour = "red" if kind == "KILL" else "blue"
+                arrows.append(f"set arrow from {t - r['t0']:.1f}, graph 0 to {t - r['t0']:.1f}, "
+                              f"graph 1 nohead dt 2 lc rgb '{colour}'")
+        return f"""
+set terminal pngcairo size 1100,420 noenhanced
+set output '{out}'
+set title 'Training through faults: images/s over 5 s windows (4 ranks, MLP, global batch {GLOBAL_BATCH}); dashed: kill (red), freeze (blue)'
+set xlabel 'seconds since start'
+set ylabel 'images/s'
+set yrange [0:*]
+set grid
+set key bottom right
+{chr(10).join(arrows)}
+plot {", ".join(plots)}
+"""
+    gnuplot_chart.render(png, commands)
 
 
 def stamps(text, pattern, day):
@@ -173,6 +236,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="clean,calm,elastic,restart,ddp-clean,ddp-restart")
+    ap.add_argument("--chart", default="", help="a PNG of images/s over time, faults marked")
     ap.add_argument("--ddp-timeout", type=float, default=60,
                     help="the DDP workers' collective deadline (s): how a freeze is found there")
     args = ap.parse_args()
@@ -202,6 +266,8 @@ def main():
         ratio = f"{r['ips'] / clean['ips']:.2f}" if clean else "-"
         print(f"| {mode} | {r['code']} | {r['wall']:.1f} | {r['ips']:.0f} | {ratio} | "
               f"{kills}/{stops} | {r['acc']}% |")
+    if args.chart:
+        chart(results, args.chart)
     if "elastic" in results:
         gaps, redo = elastic_figures(results["elastic"])
         for kind, g in gaps:
