@@ -151,6 +151,19 @@ Result<std::string> await_generation(net::Store& store, ElasticEnv& e, int after
     enter(e, g, rank, static_cast<int>(ids.size()));
     nlohmann::json rec = {{"kind", "membership"}, {"generation", g}, {"world", ids.size()},
                           {"members", ids},       {"step", step},    {"why", note}};
+    // Who left and who joined: the ids of the generation before, compared.
+    auto before = store.peek(keys::members(g - 1));
+    auto was = before.ok() && !before->empty() ? keys::parse_ids(*before)
+                                               : Result<std::vector<int>>(std::vector<int>());
+    if (was.ok() && !was->empty()) {
+      std::vector<int> left, joined;
+      for (int id : *was)
+        if (std::find(ids.begin(), ids.end(), id) == ids.end()) left.push_back(id);
+      for (int id : ids)
+        if (std::find(was->begin(), was->end(), id) == was->end()) joined.push_back(id);
+      rec["left"] = left;
+      rec["joined"] = joined;
+    }
     return rec.dump();
   }
 }

@@ -95,6 +95,8 @@ TEST(Elastic, AKilledRankLeavesAndTheRestEndAsAJobThatShrankOnPurpose) {
   std::vector<int> members = m[0]["members"];
   std::sort(members.begin(), members.end());
   EXPECT_EQ(members, std::vector<int>({0, 1, 3}));
+  EXPECT_EQ(m[0]["left"], std::vector<int>({2}));  // who left and joined, by id
+  EXPECT_EQ(m[0]["joined"], std::vector<int>());
   const std::int64_t step = m[0]["step"];
   ASSERT_GT(step, 0);
   ASSERT_LT(step, 500);
@@ -131,6 +133,8 @@ void replaced_rank_ends_as_on_purpose(const std::string& name, const std::string
   EXPECT_EQ(m[0]["world"], 3);
   EXPECT_EQ(m[1]["world"], 4);
   EXPECT_EQ(m[1]["members"].back(), 4);  // the newcomer last: rank 0 holds the state
+  EXPECT_EQ(m[1]["joined"], std::vector<int>({4}));
+  EXPECT_EQ(m[1]["left"], std::vector<int>());
   const std::int64_t shrink = m[0]["step"], grow = m[1]["step"];
   ASSERT_GT(shrink, 0);
   ASSERT_GE(grow, shrink);
