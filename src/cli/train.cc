@@ -440,8 +440,7 @@ Ended train_once(train::TrainOptions o, const dist::JoinOptions& jo, const std::
                        o.data_shards() > 1 ? "s" : "", o.world / o.data_shards());
   if (o.rank == 0 && !o.quiet)
     fmt::print("shoal train: {} on {} ({} steps/epoch, batch {}{}), {} lr {}, run dir {}\n",
-               o.model, o.data, tr.steps_per_epoch(),
-               o.global_batch > 0 ? o.share_size(0) : o.batch, each, o.optimizer, o.lr,
+               o.model, o.data, tr.steps_per_epoch(), o.share_size(0), each, o.optimizer, o.lr,
                tr.run_dir());
   // From here a Ctrl-C or SIGTERM ends the run at a step boundary with a
   // checkpoint (before, the steps since the last one were lost). Not for a

@@ -244,7 +244,11 @@ std::pair<float, float> pixel_stats(const Dataset& d) {
 Loader::Loader(const Dataset& d, LoaderOptions o) : d_(d), o_(o) {
   SHOAL_CHECK(o_.batch > 0 && o_.world > 0 && o_.rank >= 0 && o_.rank < o_.world,
               "Loader: batch {} rank {} world {}", o_.batch, o_.rank, o_.world);
-  SHOAL_CHECK(o_.global == 0 || (o_.offset >= 0 && o_.offset + o_.batch <= o_.global),
+  if (o_.global == 0) {  // even shares: rank r's batch of each batch * world
+    o_.global = o_.batch * o_.world;
+    o_.offset = o_.rank * o_.batch;
+  }
+  SHOAL_CHECK(o_.offset >= 0 && o_.offset + o_.batch <= o_.global,
               "Loader: a share of {} at {} of a global batch of {}", o_.batch, o_.offset,
               o_.global);
   SHOAL_CHECK(!o_.augment || d_.sample_shape().size() == 3,
@@ -260,7 +264,7 @@ Loader::Loader(const Dataset& d, LoaderOptions o) : d_(d), o_(o) {
 Loader::~Loader() { stop_worker(); }
 
 std::int64_t Loader::batches_per_epoch() const {
-  std::int64_t g = o_.global > 0 ? o_.global : o_.batch * o_.world, n = d_.size();
+  std::int64_t g = o_.global, n = d_.size();
   return o_.drop_last ? n / g : (n + g - 1) / g;
 }
 
@@ -287,8 +291,7 @@ std::vector<std::int64_t> Loader::batch_indices(std::int64_t epoch, std::int64_t
   std::lock_guard<std::mutex> lk(perm_mu_);
   const auto& p = permutation(epoch);
   std::int64_t n = d_.size();
-  std::int64_t start = o_.global > 0 ? index * o_.global + o_.offset
-                                     : index * o_.batch * o_.world + o_.rank * o_.batch;
+  std::int64_t start = index * o_.global + o_.offset;
   std::int64_t end = std::min(start + o_.batch, n);
   std::vector<std::int64_t> out;
   for (std::int64_t i = start; i < end; ++i) out.push_back(p[static_cast<std::size_t>(i)]);

@@ -110,10 +110,8 @@ Status Trainer::load_splits(const std::optional<WeightsFile>& init_w) {
   lo.augment = o.augment;
   lo.rank = o.data_shard();
   lo.world = o.data_shards();
-  if (o.global_batch > 0) {
-    lo.global = o.global_batch;
-    lo.offset = o.share_offset(o.data_shard());
-  }
+  lo.global = o.global();
+  lo.offset = o.share_offset(o.data_shard());
   lo.mean = m.mean;
   lo.stddev = m.stddev;
   if (!o.prefetch) lo.prefetch = 0;

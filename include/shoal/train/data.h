@@ -73,8 +73,8 @@ struct LoaderOptions {
   bool augment = false;     // random crop (pad 2) and horizontal flip ([C, H, W] samples)
   int prefetch = 2;         // batches prepared ahead by the worker thread; 0 = none
   int rank = 0, world = 1;  // shard of each global batch (batch * world samples)
-  // Samples per global batch when the shares are uneven (0: batch * world):
-  // this rank's `batch` samples then start at `offset` within each.
+  // Samples per global batch and where this rank's `batch` of them start
+  // (0: batch * world and rank * batch; uneven shares give both).
   std::int64_t global = 0, offset = 0;
   float mean = 0.f, stddev = 1.f;  // x = (pixel/255 - mean) / stddev; f32 data: (v - mean) / stddev
   bool drop_last = true;           // false: a final smaller batch (eval)
