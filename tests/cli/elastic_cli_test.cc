@@ -11,7 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <tuple>
+#include <vector>
 
 #include "cli/cli_results.h"
 #include "cli/run_shoal.h"
@@ -75,6 +75,27 @@ void expect_same_end(const std::string& a_dir, const std::string& b_dir, const c
   EXPECT_GE(ns, np);
 }
 
+// One leg of a job run on purpose into `ref`: `ranks` ranks of `shoal
+// train <train> <share>` to step `until` (0: to the end).
+struct Leg {
+  int ranks;
+  std::string share;  // "--batch 12", "--global-batch 64"
+  std::int64_t until;
+};
+
+// The legs one after another, each but the first resuming the checkpoint
+// the one before wrote: the membership changes an elastic job made, made
+// on purpose.
+void run_on_purpose(const std::string& env, const std::string& train, const std::string& ref,
+                    const std::vector<Leg>& legs) {
+  for (std::size_t i = 0; i < legs.size(); ++i) {
+    auto a = run_sh(fmt::format("{}{} run -n {} -- {} {} {} --max-steps {}{} --out {}", env,
+                                SHOAL_BINARY, legs[i].ranks, SHOAL_BINARY, train, legs[i].share,
+                                legs[i].until, i > 0 ? " --resume" : "", ref));
+    ASSERT_EQ(a.code, 0) << a.out;
+  }
+}
+
 // Rank 2 of 4 is killed near step 25: the three others go on from the
 // step they hold and end with the weights and momentum of a job that ran
 // 4 ranks to that step, wrote a checkpoint, and resumed on 3 (--batch 16:
@@ -102,14 +123,8 @@ TEST(Elastic, AKilledRankLeavesAndTheRestEndAsAJobThatShrankOnPurpose) {
   ASSERT_LT(step, 500);
 
   const std::string ref = dir + "/ref";
-  auto a =
-      run_sh(fmt::format("{}{} run -n 4 -- {} {} --epochs 2 --batch 12 --max-steps {} --out {}",
-                         env, SHOAL_BINARY, SHOAL_BINARY, kTrain, step, ref));
-  ASSERT_EQ(a.code, 0) << a.out;
-  auto b = run_sh(
-      fmt::format("{}{} run -n 3 -- {} {} --epochs 2 --batch 16 --max-steps 0 --resume --out {}",
-                  env, SHOAL_BINARY, SHOAL_BINARY, kTrain, ref));
-  ASSERT_EQ(b.code, 0) << b.out;
+  run_on_purpose(env, std::string(kTrain) + " --epochs 2", ref,
+                 {{4, "--batch 12", step}, {3, "--batch 16", 0}});
   expect_same_end(dir + "/elastic", ref, "500");
 }
 
@@ -141,14 +156,8 @@ void replaced_rank_ends_as_on_purpose(const std::string& name, const std::string
   ASSERT_LT(grow, 750);
 
   const std::string ref = dir + "/ref";
-  for (auto [ranks, batch, until, resume] :
-       {std::tuple{4, 12, shrink, ""}, std::tuple{3, 16, grow, " --resume"},
-        std::tuple{4, 12, std::int64_t{0}, " --resume"}}) {
-    auto a =
-        run_sh(fmt::format("{}{} run -n {} -- {} {} --batch {} --max-steps {}{} --out {}", env,
-                           SHOAL_BINARY, ranks, SHOAL_BINARY, train, batch, until, resume, ref));
-    ASSERT_EQ(a.code, 0) << a.out;
-  }
+  run_on_purpose(env, train, ref,
+                 {{4, "--batch 12", shrink}, {3, "--batch 16", grow}, {4, "--batch 12", 0}});
   expect_same_end(dir + "/elastic", ref, "750");
 }
 
@@ -181,13 +190,8 @@ TEST(Elastic, AGlobalBatchTheSurvivorsDoNotDivideIsSharedUnevenly) {
   const std::int64_t step = m[0]["step"];
   ASSERT_GT(step, 0);
   const std::string ref = dir + "/ref";
-  for (auto [ranks, until, resume] :
-       {std::tuple{4, step, ""}, std::tuple{3, std::int64_t{0}, " --resume"}}) {
-    auto a = run_sh(fmt::format(
-        "{}{} run -n {} -- {} {} --epochs 2 --global-batch 64 --max-steps {}{} --out {}", env,
-        SHOAL_BINARY, ranks, SHOAL_BINARY, kTrain, until, resume, ref));
-    ASSERT_EQ(a.code, 0) << a.out;
-  }
+  run_on_purpose(env, std::string(kTrain) + " --epochs 2", ref,
+                 {{4, "--global-batch 64", step}, {3, "--global-batch 64", 0}});
   expect_same_end(dir + "/elastic", ref, "374");
 }
 
@@ -206,13 +210,8 @@ TEST(Elastic, MicroBatchesSplitEachGenerationsShare) {
   const std::int64_t step = m[0]["step"];
   ASSERT_GT(step, 0);
   const std::string ref = dir + "/ref";
-  for (auto [ranks, batch, until, resume] :
-       {std::tuple{4, 12, step, ""}, std::tuple{3, 16, std::int64_t{0}, " --resume"}}) {
-    auto a = run_sh(fmt::format(
-        "{}{} run -n {} -- {} {} --epochs 2 --micro-batches 2 --batch {} --max-steps {}{} --out {}",
-        env, SHOAL_BINARY, ranks, SHOAL_BINARY, kTrain, batch, until, resume, ref));
-    ASSERT_EQ(a.code, 0) << a.out;
-  }
+  run_on_purpose(env, std::string(kTrain) + " --epochs 2 --micro-batches 2", ref,
+                 {{4, "--batch 12", step}, {3, "--batch 16", 0}});
   expect_same_end(dir + "/elastic", ref, "500");
 }
 
@@ -235,12 +234,7 @@ TEST(Elastic, RunningStatisticsAreKeptAsACheckpointKeepsThem) {
   const std::int64_t step = m[0]["step"];
   ASSERT_GT(step, 0) << r.out;
   const std::string ref = dir + "/ref";
-  for (auto [ranks, batch, until, resume] :
-       {std::tuple{4, 12, step, ""}, std::tuple{3, 16, std::int64_t{0}, " --resume"}}) {
-    auto a = run_sh(fmt::format("{}{} run -n {} -- {} {} --batch {} --max-steps {}{} --out {}", env,
-                                SHOAL_BINARY, ranks, SHOAL_BINARY, cnn, batch, until, resume, ref));
-    ASSERT_EQ(a.code, 0) << a.out;
-  }
+  run_on_purpose(env, cnn, ref, {{4, "--batch 12", step}, {3, "--batch 16", 0}});
   expect_same_end(dir + "/elastic", ref, "50");
   auto x = testing::last_checkpoint(dir + "/elastic"), y = testing::last_checkpoint(ref);
   ASSERT_TRUE(x.ok() && y.ok());
@@ -299,13 +293,7 @@ TEST(Elastic, ShoalJoinAddsRanksUpToMax) {
   ASSERT_GT(grow, 0);
   ASSERT_LT(grow, 500);
   const std::string ref = dir + "/ref", train = std::string(kTrain) + " --epochs 2";
-  for (auto [ranks, batch, until, resume] :
-       {std::tuple{2, 24, grow, ""}, std::tuple{3, 16, std::int64_t{0}, " --resume"}}) {
-    auto a =
-        run_sh(fmt::format("{}{} run -n {} -- {} {} --batch {} --max-steps {}{} --out {}", env,
-                           SHOAL_BINARY, ranks, SHOAL_BINARY, train, batch, until, resume, ref));
-    ASSERT_EQ(a.code, 0) << a.out;
-  }
+  run_on_purpose(env, train, ref, {{2, "--batch 24", grow}, {3, "--batch 16", 0}});
   expect_same_end(dir + "/elastic", ref, "500");
   // Not an elastic job, or no job there: named.
   auto none = run_shoal(fmt::format("join --job {}/nowhere", dir));
