@@ -42,7 +42,12 @@ struct Env {
   // A float initializer bound as a parameter -> the node that bound it
   // (Bindings::tie_shared: whether other nodes get their own).
   std::map<std::string, int> param_node;
+  // Initializers a Slice or Split bound first: their other slices are views
+  // of the same parameter, never copies (an RNN's weight cut into gates).
+  std::set<std::string> views;
 };
+
+bool is_view(const ::onnx::NodeProto& n);
 
 // A node's name, or "node <i>" when the file gives none.
 std::string node_name(const ::onnx::NodeProto& n, int index);
@@ -115,6 +120,7 @@ std::map<std::string, Converter>& converters();
 void add_math_ops(std::map<std::string, Converter>& t);
 void add_nn_ops(std::map<std::string, Converter>& t);
 void add_shape_ops(std::map<std::string, Converter>& t);
+void add_rnn_ops(std::map<std::string, Converter>& t);
 
 // Pads x by begin[i]/end[i] along axis i with `value` (concatenated
 // constants, so the gradient is concat's); negative amounts crop.

@@ -28,6 +28,7 @@ std::map<std::string, Converter>& converters() {
     add_math_ops(m);
     add_nn_ops(m);
     add_shape_ops(m);
+    add_rnn_ops(m);
     return m;
   }();
   return t;
@@ -85,7 +86,9 @@ std::vector<SharedInitializer> find_shared(const ::onnx::GraphProto& g) {
         continue;
       }
       auto& v = readers[r->second];
-      std::string who = node_name(n, i);
+      // Slices of one tensor (the exporter cutting an RNN's weight into its
+      // gates) read it as one: Ctx::in binds them to one parameter.
+      std::string who = is_view(n) ? "its slices" : node_name(n, i);
       if (std::find(v.begin(), v.end(), who) == v.end()) v.push_back(who);
     }
   }
@@ -97,6 +100,10 @@ std::vector<SharedInitializer> find_shared(const ::onnx::GraphProto& g) {
 }
 
 }  // namespace
+
+bool is_view(const ::onnx::NodeProto& n) {
+  return n.op_type() == "Slice" || n.op_type() == "Split";
+}
 
 std::string node_name(const ::onnx::NodeProto& n, int index) {
   return n.name().empty() ? fmt::format("node {}", index) : n.name();
@@ -163,7 +170,7 @@ Result<std::vector<Value>> Model::emit(graph::Builder& b, const std::map<std::st
                                        const std::map<std::string, Tensor>& known,
                                        Bindings& bind) const {
   const auto& g = proto_->m.graph();
-  Env env{b, bind, feeds, known, {}, {}, {}, {}, {}, {}};
+  Env env{b, bind, feeds, known, {}, {}, {}, {}, {}, {}, {}};
   for (const auto& t : g.initializer())
     if (!feeds.count(t.name()) && !known.count(t.name()))
       env.initializers[t.name()] = env.protos[t.name()] = &t;
@@ -265,6 +272,7 @@ Result<Value> Ctx::in(int i) {
   if (env_.buffers.count(name) && env_.protos.count(name)) return own_copy(i, false, nullptr);
   if (auto v = env_.values.find(name); v != env_.values.end()) {
     // A weight another node bound: the exporter may have merged two equal ones.
+    if (is_view(n_) && env_.views.count(name)) return v->second;
     auto owner = env_.param_node.find(name);
     if (!env_.bind.tie_shared && owner != env_.param_node.end() && owner->second != index_)
       return own_copy(i, false, nullptr);
@@ -278,6 +286,7 @@ Result<Value> Ctx::in(int i) {
   SHOAL_ASSIGN_OR_RETURN(Tensor t, from_proto(*it->second));
   env_.initializers.erase(it);
   env_.param_node[name] = index_;
+  if (is_view(n_)) env_.views.insert(name);
   return env_.values[name] = env_.bind.param(name, t);
 }
 

@@ -190,6 +190,25 @@ Status leaky_relu(Ctx& c) {
   return ok_status();
 }
 
+// clip(alpha * x + beta, 0, 1), from ReLUs as Clip; HardSwish is x times
+// it with alpha 1/6, beta 1/2 (MobileNetV3).
+Value hard_sigmoid(graph::Builder& b, Value x, double alpha, double beta) {
+  Value t = b.add(b.mul(x, b.scalar_like(alpha, x)), b.scalar_like(beta, x));
+  return b.sub(b.relu(t), b.relu(b.sub(t, b.scalar_like(1.0, x))));
+}
+
+Status hard_sigmoid_op(Ctx& c) {
+  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+  c.out(0, hard_sigmoid(c.b(), x, c.attr_f("alpha", 0.2), c.attr_f("beta", 0.5)));
+  return ok_status();
+}
+
+Status hard_swish(Ctx& c) {
+  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+  c.out(0, c.b().mul(x, hard_sigmoid(c.b(), x, 1.0 / 6.0, 0.5)));
+  return ok_status();
+}
+
 }  // namespace
 
 void add_math_ops(std::map<std::string, Converter>& t) {
@@ -208,6 +227,8 @@ void add_math_ops(std::map<std::string, Converter>& t) {
   t["Tanh"] = unary("tanh");
   t["Erf"] = unary("erf");  // with Div/Add/Mul: the Gelu PyTorch exports
   t["LeakyRelu"] = leaky_relu;
+  t["HardSigmoid"] = hard_sigmoid_op;
+  t["HardSwish"] = hard_swish;
   t["Softmax"] = softmax("softmax");
   t["LogSoftmax"] = softmax("log_softmax");
   t["Clip"] = clip;

@@ -90,15 +90,28 @@ Status conv(Ctx& c) {
     SHOAL_ASSIGN_OR_RETURN(bias, c.in(2));
   }
   Shape xs = b.shape(x), ws = b.shape(wt);
-  if (xs.size() != 4 || ws.size() != 4)
-    return c.fail("only 2-D convolution (NCHW input, OIHW weight) is imported; input is {}",
-                  fmt::join(xs, "x"));
-  SHOAL_ASSIGN_OR_RETURN(Window w, window_of(c, xs, {ws[2], ws[3]}));
+  if ((xs.size() != 3 && xs.size() != 4) || ws.size() != xs.size())
+    return c.fail(
+        "only 1-D and 2-D convolution (NCL/NCHW input, OIL/OIHW weight) is imported; input "
+        "is {}, weight {}",
+        fmt::join(xs, "x"), fmt::join(ws, "x"));
+  const bool one_d = xs.size() == 3;
+  SHOAL_ASSIGN_OR_RETURN(Window w, window_of(c, xs, Shape(ws.begin() + 2, ws.end())));
+  if (one_d) {
+    x = as_2d(b, x);
+    wt = b.reshape(wt, {ws[0], ws[1], 1, ws[2]});
+    to_2d(w);
+  }
   if (!symmetric(w)) {
     x = pad_spatial(b, x, w, 0.0);
     w.begin = w.end = {0, 0};
   }
-  c.out(0, b.conv2d(x, wt, bias, w.stride, w.begin, w.dilation, c.attr_i("group", 1)));
+  Value y = b.conv2d(x, wt, bias, w.stride, w.begin, w.dilation, c.attr_i("group", 1));
+  if (one_d) {
+    Shape ys = b.shape(y);
+    y = b.reshape(y, {ys[0], ys[1], ys[3]});
+  }
+  c.out(0, y);
   return ok_status();
 }
 
@@ -227,8 +240,10 @@ Converter pool(bool is_max) {
 Status global_avg_pool(Ctx& c) {
   SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
   Shape s = c.b().shape(x);
-  if (s.size() != 4) return c.fail("only NCHW input is imported");
-  c.out(0, c.b().reshape(c.b().global_avg_pool(x), {s[0], s[1], 1, 1}));
+  if (s.size() != 3 && s.size() != 4) return c.fail("only NCL and NCHW input is imported");
+  Shape out = {s[0], s[1], 1};
+  if (s.size() == 4) out.push_back(1);
+  c.out(0, c.b().reshape(c.b().global_avg_pool(as_2d(c.b(), x)), out));
   return ok_status();
 }
 
@@ -246,12 +261,13 @@ Status batch_norm(Ctx& c) {
   SHOAL_ASSIGN_OR_RETURN(Value rv, c.in_buffer(4, &rv_name));
   bool training = c.bind().training;
   Shape xs = b.shape(x);
-  bool two_d = xs.size() == 2;
-  if (two_d) x = b.reshape(x, {xs[0], xs[1], 1, 1});
-  if (b.shape(x).size() != 4) return c.fail("input must be [N, C] or NCHW, not {}", xs.size());
+  if (xs.size() < 2 || xs.size() > 4)
+    return c.fail("input must be [N, C], NCL or NCHW, not rank {}", xs.size());
+  const bool reshaped = xs.size() != 4;
+  if (reshaped) x = b.reshape(x, {xs[0], xs[1], 1, xs.size() == 3 ? xs[2] : 1});
   auto outs = b.batch_norm(x, gamma, beta, rm, rv, training, c.attr_f("epsilon", 1e-5));
   if (!b.ok()) return b.status();
-  c.out(0, two_d ? b.reshape(outs[0], xs) : outs[0]);
+  c.out(0, reshaped ? b.reshape(outs[0], xs) : outs[0]);
   if (training) {
     double m = c.attr_f("momentum", 0.9);
     Value keep = b.scalar(m), take = b.scalar(1.0 - m);

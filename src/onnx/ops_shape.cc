@@ -375,6 +375,39 @@ Status constant(Ctx& c) {
   return ok_status();
 }
 
+// A tensor of the known shape filled with `value` (a one-element tensor;
+// f32 0 by default): known at import, as every exported use of it is (a
+// zero initial state, the ones an expand is compared against).
+Status constant_of_shape(Ctx& c) {
+  SHOAL_ASSIGN_OR_RETURN(auto dims, c.ints(0));
+  for (auto d : dims)
+    if (d < 0) return c.fail("negative dimension {} in shape {}", d, fmt::join(dims, "x"));
+  Tensor fill = Tensor::scalar(0.0);
+  if (const auto* a = c.attr("value")) {
+    SHOAL_ASSIGN_OR_RETURN(fill, from_proto(a->t()));
+    if (fill.numel() != 1) return c.fail("value has {} elements, not one", fill.numel());
+  }
+  c.out_known(0, Tensor::full(Shape(dims.begin(), dims.end()), fill.dtype(), fill.get(0)));
+  return ok_status();
+}
+
+// Equal of two tensors known at import (shape arithmetic, as torchvision's
+// ViT builds for `expand(N, -1, -1)`); a comparison of computed values
+// has no gradient, and no exported training graph has needed one.
+Status equal(Ctx& c) {
+  const Tensor *ka = c.known(0), *kb = c.known(1);
+  if (!ka || !kb) return c.fail("only comparisons of values known at import are imported");
+  Shape s = ka->rank() >= kb->rank() ? ka->shape() : kb->shape();
+  auto ba = ka->broadcast_to(s), bb = kb->broadcast_to(s);
+  if (!ba.ok() || !bb.ok())
+    return c.fail("shapes {} and {} do not broadcast", fmt::join(ka->shape(), "x"),
+                  fmt::join(kb->shape(), "x"));
+  Tensor out = Tensor::empty(s, DType::kBool);
+  for (std::int64_t i = 0; i < out.numel(); ++i) out.set(i, ba->get(i) == bb->get(i) ? 1 : 0);
+  c.out_known(0, std::move(out));
+  return ok_status();
+}
+
 Status where(Ctx& c) {
   const Tensor *kc = c.known(0), *ka = c.known(1), *kb = c.known(2);
   if (kc && ka && kb && !is_floating(ka->dtype())) {  // index arithmetic: on the host
@@ -436,6 +469,8 @@ void add_shape_ops(std::map<std::string, Converter>& t) {
   t["Identity"] = identity;
   t["Constant"] = constant;
   t["Where"] = where;
+  t["ConstantOfShape"] = constant_of_shape;
+  t["Equal"] = equal;
   t["Pad"] = pad;
 }
 

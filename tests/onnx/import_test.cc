@@ -1,5 +1,7 @@
 // ONNX import against PyTorch: models written in PyTorch (the project's MLP,
-// CNN, ResNet-20 and a small transformer encoder; torchvision's resnet18 and mobilenet_v2) are
+// CNN, ResNet-20 and a small transformer encoder; torchvision's resnet18 and mobilenet_v2;
+// the benchmark zoo's LeNet, Mixer, 1-D conv net, depthwise-separable net, GRU, LSTM,
+// torchvision's VisionTransformer and mobilenet_v3_small) are
 // exported by Debian's torch 1.13 (tests/python/onnx_export.py), imported, and run: eval-mode
 // logits must match PyTorch's within 1e-4 (relative to the largest logit), and one training step's
 // loss and parameter gradients PyTorch autograd's within 1e-3 (relative to each tensor's largest).
@@ -37,8 +39,9 @@ double rel_diff(const Tensor& got, const Tensor& want) {
 // torchvision) is missing, with the reason in `why`.
 std::string export_model(const std::string& model, std::string* why) {
   const char* py = "/usr/bin/python3";
-  std::string mods =
-      model == "resnet18" || model == "mobilenet_v2" ? "torch, onnx, torchvision" : "torch, onnx";
+  const bool vision = model == "resnet18" || model == "mobilenet_v2" || model == "vit" ||
+                      model == "mobilenet_v3_small";
+  std::string mods = vision ? "torch, onnx, torchvision" : "torch, onnx";
   if (run_sh(fmt::format("{} -c 'import {}'", py, mods)).code != 0) {
     *why = fmt::format(
         "Debian's {} cannot import {} (python3-torch, python3-onnx, "
@@ -167,7 +170,10 @@ TEST_P(MatchesPyTorch, LogitsAndGradients) {
 
 INSTANTIATE_TEST_SUITE_P(Onnx, MatchesPyTorch,
                          ::testing::Values("mlp", "cnn", "resnet20", "transformer", "resnet18",
-                                           "mobilenet_v2"));
+                                           "mobilenet_v2",
+                                           // the benchmark zoo (tests/python/zoo.py)
+                                           "lenet", "mixer", "conv1d", "dwsep", "gru", "lstm",
+                                           "vit", "mobilenet_v3_small"));
 
 TEST(Onnx, UnsupportedOperatorsAreNamedAllAtOnce) {
   // A model with two operators the importer lacks (built with the onnx

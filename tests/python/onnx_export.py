@@ -3,8 +3,9 @@ against: an input batch, the eval-mode logits, and one training step's
 loss and gradients (PyTorch autograd), as ONNX TensorProto files.
 
 usage: onnx_export.py MODEL OUTDIR [--init-from FILE.safetensors]
-       (MODEL: mlp cnn resnet20 transformer resnet18 mobilenet_v2; --init-from sets the
-       cnn's weights from a Shoal `--model cnn` parameter file instead of PyTorch's init)
+       (MODEL: mlp cnn resnet20 transformer resnet18 mobilenet_v2, or one of zoo.py's;
+       --init-from sets the cnn's weights from a Shoal `--model cnn` parameter file
+       instead of PyTorch's init)
 Random init, no downloads. Run with Debian's /usr/bin/python3.
 """
 import os
@@ -56,7 +57,11 @@ def build(name):
         return torchvision.models.resnet18(num_classes=10), (4, 3, 32, 32)
     if name == "mobilenet_v2":
         return torchvision.models.mobilenet_v2(num_classes=10), (4, 3, 32, 32)
-    raise SystemExit(f"unknown model {name}")
+    import zoo
+    built = zoo.build(name)
+    if built is None:
+        raise SystemExit(f"unknown model {name}")
+    return built
 
 
 # Shoal's `--model cnn` parameter names for the PyTorch CNN's (nn.Sequential indices).
