@@ -2,7 +2,8 @@
 """bench/onnx_train: models exported from PyTorch, trained by Shoal and by PyTorch.
 
 For each model (the project's CNN on Fashion-MNIST 28x28; torchvision's
-resnet18 at 3x32x32 on random images, an .npz) and thread count, exports the
+resnet18 at 3x32x32 on random images, an .npz; with --models zoo, every
+model of tests/python/zoo.py as well) and thread count, exports the
 PyTorch module to ONNX (tests/python/onnx_export.py), trains it with
 `shoal train --model model.onnx`, and trains the same PyTorch module in this
 script's peer mode: same data, batch 64, SGD momentum 0.9, constant lr, one
@@ -10,6 +11,7 @@ epoch of --images images. Prints training images/s side by side (the
 training loop only: no start-up, no evaluation).
 
 usage: bench/onnx_train.py [--shoal build/shoal] [--threads 1,2] [--images 6400]
+                           [--models cnn,resnet18|zoo]
 """
 import argparse
 import gzip
@@ -99,13 +101,26 @@ def torch_ips(model, data, threads, images, batch):
     return best
 
 
+ZOO = ("cnn,resnet18,mobilenet_v2,lenet,mixer,conv1d,dwsep,gru,lstm,vit,mnasnet0_5,"
+       "squeezenet1_1,shufflenet_v2_x0_5,mobilenet_v3_small")
+
+
+def input_shape(model):
+    """The model's input shape at export (tests/python/onnx_export.py's build)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+    from onnx_export import build
+    return build(model)[1]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--images", type=int, default=6400)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--models", default="cnn,resnet18")
+    ap.add_argument("--models", default="cnn,resnet18",
+                    help="comma-separated, or 'zoo' for every model of tests/python/zoo.py "
+                    "and the ones above")
     ap.add_argument("--peer", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -122,12 +137,12 @@ def main():
                      0, 256, (256, 3, 32, 32), dtype=np.uint8), y_test=rng.integers(0, 10, 256))
         print("| model | input | threads | Shoal img/s | PyTorch img/s | ratio |")
         print("|---|---|---|---|---|---|")
-        for model in a.models.split(","):
+        for model in (ZOO if a.models == "zoo" else a.models).split(","):
             d = os.path.join(work, model)
             subprocess.run([sys.executable, os.path.join(ROOT, "tests", "python",
                                                          "onnx_export.py"), model, d],
                            check=True, capture_output=True)
-            data = "fashion-mnist" if model in ("mlp", "cnn") else rgb
+            data = "fashion-mnist" if input_shape(model)[1] == 1 else rgb
             shape = "1x28x28" if data == "fashion-mnist" else "3x32x32"
             for t in [int(v) for v in a.threads.split(",")]:
                 s = shoal(a.shoal, os.path.join(d, "model.onnx"), data, t, a.images, a.batch)

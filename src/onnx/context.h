@@ -122,6 +122,14 @@ void add_nn_ops(std::map<std::string, Converter>& t);
 void add_shape_ops(std::map<std::string, Converter>& t);
 void add_rnn_ops(std::map<std::string, Converter>& t);
 
+// Nodes fuse_decompositions writes carry this domain; their converters are
+// fused_converters(), apart from the ONNX operators Shoal claims.
+inline constexpr const char* kFusedDomain = "ai.shoal.fused";
+std::map<std::string, Converter>& fused_converters();
+// Rewrites the decompositions exporters write for layer norm and GELU into
+// one node each (fuse.cc); returns how many it fused.
+int fuse_decompositions(::onnx::GraphProto& g);
+
 // Pads x by begin[i]/end[i] along axis i with `value` (concatenated
 // constants, so the gradient is concat's); negative amounts crop.
 graph::Value pad_axes(graph::Builder& b, graph::Value x, const std::vector<std::int64_t>& begin,

@@ -34,6 +34,15 @@ std::map<std::string, Converter>& converters() {
   return t;
 }
 
+std::map<std::string, Converter>& fused_converters() {
+  static std::map<std::string, Converter> t = {{"Gelu", [](Ctx& c) -> Status {
+                                                  SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
+                                                  c.out(0, c.b().gelu(x));
+                                                  return ok_status();
+                                                }}};
+  return t;
+}
+
 std::vector<std::string> supported_ops() {
   std::vector<std::string> out;
   for (const auto& [k, v] : converters()) out.push_back(k);
@@ -150,8 +159,11 @@ Result<Model> Model::parse(const std::string& bytes, const std::string& where) {
   if (m.opset_ < kMinOpset || m.opset_ > kMaxOpset)
     return unimplemented("{}: opset {} is outside the {}-{} Shoal imports", where, m.opset_,
                          kMinOpset, kMaxOpset);
+  SHOAL_RETURN_IF_ERROR(check_ops(p->m.graph(), m.opset_, where));
+  // SHOAL_ONNX_FUSE=0 imports node by node (what the fusion buys, measured).
+  const char* fuse = std::getenv("SHOAL_ONNX_FUSE");
+  if (!fuse || std::string(fuse) != "0") m.fused_ = fuse_decompositions(*p->m.mutable_graph());
   const auto& g = p->m.graph();
-  SHOAL_RETURN_IF_ERROR(check_ops(g, m.opset_, where));
   std::set<std::string> inits;
   for (const auto& t : g.initializer()) inits.insert(t.name());
   for (const auto& v : g.input())
@@ -179,7 +191,8 @@ Result<std::vector<Value>> Model::emit(graph::Builder& b, const std::map<std::st
       return invalid_argument("{}: input '{}' was not fed", path_, v.name);
   for (int i = 0; i < g.node_size(); ++i) {
     Ctx c(env, g.node(i), i, opset_);
-    Status s = converters().at(g.node(i).op_type())(c);
+    const auto& table = g.node(i).domain() == kFusedDomain ? fused_converters() : converters();
+    Status s = table.at(g.node(i).op_type())(c);
     if (s.ok() && !b.ok()) s = b.status();
     if (!s.ok()) return s.with_context(fmt::format("{}: importing {}", path_, c.label()));
   }

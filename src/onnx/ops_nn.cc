@@ -219,7 +219,9 @@ Converter pool(bool is_max) {
     } else {
       Value xp = pad_spatial(b, x, w, 0.0);
       y = b.avg_pool2d(xp, w.kernel, w.stride, {0, 0});
-      if (!include_pad) {
+      bool padded = false;
+      for (std::size_t i = 0; i < w.begin.size(); ++i) padded = padded || w.begin[i] || w.end[i];
+      if (!include_pad && padded) {
         // Divide by the count of real (unpadded) elements in each window: the
         // average of a padded ones-image, folded to a constant.
         Tensor ones = Tensor::full(b.shape(x), b.dtype_of(x), 1.0);

@@ -175,6 +175,43 @@ INSTANTIATE_TEST_SUITE_P(Onnx, MatchesPyTorch,
                                            "lenet", "mixer", "conv1d", "dwsep", "gru", "lstm",
                                            "vit", "mobilenet_v3_small"));
 
+// torch.onnx.export (opset 13) writes every nn.LayerNorm as nine nodes and every
+// exact GELU as five; the importer puts each back together as one op. The
+// Mixer has 9 layer norms and 8 GELUs: the fused graph holds them, no Pow
+// or Erf is left, and its eval logits are the node-by-node import's.
+TEST(Onnx, ExportedLayerNormsAndGelusImportAsOneOpEach) {
+  std::string why;
+  std::string dir = export_model("mixer", &why);
+  if (dir.empty()) GTEST_SKIP() << why;
+  Tensor x = load(dir + "/x.pb");
+  auto logits_of = [&](bool fuse, std::map<std::string, int>* ops) {
+    if (!fuse) setenv("SHOAL_ONNX_FUSE", "0", 1);
+    auto m = onnx::import(dir + "/model.onnx");
+    unsetenv("SHOAL_ONNX_FUSE");
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    if (!m.ok()) return Tensor();
+    EXPECT_EQ(m->fused(), fuse ? 17 : 0);
+    Built bt;
+    Builder b(bt.g);
+    Value logits = emit(*m, bt, b, x, false);
+    EXPECT_TRUE(b.ok()) << b.status().to_string();
+    for (const auto& n : bt.g.nodes()) ++(*ops)[n.op];
+    bt.g.mark_output(logits);
+    auto out = run(std::move(bt.g), bt.feeds);
+    return out.empty() ? Tensor() : out[0];
+  };
+  std::map<std::string, int> fused_ops, plain_ops;
+  Tensor fused = logits_of(true, &fused_ops), plain = logits_of(false, &plain_ops);
+  EXPECT_EQ(fused_ops["layer_norm"], 9);
+  EXPECT_EQ(fused_ops["gelu"], 8);
+  EXPECT_EQ(fused_ops["pow"], 0);
+  EXPECT_EQ(fused_ops["erf"], 0);
+  EXPECT_EQ(plain_ops["pow"], 9);
+  EXPECT_EQ(plain_ops["erf"], 8);
+  ASSERT_EQ(fused.numel(), plain.numel());
+  EXPECT_LE(rel_diff(fused, plain), 1e-5);
+}
+
 TEST(Onnx, UnsupportedOperatorsAreNamedAllAtOnce) {
   // A model with two operators the importer lacks (built with the onnx
   // Python helper, the ONNX project's own writer).

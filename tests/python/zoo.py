@@ -99,9 +99,13 @@ class Recurrent(nn.Module):
 
 def vit():
     import torchvision
-    return torchvision.models.vision_transformer.VisionTransformer(
+    net = torchvision.models.vision_transformer.VisionTransformer(
         image_size=32, patch_size=8, num_layers=4, num_heads=4, hidden_dim=64, mlp_dim=128,
         num_classes=10, dropout=0.0, attention_dropout=0.0)
+    # torchvision starts the head at zero: every logit 0 and no gradient below
+    # it, which would leave an import test comparing zeros.
+    nn.init.normal_(net.heads.head.weight, std=0.02)
+    return net
 
 
 # name -> (constructor, input shape at batch 8)

@@ -67,6 +67,8 @@ class Model {
   // Float initializers (rank >= 1) read by more than one node, through
   // Identity nodes, in the file's order.
   const std::vector<SharedInitializer>& shared_initializers() const { return shared_; }
+  // Layer norms and GELUs written as decompositions, imported as one op each.
+  int fused() const { return fused_; }
 
   // Emits the forward graph. `feeds` holds one graph value per data input
   // (by name); `known` holds inputs whose values are fixed at import (they
@@ -83,6 +85,7 @@ class Model {
   int opset_ = 0;
   std::vector<ValueInfo> inputs_, outputs_;
   std::vector<SharedInitializer> shared_;
+  int fused_ = 0;
 };
 
 // One line for the log: which initializers are shared and what emit() does

@@ -194,8 +194,34 @@ void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& ou
     }
     return;
   }
-  if (backward) std::fill(po, po + out.numel(), T(0));
   T inv = T(1) / static_cast<T>(k[0] * k[1]);
+  if (backward && !is_max && st == k && pd[0] == 0 && pd[1] == 0) {
+    // Non-overlapping windows (LeNet's 2x2/2): each input cell gets one
+    // window's share or, past the last window, nothing; written once, row by
+    // row, instead of zeroed and accumulated.
+    const T* pdy = dy->data<T>();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t p = 0; p < nc; ++p)
+      for (std::int64_t iy = 0; iy < h; ++iy) {
+        T* row = po + (p * h + iy) * w;
+        const std::int64_t oy = iy / k[0];
+        if (oy >= oh) {
+          std::fill(row, row + w, T(0));
+          continue;
+        }
+        const T* gy = pdy + (p * oh + oy) * ow;
+        if (k[1] == 2) {
+#pragma omp simd
+          for (std::int64_t ox = 0; ox < ow; ++ox) row[2 * ox] = row[2 * ox + 1] = gy[ox] * inv;
+        } else {
+          for (std::int64_t ox = 0; ox < ow; ++ox)
+            std::fill(row + ox * k[1], row + (ox + 1) * k[1], gy[ox] * inv);
+        }
+        std::fill(row + ow * k[1], row + w, T(0));
+      }
+    return;
+  }
+  if (backward) std::fill(po, po + out.numel(), T(0));
 #pragma omp parallel for schedule(static)
   for (std::int64_t p = 0; p < nc; ++p)
     for (std::int64_t oy = 0; oy < oh; ++oy)

@@ -495,9 +495,27 @@ void register_onednn(KernelRegistry& r) {
         r, grad ? "gelu_grad" : "gelu",
         [grad](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
           const std::int64_t count = num_elements(y.shape);
-          if (count == 0 || blocked_input(n, 0) || blocked_output(n, 0)) return nullptr;
-          if (grad && (in[1].shape != in[0].shape || blocked_input(n, 1))) return nullptr;
-          return make_gelu(count, grad);
+          // Element i of the output reads element i of the inputs: any layout
+          // all operands share (the blocked one has no padding) is the same
+          // flat array.
+          const bool blocked = blocked_output(n, 0);
+          if (count == 0 || blocked_input(n, 0) != blocked) return nullptr;
+          if (grad && (in[1].shape != in[0].shape || blocked_input(n, 1) != blocked))
+            return nullptr;
+          return make_eltwise(dnnl::algorithm::eltwise_gelu_erf, count, grad);
+        });
+  }
+  // Forward only: their gradients are the graph's own mul/sub of y.
+  const std::pair<const char*, dnnl::algorithm> vectorized[] = {
+      {"tanh", dnnl::algorithm::eltwise_tanh},
+      {"sigmoid", dnnl::algorithm::eltwise_logistic},
+      {"exp", dnnl::algorithm::eltwise_exp}};
+  for (const auto& [op, alg] : vectorized) {
+    override_f32(
+        r, op, [alg](const Node& n, const Inputs&, const TensorType& y) -> std::unique_ptr<Kernel> {
+          const std::int64_t count = num_elements(y.shape);
+          if (count == 0 || blocked_input(n, 0) != blocked_output(n, 0)) return nullptr;
+          return make_eltwise(alg, count, false);
         });
   }
   for (bool log : {false, true}) {

@@ -9,16 +9,16 @@
 namespace shoal::runtime::cpu::dnnl_detail {
 namespace {
 
-// GELU (exact, erf form) and its gradient as oneDNN's JIT eltwise
-// primitives: the reference kernels call libm's scalar erf per element
-// (12 ns each; 43% of a GPT step at 1 thread), oneDNN evaluates it in
-// vector registers. Plain layouts only; the element count is all that
-// matters. Forward: src -> dst. Gradient node (x, dy) -> dx.
-class GeluKernel final : public DnnlKernel {
+// GELU (exact, erf form) and its gradient, tanh, sigmoid and exp as oneDNN's
+// JIT eltwise primitives: the reference kernels call libm's scalar erf, tanh
+// or exp per element (erf 12 ns each: 43% of a GPT step at 1 thread; tanh
+// 43% of a tanh LeNet's), oneDNN evaluates them in vector registers. Plain
+// layouts only; the element count is all that matters. Forward: src -> dst.
+// Gradient node (x, dy) -> dx.
+class EltwiseKernel final : public DnnlKernel {
  public:
-  GeluKernel(std::int64_t n, bool grad) : grad_(grad) {
+  EltwiseKernel(dnnl::algorithm alg, std::int64_t n, bool grad) : grad_(grad) {
     memory::desc md({n}, dt::f32, tag::x);
-    const auto alg = dnnl::algorithm::eltwise_gelu_erf;
     dnnl::eltwise_forward::desc fd(dnnl::prop_kind::forward_training, alg, md, 0.f, 0.f);
     dnnl::eltwise_forward::primitive_desc fpd(fd, attr(false), engine());
     x_ = memory(md, engine(), DNNL_MEMORY_NONE);
@@ -79,8 +79,8 @@ class SoftmaxKernel final : public SrcDstKernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_gelu(std::int64_t count, bool grad) {
-  return std::make_unique<GeluKernel>(count, grad);
+std::unique_ptr<Kernel> make_eltwise(dnnl::algorithm alg, std::int64_t count, bool grad) {
+  return std::make_unique<EltwiseKernel>(alg, count, grad);
 }
 
 std::unique_ptr<Kernel> make_softmax(const Shape& shape, int axis, bool log) {

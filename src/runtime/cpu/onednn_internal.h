@@ -118,7 +118,8 @@ std::unique_ptr<Kernel> make_point_conv(int mode, const Node& n, const Shape& x,
 
 // GELU over `count` elements (grad: the node (x, dy) -> dx), and softmax or
 // log-softmax over `axis` of `shape`, on oneDNN (onednn_eltwise.cc).
-std::unique_ptr<Kernel> make_gelu(std::int64_t count, bool grad);
+// An eltwise algorithm's forward (x -> y) or, with grad, backward ((x, dy) -> dx).
+std::unique_ptr<Kernel> make_eltwise(dnnl::algorithm alg, std::int64_t count, bool grad);
 std::unique_ptr<Kernel> make_softmax(const Shape& shape, int axis, bool log);
 
 }  // namespace shoal::runtime::cpu::dnnl_detail
