@@ -88,6 +88,18 @@ Status matmul(Ctx& c) {
   Shape sa = b.shape(a), sw = b.shape(w);
   if (sa.size() == 1) a = b.reshape(a, {1, sa[0]});
   if (sw.size() == 1) w = b.reshape(w, {sw[0], 1});
+  if (sa.size() > 2 && sw.size() == 2) {
+    // A Linear over a sequence ([..., M, K] times a [K, N] weight): one
+    // [rows, K] x [K, N] product, whose gradients are single matmuls too,
+    // instead of a batch broadcast over the weight (a Mixer's token MLPs
+    // ran 2.8x slower through the broadcasting kernel).
+    std::int64_t rows = 1;
+    for (std::size_t i = 0; i + 1 < sa.size(); ++i) rows *= sa[i];
+    Shape ys(sa.begin(), sa.end() - 1);
+    ys.push_back(sw[1]);
+    c.out(0, b.reshape(b.matmul(b.reshape(a, {rows, sa.back()}), w), ys));
+    return ok_status();
+  }
   Value y = b.matmul(a, w);
   if (sa.size() == 1 || sw.size() == 1) {
     Shape ys = b.shape(y);

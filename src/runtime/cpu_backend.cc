@@ -88,6 +88,7 @@ struct Step {
   std::vector<Tensor> in, out;
   std::vector<int> wait_for;  // indices into steps_ of async producers
   const char* op_name;
+  bool serial = false;  // built and run on one thread (cpu::runs_serial)
 };
 
 class CpuExecutable final : public Executable {
@@ -170,7 +171,11 @@ class CpuExecutable final : public Executable {
       const Node& n = g_.node(s.node);
       double t0 = tracing_ ? now_us() : 0;
       KernelContext ctx{n, step_};
-      Status st = run_kernel(*s.kernel, ctx, s.in, s.out);
+      Status st;
+      {
+        cpu::SerialScope one(s.serial);
+        st = run_kernel(*s.kernel, ctx, s.in, s.out);
+      }
       if (!st.ok()) return st.with_context(fmt::format("running {}", n.label()));
       if (s.kernel->is_async()) pending_[i] = true;
       if (tracing_) trace_.push_back(TraceEvent{s.op_name, s.node, 0, t0, now_us() - t0});
@@ -233,7 +238,7 @@ class CpuExecutable final : public Executable {
 
     // Kernels first: async ones change the order and lifetimes.
     std::map<int, std::unique_ptr<Kernel>> kernels;
-    std::set<int> urgent;
+    std::set<int> urgent, serial;
     for (int id : order0) {
       const Node& n = g_.node(id);
       if (n.op == "input" || n.op == "constant") continue;
@@ -241,9 +246,12 @@ class CpuExecutable final : public Executable {
       if (f == nullptr) return unimplemented("compile: no CPU kernel for {}", n.label());
       std::vector<graph::TensorType> in;
       for (const Value& v : n.inputs) in.push_back(g_.type(v));
+      const bool one = cpu::runs_serial(g_, n);
+      cpu::SerialScope scope(one);  // oneDNN sizes its work split when built
       auto k = make_kernel(*f, n, in);
       if (!k.ok()) return k.status().with_context(fmt::format("compile: {}", n.label()));
       if ((*k)->is_async()) urgent.insert(id);
+      if (one && !(*k)->is_async()) serial.insert(id);
       kernels[id] = std::move(k).value();
     }
     // An async node (a collective) runs as soon as its inputs exist, ahead
@@ -271,6 +279,7 @@ class CpuExecutable final : public Executable {
       s.node = id;
       s.kernel = std::move(kernels.at(id));
       s.op_name = n.op.c_str();
+      s.serial = serial.count(id) != 0;
       step_of_[id] = static_cast<int>(steps_.size());
       steps_.push_back(std::move(s));
     }

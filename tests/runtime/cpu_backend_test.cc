@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "runtime/cpu/kernels_internal.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/op_registry.h"
 #include "shoal/graph/passes.h"
@@ -369,6 +371,41 @@ TEST(CpuBackend, SteadyStateTrainingStepDoesNotAllocate) {
   ASSERT_TRUE(st.ok()) << st.to_string();
   EXPECT_EQ(g_allocs.load(), 0) << "operator new calls outside oneDNN during a steady-state step";
   std::printf("allocations inside oneDNN's execute during the step: %ld\n", g_onednn_allocs.load());
+}
+
+// Nodes too small to be worth waking a second thread for are built and run on
+// one (runtime/cpu/op_threads.cc); the limits are the node's FLOPs (matmul,
+// convolution) or its largest operand, and nothing is serial on one thread.
+TEST(CpuBackend, SmallNodesRunOnOneThread) {
+  Graph g;
+  Builder b(g);
+  auto small_a = b.input("sa", DType::kF32, {64, 128});
+  auto small_w = b.input("sw", DType::kF32, {128, 384});
+  auto big_a = b.input("ba", DType::kF32, {512, 256});
+  auto big_w = b.input("bw", DType::kF32, {256, 256});
+  auto small_mm = b.matmul(small_a, small_w);  // 6.3 MFLOP
+  auto big_mm = b.matmul(big_a, big_w);        // 67 MFLOP
+  auto small_add = b.add(small_a, small_a);    // 8k elements
+  auto big_add = b.add(big_mm, big_mm);        // 131k elements
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(2);
+  EXPECT_TRUE(cpu::runs_serial(g, g.node(small_mm.node)));
+  EXPECT_FALSE(cpu::runs_serial(g, g.node(big_mm.node)));
+  EXPECT_TRUE(cpu::runs_serial(g, g.node(small_add.node)));
+  EXPECT_FALSE(cpu::runs_serial(g, g.node(big_add.node)));
+  {
+    cpu::SerialScope one(true);
+    EXPECT_EQ(omp_get_max_threads(), 1);
+  }
+  EXPECT_EQ(omp_get_max_threads(), 2);
+  {
+    cpu::SerialScope all(false);
+    EXPECT_EQ(omp_get_max_threads(), 2);
+  }
+  omp_set_num_threads(1);
+  EXPECT_FALSE(cpu::runs_serial(g, g.node(small_mm.node)));
+  omp_set_num_threads(before);
 }
 
 }  // namespace

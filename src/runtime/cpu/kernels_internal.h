@@ -82,6 +82,23 @@ struct StridedCopy {
 // ((n * C/16 + c/16) * H * W + h * W + w) * 16 + c % 16.
 inline constexpr std::int64_t kBlockChannels = 16;
 
+// Whether a node is too small to be worth waking a second thread for
+// (op_threads.cc); false when one thread is all there is.
+bool runs_serial(const graph::Graph& g, const Node& n);
+
+// Limits OpenMP (and oneDNN, which asks OpenMP) to one thread for its
+// lifetime when `serial`; restores the count after.
+class SerialScope {
+ public:
+  explicit SerialScope(bool serial);
+  ~SerialScope();
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  int restore_;
+};
+
 // Whether input/output i of a node holds the blocked layout (annotations of
 // assign_blocked_layouts; absent = plain).
 inline bool blocked_input(const Node& n, std::size_t i) {
