@@ -72,14 +72,15 @@ def peer(model, data, threads, images, batch):
     print(json.dumps({"images_per_s": (steps - 2) * batch / dt}))
 
 
-def shoal(binary, onnx, data, threads, images, batch):
+def shoal(binary, onnx, data, threads, images, batch, env=None):
     out = tempfile.mkdtemp(prefix="shoal_bench_onnx_")
     try:
         subprocess.run([binary, "train", "--model", onnx, "--data", data, "--epochs", "1",
                         "--batch", str(batch), "--optimizer", "momentum", "--lr", "0.01",
                         "--threads", str(threads), "--limit-train", str(images),
                         "--limit-test", "256", "--out", out, "--quiet", "--no-plot",
-                        "--no-checkpoints"], check=True)
+                        "--no-checkpoints"], check=True, stderr=subprocess.DEVNULL,
+                       env=dict(os.environ, **(env or {})))
         with open(os.path.join(out, "metrics.jsonl")) as f:
             rows = [json.loads(l) for l in f if '"kind":"epoch"' in l]
         return rows[-1]["images_per_s"]
@@ -121,6 +122,9 @@ def main():
     ap.add_argument("--models", default="cnn,resnet18",
                     help="comma-separated, or 'zoo' for every model of tests/python/zoo.py "
                     "and the ones above")
+    ap.add_argument("--shoal-env", action="append", default=[], metavar="K=V",
+                    help="set for Shoal's runs only (e.g. GOMP_SPINCOUNT=10000: PyTorch keeps "
+                    "its own OpenMP settings)")
     ap.add_argument("--peer", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -145,7 +149,8 @@ def main():
             data = "fashion-mnist" if input_shape(model)[1] == 1 else rgb
             shape = "1x28x28" if data == "fashion-mnist" else "3x32x32"
             for t in [int(v) for v in a.threads.split(",")]:
-                s = shoal(a.shoal, os.path.join(d, "model.onnx"), data, t, a.images, a.batch)
+                s = shoal(a.shoal, os.path.join(d, "model.onnx"), data, t, a.images, a.batch,
+                          dict(kv.split("=", 1) for kv in a.shoal_env))
                 p = torch_ips(model, data if data != "fashion-mnist" else "idx", t, a.images,
                               a.batch)
                 print(f"| {model} | {shape} | {t} | {s:,.0f} | {p:,.0f} | **{s / p:.2f}x** |",

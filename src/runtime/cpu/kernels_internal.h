@@ -82,9 +82,12 @@ struct StridedCopy {
 // ((n * C/16 + c/16) * H * W + h * W + w) * 16 + c % 16.
 inline constexpr std::int64_t kBlockChannels = 16;
 
-// Whether a node is too small to be worth waking a second thread for
-// (op_threads.cc); false when one thread is all there is.
+// Whether a node is built and run on one thread (op_threads.cc): under the
+// passive OpenMP wait, with more than one thread, when it is small_node.
 bool runs_serial(const graph::Graph& g, const Node& n);
+// Under 16 MFLOP (matmul, convolution) or, for other ops, 64k elements in
+// its largest operand: less work than waking a sleeping thread costs.
+bool small_node(const graph::Graph& g, const Node& n);
 
 // Limits OpenMP (and oneDNN, which asks OpenMP) to one thread for its
 // lifetime when `serial`; restores the count after.
