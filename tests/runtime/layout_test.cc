@@ -24,7 +24,7 @@ struct Built {
   std::vector<std::pair<std::string, Shape>> inputs;
 };
 
-// conv(16->32) -> BN -> relu -> conv(32->32) -> BN, plus a 1x1 stride-1
+// conv(16->32) -> BN -> relu -> depthwise conv -> tanh -> conv(32->32) -> BN, plus a 1x1 stride-1
 // shortcut conv, add, relu, a scalar scale, then global average pool and
 // a linear head; gradients of every parameter and of x. The block output
 // is also a graph output (converted back to plain) and feeds two max pools
@@ -41,9 +41,13 @@ Built residual_block(DType dt, std::int64_t c_in) {
   Value w1 = in("w1", {32, c_in, 3, 3}), w2 = in("w2", {32, 32, 3, 3}),
         ws = in("ws", {32, c_in, 1, 1});
   Value g1 = in("g1", {32}), b1 = in("b1", {32}), g2 = in("g2", {32}), b2 = in("b2", {32});
+  Value wd = in("wd", {32, 1, 3, 3});  // depthwise
   Value fw = in("fw", {5, 32}), fb = in("fb", {5});
   Value rm = b.constant(Tensor::zeros({32}, dt)), rv = b.constant(Tensor::full({32}, dt, 1));
   Value h = b.relu(b.batch_norm(b.conv2d(x, w1, {}, {1, 1}, {1, 1}), g1, b1, rm, rv, true)[0]);
+  // A depthwise conv and a tanh between them: grouped convolutions and
+  // oneDNN's eltwise run on the blocked layout too.
+  h = b.tanh(b.conv2d(h, wd, {}, {1, 1}, {1, 1}, {1, 1}, 32));
   h = b.batch_norm(b.conv2d(h, w2, {}, {1, 1}, {1, 1}), g2, b2, rm, rv, true)[0];
   Value out = b.mul(b.relu(b.add(h, b.conv2d(x, ws))), b.scalar(0.5, dt));
   // Pools in the blocked layout: non-overlapping, and overlapping with
@@ -54,7 +58,7 @@ Built residual_block(DType dt, std::int64_t c_in) {
                      b.mul(b.add(b.reduce_mean(pooled, {0, 1, 2, 3}),
                                  b.reduce_mean(b.mul(pooled3, pooled3), {0, 1, 2, 3})),
                            b.scalar(0.1, dt)));
-  std::vector<Value> params = {x, w1, w2, ws, g1, b1, g2, b2, fw, fb};
+  std::vector<Value> params = {x, w1, wd, w2, ws, g1, b1, g2, b2, fw, fb};
   auto grads = graph::autodiff(r.g, loss, params);
   EXPECT_TRUE(grads.ok()) << grads.status().to_string();
   r.g.mark_output(loss);
