@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <dnnl.hpp>
+#include <tuple>
 
 #include "shoal/graph/builder.h"
 #include "shoal/runtime/backend.h"
@@ -117,6 +118,35 @@ TEST(OneDnn, ConvForwardAndGradients) {
         },
         true,
         {{"conv2d", "onednn"}, {"conv2d_grad_input", "onednn"}, {"conv2d_grad_weight", "onednn"}});
+  }
+}
+
+// Depthwise convolutions over 1x1 maps (mobilenet_v3_small's last 5x5
+// stages): a per-channel scale by the one tap that reads the input
+// (conv_point.cc), against the f64 reference; 32 channels take the blocked
+// layout, 6 do not; with a bias and the ReLU, and a stride.
+TEST(OneDnn, DepthwiseConvOverOneByOneMapsIsAChannelScale) {
+  for (auto [x, k, st, pd] :
+       {std::tuple<Shape, std::int64_t, std::int64_t, std::int64_t>{{8, 32, 1, 1}, 5, 1, 2},
+        {{5, 6, 1, 1}, 3, 2, 1}}) {
+    const std::int64_t ch = x[1];
+    Shape w = {ch, 1, k, k};
+    std::vector<std::int64_t> stv = {st, st}, pdv = {pd, pd}, dl = {1, 1};
+    compare("depthwise " + shape_str(x) + shape_str(w), {x, w, {ch}},
+            [&](Builder& b, auto v) {
+              Value y = b.relu(b.conv2d(v[0], v[1], v[2], stv, pdv, dl, ch));
+              graph::Attrs a{{"stride", stv}, {"padding", pdv}, {"dilation", dl}, {"groups", ch}};
+              Value dy = b.mul(y, y);
+              graph::Attrs ai = a, aw = a;
+              ai.set("input_shape", x);
+              aw.set("weight_shape", w);
+              return std::vector<Value>{y, b.op("conv2d_grad_input", {dy, v[1]}, ai),
+                                        b.op("conv2d_grad_weight", {v[0], dy}, aw)};
+            },
+            true,
+            {{"conv2d", "depthwise-point"},
+             {"conv2d_grad_input", "depthwise-point"},
+             {"conv2d_grad_weight", "depthwise-point"}});
   }
 }
 

@@ -113,18 +113,68 @@ class PointConvKernel final : public DnnlKernel {
   ExecArgs args_;
 };
 
+// The depthwise case (one input and one output channel per group) is a
+// per-channel scale by the tap's weight: mobilenet_v3_small ends in 5x5
+// depthwise convolutions over 1x1 maps, 1 useful tap in 25, which oneDNN's
+// convolutions took 10.7 ms per step over (0.9 MFLOP of work).
+//   forward      y[n, c] = x[n, c] w[c, tap] (+ b[c]) (ReLU)
+//   input grad   dx[n, c] = dy[n, c] w[c, tap]
+//   weight grad  dw[c, tap] = sum_n dy[n, c] x[n, c], other taps 0
+class DepthwisePointKernel final : public Kernel {
+ public:
+  DepthwisePointKernel(int mode, const Shape& x, const Shape& w, std::int64_t tap, bool bias,
+                       bool relu)
+      : mode_(mode), bias_(bias), relu_(relu), n_(x[0]), c_(w[0]), k_(w[2] * w[3]), tap_(tap) {}
+
+  Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
+    const std::int64_t n = n_, c = c_, k = k_, tap = tap_;
+    if (mode_ == 2) {  // (x, dy) -> dw
+      const float* x = in[0].data<float>();
+      const float* dy = in[1].data<float>();
+      float* dw = out[0].data<float>();
+      std::memset(dw, 0, static_cast<std::size_t>(c * k) * sizeof(float));
+      for (std::int64_t b = 0; b < n; ++b)
+#pragma omp simd
+        for (std::int64_t ch = 0; ch < c; ++ch) dw[ch * k + tap] += dy[b * c + ch] * x[b * c + ch];
+      return ok_status();
+    }
+    const float* src = in[0].data<float>();  // x, or dy for the input gradient
+    const float* w = in[1].data<float>();
+    const float* b = mode_ == 0 && bias_ ? in[2].data<float>() : nullptr;
+    float* y = out[0].data<float>();
+    for (std::int64_t r = 0; r < n; ++r)
+#pragma omp simd
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        float v = src[r * c + ch] * w[ch * k + tap] + (b ? b[ch] : 0.0f);
+        y[r * c + ch] = relu_ && v < 0 ? 0.0f : v;
+      }
+    return ok_status();
+  }
+
+  const char* impl() const override { return "depthwise-point"; }
+
+ private:
+  int mode_;
+  bool bias_, relu_;
+  std::int64_t n_, c_, k_, tap_;
+};
+
 }  // namespace
 
 std::unique_ptr<Kernel> make_point_conv(int mode, const Node& n, const Shape& x, const Shape& w,
                                         const Shape& y, bool bias, bool relu) {
-  if (n.attrs.get_int_or("groups", 1) != 1 || x.size() != 4 || w.size() != 4 || y.size() != 4)
-    return nullptr;
+  const std::int64_t groups = n.attrs.get_int_or("groups", 1);
+  if (x.size() != 4 || w.size() != 4 || y.size() != 4) return nullptr;
+  const bool depthwise = groups > 1 && groups == x[1] && groups == w[0] && w[1] == 1;
+  if (groups != 1 && !depthwise) return nullptr;
   auto pd = n.attrs.get_ints_or("padding", {0, 0});
   auto dl = n.attrs.get_ints_or("dilation", {1, 1});
   if (pd.size() != 2 || dl.size() != 2) return nullptr;
   std::int64_t th = only_tap(x[2], y[2], w[2], pd[0], dl[0]),
                tw = only_tap(x[3], y[3], w[3], pd[1], dl[1]);
   if (th < 0 || tw < 0) return nullptr;
+  if (depthwise)
+    return std::make_unique<DepthwisePointKernel>(mode, x, w, th * w[3] + tw, bias, relu);
   return std::make_unique<PointConvKernel>(mode, x, w, th * w[3] + tw, bias, relu);
 }
 
