@@ -193,6 +193,7 @@ class ConvKernel final : public DnnlKernel {
     auto fwd = conv_fwd_pd(p, x, w, y, groups, bias && mode == 0, attr(mode == 0 && relu), alg, c);
     if (mode == 0) {
       prim_ = dnnl::convolution_forward(fwd);
+      impl_ = fwd.impl_info_str();
       init_scratch(fwd);
       ops_[0].init(xp, fwd.src_desc(), false);
       ops_[1].init(wp, fwd.weights_desc(), false);
@@ -205,6 +206,7 @@ class ConvKernel final : public DnnlKernel {
                                               p.dilates, p.pad_l, p.pad_r);
       dnnl::convolution_backward_data::primitive_desc pd(d, attr(false), engine(), fwd);
       prim_ = dnnl::convolution_backward_data(pd);
+      impl_ = pd.impl_info_str();
       init_scratch(pd);
       ops_[0].init(yp, pd.diff_dst_desc(), false);
       ops_[1].init(wp, pd.weights_desc(), false);
@@ -216,6 +218,7 @@ class ConvKernel final : public DnnlKernel {
                                                  p.dilates, p.pad_l, p.pad_r);
       dnnl::convolution_backward_weights::primitive_desc pd(d, attr(false), engine(), fwd);
       prim_ = dnnl::convolution_backward_weights(pd);
+      impl_ = pd.impl_info_str();
       init_scratch(pd);
       ops_[0].init(xp, pd.src_desc(), false);
       ops_[1].init(yp, pd.diff_dst_desc(), false);
@@ -241,10 +244,13 @@ class ConvKernel final : public DnnlKernel {
     stream().wait();
     return ok_status();
   }
+  // oneDNN's name for the implementation it chose ("jit_dw:avx512_core", ...).
+  const std::string& onednn_impl() const { return impl_; }
 
  private:
   int mode_;
   bool bias_;
+  std::string impl_;
   dnnl::primitive prim_;
   Operand ops_[3];
   memory bias_mem_;
@@ -282,6 +288,14 @@ std::unique_ptr<Kernel> make_conv(int mode, const Node& n, const Shape& x, const
     return v.ok() ? *v : 4;
   }();
   if (auto k = make_point_conv(mode, n, x, w, y, bias, relu)) return k;
+  std::unique_ptr<Kernel> small_dw;
+  {
+    const bool x_blocked = mode == 1 ? blocked_output(n, 0) : blocked_input(n, 0);
+    const bool y_blocked = mode == 0   ? blocked_output(n, 0)
+                           : mode == 1 ? blocked_input(n, 0)
+                                       : blocked_input(n, 1);
+    small_dw = make_small_depthwise(mode, n, x, w, y, x_blocked, y_blocked, bias, relu);
+  }
   if (!direct_only && w[2] == 3 && w[3] == 3 && y[2] >= min_map && y[3] >= min_map) {
     try {
       return std::make_unique<ConvKernel>(mode, n, x, w, y, bias, relu,
@@ -290,8 +304,23 @@ std::unique_ptr<Kernel> make_conv(int mode, const Node& n, const Shape& x, const
       // not implemented for this shape or ISA: direct below
     }
   }
-  return std::make_unique<ConvKernel>(mode, n, x, w, y, bias, relu,
-                                      dnnl::algorithm::convolution_direct);
+  // A small-map depthwise pass runs direct only where oneDNN has no JIT
+  // depthwise kernel for it (it falls back to im2col + GEMM per channel);
+  // where it has one (mobilenet_v2's 3x3 over 8x8) it beats the loops 3x.
+  std::unique_ptr<ConvKernel> k;
+  try {
+    k = std::make_unique<ConvKernel>(mode, n, x, w, y, bias, relu,
+                                     dnnl::algorithm::convolution_direct);
+  } catch (const dnnl::error&) {
+    if (small_dw) return small_dw;
+    throw;
+  }
+  // SHOAL_DEPTHWISE=direct takes the direct loops wherever they apply (tests).
+  const char* force = std::getenv("SHOAL_DEPTHWISE");
+  if (small_dw &&
+      ((force && std::string(force) == "direct") || !k->onednn_impl().starts_with("jit_dw")))
+    return small_dw;
+  return k;
 }
 
 // The `layout` op: plain NCHW <-> blocked nChw16c (attr blocked: 1 = to

@@ -115,6 +115,12 @@ class SrcDstKernel : public DnnlKernel {
 // mode and shapes as make_conv's: 0 forward, 1 input gradient, 2 weight gradient.
 std::unique_ptr<Kernel> make_point_conv(int mode, const Node& n, const Shape& x, const Shape& w,
                                         const Shape& y, bool bias, bool relu);
+// A depthwise convolution over maps of at most 8x8 as direct loops
+// (conv_depthwise.cc), or null. x_blocked/y_blocked: the layouts of the
+// x-shaped and y-shaped operands (nChw16c when true).
+std::unique_ptr<Kernel> make_small_depthwise(int mode, const Node& n, const Shape& x,
+                                             const Shape& w, const Shape& y, bool x_blocked,
+                                             bool y_blocked, bool bias, bool relu);
 
 // GELU over `count` elements (grad: the node (x, dy) -> dx), and softmax or
 // log-softmax over `axis` of `shape`, on oneDNN (onednn_eltwise.cc).

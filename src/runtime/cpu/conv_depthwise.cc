@@ -1,0 +1,148 @@
+// Depthwise convolutions (one input and one output channel per group) over
+// small maps, direct. Where oneDNN's JIT depthwise kernel declines a pass
+// (mnasnet's and MobileNet's 5x5 stages over 2x2 maps at 32x32 images, most
+// often the weight gradient) it falls back to im2col and one GEMM per
+// channel: 2.6-7.9 ms for 64 images of 288 channels, where the direct loops
+// here do the ~0.5 MFLOP in microseconds. make_conv (onednn.cc) takes them
+// only for such passes (SHOAL_DEPTHWISE=direct: for every small-map
+// depthwise pass); where oneDNN has its JIT kernel it is 3x faster than
+// these loops (mobilenet_v2's 3x3 over 8x8). Maps of at most 8x8 in and out.
+// Plain NCHW or the blocked nChw16c layout, as the layout pass annotated
+// each operand.
+#include <cstring>
+
+#include "runtime/cpu/onednn_internal.h"
+
+namespace shoal::runtime::cpu::dnnl_detail {
+
+namespace {
+
+constexpr std::int64_t kMaxMap = 64;  // elements of an input or output map
+
+// Offsets of [n, c, h, w] in plain or channel-blocked (16 lanes) storage.
+struct Plane {
+  std::int64_t c, h, w;
+  bool blocked;
+  std::int64_t at(std::int64_t n, std::int64_t ch, std::int64_t y, std::int64_t x) const {
+    if (!blocked) return ((n * c + ch) * h + y) * w + x;
+    constexpr std::int64_t L = kBlockChannels;
+    return (((n * (c / L) + ch / L) * h + y) * w + x) * L + ch % L;
+  }
+};
+
+class DepthwiseSmallKernel final : public Kernel {
+ public:
+  DepthwiseSmallKernel(int mode, const Node& n, const Shape& x, const Shape& w, const Shape& y,
+                       bool x_blocked, bool y_blocked, bool bias, bool relu)
+      : mode_(mode),
+        bias_(bias),
+        relu_(relu),
+        batch_(x[0]),
+        kh_(w[2]),
+        kw_(w[3]),
+        x_{x[1], x[2], x[3], x_blocked},
+        y_{y[1], y[2], y[3], y_blocked} {
+    auto st = n.attrs.get_ints_or("stride", {1, 1});
+    auto pd = n.attrs.get_ints_or("padding", {0, 0});
+    auto dl = n.attrs.get_ints_or("dilation", {1, 1});
+    for (int i = 0; i < 2; ++i) st_[i] = st[i], pd_[i] = pd[i], dl_[i] = dl[i];
+  }
+
+  Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
+    if (mode_ == 0)
+      forward(in[0].data<float>(), in[1].data<float>(), bias_ ? in[2].data<float>() : nullptr,
+              out[0].data<float>());
+    if (mode_ == 1) grad_input(in[0].data<float>(), in[1].data<float>(), out[0].data<float>());
+    if (mode_ == 2) grad_weight(in[0].data<float>(), in[1].data<float>(), out[0].data<float>());
+    return ok_status();
+  }
+
+  const char* impl() const override { return "depthwise-small"; }
+
+ private:
+  // Calls f(input y, input x, output y, output x, tap) for every tap of
+  // channel-independent geometry that reads inside the input.
+  template <typename F>
+  void taps(F&& f) const {
+    for (std::int64_t oy = 0; oy < y_.h; ++oy)
+      for (std::int64_t ox = 0; ox < y_.w; ++ox)
+        for (std::int64_t ky = 0; ky < kh_; ++ky) {
+          const std::int64_t iy = oy * st_[0] - pd_[0] + ky * dl_[0];
+          if (iy < 0 || iy >= x_.h) continue;
+          for (std::int64_t kx = 0; kx < kw_; ++kx) {
+            const std::int64_t ix = ox * st_[1] - pd_[1] + kx * dl_[1];
+            if (ix >= 0 && ix < x_.w) f(iy, ix, oy, ox, ky * kw_ + kx);
+          }
+        }
+  }
+
+  void forward(const float* x, const float* w, const float* b, float* y) const {
+    const std::int64_t k = kh_ * kw_;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t c = 0; c < x_.c; ++c)
+      for (std::int64_t n = 0; n < batch_; ++n) {
+        for (std::int64_t oy = 0; oy < y_.h; ++oy)
+          for (std::int64_t ox = 0; ox < y_.w; ++ox) y[y_.at(n, c, oy, ox)] = b ? b[c] : 0.0f;
+        taps([&](std::int64_t iy, std::int64_t ix, std::int64_t oy, std::int64_t ox,
+                 std::int64_t t) {
+          y[y_.at(n, c, oy, ox)] += x[x_.at(n, c, iy, ix)] * w[c * k + t];
+        });
+        if (relu_)
+          for (std::int64_t oy = 0; oy < y_.h; ++oy)
+            for (std::int64_t ox = 0; ox < y_.w; ++ox) {
+              float& v = y[y_.at(n, c, oy, ox)];
+              v = v < 0 ? 0.0f : v;
+            }
+      }
+  }
+
+  void grad_input(const float* dy, const float* w, float* dx) const {
+    const std::int64_t k = kh_ * kw_;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t c = 0; c < x_.c; ++c)
+      for (std::int64_t n = 0; n < batch_; ++n) {
+        for (std::int64_t iy = 0; iy < x_.h; ++iy)
+          for (std::int64_t ix = 0; ix < x_.w; ++ix) dx[x_.at(n, c, iy, ix)] = 0.0f;
+        taps([&](std::int64_t iy, std::int64_t ix, std::int64_t oy, std::int64_t ox,
+                 std::int64_t t) {
+          dx[x_.at(n, c, iy, ix)] += dy[y_.at(n, c, oy, ox)] * w[c * k + t];
+        });
+      }
+  }
+
+  void grad_weight(const float* x, const float* dy, float* dw) const {
+    const std::int64_t k = kh_ * kw_;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t c = 0; c < x_.c; ++c) {
+      float* g = dw + c * k;
+      std::fill(g, g + k, 0.0f);
+      for (std::int64_t n = 0; n < batch_; ++n)
+        taps([&](std::int64_t iy, std::int64_t ix, std::int64_t oy, std::int64_t ox,
+                 std::int64_t t) { g[t] += dy[y_.at(n, c, oy, ox)] * x[x_.at(n, c, iy, ix)]; });
+    }
+  }
+
+  int mode_;
+  bool bias_, relu_;
+  std::int64_t batch_, kh_, kw_;
+  Plane x_, y_;
+  std::int64_t st_[2] = {1, 1}, pd_[2] = {0, 0}, dl_[2] = {1, 1};
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_small_depthwise(int mode, const Node& n, const Shape& x,
+                                             const Shape& w, const Shape& y, bool x_blocked,
+                                             bool y_blocked, bool bias, bool relu) {
+  const std::int64_t groups = n.attrs.get_int_or("groups", 1);
+  if (x.size() != 4 || w.size() != 4 || y.size() != 4) return nullptr;
+  if (groups <= 1 || groups != x[1] || groups != w[0] || w[1] != 1 || y[1] != x[1]) return nullptr;
+  if (x[2] * x[3] > kMaxMap || y[2] * y[3] > kMaxMap) return nullptr;
+  if (n.attrs.get_ints_or("stride", {1, 1}).size() != 2 ||
+      n.attrs.get_ints_or("padding", {0, 0}).size() != 2 ||
+      n.attrs.get_ints_or("dilation", {1, 1}).size() != 2)
+    return nullptr;
+  return std::make_unique<DepthwiseSmallKernel>(mode, n, x, w, y, x_blocked, y_blocked, bias, relu);
+}
+
+}  // namespace shoal::runtime::cpu::dnnl_detail
