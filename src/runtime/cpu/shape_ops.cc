@@ -72,6 +72,16 @@ Status scatter_rows(const Tensor& ids, const Tensor& dy, Tensor& out, const Node
   return ok_status();
 }
 
+// n elements of T from s (stride ss) to d (stride ds), in elements.
+template <typename T>
+void strided_move(char* d, const char* s, std::int64_t n, std::int64_t ds, std::int64_t ss) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, s + i * ss * static_cast<std::int64_t>(sizeof(T)), sizeof(T));
+    std::memcpy(d + i * ds * static_cast<std::int64_t>(sizeof(T)), &v, sizeof(T));
+  }
+}
+
 }  // namespace
 
 void StridedCopy::run(const void* src, void* dst) const {
@@ -92,6 +102,14 @@ void StridedCopy::run(const void* src, void* dst) const {
   for (std::int64_t o = 0; o < outer; ++o) {
     if (dense) {
       std::memcpy(d + dof * e, s + so * e, static_cast<std::size_t>(inner * e));
+    } else if (e == 4) {
+      // A transpose's inner loop: typed strided moves, not a memcpy call per
+      // element (a Mixer's token transposes ran at 1.7 ns per element).
+      strided_move<std::uint32_t>(d + dof * e, s + so * e, inner, dst_st[r - 1], src_st[r - 1]);
+    } else if (e == 2) {
+      strided_move<std::uint16_t>(d + dof * e, s + so * e, inner, dst_st[r - 1], src_st[r - 1]);
+    } else if (e == 8) {
+      strided_move<std::uint64_t>(d + dof * e, s + so * e, inner, dst_st[r - 1], src_st[r - 1]);
     } else {
       for (std::int64_t i = 0; i < inner; ++i)
         std::memcpy(d + (dof + i * dst_st[r - 1]) * e, s + (so + i * src_st[r - 1]) * e, elem);
