@@ -37,7 +37,11 @@ int run_info() {
   fmt::print("  cpu         {}\n", cpu_features());
   for (const auto& [k, v] : runtime::runtime_info()) fmt::print("  {:<11} {}\n", k, v);
   const char* wait = std::getenv("OMP_WAIT_POLICY");
-  fmt::print("  omp wait    {} (OMP_WAIT_POLICY; passive unless set)\n", wait ? wait : "(unset)");
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  const std::string how = wait   ? std::string(wait)
+                          : spin ? fmt::format("spin {}", spin)
+                                 : std::string("(unset)");
+  fmt::print("  omp wait    {} (OMP_WAIT_POLICY, GOMP_SPINCOUNT; spin 10000 unless set)\n", how);
   return 0;
 }
 

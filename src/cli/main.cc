@@ -172,18 +172,20 @@ struct Cli {
   }
 };
 
-// OpenMP's threads spin while they wait by default, which is right on an
-// idle host and ruinous when another process holds a core: --threads 2
-// beside one busy process trained a CNN at 133-232 img/s against 215-235
-// on one thread and 288-333 with passive waiting (idle: 638-648 either
-// way; GPT -2.5% idle, 1.7x loaded; docs/BENCHMARKS.md). libgomp reads
-// OMP_WAIT_POLICY when it loads, before main, so the binary sets it and
+// OpenMP's threads spin 300,000 times before they sleep by default, which
+// is ruinous when another process holds a core (--threads 2 beside two busy
+// processes: a CNN at 459-524 img/s against 1,456-1,561 on one thread), and
+// sleeping at once (passive) pays a futex wake per parallel region (idle:
+// the CNN 3,891 against 4,912, the GPT 84k against 133k tok/s). A short spin
+// (GOMP_SPINCOUNT=10000, then sleep) was the best or near it in every case
+// measured on this host (docs/BENCHMARKS.md, bench/omp_wait.sh). libgomp
+// reads its settings when it loads, before main, so the binary sets it and
 // starts itself again, once; a policy the user set (OMP_WAIT_POLICY or
 // GOMP_SPINCOUNT) is kept.
-void wait_passively_unless_told(char** argv) {
+void spin_briefly_unless_told(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
-  setenv("OMP_WAIT_POLICY", "passive", 1);
-  execv("/proc/self/exe", argv);  // returns only on failure: go on spinning
+  setenv("GOMP_SPINCOUNT", "10000", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: libgomp's default
 }
 
 // Puts `extra` (flag tokens from a file) right after "train" in `args` and
@@ -199,7 +201,7 @@ int reparse(std::unique_ptr<Cli>& cli, std::vector<std::string>& args,
 }  // namespace
 
 int main(int argc, char** argv) {
-  wait_passively_unless_told(argv);
+  spin_briefly_unless_told(argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   auto cli = std::make_unique<Cli>();
   if (int rc = cli->parse(args); rc != 0) return rc < 0 ? 0 : rc;

@@ -1,14 +1,14 @@
 """Shoal: train networks on one process or many (C++ library, Python front).
 
 The bindings live in shoal._shoal; this package sets the process up for
-them first. libgomp (the OpenMP runtime the kernels use) reads
-OMP_WAIT_POLICY once, when it loads, which is when the core below is
-imported: so it is set here, to passive, as the shoal binary sets it.
-Spinning OpenMP threads beside another busy process ran two threads 4-10x
-slower than one (docs/BENCHMARKS.md, "OpenMP threads waiting beside a busy
-process"). A policy the user set (OMP_WAIT_POLICY or GOMP_SPINCOUNT) is
-kept; an OpenMP runtime another module loaded first (torch) cannot be
-changed any more, and a warning says so.
+them first. libgomp (the OpenMP runtime the kernels use) reads its wait
+settings once, when it loads, which is when the core below is imported: so
+GOMP_SPINCOUNT is set here, to 10000 (a short spin, then sleep), as the shoal
+binary sets it. libgomp's default long spin beside another busy process ran
+two threads 3x slower than one, and sleeping at once costs idle hosts 20-37%
+(docs/BENCHMARKS.md, bench/omp_wait.sh). A policy the user set
+(OMP_WAIT_POLICY or GOMP_SPINCOUNT) is kept; an OpenMP runtime another module
+loaded first (torch) cannot be changed any more, and a warning says so.
 """
 
 import os as _os
@@ -30,13 +30,13 @@ def _set_wait_policy():
         _warnings.warn(
             "shoal: the OpenMP runtime (libgomp) was loaded before shoal, by another module "
             "(torch?), with its default wait policy: its threads spin and fall below one "
-            "thread's speed beside a busy process. Set OMP_WAIT_POLICY=passive before Python "
+            "thread's speed beside a busy process. Set GOMP_SPINCOUNT=10000 before Python "
             "starts, or import shoal first.",
             RuntimeWarning,
             stacklevel=3,
         )
         return
-    _os.environ["OMP_WAIT_POLICY"] = "passive"
+    _os.environ["GOMP_SPINCOUNT"] = "10000"
 
 
 _set_wait_policy()

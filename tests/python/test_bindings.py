@@ -292,23 +292,25 @@ def _import_shoal(env_extra, first=""):
     """A fresh interpreter that imports `first` then shoal; libgomp prints the
     policy it took (OMP_DISPLAY_ENV) to stderr when it loads."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    env.update({"OMP_DISPLAY_ENV": "true"}, **env_extra)
-    code = f"{first}\nimport os, shoal\nprint('policy', os.environ.get('OMP_WAIT_POLICY'))"
+    env.update({"OMP_DISPLAY_ENV": "verbose"}, **env_extra)
+    code = (f"{first}\nimport os, shoal\nprint('policy', os.environ.get('OMP_WAIT_POLICY'), "
+            "os.environ.get('GOMP_SPINCOUNT'))")
     return subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_import_sets_a_passive_openmp_wait_policy_unless_one_is_set():
-    # Before: `import shoal` left libgomp spinning (the CLI alone set passive),
-    # and two threads beside a busy process ran 4-10x slower than one.
+def test_import_sets_a_short_openmp_spin_unless_a_policy_is_set():
+    # Before: `import shoal` left libgomp's long default spin (the CLI alone
+    # set its policy), and two threads beside a busy process ran slower than one.
     r = _import_shoal({})
     assert r.returncode == 0, r.stderr
-    assert "policy passive" in r.stdout
-    assert "OMP_WAIT_POLICY = 'PASSIVE'" in r.stderr  # what libgomp itself took
+    assert "policy None 10000" in r.stdout
+    assert "GOMP_SPINCOUNT = '10000'" in r.stderr  # what libgomp itself took
     kept = _import_shoal({"OMP_WAIT_POLICY": "active"})
-    assert "policy active" in kept.stdout
+    assert "policy active None" in kept.stdout
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in kept.stderr
     spin = _import_shoal({"GOMP_SPINCOUNT": "1000"})
-    assert "policy None" in spin.stdout
+    assert "policy None 1000" in spin.stdout
+    assert "GOMP_SPINCOUNT = '1000'" in spin.stderr
 
 
 def test_import_after_another_openmp_user_warns_that_the_policy_cannot_change():
