@@ -121,9 +121,31 @@ TEST(OneDnn, ConvForwardAndGradients) {
   }
 }
 
+// A depthwise convolution (ReLU, bias), its input and weight gradients
+// against the f64 reference, each pass run by the kernel named `impl`.
+void compare_depthwise(const Shape& x, std::int64_t k, std::int64_t st, std::int64_t pd,
+                       std::int64_t dl, const std::string& impl) {
+  const std::int64_t ch = x[1];
+  Shape w = {ch, 1, k, k};
+  std::vector<std::int64_t> stv = {st, st}, pdv = {pd, pd}, dlv = {dl, dl};
+  compare("depthwise " + shape_str(x) + shape_str(w), {x, w, {ch}},
+          [&](Builder& b, auto v) {
+            Value y = b.relu(b.conv2d(v[0], v[1], v[2], stv, pdv, dlv, ch));
+            graph::Attrs a{{"stride", stv}, {"padding", pdv}, {"dilation", dlv}, {"groups", ch}};
+            Value dy = b.mul(y, y);
+            graph::Attrs ai = a, aw = a;
+            ai.set("input_shape", x);
+            aw.set("weight_shape", w);
+            return std::vector<Value>{y, b.op("conv2d_grad_input", {dy, v[1]}, ai),
+                                      b.op("conv2d_grad_weight", {v[0], dy}, aw)};
+          },
+          true, {{"conv2d", impl}, {"conv2d_grad_input", impl}, {"conv2d_grad_weight", impl}});
+}
+
 // Depthwise convolutions over small maps where oneDNN's JIT depthwise kernels
 // decline (padding past the input: mnasnet's 5x5 stages over 2x2 and 4x4
-// maps) run as direct loops (conv_depthwise.cc), in both layouts.
+// maps) run as direct loops (conv_depthwise.cc), in both layouts (32 and 16
+// channels take the blocked one).
 TEST(OneDnn, DepthwiseConvOverSmallMapsIsDirect) {
   // Where oneDNN has a JIT depthwise kernel for a pass it keeps it (which
   // shapes depends on the ISA); the direct loops are checked on all of them.
@@ -132,58 +154,20 @@ TEST(OneDnn, DepthwiseConvOverSmallMapsIsDirect) {
     Shape x;
     std::int64_t k, st, pd, dl;
   };
-  for (C c : {C{{8, 32, 2, 2}, 5, 1, 2, 1}, C{{8, 32, 2, 2}, 5, 2, 2, 1},
-              C{{3, 6, 4, 4}, 3, 1, 1, 1}, C{{3, 16, 4, 3}, 3, 2, 2, 2},
-              C{{2, 5, 7, 6}, 3, 1, 0, 1}, C{{64, 288, 2, 2}, 5, 2, 2, 1}}) {
-    const std::int64_t ch = c.x[1];
-    Shape w = {ch, 1, c.k, c.k};
-    std::vector<std::int64_t> st = {c.st, c.st}, pd = {c.pd, c.pd}, dl = {c.dl, c.dl};
-    compare("depthwise " + shape_str(c.x) + shape_str(w), {c.x, w, {ch}},
-            [&](Builder& b, auto v) {
-              Value y = b.relu(b.conv2d(v[0], v[1], v[2], st, pd, dl, ch));
-              graph::Attrs a{{"stride", st}, {"padding", pd}, {"dilation", dl}, {"groups", ch}};
-              Value dy = b.mul(y, y);
-              graph::Attrs ai = a, aw = a;
-              ai.set("input_shape", c.x);
-              aw.set("weight_shape", w);
-              return std::vector<Value>{y, b.op("conv2d_grad_input", {dy, v[1]}, ai),
-                                        b.op("conv2d_grad_weight", {v[0], dy}, aw)};
-            },
-            true,
-            {{"conv2d", "depthwise-small"},
-             {"conv2d_grad_input", "depthwise-small"},
-             {"conv2d_grad_weight", "depthwise-small"}});
-  }
+  for (C c :
+       {C{{8, 32, 2, 2}, 5, 1, 2, 1}, C{{8, 32, 2, 2}, 5, 2, 2, 1}, C{{3, 6, 4, 4}, 3, 1, 1, 1},
+        C{{3, 16, 4, 3}, 3, 2, 2, 2}, C{{2, 5, 7, 6}, 3, 1, 0, 1}, C{{64, 288, 2, 2}, 5, 2, 2, 1}})
+    compare_depthwise(c.x, c.k, c.st, c.pd, c.dl, "depthwise-small");
   unsetenv("SHOAL_DEPTHWISE");
 }
 
 // Depthwise convolutions over 1x1 maps (mobilenet_v3_small's last 5x5
 // stages): a per-channel scale by the one tap that reads the input
 // (conv_point.cc), against the f64 reference; 32 channels take the blocked
-// layout, 6 do not; with a bias and the ReLU, and a stride.
+// layout, 6 do not; with a stride.
 TEST(OneDnn, DepthwiseConvOverOneByOneMapsIsAChannelScale) {
-  for (auto [x, k, st, pd] :
-       {std::tuple<Shape, std::int64_t, std::int64_t, std::int64_t>{{8, 32, 1, 1}, 5, 1, 2},
-        {{5, 6, 1, 1}, 3, 2, 1}}) {
-    const std::int64_t ch = x[1];
-    Shape w = {ch, 1, k, k};
-    std::vector<std::int64_t> stv = {st, st}, pdv = {pd, pd}, dl = {1, 1};
-    compare("depthwise " + shape_str(x) + shape_str(w), {x, w, {ch}},
-            [&](Builder& b, auto v) {
-              Value y = b.relu(b.conv2d(v[0], v[1], v[2], stv, pdv, dl, ch));
-              graph::Attrs a{{"stride", stv}, {"padding", pdv}, {"dilation", dl}, {"groups", ch}};
-              Value dy = b.mul(y, y);
-              graph::Attrs ai = a, aw = a;
-              ai.set("input_shape", x);
-              aw.set("weight_shape", w);
-              return std::vector<Value>{y, b.op("conv2d_grad_input", {dy, v[1]}, ai),
-                                        b.op("conv2d_grad_weight", {v[0], dy}, aw)};
-            },
-            true,
-            {{"conv2d", "depthwise-point"},
-             {"conv2d_grad_input", "depthwise-point"},
-             {"conv2d_grad_weight", "depthwise-point"}});
-  }
+  compare_depthwise({8, 32, 1, 1}, 5, 1, 2, 1, "depthwise-point");
+  compare_depthwise({5, 6, 1, 1}, 3, 2, 1, 1, "depthwise-point");
 }
 
 TEST(OneDnn, Pooling) {

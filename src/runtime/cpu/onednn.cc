@@ -171,6 +171,17 @@ dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvParams& p, const
   return {d, a, engine()};
 }
 
+// Whether the x-shaped and the y-shaped operand of a convolution pass hold
+// the blocked layout (assign_blocked_layouts' annotations). mode 0 forward
+// (x, w[, b]) -> y; 1 grad input (dy, w) -> dx; 2 grad weight (x, dy) -> dw.
+std::pair<bool, bool> conv_layouts(int mode, const Node& n) {
+  const bool x = mode == 1 ? blocked_output(n, 0) : blocked_input(n, 0);
+  const bool y = mode == 0   ? blocked_output(n, 0)
+                 : mode == 1 ? blocked_input(n, 0)
+                             : blocked_input(n, 1);
+  return {x, y};
+}
+
 // mode 0 forward (x, w[, b]) -> y; 1 grad input (dy, w) -> dx; 2 grad weight (x, dy) -> dw.
 class ConvKernel final : public DnnlKernel {
  public:
@@ -183,10 +194,7 @@ class ConvKernel final : public DnnlKernel {
     std::int64_t groups = n.attrs.get_int_or("groups", 1);
     ConvParams p = ConvParams::make(n, x, w, y);
     // Activations arrive and leave in the layout assign_blocked_layouts chose.
-    const bool x_blocked = mode == 1 ? blocked_output(n, 0) : blocked_input(n, 0);
-    const bool y_blocked = mode == 0   ? blocked_output(n, 0)
-                           : mode == 1 ? blocked_input(n, 0)
-                                       : blocked_input(n, 1);
+    const auto [x_blocked, y_blocked] = conv_layouts(mode, n);
     memory::desc xp(dims_of(x), dt::f32, x_blocked ? tag::nChw16c : tag::nchw),
         yp(dims_of(y), dt::f32, y_blocked ? tag::nChw16c : tag::nchw);
     memory::desc wp = weights_plain(w, groups);
@@ -288,14 +296,9 @@ std::unique_ptr<Kernel> make_conv(int mode, const Node& n, const Shape& x, const
     return v.ok() ? *v : 4;
   }();
   if (auto k = make_point_conv(mode, n, x, w, y, bias, relu)) return k;
-  std::unique_ptr<Kernel> small_dw;
-  {
-    const bool x_blocked = mode == 1 ? blocked_output(n, 0) : blocked_input(n, 0);
-    const bool y_blocked = mode == 0   ? blocked_output(n, 0)
-                           : mode == 1 ? blocked_input(n, 0)
-                                       : blocked_input(n, 1);
-    small_dw = make_small_depthwise(mode, n, x, w, y, x_blocked, y_blocked, bias, relu);
-  }
+  const auto [x_blocked, y_blocked] = conv_layouts(mode, n);
+  std::unique_ptr<Kernel> small_dw =
+      make_small_depthwise(mode, n, x, w, y, x_blocked, y_blocked, bias, relu);
   if (!direct_only && w[2] == 3 && w[3] == 3 && y[2] >= min_map && y[3] >= min_map) {
     try {
       return std::make_unique<ConvKernel>(mode, n, x, w, y, bias, relu,
