@@ -167,9 +167,18 @@ Converter reduce(const std::string& shoal_op) {
 }
 
 // clip(x, lo, hi) = lo + relu(x - lo) - relu(x - hi): ReLU6 (MobileNet's
-// Clip(0, 6)) in two ReLUs, with their gradient.
+// Clip(0, 6)) in two ReLUs, with their gradient. Infinite bounds: no bound.
+Value clamp(graph::Builder& b, Value x, double lo, double hi) {
+  if (std::isinf(lo) && std::isinf(hi)) return x;
+  if (std::isinf(lo))  // min(x, hi) = hi - relu(hi - x)
+    return b.sub(b.scalar_like(hi, x), b.relu(b.sub(b.scalar_like(hi, x), x)));
+  Value y = b.relu(lo == 0 ? x : b.sub(x, b.scalar_like(lo, x)));
+  if (!std::isinf(hi)) y = b.sub(y, b.relu(b.sub(x, b.scalar_like(hi, x))));
+  if (lo != 0) y = b.add(y, b.scalar_like(lo, x));
+  return y;
+}
+
 Status clip(Ctx& c) {
-  auto& b = c.b();
   SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
   double lo = c.attr_f("min", -INFINITY), hi = c.attr_f("max", INFINITY);
   for (int i : {1, 2}) {
@@ -178,18 +187,7 @@ Status clip(Ctx& c) {
     if (!k) return c.fail("the clip bounds must be known at import");
     (i == 1 ? lo : hi) = k->get(0);
   }
-  if (std::isinf(lo) && std::isinf(hi)) {
-    c.out(0, x);
-    return ok_status();
-  }
-  if (std::isinf(lo)) {  // min(x, hi) = hi - relu(hi - x)
-    c.out(0, b.sub(b.scalar_like(hi, x), b.relu(b.sub(b.scalar_like(hi, x), x))));
-    return ok_status();
-  }
-  Value y = b.relu(lo == 0 ? x : b.sub(x, b.scalar_like(lo, x)));
-  if (!std::isinf(hi)) y = b.sub(y, b.relu(b.sub(x, b.scalar_like(hi, x))));
-  if (lo != 0) y = b.add(y, b.scalar_like(lo, x));
-  c.out(0, y);
+  c.out(0, clamp(c.b(), x, lo, hi));
   return ok_status();
 }
 
@@ -202,11 +200,10 @@ Status leaky_relu(Ctx& c) {
   return ok_status();
 }
 
-// clip(alpha * x + beta, 0, 1), from ReLUs as Clip; HardSwish is x times
-// it with alpha 1/6, beta 1/2 (MobileNetV3).
+// clip(alpha * x + beta, 0, 1), Clip's clamp; HardSwish is x times it with
+// alpha 1/6, beta 1/2 (MobileNetV3).
 Value hard_sigmoid(graph::Builder& b, Value x, double alpha, double beta) {
-  Value t = b.add(b.mul(x, b.scalar_like(alpha, x)), b.scalar_like(beta, x));
-  return b.sub(b.relu(t), b.relu(b.sub(t, b.scalar_like(1.0, x))));
+  return clamp(b, b.add(b.mul(x, b.scalar_like(alpha, x)), b.scalar_like(beta, x)), 0.0, 1.0);
 }
 
 Status hard_sigmoid_op(Ctx& c) {

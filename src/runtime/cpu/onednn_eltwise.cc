@@ -12,9 +12,10 @@ namespace {
 // GELU (exact, erf form) and its gradient, tanh, sigmoid and exp as oneDNN's
 // JIT eltwise primitives: the reference kernels call libm's scalar erf, tanh
 // or exp per element (erf 12 ns each: 43% of a GPT step at 1 thread; tanh
-// 43% of a tanh LeNet's), oneDNN evaluates them in vector registers. Plain
-// layouts only; the element count is all that matters. Forward: src -> dst.
-// Gradient node (x, dy) -> dx.
+// 43% of a tanh LeNet's), oneDNN evaluates them in vector registers. Any
+// layout every operand shares (the factories in onednn.cc check): the
+// element count is all that matters. Forward: src -> dst. Gradient node
+// (x, dy) -> dx.
 class EltwiseKernel final : public DnnlKernel {
  public:
   EltwiseKernel(dnnl::algorithm alg, std::int64_t n, bool grad) : grad_(grad) {

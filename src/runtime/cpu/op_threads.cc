@@ -1,10 +1,11 @@
 // Which nodes run on one thread. Every oneDNN primitive opens an OpenMP
-// parallel region whatever its size, and Shoal's threads wait passively
-// (docs/BENCHMARKS.md, bench/omp_wait.sh): waking the sleeping one costs
-// 50-90 us on this VM, more than a small matmul takes. A GRU of 28 steps
-// (224 matmuls of 1-6 MFLOP per training step) ran 3.7x slower on two
-// threads than on one. Nodes below the limits here are built and run with
-// one thread; above them the second thread's help outweighs its wake-up.
+// parallel region whatever its size, and under a passive wait (the user's
+// OMP_WAIT_POLICY=passive; the default is a short spin, docs/runtime.md)
+// waking the sleeping thread costs 50-90 us on this VM, more than a small
+// matmul takes. A GRU of 28 steps (224 matmuls of 1-6 MFLOP per training
+// step) ran 3.7x slower on two threads than on one. Nodes below the limits
+// here are then built and run with one thread; above them the second
+// thread's help outweighs its wake-up.
 #include <omp.h>
 
 #include <cctype>
