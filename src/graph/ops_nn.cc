@@ -1,10 +1,27 @@
 // Network ops: matmul and linear, convolution and pooling, normalization
 // and dropout, softmax and the losses.
+#include <cmath>
+
 #include "graph/ops_internal.h"
 
 namespace shoal::graph::ops_detail {
 
 namespace {
+
+// A softmax's `scale` (x is multiplied by it first) must be finite and
+// positive; `causal` (position i of the last axis sees positions
+// <= i + cols - rows only) needs the last axis of a matrix.
+Status check_softmax_scale(const Node& n, const Shape& s) {
+  const double scale = n.attrs.get_float_or("scale", 1.0);
+  if (!(scale > 0) || !std::isfinite(scale))
+    return invalid_argument("scale must be finite and > 0, got {}", scale);
+  if (n.attrs.get_int_or("causal", 0) == 0) return ok_status();
+  const auto rank = static_cast<std::int64_t>(s.size());
+  if (rank < 2 || *norm_axis(n.attrs.get_int_or("axis", -1), s.size()) != rank - 1)
+    return invalid_argument("causal needs the last axis of a rank >= 2 tensor; got axis {} of {}",
+                            n.attrs.get_int_or("axis", -1), shape_str(s));
+  return ok_status();
+}
 
 Result<Shape> conv_out_shape(const Node& n, const Shape& x, const Shape& w) {
   if (x.size() != 4) return invalid_argument("input must be NCHW (rank 4)");
@@ -384,13 +401,17 @@ void register_loss_ops(OpRegistry& r) {
     d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
       SHOAL_RETURN_IF_ERROR(norm_axis(n.attrs.get_int_or("axis", -1), in[0].shape.size()).status());
+      SHOAL_RETURN_IF_ERROR(check_softmax_scale(n, in[0].shape));
       return Types{in[0]};
     };
     if (name == "softmax") {
+      // softmax(scale * x + causal mask): attention's scores in one op.
+      d.attrs = {"axis", "scale", "causal"};
+      // One fused pass, dx = scale * y * (dy - sum(dy * y)), not four.
       d.grad = GRAD {
-        std::int64_t ax = *norm_axis(g.node.attrs.get_int_or("axis", -1), SHAPE_OF(0).size());
-        Value s = g.b.reduce_sum(g.b.mul(DY, Y(0)), {ax}, true);
-        return {g.b.mul(Y(0), g.b.sub(DY, s))};
+        Attrs a = {{"axis", g.node.attrs.get_int_or("axis", -1)}};
+        if (g.node.attrs.has("scale")) a.set("scale", g.node.attrs.get_float_or("scale", 1.0));
+        return {g.b.op("softmax_grad", {Y(0), DY}, a)};
       };
     } else {
       d.grad = GRAD {
@@ -399,6 +420,22 @@ void register_loss_ops(OpRegistry& r) {
         return {g.b.sub(DY, g.b.mul(g.b.exp(Y(0)), s))};
       };
     }
+    r.add(d);
+  }
+  {
+    OpDef d;
+    d.name = "softmax_grad";  // (y, dy) -> scale * y * (dy - sum(dy * y) along axis)
+    d.min_inputs = d.max_inputs = 2;
+    d.attrs = {"axis", "scale"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      if (in[0].shape != in[1].shape)
+        return invalid_argument("y {} and dy {} differ in shape", shape_str(in[0].shape),
+                                shape_str(in[1].shape));
+      SHOAL_RETURN_IF_ERROR(norm_axis(n.attrs.get_int_or("axis", -1), in[0].shape.size()).status());
+      SHOAL_RETURN_IF_ERROR(check_softmax_scale(n, in[0].shape));
+      return Types{in[0]};
+    };
     r.add(d);
   }
   {

@@ -29,6 +29,7 @@ KernelRegistry& KernelRegistry::cpu() {
     auto* r = new KernelRegistry();  // NOLINT(cppcoreguidelines-owning-memory): process lifetime
     cpu::register_elementwise(*r);
     cpu::register_reduce(*r);
+    cpu::register_softmax(*r);
     cpu::register_shape_ops(*r);
     cpu::register_nn(*r);
     cpu::register_norms(*r);

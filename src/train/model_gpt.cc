@@ -8,7 +8,6 @@
 // projections N(0, 0.02/sqrt(2 layers)), biases 0, layer norms 1 and 0.
 #include <charconv>
 #include <cmath>
-#include <limits>
 
 #include "shoal/train/model.h"
 
@@ -46,24 +45,15 @@ struct Gpt {
     return b().transpose(r, {0, 2, 1, 3});
   }
 
-  // 0 on and below the diagonal, a large negative number above: position t
-  // attends to positions <= t only.
-  Value causal_mask() {
-    Tensor t = Tensor::empty({len, len}, DType::kF32);
-    float* p = t.data<float>();
-    for (std::int64_t i = 0; i < len; ++i)
-      for (std::int64_t j = 0; j < len; ++j) p[i * len + j] = j > i ? -1e9f : 0.f;
-    return b().constant(t);
-  }
-
-  Value attention(Value x, const std::string& n, Value mask) {
+  Value attention(Value x, const std::string& n) {
     const double proj_std = kInitStd / std::sqrt(2.0 * c.layers);
     Value q = heads(dense(x, c.dim, c.dim, n + ".q", kInitStd));
     Value k = heads(dense(x, c.dim, c.dim, n + ".k", kInitStd));
     Value v = heads(dense(x, c.dim, c.dim, n + ".v", kInitStd));
     Value s = b().matmul(q, k, false, true);  // [B, H, T, T]
-    s = b().mul(s, b().scalar(1.0 / std::sqrt(static_cast<double>(head_dim))));
-    Value p = b().softmax(b().add(s, mask), -1);
+    // Scaled, causally masked (t attends to positions <= t) and normalised
+    // in one op and one pass, its gradient in one more.
+    Value p = b().attention_softmax(s, 1.0 / std::sqrt(static_cast<double>(head_dim)), true);
     Value o = b().transpose(b().matmul(p, v), {0, 2, 1, 3});  // [B, T, H, D/H]
     o = b().reshape(o, {batch * len, c.dim});
     return dense(o, c.dim, c.dim, n + ".proj", proj_std);
@@ -82,10 +72,9 @@ struct Gpt {
     Value pos = len == c.context ? wpe : b().slice(wpe, 0, 0, len, 1);
     Value h = b().add(b().embedding(wte, ids), pos);  // [B, T, D]
     h = b().reshape(h, {batch * len, c.dim});
-    Value mask = causal_mask();
     for (int l = 0; l < c.layers; ++l) {
       std::string n = "h." + std::to_string(l);
-      h = b().add(h, attention(norm(h, n + ".ln_1"), n + ".attn", mask));
+      h = b().add(h, attention(norm(h, n + ".ln_1"), n + ".attn"));
       h = b().add(h, mlp(norm(h, n + ".ln_2"), n + ".mlp"));
     }
     h = norm(h, "ln_f");

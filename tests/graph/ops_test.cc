@@ -299,6 +299,16 @@ TEST(GradCheck, SoftmaxFamilyAndLosses) {
     gradcheck("log_softmax axis " + std::to_string(axis), {{{3, 5, 2}}},
               [&](Builder& b, const std::vector<Value>& x) { return b.log_softmax(x[0], axis); });
   }
+  // Attention's form: scaled, causal on square and wide matrices, and
+  // scaled alone (one fused op forward and one backward).
+  for (Shape s : {Shape{2, 3, 4, 4}, Shape{2, 3, 5}, Shape{3, 6}}) {
+    for (bool causal : {true, false}) {
+      gradcheck("attention_softmax " + shape_str(s) + (causal ? " causal" : ""), {{s}},
+                [&](Builder& b, const std::vector<Value>& x) {
+                  return b.attention_softmax(x[0], 0.37, causal);
+                });
+    }
+  }
   for (DType lt : {DType::kI32, DType::kI64}) {
     gradcheck("cross_entropy", {{{5, 7}}, {{5}, lt, Init::kLabels, 7}},
               [](Builder& b, const std::vector<Value>& x) { return b.cross_entropy(x[0], x[1]); });
@@ -453,6 +463,7 @@ TEST(GradCheck, EveryRegisteredOpIsCoveredOrAHelper) {
                                    "avg_pool2d_grad",
                                    "batch_norm_grad",
                                    "layer_norm_grad",
+                                   "softmax_grad",  // checked through softmax
                                    "embedding_grad"};
   for (const std::string& op : OpRegistry::global().names())
     EXPECT_TRUE(checked.count(op) || helpers.count(op))

@@ -83,6 +83,13 @@ class Builder {
   Value layer_norm(Value x, Value gamma, Value beta, double eps = 1e-5);
   Value dropout(Value x, double p, std::int64_t seed, std::int64_t stream = 0);
   Value softmax(Value x, std::int64_t axis = -1) { return op("softmax", {x}, {{"axis", axis}}); }
+  // softmax(scale * x) over the last axis, positions j > i + cols - rows
+  // masked out (0) when causal (a row that sees nothing is all 0):
+  // attention's scores in one op.
+  Value attention_softmax(Value x, double scale, bool causal) {
+    return op("softmax", {x},
+              {{"axis", std::int64_t{-1}}, {"scale", scale}, {"causal", std::int64_t{causal}}});
+  }
   Value log_softmax(Value x, std::int64_t axis = -1) {
     return op("log_softmax", {x}, {{"axis", axis}});
   }

@@ -115,6 +115,7 @@ inline bool blocked_output(const Node& n, std::size_t i) {
 
 void register_elementwise(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);
+void register_softmax(KernelRegistry& r);  // softmax.cc
 void register_shape_ops(KernelRegistry& r);
 void register_nn(KernelRegistry& r);
 void register_norms(KernelRegistry& r);  // norm_ref.cc

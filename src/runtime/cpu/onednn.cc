@@ -557,8 +557,10 @@ void register_onednn(KernelRegistry& r) {
           const auto rank = static_cast<std::int64_t>(y.shape.size());
           std::int64_t axis = n.attrs.get_int_or("axis", -1);
           if (axis < 0) axis += rank;
+          // Attention's scaled and masked softmax is softmax.cc's own kernel.
           if (num_elements(y.shape) == 0 || rank == 0 || axis < 0 || axis >= rank ||
-              blocked_input(n, 0) || blocked_output(n, 0))
+              blocked_input(n, 0) || blocked_output(n, 0) || n.attrs.has("scale") ||
+              n.attrs.get_int_or("causal", 0) != 0)
             return nullptr;
           return make_softmax(in[0].shape, static_cast<int>(axis), log);
         });

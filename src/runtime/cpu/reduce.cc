@@ -1,4 +1,4 @@
-// Reductions, broadcast, softmax family and losses.
+// Reductions, broadcast and losses (the softmax family: softmax.cc).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -100,47 +100,6 @@ void add_reduce(KernelRegistry& r, const std::string& op) {
   });
 }
 
-// (outer, len, inner) view of a tensor around `axis`.
-struct AxisView {
-  std::int64_t outer = 1, len = 1, inner = 1;
-};
-AxisView axis_view(const Shape& s, std::int64_t axis) {
-  AxisView v;
-  if (axis < 0) axis += static_cast<std::int64_t>(s.size());
-  for (std::int64_t i = 0; i < static_cast<std::int64_t>(s.size()); ++i) {
-    if (i < axis)
-      v.outer *= s[i];
-    else if (i == axis)
-      v.len = s[i];
-    else
-      v.inner *= s[i];
-  }
-  return v;
-}
-
-template <typename T>
-void softmax_rows(const T* x, T* y, AxisView v, bool log) {
-  std::int64_t rows = v.outer * v.inner;
-#pragma omp parallel for if (rows * v.len > kParallelGrain) schedule(static)
-  for (std::int64_t rr = 0; rr < rows; ++rr) {
-    std::int64_t o = rr / v.inner, in = rr % v.inner;
-    const T* xr = x + o * v.len * v.inner + in;
-    T* yr = y + o * v.len * v.inner + in;
-    T mx = -std::numeric_limits<T>::infinity();
-    for (std::int64_t i = 0; i < v.len; ++i) mx = std::max(mx, xr[i * v.inner]);
-    T sum = 0;
-    for (std::int64_t i = 0; i < v.len; ++i) sum += std::exp(xr[i * v.inner] - mx);
-    if (log) {
-      T lse = mx + std::log(sum);
-      for (std::int64_t i = 0; i < v.len; ++i) yr[i * v.inner] = xr[i * v.inner] - lse;
-    } else {
-      T inv = T(1) / sum;
-      for (std::int64_t i = 0; i < v.len; ++i)
-        yr[i * v.inner] = std::exp(xr[i * v.inner] - mx) * inv;
-    }
-  }
-}
-
 template <typename I>
 Result<std::int64_t> read_label(const Tensor& t, std::int64_t i, std::int64_t depth,
                                 const Node& n) {
@@ -196,21 +155,6 @@ void register_reduce(KernelRegistry& r) {
       return ok_status();
     });
   });
-
-  for (std::string op : {"softmax", "log_softmax"}) {
-    r.add(op, [op](const Node& n, const Inputs& in) {
-      AxisView v = axis_view(in[0].shape, n.attrs.get_int_or("axis", -1));
-      bool log = op == "log_softmax";
-      return make_fn(
-          [v, log](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
-            return dispatch_float(x[0].dtype(), [&](auto tag) {
-              using T = decltype(tag);
-              softmax_rows(x[0].data<T>(), y[0].data<T>(), v, log);
-              return ok_status();
-            });
-          });
-    });
-  }
 
   r.add("cross_entropy", [](const Node&, const Inputs&) {
     return make_fn([](const KernelContext& c, std::span<const Tensor> x, std::span<Tensor> y) {

@@ -1,0 +1,268 @@
+// The softmax family: softmax (with attention's scale and causal mask),
+// log_softmax and softmax's gradient. Rows along the last axis (every
+// softmax of the transformers) run a vectorized exp and write each row
+// once; other axes run the strided loop. oneDNN's softmax primitive
+// overrides plain f32 softmax (onednn.cc); the scaled and masked ones and
+// the gradient stay here.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "runtime/cpu/kernels_internal.h"
+
+namespace shoal::runtime::cpu {
+namespace {
+
+// exp(x) in f32 with plain arithmetic GCC vectorizes (no libm call):
+// Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, Cephes' degree-6
+// polynomial for e^r, then 2^n through the exponent bits. Within 2 ulp of
+// expf over [-87, 88]; below, clamped (e^-87 ~ 1.6e-38: softmax's masked
+// or -inf entries come out 0 against the row's maximum of 1).
+inline float exp_f32(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(bits);
+}
+inline double exp_any(double x) { return std::exp(x); }
+inline float exp_any(float x) { return exp_f32(x); }
+
+#if defined(__AVX512F__)
+// GCC 12's AVX-512 headers trip its own maybe-uninitialized warning
+// (_mm512_max_ps's unused pass-through operand).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// exp_f32 on 16 lanes; 2^n by vscalefps.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Horizontal max and sum through memory: GCC 12's _mm512_reduce_* warn
+// (maybe-uninitialized) inside their own headers.
+inline float lanes_max(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  return *std::max_element(t, t + 16);
+}
+inline float lanes_sum(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float s = 0;
+  for (float f : t) s += f;
+  return s;
+}
+
+inline __mmask16 first(std::int64_t k) {
+  return k >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << k) - 1);
+}
+
+// softmax_row for f32 in 16-lane pieces, the row's tail and the mask's
+// edge as lane masks.
+void softmax_row_f32(const float* x, float* y, std::int64_t seen, std::int64_t len, float scale) {
+  const __m512 low = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 vmx = low;
+  for (std::int64_t j = 0; j < seen; j += 16)
+    vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(low, first(seen - j), x + j));
+  const float mx = lanes_max(vmx);
+  const __m512 vs = _mm512_set1_ps(scale), vb = _mm512_set1_ps(-scale * mx);
+  __m512 vsum = _mm512_setzero_ps();
+  for (std::int64_t j = 0; j < seen; j += 16) {
+    const __mmask16 m = first(seen - j);
+    const __m512 e =
+        _mm512_maskz_mov_ps(m, exp16(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + j), vs, vb)));
+    _mm512_mask_storeu_ps(y + j, m, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / lanes_sum(vsum));
+  for (std::int64_t j = 0; j < seen; j += 16) {
+    const __mmask16 m = first(seen - j);
+    _mm512_mask_storeu_ps(y + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + j), inv));
+  }
+  std::fill(y + seen, y + len, 0.0f);
+}
+#pragma GCC diagnostic pop
+#endif
+
+// (outer, len, inner) view of a tensor around `axis`.
+struct AxisView {
+  std::int64_t outer = 1, len = 1, inner = 1;
+};
+AxisView axis_view(const Shape& s, std::int64_t axis) {
+  AxisView v;
+  if (axis < 0) axis += static_cast<std::int64_t>(s.size());
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(s.size()); ++i) {
+    if (i < axis)
+      v.outer *= s[i];
+    else if (i == axis)
+      v.len = s[i];
+    else
+      v.inner *= s[i];
+  }
+  return v;
+}
+
+// Softmax's geometry: rows of `len` along the axis, the scale, and under a
+// causal mask the matrix's row count (row r of a matrix sees its first
+// r % rows + 1 + len - rows entries).
+struct SoftmaxSpec {
+  AxisView v;
+  double scale = 1;
+  std::int64_t causal_rows = 0;  // 0: no mask
+  bool log = false;
+
+  static SoftmaxSpec of(const Node& n, const Shape& s, bool log) {
+    SoftmaxSpec p;
+    p.v = axis_view(s, n.attrs.get_int_or("axis", -1));
+    p.scale = n.attrs.get_float_or("scale", 1.0);
+    if (n.attrs.get_int_or("causal", 0) != 0) p.causal_rows = s[s.size() - 2];
+    p.log = log;
+    return p;
+  }
+  // Entries of row r that are not masked.
+  std::int64_t seen(std::int64_t r) const {
+    if (causal_rows == 0) return v.len;
+    return std::clamp<std::int64_t>(r % causal_rows + 1 + v.len - causal_rows, 0, v.len);
+  }
+};
+
+// One contiguous row (inner == 1): max, then exp and sum in one pass, then
+// 1/sum; masked entries 0. The loops run the whole row with the mask as a
+// select, so they stay vector loops without scalar tails (a causal row's
+// length differs by one from the next).
+template <typename T>
+void softmax_row(const T* x, T* y, std::int64_t seen, std::int64_t len, T scale, bool log) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (!log) return softmax_row_f32(x, y, seen, len, scale);
+  }
+#endif
+  constexpr T kLow = -std::numeric_limits<T>::infinity();
+  if (seen == 0 && !log) {  // a row the mask hides whole: no mass anywhere
+    std::fill(y, y + len, T(0));
+    return;
+  }
+  T mx = kLow;
+#pragma omp simd reduction(max : mx)
+  for (std::int64_t j = 0; j < len; ++j) mx = std::max(mx, j < seen ? x[j] : kLow);
+  T sum = 0;
+  if (log) {
+    for (std::int64_t j = 0; j < seen; ++j) sum += std::exp(scale * (x[j] - mx));
+    const T lse = scale * mx + std::log(sum);
+    for (std::int64_t j = 0; j < len; ++j) y[j] = j < seen ? scale * x[j] - lse : kLow;
+    return;
+  }
+#pragma omp simd reduction(+ : sum)
+  for (std::int64_t j = 0; j < len; ++j) {
+    const T e = j < seen ? exp_any(scale * (x[j] - mx)) : T(0);
+    y[j] = e;
+    sum += e;
+  }
+  const T inv = T(1) / sum;
+#pragma omp simd
+  for (std::int64_t j = 0; j < len; ++j) y[j] *= inv;
+}
+
+template <typename T>
+void softmax_strided(const T* x, T* y, const SoftmaxSpec& p, std::int64_t rr) {
+  const AxisView& v = p.v;
+  const std::int64_t o = rr / v.inner, in = rr % v.inner;
+  const T* xr = x + o * v.len * v.inner + in;
+  T* yr = y + o * v.len * v.inner + in;
+  const T scale = static_cast<T>(p.scale);
+  T mx = -std::numeric_limits<T>::infinity();
+  for (std::int64_t i = 0; i < v.len; ++i) mx = std::max(mx, xr[i * v.inner]);
+  T sum = 0;
+  for (std::int64_t i = 0; i < v.len; ++i) sum += std::exp(scale * (xr[i * v.inner] - mx));
+  if (p.log) {
+    const T lse = scale * mx + std::log(sum);
+    for (std::int64_t i = 0; i < v.len; ++i) yr[i * v.inner] = scale * xr[i * v.inner] - lse;
+  } else {
+    const T inv = T(1) / sum;
+    for (std::int64_t i = 0; i < v.len; ++i)
+      yr[i * v.inner] = std::exp(scale * (xr[i * v.inner] - mx)) * inv;
+  }
+}
+
+template <typename T>
+void softmax_all(const T* x, T* y, const SoftmaxSpec& p) {
+  const AxisView& v = p.v;
+  const std::int64_t rows = v.outer * v.inner;
+#pragma omp parallel for if (rows * v.len > kParallelGrain) schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (v.inner == 1)
+      softmax_row(x + r * v.len, y + r * v.len, p.seen(r), v.len, static_cast<T>(p.scale), p.log);
+    else
+      softmax_strided(x, y, p, r);
+  }
+}
+
+// dx = scale * y * (dy - sum(dy * y)) over n entries `st` apart.
+template <typename T>
+void softmax_grad_row(const T* y, const T* dy, T* dx, std::int64_t n, std::int64_t st, T scale) {
+  T dot = 0;
+#pragma omp simd reduction(+ : dot)
+  for (std::int64_t j = 0; j < n; ++j) dot += dy[j * st] * y[j * st];
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j) dx[j * st] = scale * y[j * st] * (dy[j * st] - dot);
+}
+
+template <typename T>
+void softmax_grad_all(const T* y, const T* dy, T* dx, const AxisView& v, T scale) {
+  const std::int64_t rows = v.outer * v.inner;
+#pragma omp parallel for if (rows * v.len > kParallelGrain) schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t at = (r / v.inner) * v.len * v.inner + r % v.inner;
+    if (v.inner == 1)  // unit stride the compiler can see
+      softmax_grad_row(y + at, dy + at, dx + at, v.len, 1, scale);
+    else
+      softmax_grad_row(y + at, dy + at, dx + at, v.len, v.inner, scale);
+  }
+}
+
+}  // namespace
+
+void register_softmax(KernelRegistry& r) {
+  for (std::string op : {"softmax", "log_softmax"}) {
+    r.add(op, [op](const Node& n, const Inputs& in) {
+      const SoftmaxSpec p = SoftmaxSpec::of(n, in[0].shape, op == "log_softmax");
+      return FLOAT_KERNEL(softmax_all(in[0].data<T>(), out[0].data<T>(), p));
+    });
+  }
+  r.add("softmax_grad", [](const Node& n, const Inputs& in) {
+    const AxisView v = axis_view(in[0].shape, n.attrs.get_int_or("axis", -1));
+    const double scale = n.attrs.get_float_or("scale", 1.0);
+    return FLOAT_KERNEL(softmax_grad_all(in[0].data<T>(), in[1].data<T>(), out[0].data<T>(), v,
+                                         static_cast<T>(scale)));
+  });
+}
+
+}  // namespace shoal::runtime::cpu
