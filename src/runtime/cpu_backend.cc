@@ -358,6 +358,8 @@ class CpuExecutable final : public Executable {
     return ok_status();
   }
 
+  static bool is_view(const std::string& op) { return op == "reshape" || op == "flatten"; }
+
   // Packs for the nodes whose kernels want their inputs back to back with
   // outputs in place (gradient buckets), where that cannot change a result:
   // every input is an arena value computed here, used once in the pack, not
@@ -368,16 +370,29 @@ class CpuExecutable final : public Executable {
     std::map<Value, int> last_read;
     for (int id : order)
       for (const Value& v : g_.node(id).inputs) last_read[v] = std::max(last_read[v], pos.at(id));
-    for (const Step& s : steps_) {
-      if (!s.kernel->wants_packed_inputs()) continue;
+    // Reshapes (an output over its input: no copy) after the other packs
+    // (gradient buckets), which then keep the values they want.
+    std::vector<const Step*> wanting;
+    for (bool views : {false, true})
+      for (const Step& s : steps_)
+        if (s.kernel->wants_packed_inputs() && is_view(g_.node(s.node).op) == views)
+          wanting.push_back(&s);
+    for (const Step* sp : wanting) {
+      const Step& s = *sp;
       const Node& n = g_.node(s.node);
+      const bool view = is_view(n.op);
       bool ok = n.outputs.size() == n.inputs.size();
       std::set<Value> mine;
       for (std::size_t i = 0; ok && i < n.inputs.size(); ++i) {
         const Value v = n.inputs[i];
         const std::string& op = g_.node(v.node).op;
-        ok = op != "input" && op != "constant" && !taken.count(v) && mine.insert(v).second &&
-             !graph_out.count(v) && last_read[v] == pos.at(s.node) && g_.type(v) == n.outputs[i];
+        const graph::TensorType& t = g_.type(v);
+        const bool fits = view ? t.dtype == n.outputs[i].dtype &&
+                                     num_elements(t.shape) == num_elements(n.outputs[i].shape)
+                               : t == n.outputs[i];
+        ok = op != "input" && op != "constant" && !taken.count(v) &&
+             !taken.count(Value{n.id, static_cast<int>(i)}) && mine.insert(v).second &&
+             !graph_out.count(v) && last_read[v] == pos.at(s.node) && fits;
       }
       if (!ok) continue;
       graph::Pack p;

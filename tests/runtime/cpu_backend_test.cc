@@ -328,6 +328,42 @@ TEST(CpuBackend, OutputsBoundLaterLiveOutsideTheArena) {
   EXPECT_NE((*outside)->output(1).raw_data(), m.raw_data());
 }
 
+// A reshape whose input nobody reads afterwards is the same bytes: its
+// output is planned over its input and nothing is copied. One whose input
+// is read again copies, and both give the same values, step after step.
+TEST(CpuBackend, ReshapesAreViewsWhereTheirInputDies) {
+  constexpr std::int64_t n = 4096;
+  auto build = [](Graph& g, bool reread) {
+    Builder b(g);
+    Value x = b.input("x", DType::kF32, {n});
+    Value a = b.relu(x);
+    Value r = b.reshape(a, {64, n / 64});
+    Value y = b.mul(r, b.scalar(2.0));
+    g.mark_output(reread ? b.add(y, b.reshape(a, {64, n / 64})) : y);
+  };
+  Graph g1, g2;
+  build(g1, false);
+  build(g2, true);
+  auto backend = make_backend("cpu");
+  ASSERT_TRUE(backend.ok());
+  auto view = (*backend)->compile(std::move(g1), {});
+  auto copy = (*backend)->compile(std::move(g2), {});
+  ASSERT_TRUE(view.ok() && copy.ok());
+  Tensor x = Tensor::empty({n}, DType::kF32);
+  for (std::int64_t i = 0; i < n; ++i) x.data<float>()[i] = static_cast<float>(i % 7) - 3;
+  for (auto* e : {view->get(), copy->get()}) {
+    ASSERT_TRUE(e->bind("x", x).ok());
+    for (int step = 0; step < 2; ++step) ASSERT_TRUE(e->run().ok());
+  }
+  EXPECT_EQ((*view)->kernel_impls().at("reshape"), "view");
+  EXPECT_EQ((*copy)->kernel_impls().at("reshape"), "copy+view");  // the second one is a view
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float a = std::max(0.0f, x.data<float>()[i]);
+    ASSERT_EQ((*view)->output(0).data<float>()[i], 2 * a) << i;
+    ASSERT_EQ((*copy)->output(0).data<float>()[i], 3 * a) << i;
+  }
+}
+
 TEST(CpuBackend, SteadyStateTrainingStepDoesNotAllocate) {
   // A small CNN training step: conv+bias+relu, pool, batch norm, global
   // average pool, linear, cross entropy, and all parameter gradients.
