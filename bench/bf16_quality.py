@@ -99,6 +99,9 @@ def shoal_bits(binary, seed, epochs, precision, torch_init):
 
 
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from blas_core import pin_openblas_core
+    pin_openblas_core()
     p = argparse.ArgumentParser()
     p.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     p.add_argument("--seeds", default="0,1,2,3,4")

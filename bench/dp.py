@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import gnuplot_chart
@@ -126,6 +127,9 @@ def ceiling(a):
 
 
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from blas_core import pin_openblas_core
+    pin_openblas_core()
     ap = argparse.ArgumentParser()
     ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     ap.add_argument("--models", default="mlp,cnn,resnet")

@@ -228,6 +228,9 @@ def elastic_figures(res):
 
 
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from blas_core import pin_openblas_core
+    pin_openblas_core()
     ap = argparse.ArgumentParser()
     ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     ap.add_argument("--epochs", type=int, default=12)

@@ -104,6 +104,9 @@ def shoal(binary, size, threads, steps, micro, precision):
 
 
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from blas_core import pin_openblas_core
+    pin_openblas_core()
     p = argparse.ArgumentParser()
     p.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     p.add_argument("--threads", default="1,2")

@@ -141,6 +141,9 @@ def ddp_ips(c, model, hosts):
 
 
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from blas_core import pin_openblas_core
+    pin_openblas_core()
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--links", default="1gbit,100mbit")

@@ -62,6 +62,9 @@ def time_to(rows, target):
 
 
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from blas_core import pin_openblas_core
+    pin_openblas_core()
     ap = argparse.ArgumentParser()
     ap.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     ap.add_argument("--threads", default="1,2")

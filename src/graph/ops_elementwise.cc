@@ -23,10 +23,25 @@ void register_unary_ops(OpRegistry& r) {
       "relu", GRAD {
         return {g.b.op("relu_grad", {DY, Y(0)})};
       }));
-  r.add(unary(
-      "gelu", GRAD {
-        return {g.b.op("gelu_grad", {X(0), DY})};
-      }));
+  {
+    OpDef d = unary(
+        "gelu", GRAD {
+          return {g.b.op("gelu_grad", {X(0), DY})};
+        });
+    // --precision bf16 makes a GELU whose only reader is a cast to bf16
+    // write bf16 itself (graph/precision.cc): "dst" names the output type.
+    d.attrs = {"dst"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      const std::string dst = n.attrs.get_string_or("dst", "");
+      if (dst.empty()) return Types{in[0]};
+      if (dst != "bf16" || in[0].dtype != DType::kF32)
+        return invalid_argument("dst {} for a {} input: only bf16 from f32", dst,
+                                dtype_name(in[0].dtype));
+      return Types{{DType::kBF16, in[0].shape}};
+    };
+    r.add(d);
+  }
   r.add(unary(
       "erf", GRAD {  // 2/sqrt(pi) exp(-x^2)
         Value e = g.b.exp(g.b.neg(g.b.mul(X(0), X(0))));

@@ -60,9 +60,11 @@ double graph_flops(const Graph& g) {
 
 namespace {
 
-// A product whose output reaches one of the casts only through shape ops
-// (reshape, transpose, flatten), each value read once, writes bf16 itself
-// (dst bf16): the cast goes, and the shape ops move half the bytes.
+// A product or a GELU whose output reaches one of the casts only through
+// shape ops (reshape, transpose, flatten), each value read once, writes
+// bf16 itself (dst bf16): the cast goes, and the shape ops move half the
+// bytes. (The MLP's GELU output is read only by its cast: the gradient
+// reads the GELU's input.)
 Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
   int narrowed = 0;
   for (int c : casts) {
@@ -81,7 +83,9 @@ Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
         u = p.inputs[0];
         continue;
       }
-      if (is_product(p.op) && p.attrs.get_string_or("dst", "") == "f32") {
+      const bool product = is_product(p.op) && p.attrs.get_string_or("dst", "") == "f32";
+      const bool gelu = p.op == "gelu" && !p.attrs.has("dst") && g.type(u).dtype == DType::kF32;
+      if (product || gelu) {
         g.mutable_node(p.id).attrs.set("dst", std::string("bf16"));
         SHOAL_RETURN_IF_ERROR(g.reinfer(p.id));
         for (auto it = chain.rbegin(); it != chain.rend(); ++it)

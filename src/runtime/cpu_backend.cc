@@ -34,6 +34,7 @@ KernelRegistry& KernelRegistry::cpu() {
     cpu::register_nn(*r);
     cpu::register_norms(*r);
     cpu::register_onednn(*r);
+    cpu::register_bf16_writers(*r);
     return r;
   }();
   return *reg;

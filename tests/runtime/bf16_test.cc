@@ -139,6 +139,51 @@ TEST(Bf16, AProductWritingBf16ThroughShapeOps) {
   EXPECT_GE(r.narrowed, 1) << "the linear still writes f32";
 }
 
+TEST(Bf16, AGeluReadOnlyByItsCastWritesBf16) {
+  SKIP_WITHOUT_BF16();
+  // The MLP: linear -> GELU -> linear. The GELU's output is read only by
+  // the second linear's cast (its gradient reads the GELU's input), so the
+  // GELU writes bf16 itself; forward and gradients as before.
+  const Fn mlp = [](Builder& b, auto x) {
+    return b.linear(b.gelu(b.linear(x[0], x[1], x[2])), x[3], Value{});
+  };
+  const std::vector<Shape> shapes = {{37, 8}, {24, 8}, {24}, {5, 24}};
+  const graph::PrecisionReport r = compare("mlp", shapes, mlp, 6);
+  EXPECT_EQ(r.narrowed, 1) << "the GELU still writes f32";
+  EXPECT_EQ(run(shapes, mlp, DType::kF32, true).impls.at("gelu"), "bf16-writer");
+}
+
+// The bf16 GELU kernel itself, over the whole range (the negative tail
+// computed without cancellation) on a size no block divides: within
+// bf16's rounding of the f64 GELU.
+TEST(Bf16, GeluKernelIsWithinBf16RoundingOfF64) {
+  SKIP_WITHOUT_BF16();
+  const std::int64_t n = 3 * 1024 + 37;
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {n});
+  g.mark_output(b.op("gelu", {x}, {{"dst", std::string("bf16")}}));
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto exe = (*make_backend("cpu"))->compile(std::move(g), {});
+  ASSERT_TRUE(exe.ok()) << exe.status().to_string();
+  EXPECT_EQ((*exe)->kernel_impls().at("gelu"), "bf16-writer");
+  Tensor xs = Tensor::empty({n}, DType::kF32);
+  for (std::int64_t i = 0; i < n; ++i) xs.set(i, -12.0 + 20.0 * static_cast<double>(i) / (n - 1));
+  ASSERT_TRUE((*exe)->bind("x", xs).ok());
+  ASSERT_TRUE((*exe)->run().ok());
+  const Tensor& y = (*exe)->output(0);
+  ASSERT_EQ(y.dtype(), DType::kBF16);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double v = xs.get(i), want = 0.5 * v * std::erfc(-v / std::sqrt(2.0));
+    // bf16 rounds to 8 significant bits (half an ulp: 2^-9 of the value);
+    // the erfc approximation is within 1.5e-7 absolute (x/2 times that).
+    ASSERT_NEAR(y.get(i), want, std::abs(want) / 256 + 0.75e-7 * std::abs(v)) << "x = " << v;
+    if (v < -3) {
+      ASSERT_LT(y.get(i), 0.0) << "the negative tail keeps its sign: x = " << v;
+    }
+  }
+}
+
 TEST(Bf16, LinearWithBiasAndRelu) {
   SKIP_WITHOUT_BF16();
   // The forward linear and two gradient matmuls; the bias gradient is a

@@ -113,7 +113,6 @@ namespace {
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("avx512f,avx512bf16"))) void to_bf16_avx512(const float* x, std::uint16_t* y,
                                                                   std::int64_t n) {
-#pragma omp parallel for if (n > kParallelGrain) schedule(static)
   for (std::int64_t i = 0; i < n / 16; ++i) {
     const __m512 v = _mm512_loadu_ps(x + i * 16);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i * 16),
@@ -123,16 +122,23 @@ __attribute__((target("avx512f,avx512bf16"))) void to_bf16_avx512(const float* x
 }
 #endif
 
-void to_bf16(const float* x, std::uint16_t* y, std::int64_t n) {
+}  // namespace
+
+void to_bf16_serial(const float* x, std::uint16_t* y, std::int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool avx512_bf16 = bf16_isas().find("avx512_bf16") != std::string::npos;
   if (avx512_bf16) return to_bf16_avx512(x, y, n);
 #endif
-#pragma omp parallel for if (n > kParallelGrain) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]).bits;
 }
 
-}  // namespace
+void to_bf16(const float* x, std::uint16_t* y, std::int64_t n) {
+  constexpr std::int64_t kChunk = 1 << 14;
+  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+  for (std::int64_t c = 0; c < chunks; ++c)
+    to_bf16_serial(x + c * kChunk, y + c * kChunk, std::min(kChunk, n - c * kChunk));
+}
 
 void register_elementwise(KernelRegistry& r) {
   add_unary(r, "neg", [](auto x) { return -x; });

@@ -115,7 +115,13 @@ inline bool blocked_output(const Node& n, std::size_t i) {
 
 void register_elementwise(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);
-void register_softmax(KernelRegistry& r);  // softmax.cc
+void register_softmax(KernelRegistry& r);       // softmax.cc
+void register_bf16_writers(KernelRegistry& r);  // bf16_writers.cc, after register_onednn
+
+// f32 -> bf16 bits, rounding to nearest even (elementwise.cc): in
+// parallel above kParallelGrain, or on the calling thread.
+void to_bf16(const float* x, std::uint16_t* y, std::int64_t n);
+void to_bf16_serial(const float* x, std::uint16_t* y, std::int64_t n);
 void register_shape_ops(KernelRegistry& r);
 void register_nn(KernelRegistry& r);
 void register_norms(KernelRegistry& r);  // norm_ref.cc

@@ -11,80 +11,17 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "runtime/cpu/kernels_internal.h"
+#include "runtime/cpu/vec_math.h"
 
 namespace shoal::runtime::cpu {
 namespace {
 
-// exp(x) in f32 with plain arithmetic GCC vectorizes (no libm call):
-// Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, Cephes' degree-6
-// polynomial for e^r, then 2^n through the exponent bits. Within 2 ulp of
-// expf over [-87, 88]; below, clamped (e^-87 ~ 1.6e-38: softmax's masked
-// or -inf entries come out 0 against the row's maximum of 1).
-inline float exp_f32(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + kRound) - kRound;
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
-  return p * std::bit_cast<float>(bits);
-}
-inline double exp_any(double x) { return std::exp(x); }
-inline float exp_any(float x) { return exp_f32(x); }
+using namespace vec;  // NOLINT: this directory's own vector helpers
 
 #if defined(__AVX512F__)
-// GCC 12's AVX-512 headers trip its own maybe-uninitialized warning
-// (_mm512_max_ps's unused pass-through operand).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// exp_f32 on 16 lanes; 2^n by vscalefps.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
-// Horizontal max and sum through memory: GCC 12's _mm512_reduce_* warn
-// (maybe-uninitialized) inside their own headers.
-inline float lanes_max(__m512 v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  return *std::max_element(t, t + 16);
-}
-inline float lanes_sum(__m512 v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  float s = 0;
-  for (float f : t) s += f;
-  return s;
-}
-
-inline __mmask16 first(std::int64_t k) {
-  return k >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << k) - 1);
-}
-
 // softmax_row for f32 in 16-lane pieces, the row's tail and the mask's
 // edge as lane masks.
 void softmax_row_f32(const float* x, float* y, std::int64_t seen, std::int64_t len, float scale) {
