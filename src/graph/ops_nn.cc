@@ -11,7 +11,7 @@ namespace {
 // A softmax's `scale` (x is multiplied by it first) must be finite and
 // positive; `causal` (position i of the last axis sees positions
 // <= i + cols - rows only) needs the last axis of a matrix.
-Status check_softmax_scale(const Node& n, const Shape& s) {
+Status check_softmax_attrs(const Node& n, const Shape& s) {
   const double scale = n.attrs.get_float_or("scale", 1.0);
   if (!(scale > 0) || !std::isfinite(scale))
     return invalid_argument("scale must be finite and > 0, got {}", scale);
@@ -401,7 +401,7 @@ void register_loss_ops(OpRegistry& r) {
     d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
       SHOAL_RETURN_IF_ERROR(norm_axis(n.attrs.get_int_or("axis", -1), in[0].shape.size()).status());
-      SHOAL_RETURN_IF_ERROR(check_softmax_scale(n, in[0].shape));
+      SHOAL_RETURN_IF_ERROR(check_softmax_attrs(n, in[0].shape));
       return Types{in[0]};
     };
     if (name == "softmax") {
@@ -433,7 +433,7 @@ void register_loss_ops(OpRegistry& r) {
         return invalid_argument("y {} and dy {} differ in shape", shape_str(in[0].shape),
                                 shape_str(in[1].shape));
       SHOAL_RETURN_IF_ERROR(norm_axis(n.attrs.get_int_or("axis", -1), in[0].shape.size()).status());
-      SHOAL_RETURN_IF_ERROR(check_softmax_scale(n, in[0].shape));
+      SHOAL_RETURN_IF_ERROR(check_softmax_attrs(n, in[0].shape));
       return Types{in[0]};
     };
     r.add(d);

@@ -1,7 +1,8 @@
-// The CPU backend: compiles a graph (fusion, constant folding, DCE), makes
-// one kernel per node, plans all intermediate buffers into one arena and
-// runs nodes in topological order. Async kernels are waited on before their
-// first consumer. Steady-state runs allocate nothing.
+// The CPU backend: compiles a graph (fusion and constant folding in
+// compile_passes.cc, DCE), makes one kernel per node, plans all
+// intermediate buffers into one arena and runs nodes in topological order.
+// Async kernels are waited on before their first consumer. Steady-state
+// runs allocate nothing. Its trace is written by chrome_trace.cc.
 #include <cblas.h>
 #include <omp.h>
 #include <xmmintrin.h>
@@ -519,91 +520,6 @@ Result<std::vector<Tensor>> Executor::run(const std::map<std::string, Tensor>& f
   std::vector<Tensor> out;
   for (int i = 0; i < exe_.num_outputs(); ++i) out.push_back(exe_.output(i).clone());
   return out;
-}
-
-double trace_clock_us(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
-}
-double trace_clock_us() { return trace_clock_us(std::chrono::steady_clock::now()); }
-
-Status write_chrome_trace(const std::string& path, const Graph& g,
-                          const std::vector<TraceEvent>& events, int pid) {
-  std::string s = fmt::format(
-      "{{\"traceEvents\":[\n"
-      "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{0},\"tid\":0,\"args\":{{\"name\":"
-      "\"compute\"}}}},\n"
-      "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{0},\"tid\":1,\"args\":{{\"name\":"
-      "\"comm\"}}}}",
-      pid);
-  for (const TraceEvent& e : events) {
-    std::string name = e.name;
-    if (e.node >= 0 && e.node < g.num_nodes() && !g.node(e.node).name.empty())
-      name = g.node(e.node).name;
-    s += fmt::format(
-        ",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},"
-        "\"dur\":{:.3f},\"args\":{{\"node\":{}}}}}",
-        name, e.name, pid, e.lane, e.start_us, e.dur_us, e.node);
-  }
-  s += "\n],\"displayTimeUnit\":\"ms\"}\n";
-  return write_file_atomic(path, s).with_context("writing trace");
-}
-
-Status Executor::write_trace(const std::string& path, int pid) const {
-  return write_chrome_trace(path, exe_.graph(), exe_.trace(), pid);
-}
-
-Result<int> constant_fold(Graph& g) {
-  SHOAL_ASSIGN_OR_RETURN(std::vector<int> order, g.topo_order());
-  int folded = 0;
-  for (int id : order) {
-    Node& n = g.mutable_node(id);
-    if (n.op == "input" || n.op == "constant" || n.outputs.size() != 1 || n.inputs.empty())
-      continue;
-    const graph::OpDef* def = graph::OpRegistry::global().find(n.op);
-    if (def == nullptr || def->random) continue;
-    bool all_const = true;
-    for (const Value& v : n.inputs) all_const = all_const && g.node(v.node).op == "constant";
-    if (!all_const) continue;
-    const KernelFactory* f = KernelRegistry::cpu().find(n.op);
-    if (f == nullptr) continue;
-    std::vector<graph::TensorType> in_types;
-    std::vector<Tensor> ins;
-    for (const Value& v : n.inputs) {
-      in_types.push_back(g.type(v));
-      ins.push_back(g.node(v.node).constant);
-    }
-    SHOAL_ASSIGN_OR_RETURN(auto k, make_kernel(*f, n, in_types));
-    if (k->is_async()) continue;
-    std::vector<Tensor> outs = {Tensor::empty(n.outputs[0].shape, n.outputs[0].dtype)};
-    Status st = run_kernel(*k, KernelContext{n, 0}, ins, outs);
-    if (!st.ok()) return st.with_context(fmt::format("constant folding {}", n.label()));
-    n.op = "constant";
-    n.inputs.clear();
-    n.attrs = {};
-    n.constant = outs[0];
-    ++folded;
-  }
-  return folded;
-}
-
-int fuse_activations(Graph& g) {
-  auto order = g.topo_order();
-  if (!order.ok()) return 0;
-  auto uses = g.use_counts();
-  int fused = 0;
-  for (int id : *order) {
-    Node& r = g.mutable_node(id);
-    if (!r.alive || r.op != "relu") continue;
-    Value v = r.inputs[0];
-    Node& p = g.mutable_node(v.node);
-    if ((p.op != "linear" && p.op != "conv2d") || p.attrs.has("activation") || uses[v] != 1)
-      continue;
-    p.attrs.set("activation", std::string("relu"));
-    r.alive = false;
-    g.replace_all_uses(Value{id, 0}, v);
-    ++fused;
-  }
-  return fused;
 }
 
 std::vector<std::pair<std::string, std::string>> runtime_info() {
