@@ -495,8 +495,8 @@ bool peer_lost(const Status& st) {
 // trains until done or until a peer is lost; then this rank checks in with
 // the state it kept and continues in the next generation, which trains on
 // the same global batch.
-int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std::string& flags_yaml,
-                  dist::ElasticEnv el) {
+int train_generations(train::TrainOptions o, const dist::JoinOptions& jo,
+                      const std::string& flags_yaml, dist::ElasticEnv el) {
   el.global_batch = o.global_batch > 0 ? o.global_batch : o.batch * el.world;
   if (Status st = dist::check_elastic(el, jo, el.global_batch); !st.ok()) {
     SHOAL_LOG_ERROR("shoal train: {}", st.message());
@@ -569,6 +569,20 @@ int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std:
     }
     note = *next;
   }
+}
+
+// The generations under a lease (dist::ElasticLease): the launcher sees
+// this rank live, and how it ended, where it cannot see the process.
+int train_elastic(train::TrainOptions o, const dist::JoinOptions& jo, const std::string& flags_yaml,
+                  dist::ElasticEnv el) {
+  auto lease = dist::ElasticLease::start(el.id);
+  if (!lease.ok()) {
+    SHOAL_LOG_ERROR("shoal train: elastic rank id {}: {}", el.id, lease.status().message());
+    return 1;
+  }
+  const int code = train_generations(std::move(o), jo, flags_yaml, el);
+  (*lease)->end(code);
+  return code;
 }
 
 }  // namespace

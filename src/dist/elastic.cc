@@ -30,7 +30,8 @@ Result<std::optional<ElasticEnv>> elastic_env() {
   SHOAL_ASSIGN_OR_RETURN(LaunchEnv le, launch_env());
   if (m < 1 || m > le.world)
     return invalid_argument("SHOAL_ELASTIC={} must be in [1, {}] (the job's ranks)", m, le.world);
-  if (le.store.empty() || !env::get("SHOAL_RANK"))
+  // shoal run's store (its local or srun engine) comes with the job's token.
+  if (le.store.empty() || !env::get("SHOAL_JOB_TOKEN"))
     return failed_precondition(
         "SHOAL_ELASTIC is set, but not by `shoal run --elastic`: an elastic job's membership is "
         "kept by shoal run's store (srun, mpirun and torchrun restart the whole job instead)");
@@ -44,6 +45,7 @@ Result<std::optional<ElasticEnv>> elastic_env() {
   SHOAL_ASSIGN_OR_RETURN(e.joining, env::get_bool("SHOAL_ELASTIC_JOIN", false));
   e.id = static_cast<int>(id);
   e.generation = static_cast<int>(g);
+  e.one_host = env::get("SHOAL_LOCAL_WORLD_SIZE").has_value();
   e.rank = le.rank;
   e.world = le.world;
   return std::optional<ElasticEnv>(e);
@@ -88,13 +90,16 @@ namespace {
 
 Result<std::unique_ptr<net::Store>> connect_store() { return connect_job_store(10); }
 
-// Enters generation `g` as rank `rank` of `world` (one host: shoal run's
-// local engine).
+// Enters generation `g` as rank `rank` of `world`. Under shoal run's local
+// engine every rank is on this host; under srun they may be anywhere, and
+// the communicator finds which share a host.
 void enter(ElasticEnv& e, int g, int rank, int world) {
   setenv("SHOAL_RANK", std::to_string(rank).c_str(), 1);
   setenv("SHOAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
-  setenv("SHOAL_LOCAL_RANK", std::to_string(rank).c_str(), 1);
-  setenv("SHOAL_LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+  if (e.one_host) {
+    setenv("SHOAL_LOCAL_RANK", std::to_string(rank).c_str(), 1);
+    setenv("SHOAL_LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+  }
   setenv("SHOAL_ELASTIC_GENERATION", std::to_string(g).c_str(), 1);
   setenv("SHOAL_COMM_PREFIX", fmt::format("shoal/g{}", g).c_str(), 1);
   log::set_identity(rank, world, "comm");
@@ -210,6 +215,44 @@ void RegroupWatch::loop() {
     if (v.ok() && !v->empty()) asked_.store(true, std::memory_order_relaxed);
     lk.lock();
     if (asked_.load(std::memory_order_relaxed)) return;  // asked once is enough
+  }
+}
+
+Result<std::unique_ptr<ElasticLease>> ElasticLease::start(int id) {
+  std::unique_ptr<ElasticLease> l(new ElasticLease());
+  SHOAL_ASSIGN_OR_RETURN(l->store_, connect_store());
+  // A store that stops answering (its host cut off) must not hold the
+  // thread, and so the rank's exit, for the client's 30 s.
+  l->store_->set_io_timeout(std::chrono::seconds(2));
+  l->id_ = id;
+  SHOAL_RETURN_IF_ERROR(l->store_->add(keys::alive(id), 1).status().with_context("the lease"));
+  l->thread_ = std::thread([p = l.get()] { p->loop(); });
+  return l;
+}
+
+void ElasticLease::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+ElasticLease::~ElasticLease() { stop(); }
+
+void ElasticLease::end(int code) {
+  stop();
+  (void)store_->set(keys::exit(id_), std::to_string(code));
+}
+
+void ElasticLease::loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return stop_; })) {
+    lk.unlock();
+    (void)store_->add(keys::alive(id_), 1);  // unreachable: the launcher sees it stop
+    lk.lock();
   }
 }
 

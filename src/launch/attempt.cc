@@ -13,9 +13,11 @@
 #include <vector>
 
 #include "launch/elastic_coordinator.h"
+#include "launch/members.h"
 #include "launch/output.h"
 #include "launch/process.h"
 #include "shoal/core/cpus.h"
+#include "shoal/core/env.h"
 #include "shoal/net/store.h"
 
 namespace shoal::launch {
@@ -62,7 +64,7 @@ class Attempt {
     for (std::size_t i = 0; i < procs_.size(); ++i)
       drain(static_cast<int>(i), procs_[i], output_, true);
     if (elastic_ && why_.empty()) {
-      oc_.code = elastic_->finish(procs_, o_.ranks);
+      oc_.code = elastic_->finish(*members_, o_.ranks);
       return oc_;
     }
     if (why_.empty()) return oc_;
@@ -77,6 +79,8 @@ class Attempt {
   // Starts the ranks under the engine; false (oc_ set) if one could not be.
   bool spawn_ranks();
   bool start(const std::vector<std::string>& argv, const Env& e, const std::vector<int>& cpus = {});
+  // Under --elastic: what the coordinator sees of the ranks (launch/members.h).
+  bool watch_members(const std::vector<std::string>& srun);
   // Watches the processes until all have ended, stopping them all when one
   // fails, the launcher is signalled or --timeout passes.
   void supervise();
@@ -94,8 +98,11 @@ class Attempt {
   const int attempt_;
   Outcome oc_;
   std::unique_ptr<net::TcpStoreServer> store_;
+  std::string token_;  // the job's, which every store client proves
   Env env_;
   std::unique_ptr<ElasticCoordinator> elastic_;
+  std::unique_ptr<Members> members_;
+  bool released_ = false;  // what remained of an elastic job that finished was ended
   std::vector<Proc> procs_;
   Output output_;
   std::vector<bool> frozen_;
@@ -107,7 +114,7 @@ class Attempt {
 };
 
 bool Attempt::prepare(const std::string& job_id, const std::string& trace_prefix) {
-  const std::string token = random_hex(16);
+  const std::string token = token_ = random_hex(16);
   auto store = net::TcpStoreServer::start(o_.store_host, o_.store_port, token);
   if (!store.ok()) {
     fmt::print(stderr, "shoal run: cannot start the rendezvous store on {}:{}: {}{}\n",
@@ -184,7 +191,7 @@ bool Attempt::spawn_ranks() {
                          {"SHOAL_LOCAL_WORLD_SIZE", std::to_string(o_.ranks)}});
       if (!start(o_.cmd, e, cpus[static_cast<std::size_t>(r)])) return false;
     }
-    return true;
+    return !elastic_ || watch_members({});
   }
   std::vector<std::string> argv;
   if (o_.engine == "mpirun") {
@@ -199,12 +206,41 @@ bool Attempt::spawn_ranks() {
     if (len > 0)
       argv.insert(argv.end(), {std::string(self, static_cast<std::size_t>(len)), "run-rank", "--"});
   } else {
-    argv = {"srun",        "-n", std::to_string(o_.ranks), "--label", "--kill-on-bad-exit=1",
+    // An elastic job's tasks outlive a peer's death: the coordinator, not
+    // srun, decides what follows it.
+    argv = {"srun", "--label", elastic_ ? "--kill-on-bad-exit=0" : "--kill-on-bad-exit=1",
             "--export=ALL"};
     argv.insert(argv.end(), o_.engine_args.begin(), o_.engine_args.end());
+    const std::vector<std::string> base = argv;  // a newcomer's step: the same, one task
+    argv.insert(argv.begin() + 1, {"-n", std::to_string(o_.ranks)});
+    argv.insert(argv.end(), o_.cmd.begin(), o_.cmd.end());
+    if (!start(argv, env_)) return false;
+    return !elastic_ || watch_members(base);
   }
   argv.insert(argv.end(), o_.cmd.begin(), o_.cmd.end());
   return start(argv, env_);
+}
+
+bool Attempt::watch_members(const std::vector<std::string>& srun) {
+  if (o_.engine == "local") {
+    members_ = std::make_unique<LocalMembers>(procs_, frozen_, output_, env_, o_.cmd);
+    return true;
+  }
+  // A rank's lease that stands still as long as a peer's heartbeat may
+  // before the peers name it (SHOAL_HEARTBEAT) makes it silent.
+  auto hb = env::get_double("SHOAL_HEARTBEAT", 15);
+  auto client =
+      net::TcpStore::connect(store_->host(), store_->port(), Deadline::after_seconds(10), token_);
+  if (!hb.ok() || !client.ok()) {
+    fmt::print(stderr, "shoal run: --elastic: {}\n",
+               hb.ok() ? client.status().message() : hb.status().message());
+    stop_all(SIGKILL);
+    oc_.code = 2;
+    return false;
+  }
+  members_ = std::make_unique<SrunMembers>(procs_, frozen_, output_, env_, srun, o_.cmd, o_.ranks,
+                                           std::move(client).value(), *hb > 0 ? *hb : 15);
+  return true;
 }
 
 void Attempt::begin_stop(std::string reason) {
@@ -258,7 +294,11 @@ void Attempt::supervise() {
     int alive = 0;
     reap(&alive);
     if (elastic_ && !stopping_) {
-      std::string stop = elastic_->supervise(procs_, frozen_, output_, env_, o_.cmd, o_.ranks);
+      std::string stop = elastic_->supervise(*members_, o_.ranks);
+      if (elastic_->finished() && !released_) {
+        members_->release();
+        released_ = true;
+      }
       if (!stop.empty()) {
         if (!elastic_->lost().empty()) failed_ = elastic_->lost().begin()->first;
         begin_stop(stop);

@@ -32,33 +32,20 @@ Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::for_launcher(
   return start(std::move(client), ranks, min, max, kSettleSeconds, replacements);
 }
 
-std::string ElasticCoordinator::supervise(
-    std::vector<Proc>& procs, std::vector<bool>& frozen, Output& output,
-    const std::vector<std::pair<std::string, std::string>>& env,
-    const std::vector<std::string>& cmd, int ranks) {
+std::string ElasticCoordinator::supervise(Members& m, int ranks) {
   std::string stop;
-  for (const auto& line : tick(procs, &stop)) fmt::print(stderr, "{}\n", line);
+  for (const auto& line : tick(m, &stop)) fmt::print(stderr, "{}\n", line);
   // A newcomer (a replacement, or a rank asked for by `shoal join`) joins
   // at a step boundary and takes its state from rank 0.
   const int replace = stop.empty() ? to_replace() : 0;
   const int grow = stop.empty() ? to_grow() : 0;
   for (int k = 0; k < replace + grow; ++k) {
-    const int id = static_cast<int>(procs.size());
-    auto e = env;
-    e.insert(e.end(), {{"SHOAL_ELASTIC_ID", std::to_string(id)},
-                       {"SHOAL_ELASTIC_JOIN", "1"},
-                       {"SHOAL_RANK", "0"},
-                       {"SHOAL_WORLD_SIZE", std::to_string(ranks)},
-                       {"SHOAL_LOCAL_RANK", "0"},
-                       {"SHOAL_LOCAL_WORLD_SIZE", std::to_string(ranks)}});
-    auto p = spawn(cmd, e, {});
-    if (!p.ok()) {
-      fmt::print(stderr, "shoal run: starting a replacement: {}\n", p.status().message());
+    const int id = next_id_;
+    if (Status st = m.start(id, ranks); !st.ok()) {
+      fmt::print(stderr, "shoal run: starting a replacement: {}\n", st.message());
       break;
     }
-    procs.push_back(*p);
-    frozen.push_back(false);
-    output.add_rank();
+    ++next_id_;
     joined(id);
     fmt::print(stderr, "shoal run: started rank {} {}\n", id,
                k < replace ? "to replace a lost rank" : "(asked for by shoal join)");
@@ -81,11 +68,11 @@ int ElasticCoordinator::to_grow() {
   return n;
 }
 
-int ElasticCoordinator::finish(const std::vector<Proc>& procs, int ranks) const {
+int ElasticCoordinator::finish(Members& m, int ranks) const {
   int code = 0;
-  for (std::size_t i = 0; i < procs.size(); ++i)
-    if (!left(static_cast<int>(i)) && exit_code_of(procs[i].status) != 0)
-      code = exit_code_of(procs[i].status);
+  for (int id = 0; id < next_id_; ++id)
+    if (!left(id))
+      if (const Seen s = m.seen(id); s.state == Seen::State::kFailed) code = s.code;
   if (!left_.empty()) {
     std::string lost;
     for (const auto& [id, w] : left_)
@@ -107,6 +94,7 @@ Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::start(
   c->max_ = std::max(max, ranks);
   c->settle_s_ = settle_s;
   c->replacements_ = replacements;
+  c->next_id_ = ranks;
   for (int r = 0; r < ranks; ++r) c->members_.push_back(r);
   SHOAL_RETURN_IF_ERROR(c->store_->set(keys::members(0), keys::join_ids(c->members_)));
   SHOAL_RETURN_IF_ERROR(c->store_->set(keys::key("gen"), "0"));
@@ -128,13 +116,14 @@ int ElasticCoordinator::to_replace() {
 
 void ElasticCoordinator::joined(int id) { joiners_.push_back(id); }
 
-std::vector<std::string> ElasticCoordinator::tick(std::vector<Proc>& procs, std::string* stop) {
+std::vector<std::string> ElasticCoordinator::tick(Members& m, std::string* stop) {
+  using State = Seen::State;
   // Newcomers: gone before admission, or ready (then this generation is
   // asked to end after its step in progress).
   for (auto it = joiners_.begin(); it != joiners_.end();) {
-    const Proc& p = procs[static_cast<std::size_t>(*it)];
-    if (p.exited) {
-      left_[*it] = describe(p.status) + " before it was admitted";
+    const Seen s = m.seen(*it);
+    if (s.state == State::kEndedWell || s.state == State::kFailed) {
+      left_[*it] = (s.state == State::kEndedWell ? "exited" : s.why) + " before it was admitted";
       announced_.erase(*it);
       it = joiners_.erase(it);
       continue;
@@ -145,10 +134,8 @@ std::vector<std::string> ElasticCoordinator::tick(std::vector<Proc>& procs, std:
   }
   // Every member ended well: the job is done, and a newcomer still
   // waiting is told so (it leaves, which is no failure of the job).
-  if (!finished_ && std::all_of(members_.begin(), members_.end(), [&](int id) {
-        const Proc& p = procs[static_cast<std::size_t>(id)];
-        return p.exited && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0;
-      })) {
+  if (!finished_ && std::all_of(members_.begin(), members_.end(),
+                                [&](int id) { return m.seen(id).state == State::kEndedWell; })) {
     finished_ = true;
     end("the job finished before it was admitted");
     for (int id : joiners_) left_[id] = "was not admitted: the job finished first";
@@ -161,9 +148,8 @@ std::vector<std::string> ElasticCoordinator::tick(std::vector<Proc>& procs, std:
     regroup_asked_ = store_->set(keys::regroup(gen_), "1").ok();
   }
   for (int id : members_) {
-    const Proc& p = procs[static_cast<std::size_t>(id)];
-    if (p.exited && !(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0) && !left_.count(id)) {
-      left_[id] = describe(p.status);
+    if (const Seen s = m.seen(id); s.state == State::kFailed && !left_.count(id)) {
+      left_[id] = s.why;
       troubled_ = true;
     }
     if (checked_in_.count(id)) continue;
@@ -176,31 +162,29 @@ std::vector<std::string> ElasticCoordinator::tick(std::vector<Proc>& procs, std:
   if (!troubled_) return {};
   if (since_ == Clock::time_point{}) since_ = Clock::now();
   // Wait for every member still running to check in, or the settling time;
-  // a stopped one will not, whatever the wait.
+  // a silent one (stopped, its lease still) will not, whatever the wait.
   bool waiting = false;
-  for (int id : members_) {
-    const Proc& p = procs[static_cast<std::size_t>(id)];
-    if (!p.exited && !checked_in_.count(id) && !is_stopped(p.pid)) waiting = true;
-  }
+  for (int id : members_)
+    if (!checked_in_.count(id) && m.seen(id).state == State::kRunning) waiting = true;
   if (waiting && Clock::now() - since_ < std::chrono::duration<double>(settle_s_)) return {};
-  return reform(procs, stop);
+  return reform(m, stop);
 }
 
-std::vector<std::string> ElasticCoordinator::reform(std::vector<Proc>& procs, std::string* stop) {
+std::vector<std::string> ElasticCoordinator::reform(Members& m, std::string* stop) {
   std::vector<std::string> lines;
   std::vector<int> next;
   int again = 0;  // members that hold no state yet: newcomers once more
   for (int id : members_) {
-    Proc& p = procs[static_cast<std::size_t>(id)];
-    if (p.exited) continue;
+    const Seen s = m.seen(id);
+    if (s.state == Seen::State::kEndedWell || s.state == Seen::State::kFailed) continue;
     if (!checked_in_.count(id)) {
-      const bool frozen = is_stopped(p.pid);
-      kill(-p.pid, SIGKILL);
-      left_[id] = frozen ? "was stopped (state T) when its peers lost it: killed"
-                         : fmt::format(
-                               "did not check in within {} s of its peers (hung or cut off): "
-                               "killed",
-                               settle_s_);
+      const std::string why =
+          s.state == Seen::State::kSilent
+              ? s.why + " when its peers lost it"
+              : fmt::format("did not check in within {} s of its peers (hung or cut off)",
+                            settle_s_);
+      left_[id] =
+          why + (m.drop(id) ? ": killed" : ": dropped (refused by generation should it wake)");
       continue;
     }
     if (checked_in_.at(id) < 0) {

@@ -1,11 +1,13 @@
 // `shoal run --elastic`: the launcher's side of an elastic job's
 // generations (the ranks' side: dist/elastic.h; the store keys: core/elastic_keys.h). The
-// launcher serves the store and sees every rank's process, so it decides
-// who is in the next generation: each member that checked in (its step
-// failed because a peer was lost) and is still running; a member that
-// exited is out, and one still running that has not checked in within the
-// settling time, or is stopped (SIGSTOP), is killed and out. The members
-// are ordered by the step they hold, newest first, so the new rank 0 holds
+// launcher serves the store, so it decides who is in the next generation:
+// each member that checked in (its step failed because a peer was lost)
+// and still runs; a member that ended is out, and one that has not checked
+// in within the settling time, or is silent (stopped, or its lease gone
+// still), is dropped (killed where the launcher can). What it knows of each
+// member comes from a Members view (launch/members.h: the local engine's
+// processes, or srun's tasks and the ranks' leases). The members are
+// ordered by the step they hold, newest first, so the new rank 0 holds
 // the state every rank continues from. Private to launch.
 #pragma once
 
@@ -16,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/process.h"
+#include "launch/members.h"
 #include "shoal/core/status.h"
 #include "shoal/net/store.h"
 
@@ -38,29 +40,27 @@ class ElasticCoordinator {
                                                                   int ranks, int min, int max,
                                                                   int replacements);
 
-  // One turn of the launcher's supervision: tick(), then a replacement
-  // started for each rank lost while --max-restarts allows (procs,
-  // frozen and output grow by one each; `env` and `cmd` are the ranks').
-  // Returns why the job must end, "" to go on.
-  std::string supervise(std::vector<Proc>& procs, std::vector<bool>& frozen, Output& output,
-                        const std::vector<std::pair<std::string, std::string>>& env,
-                        const std::vector<std::string>& cmd, int ranks);
+  // One turn of the launcher's supervision: tick(), then a newcomer
+  // started through `m` for each rank lost while --max-restarts allows and
+  // each asked for by `shoal join`. Returns why the job must end, "" to go on.
+  std::string supervise(Members& m, int ranks);
   // The job ran to its end on the ranks that remained: their exit code is
   // the job's, and the lost ranks are named on stderr.
-  int finish(const std::vector<Proc>& procs, int ranks) const;
+  int finish(Members& m, int ranks) const;
 
-  // One look at the processes (procs[id] is the rank of that id). Returns
-  // lines for the user; sets `stop` to why the job must end ("" = go on).
-  std::vector<std::string> tick(std::vector<Proc>& procs, std::string* stop);
-  // Whether process `id` left the job (its failure is not the job's).
+  // One look at the members. Returns lines for the user; sets `stop` to why
+  // the job must end ("" = go on).
+  std::vector<std::string> tick(Members& m, std::string* stop);
+  // Whether rank id `id` left the job (its failure is not the job's).
   bool left(int id) const { return left_.count(id) != 0; }
   const std::map<int, std::string>& lost() const { return left_; }
   int generation() const { return gen_; }
+  // Every member ended well: what else still runs is no part of the job.
+  bool finished() const { return finished_; }
   int members() const { return static_cast<int>(members_.size()); }
   // Tells ranks waiting for a generation that none comes, and why.
   void end(const std::string& why);
-  // How many replacements to start now (lost ranks, while any are left);
-  // the launcher starts each and names it with joined(id).
+  // How many replacements to start now (lost ranks, while any are left).
   int to_replace();
   // How many ranks `shoal join` asked for that may start now (up to MAX
   // with those training or joining; the rest refused, once, on stderr).
@@ -71,9 +71,10 @@ class ElasticCoordinator {
   using Clock = std::chrono::steady_clock;
   ElasticCoordinator() = default;
   // The next generation from the members that checked in.
-  std::vector<std::string> reform(std::vector<Proc>& procs, std::string* stop);
+  std::vector<std::string> reform(Members& m, std::string* stop);
   std::unique_ptr<net::Store> store_;
   int min_ = 1, max_ = 1;
+  int next_id_ = 0;           // the id the next newcomer gets
   std::int64_t granted_ = 0;  // of the grow requests: answered so far
   double settle_s_ = 5;
   int gen_ = 0;

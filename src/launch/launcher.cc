@@ -65,11 +65,11 @@ Status validate(const LaunchOptions& o) {
     if (o.elastic_max != 0 && o.elastic_max < o.ranks)
       return invalid_argument("--elastic {}:{}: MAX must be at least -n {}", o.elastic_min,
                               o.elastic_max, o.ranks);
-    if (o.engine != "local" || o.ps_servers > 0)
+    if (o.engine == "mpirun" || o.ps_servers > 0)
       return invalid_argument(
-          "--elastic keeps a job of local ranks (--engine local) going without restarts: it "
-          "takes no --engine {} or --ps",
-          o.engine);
+          "--elastic keeps a job of local ranks or srun's tasks (--engine local or srun) going "
+          "without restarts: it takes no {}",
+          o.ps_servers > 0 ? "--ps" : "--engine mpirun (mpirun ends every rank when one dies)");
   }
   return ok_status();
 }

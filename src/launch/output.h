@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -28,6 +29,13 @@ class Output {
       : tails_(labels.size()), engine_("local"), labels_(std::move(labels)) {}
   // One more rank (a replacement in an elastic data-parallel job).
   void add_rank() { tails_.emplace_back(); }
+  // Under srun: process `unit` is a step of one task, rank id `id` of an
+  // elastic job (its lines, tagged "0: ", are that rank's).
+  void add_step(int unit, int id) {
+    unit_ids_[unit] = id;
+    if (static_cast<std::size_t>(id) >= tails_.size())
+      tails_.resize(static_cast<std::size_t>(id) + 1);
+  }
   // One more local process (an elastic job's new worker).
   void add_label(std::string label) {
     labels_.push_back(std::move(label));
@@ -37,6 +45,10 @@ class Output {
     int rank = unit;
     std::string text = l;
     if (engine_ != "local") std::tie(rank, text) = untag(l);
+    if (auto u = unit_ids_.find(unit); u != unit_ids_.end() && rank >= 0) rank = u->second;
+    // srun's word on each task of the first step that ended badly.
+    if (engine_ == "srun" && rank < 0 && unit == 0)
+      for (auto& [task, how] : srun_task_ends(text)) task_ends_.emplace(task, how);
     if (rank >= 0 && rank < static_cast<int>(tails_.size())) {
       if (labels_.empty())
         fmt::print("[rank {}] {}\n", rank, text);
@@ -69,6 +81,11 @@ class Output {
   }
   const std::deque<std::string>& engine_tail() const { return engine_tail_; }
   const std::optional<std::pair<int, std::string>>& first_rank_exit() const { return first_exit_; }
+  // Tasks of the first srun step that srun said ended badly: task -> how
+  // ("killed", "exited with exit code 3").
+  const std::map<int, std::string>& task_ends() const { return task_ends_; }
+  // "srun: error: n1: tasks 0-1,3: Killed" -> {0,1,3} each "killed"; {} for other lines.
+  static std::vector<std::pair<int, std::string>> srun_task_ends(const std::string& line);
 
  private:
   static void keep(std::deque<std::string>& t, const std::string& l) {
@@ -97,6 +114,8 @@ class Output {
   std::vector<std::string> labels_;
   std::optional<std::pair<int, std::string>> first_exit_;
   std::string cancel_line_;
+  std::map<int, int> unit_ids_;           // process -> rank id (srun steps of one task)
+  std::map<int, std::string> task_ends_;  // task of the first step -> how it ended
 };
 
 // For single-process engines: which rank the engine says failed, if any.

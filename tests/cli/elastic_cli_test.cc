@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/cli_results.h"
+#include "cli/local_slurm.h"
 #include "cli/run_shoal.h"
 #include "temp_dir.h"
 
@@ -31,12 +32,14 @@ const char* kTrain =
     "train --model mlp --limit-train 12000 --limit-test 256 --threads 1 --no-plot --quiet "
     "--optimizer momentum --lr 0.05";
 
-// `shoal train` under `sh`, in which rank `victim` sends itself `sig` once
-// the run has logged its first training record (step 25); bounded: 30 s.
+// `shoal train` under `sh`, in which rank id `victim` (shoal run's
+// SHOAL_ELASTIC_ID, or srun's task) sends itself `sig` once the run has
+// logged its first training record (step 25); bounded: 30 s.
 std::string with_fault(const std::string& out, int victim, const char* sig,
                        const std::string& flags, const char* train = kTrain) {
   return fmt::format(
-      "sh -c 'if [ $SHOAL_RANK = {2} ]; then (i=0; while [ $i -lt 3000 ] && ! grep -q "
+      "sh -c 'if [ ${{SHOAL_ELASTIC_ID:-$SLURM_PROCID}} = {2} ]; then (i=0; while [ $i -lt 3000 ] "
+      "&& ! grep -q "
       "\"kind\\\":\\\"train\" {0}/metrics.jsonl 2>/dev/null; do sleep 0.01; i=$((i+1)); done; "
       "kill -{3} $$) & fi; exec {1} {4} {5} --out {0}'",
       out, SHOAL_BINARY, victim, sig, train, flags);
@@ -133,14 +136,21 @@ TEST(Elastic, AKilledRankLeavesAndTheRestEndAsAJobThatShrankOnPurpose) {
 // state from rank 0's broadcast, and the job ends as one of the same
 // layout (`flags`) that ran 4 ranks, then 3, then 4 again on purpose, each
 // change a checkpoint and a resume.
-void replaced_rank_ends_as_on_purpose(const std::string& name, const std::string& flags) {
+// `engine`: shoal run's flags for it ("" for local ranks).
+void replaced_rank_ends_as_on_purpose(const std::string& name, const std::string& flags,
+                                      const std::string& engine = "") {
   const std::string dir = testing::scratch_dir(name);
   const std::string env = "SHOAL_DETERMINISTIC=1 " + std::string(kCommitEvery);
   const std::string train = std::string(kTrain) + " --epochs 3" + flags;
-  auto r = run_sh(env + SHOAL_BINARY + " run -n 4 --elastic 2 --max-restarts 1 --timeout 300 -- " +
+  auto r = run_sh(env + SHOAL_BINARY + " run -n 4 " + engine +
+                  " --elastic 2 --max-restarts 1 --timeout 300 -- " +
                   with_fault(dir + "/elastic", 2, "KILL", "--batch 12 --epochs 3" + flags));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "started rank 4 to replace a lost rank")) << r.out;
+  // srun names the task it lost at once (the lease would take 15 s).
+  if (!engine.empty()) {
+    EXPECT_TRUE(has(r.out, "rank 2 killed (said srun)")) << r.out;
+  }
   EXPECT_TRUE(has(r.out, "joining as rank 3 of 4")) << r.out;
   EXPECT_TRUE(has(r.out, "the job ended on 4 ranks (it started on 4; generation 2)")) << r.out;
   auto m = memberships(dir + "/elastic");
@@ -329,9 +339,10 @@ TEST(Elastic, WhatIsNotBuiltForItIsRefusedByName) {
                   "the global batch 48 does not split into 3 equal micro-batches on each of 3 "
                   "ranks; choose a global batch that is a multiple of 36"))
       << micro.out;
-  auto srun = run_shoal("run -n 2 --elastic 1 --engine srun -- true");
-  EXPECT_EQ(srun.code, 2);
-  EXPECT_TRUE(has(srun.out, "it takes no --engine srun")) << srun.out;
+  auto mpirun = run_shoal("run -n 2 --elastic 1 --engine mpirun -- true");
+  EXPECT_EQ(mpirun.code, 2);
+  EXPECT_TRUE(has(mpirun.out, "it takes no --engine mpirun (mpirun ends every rank when one dies)"))
+      << mpirun.out;
   auto shrunk = run_shoal("run -n 3 --elastic 1:2 -- true");
   EXPECT_EQ(shrunk.code, 2);
   EXPECT_TRUE(has(shrunk.out, "--elastic 1:2: MAX must be at least -n 3")) << shrunk.out;
@@ -340,6 +351,58 @@ TEST(Elastic, WhatIsNotBuiltForItIsRefusedByName) {
                          SHOAL_BINARY, kTrain, testing::scratch_dir("elastic_h")));
   EXPECT_NE(by_hand.code, 0);
   EXPECT_TRUE(has(by_hand.out, "not by `shoal run --elastic`")) << by_hand.out;
+}
+
+// Under a real Slurm (tools/slurm-cluster.sh: four slurmd on this host):
+// `shoal run --engine srun --elastic`, whose ranks are tasks of a job step
+// the launcher cannot see into. It knows them by what srun says of each
+// task and by each rank's lease in the store (launch/members.h).
+class ElasticSrun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!testing::have_slurm()) return;
+    dir_ = ::testing::TempDir() + "/shoal-slurm-elastic-" + std::to_string(getpid());
+    started_ = testing::start_local_slurm(dir_);
+  }
+  static void TearDownTestSuite() { testing::stop_local_slurm(started_, dir_); }
+  void SetUp() override {
+    if (!testing::have_slurm())
+      GTEST_SKIP() << "SKIP: slurm-wlm is not installed (tools/install-deps.sh installs it)";
+    ASSERT_TRUE(started_) << "tools/slurm-cluster.sh start failed";
+  }
+  static std::string dir_;
+  static bool started_;
+};
+std::string ElasticSrun::dir_;
+bool ElasticSrun::started_ = false;
+
+// Task 2 of the step is killed: srun names it ("task 2: Killed"), the
+// three others go on, the launcher starts a step of one task to replace
+// it, and the job ends as one that changed its membership on purpose.
+TEST_F(ElasticSrun, AKilledTaskIsReplacedByAStepOfItsOwn) {
+  replaced_rank_ends_as_on_purpose("elastic_srun_kill", "", "--engine srun");
+}
+
+// Task 1 is stopped (SIGSTOP): its peers' heartbeat names it, its lease
+// stands still, and the two others go on without it. The launcher cannot
+// kill one task of a step; when the job has finished it cancels the step,
+// so nothing of it is left running (or stopped).
+TEST_F(ElasticSrun, AFrozenTaskIsDroppedByItsLeaseAndCancelledAtTheEnd) {
+  const std::string dir = testing::scratch_dir("elastic_srun_freeze");
+  auto r = run_sh(
+      fmt::format("SHOAL_HEARTBEAT=2 {} run -n 3 --engine srun --elastic 2 --timeout 300 -- {}",
+                  SHOAL_BINARY, with_fault(dir, 1, "STOP", "--batch 16 --epochs 2")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "sent no heartbeat")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 1 renewed no lease for 2.")) << r.out;
+  EXPECT_TRUE(has(r.out, "dropped (refused by generation should it wake)")) << r.out;
+  EXPECT_TRUE(has(r.out, "generation 1: 2 ranks go on")) << r.out;
+  EXPECT_TRUE(has(r.out, "the job ended on 2 ranks (it started on 3; generation 1)")) << r.out;
+  auto ck = testing::last_checkpoint(dir);
+  ASSERT_TRUE(ck.ok());
+  EXPECT_EQ(ck->metadata.at("step"), "500");
+  auto left = run_sh("pgrep -f -- '--out " + dir + "$'");
+  EXPECT_NE(left.code, 0) << "still running: " << left.out;
 }
 
 }  // namespace

@@ -8,7 +8,11 @@
 // check-in (the step it holds, -1 for none) after generation G ended;
 // "g<G>/regroup" set when ranks wait to join; "join/<id>" a newcomer's
 // announcement; "max" the job's --elastic MAX and "grow" the count of ranks
-// asked for by `shoal join` (the launcher starts them up to MAX).
+// asked for by `shoal join` (the launcher starts them up to MAX);
+// "alive/<id>" a rank's lease (a count it raises twice a second for as long
+// as it lives, so a launcher that cannot see its process, srun's or another
+// host's, tells a dead or frozen one from a busy one), and "exit/<id>" how
+// it ended ("0", or its exit code), written as it leaves.
 #pragma once
 
 #include <fmt/format.h>
@@ -32,6 +36,8 @@ inline std::string regroup(int generation) { return key(fmt::format("g{}/regroup
 inline std::string join(int id) { return key(fmt::format("join/{}", id)); }
 inline std::string max() { return key("max"); }
 inline std::string grow() { return key("grow"); }
+inline std::string alive(int id) { return key(fmt::format("alive/{}", id)); }
+inline std::string exit(int id) { return key(fmt::format("exit/{}", id)); }
 
 // "0,1,3" <-> {0, 1, 3}.
 inline std::string join_ids(const std::vector<int>& ids) {

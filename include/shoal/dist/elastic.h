@@ -47,6 +47,9 @@ struct ElasticEnv {
   int generation = 0;             // SHOAL_ELASTIC_GENERATION
   int rank = 0, world = 0;        // this rank, and the ranks, in this generation
   std::int64_t global_batch = 0;  // what every generation trains on per step
+  // Whether the launcher gave SHOAL_LOCAL_WORLD_SIZE (its local engine: every
+  // rank on one host); each generation then says its ranks are local too.
+  bool one_host = false;
 };
 
 // SHOAL_ELASTIC and the launcher's rank variables, or nullopt when the job
@@ -90,6 +93,31 @@ class RegroupWatch {
   std::unique_ptr<net::Store> store_;
   int generation_ = 0;
   std::atomic<bool> asked_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// A rank's lease for as long as its process lives (every generation, and
+// the waits between them): a thread raises elastic_keys::alive(id) every
+// 500 ms; end() writes how the rank ended (elastic_keys::exit). The launcher
+// reads both where it cannot see the process (srun's tasks, ranks on
+// other hosts): a lease that stops moving is a rank dead, stopped or cut
+// off, without waiting for its peers' heartbeat.
+class ElasticLease {
+ public:
+  static Result<std::unique_ptr<ElasticLease>> start(int id);
+  ~ElasticLease();
+  // Stops the lease and records `code` (0: ended well) in the store.
+  void end(int code);
+
+ private:
+  ElasticLease() = default;
+  void loop();
+  void stop();
+  std::unique_ptr<net::Store> store_;
+  int id_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
