@@ -198,6 +198,12 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env() {
 
 void Communicator::cut() {
   if (mesh_) mesh_->cut();
+  // The two-level all-reduce's groups have meshes of their own (made at
+  // create, before the watchdog that calls this starts): a step waiting in
+  // them, on another host's silent rank or on a host peer that is, would
+  // not notice the world's sockets going.
+  if (local_) local_->cut();
+  if (columns_) columns_->cut();
 }
 
 Communicator::~Communicator() {

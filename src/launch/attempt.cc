@@ -298,6 +298,8 @@ void Attempt::supervise() {
       if (elastic_->finished() && !released_) {
         members_->release();
         released_ = true;
+        // srun waits for the nodes it must tell; one cut off never answers.
+        kill_at_ = Clock::now() + std::chrono::seconds(30);
       }
       if (!stop.empty()) {
         if (!elastic_->lost().empty()) failed_ = elastic_->lost().begin()->first;
@@ -307,7 +309,7 @@ void Attempt::supervise() {
     if (!stopping_ && o_.timeout_s > 0 &&
         Clock::now() - t0 > std::chrono::duration<double>(o_.timeout_s))
       begin_stop(fmt::format("--timeout {} s passed", o_.timeout_s));
-    if (stopping_ && alive > 0 && Clock::now() > kill_at_) stop_all(SIGKILL);
+    if ((stopping_ || released_) && alive > 0 && Clock::now() > kill_at_) stop_all(SIGKILL);
     if (alive == 0) break;
   }
 }
