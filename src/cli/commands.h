@@ -167,6 +167,7 @@ struct PsSchedulerFlags {
 struct JoinFlags {
   std::string job;  // the job's --job-dir
   int ranks = 1;
+  std::vector<std::string> cmd;  // a rank to run here (after --), instead of asking
 };
 CLI::App* add_join_command(CLI::App& app, JoinFlags& f);
 int run_join(const JoinFlags& f);

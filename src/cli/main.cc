@@ -93,8 +93,11 @@ struct Cli {
                     "An elastic job's directory: job.env there lets `shoal join` reach it "
                     "(default runs/job-<id>)");
     run->add_option("--engine", launch.engine,
-                    "local (fork here), mpirun (OpenMPI) or srun (a Slurm job step)")
-        ->check(CLI::IsMember({"local", "mpirun", "srun"}))
+                    "local (fork here), mpirun (OpenMPI), srun (a Slurm job step) or external "
+                    "(--elastic only: something else starts the ranks, e.g. Kubernetes or "
+                    "`shoal join --job DIR -- CMD` on each host; shoal run serves the store "
+                    "and keeps the generations)")
+        ->check(CLI::IsMember({"local", "mpirun", "srun", "external"}))
         ->capture_default_str();
     run->add_option("--timeout", launch.timeout_s,
                     "Stop all ranks after S seconds, per attempt (0 = none)")
@@ -127,7 +130,7 @@ struct Cli {
     run->add_option("--engine-arg", launch.engine_args,
                     "Extra argument for mpirun or srun (repeatable), e.g. --engine-arg=-N2")
         ->allow_extra_args(false);
-    run->add_option("cmd", launch.cmd, "Command and its arguments (after --)")->required();
+    run->add_option("cmd", launch.cmd, "Command and its arguments (after --)");
     join = shoal::cli::add_join_command(app, join_flags);
     run_rank = app.add_subcommand("run-rank", "Run one rank of an mpirun job (used by shoal run)");
     run_rank->group("");  // hidden

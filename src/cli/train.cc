@@ -511,8 +511,9 @@ int train_generations(train::TrainOptions o, const dist::JoinOptions& jo,
   }
   const int commit_every = static_cast<int>(*every);
   // A peer lost while a generation connects costs seconds (then this rank
-  // checks in again), not SHOAL_COMM_TIMEOUT.
-  setenv("SHOAL_CONNECT_TIMEOUT", "10", 0);
+  // checks in again), not SHOAL_COMM_TIMEOUT. Not for a first generation
+  // whose ranks something else starts: they may come minutes apart.
+  if (!el.claimed) setenv("SHOAL_CONNECT_TIMEOUT", "10", 0);
   std::shared_ptr<const train::CheckpointState> carry;
   std::string note;
   // A replacement waits to be admitted; its state comes from rank 0's
@@ -568,6 +569,7 @@ int train_generations(train::TrainOptions o, const dist::JoinOptions& jo,
       return 1;
     }
     note = *next;
+    setenv("SHOAL_CONNECT_TIMEOUT", "10", 0);
   }
 }
 

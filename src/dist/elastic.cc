@@ -21,9 +21,53 @@ namespace shoal::dist {
 
 namespace keys = elastic_keys;
 
+namespace {
+
+Result<std::unique_ptr<net::Store>> connect_store() { return connect_job_store(10); }
+
+// SHOAL_ELASTIC=join: an id from the store's counter, and the job's sizes.
+Result<std::optional<ElasticEnv>> claim_place() {
+  // The launcher may start after the ranks (a Kubernetes pod before another).
+  SHOAL_ASSIGN_OR_RETURN(auto store, connect_job_store(120));
+  const auto read = [&](const std::string& key) -> Result<std::int64_t> {
+    SHOAL_ASSIGN_OR_RETURN(std::string v, store->peek(key));
+    if (v.empty())
+      return failed_precondition(
+          "SHOAL_ELASTIC=join: the store holds no elastic job ('{}' is unset): is it served by "
+          "`shoal run --engine external --elastic MIN[:MAX]`?",
+          key);
+    return env::parse_int(v, key.c_str());
+  };
+  ElasticEnv e;
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t min, read(keys::min()));
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t max, read(keys::max()));
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t world, read(keys::world()));
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t next, store->add(keys::ids(), 1));
+  e.min = static_cast<int>(min);
+  e.max = static_cast<int>(max);
+  e.world = static_cast<int>(world);
+  e.id = static_cast<int>(next - 1);
+  e.joining = e.id >= e.world;
+  e.rank = e.joining ? 0 : e.id;
+  e.claimed = true;
+  // The variables every later reader of the rank takes (launch_env); a
+  // Kubernetes pod's own RANK says nothing here.
+  setenv("SHOAL_RANK", std::to_string(e.rank).c_str(), 1);
+  setenv("SHOAL_WORLD_SIZE", std::to_string(e.world).c_str(), 1);
+  unsetenv("SHOAL_LOCAL_RANK");
+  unsetenv("SHOAL_LOCAL_WORLD_SIZE");
+  SHOAL_LOG_INFO("elastic rank id {} claimed: {}", e.id,
+                 e.joining ? std::string("a newcomer, admitted at a step boundary")
+                           : fmt::format("rank {} of the first {}", e.rank, e.world));
+  return std::optional<ElasticEnv>(e);
+}
+
+}  // namespace
+
 Result<std::optional<ElasticEnv>> elastic_env() {
   const auto min = env::get("SHOAL_ELASTIC");
   if (!min) return std::optional<ElasticEnv>{};
+  if (*min == "join") return claim_place();
   ElasticEnv e;
   SHOAL_ASSIGN_OR_RETURN(std::int64_t m, env::get_int("SHOAL_ELASTIC", 0));
   SHOAL_ASSIGN_OR_RETURN(std::int64_t g, env::get_int("SHOAL_ELASTIC_GENERATION", 0));
@@ -87,8 +131,6 @@ Status check_elastic(const ElasticEnv& e, const JoinOptions& j, std::int64_t glo
 }
 
 namespace {
-
-Result<std::unique_ptr<net::Store>> connect_store() { return connect_job_store(10); }
 
 // Enters generation `g` as rank `rank` of `world`. Under shoal run's local
 // engine every rank is on this host; under srun they may be anywhere, and

@@ -114,7 +114,11 @@ class Attempt {
 };
 
 bool Attempt::prepare(const std::string& job_id, const std::string& trace_prefix) {
-  const std::string token = token_ = random_hex(16);
+  // Ranks started elsewhere (--engine external) may hold the job's token
+  // already (a Kubernetes Secret): the launcher takes it from its own
+  // environment then.
+  const char* given = o_.engine == "external" ? std::getenv("SHOAL_JOB_TOKEN") : nullptr;
+  const std::string token = token_ = given && *given ? given : random_hex(16);
   auto store = net::TcpStoreServer::start(o_.store_host, o_.store_port, token);
   if (!store.ok()) {
     fmt::print(stderr, "shoal run: cannot start the rendezvous store on {}:{}: {}{}\n",
@@ -142,7 +146,8 @@ bool Attempt::prepare(const std::string& job_id, const std::string& trace_prefix
   const int max = std::max(o_.elastic_max, o_.ranks);
   env_.emplace_back("SHOAL_ELASTIC_MAX", std::to_string(max));
   auto c = ElasticCoordinator::for_launcher(store_->host(), store_->port(), token, o_.ranks,
-                                            o_.elastic_min, max, o_.max_restarts);
+                                            o_.elastic_min, max, o_.max_restarts,
+                                            o_.engine == "external");
   if (c.ok()) {
     Status st = publish_job_env(o_.job_dir.empty() ? "runs/job-" + job_id : o_.job_dir, env_);
     if (!st.ok()) c = st;
@@ -173,6 +178,13 @@ bool Attempt::start(const std::vector<std::string>& argv, const Env& e,
 }
 
 bool Attempt::spawn_ranks() {
+  if (o_.engine == "external") {
+    fmt::print(stderr,
+               "shoal run: --engine external: waiting for {} ranks, each started elsewhere with "
+               "`shoal join --job DIR -- CMD` (or job.env's variables and SHOAL_ELASTIC=join)\n",
+               o_.ranks);
+    return watch_members({});
+  }
   if (o_.engine == "local") {
     std::vector<std::vector<int>> cpus(static_cast<std::size_t>(o_.ranks));
     if (o_.bind == "cores") {
@@ -238,8 +250,8 @@ bool Attempt::watch_members(const std::vector<std::string>& srun) {
     oc_.code = 2;
     return false;
   }
-  members_ = std::make_unique<SrunMembers>(procs_, frozen_, output_, env_, srun, o_.cmd, o_.ranks,
-                                           std::move(client).value(), *hb > 0 ? *hb : 15);
+  members_ = std::make_unique<RemoteMembers>(procs_, frozen_, output_, env_, srun, o_.cmd, o_.ranks,
+                                             std::move(client).value(), *hb > 0 ? *hb : 15);
   return true;
 }
 
@@ -302,7 +314,9 @@ void Attempt::supervise() {
         kill_at_ = Clock::now() + std::chrono::seconds(30);
       }
       if (!stop.empty()) {
-        if (!elastic_->lost().empty()) failed_ = elastic_->lost().begin()->first;
+        // A lost rank is a process of its own only under the local engine.
+        if (!elastic_->lost().empty() && o_.engine == "local")
+          failed_ = elastic_->lost().begin()->first;
         begin_stop(stop);
       }
     }
@@ -310,7 +324,9 @@ void Attempt::supervise() {
         Clock::now() - t0 > std::chrono::duration<double>(o_.timeout_s))
       begin_stop(fmt::format("--timeout {} s passed", o_.timeout_s));
     if ((stopping_ || released_) && alive > 0 && Clock::now() > kill_at_) stop_all(SIGKILL);
-    if (alive == 0) break;
+    // Under --engine external no process of the job is the launcher's: the
+    // job lasts until its ranks finish or it is stopped.
+    if (alive == 0 && (o_.engine != "external" || stopping_ || elastic_->finished())) break;
   }
 }
 

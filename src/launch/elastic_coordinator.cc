@@ -22,14 +22,19 @@ namespace {
 // (SHOAL_CONNECT_TIMEOUT, 10 s in an elastic job).
 constexpr double kSettleSeconds = 15;
 
+// Once its peers checked in, a member out of the launcher's sight whose
+// lease has not moved for this long is taken for dead (its lease moves
+// every 0.5 s), not waited for the whole settling time.
+constexpr double kQuietSeconds = 2;
+
 }  // namespace
 
 Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::for_launcher(
     const std::string& host, int port, const std::string& token, int ranks, int min, int max,
-    int replacements) {
+    int replacements, bool claimed) {
   SHOAL_ASSIGN_OR_RETURN(auto client,
                          net::TcpStore::connect(host, port, Deadline::after_seconds(10), token));
-  return start(std::move(client), ranks, min, max, kSettleSeconds, replacements);
+  return start(std::move(client), ranks, min, max, kSettleSeconds, replacements, claimed);
 }
 
 std::string ElasticCoordinator::supervise(Members& m, int ranks) {
@@ -40,12 +45,14 @@ std::string ElasticCoordinator::supervise(Members& m, int ranks) {
   const int replace = stop.empty() ? to_replace() : 0;
   const int grow = stop.empty() ? to_grow() : 0;
   for (int k = 0; k < replace + grow; ++k) {
-    const int id = next_id_;
-    if (Status st = m.start(id, ranks); !st.ok()) {
+    auto given = store_->add(keys::ids(), 1);
+    const int id = given.ok() ? static_cast<int>(*given - 1) : -1;
+    Status st = given.ok() ? m.start(id, ranks) : given.status();
+    if (!st.ok()) {
       fmt::print(stderr, "shoal run: starting a replacement: {}\n", st.message());
       break;
     }
-    ++next_id_;
+    next_id_ = std::max(next_id_, id + 1);
     joined(id);
     fmt::print(stderr, "shoal run: started rank {} {}\n", id,
                k < replace ? "to replace a lost rank" : "(asked for by shoal join)");
@@ -87,18 +94,23 @@ int ElasticCoordinator::finish(Members& m, int ranks) const {
 
 Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::start(
     std::unique_ptr<net::Store> store, int ranks, int min, int max, double settle_s,
-    int replacements) {
+    int replacements, bool claimed) {
   std::unique_ptr<ElasticCoordinator> c(new ElasticCoordinator());
   c->store_ = std::move(store);
   c->min_ = min;
   c->max_ = std::max(max, ranks);
   c->settle_s_ = settle_s;
   c->replacements_ = replacements;
-  c->next_id_ = ranks;
+  c->first_ = c->next_id_ = ranks;
   for (int r = 0; r < ranks; ++r) c->members_.push_back(r);
   SHOAL_RETURN_IF_ERROR(c->store_->set(keys::members(0), keys::join_ids(c->members_)));
   SHOAL_RETURN_IF_ERROR(c->store_->set(keys::key("gen"), "0"));
   SHOAL_RETURN_IF_ERROR(c->store_->set(keys::max(), std::to_string(c->max_)));
+  SHOAL_RETURN_IF_ERROR(c->store_->set(keys::min(), std::to_string(min)));
+  SHOAL_RETURN_IF_ERROR(c->store_->set(keys::world(), std::to_string(ranks)));
+  // Ids are given out by one counter: the launcher's own ranks hold the
+  // first generation's, else the ranks claim them as they start.
+  SHOAL_RETURN_IF_ERROR(c->store_->set(keys::ids(), std::to_string(claimed ? 0 : ranks)));
   return c;
 }
 
@@ -116,8 +128,29 @@ int ElasticCoordinator::to_replace() {
 
 void ElasticCoordinator::joined(int id) { joiners_.push_back(id); }
 
+bool ElasticCoordinator::knows(int id) const {
+  return std::find(members_.begin(), members_.end(), id) != members_.end() ||
+         std::find(joiners_.begin(), joiners_.end(), id) != joiners_.end() || left_.count(id);
+}
+
+void ElasticCoordinator::find_claims() {
+  auto given = store_->add(keys::ids(), 0);
+  if (!given.ok()) return;
+  for (int id = first_; id < *given; ++id) {
+    if (knows(id)) continue;
+    joined(id);
+    const bool room = static_cast<int>(members_.size() + joiners_.size()) <= max_;
+    fmt::print(stderr, "shoal run: rank id {} asks to join (started elsewhere){}\n", id,
+               room ? ""
+                    : fmt::format(": {} train at --elastic max {}, so it waits as a standby",
+                                  members_.size(), max_));
+  }
+  next_id_ = std::max(next_id_, static_cast<int>(*given));
+}
+
 std::vector<std::string> ElasticCoordinator::tick(Members& m, std::string* stop) {
   using State = Seen::State;
+  if (m.others_join()) find_claims();
   // Newcomers: gone before admission, or ready (then this generation is
   // asked to end after its step in progress).
   for (auto it = joiners_.begin(); it != joiners_.end();) {
@@ -144,7 +177,8 @@ std::vector<std::string> ElasticCoordinator::tick(Members& m, std::string* stop)
     return {};
   }
   if (finished_) return {};
-  if (!announced_.empty() && !regroup_asked_) {
+  // Newcomers are let in at a step boundary while there is room under MAX.
+  if (!announced_.empty() && !regroup_asked_ && static_cast<int>(members_.size()) < max_) {
     regroup_asked_ = store_->set(keys::regroup(gen_), "1").ok();
   }
   for (int id : members_) {
@@ -165,7 +199,9 @@ std::vector<std::string> ElasticCoordinator::tick(Members& m, std::string* stop)
   // a silent one (stopped, its lease still) will not, whatever the wait.
   bool waiting = false;
   for (int id : members_)
-    if (!checked_in_.count(id) && m.seen(id).state == State::kRunning) waiting = true;
+    if (const Seen s = m.seen(id);
+        !checked_in_.count(id) && s.state == State::kRunning && s.quiet_s < kQuietSeconds)
+      waiting = true;
   if (waiting && Clock::now() - since_ < std::chrono::duration<double>(settle_s_)) return {};
   return reform(m, stop);
 }
@@ -179,8 +215,12 @@ std::vector<std::string> ElasticCoordinator::reform(Members& m, std::string* sto
     if (s.state == Seen::State::kEndedWell || s.state == Seen::State::kFailed) continue;
     if (!checked_in_.count(id)) {
       const std::string why =
-          s.state == Seen::State::kSilent
-              ? s.why + " when its peers lost it"
+          s.state == Seen::State::kSilent ? s.why + " when its peers lost it"
+          : s.quiet_s >= kQuietSeconds
+              ? fmt::format(
+                    "renewed no lease for {:.1f} s when its peers lost it (dead, "
+                    "stopped or cut off)",
+                    s.quiet_s)
               : fmt::format("did not check in within {} s of its peers (hung or cut off)",
                             settle_s_);
       left_[id] =
@@ -203,11 +243,18 @@ std::vector<std::string> ElasticCoordinator::reform(Members& m, std::string* sto
       who_left += fmt::format("{}rank {} {}", who_left.empty() ? "" : "; ", id, left_.at(id));
   const std::size_t survivors = next.size();
   const int lost_now = static_cast<int>(members_.size() - survivors) - again;
-  for (int id : announced_) next.push_back(id);  // newcomers last: rank 0 holds the state
+  // Newcomers last (rank 0 holds the state), up to MAX; those beyond it
+  // wait as standbys for a place (a member lost later) or the job's end.
+  std::vector<int> admitted;
+  for (int id : announced_)
+    if (static_cast<int>(next.size()) < max_) {
+      next.push_back(id);
+      admitted.push_back(id);
+    }
   if (survivors == 0) {
     *stop = fmt::format("every rank of generation {} exited ({}): none is left to go on", gen_,
                         who_left);
-  } else if (lost_now == 0 && again == 0 && announced_.empty()) {
+  } else if (lost_now == 0 && again == 0 && admitted.empty()) {
     *stop = fmt::format(
         "every rank of generation {} failed its step with no rank lost: not a fault elastic "
         "training goes on from (the ranks' errors say why)",
@@ -222,10 +269,9 @@ std::vector<std::string> ElasticCoordinator::reform(Members& m, std::string* sto
   }
   ++gen_;
   std::string note = who_left;
-  if (!announced_.empty())
+  if (!admitted.empty())
     note += fmt::format("{}rank{} {} joined", note.empty() ? "" : "; ",
-                        announced_.size() == 1 ? "" : "s",
-                        keys::join_ids(std::vector<int>(announced_.begin(), announced_.end())));
+                        admitted.size() == 1 ? "" : "s", keys::join_ids(admitted));
   Status wrote = store_->set(keys::note(gen_), note);
   if (wrote.ok()) wrote = store_->set(keys::members(gen_), keys::join_ids(next));
   if (wrote.ok()) wrote = store_->set(keys::key("gen"), std::to_string(gen_));
@@ -238,10 +284,13 @@ std::vector<std::string> ElasticCoordinator::reform(Members& m, std::string* sto
       next.size(), next.size() == 1 ? "" : "s", checked_in_.at(next.front()), keys::join_ids(next),
       next.size() - 1, note));
   members_ = std::move(next);
-  for (int id : announced_)
+  for (int id : admitted) {
     if (auto it = std::find(joiners_.begin(), joiners_.end(), id); it != joiners_.end())
       joiners_.erase(it);
-  announced_.clear();
+    announced_.erase(id);
+  }
+  for (int id : announced_)  // standbys (a member that must join anew among them)
+    if (std::find(joiners_.begin(), joiners_.end(), id) == joiners_.end()) joiners_.push_back(id);
   regroup_asked_ = false;
   owed_ += lost_now;
   checked_in_.clear();

@@ -30,15 +30,18 @@ class ElasticCoordinator {
   // of generation 0, `min` the fewest the job goes on with, `max` the most
   // it grows to when `shoal join` asks for more (elastic_keys::grow).
   // `replacements`: how many lost ranks the launcher replaces in all.
+  // `claimed`: the ranks claim their ids in the store (--engine external),
+  // the first generation's included.
   static Result<std::unique_ptr<ElasticCoordinator>> start(std::unique_ptr<net::Store> store,
                                                            int ranks, int min, int max,
-                                                           double settle_s, int replacements);
+                                                           double settle_s, int replacements,
+                                                           bool claimed = false);
   // The same as a client of the launcher's store at host:port, with the
   // launcher's settling time.
   static Result<std::unique_ptr<ElasticCoordinator>> for_launcher(const std::string& host, int port,
                                                                   const std::string& token,
                                                                   int ranks, int min, int max,
-                                                                  int replacements);
+                                                                  int replacements, bool claimed);
 
   // One turn of the launcher's supervision: tick(), then a newcomer
   // started through `m` for each rank lost while --max-restarts allows and
@@ -72,9 +75,14 @@ class ElasticCoordinator {
   ElasticCoordinator() = default;
   // The next generation from the members that checked in.
   std::vector<std::string> reform(Members& m, std::string* stop);
+  // Ranks that claimed an id in the store since the last look (started by
+  // something else): newcomers, standbys beyond MAX.
+  void find_claims();
+  bool knows(int id) const;
   std::unique_ptr<net::Store> store_;
   int min_ = 1, max_ = 1;
-  int next_id_ = 0;           // the id the next newcomer gets
+  int first_ = 0;             // ranks of generation 0 (ids below are theirs)
+  int next_id_ = 0;           // one past the highest id given out
   std::int64_t granted_ = 0;  // of the grow requests: answered so far
   double settle_s_ = 5;
   int gen_ = 0;

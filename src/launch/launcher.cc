@@ -35,13 +35,30 @@ using Clock = std::chrono::steady_clock;
 
 Status validate(const LaunchOptions& o) {
   if (o.ranks < 1) return invalid_argument("-n {}: a job needs at least one rank", o.ranks);
-  if (o.engine != "local" && o.engine != "mpirun" && o.engine != "srun")
-    return invalid_argument("--engine '{}' is not one of local, mpirun, srun", o.engine);
+  if (o.engine != "local" && o.engine != "mpirun" && o.engine != "srun" && o.engine != "external")
+    return invalid_argument("--engine '{}' is not one of local, mpirun, srun, external", o.engine);
+  if (o.engine == "external") {
+    if (o.elastic_min == 0)
+      return invalid_argument(
+          "--engine external starts no rank: it serves an elastic job's store and generations "
+          "(--elastic MIN[:MAX]) for ranks started elsewhere");
+    if (!o.cmd.empty())
+      return invalid_argument(
+          "--engine external starts no rank, so it takes no command ('{}'): start each with "
+          "`shoal join --job DIR -- CMD` (or the job.env variables and SHOAL_ELASTIC=join)",
+          o.cmd[0]);
+    if (o.max_restarts > 0)
+      return invalid_argument(
+          "--engine external starts no replacement (--max-restarts {}): whatever starts the "
+          "ranks restarts them, and each joins",
+          o.max_restarts);
+  }
   if (o.max_restarts < 0) return invalid_argument("--max-restarts {} must be >= 0", o.max_restarts);
   if (o.timeout_s < 0) return invalid_argument("--timeout {} must be >= 0", o.timeout_s);
   if (o.store_port < 0 || o.store_port > 65535)
     return invalid_argument("--store-port {} is not a port number", o.store_port);
-  if (o.cmd.empty()) return invalid_argument("no command given (usage: shoal run -n N -- CMD ...)");
+  if (o.cmd.empty() && o.engine != "external")
+    return invalid_argument("no command given (usage: shoal run -n N -- CMD ...)");
   if (o.ps_servers < 0 || o.ps_workers < 0 || (o.ps_servers > 0) != (o.ps_workers > 0))
     return invalid_argument(
         "--ps {},{}: a parameter-server job needs at least one server and one "

@@ -54,9 +54,9 @@ Status LocalMembers::start(int id, int ranks) {
   return ok_status();
 }
 
-SrunMembers::SrunMembers(std::vector<Proc>& procs, std::vector<bool>& frozen, Output& output,
-                         Env env, std::vector<std::string> srun, std::vector<std::string> cmd,
-                         int ranks, std::unique_ptr<net::Store> store, double lease_s)
+RemoteMembers::RemoteMembers(std::vector<Proc>& procs, std::vector<bool>& frozen, Output& output,
+                             Env env, std::vector<std::string> srun, std::vector<std::string> cmd,
+                             int ranks, std::unique_ptr<net::Store> store, double lease_s)
     : procs_(procs),
       frozen_(frozen),
       output_(output),
@@ -67,7 +67,7 @@ SrunMembers::SrunMembers(std::vector<Proc>& procs, std::vector<bool>& frozen, Ou
       store_(std::move(store)),
       lease_s_(lease_s) {}
 
-Seen SrunMembers::seen(int id) {
+Seen RemoteMembers::seen(int id) {
   Lease& l = leases_[id];
   const auto now = Clock::now();
   const bool ended =
@@ -80,13 +80,13 @@ Seen SrunMembers::seen(int id) {
 }
 
 // What the rank recorded, what srun said, else its lease.
-Seen SrunMembers::look(int id, Lease& l) {
+Seen RemoteMembers::look(int id, Lease& l) {
   if (auto rec = store_->peek(keys::exit(id)); rec.ok() && !rec->empty()) {
     const int code = std::atoi(rec->c_str());
     if (code == 0) return {Seen::State::kEndedWell, "", 0};
     return {Seen::State::kFailed, fmt::format("exited with code {}", code), code};
   }
-  if (id < ranks_) {
+  if (id < ranks_ && !procs_.empty()) {
     if (auto t = output_.task_ends().find(id); t != output_.task_ends().end()) {
       const auto at = t->second.find("exit code ");
       const int code = at != std::string::npos ? std::atoi(t->second.c_str() + at + 10) : 137;
@@ -113,18 +113,19 @@ Seen SrunMembers::look(int id, Lease& l) {
   const double still = std::chrono::duration<double>(now - l.moved).count();
   if (still > lease_s_)
     return {Seen::State::kSilent,
-            fmt::format("renewed no lease for {:.1f} s (stopped, hung or cut off)", still), 0};
-  return {};
+            fmt::format("renewed no lease for {:.1f} s (stopped, hung or cut off)", still), 0,
+            still};
+  return {Seen::State::kRunning, "", 0, still};
 }
 
-bool SrunMembers::drop(int id) {
+bool RemoteMembers::drop(int id) {
   auto u = unit_of_.find(id);
   if (u == unit_of_.end()) return false;  // a task of the first step: out of reach
   kill(-procs_.at(static_cast<std::size_t>(u->second)).pid, SIGKILL);
   return true;
 }
 
-void SrunMembers::release() {
+void RemoteMembers::release() {
   for (int round = 0; round < 2; ++round) {
     for (const Proc& p : procs_)
       if (!p.exited) kill(p.pid, SIGINT);
@@ -132,7 +133,12 @@ void SrunMembers::release() {
   }
 }
 
-Status SrunMembers::start(int id, int ranks) {
+Status RemoteMembers::start(int id, int ranks) {
+  if (srun_.empty())
+    return failed_precondition(
+        "rank id {} would replace a lost rank, but under --engine external whatever started "
+        "the ranks starts replacements",
+        id);
   std::vector<std::string> argv = srun_;
   // A step of one task. Inside an allocation it shares the first step's
   // cores (--overlap); it waits at most 30 s for them (--immediate).

@@ -4,12 +4,14 @@
 // engines, two views:
 //  - LocalMembers: the local engine's processes, one per rank id, which
 //    the launcher waits on, sees stopped (state T) and kills.
-//  - SrunMembers: ranks inside srun steps, on any node. Their processes are
-//    out of reach, so a rank is known by what srun says of its task
-//    ("task 2: Killed"), by the rank's lease in the store (a count it
-//    raises twice a second; stopped: frozen, dead or cut off) and by the
-//    exit it records there. A rank dropped from the job cannot be killed
-//    from here: should it wake, the next generation refuses it by id.
+//  - RemoteMembers: ranks inside srun steps, on any node, or started by
+//    something else altogether (--engine external: Kubernetes, a script on
+//    each host). Their processes are out of reach, so a rank is known by
+//    what srun says of its task ("task 2: Killed"), by the rank's lease in
+//    the store (a count it raises twice a second; stopped: frozen, dead or
+//    cut off) and by the exit it records there. A rank dropped from the job
+//    cannot be killed from here: should it wake, the next generation
+//    refuses it by id.
 // Private to launch.
 #pragma once
 
@@ -38,6 +40,9 @@ struct Seen {
   State state = State::kRunning;
   std::string why;
   int code = 0;
+  // Seconds since the last sign of life (a remote rank's lease; 0 for a
+  // process the launcher watches itself).
+  double quiet_s = 0;
 };
 
 class Members {
@@ -52,6 +57,9 @@ class Members {
   // The job is over: ends what still runs of it (ranks dropped, which the
   // launcher could not kill one by one, and newcomers never admitted).
   virtual void release() {}
+  // Whether ranks the launcher did not start may join (they claim their
+  // ids in the store): then it looks for them there.
+  virtual bool others_join() const { return false; }
 };
 
 using Env = std::vector<std::pair<std::string, std::string>>;
@@ -78,21 +86,24 @@ class LocalMembers : public Members {
   std::vector<std::string> cmd_;
 };
 
-class SrunMembers : public Members {
+class RemoteMembers : public Members {
  public:
-  // procs[0] is the srun step of the first `ranks` ranks (task t = id t);
-  // each newcomer gets a step of its own, appended to procs. `srun` is the
-  // engine's command before the rank's (srun and its arguments); a lease
-  // that does not move for `lease_s` is a silent member.
-  SrunMembers(std::vector<Proc>& procs, std::vector<bool>& frozen, Output& output, Env env,
-              std::vector<std::string> srun, std::vector<std::string> cmd, int ranks,
-              std::unique_ptr<net::Store> store, double lease_s);
+  // Under srun, procs[0] is the step of the first `ranks` ranks (task t =
+  // id t) and each newcomer gets a step of its own, appended to procs;
+  // `srun` is the engine's command before the rank's (srun and its
+  // arguments). Empty `srun` and procs: the ranks are started elsewhere
+  // (--engine external), and so are their replacements. A lease that does
+  // not move for `lease_s` is a silent member.
+  RemoteMembers(std::vector<Proc>& procs, std::vector<bool>& frozen, Output& output, Env env,
+                std::vector<std::string> srun, std::vector<std::string> cmd, int ranks,
+                std::unique_ptr<net::Store> store, double lease_s);
   Seen seen(int id) override;
   bool drop(int id) override;
   Status start(int id, int ranks) override;
   // srun's own abort: two interrupts within a second cancel the step, and
-  // Slurm kills its tasks, stopped ones too.
+  // Slurm kills its tasks, stopped ones too (nothing under external).
   void release() override;
+  bool others_join() const override { return true; }
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -353,6 +353,66 @@ TEST(Elastic, WhatIsNotBuiltForItIsRefusedByName) {
   EXPECT_TRUE(has(by_hand.out, "not by `shoal run --elastic`")) << by_hand.out;
 }
 
+// `shoal run --engine external`: the launcher serves the store and keeps
+// the generations; the ranks are started by something else (here `shoal
+// join --job DIR -- CMD`, as on each host or in each Kubernetes pod) and
+// claim their ids. The third started is killed once training runs, a fifth
+// joins once the three went on: the job ends as one that ran 4 ranks, then 3, then 4 on
+// purpose. A sixth, beyond --elastic 2:4, waits as a standby, and is told
+// the job finished without it.
+TEST(Elastic, RanksStartedElsewhereClaimTheirPlaces) {
+  const std::string dir = testing::scratch_dir("elastic_external");
+  const std::string env = "SHOAL_DETERMINISTIC=1 " + std::string(kCommitEvery);
+  const std::string train = std::string(kTrain) + " --epochs 3";
+  const std::string rank =
+      fmt::format("{}timeout -s KILL 200 {} join --job {}/job -- {} {} --batch 12 --out {}/el", env,
+                  SHOAL_BINARY, dir, SHOAL_BINARY, train, dir);
+  const std::string trained = fmt::format(
+      "i=0; while [ $i -lt 3000 ] && ! grep -q 'kind\":\"train' {}/el/metrics.jsonl "
+      "2>/dev/null; do sleep 0.01; i=$((i+1)); done; ",
+      dir);
+  auto r = run_sh(fmt::format(
+      "{bin} run --engine external -n 4 --elastic 2:4 --job-dir {dir}/job --timeout 200 > "
+      "{dir}/launcher.log 2>&1 & job=$!\n"
+      "i=0; while [ $i -lt 600 ] && [ ! -s {dir}/job/job.env ]; do sleep 0.05; i=$((i+1)); done\n"
+      "for k in 0 1 2 3; do {rank} > {dir}/r$k.log 2>&1 & eval p$k=$!; done\n"
+      "{trained} pkill -KILL -P $p2\n"
+      "i=0; while [ $i -lt 600 ] && ! grep -q 'generation 1:' {dir}/launcher.log; do sleep 0.05; "
+      "i=$((i+1)); done; {rank} > {dir}/r4.log 2>&1 & p4=$!\n"
+      "i=0; while [ $i -lt 600 ] && ! grep -q 'rank 4 joined' {dir}/launcher.log; do sleep 0.05; "
+      "i=$((i+1)); done; {rank} > {dir}/r5.log 2>&1 & p5=$!\n"
+      "wait $job; echo job-rc=$?; for k in 0 1 3 4; do wait $(eval echo \\$p$k); echo "
+      "rank-rc=$?; done; wait $p5; echo extra-rc=$?; cat {dir}/launcher.log {dir}/r5.log",
+      fmt::arg("bin", SHOAL_BINARY), fmt::arg("dir", dir), fmt::arg("rank", rank),
+      fmt::arg("trained", trained)));
+  EXPECT_TRUE(has(r.out, "job-rc=0")) << r.out;
+  EXPECT_EQ(testing::numbers_after(r.out, "rank-rc=").size(), 4u) << r.out;
+  for (double rc : testing::numbers_after(r.out, "rank-rc=")) EXPECT_EQ(rc, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "when its peers lost it (dead, stopped or cut off)")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank id 4 asks to join (started elsewhere)")) << r.out;
+  EXPECT_TRUE(has(r.out, "the job ended on 4 ranks (it started on 4; generation 2)")) << r.out;
+  EXPECT_TRUE(has(r.out, "extra-rc=1")) << r.out;
+  EXPECT_TRUE(has(r.out,
+                  "rank id 5 asks to join (started elsewhere): 4 train at --elastic max 4, "
+                  "so it waits as a standby"))
+      << r.out;
+  EXPECT_TRUE(has(r.out, "rank 5 was not admitted: the job finished first")) << r.out;
+  EXPECT_TRUE(has(r.out, "the launcher ended the job: the job finished before it was admitted"))
+      << r.out;
+  auto m = memberships(dir + "/el");
+  ASSERT_EQ(m.size(), 2u) << r.out;
+  EXPECT_EQ(m[0]["world"], 3);
+  EXPECT_EQ(m[1]["world"], 4);
+  EXPECT_EQ(m[1]["joined"], std::vector<int>({4}));
+  const std::int64_t shrink = m[0]["step"], grow = m[1]["step"];
+  ASSERT_GT(shrink, 0);
+  ASSERT_GE(grow, shrink);
+  const std::string ref = dir + "/ref";
+  run_on_purpose(env, train, ref,
+                 {{4, "--batch 12", shrink}, {3, "--batch 16", grow}, {4, "--batch 12", 0}});
+  expect_same_end(dir + "/el", ref, "750");
+}
+
 // Under a real Slurm (tools/slurm-cluster.sh: four slurmd on this host):
 // `shoal run --engine srun --elastic`, whose ranks are tasks of a job step
 // the launcher cannot see into. It knows them by what srun says of each

@@ -12,7 +12,11 @@
 // "alive/<id>" a rank's lease (a count it raises twice a second for as long
 // as it lives, so a launcher that cannot see its process, srun's or another
 // host's, tells a dead or frozen one from a busy one), and "exit/<id>" how
-// it ended ("0", or its exit code), written as it leaves.
+// it ended ("0", or its exit code), written as it leaves; "ids" the count
+// of rank ids given out (ranks started by something else claim theirs
+// there: the first generation's first, then newcomers'), and "min",
+// "world" the job's --elastic MIN
+// and first generation's size, for ranks that claim an id.
 #pragma once
 
 #include <fmt/format.h>
@@ -38,6 +42,9 @@ inline std::string max() { return key("max"); }
 inline std::string grow() { return key("grow"); }
 inline std::string alive(int id) { return key(fmt::format("alive/{}", id)); }
 inline std::string exit(int id) { return key(fmt::format("exit/{}", id)); }
+inline std::string ids() { return key("ids"); }
+inline std::string min() { return key("min"); }
+inline std::string world() { return key("world"); }
 
 // "0,1,3" <-> {0, 1, 3}.
 inline std::string join_ids(const std::vector<int>& ids) {

@@ -50,10 +50,17 @@ struct ElasticEnv {
   // Whether the launcher gave SHOAL_LOCAL_WORLD_SIZE (its local engine: every
   // rank on one host); each generation then says its ranks are local too.
   bool one_host = false;
+  // SHOAL_ELASTIC=join: started by something else (Kubernetes, `shoal join
+  // --job DIR -- CMD`), this rank claimed its id in the store.
+  bool claimed = false;
 };
 
 // SHOAL_ELASTIC and the launcher's rank variables, or nullopt when the job
 // is not elastic. An elastic job needs `shoal run`'s store (SHOAL_STORE).
+// SHOAL_ELASTIC=join (ranks that `shoal run --engine external` did not
+// start): the rank claims the next id in the store, a place in the first
+// generation while one is free, else a newcomer's, and reads the job's
+// MIN, MAX and first size there.
 Result<std::optional<ElasticEnv>> elastic_env();
 
 // What elastic training supports: data parallelism (ZeRO-1/2 too) over
