@@ -109,18 +109,77 @@ json container(const std::string& name, const JobSpec& j, const K8sOptions& o, j
   return c;
 }
 
+// An elastic job's coordinator: one pod running `shoal run --engine
+// external`, which serves the store (on the wildcard address, reached as
+// <job>-coord.<job> through the headless Service) and keeps the job's
+// generations; the ranks' pods claim their places there. Its Job ends with
+// the training (it is done when every member is), and it is not a rank:
+// no shoal.dev/ranks label, so the extender leaves it out of the gang.
+json coordinator_job(const JobSpec& j, const K8sOptions& o) {
+  const std::string bin =
+      !o.cmd.empty() && o.cmd[0].size() >= 5 && o.cmd[0].substr(o.cmd[0].size() - 5) == "shoal"
+          ? o.cmd[0]
+          : "shoal";
+  K8sOptions co = o;
+  co.cmd = {bin,
+            "run",
+            "--engine",
+            "external",
+            "-n",
+            std::to_string(j.ranks),
+            "--elastic",
+            fmt::format("{}:{}", j.fewest_ranks(), j.ranks),
+            "--store-host",
+            "0.0.0.0",
+            "--store-port",
+            std::to_string(o.port)};
+  JobSpec light = j;  // it trains nothing
+  light.accels_per_rank = 0;
+  light.cpus_per_rank = 1;
+  light.mem_mb_per_rank = 0;
+  json meta_labels = {{"app.kubernetes.io/managed-by", "shoal"},
+                      {"shoal.dev/job", j.name},
+                      {"shoal.dev/role", "coordinator"}};
+  json pod = {{"hostname", j.name + "-coord"},
+              {"subdomain", j.name},
+              {"restartPolicy", "Never"},
+              {"containers", json::array({container("coordinator", light, co, json::array())})}};
+  json spec = {{"completions", 1},
+               {"parallelism", 1},
+               {"backoffLimit", 0},
+               {"template", {{"metadata", {{"labels", meta_labels}}}, {"spec", pod}}}};
+  if (j.max_runtime_s > 0) spec["activeDeadlineSeconds"] = static_cast<long long>(j.max_runtime_s);
+  return {{"apiVersion", "batch/v1"},
+          {"kind", "Job"},
+          {"metadata",
+           {{"name", j.name + "-coord"}, {"namespace", o.namespace_}, {"labels", meta_labels}}},
+          {"spec", spec}};
+}
+
+// The ranks' variables: a sync job's meet through rank 0's store (the
+// torchrun contract); an elastic job's claim their places at the
+// coordinator's (SHOAL_ELASTIC=join), so a pod the Job controller starts
+// again for a failed index joins the job as a newcomer.
+json rank_env(const JobSpec& j, const K8sOptions& o) {
+  if (failures_tolerated(j) > 0)
+    return json::array({{{"name", "SHOAL_ELASTIC"}, {"value", "join"}},
+                        {{"name", "SHOAL_STORE"},
+                         {"value", fmt::format("{}-coord.{}:{}", j.name, j.name, o.port)}}});
+  return json::array(
+      {{{"name", "MASTER_ADDR"}, {"value", j.name + "-0." + j.name}},
+       {{"name", "MASTER_PORT"}, {"value", std::to_string(o.port)}},
+       {{"name", "WORLD_SIZE"}, {"value", std::to_string(j.ranks)}},
+       {{"name", "RANK"},
+        {"valueFrom",
+         {{"fieldRef",
+           {{"fieldPath",
+             "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}}}}});
+}
+
 std::vector<json> indexed_job(const Topology* t, const JobSpec& j,
                               const std::optional<Placement>& p, const K8sOptions& o) {
   const int ranks = j.ranks;
-  json env =
-      json::array({{{"name", "MASTER_ADDR"}, {"value", j.name + "-0." + j.name}},
-                   {{"name", "MASTER_PORT"}, {"value", std::to_string(o.port)}},
-                   {{"name", "WORLD_SIZE"}, {"value", std::to_string(ranks)}},
-                   {{"name", "RANK"},
-                    {"valueFrom",
-                     {{"fieldRef",
-                       {{"fieldPath",
-                         "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}}}}});
+  json env = rank_env(j, o);
   json pod = {{"subdomain", j.name},
               {"restartPolicy", "Never"},
               {"containers", json::array({container("rank", j, o, env)})}};
@@ -135,10 +194,11 @@ std::vector<json> indexed_job(const Topology* t, const JobSpec& j,
                {"parallelism", ranks},
                {"backoffLimit", failures_tolerated(j)},
                {"template", {{"metadata", meta}, {"spec", pod}}}};
-  // An elastic job is done when rank 0 is: the others may be gone, or be
-  // replacements still counting.
+  // An elastic job is done when as many pods as it trains on at least
+  // have: the rest may be gone, dropped (a frozen pod the coordinator left
+  // behind) or replacements still counting.
   if (failures_tolerated(j) > 0)
-    spec["successPolicy"] = {{"rules", json::array({{{"succeededIndexes", "0"}}})}};
+    spec["successPolicy"] = {{"rules", json::array({{{"succeededCount", j.fewest_ranks()}}})}};
   if (j.max_runtime_s > 0) spec["activeDeadlineSeconds"] = static_cast<long long>(j.max_runtime_s);
   std::vector<json> docs;
   docs.push_back(
@@ -161,6 +221,7 @@ std::vector<json> indexed_job(const Topology* t, const JobSpec& j,
          {"spec",
           {{"minMember", j.fewest_ranks()}, {"minResources", min_res}, {"queue", j.queue}}}});
   }
+  if (failures_tolerated(j) > 0) docs.push_back(coordinator_job(j, o));
   docs.push_back(
       {{"apiVersion", "batch/v1"},
        {"kind", "Job"},

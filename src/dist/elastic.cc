@@ -27,10 +27,21 @@ Result<std::unique_ptr<net::Store>> connect_store() { return connect_job_store(1
 
 // SHOAL_ELASTIC=join: an id from the store's counter, and the job's sizes.
 Result<std::optional<ElasticEnv>> claim_place() {
-  // The launcher may start after the ranks (a Kubernetes pod before another).
-  SHOAL_ASSIGN_OR_RETURN(auto store, connect_job_store(120));
+  // The launcher may start after the ranks (a Kubernetes pod before another):
+  // a refused connection is tried again for 120 s.
+  const Deadline dl = Deadline::after_seconds(120);
+  auto store = connect_job_store(10);
+  for (int n = 0; !store.ok() && store.status().code() == StatusCode::kUnavailable; ++n) {
+    if (dl.expired()) return store.status().with_context("SHOAL_ELASTIC=join, after 120 s");
+    if (n == 0)
+      SHOAL_LOG_INFO("SHOAL_ELASTIC=join: waiting for the job's store: {}",
+                     store.status().message());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    store = connect_job_store(10);
+  }
+  if (!store.ok()) return store.status();
   const auto read = [&](const std::string& key) -> Result<std::int64_t> {
-    SHOAL_ASSIGN_OR_RETURN(std::string v, store->peek(key));
+    SHOAL_ASSIGN_OR_RETURN(std::string v, (*store)->peek(key));
     if (v.empty())
       return failed_precondition(
           "SHOAL_ELASTIC=join: the store holds no elastic job ('{}' is unset): is it served by "
@@ -42,7 +53,7 @@ Result<std::optional<ElasticEnv>> claim_place() {
   SHOAL_ASSIGN_OR_RETURN(std::int64_t min, read(keys::min()));
   SHOAL_ASSIGN_OR_RETURN(std::int64_t max, read(keys::max()));
   SHOAL_ASSIGN_OR_RETURN(std::int64_t world, read(keys::world()));
-  SHOAL_ASSIGN_OR_RETURN(std::int64_t next, store->add(keys::ids(), 1));
+  SHOAL_ASSIGN_OR_RETURN(std::int64_t next, (*store)->add(keys::ids(), 1));
   e.min = static_cast<int>(min);
   e.max = static_cast<int>(max);
   e.world = static_cast<int>(world);

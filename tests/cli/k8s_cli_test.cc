@@ -16,6 +16,7 @@
 #include <fstream>
 #include <string>
 
+#include "cli/cli_results.h"
 #include "cli/run_shoal.h"
 #include "free_port.h"
 #include "temp_dir.h"
@@ -116,8 +117,10 @@ TEST_F(K8s, ManifestsPassTheKubernetesSchemas) {
 }
 
 // An elastic job: the gang is its fewest ranks, the Job outlives the
-// failures it can afford and is done when rank 0 is; an MPIJob, which
-// cannot lose a rank, is refused by name.
+// failures it can afford and is done when as many pods as it trains on at
+// least are; its ranks claim their places at a coordinator Job (`shoal run
+// --engine external`); an MPIJob, which cannot lose a rank, is refused by
+// name.
 TEST_F(K8s, AnElasticJobsManifestsTolerateWhatItCanLose) {
   std::ofstream(dir_.path() + "/el.yaml") << "name: el\nkind: elastic\nranks: 8\nmin_ranks: "
                                              "2\ncpus_per_rank: 2\nmem_mb_per_rank: 8000\n";
@@ -129,7 +132,12 @@ TEST_F(K8s, AnElasticJobsManifestsTolerateWhatItCanLose) {
   EXPECT_TRUE(has(job, "minMember: 2")) << job.out;
   EXPECT_TRUE(has(job, "cpu: \"4\"")) << job.out;  // 2 pods' worth, not 8
   EXPECT_TRUE(has(job, "backoffLimit: 6")) << job.out;
-  EXPECT_TRUE(has(job, "succeededIndexes: \"0\"")) << job.out;
+  EXPECT_TRUE(has(job, "succeededCount: 2")) << job.out;
+  // Its ranks claim their places at a coordinator of their own.
+  EXPECT_TRUE(has(job, "name: \"el-coord\"")) << job.out;
+  EXPECT_TRUE(has(job, "- \"external\"")) << job.out;
+  EXPECT_TRUE(has(job, "value: \"join\"")) << job.out;
+  EXPECT_TRUE(has(job, "value: \"el-coord.el:29500\"")) << job.out;
   Result mpi = shoal::testing::run_shoal(base + "mpijob -- shoal train");
   EXPECT_EQ(mpi.code, 2) << mpi.out;
   EXPECT_TRUE(has(mpi, "is elastic (2 to 8 ranks), and mpirun cannot lose a rank")) << mpi.out;
@@ -283,6 +291,70 @@ TEST_F(K8s, MpiJobLauncherCommandTrainsUnderOpenMpi) {
   EXPECT_TRUE(has(r, "rank 0 serves the store at gang-worker-0.gang-worker.default.svc:")) << r.out;
   EXPECT_TRUE(has(r, "batch 64 per rank x 2 ranks")) << r.out;
   EXPECT_TRUE(has(r, "final: test accuracy")) << r.out;
+}
+
+// An elastic job's Indexed Job, run as Kubernetes would run it: the
+// coordinator pod (`shoal run --engine external`) and three rank pods, each
+// with exactly the command and environment of its manifest (the token from
+// the Secret), el-coord.el resolving to loopback. Pod 1 is killed once
+// training runs and the Job controller's new pod for that index (the same
+// manifest) joins as a newcomer; the coordinator's Job and every live pod
+// end with 0, the last generation of 3 ranks.
+TEST_F(K8s, AnElasticJobsPodsClaimTheirPlacesAndAReplacementPodJoins) {
+  if (run_sh("python3 -c 'import yaml'").code != 0)
+    GTEST_SKIP() << "python3 yaml is not installed (Debian python3-yaml)";
+  const std::string d = dir_.path();
+  const int port = shoal::testing::free_port();
+  std::ofstream(d + "/el.yaml") << "name: el\nkind: elastic\nranks: 3\nmin_ranks: 2\n"
+                                   "cpus_per_rank: 1\nmem_mb_per_rank: 500\n";
+  Result m = shoal::testing::run_shoal(
+      "submit " + d + "/el.yaml --engine kubernetes --k8s-kind job --dry-run --dir " + d +
+      "/el --store-port " + std::to_string(port) + " -- " + SHOAL_BINARY +
+      " train --model mlp --limit-train 12000 --limit-test 256 --threads 1 --no-plot --quiet "
+      "--batch 16 --epochs 4 --out " +
+      d + "/run");
+  ASSERT_EQ(m.code, 0) << m.out;
+  // Each Job's pod: `env -i` with its variables, then its command.
+  std::ofstream(d + "/pods.py")
+      << "import shlex, sys, yaml\n"
+         "docs = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x]\n"
+         "token = next(yaml.safe_load_all(open(sys.argv[2])))['stringData']['token']\n"
+         "for name in ('el-coord', 'el'):\n"
+         "  job = next(x for x in docs if x['kind'] == 'Job' and x['metadata']['name'] == name)\n"
+         "  c = job['spec']['template']['spec']['containers'][0]\n"
+         "  env = ['SHOAL_JOB_TOKEN=' + token if e['name'] == 'SHOAL_JOB_TOKEN' else\n"
+         "         e['name'] + '=' + e['value'] for e in c.get('env', [])]\n"
+         "  print(name.replace('-', '_') + '=' + shlex.quote(shlex.join(env + c['command'])))\n";
+  Result cmds =
+      run_sh("python3 " + d + "/pods.py " + d + "/el/el.k8s.yaml " + d + "/el/el.secret.yaml");
+  ASSERT_EQ(cmds.code, 0) << cmds.out;
+  EXPECT_TRUE(has(cmds, "SHOAL_ELASTIC=join")) << cmds.out;
+  EXPECT_TRUE(has(cmds, "SHOAL_STORE=el-coord.el:" + std::to_string(port))) << cmds.out;
+  const std::string pod = "env -i PATH=/usr/bin:/bin HOME=" + d + " SHOAL_ELASTIC_COMMIT_EVERY=4 ";
+  std::ofstream(d + "/pods.sh")
+      << "set -u; cp /etc/hosts " << d << "/hosts && mount --bind " << d
+      << "/hosts /etc/hosts || exit 77\n"
+      << "echo '127.0.0.1 el-coord.el' >> " << d << "/hosts\n"
+      << cmds.out << "cd " << d << "\n"
+      << "timeout -s KILL 150 " << pod << "$el_coord > coord.log 2>&1 & coord=$!\n"
+      << "for k in 0 1 2; do timeout -s KILL 150 " << pod
+      << "JOB_COMPLETION_INDEX=$k $el > pod$k.log 2>&1 & eval p$k=$!; done\n"
+      << "i=0; while [ $i -lt 3000 ] && ! grep -q 'kind\":\"train' run/metrics.jsonl 2>/dev/null; "
+         "do sleep 0.01; i=$((i+1)); done\n"
+      << "pkill -KILL -P $p1; wait $p1\n"
+      << "timeout -s KILL 150 " << pod << "JOB_COMPLETION_INDEX=1 $el > pod1b.log 2>&1 & p1=$!\n"
+      << "wait $coord; echo coord-exit=$?; for k in 0 1 2; do wait $(eval echo \\$p$k); echo "
+         "pod-exit=$?; done\ncat coord.log; sed 's/^/pod1b: /' pod1b.log\n";
+  Result r = run_sh("timeout 180 unshare --mount sh " + d + "/pods.sh 2>&1");
+  SKIP_WITHOUT_MOUNT_NAMESPACE(r);
+  EXPECT_TRUE(has(r, "coord-exit=0")) << r.out;
+  const auto exits = shoal::testing::numbers_after(r.out, "pod-exit=");
+  ASSERT_EQ(exits.size(), 3u) << r.out;
+  for (double e : exits) EXPECT_EQ(e, 0) << r.out;
+  EXPECT_TRUE(has(r, "pod1b: ")) << r.out;
+  EXPECT_TRUE(has(r, "claimed: a newcomer, admitted at a step boundary")) << r.out;
+  EXPECT_TRUE(has(r, "rank id 3 asks to join (started elsewhere)")) << r.out;
+  EXPECT_TRUE(has(r, "the job ended on 3 ranks (it started on 3; generation ")) << r.out;
 }
 
 }  // namespace
