@@ -25,7 +25,7 @@ with PyTorch DDP (the issue asks for it; not built yet).
 
 usage: bench/elastic.py [--shoal build/shoal] [--epochs 12] [--kill-every 30]
        [--freeze-every 120] [--seed 1] [--modes clean,calm,elastic,restart,ddp-clean,ddp-restart]
-       [--ddp-timeout 60] [--chart docs/elastic_faults.png]
+       [--minutes M] [--ddp-timeout 60] [--chart docs/elastic_faults.png]
 Prints a table; exit 0.
 """
 import argparse
@@ -104,8 +104,16 @@ def supervise(args, mode, work, out, pids, cmd, env):
     next_look = 0.0
     # Freezes fall between kills, so each fault's recovery is timed alone.
     next_kill, next_freeze = args.kill_every, args.freeze_every + args.kill_every / 2
+    capped = None  # when --minutes ran out and the job was told to stop
     while p.poll() is None:
         time.sleep(0.1)
+        if args.minutes and capped is None and time.time() - t0 >= args.minutes * 60:
+            capped = time.time()
+            p.send_signal(signal.SIGTERM)  # ends at a step boundary (shoal) or now (torchrun)
+        if capped is not None:
+            if time.time() - capped > 60:
+                p.kill()
+            continue
         if time.time() - t0 >= next_look:  # for the chart: steps over time
             next_look += 1.0
             step = newest_step(os.path.join(out, "metrics.jsonl"))
@@ -143,7 +151,7 @@ def supervise(args, mode, work, out, pids, cmd, env):
     log.close()
     text = open(os.path.join(work, mode + ".log")).read()
     return {"mode": mode, "code": p.returncode, "wall": wall, "faults": faults, "log": text,
-            "out": out, "t0": t0, "progress": progress}
+            "out": out, "t0": t0, "progress": progress, "capped": capped is not None}
 
 
 def newest_step(path):
@@ -240,6 +248,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="clean,calm,elastic,restart,ddp-clean,ddp-restart")
     ap.add_argument("--chart", default="", help="a PNG of images/s over time, faults marked")
+    ap.add_argument("--minutes", type=float, default=0,
+                    help="stop each mode after M minutes (SIGTERM); img/s counts the epochs "
+                         "it finished (0: none, each mode trains --epochs)")
     ap.add_argument("--ddp-timeout", type=float, default=60,
                     help="the DDP workers' collective deadline (s): how a freeze is found there")
     args = ap.parse_args()
@@ -267,7 +278,8 @@ def main():
         kills = sum(1 for f in r["faults"] if f[1] == "KILL")
         stops = len(r["faults"]) - kills
         ratio = f"{r['ips'] / clean['ips']:.2f}" if clean else "-"
-        print(f"| {mode} | {r['code']} | {r['wall']:.1f} | {r['ips']:.0f} | {ratio} | "
+        capped = f" (stopped at {args.minutes:g} min)" if r["capped"] else ""
+        print(f"| {mode} | {r['code']}{capped} | {r['wall']:.1f} | {r['ips']:.0f} | {ratio} | "
               f"{kills}/{stops} | {r['acc']}% |")
     if args.chart:
         chart(results, args.chart)
