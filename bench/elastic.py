@@ -10,6 +10,8 @@ run, on this host:
            state copy and regroup check cost.
   elastic  `shoal run -n 4 --elastic 2 --max-restarts 100`: a lost rank
            leaves, the others go on in-process, a replacement joins.
+  elastic1 the same with SHOAL_ELASTIC_COMMIT_EVERY=1: a copy of the state after
+           every step, so a fault costs only the step in flight.
   restart  `shoal run -n 4 --max-restarts 100 --restart-delay 0` and `--checkpoint-every 50`:
            today's way, every rank restarted from the newest checkpoint.
 
@@ -67,14 +69,16 @@ def run_mode(args, mode, work):
         return run_ddp(args, mode, work, out, pids)
     run = [args.shoal, "run", "-n", "4", "--timeout", str(args.timeout)]
     extra = ""
-    if mode in ("elastic", "calm"):
+    env = dict(os.environ, SHOAL_HEARTBEAT="5")
+    if mode in ("elastic", "calm", "elastic1"):
         run += ["--elastic", "2", "--max-restarts", "100"]
+    if mode == "elastic1":  # a copy of the state after every step: only the step in flight is lost
+        env["SHOAL_ELASTIC_COMMIT_EVERY"] = "1"
     elif mode == "restart":
         run += ["--max-restarts", "100", "--restart-delay", "0"]  # as measured before the delay existed
         extra = " --checkpoint-every 50"
     cmd = (f"echo $$ > {pids}/${{SHOAL_ELASTIC_ID:-$SHOAL_RANK}}; exec {args.shoal} {TRAIN} "
            f"--epochs {args.epochs} --out {out}{extra}")
-    env = dict(os.environ, SHOAL_HEARTBEAT="5")
     return supervise(args, mode, work, out, pids, run + ["--", "sh", "-c", cmd], env)
 
 
@@ -283,13 +287,15 @@ def main():
               f"{kills}/{stops} | {r['acc']}% |")
     if args.chart:
         chart(results, args.chart)
-    if "elastic" in results:
-        gaps, redo = elastic_figures(results["elastic"])
+    for mode in ("elastic", "elastic1"):
+        if mode not in results:
+            continue
+        gaps, redo = elastic_figures(results[mode])
         for kind, g in gaps:
             # A frozen rank is detected at the heartbeat deadline (5 s here).
             det = g - 5 if kind == "STOP" else g
-            print(f"elastic: {kind} -> training again in {g:.2f} s ({det:.2f} s after detection)")
-        print(f"elastic: steps trained again per fault: {redo}")
+            print(f"{mode}: {kind} -> training again in {g:.2f} s ({det:.2f} s after detection)")
+        print(f"{mode}: steps trained again per fault: {redo}")
     if "restart" in results:
         n = len(re.findall(r"restarting all 4 ranks", results["restart"]["log"]))
         print(f"restart: {n} restarts of all ranks")

@@ -20,6 +20,7 @@
 #include "shoal/dist/job.h"
 #include "shoal/dp/data_parallel.h"
 #include "shoal/train/model.h"
+#include "shoal/train/sources.h"
 #include "shoal/train/text.h"
 #include "shoal/train/trainer.h"
 
@@ -510,6 +511,16 @@ int train_generations(train::TrainOptions o, const dist::JoinOptions& jo,
     return 2;
   }
   const int commit_every = static_cast<int>(*every);
+  // Every generation trains on the same data: it is read once, not again
+  // by each generation's trainer (that was most of a regrouping's second).
+  if (!o.dataset) {
+    auto data = train::load_data(o.data, o.gpt.context);
+    if (!data.ok()) {
+      SHOAL_LOG_ERROR("shoal train: {}", data.status().to_string());
+      return 2;
+    }
+    o.dataset = std::make_shared<const train::DataSplits>(std::move(data).value());
+  }
   // A peer lost while a generation connects costs seconds (then this rank
   // checks in again), not SHOAL_COMM_TIMEOUT. Not for a first generation
   // whose ranks something else starts: they may come minutes apart.

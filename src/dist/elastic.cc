@@ -49,6 +49,13 @@ Result<std::optional<ElasticEnv>> claim_place() {
           key);
     return env::parse_int(v, key.c_str());
   };
+  // Only a launcher that starts no rank takes ranks that claim their ids.
+  SHOAL_ASSIGN_OR_RETURN(std::string claims, (*store)->peek(keys::claims()));
+  if (claims != "yes")
+    return failed_precondition(
+        "SHOAL_ELASTIC=join: this job's launcher starts its own ranks (shoal run's local or "
+        "srun engine), so a rank started elsewhere has no place in it: ask the launcher for "
+        "more with `shoal join --job DIR --ranks K`, or run the job with --engine external");
   ElasticEnv e;
   SHOAL_ASSIGN_OR_RETURN(std::int64_t min, read(keys::min()));
   SHOAL_ASSIGN_OR_RETURN(std::int64_t max, read(keys::max()));

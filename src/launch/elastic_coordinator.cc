@@ -111,6 +111,7 @@ Result<std::unique_ptr<ElasticCoordinator>> ElasticCoordinator::start(
   // Ids are given out by one counter: the launcher's own ranks hold the
   // first generation's, else the ranks claim them as they start.
   SHOAL_RETURN_IF_ERROR(c->store_->set(keys::ids(), std::to_string(claimed ? 0 : ranks)));
+  SHOAL_RETURN_IF_ERROR(c->store_->set(keys::claims(), claimed ? "yes" : "no"));
   return c;
 }
 

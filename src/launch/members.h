@@ -103,7 +103,7 @@ class RemoteMembers : public Members {
   // srun's own abort: two interrupts within a second cancel the step, and
   // Slurm kills its tasks, stopped ones too (nothing under external).
   void release() override;
-  bool others_join() const override { return true; }
+  bool others_join() const override { return srun_.empty(); }
 
  private:
   using Clock = std::chrono::steady_clock;

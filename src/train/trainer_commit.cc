@@ -4,14 +4,47 @@
 // others (the optimizer runs per gradient bucket as its all-reduce lands,
 // in place), so survivors continue from the last copy, not from the
 // tensors they hold.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "shoal/core/logging.h"
 #include "train/trainer_impl.h"
 
 namespace shoal::train {
+
+namespace {
+
+// The copy's stores go round the caches (non-temporal): the copy is read
+// only if a peer is lost, and ordinary stores of the model's bytes would
+// evict the step's own working set, a cost the next steps pay that the
+// copy's measured time does not show. (Measured without faults, 4 ranks of
+// the MLP: 0.99 and 0.94 of a clean job in two runs; the run-to-run spread
+// hides what this saves.)
+void copy_around_caches(Tensor& dst, const Tensor& src) {
+  auto* d = static_cast<std::uint8_t*>(dst.raw_data());
+  const auto* s = static_cast<const std::uint8_t*>(src.raw_data());
+  std::size_t n = dst.nbytes();
+#if defined(__AVX512F__)
+  if (n >= (1u << 16) && reinterpret_cast<std::uintptr_t>(d) % 64 == 0) {
+    const std::size_t whole = n & ~static_cast<std::size_t>(255);
+    for (std::size_t i = 0; i < whole; i += 256)
+      for (std::size_t k = 0; k < 256; k += 64)
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i + k), _mm512_loadu_si512(s + i + k));
+    _mm_sfence();
+    d += whole;
+    s += whole;
+    n -= whole;
+  }
+#endif
+  std::memcpy(d, s, n);
+}
+
+}  // namespace
 
 std::shared_ptr<const CheckpointState> Trainer::committed() const { return impl_->commit; }
 
@@ -65,7 +98,7 @@ Status Trainer::commit_step() {
     if (first)
       dst = t.clone();
     else
-      copy_into(dst, t);
+      copy_around_caches(dst, t);
   };
   for (const auto& [n, t] : params_) keep("param/" + n, t);
   for (const auto& [n, t] : buffers_)

@@ -281,7 +281,8 @@ TEST(Elastic, ShoalJoinAddsRanksUpToMax) {
   const std::string ask = fmt::format(
       "if [ $SHOAL_ELASTIC_ID = 1 ] && mkdir {0}/once 2>/dev/null; then (i=0; while [ $i -lt "
       "3000 ] && ! grep -q \"kind\\\":\\\"train\" {0}/elastic/metrics.jsonl 2>/dev/null; do "
-      "sleep 0.01; i=$((i+1)); done; {1} join --job {0}/job --ranks 2) & fi;",
+      "sleep 0.01; i=$((i+1)); done; {1} join --job {0}/job --ranks 2; {1} join --job {0}/job -- "
+      "{1} train > {0}/claim.log 2>&1; echo claim-rc=$? >> {0}/claim.log) & fi;",
       dir, SHOAL_BINARY);
   auto r = run_sh(fmt::format(
       "{}{} run -n 2 --elastic 1:3 --job-dir {}/job --timeout 300 -- sh -c '{} exec {} {} --batch "
@@ -305,6 +306,14 @@ TEST(Elastic, ShoalJoinAddsRanksUpToMax) {
   const std::string ref = dir + "/ref", train = std::string(kTrain) + " --epochs 2";
   run_on_purpose(env, train, ref, {{2, "--batch 24", grow}, {3, "--batch 16", 0}});
   expect_same_end(dir + "/elastic", ref, "500");
+  // A rank started by hand has no place in a job whose launcher starts its
+  // own: refused by name (it would wait for a place that never comes).
+  auto claim = run_sh("cat " + dir + "/claim.log");
+  EXPECT_TRUE(has(claim.out, "this job's launcher starts its own ranks")) << claim.out;
+  EXPECT_TRUE(has(claim.out, "claim-rc=2")) << claim.out;
+  auto both = run_shoal(fmt::format("join --job {}/job --ranks 2 -- true", dir));
+  EXPECT_EQ(both.code, 2);
+  EXPECT_TRUE(has(both.out, "--ranks 2 with a command: a command runs one rank here")) << both.out;
   // Not an elastic job, or no job there: named.
   auto none = run_shoal(fmt::format("join --job {}/nowhere", dir));
   EXPECT_EQ(none.code, 2);

@@ -14,7 +14,8 @@
 // host's, tells a dead or frozen one from a busy one), and "exit/<id>" how
 // it ended ("0", or its exit code), written as it leaves; "ids" the count
 // of rank ids given out (ranks started by something else claim theirs
-// there: the first generation's first, then newcomers'), and "min",
+// there: the first generation's first, then newcomers'; only where
+// "claims" is "yes", as under --engine external), and "min",
 // "world" the job's --elastic MIN
 // and first generation's size, for ranks that claim an id.
 #pragma once
@@ -43,6 +44,7 @@ inline std::string grow() { return key("grow"); }
 inline std::string alive(int id) { return key(fmt::format("alive/{}", id)); }
 inline std::string exit(int id) { return key(fmt::format("exit/{}", id)); }
 inline std::string ids() { return key("ids"); }
+inline std::string claims() { return key("claims"); }
 inline std::string min() { return key("min"); }
 inline std::string world() { return key("world"); }
 
