@@ -16,6 +16,7 @@
 #include "shoal/net/auth.h"
 #include "shoal/net/c10d_store.h"
 #include "shoal/net/interfaces.h"
+#include "shoal/net/retry.h"
 
 namespace shoal::comm {
 namespace {
@@ -78,22 +79,7 @@ std::string first_node(const std::string& list) {
 template <typename Connect>
 auto connect_with_retries(const std::string& where, Connect connect) -> decltype(connect()) {
   SHOAL_ASSIGN_OR_RETURN(double wait, env::get_double("SHOAL_STORE_WAIT", 60.0));
-  const Deadline until = Deadline::after_seconds(std::max(0.0, wait));
-  for (int attempt = 0;; ++attempt) {
-    auto c = connect();
-    if (c.ok() || c.status().code() != StatusCode::kUnavailable || until.expired()) {
-      // Only a wait that ran out says it waited: a refused token or a
-      // malformed address fails at once.
-      if (!c.ok() && c.status().code() == StatusCode::kUnavailable)
-        return c.status().with_context(
-            fmt::format("after {:.0f} s of retries (SHOAL_STORE_WAIT)", std::max(0.0, wait)));
-      return c;
-    }
-    if (attempt == 0)
-      SHOAL_LOG_INFO("waiting for the store at {} (up to {:.0f} s): {}", where, wait,
-                     c.status().message());
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  return net::connect_with_retries(where, wait, "SHOAL_STORE_WAIT", connect);
 }
 
 // torchrun's default (static) rendezvous: its agent serves a c10d store on

@@ -15,6 +15,7 @@
 #include "shoal/core/launch_env.h"
 #include "shoal/core/logging.h"
 #include "shoal/dist/job.h"
+#include "shoal/net/retry.h"
 #include "shoal/net/store.h"
 
 namespace shoal::dist {
@@ -29,16 +30,9 @@ Result<std::unique_ptr<net::Store>> connect_store() { return connect_job_store(1
 Result<std::optional<ElasticEnv>> claim_place() {
   // The launcher may start after the ranks (a Kubernetes pod before another):
   // a refused connection is tried again for 120 s.
-  const Deadline dl = Deadline::after_seconds(120);
-  auto store = connect_job_store(10);
-  for (int n = 0; !store.ok() && store.status().code() == StatusCode::kUnavailable; ++n) {
-    if (dl.expired()) return store.status().with_context("SHOAL_ELASTIC=join, after 120 s");
-    if (n == 0)
-      SHOAL_LOG_INFO("SHOAL_ELASTIC=join: waiting for the job's store: {}",
-                     store.status().message());
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    store = connect_job_store(10);
-  }
+  SHOAL_ASSIGN_OR_RETURN(LaunchEnv le, launch_env());
+  auto store = net::connect_with_retries(le.store, 120, "SHOAL_ELASTIC=join",
+                                         [] { return connect_job_store(10); });
   if (!store.ok()) return store.status();
   const auto read = [&](const std::string& key) -> Result<std::int64_t> {
     SHOAL_ASSIGN_OR_RETURN(std::string v, (*store)->peek(key));
