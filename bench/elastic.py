@@ -233,7 +233,7 @@ def elastic_figures(res):
             gaps.append((kind, after[0]))
     redo = {}  # generation -> most steps any survivor trains again
     for m in re.finditer(r"generation (\d+) lost a peer after step \d+; going on from the state "
-                         r"after step \d+ \((\d+) steps trained again\)", res["log"]):
+                         r"after step \d+ \((\d+) steps? trained again\)", res["log"]):
         g, n = int(m.group(1)), int(m.group(2))
         redo[g] = max(redo.get(g, 0), n)
     return gaps, [redo[g] for g in sorted(redo)]

@@ -1,7 +1,10 @@
 // An elastic job's rank (`shoal run --elastic`, dist/elastic.h): the
 // generations it trains, each one as train_once does, and the lease the
 // launcher watches it by.
+#include <fmt/format.h>
+
 #include <cstdlib>
+#include <string>
 
 #include "cli/train_generations.h"
 #include "shoal/core/env.h"
@@ -10,6 +13,8 @@
 
 namespace shoal::cli {
 namespace {
+
+std::string steps_str(std::int64_t n) { return fmt::format("{} step{}", n, n == 1 ? "" : "s"); }
 
 // A step that failed because a peer is gone (died, froze, cut off): what
 // an elastic job's survivors go on from. Other errors end the rank.
@@ -98,8 +103,9 @@ int train_generations(train::TrainOptions o, const dist::JoinOptions& jo,
     else
       SHOAL_LOG_WARN(
           "generation {} lost a peer after step {}; going on from the state after step {} ({} "
-          "steps trained again)",
-          el.generation, end.reached, step, std::max<std::int64_t>(end.reached, step) - step + 1);
+          "trained again)",
+          el.generation, end.reached, step,
+          steps_str(std::max<std::int64_t>(end.reached, step) - step + 1));
     // How long the launcher may take: its settling time and a margin.
     auto next = dist::next_generation(el, step, 60);
     if (!next.ok()) {

@@ -168,8 +168,13 @@ class CpuExecutable final : public Executable {
     std::fill(pending_.begin(), pending_.end(), false);
     trace_.clear();
     Deadline dl = Deadline::after_seconds(opts_.async_wait_seconds);
+    held_written_ = false;
     for (std::size_t i = 0; i < steps_.size(); ++i) {
       Step& s = steps_[i];
+      if (static_cast<int>(i) == hold_at_) {  // every collective lands first (hold_writes)
+        for (std::size_t p = 0; p < i; ++p) SHOAL_RETURN_IF_ERROR(finish(static_cast<int>(p), dl));
+        held_written_ = true;
+      }
       for (int p : s.wait_for) SHOAL_RETURN_IF_ERROR(finish(p, dl));
       const Node& n = g_.node(s.node);
       double t0 = tracing_ ? now_us() : 0;
@@ -201,6 +206,27 @@ class CpuExecutable final : public Executable {
   const std::vector<TraceEvent>& trace() const override { return trace_; }
   std::uint64_t steps() const override { return step_; }
   void set_step(std::uint64_t s) override { step_ = s; }
+  Status hold_writes(const std::vector<int>& outs) override {
+    int first = -1;
+    for (int i : outs) {
+      if (i < 0 || i >= static_cast<int>(outputs_.size()))
+        return invalid_argument("hold_writes: graph has {} outputs, no output {}", outputs_.size(),
+                                i);
+      auto it = step_of_.find(g_.outputs()[static_cast<std::size_t>(i)].node);
+      if (it != step_of_.end() && (first < 0 || it->second < first)) first = it->second;
+    }
+    for (std::size_t j = first < 0 ? steps_.size() : static_cast<std::size_t>(first);
+         j < steps_.size(); ++j)
+      if (steps_[j].kernel->is_async())
+        return failed_precondition(
+            "hold_writes: {} starts a collective after {} writes a held output",
+            g_.node(steps_[j].node).label(),
+            g_.node(steps_[static_cast<std::size_t>(first)].node).label());
+    hold_at_ = first;
+    return ok_status();
+  }
+  bool held_written() const override { return held_written_; }
+
   std::map<std::string, std::string> kernel_impls() const override {
     std::map<std::string, std::string> m;
     for (const Step& s : steps_) {
@@ -483,6 +509,8 @@ class CpuExecutable final : public Executable {
   Graph g_;
   std::map<int, int> step_of_;   // node id -> index into steps_
   std::set<int> bound_outputs_;  // graph outputs given to bind_output
+  int hold_at_ = -1;             // hold_writes: the first held writer's step
+  bool held_written_ = false;    // the last run reached it
   std::set<Value> unbacked_;     // planned outside the arena, not yet given storage
   std::vector<Step> steps_;
   std::map<std::string, int> input_ids_;

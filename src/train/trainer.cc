@@ -245,6 +245,7 @@ Status Trainer::train_step(double* loss, std::int64_t* correct) {
   m.lr.data<float>()[0] = static_cast<float>(m.sched.at(step_));
   if (m.opt_step.defined()) m.opt_step.data<float>()[0] = static_cast<float>(step_ + 1);
   const double t0 = m.tracing ? runtime::trace_clock_us() : 0;
+  m.in_step = true;
   SHOAL_RETURN_IF_ERROR(m.exe->run().with_context(fmt::format("training step {}", step_)));
   if (m.tracing) {
     // A "step" span around the step's events; the last kTraceSteps are kept.
@@ -254,6 +255,7 @@ Status Trainer::train_step(double* loss, std::int64_t* correct) {
     if (m.trace_steps.size() > kTraceSteps) m.trace_steps.pop_front();
   }
   for (auto& [idx, dst] : m.writeback) copy_into(*dst, m.exe->output(idx));
+  m.in_step = false;
   *loss = m.exe->output(m.loss_out).data<float>()[0];
   *correct = 0;
   ++step_;
@@ -418,7 +420,8 @@ Status Trainer::run() {
   const std::int64_t limit =
       o_.max_steps > 0 ? std::min(o_.max_steps, spe * o_.epochs) : spe * o_.epochs;
   if (step_ >= limit && step_ > 0) return report_finished(limit);
-  if (o_.commit) SHOAL_RETURN_IF_ERROR(commit_step());  // the state before the first step
+  m.live_from = true;
+  if (o_.commit && !m.live) SHOAL_RETURN_IF_ERROR(commit_step());  // the state before step one
   auto wall0 = Clock::now();
   double window_sum = 0;  // the losses since the last train record
   std::int64_t window_steps = 0;
@@ -447,7 +450,7 @@ Status Trainer::run() {
       SHOAL_ASSIGN_OR_RETURN(const int stop, step_vote(&loss, &regroup, &commit));
       // Every rank has finished this step (the vote sums all of them): the
       // state an elastic job's survivors may continue from.
-      if (o_.commit && (regroup || commit)) SHOAL_RETURN_IF_ERROR(commit_step());
+      if (o_.commit && !m.live && (regroup || commit)) SHOAL_RETURN_IF_ERROR(commit_step());
       if (regroup)
         return cancelled("ranks are waiting to join: this generation ends after step {}", step_);
       loss_sum += loss;

@@ -303,13 +303,17 @@ Status Trainer::init_state(StepBuild& sb, const std::optional<WeightsFile>& init
   int out = static_cast<int>(g.outputs().size());
   for (std::size_t i = 0; i < refs.size(); ++i) {
     g.mark_output(og.new_params[i]);
+    m.update_outputs.push_back(out);
     m.writeback.push_back({out++, &params_[refs[i].name]});
   }
   for (const auto& s : og.state) {
     state_[s.name] = Tensor::zeros(g.type(s.input).shape, DType::kF32);
     g.mark_output(s.output);
   }
-  for (const auto& s : og.state) m.writeback.push_back({out++, &state_[s.name]});
+  for (const auto& s : og.state) {
+    m.update_outputs.push_back(out);
+    m.writeback.push_back({out++, &state_[s.name]});
+  }
   hold_empty_state(og);
   m.layout = og.layout;
   for (const auto& [name, v] : sb.buffer_updates) {
@@ -394,6 +398,7 @@ Status Trainer::compile_step(StepBuild& sb) {
     }
   }
   m.writeback = std::move(copies);
+  SHOAL_RETURN_IF_ERROR(hold_updates());
   if (o.rank == 0) {  // measured from the tensors and the planned arena, per rank
     SHOAL_LOG_INFO("memory on rank 0: parameters {} B, optimizer state {} B{}, step arena {} B",
                    total_bytes(params_), total_bytes(state_), m.layout ? " (sharded)" : "",

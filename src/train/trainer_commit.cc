@@ -46,10 +46,46 @@ void copy_around_caches(Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
-std::shared_ptr<const CheckpointState> Trainer::committed() const { return impl_->commit; }
+// Plain data parallelism keeps no copy: its updates wait until every
+// all-reduce of the step has landed (runtime::Executable::hold_writes), so
+// a step that fails in one (a peer lost) wrote nothing, and one that got
+// past them finishes on this rank without a peer. Either way the live
+// tensors are the state after a whole step, and a fault loses only the
+// step in flight. Not for sharded (ZeRO) or sliced state, whose shards die
+// with their rank, nor for running statistics, which the forward updates
+// in place and a checkpoint averages over ranks: those keep copies.
+Status Trainer::hold_updates() {
+  Impl& m = *impl_;
+  if (!o_.commit || o_.commit_every > 0 || m.layout || !buffers_.empty() ||
+      (m.slices && !m.slices->names.empty()))
+    return ok_status();
+  Status st = m.exe->hold_writes(m.update_outputs);
+  m.live = st.ok();
+  if (!st.ok()) SHOAL_LOG_DEBUG("elastic: the state is copied: {}", st.message());
+  return ok_status();
+}
+
+std::shared_ptr<const CheckpointState> Trainer::committed() const {
+  const Impl& m = *impl_;
+  if (!m.live) return m.commit;
+  if (!m.live_from) return nullptr;  // failed in the start-up: the state carried in holds
+  if (m.in_step && m.exe->held_written()) {
+    SHOAL_LOG_WARN(
+        "elastic: step {} failed after its updates began; going on from the state this "
+        "generation started from",
+        step_ + 1);
+    return nullptr;
+  }
+  auto s = std::make_shared<CheckpointState>();
+  for (const auto& [n, t] : params_) s->tensors["param/" + n] = t.clone();
+  for (const auto& [n, t] : state_) s->tensors[n] = t.clone();
+  describe_checkpoint(*s);
+  return s;
+}
 
 bool Trainer::commit_due(double step_seconds) const {
   const Impl& m = *impl_;
+  if (m.live) return false;
   if (!m.commit) return true;
   const std::int64_t since = step_ - m.commit_at;
   if (o_.commit_every > 0) return since >= o_.commit_every;

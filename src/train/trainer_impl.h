@@ -125,6 +125,14 @@ struct Trainer::Impl {
   // slices report: all of a tensor-parallel group, a pipeline's last stage).
   int loss_out = 0, logits_out = -1, correct_out = -1;
   double report_copies = 1;
+  // The step's outputs that update parameters and optimizer state.
+  std::vector<int> update_outputs;
+  // TrainOptions::commit without copies (trainer_commit.cc): the updates
+  // wait for every all-reduce of the step, so a step that fails in one
+  // leaves the state of the step before it. `in_step`: a run() began and
+  // has not returned well; `live_from`: the start-up is over (before, the
+  // tensors may hold half a broadcast).
+  bool live = false, in_step = false, live_from = false;
   // TrainOptions::commit: the state at the last step boundary.
   std::shared_ptr<CheckpointState> commit;
   double commit_seconds = 0;   // how long the last copy took

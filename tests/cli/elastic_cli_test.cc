@@ -45,12 +45,21 @@ std::string with_fault(const std::string& out, int victim, const char* sig,
       out, SHOAL_BINARY, victim, sig, train, flags);
 }
 
-// A copy of the state every 4 steps, so that one exists before the fault
-// (the first train record, at step 25): by default the cadence follows the
-// copy's cost against the step's, and on a loaded host the first copy came
-// after the fault, the survivors went on from step 0, and the replay with
+// Where the state is copied (sharded or with running statistics), a copy
+// every 4 steps, so that one exists before the fault (the first train
+// record, at step 25): by default the cadence follows the copy's cost
+// against the step's, and on a loaded host the first copy came after the
+// fault, the survivors went on from step 0, and the replay with
 // --max-steps 0 compared nothing (seen after a netns test's teardown).
+// Plain data parallelism keeps no copy (its live tensors are the state).
 const char* kCommitEvery = "SHOAL_ELASTIC_COMMIT_EVERY=4 ";
+
+// Every survivor of a fault without copies trained again only the step in
+// flight: its log line says so, and none says more.
+void expect_only_the_step_in_flight_again(const std::string& out) {
+  EXPECT_TRUE(has(out, "(1 step trained again)")) << out;
+  EXPECT_FALSE(has(out, "steps trained again")) << out;
+}
 
 // The membership records of a run's metrics.jsonl.
 std::vector<nlohmann::json> memberships(const std::string& dir) {
@@ -105,7 +114,7 @@ void run_on_purpose(const std::string& env, const std::string& train, const std:
 // the same global batch). No checkpoint is read by the elastic job.
 TEST(Elastic, AKilledRankLeavesAndTheRestEndAsAJobThatShrankOnPurpose) {
   const std::string dir = testing::scratch_dir("elastic_kill");
-  const std::string env = "SHOAL_DETERMINISTIC=1 " + std::string(kCommitEvery);
+  const std::string env = "SHOAL_DETERMINISTIC=1 ";
   auto r = run_sh(env + SHOAL_BINARY + " run -n 4 --elastic 2 --timeout 300 -- " +
                   with_fault(dir + "/elastic", 2, "KILL", "--batch 12 --epochs 2"));
   ASSERT_EQ(r.code, 0) << r.out;
@@ -113,6 +122,7 @@ TEST(Elastic, AKilledRankLeavesAndTheRestEndAsAJobThatShrankOnPurpose) {
   EXPECT_TRUE(has(r.out, "rank 2 was killed by signal 9")) << r.out;
   EXPECT_TRUE(has(r.out, "the job ended on 3 ranks (it started on 4; generation 1)")) << r.out;
   EXPECT_FALSE(has(r.out, "resumed from " + dir)) << r.out;  // no file was read
+  expect_only_the_step_in_flight_again(r.out);
   auto m = memberships(dir + "/elastic");
   ASSERT_EQ(m.size(), 1u) << r.out;
   // In rank order: the holder of the newest step first (any of the three).
@@ -140,7 +150,8 @@ TEST(Elastic, AKilledRankLeavesAndTheRestEndAsAJobThatShrankOnPurpose) {
 void replaced_rank_ends_as_on_purpose(const std::string& name, const std::string& flags,
                                       const std::string& engine = "") {
   const std::string dir = testing::scratch_dir(name);
-  const std::string env = "SHOAL_DETERMINISTIC=1 " + std::string(kCommitEvery);
+  const bool copies = flags.find("--zero") != std::string::npos;
+  const std::string env = "SHOAL_DETERMINISTIC=1 " + std::string(copies ? kCommitEvery : "");
   const std::string train = std::string(kTrain) + " --epochs 3" + flags;
   auto r = run_sh(env + SHOAL_BINARY + " run -n 4 " + engine +
                   " --elastic 2 --max-restarts 1 --timeout 300 -- " +
@@ -153,6 +164,7 @@ void replaced_rank_ends_as_on_purpose(const std::string& name, const std::string
   }
   EXPECT_TRUE(has(r.out, "joining as rank 3 of 4")) << r.out;
   EXPECT_TRUE(has(r.out, "the job ended on 4 ranks (it started on 4; generation 2)")) << r.out;
+  if (!copies) expect_only_the_step_in_flight_again(r.out);
   auto m = memberships(dir + "/elastic");
   ASSERT_EQ(m.size(), 2u) << r.out;
   EXPECT_EQ(m[0]["world"], 3);
@@ -190,7 +202,7 @@ TEST(Elastic, ZeroShardsAreCutAgainAtEveryChangeOfMembership) {
 // with --global-batch 64 on 4 ranks, then on 3. Before, the job was refused.
 TEST(Elastic, AGlobalBatchTheSurvivorsDoNotDivideIsSharedUnevenly) {
   const std::string dir = testing::scratch_dir("elastic_uneven");
-  const std::string env = "SHOAL_DETERMINISTIC=1 " + std::string(kCommitEvery);
+  const std::string env = "SHOAL_DETERMINISTIC=1 ";
   auto r = run_sh(env + SHOAL_BINARY + " run -n 4 --elastic 2 --timeout 300 -- " +
                   with_fault(dir + "/elastic", 2, "KILL", "--batch 16 --epochs 2"));
   ASSERT_EQ(r.code, 0) << r.out;
@@ -210,7 +222,7 @@ TEST(Elastic, AGlobalBatchTheSurvivorsDoNotDivideIsSharedUnevenly) {
 // and the job ends as one run on purpose with those micro-batches.
 TEST(Elastic, MicroBatchesSplitEachGenerationsShare) {
   const std::string dir = testing::scratch_dir("elastic_micro");
-  const std::string env = "SHOAL_DETERMINISTIC=1 " + std::string(kCommitEvery);
+  const std::string env = "SHOAL_DETERMINISTIC=1 ";
   auto r =
       run_sh(env + SHOAL_BINARY + " run -n 4 --elastic 2 --timeout 300 -- " +
              with_fault(dir + "/elastic", 2, "KILL", "--batch 12 --epochs 2 --micro-batches 2"));

@@ -77,6 +77,14 @@ class Executable {
   virtual void set_step(std::uint64_t step) = 0;  // e.g. on resume
   // Which implementation runs each op ("onednn", "ref"), keyed by op name.
   virtual std::map<std::string, std::string> kernel_impls() const = 0;
+  // Holds the writers of outputs `outs` back until every collective started
+  // before them has finished, so that a run failing in a collective (a peer
+  // lost) leaves the tensors bound to those outputs as they were: an
+  // elastic job's survivors go on from them, with no copy kept. Refused,
+  // naming both, where a collective starts after the first such writer.
+  // held_written(): whether the last run() got as far as those writers.
+  virtual Status hold_writes(const std::vector<int>& outs) = 0;
+  virtual bool held_written() const = 0;
 };
 
 class Backend {

@@ -203,9 +203,11 @@ struct StrategyHooks {
   // Prepare training batches ahead on a worker thread. dp::attach turns it off
   // when no core is free: the worker would run only by preempting a rank.
   bool prefetch = true;
-  // Elastic data parallelism (dist/elastic.h). `commit`: keep a copy of
-  // the parameters, buffers and optimizer state at every step boundary
-  // (Trainer::committed), so a step that fails half-applied is not lost.
+  // Elastic data parallelism (dist/elastic.h). `commit`: keep the state of
+  // the last step boundary (Trainer::committed), so a step that fails
+  // half-applied is not lost: the live tensors where the step's updates can
+  // wait for its all-reduces (plain data parallelism without running
+  // statistics), else a copy of the parameters, buffers and optimizer state.
   // `resume_state`: such a copy from the generation before, where training
   // continues instead of from a checkpoint file (every rank restores its
   // own; rank 0's is then broadcast as after any resume). `metrics_note`: a
@@ -214,7 +216,8 @@ struct StrategyHooks {
   bool commit = false;
   // Steps between copies (SHOAL_ELASTIC_COMMIT_EVERY): 0 = chosen from the
   // measured copy and step times so the copies cost about 2% of training;
-  // a fault then trains again at most that many steps.
+  // a fault then trains again at most that many steps. Given (> 0), copies
+  // are kept even where the live tensors would do.
   int commit_every = 0;
   std::shared_ptr<const CheckpointState> resume_state;
   std::string metrics_note;
@@ -333,6 +336,9 @@ class Trainer {
   Result<int> step_vote(double* loss, bool* regroup, bool* commit);
   Status stop_now(int sig);
   Status commit_step();  // trainer_commit.cc
+  // Whether the step's updates can wait for its all-reduces (then no copy
+  // is kept: TrainOptions::commit goes on from the live tensors).
+  Status hold_updates();
   // Whether this step boundary gets a copy (TrainOptions::commit_every),
   // given the mean step time so far.
   bool commit_due(double step_seconds) const;
