@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
+#include <thread>
+
 #include "shoal/core/elastic_keys.h"
 #include "shoal/dist/elastic.h"
 #include "shoal/net/store.h"
@@ -87,6 +90,31 @@ TEST_F(ElasticGeneration, AMemberGoesOnAtItsPlaceInTheNextGeneration) {
   auto in = launcher_->peek(keys::check_in(0, 1));
   ASSERT_TRUE(in.ok());
   EXPECT_EQ(*in, "40");
+}
+
+// A rank that claims its id (SHOAL_ELASTIC=join) may reach the launcher's
+// store before the launcher has written the job's keys (`claims` last). It
+// waits for them: before, it left with "the store holds no elastic job",
+// and the pods formed a generation with a member missing (seen once under
+// a loaded `make test`, in K8s.AnElasticJobsPodsClaimTheirPlaces...).
+TEST_F(ElasticGeneration, ARankThatComesBeforeTheJobsKeysWaitsForThem) {
+  setenv("SHOAL_ELASTIC", "join", 1);
+  std::thread late([this] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    auto c =
+        net::TcpStore::connect("127.0.0.1", server_->port(), Deadline::after_seconds(10), "tok");
+    ASSERT_TRUE(c.ok());
+    for (const auto& [k, v] : {std::pair{keys::max(), "3"}, std::pair{keys::min(), "2"},
+                               std::pair{keys::world(), "3"}, std::pair{keys::claims(), "yes"}})
+      ASSERT_TRUE((*c)->set(k, v).ok());
+  });
+  auto e = elastic_env();
+  late.join();
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_TRUE(e->has_value());
+  EXPECT_EQ((*e)->id, 0);
+  EXPECT_EQ((*e)->world, 3);
+  EXPECT_TRUE((*e)->claimed);
 }
 
 }  // namespace
