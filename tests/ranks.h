@@ -19,6 +19,13 @@ inline comm::CommOptions test_comm_options() {
   return o;
 }
 
+// A communicator of one rank, for graphs that name a communicator but run
+// no exchange (its store, never read, lives for the process).
+inline Result<std::unique_ptr<comm::Communicator>> one_rank_communicator() {
+  static net::FileStore unused("/nonexistent");
+  return comm::Communicator::create(0, 1, unused, {});
+}
+
 // fn(rank, communicator) on `world` threads; each rank's result, or the
 // error that kept it from running. Every rank gets options `o`, its prefix
 // followed by a number per job.

@@ -47,19 +47,16 @@ Result<std::optional<ElasticEnv>> claim_place() {
   // Its store answers a moment before it has written the job's keys
   // (`claims` last): a rank that came in between waited for nobody and
   // left with code 2 (seen under load: the pods then formed a generation
-  // with a dead member). So an unset `claims` is waited for, 15 s.
-  std::string claims;
-  const Deadline keys_due = Deadline::after_seconds(15);
-  while (true) {
-    SHOAL_ASSIGN_OR_RETURN(claims, (*store)->peek(keys::claims()));
-    if (!claims.empty() || keys_due.expired()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (claims.empty())
+  // with a dead member). So `claims` is waited for, 15 s (a get that runs
+  // out closes the connection: nothing is read from it after that).
+  auto got = (*store)->get(keys::claims(), Deadline::after_seconds(15));
+  if (!got.ok() && got.status().code() == StatusCode::kDeadlineExceeded)
     return failed_precondition(
         "SHOAL_ELASTIC=join: the store holds no elastic job (waited 15 s for '{}'): is it "
         "served by `shoal run --engine external --elastic MIN[:MAX]`?",
         keys::claims());
+  if (!got.ok()) return got.status();
+  const std::string& claims = *got;
   if (claims != "yes")
     return failed_precondition(
         "SHOAL_ELASTIC=join: this job's launcher starts its own ranks (shoal run's local or "

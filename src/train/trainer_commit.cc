@@ -54,15 +54,14 @@ void copy_around_caches(Tensor& dst, const Tensor& src) {
 // step in flight. Not for sharded (ZeRO) or sliced state, whose shards die
 // with their rank, nor for running statistics, which the forward updates
 // in place and a checkpoint averages over ranks: those keep copies.
-Status Trainer::hold_updates() {
+void Trainer::hold_updates() {
   Impl& m = *impl_;
   if (!o_.commit || o_.commit_every > 0 || m.layout || !buffers_.empty() ||
       (m.slices && !m.slices->names.empty()))
-    return ok_status();
+    return;
   Status st = m.exe->hold_writes(m.update_outputs);
   m.live = st.ok();
   if (!st.ok()) SHOAL_LOG_DEBUG("elastic: the state is copied: {}", st.message());
-  return ok_status();
 }
 
 std::shared_ptr<const CheckpointState> Trainer::committed() const {

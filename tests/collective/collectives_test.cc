@@ -281,8 +281,7 @@ TEST(CollectivesGroups, AllgatherOverSplitGroupsGathersOnlyTheGroup) {
 }
 
 TEST(CollectivesBuild, SizesThatDoNotMatchAreNamed) {
-  net::FileStore unused("/nonexistent");
-  auto c = comm::Communicator::create(0, 1, unused, {});
+  auto c = testing::one_rank_communicator();
   ASSERT_TRUE(c.ok());
   const std::int64_t id = collective::register_communicator(c->get());
   Graph g;

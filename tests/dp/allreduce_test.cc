@@ -203,8 +203,7 @@ TEST(DataParallel, OptionsAreChecked) {
 // op is the identity: d/dx sum(ar(x) * c) = c, d/dx2 sum(ar(x2)^2) = 2 x2.
 TEST(DataParallel, AllreduceGradientIsAllreduceOfDy) {
   collective::register_ops();
-  net::FileStore unused("/nonexistent");
-  auto c = comm::Communicator::create(0, 1, unused, {});
+  auto c = testing::one_rank_communicator();
   ASSERT_TRUE(c.ok());
   std::int64_t id = collective::register_communicator(c->get());
   Graph g;
@@ -236,8 +235,7 @@ TEST(DataParallel, AllreduceGradientIsAllreduceOfDy) {
 // cannot be packed again; the memory plan once threw out_of_range here.
 TEST(DataParallel, ABucketOfAnotherBucketsOutputsCompilesAndRuns) {
   collective::register_ops();
-  net::FileStore unused("/nonexistent");
-  auto c = comm::Communicator::create(0, 1, unused, {});
+  auto c = testing::one_rank_communicator();
   ASSERT_TRUE(c.ok());
   std::int64_t id = collective::register_communicator(c->get(), false);
   Graph g;
@@ -267,8 +265,7 @@ TEST(DataParallel, ABucketOfAnotherBucketsOutputsCompilesAndRuns) {
 // sent only after the whole backward pass; docs/data-parallel.md).
 TEST(DataParallel, NoBucketHoldsMoreThanAQuarterOfTheGradients) {
   collective::register_ops();
-  net::FileStore unused("/nonexistent");
-  auto c = comm::Communicator::create(0, 1, unused, {});
+  auto c = testing::one_rank_communicator();
   ASSERT_TRUE(c.ok());
   const std::int64_t id = collective::register_communicator(c->get(), true);
   Graph g;

@@ -151,8 +151,7 @@ TEST(HeldUpdates, WithoutTheHoldTheFirstBucketIsHalfApplied) {
 // node of the graph has.
 TEST(HeldUpdates, ACollectiveAfterAHeldWriterIsRefused) {
   collective::register_ops();
-  net::FileStore unused("/nonexistent");
-  auto c = comm::Communicator::create(0, 1, unused, {});
+  auto c = testing::one_rank_communicator();
   ASSERT_TRUE(c.ok());
   const std::int64_t id = collective::register_communicator(c->get(), true);
   Graph g;

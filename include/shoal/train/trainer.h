@@ -338,7 +338,7 @@ class Trainer {
   Status commit_step();  // trainer_commit.cc
   // Whether the step's updates can wait for its all-reduces (then no copy
   // is kept: TrainOptions::commit goes on from the live tensors).
-  Status hold_updates();
+  void hold_updates();
   // Whether this step boundary gets a copy (TrainOptions::commit_every),
   // given the mean step time so far.
   bool commit_due(double step_seconds) const;
