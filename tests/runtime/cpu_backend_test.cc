@@ -364,6 +364,67 @@ TEST(CpuBackend, ReshapesAreViewsWhereTheirInputDies) {
   }
 }
 
+// Transposes and concatenations against index arithmetic: perms that
+// keep the last axis (whole rows moved, in 64-byte pieces where a row is a
+// multiple of 64 bytes, blocks split over threads when large) and ones that
+// do not, 4- and 2-byte elements, odd sizes.
+TEST(CpuBackend, TransposesAndConcatsMoveEveryElementWhereItBelongs) {
+  struct Case {
+    Shape shape;
+    std::vector<std::int64_t> perm;
+    DType dtype;
+  };
+  const Case cases[] = {
+      {{32, 64, 4, 32}, {0, 2, 1, 3}, DType::kF32},   // attention's heads: 128-byte rows
+      {{32, 64, 4, 32}, {0, 2, 1, 3}, DType::kBF16},  // 64-byte rows
+      {{3, 5, 7, 11}, {0, 2, 1, 3}, DType::kF32},     // rows of 44 bytes
+      {{5, 9, 3, 16}, {2, 0, 1, 3}, DType::kBF16},    // 32-byte rows
+      {{7, 13, 48}, {1, 0, 2}, DType::kF32},          // 3-D
+      {{3, 1, 5, 32}, {0, 2, 1, 3}, DType::kF32},     // a size-1 axis
+      {{4, 6, 5}, {2, 0, 1}, DType::kF32},            // the last axis moves
+      {{33, 300, 80}, {1, 0, 2}, DType::kF32},        // large: threads share blocks
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{} perm {} {}", shape_str(c.shape), fmt::join(c.perm, ","),
+                             dtype_name(c.dtype)));
+    Graph g;
+    Builder b(g);
+    Value x = b.input("x", c.dtype, c.shape);
+    Value t = b.transpose(x, c.perm);
+    // The concat of the transpose with itself along its last axis.
+    const auto last = static_cast<std::int64_t>(c.shape.size()) - 1;
+    g.mark_output(b.concat({t, t}, last));
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    auto exe = (*make_backend("cpu"))->compile(std::move(g), {});
+    ASSERT_TRUE(exe.ok()) << exe.status().to_string();
+    Tensor xs = Tensor::empty(c.shape, c.dtype);
+    const std::int64_t n = xs.numel();
+    for (std::int64_t i = 0; i < n; ++i) xs.set(i, static_cast<double>(i % 251));
+    ASSERT_TRUE((*exe)->bind("x", xs).ok());
+    ASSERT_TRUE((*exe)->run().ok());
+    const Tensor& y = (*exe)->output(0);
+    const std::size_t r = c.shape.size();
+    Shape ts(r), in_st(r, 1);
+    for (std::size_t k = 0; k < r; ++k) ts[k] = c.shape[static_cast<std::size_t>(c.perm[k])];
+    for (std::size_t k = r - 1; k > 0; --k) in_st[k - 1] = in_st[k] * c.shape[k];
+    const std::int64_t inner = ts[r - 1];
+    std::vector<std::int64_t> idx(r, 0);
+    for (std::int64_t o = 0; o < n; ++o) {  // o: the transpose's flat index
+      std::int64_t src = 0;
+      for (std::size_t k = 0; k < r; ++k)
+        src += idx[k] * in_st[static_cast<std::size_t>(c.perm[k])];
+      const double want = static_cast<double>(src % 251);
+      const std::int64_t row = o / inner, col = o % inner;
+      ASSERT_EQ(y.get(row * 2 * inner + col), want) << "element " << o;
+      ASSERT_EQ(y.get(row * 2 * inner + inner + col), want) << "element " << o << ", second copy";
+      for (std::size_t k = r; k-- > 0;) {
+        if (++idx[k] < ts[k]) break;
+        idx[k] = 0;
+      }
+    }
+  }
+}
+
 TEST(CpuBackend, SteadyStateTrainingStepDoesNotAllocate) {
   // A small CNN training step: conv+bias+relu, pool, batch norm, global
   // average pool, linear, cross entropy, and all parameter gradients.

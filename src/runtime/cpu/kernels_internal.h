@@ -75,6 +75,9 @@ struct StridedCopy {
   std::size_t elem = 4;
   mutable std::vector<std::int64_t> idx;
   void run(const void* src, void* dst) const;
+
+ private:
+  void dense_rows(const char* s, char* d) const;
 };
 
 // Channels per block of the blocked activation layout (oneDNN's nChw16c):
