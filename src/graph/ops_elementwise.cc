@@ -33,12 +33,8 @@ void register_unary_ops(OpRegistry& r) {
     d.attrs = {"dst"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
-      const std::string dst = n.attrs.get_string_or("dst", "");
-      if (dst.empty()) return Types{in[0]};
-      if (dst != "bf16" || in[0].dtype != DType::kF32)
-        return invalid_argument("dst {} for a {} input: only bf16 from f32", dst,
-                                dtype_name(in[0].dtype));
-      return Types{{DType::kBF16, in[0].shape}};
+      SHOAL_ASSIGN_OR_RETURN(TensorType y, with_dst(n, in[0]));
+      return Types{y};
     };
     r.add(d);
   }

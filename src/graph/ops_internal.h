@@ -30,6 +30,18 @@ inline Status need_same_float(const Types& in) {
   return ok_status();
 }
 
+// An op that --precision bf16 lets write bf16 itself where its only
+// reader was a cast (graph/precision.cc's narrow_producers): "dst" names
+// its output type, only bf16 from an f32 computation.
+inline Result<TensorType> with_dst(const Node& n, TensorType t) {
+  const std::string dst = n.attrs.get_string_or("dst", "");
+  if (dst.empty()) return t;
+  if (dst != "bf16" || t.dtype != DType::kF32)
+    return invalid_argument("dst {} for a {} result: only bf16 from f32", dst, dtype_name(t.dtype));
+  t.dtype = DType::kBF16;
+  return t;
+}
+
 inline Result<std::int64_t> norm_axis(std::int64_t axis, std::size_t rank) {
   auto r = static_cast<std::int64_t>(rank);
   if (axis < -r || axis >= std::max<std::int64_t>(r, 1))

@@ -350,17 +350,19 @@ void register_norm_ops(OpRegistry& r) {
     OpDef d;
     d.name = "layer_norm";
     d.min_inputs = d.max_inputs = 3;
-    d.attrs = {"eps"};
-    d.infer = [](const Node&, const Types& in) -> InferResult {
+    d.attrs = {"eps", "dst"};  // dst: --precision bf16 (with_dst)
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
       if (in[0].shape.empty()) return invalid_argument("input must have rank >= 1");
       Shape c = {in[0].shape.back()};
       if (in[1].shape != c || in[2].shape != c)
         return invalid_argument("gamma and beta must be [{}]", c[0]);
-      return Types{in[0]};
+      SHOAL_ASSIGN_OR_RETURN(TensorType y, with_dst(n, in[0]));
+      return Types{y};
     };
     d.grad = GRAD {
-      auto outs = g.b.op_multi("layer_norm_grad", {X(0), X(1), DY}, g.node.attrs);
+      const Attrs a = {{"eps", g.node.attrs.get_float_or("eps", 1e-5)}};
+      auto outs = g.b.op_multi("layer_norm_grad", {X(0), X(1), DY}, a);
       if (outs.size() != 3) return {Value{}, Value{}, Value{}};
       return outs;
     };
@@ -426,7 +428,7 @@ void register_loss_ops(OpRegistry& r) {
     OpDef d;
     d.name = "softmax_grad";  // (y, dy) -> scale * y * (dy - sum(dy * y) along axis)
     d.min_inputs = d.max_inputs = 2;
-    d.attrs = {"axis", "scale"};
+    d.attrs = {"axis", "scale", "dst"};  // dst: --precision bf16 (with_dst)
     d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
       if (in[0].shape != in[1].shape)
@@ -434,7 +436,8 @@ void register_loss_ops(OpRegistry& r) {
                                 shape_str(in[1].shape));
       SHOAL_RETURN_IF_ERROR(norm_axis(n.attrs.get_int_or("axis", -1), in[0].shape.size()).status());
       SHOAL_RETURN_IF_ERROR(check_softmax_attrs(n, in[0].shape));
-      return Types{in[0]};
+      SHOAL_ASSIGN_OR_RETURN(TensorType dx, with_dst(n, in[0]));
+      return Types{dx};
     };
     r.add(d);
   }

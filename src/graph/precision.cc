@@ -60,11 +60,24 @@ double graph_flops(const Graph& g) {
 
 namespace {
 
-// A product or a GELU whose output reaches one of the casts only through
-// shape ops (reshape, transpose, flatten), each value read once, writes
-// bf16 itself (dst bf16): the cast goes, and the shape ops move half the
-// bytes. (The MLP's GELU output is read only by its cast: the gradient
-// reads the GELU's input.)
+// Ops with a kernel that computes in f32 and stores bf16 (runtime/cpu's
+// bf16 writers): GELU, layer norm, and softmax's gradient along its last
+// axis (attention's scores).
+bool writes_bf16(const Graph& g, const Node& n) {
+  if (n.op == "gelu" || n.op == "layer_norm") return true;
+  if (n.op != "softmax_grad") return false;
+  const auto rank = static_cast<std::int64_t>(g.type(n.inputs[0]).shape.size());
+  const std::int64_t axis = n.attrs.get_int_or("axis", -1);
+  return axis == -1 || axis == rank - 1;
+}
+
+// A product or a bf16 writer whose output reaches one of the casts only
+// through shape ops (reshape, transpose, flatten), each value read once,
+// writes bf16 itself (dst bf16): the cast goes, and the shape ops move
+// half the bytes. (The MLP's GELU output is read only by its cast: the
+// gradient reads the GELU's input; so is a layer norm's, whose gradient
+// reads x; and the attention scores' gradient, read only by the two
+// products' casts.)
 Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
   int narrowed = 0;
   for (int c : casts) {
@@ -84,8 +97,9 @@ Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
         continue;
       }
       const bool product = is_product(p.op) && p.attrs.get_string_or("dst", "") == "f32";
-      const bool gelu = p.op == "gelu" && !p.attrs.has("dst") && g.type(u).dtype == DType::kF32;
-      if (product || gelu) {
+      const bool writer =
+          writes_bf16(g, p) && !p.attrs.has("dst") && g.type(u).dtype == DType::kF32;
+      if (product || writer) {
         g.mutable_node(p.id).attrs.set("dst", std::string("bf16"));
         SHOAL_RETURN_IF_ERROR(g.reinfer(p.id));
         for (auto it = chain.rbegin(); it != chain.rend(); ++it)

@@ -153,6 +153,38 @@ TEST(Bf16, AGeluReadOnlyByItsCastWritesBf16) {
   EXPECT_EQ(run(shapes, mlp, DType::kF32, true).impls.at("gelu"), "bf16-writer");
 }
 
+TEST(Bf16, ALayerNormReadOnlyByItsCastWritesBf16) {
+  SKIP_WITHOUT_BF16();
+  // A block's input: layer norm -> linear. The norm's output is read only
+  // by the linear's cast (its gradient reads x), so it writes bf16 itself;
+  // rows of 37 (no vector width divides) and of 600 (past one chunk).
+  for (std::int64_t d : {37, 600}) {
+    const Fn block = [](Builder& b, auto x) {
+      return b.linear(b.layer_norm(x[0], x[1], x[2]), x[3], Value{});
+    };
+    const std::vector<Shape> shapes = {{13, d}, {d}, {d}, {5, d}};
+    const graph::PrecisionReport r = compare(fmt::format("norm of {}", d), shapes, block, 3);
+    EXPECT_EQ(r.narrowed, 1) << "the layer norm still writes f32";
+    EXPECT_EQ(run(shapes, block, DType::kF32, true).impls.at("layer_norm"), "bf16-writer");
+  }
+}
+
+TEST(Bf16, AttentionScoresGradientWritesBf16) {
+  SKIP_WITHOUT_BF16();
+  // softmax(q k^T * scale, causal) v: the scores' gradient is read only by
+  // the casts of the two products that take it back to q and k, so the
+  // softmax gradient writes bf16 itself (the forward softmax's output is
+  // also read by its gradient and stays f32).
+  const Fn attention = [](Builder& b, auto x) {
+    Value s = b.attention_softmax(b.matmul(x[0], x[1], false, true), 0.3, true);
+    return b.matmul(s, x[2]);
+  };
+  const std::vector<Shape> shapes = {{2, 3, 11, 5}, {2, 3, 11, 5}, {2, 3, 11, 7}};
+  const graph::PrecisionReport r = compare("attention", shapes, attention, 6);
+  EXPECT_EQ(r.narrowed, 1) << "the scores' gradient still writes f32";
+  EXPECT_EQ(run(shapes, attention, DType::kF32, true).impls.at("softmax_grad"), "bf16-writer");
+}
+
 // The bf16 GELU kernel itself, over the whole range (the negative tail
 // computed without cancellation) on a size no block divides: within
 // bf16's rounding of the f64 GELU.

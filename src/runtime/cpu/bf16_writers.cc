@@ -1,11 +1,14 @@
 // Producers that write bf16 themselves under --precision bf16: where the
 // only reader of an f32 value was a cast to bf16 (graph/precision.cc's
 // narrow_producers), the producer computes in f32 and stores bf16, and the
-// value is never written or read at f32 width. GELU here: the MLP's
-// [B*T, 4D] activation, read only by its cast (its gradient reads GELU's
-// input). Registered after oneDNN's overrides; an f32 GELU keeps them.
+// value is never written or read at f32 width. GELU (the MLP's [B*T, 4D]
+// activation; its gradient reads GELU's input), layer norm (its gradient
+// reads x) and softmax's gradient along the last axis (attention's
+// scores, read by two products). Registered after oneDNN's overrides; an
+// f32 output keeps the kernels registered before.
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "runtime/cpu/kernels_internal.h"
 #include "runtime/cpu/vec_math.h"
@@ -57,16 +60,74 @@ void gelu_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) {
   }
 }
 
+// Layer norm over rows of d: each row normalized in f32, in chunks that
+// stay in L1, stored bf16.
+void layer_norm_to_bf16(double eps, std::span<const Tensor> in, Tensor& out) {
+  const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
+  const float* x = in[0].data<float>();
+  const float* g = in[1].data<float>();
+  const float* b = in[2].data<float>();
+  auto* y = static_cast<std::uint16_t*>(out.raw_data());
+  const auto feps = static_cast<float>(eps);
+  constexpr std::int64_t kChunk = 512;
+#pragma omp parallel for if (rows * d > kParallelGrain) schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* p = x + r * d;
+    float m = 0, rstd = 0;
+    vec::row_stats(p, d, feps, &m, &rstd);
+    alignas(64) float tmp[kChunk];
+    for (std::int64_t lo = 0; lo < d; lo += kChunk) {
+      const std::int64_t k = std::min(kChunk, d - lo);
+#pragma omp simd
+      for (std::int64_t i = 0; i < k; ++i) tmp[i] = (p[lo + i] - m) * rstd * g[lo + i] + b[lo + i];
+      to_bf16_serial(tmp, y + r * d + lo, k);
+    }
+  }
+}
+
+// dx = scale * y * (dy - sum(dy * y)) along rows of n, stored bf16.
+void softmax_grad_to_bf16(const float* y, const float* dy, std::uint16_t* dx, std::int64_t rows,
+                          std::int64_t n, float scale) {
+  constexpr std::int64_t kChunk = 512;
+#pragma omp parallel for if (rows * n > kParallelGrain) schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * n;
+    const float* gr = dy + r * n;
+    float dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (std::int64_t j = 0; j < n; ++j) dot += gr[j] * yr[j];
+    alignas(64) float tmp[kChunk];
+    for (std::int64_t lo = 0; lo < n; lo += kChunk) {
+      const std::int64_t k = std::min(kChunk, n - lo);
+#pragma omp simd
+      for (std::int64_t j = 0; j < k; ++j) tmp[j] = scale * yr[lo + j] * (gr[lo + j] - dot);
+      to_bf16_serial(tmp, dx + r * n + lo, k);
+    }
+  }
+}
+
+// Replaces op's factory with one that runs `bf16` where the node's output
+// is bf16 and the previous one elsewhere.
+void add_writer(KernelRegistry& r, const char* op, KernelFactory bf16) {
+  const KernelFactory* prev = r.find(op);
+  SHOAL_CHECK(prev != nullptr, "no kernel for {}", op);
+  KernelFactory f32 = *prev;
+  r.add(op, [f32, bf16](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
+    if (n.outputs[0].dtype != DType::kBF16) return f32(n, in);
+    for (std::size_t i = 0; i < in.size(); ++i)
+      if (in[i].dtype != DType::kF32 || blocked_input(n, static_cast<int>(i)))
+        return failed_precondition("{}: a bf16 {} reads plain f32, not {}", n.label(), n.op,
+                                   in[i].str());
+    if (blocked_output(n, 0))
+      return failed_precondition("{}: a bf16 {} writes the plain layout", n.label(), n.op);
+    return bf16(n, in);
+  });
+}
+
 }  // namespace
 
 void register_bf16_writers(KernelRegistry& r) {
-  const KernelFactory* prev = r.find("gelu");
-  SHOAL_CHECK(prev != nullptr, "no kernel for gelu");
-  KernelFactory f32 = *prev;
-  r.add("gelu", [f32](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
-    if (n.outputs[0].dtype != DType::kBF16) return f32(n, in);
-    if (in[0].dtype != DType::kF32 || blocked_input(n, 0) || blocked_output(n, 0))
-      return failed_precondition("{}: a bf16 GELU reads plain f32, not {}", n.label(), in[0].str());
+  add_writer(r, "gelu", [](const Node&, const Inputs&) {
     return make_fn(
         [](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
           gelu_to_bf16(x[0].data<float>(), static_cast<std::uint16_t*>(y[0].raw_data()),
@@ -75,6 +136,34 @@ void register_bf16_writers(KernelRegistry& r) {
         },
         "bf16-writer");
   });
+  add_writer(r, "layer_norm", [](const Node& n, const Inputs&) {
+    const double eps = n.attrs.get_float_or("eps", 1e-5);
+    return make_fn(
+        [eps](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+          layer_norm_to_bf16(eps, x, y[0]);
+          return ok_status();
+        },
+        "bf16-writer");
+  });
+  add_writer(
+      r, "softmax_grad", [](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
+        const auto rank = static_cast<std::int64_t>(in[0].shape.size());
+        const std::int64_t axis = n.attrs.get_int_or("axis", -1);
+        if (rank == 0 || (axis != -1 && axis != rank - 1))
+          return failed_precondition("{}: a bf16 softmax gradient runs along the last axis, not {}",
+                                     n.label(), axis);
+        const std::int64_t len = in[0].shape.back();
+        const std::int64_t rows = len == 0 ? 0 : num_elements(in[0].shape) / len;
+        const auto scale = static_cast<float>(n.attrs.get_float_or("scale", 1.0));
+        return make_fn(
+            [rows, len, scale](const KernelContext&, std::span<const Tensor> x,
+                               std::span<Tensor> y) {
+              softmax_grad_to_bf16(x[0].data<float>(), x[1].data<float>(),
+                                   static_cast<std::uint16_t*>(y[0].raw_data()), rows, len, scale);
+              return ok_status();
+            },
+            "bf16-writer");
+      });
 }
 
 }  // namespace shoal::runtime::cpu

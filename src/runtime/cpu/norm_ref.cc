@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/cpu/kernels_internal.h"
+#include "runtime/cpu/vec_math.h"
 
 namespace shoal::runtime::cpu {
 namespace {
@@ -273,19 +274,7 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
 // partials per block of rows added at the end. The f64 template below
 // stays the reference the gradient checks use.
 
-// One row's mean and 1/std, in two passes (mean, then squared deviations:
-// no cancellation).
-inline void row_stats(const float* p, std::int64_t d, float eps, float* mean, float* rstd) {
-  const auto fd = static_cast<float>(d);
-  float m = 0, v = 0;
-#pragma omp simd reduction(+ : m)
-  for (std::int64_t i = 0; i < d; ++i) m += p[i];
-  m /= fd;
-#pragma omp simd reduction(+ : v)
-  for (std::int64_t i = 0; i < d; ++i) v += (p[i] - m) * (p[i] - m);
-  *mean = m;
-  *rstd = 1.0f / std::sqrt(v / fd + eps);
-}
+using vec::row_stats;
 
 void layer_norm_fwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
   const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);

@@ -108,4 +108,18 @@ inline float logsumexp(const float* x, std::int64_t n) {
 }
 #pragma GCC diagnostic pop
 
+// One row's mean and 1/std, in two passes (mean, then squared deviations:
+// no cancellation): layer norm's forward, its gradient and its bf16 writer.
+inline void row_stats(const float* p, std::int64_t d, float eps, float* mean, float* rstd) {
+  const auto fd = static_cast<float>(d);
+  float m = 0, v = 0;
+#pragma omp simd reduction(+ : m)
+  for (std::int64_t i = 0; i < d; ++i) m += p[i];
+  m /= fd;
+#pragma omp simd reduction(+ : v)
+  for (std::int64_t i = 0; i < d; ++i) v += (p[i] - m) * (p[i] - m);
+  *mean = m;
+  *rstd = 1.0f / std::sqrt(v / fd + eps);
+}
+
 }  // namespace shoal::runtime::cpu::vec
