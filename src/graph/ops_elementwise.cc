@@ -57,6 +57,12 @@ void register_unary_ops(OpRegistry& r) {
   r.add(unary("sign", nullptr));
   {
     OpDef d = binary("gelu_grad", nullptr);
+    d.attrs = {"dst"};  // --precision bf16 (with_dst)
+    d.infer = [infer = d.infer](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(Types t, infer(n, in));
+      SHOAL_ASSIGN_OR_RETURN(t[0], with_dst(n, t[0]));
+      return t;
+    };
     r.add(d);
   }
   // dy where y > 0, else 0: ReLU's gradient in one pass (it was mul(dy,

@@ -9,8 +9,15 @@ void register_reduce_ops(OpRegistry& r) {
     OpDef d;
     d.name = name;
     d.attrs = {"axes", "keepdims"};
+    if (name == "reduce_sum") d.attrs.push_back("dst");
     d.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
+      // dst f32: a sum of bf16 in f32 (a bias gradient --precision bf16
+      // left reading the bf16 gradient its products read).
+      const bool widen = n.attrs.get_string_or("dst", "") == "f32";
+      if (n.attrs.has("dst") && (!widen || in[0].dtype != DType::kBF16))
+        return invalid_argument("dst {} for a {} input: only f32 from bf16",
+                                n.attrs.get_string_or("dst", ""), in[0].str());
+      if (!widen) SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
       SHOAL_ASSIGN_OR_RETURN(auto axes,
                              norm_axes(n.attrs.get_ints_or("axes", {}), in[0].shape.size()));
       bool keep = n.attrs.get_int_or("keepdims", 0) != 0;
@@ -22,7 +29,7 @@ void register_reduce_ops(OpRegistry& r) {
         else if (keep)
           s.push_back(1);
       }
-      return Types{{in[0].dtype, s}};
+      return Types{{widen ? DType::kF32 : in[0].dtype, s}};
     };
     if (name == "reduce_sum") {
       d.grad = GRAD { return {expand_back(g.b, DY, SHAPE_OF(0), g.node)}; };

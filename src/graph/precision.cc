@@ -61,10 +61,10 @@ double graph_flops(const Graph& g) {
 namespace {
 
 // Ops with a kernel that computes in f32 and stores bf16 (runtime/cpu's
-// bf16 writers): GELU, layer norm, and softmax's gradient along its last
-// axis (attention's scores).
+// bf16 writers): GELU and its gradient, layer norm, and softmax's gradient
+// along its last axis (attention's scores).
 bool writes_bf16(const Graph& g, const Node& n) {
-  if (n.op == "gelu" || n.op == "layer_norm") return true;
+  if (n.op == "gelu" || n.op == "gelu_grad" || n.op == "layer_norm") return true;
   if (n.op != "softmax_grad") return false;
   const auto rank = static_cast<std::int64_t>(g.type(n.inputs[0]).shape.size());
   const std::int64_t axis = n.attrs.get_int_or("axis", -1);
@@ -78,10 +78,48 @@ bool writes_bf16(const Graph& g, const Node& n) {
 // gradient reads the GELU's input; so is a layer norm's, whose gradient
 // reads x; and the attention scores' gradient, read only by the two
 // products' casts.)
+// A bf16 writer read by cast `c` and otherwise only by sums (the MLP's
+// GELU gradient: the bias gradient sums it, the two products read its
+// cast): it writes bf16, the sums read that and add in f32 (dst f32), as
+// autocast's bias gradient reads the bf16 gradient. False where anything
+// else reads it.
+Result<bool> narrow_with_sums(Graph& g, int c, const std::map<Value, int>& uses) {
+  const Value v = g.node(c).inputs[0];
+  const Node& p = g.node(v.node);
+  if (!writes_bf16(g, p) || p.attrs.has("dst") || g.type(v).dtype != DType::kF32) return false;
+  std::vector<int> sums;
+  for (const Node& n : g.nodes()) {
+    if (!n.alive || n.id == c) continue;
+    for (const Value& in : n.inputs) {
+      if (in != v) continue;
+      if (n.op != "reduce_sum" || n.attrs.has("dst") || n.inputs.size() != 1) return false;
+      sums.push_back(n.id);
+    }
+  }
+  // Every use accounted for (a graph output is a use no node makes).
+  auto it = uses.find(v);
+  if (sums.empty() || it == uses.end() || it->second != static_cast<int>(sums.size()) + 1)
+    return false;
+  g.mutable_node(p.id).attrs.set("dst", std::string("bf16"));
+  SHOAL_RETURN_IF_ERROR(g.reinfer(p.id));
+  for (int s : sums) {
+    g.mutable_node(s).attrs.set("dst", std::string("f32"));
+    SHOAL_RETURN_IF_ERROR(g.reinfer(s));
+  }
+  g.replace_all_uses(Value{c, 0}, v);
+  g.mutable_node(c).alive = false;
+  return true;
+}
+
 Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
   int narrowed = 0;
   for (int c : casts) {
     const std::map<Value, int> uses = g.use_counts();
+    SHOAL_ASSIGN_OR_RETURN(const bool summed, narrow_with_sums(g, c, uses));
+    if (summed) {
+      ++narrowed;
+      continue;
+    }
     auto once = [&](Value v) {
       auto it = uses.find(v);
       return it != uses.end() && it->second == 1;

@@ -36,6 +36,7 @@ KernelRegistry& KernelRegistry::cpu() {
     cpu::register_norms(*r);
     cpu::register_onednn(*r);
     cpu::register_bf16_writers(*r);
+    cpu::register_gelu(*r);
     return r;
   }();
   return *reg;

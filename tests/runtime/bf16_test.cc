@@ -143,14 +143,44 @@ TEST(Bf16, AGeluReadOnlyByItsCastWritesBf16) {
   SKIP_WITHOUT_BF16();
   // The MLP: linear -> GELU -> linear. The GELU's output is read only by
   // the second linear's cast (its gradient reads the GELU's input), so the
-  // GELU writes bf16 itself; forward and gradients as before.
+  // GELU writes bf16 itself; so does the GELU's gradient, read by the
+  // first linear's products (through their cast) and by its bias
+  // gradient's sum, which adds the bf16 in f32. Forward and gradients as
+  // before.
   const Fn mlp = [](Builder& b, auto x) {
     return b.linear(b.gelu(b.linear(x[0], x[1], x[2])), x[3], Value{});
   };
   const std::vector<Shape> shapes = {{37, 8}, {24, 8}, {24}, {5, 24}};
   const graph::PrecisionReport r = compare("mlp", shapes, mlp, 6);
-  EXPECT_EQ(r.narrowed, 1) << "the GELU still writes f32";
-  EXPECT_EQ(run(shapes, mlp, DType::kF32, true).impls.at("gelu"), "bf16-writer");
+  EXPECT_EQ(r.narrowed, 2) << "the GELU or its gradient still writes f32";
+  const auto b16 = run(shapes, mlp, DType::kF32, true);
+  EXPECT_EQ(b16.impls.at("gelu"), "bf16-writer");
+  EXPECT_EQ(b16.impls.at("gelu_grad"), "bf16-writer");
+}
+
+// Where anything but a sum reads the GELU's gradient besides the cast, it
+// stays f32: here the first layer's pre-activation gradient is also an
+// output of the graph.
+TEST(Bf16, AGeluGradientReadByMoreThanSumsStaysF32) {
+  SKIP_WITHOUT_BF16();
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {6, 4});
+  Value w = b.input("param/w", DType::kF32, {5, 4});
+  Value dy = b.input("dy", DType::kF32, {6, 5});
+  Value h = b.linear(x, w);
+  Value dh = b.op("gelu_grad", {h, dy});
+  g.mark_output(b.matmul(dh, w));        // read through a cast
+  g.mark_output(b.reduce_sum(dh, {0}));  // a sum
+  g.mark_output(dh);                     // and the graph's output
+  auto rep = graph::autocast_bf16(g);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  EXPECT_EQ(g.type(dh).dtype, DType::kF32);
+  for (const auto& n : g.nodes()) {
+    if (n.alive && n.op == "reduce_sum") {
+      EXPECT_FALSE(n.attrs.has("dst")) << n.label();
+    }
+  }
 }
 
 TEST(Bf16, ALayerNormReadOnlyByItsCastWritesBf16) {

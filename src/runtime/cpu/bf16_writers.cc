@@ -1,11 +1,11 @@
 // Producers that write bf16 themselves under --precision bf16: where the
 // only reader of an f32 value was a cast to bf16 (graph/precision.cc's
 // narrow_producers), the producer computes in f32 and stores bf16, and the
-// value is never written or read at f32 width. GELU (the MLP's [B*T, 4D]
-// activation; its gradient reads GELU's input), layer norm (its gradient
+// value is never written or read at f32 width. Layer norm (its gradient
 // reads x) and softmax's gradient along the last axis (attention's
-// scores, read by two products). Registered after oneDNN's overrides; an
-// f32 output keeps the kernels registered before.
+// scores, read by two products) here; GELU and its gradient in gelu.cc.
+// Registered after oneDNN's overrides; an f32 output keeps the kernels
+// registered before.
 #include <algorithm>
 #include <cmath>
 #include <span>
@@ -15,50 +15,6 @@
 
 namespace shoal::runtime::cpu {
 namespace {
-
-// GELU, x * Phi(x) = x/2 * erfc(-x/sqrt 2), of n floats into y.
-void gelu_f32(const float* x, float* y, std::int64_t n) {
-  std::int64_t i = 0;
-#if defined(__AVX512F__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-  // erfc(|z|) = t * P(t) * e^-z^2, t = 1/(1 + p|z|) (Abramowitz-Stegun
-  // 7.1.26, |error| <= 1.5e-7), then erfc(-z) = 2 - erfc(z) for z >= 0:
-  // no cancellation in the negative tail.
-  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    const __m512 z = _mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f));
-    const __m512 a = _mm512_abs_ps(z);
-    const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f), one));
-    __m512 p = _mm512_set1_ps(1.061405429f);
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
-    const __m512 q = _mm512_mul_ps(
-        _mm512_mul_ps(p, t), vec::exp16(_mm512_mul_ps(a, _mm512_sub_ps(_mm512_setzero_ps(), a))));
-    const __mmask16 pos = _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_GE_OQ);
-    const __m512 erfc_neg = _mm512_mask_sub_ps(q, pos, _mm512_set1_ps(2.0f), q);
-    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(half, v), erfc_neg));
-  }
-#pragma GCC diagnostic pop
-#endif
-  for (; i < n; ++i) y[i] = 0.5f * x[i] * std::erfc(-x[i] * 0.70710678118654752f);
-}
-
-// In blocks that stay in L1 between the two passes.
-void gelu_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) {
-  constexpr std::int64_t kBlock = 1024;
-  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for if (n > kParallelGrain) schedule(static)
-  for (std::int64_t b = 0; b < blocks; ++b) {
-    alignas(64) float tmp[kBlock];
-    const std::int64_t lo = b * kBlock, m = std::min(kBlock, n - lo);
-    gelu_f32(x + lo, tmp, m);
-    to_bf16_serial(tmp, y + lo, m);
-  }
-}
 
 // Layer norm over rows of d: each row normalized in f32, in chunks that
 // stay in L1, stored bf16.
@@ -106,8 +62,8 @@ void softmax_grad_to_bf16(const float* y, const float* dy, std::uint16_t* dx, st
   }
 }
 
-// Replaces op's factory with one that runs `bf16` where the node's output
-// is bf16 and the previous one elsewhere.
+}  // namespace
+
 void add_writer(KernelRegistry& r, const char* op, KernelFactory bf16) {
   const KernelFactory* prev = r.find(op);
   SHOAL_CHECK(prev != nullptr, "no kernel for {}", op);
@@ -124,18 +80,7 @@ void add_writer(KernelRegistry& r, const char* op, KernelFactory bf16) {
   });
 }
 
-}  // namespace
-
 void register_bf16_writers(KernelRegistry& r) {
-  add_writer(r, "gelu", [](const Node&, const Inputs&) {
-    return make_fn(
-        [](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
-          gelu_to_bf16(x[0].data<float>(), static_cast<std::uint16_t*>(y[0].raw_data()),
-                       x[0].numel());
-          return ok_status();
-        },
-        "bf16-writer");
-  });
   add_writer(r, "layer_norm", [](const Node& n, const Inputs&) {
     const double eps = n.attrs.get_float_or("eps", 1e-5);
     return make_fn(

@@ -120,6 +120,11 @@ void register_elementwise(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);
 void register_softmax(KernelRegistry& r);       // softmax.cc
 void register_bf16_writers(KernelRegistry& r);  // bf16_writers.cc, after register_onednn
+void register_gelu(KernelRegistry& r);          // gelu.cc, after register_bf16_writers
+// Replaces op's factory with one that builds `bf16` where the node's
+// output is bf16 (its inputs plain f32, checked) and the previous factory
+// elsewhere (bf16_writers.cc).
+void add_writer(KernelRegistry& r, const char* op, KernelFactory bf16);
 
 // f32 -> bf16 bits, rounding to nearest even (elementwise.cc): in
 // parallel above kParallelGrain, or on the calling thread.

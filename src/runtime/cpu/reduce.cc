@@ -11,14 +11,22 @@
 namespace shoal::runtime::cpu {
 namespace {
 
+// An element as the accumulator's type: bf16 sums (a bias gradient under
+// --precision bf16) add in f32.
+template <typename T>
+inline T widen(T v) {
+  return v;
+}
+inline float widen(BF16 h) { return bf16_to_float(h); }
+
 // y[map(i)] = op(y[map(i)], x[i]) for every element of contiguous x, where
 // ostride[d] is the output stride of input dim d (0 for reduced dims).
-template <typename T, typename Op>
-void reduce_into(const T* x, const Shape& xs, const Shape& ostride, T* y, Op op) {
+template <typename T, typename In, typename Op>
+void reduce_into(const In* x, const Shape& xs, const Shape& ostride, T* y, Op op) {
   std::int64_t n = num_elements(xs);
   if (n == 0) return;
   if (xs.empty()) {
-    y[0] = op(y[0], x[0]);
+    y[0] = op(y[0], widen(x[0]));
     return;
   }
   int r = static_cast<int>(xs.size());
@@ -33,15 +41,15 @@ void reduce_into(const T* x, const Shape& xs, const Shape& ostride, T* y, Op op)
   }
   std::int64_t off = 0;
   for (std::int64_t o = 0; o < outer; ++o) {
-    const T* src = x + o * inner;
+    const In* src = x + o * inner;
     if (ist == 0) {
       T acc = y[off];
-      for (std::int64_t i = 0; i < inner; ++i) acc = op(acc, src[i]);
+      for (std::int64_t i = 0; i < inner; ++i) acc = op(acc, widen(src[i]));
       y[off] = acc;
     } else {
       T* dst = y + off;
 #pragma omp simd
-      for (std::int64_t i = 0; i < inner; ++i) dst[i] = op(dst[i], src[i]);
+      for (std::int64_t i = 0; i < inner; ++i) dst[i] = op(dst[i], widen(src[i]));
     }
     for (int d = r - 2; d >= 0; --d) {
       ++idx[d];
@@ -79,6 +87,16 @@ void add_reduce(KernelRegistry& r, const std::string& op) {
     std::vector<bool> red = reduced_dims(n, in[0].shape.size());
     Shape ost = reduce_ostrides(in[0].shape, red);
     return make_fn([op, ost](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+      if (x[0].dtype() == DType::kBF16) {  // reduce_sum with dst f32 (graph/precision.cc)
+        if (op != "reduce_sum" || y[0].dtype() != DType::kF32)
+          return invalid_argument("{} of bf16 into {}: only reduce_sum into f32", op,
+                                  dtype_name(y[0].dtype()));
+        float* py = y[0].data<float>();
+        std::fill(py, py + y[0].numel(), 0.0f);
+        reduce_into(x[0].data<BF16>(), x[0].shape(), ost, py,
+                    [](float a, float b) { return a + b; });
+        return ok_status();
+      }
       return dispatch_float(x[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* py = y[0].data<T>();
