@@ -81,6 +81,7 @@ def run_layout(args, model_flags, cand, ranks, tmp, i):
     plan = os.path.join(tmp, f"layout{i}.yaml")
     keys = {"batch": cand["batch"], "dp": cand["dp"], "tp": cand["tp"], "pp": cand["pp"],
             "zero": cand["zero"], "micro-batches": cand["micro_batches"],
+            "pp-schedule": cand.get("pp_schedule", "1f1b"), "pp-virtual": cand.get("pp_virtual", 1),
             "precision": cand["precision"], "recompute": cand["recompute"],
             "plan-ranks": ranks, "plan-step-seconds": cand["step_s"],
             "plan-compute-seconds": cand["compute_s"], "plan-comm-seconds": cand["comm_s"],

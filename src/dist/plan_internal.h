@@ -13,7 +13,7 @@ std::int64_t forward_rows(const graph::Graph& g);  // input x's first dimension
 // `comm_id`: a registered communicator of T ranks (the rewrite reads its
 // rank and size; nothing is sent).
 TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id);
-PpShape pp_shape(const graph::Graph& g, int P);
+PpShape pp_shape(const graph::Graph& g, int P, int chunks = 1);
 // The sub-communicator of `world` ranks that `g` puts `rank` in (a split's
 // color; -1: none, the rank sits out).
 int group_color(const Group& g, int rank, int world);

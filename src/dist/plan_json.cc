@@ -63,12 +63,14 @@ std::string calibration_json(const Calibration& c) {
                        {"param_ratio", s.param_ratio},
                        {"arena_ratio", s.arena_ratio},
                        {"collective_bytes_per_row", s.collective_bytes_per_row}});
-  for (const auto& [p, s] : c.pp)
-    j["pp"].push_back({{"size", p},
-                       {"refused", s.refused},
-                       {"stage_share", s.stage_share},
-                       {"param_share", s.param_share},
-                       {"boundary_bytes_per_row", s.boundary_bytes_per_row}});
+  for (int chunks : {1, 2})
+    for (const auto& [p, s] : chunks == 1 ? c.pp : c.pp_interleaved)
+      j["pp"].push_back({{"size", p},
+                         {"chunks", chunks},
+                         {"refused", s.refused},
+                         {"stage_share", s.stage_share},
+                         {"param_share", s.param_share},
+                         {"boundary_bytes_per_row", s.boundary_bytes_per_row}});
   for (const auto& [g, f] : c.allreduce)
     j["allreduce"].push_back({{"group", g.size},
                               {"stride", g.stride},
@@ -117,7 +119,10 @@ Result<Calibration> parse_calibration(const std::string& text) {
       s.stage_share = e.at("stage_share").get<double>();
       s.param_share = e.at("param_share").get<double>();
       s.boundary_bytes_per_row = e.at("boundary_bytes_per_row").get<double>();
-      c.pp[e.at("size").get<int>()] = s;
+      const int chunks = e.value("chunks", 1);
+      if (chunks != 1 && chunks != 2)
+        return invalid_argument("plan calibration: a pipeline of {} chunks a rank", chunks);
+      (chunks == 1 ? c.pp : c.pp_interleaved)[e.at("size").get<int>()] = s;
     }
     c.cores = j.value("cores", 1);
     c.hosts = j.value("hosts", 1);

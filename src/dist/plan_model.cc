@@ -150,6 +150,8 @@ std::string Candidate::flags() const {
   std::string s = fmt::format("--dp {} --tp {} --pp {}", dp, layout.tp, layout.pp);
   if (zero > 0) s += fmt::format(" --zero {}", zero);
   s += fmt::format(" --micro-batches {} --batch {}", micro_batches(layout), batch);
+  if (layout.pp_schedule != "1f1b") s += " --pp-schedule " + layout.pp_schedule;
+  if (layout.pp_virtual > 1) s += fmt::format(" --pp-virtual {}", layout.pp_virtual);
   if (precision != "f32") s += " --precision " + precision;
   if (recompute != "none") s += " --recompute " + recompute;
   return s;
@@ -168,13 +170,23 @@ std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r) {
         l.pp = P;
         l.micro_batches = P > 1 ? P * k : k;
         if (b % l.micro_batches != 0) continue;
-        for (int zero = 0; zero <= (D > 1 ? 3 : 0); ++zero) {
-          dp::DpOptions d;
-          d.zero = zero;
-          if (!check_layout(l, d, r.ranks).ok()) continue;
-          if (zero == 3 && (P > 1 || l.micro_batches > 1)) continue;  // refused by attach
-          out.emplace_back(l, zero);
+        // A pipeline also as GPipe (every forward first) and interleaved
+        // (two pieces a rank, Megatron's 1F1B over them).
+        std::vector<Layout> ways = {l};
+        if (P > 1) {
+          ways.push_back(l);
+          ways.back().pp_schedule = "gpipe";
+          ways.push_back(l);
+          ways.back().pp_virtual = 2;
         }
+        for (const Layout& w : ways)
+          for (int zero = 0; zero <= (D > 1 ? 3 : 0); ++zero) {
+            dp::DpOptions d;
+            d.zero = zero;
+            if (!check_layout(w, d, r.ranks).ok()) continue;
+            if (zero == 3 && (P > 1 || w.micro_batches > 1)) continue;  // refused by attach
+            out.emplace_back(w, zero);
+          }
       }
     }
   }
@@ -208,7 +220,7 @@ namespace {
 
 // What a layout leaves one rank: its groups' sizes, rows and shares.
 struct Split {
-  int T = 1, P = 1, D = 1, m = 1;
+  int T = 1, P = 1, D = 1, m = 1, v = 1;  // v: pieces a pipeline rank holds
   std::int64_t rows = 0;
   double share = 1;  // of the parameters a rank holds
   TpShape tp;
@@ -237,17 +249,19 @@ void price_step(const Calibration& c, const Split& s, Candidate& k) {
     // rank at once; a stage idle in the bubble leaves its core to the
     // others, so the path runs faster by that contention, but never below
     // the work every stage must do with all of them busy.
-    const double slots = m + P - 1;
+    // Interleaved (v pieces a rank): m v + P - 1 slots of a piece, each
+    // 1/v of a micro-batch's stage (Megatron's bubble, (P - 1) / v).
+    const double slots = m * s.v + P - 1;
     const double contention = std::max(
         1.0, c.contention > 0 ? c.contention
                               : static_cast<double>(c.ranks / std::max(c.hosts, 1) * c.threads) /
                                     std::max(c.cores, 1));
-    path = std::max(path, slots * (path / m) / contention);
+    path = std::max(path, slots * (path / m / s.v) / contention);
     // The slowest hop between neighbouring stages, twice a slot.
     const double bytes = s.pp.boundary_bytes_per_row * static_cast<double>(s.rows);
     const double hop = std::max(allreduce_s(c, pp_group, bytes),
                                 P > 2 ? allreduce_s(c, {2, T, 1, T * P}, bytes) : 0.0);
-    k.allreduce_s = slots * tp_mb * stage;
+    k.allreduce_s = slots * tp_mb * stage / s.v;
     k.transfer_s = slots * 2 * hop;
   }
   k.compute_s = path + k.update_s;
@@ -271,6 +285,20 @@ void price_step(const Calibration& c, const Split& s, Candidate& k) {
   k.step_s = k.compute_s + k.comm_s;
 }
 
+// Micro-batches whose activations the first stage holds at once, in
+// micro-batches' worth of its stage (mp::stage_work's schedules): GPipe all
+// of them, 1F1B at most P, interleaved its warm-up of 2 (P - 1) + (v - 1) P
+// pieces and one more, each 1/v of a stage (all of them when m == P).
+double in_flight(const Layout& l, int m, int P) {
+  const int v = l.pp_virtual;
+  if (v > 1) {
+    const int total = m * v;
+    const int held = m == P ? total : std::min(total, 2 * (P - 1) + (v - 1) * P + 1);
+    return static_cast<double>(held) / v;
+  }
+  return l.pp_schedule == "gpipe" ? m : std::min(m, P);
+}
+
 // The largest rank's bytes: the step's arena and the state it holds.
 double price_memory(const Split& s, const Layout& l, int zero) {
   const train::StepProfile& p = s.p;
@@ -282,7 +310,7 @@ double price_memory(const Split& s, const Layout& l, int zero) {
                      ? static_cast<double>(p.arena_bytes) * s.tp.arena_ratio
                      : (static_cast<double>(p.arena_bytes) - grads_whole) * s.tp.other_ratio +
                            grads_whole * s.tp.param_ratio;
-  if (s.P > 1) arena *= s.pp.stage_share * (l.pp_schedule == "gpipe" ? s.m : std::min(s.m, s.P));
+  if (s.P > 1) arena *= s.pp.stage_share * in_flight(l, s.m, s.P);
   const double params = static_cast<double>(p.param_bytes) * s.share;
   if (s.m > 1) arena += params;  // accumulated gradients
   return arena + params / (zero == 3 ? s.D : 1) +
@@ -307,10 +335,11 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
   k.dp = s.D;
   k.layout.dp = s.D;
   k.batch = r.global_batch / s.D;
+  s.v = l.pp_virtual;
   s.rows = k.batch / s.m;
   s.p = variant_at(c, s.rows, variant_key(k.precision, k.recompute));
   if (s.T > 1) s.tp = c.tp.at(s.T);
-  if (s.P > 1) s.pp = c.pp.at(s.P);
+  if (s.P > 1) s.pp = s.v > 1 ? c.pp_interleaved.at(s.P) : c.pp.at(s.P);
   s.share = s.tp.param_ratio * s.pp.param_share;
   price_step(c, s, k);
   k.memory_bytes = price_memory(s, l, zero);
@@ -328,7 +357,7 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r, const Calibration& c) 
     variants.emplace_back(key.substr(0, key.find('/')), key.substr(key.find('/') + 1));
   std::vector<Candidate> out;
   for (const auto& [l, zero] : job_layouts(r)) {
-    if (!splits(c.tp, l.tp) || !splits(c.pp, l.pp)) continue;
+    if (!splits(c.tp, l.tp) || !splits(l.pp_virtual > 1 ? c.pp_interleaved : c.pp, l.pp)) continue;
     for (const auto& [precision, recompute] : variants) {
       // The trainer recomputes only a step it differentiates whole; and
       // what recomputing saves is measured under data parallelism alone:
@@ -370,6 +399,8 @@ std::string candidates_json(const std::vector<Candidate>& cs) {
                  {"pp", c.layout.pp},
                  {"zero", c.zero},
                  {"micro_batches", micro_batches(c.layout)},
+                 {"pp_schedule", c.layout.pp_schedule},
+                 {"pp_virtual", c.layout.pp_virtual},
                  {"precision", c.precision},
                  {"recompute", c.recompute},
                  {"batch", c.batch},
@@ -407,6 +438,9 @@ std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::Tra
   e << YAML::Key << "pp" << YAML::Value << c.layout.pp;
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   e << YAML::Key << "micro-batches" << YAML::Value << micro_batches(c.layout);
+  if (c.layout.pp_schedule != "1f1b")
+    e << YAML::Key << "pp-schedule" << YAML::Value << c.layout.pp_schedule;
+  if (c.layout.pp_virtual > 1) e << YAML::Key << "pp-virtual" << YAML::Value << c.layout.pp_virtual;
   e << YAML::Key << "plan-ranks" << YAML::Value << r.ranks;
   for (const auto& [key, field] : plan_keys()) {
     e << YAML::Key << key;

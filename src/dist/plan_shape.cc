@@ -1,6 +1,8 @@
 // What each split leaves one rank of a model, read from its forward graph
 // (dist/plan.h): tensor parallelism's rewrite run on a copy, the
 // pipeline's plan of cuts. Nothing here runs a kernel.
+#include <algorithm>
+
 #include "dist/plan_internal.h"
 #include "shoal/graph/passes.h"
 #include "shoal/mp/pipeline.h"
@@ -105,7 +107,7 @@ TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id) {
   return s;
 }
 
-PpShape pp_shape(const graph::Graph& g, int P) {
+PpShape pp_shape(const graph::Graph& g, int P, int chunks) {
   PpShape s;
   for (const graph::Node& n : g.nodes())
     if (n.alive && n.op == "input" && n.name.starts_with("buf/")) {
@@ -124,14 +126,19 @@ PpShape pp_shape(const graph::Graph& g, int P) {
     return s;
   }
   const graph::Value logits = g.node(loss.node).inputs[0];
-  auto plan = mp::plan_pipeline(g, {loss, logits}, P);
+  auto plan = mp::plan_pipeline(g, {loss, logits}, P * chunks);
   if (!plan.ok()) {
     s.refused = plan.status().message();
     return s;
   }
-  double largest = 0;
-  for (double c : plan->stage_cost) largest = std::max(largest, c);
-  s.stage_share = ratio(largest, plan->total_cost);
+  // Piece k runs on rank k % P.
+  auto by_rank = [P](const std::vector<double>& piece) {
+    std::vector<double> rank(static_cast<std::size_t>(P), 0.0);
+    for (std::size_t k = 0; k < piece.size(); ++k)
+      rank[k % static_cast<std::size_t>(P)] += piece[k];
+    return *std::max_element(rank.begin(), rank.end());
+  };
+  s.stage_share = ratio(by_rank(plan->stage_cost), plan->total_cost);
   const double rows = static_cast<double>(forward_rows(g));
   for (std::size_t cut : plan->cuts)
     s.boundary_bytes_per_row =
@@ -148,13 +155,13 @@ PpShape pp_shape(const graph::Graph& g, int P) {
       size[n.name.substr(6)] = bytes_of(n.outputs[0]);
       total += bytes_of(n.outputs[0]);
     }
-  double most = 0;
+  std::vector<double> piece_bytes;
   for (const auto& stage : *held) {
     double b = 0;
     for (const auto& p : stage) b += size.count(p) ? size[p] : 0;
-    most = std::max(most, b);
+    piece_bytes.push_back(b);
   }
-  s.param_share = ratio(most, total);
+  s.param_share = ratio(by_rank(piece_bytes), total);
   return s;
 }
 

@@ -28,7 +28,8 @@ PlanRequest request(int ranks, std::int64_t batch) {
 
 // A model of 8 MB of parameters (50 tensors) whose step costs 1 ms a row
 // (60% products), with Adam's two slots; tensor parallelism over 2 splits
-// it, over 4 cannot; the pipeline cuts in 2 and 4.
+// it, over 4 cannot; the pipeline cuts in 2 and 4, and interleaves (two
+// pieces a rank) over 2 stages only.
 Calibration calibration(int ranks, int cores) {
   Calibration c;
   c.ranks = ranks;
@@ -61,6 +62,9 @@ Calibration calibration(int ranks, int cores) {
     s.param_share = 1.05 / p;
     s.boundary_bytes_per_row = 8192;
     c.pp[p] = s;
+    s.stage_share = 1.05 / p;  // finer pieces balance better
+    if (p == 4) s.refused = "8 pieces of a 6-layer model";
+    c.pp_interleaved[p] = s;
   }
   for (const Group g : job_groups(request(ranks, 64))) {
     c.allreduce[g] = g.size == 2 ? LinkFit{10e-6, 0.2e-9, {}} : LinkFit{20e-6, 0.3e-9, {}};
@@ -72,7 +76,7 @@ Calibration calibration(int ranks, int cores) {
 TEST(Plan, EveryLayoutTheJobAllowsAndNoOther) {
   const PlanRequest r = request(4, 64);
   const auto cs = plan_layouts(r, calibration(4, 64));
-  std::set<std::tuple<int, int, int, int, int>> seen;
+  std::set<std::tuple<int, int, int, int, int, std::string, int>> seen;
   for (const Candidate& c : cs) {
     const int m = micro_batches(c.layout);
     EXPECT_EQ(c.dp * c.layout.tp * c.layout.pp, 4) << c.flags();
@@ -85,13 +89,24 @@ TEST(Plan, EveryLayoutTheJobAllowsAndNoOther) {
     if (c.dp == 1) {
       EXPECT_EQ(c.zero, 0) << c.flags();
     }
-    EXPECT_TRUE(seen.insert({c.dp, c.layout.tp, c.layout.pp, c.zero, m}).second)
+    if (c.layout.pp == 1) {
+      EXPECT_TRUE(c.layout.pp_schedule == "1f1b" && c.layout.pp_virtual == 1) << c.flags();
+    }
+    if (c.layout.pp_virtual > 1) {
+      EXPECT_EQ(c.layout.pp, 2) << "an interleaving the calibration refused: " << c.flags();
+      EXPECT_EQ(m % c.layout.pp, 0) << c.flags();
+      EXPECT_NE(c.flags().find("--pp-virtual 2"), std::string::npos) << c.flags();
+    }
+    EXPECT_TRUE(seen.insert({c.dp, c.layout.tp, c.layout.pp, c.zero, m, c.layout.pp_schedule,
+                             c.layout.pp_virtual})
+                    .second)
         << "listed twice: " << c.flags();
   }
   // Counted apart: (tp, pp) in {1x1: dp 4, 1x2: dp 2, 1x4: dp 1, 2x1: dp 2,
   // 2x2: dp 1}; micro-batches 1, 2, 4 (x pp with a pipeline); ZeRO 0-2 where
-  // dp > 1, and 3 with one micro-batch and no pipeline.
-  const int dp4 = 3 * 3 + 1, dp2_pp = 3 * 3, pp4 = 3, tp2 = 3 * 3 + 1, tp2pp2 = 3;
+  // dp > 1, and 3 with one micro-batch and no pipeline; a pipeline as
+  // 1F1B, GPipe and (2 stages only) interleaved.
+  const int dp4 = 3 * 3 + 1, dp2_pp = 3 * 3 * 3, pp4 = 3 * 2, tp2 = 3 * 3 + 1, tp2pp2 = 3 * 3;
   EXPECT_EQ(cs.size(), static_cast<std::size_t>(dp4 + dp2_pp + pp4 + tp2 + tp2pp2));
   for (std::size_t i = 1; i < cs.size(); ++i) EXPECT_LE(cs[i - 1].step_s, cs[i].step_s);
 }
@@ -121,6 +136,34 @@ TEST(Plan, ShardingAndMicroBatchesLowerMemoryAndTheBubbleCosts) {
   // With 4 ranks on 2 cores the idle stages' cores go to the busy ones.
   const Candidate shared = predict(r, calibration(4, 2), pp, 0);
   EXPECT_LT(shared.compute_s, many.compute_s * 1.0001);
+}
+
+// The pipeline's schedules on 2 stages and 4 micro-batches: GPipe as fast
+// as 1F1B, holding all 4 micro-batches' activations against 2; two pieces
+// a rank halve the bubble, hold 2 (P - 1) + P + 1 = 5 pieces of half a
+// stage and cross the link twice as often.
+TEST(Plan, GPipeHoldsMoreAndInterleavingShrinksTheBubble) {
+  const PlanRequest r = request(4, 64);
+  const Calibration c = calibration(4, 64);
+  Layout one;
+  one.pp = 2;
+  one.micro_batches = 4;
+  Layout gpipe = one, twice = one;
+  gpipe.pp_schedule = "gpipe";
+  twice.pp_virtual = 2;
+  const Candidate a = predict(r, c, one, 0), g = predict(r, c, gpipe, 0),
+                  v = predict(r, c, twice, 0);
+  EXPECT_NEAR(g.step_s, a.step_s, 1e-12);
+  EXPECT_GT(g.memory_bytes, a.memory_bytes);
+  EXPECT_LT(v.compute_s, a.compute_s);
+  EXPECT_GT(v.transfer_s, a.transfer_s);
+  // The arena's part over the stages' (the parameters, state and summed
+  // gradients are alike): 4 : 2 : 2.5.
+  const double fixed = a.memory_bytes - (g.memory_bytes - a.memory_bytes);
+  EXPECT_NEAR((v.memory_bytes - fixed) / (a.memory_bytes - fixed), 2.5 * 1.05 / 1.1 / 2, 1e-9);
+  const std::string yaml = plan_yaml(v, r, train::TrainSettings{});
+  EXPECT_NE(yaml.find("pp-virtual: 2"), std::string::npos) << yaml;
+  EXPECT_NE(plan_yaml(g, r, train::TrainSettings{}).find("pp-schedule: gpipe"), std::string::npos);
 }
 
 TEST(Plan, AMemoryBudgetPutsWhatFitsFirst) {
@@ -257,6 +300,8 @@ TEST(Plan, TheCalibrationRoundTripsAndBadTextIsNamed) {
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(calibration_json(*back), calibration_json(c));
   EXPECT_EQ(back->tp.at(4).refused, "heads do not divide");
+  EXPECT_EQ(back->pp_interleaved.at(4).refused, "8 pieces of a 6-layer model");
+  EXPECT_EQ(back->pp_interleaved.at(2).stage_share, 1.05 / 2);
   EXPECT_EQ(back->hosts, 2);
   EXPECT_EQ(back->allreduce.size(), 7u);
   c.hosts = 3;  // 4 ranks cannot be spread evenly over 3 hosts
@@ -300,6 +345,15 @@ TEST(PlanShape, APipelineOfTheGptAndNoneOfABatchNormModel) {
   EXPECT_LT(two.param_share, 0.95);
   EXPECT_EQ(two.boundary_bytes_per_row, 8 * 32 * 4.0);  // [rows, T, dim] f32 per row
   EXPECT_LT(pp_shape(g, 4).stage_share, two.stage_share);
+  // Two pieces a rank (4 in all, each balanced on its own as the trainer
+  // cuts them): the rank holding pieces 0 and 2 of this 2-layer model
+  // carries more than a stage of 2 did, still short of the whole.
+  const PpShape interleaved = pp_shape(g, 2, 2);
+  ASSERT_EQ(interleaved.refused, "");
+  EXPECT_GE(interleaved.stage_share, two.stage_share - 1e-9);
+  EXPECT_LT(interleaved.stage_share, 0.8);
+  EXPECT_GT(interleaved.param_share, 0.2);
+  EXPECT_LT(interleaved.param_share, 0.95);
   auto resnet = train::make_model("resnet", 10);
   ASSERT_TRUE(resnet.ok());
   const PpShape bn = pp_shape(forward(*resnet, {2, 1, 28, 28}, 2), 2);

@@ -73,7 +73,9 @@ struct TpShape {
   double arena_ratio = 0;  // the planned arena's (0: unknown, from the others)
   std::vector<double> collective_bytes_per_row;  // each all-reduce, fwd or bwd
 };
-// What cutting the model into P pipeline stages leaves the largest stage.
+// What cutting the model into P pipeline stages leaves the largest stage
+// (interleaved, --pp-virtual v: P x v pieces, rank s holding pieces s,
+// s + P, ...: the largest rank's pieces together).
 struct PpShape {
   std::string refused;
   double stage_share = 1;             // the largest stage's share of the estimated cost
@@ -96,6 +98,7 @@ struct Calibration {
   std::map<std::int64_t, train::StepProfile> steps;  // by micro-batch rows
   std::map<int, TpShape> tp;                         // by --tp
   std::map<int, PpShape> pp;                         // by --pp
+  std::map<int, PpShape> pp_interleaved;             // by --pp, with --pp-virtual 2
   std::map<Group, LinkFit> allreduce;                // measured in the ranks' places
   // What a collective inside the step costs beyond its transfer: waiting
   // for the group's ranks while all of them compute (on a host with more
@@ -143,7 +146,8 @@ const std::vector<PlanKey>& plan_keys();
 // ZeRO stage: --tp x --pp dividing the ranks, a data-parallel share that
 // divides the samples, micro-batches 1, 2, 4 (x pp under a pipeline), ZeRO
 // 0-3 where there is a data-parallel group (3 only without micro-batches
-// or a pipeline). Whether the model splits so is the calibration's to say.
+// or a pipeline); a pipeline also under --pp-schedule gpipe and with
+// --pp-virtual 2. Whether the model splits so is the calibration's to say.
 std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r);
 // The distinct micro-batch sizes those layouts use, and the groups they
 // communicate in.
