@@ -17,8 +17,15 @@ peak resident memory (ru_maxrss) beside the speed.
 the forward under `torch.autocast("cpu", dtype=torch.bfloat16)`), with
 Shoal's bf16 over its own f32 in the last column.
 
+--rounds R: each cell R times, the runs of Shoal and PyTorch alternating,
+and the median of each (this VM's speed drifts by a third between runs a
+minute apart: one run per cell does not settle a ratio near a goal).
+--baseline BINARY: another Shoal (an older build) run in the same rounds,
+its median and the ratio of --shoal's to it in two more columns.
+
 usage: bench/gpt_train.py [--shoal build/shoal] [--threads 1,2] [--steps 150]
                           [--sizes small,base] [--micro-batches 1] [--precision f32]
+                          [--rounds 1] [--baseline BINARY]
 """
 import argparse
 import json
@@ -114,31 +121,50 @@ def main():
     p.add_argument("--sizes", default="small,base")
     p.add_argument("--micro-batches", default="1")
     p.add_argument("--precision", default="f32")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--baseline")
     p.add_argument("--peer", nargs=4, metavar=("SIZE", "THREADS", "MICRO", "PRECISION"))
     a = p.parse_args()
     if a.peer:
         peer(a.peer[0], int(a.peer[1]), a.steps, int(a.peer[2]), a.peer[3])
         return
-    print(f"GPT on {TEXT}, context {CONTEXT}, batch {BATCH}, Adam, {a.steps} steps")
+    print(f"GPT on {TEXT}, context {CONTEXT}, batch {BATCH}, Adam, {a.steps} steps"
+          + (f", median of {a.rounds} alternating runs" if a.rounds > 1 else ""))
+    base_cols = " Baseline tok/s | Shoal / baseline |" if a.baseline else ""
     print("| size (layers/heads/dim) | threads | micro-batches | precision | Shoal tok/s | "
           "PyTorch tok/s | Shoal / PyTorch | Shoal / Shoal f32 | Shoal peak RSS | "
-          "PyTorch peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "PyTorch peak RSS |" + base_cols)
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if a.baseline else ""))
     for size in a.sizes.split(","):
         for t in [int(v) for v in a.threads.split(",")]:
             for m in [int(v) for v in a.micro_batches.split(",")]:
                 f32 = None
                 for prec in a.precision.split(","):
-                    mine, mine_rss = shoal(a.shoal, size, t, a.steps, m, prec)
-                    out, theirs_rss = run_measured([sys.executable, __file__, "--peer", size,
-                                                    str(t), str(m), prec, "--steps", str(a.steps)])
-                    theirs = json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
+                    mine, theirs, base = [], [], []
+                    for _ in range(a.rounds):
+                        mine.append(shoal(a.shoal, size, t, a.steps, m, prec))
+                        out, rss = run_measured([sys.executable, __file__, "--peer", size, str(t),
+                                                 str(m), prec, "--steps", str(a.steps)])
+                        theirs.append((json.loads(out.strip().splitlines()[-1])["tokens_per_s"],
+                                       rss))
+                        if a.baseline:
+                            base.append(shoal(a.baseline, size, t, a.steps, m, prec))
+                    (mine, mine_rss), (theirs, theirs_rss) = median(mine), median(theirs)
                     f32 = mine if prec == "f32" else f32
                     own = f"{mine / f32:.2f}x" if f32 else "-"
                     l, h, dm = SIZES[size]
-                    print(f"| {size} ({l}/{h}/{dm}) | {t} | {m} | {prec} | {mine:,.0f} | "
-                          f"{theirs:,.0f} | {mine / theirs:.2f}x | {own} | {mine_rss:,.0f} MiB | "
-                          f"{theirs_rss:,.0f} MiB |", flush=True)
+                    row = (f"| {size} ({l}/{h}/{dm}) | {t} | {m} | {prec} | {mine:,.0f} | "
+                           f"{theirs:,.0f} | {mine / theirs:.2f}x | {own} | {mine_rss:,.0f} MiB | "
+                           f"{theirs_rss:,.0f} MiB |")
+                    if a.baseline:
+                        b = median(base)[0]
+                        row += f" {b:,.0f} | {mine / b:.2f}x |"
+                    print(row, flush=True)
+
+
+def median(runs):
+    """The run (tokens/s, RSS) with the median tokens/s (the lower middle one)."""
+    return sorted(runs)[(len(runs) - 1) // 2]
 
 
 if __name__ == "__main__":
