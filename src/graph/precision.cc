@@ -71,13 +71,6 @@ bool writes_bf16(const Graph& g, const Node& n) {
   return axis == -1 || axis == rank - 1;
 }
 
-// A product or a bf16 writer whose output reaches one of the casts only
-// through shape ops (reshape, transpose, flatten), each value read once,
-// writes bf16 itself (dst bf16): the cast goes, and the shape ops move
-// half the bytes. (The MLP's GELU output is read only by its cast: the
-// gradient reads the GELU's input; so is a layer norm's, whose gradient
-// reads x; and the attention scores' gradient, read only by the two
-// products' casts.)
 // A bf16 writer read by cast `c` and otherwise only by sums (the MLP's
 // GELU gradient: the bias gradient sums it, the two products read its
 // cast): it writes bf16, the sums read that and add in f32 (dst f32), as
@@ -111,6 +104,13 @@ Result<bool> narrow_with_sums(Graph& g, int c, const std::map<Value, int>& uses)
   return true;
 }
 
+// A product or a bf16 writer whose output reaches one of the casts only
+// through shape ops (reshape, transpose, flatten), each value read once,
+// writes bf16 itself (dst bf16): the cast goes, and the shape ops move
+// half the bytes. (The MLP's GELU output is read only by its cast: the
+// gradient reads the GELU's input; so is a layer norm's, whose gradient
+// reads x; and the attention scores' gradient, read only by the two
+// products' casts.) A bf16 writer also read by sums: narrow_with_sums.
 Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
   int narrowed = 0;
   for (int c : casts) {

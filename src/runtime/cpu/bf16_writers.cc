@@ -16,8 +16,20 @@
 namespace shoal::runtime::cpu {
 namespace {
 
-// Layer norm over rows of d: each row normalized in f32, in chunks that
-// stay in L1, stored bf16.
+// n values of one row stored as bf16 at y, computed in f32 by
+// fill(lo, k, tmp) (tmp[i] = value lo + i) in chunks that stay in L1.
+template <typename Fill>
+void row_to_bf16(std::uint16_t* y, std::int64_t n, Fill fill) {
+  constexpr std::int64_t kChunk = 512;
+  alignas(64) float tmp[kChunk];
+  for (std::int64_t lo = 0; lo < n; lo += kChunk) {
+    const std::int64_t k = std::min(kChunk, n - lo);
+    fill(lo, k, tmp);
+    to_bf16_serial(tmp, y + lo, k);
+  }
+}
+
+// Layer norm over rows of d: each row normalized in f32, stored bf16.
 void layer_norm_to_bf16(double eps, std::span<const Tensor> in, Tensor& out) {
   const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
   const float* x = in[0].data<float>();
@@ -25,26 +37,21 @@ void layer_norm_to_bf16(double eps, std::span<const Tensor> in, Tensor& out) {
   const float* b = in[2].data<float>();
   auto* y = static_cast<std::uint16_t*>(out.raw_data());
   const auto feps = static_cast<float>(eps);
-  constexpr std::int64_t kChunk = 512;
 #pragma omp parallel for if (rows * d > kParallelGrain) schedule(static)
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* p = x + r * d;
     float m = 0, rstd = 0;
     vec::row_stats(p, d, feps, &m, &rstd);
-    alignas(64) float tmp[kChunk];
-    for (std::int64_t lo = 0; lo < d; lo += kChunk) {
-      const std::int64_t k = std::min(kChunk, d - lo);
+    row_to_bf16(y + r * d, d, [&](std::int64_t lo, std::int64_t k, float* t) {
 #pragma omp simd
-      for (std::int64_t i = 0; i < k; ++i) tmp[i] = (p[lo + i] - m) * rstd * g[lo + i] + b[lo + i];
-      to_bf16_serial(tmp, y + r * d + lo, k);
-    }
+      for (std::int64_t i = 0; i < k; ++i) t[i] = (p[lo + i] - m) * rstd * g[lo + i] + b[lo + i];
+    });
   }
 }
 
 // dx = scale * y * (dy - sum(dy * y)) along rows of n, stored bf16.
 void softmax_grad_to_bf16(const float* y, const float* dy, std::uint16_t* dx, std::int64_t rows,
                           std::int64_t n, float scale) {
-  constexpr std::int64_t kChunk = 512;
 #pragma omp parallel for if (rows * n > kParallelGrain) schedule(static)
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* yr = y + r * n;
@@ -52,13 +59,10 @@ void softmax_grad_to_bf16(const float* y, const float* dy, std::uint16_t* dx, st
     float dot = 0;
 #pragma omp simd reduction(+ : dot)
     for (std::int64_t j = 0; j < n; ++j) dot += gr[j] * yr[j];
-    alignas(64) float tmp[kChunk];
-    for (std::int64_t lo = 0; lo < n; lo += kChunk) {
-      const std::int64_t k = std::min(kChunk, n - lo);
+    row_to_bf16(dx + r * n, n, [&](std::int64_t lo, std::int64_t k, float* t) {
 #pragma omp simd
-      for (std::int64_t j = 0; j < k; ++j) tmp[j] = scale * yr[lo + j] * (gr[lo + j] - dot);
-      to_bf16_serial(tmp, dx + r * n + lo, k);
-    }
+      for (std::int64_t j = 0; j < k; ++j) t[j] = scale * yr[lo + j] * (gr[lo + j] - dot);
+    });
   }
 }
 

@@ -99,10 +99,6 @@ void strided_move(char* d, const char* s, std::int64_t n, std::int64_t ds, std::
   }
 }
 
-}  // namespace
-
-namespace {
-
 // `rows` rows of `bytes` each, row i from s + i * ss to d + i * ds: a
 // constant-size move per 64 bytes where the rows are whole 64-byte
 // multiples (attention's head splits: rows of 32 floats or bf16), not a
@@ -152,15 +148,15 @@ void StridedCopy::run(const void* src, void* dst) const {
     std::memcpy(d, s, elem);
     return;
   }
-  idx.assign(static_cast<std::size_t>(r), 0);
-  std::int64_t inner = shape[r - 1], outer = n / inner;
-  std::int64_t so = 0, dof = 0;
-  const auto e = static_cast<std::int64_t>(elem);
-  bool dense = src_st[r - 1] == 1 && dst_st[r - 1] == 1;
+  const bool dense = src_st[r - 1] == 1 && dst_st[r - 1] == 1;
   if (dense && r >= 2 && shape[r - 2] > 1) {
     dense_rows(s, d);
     return;
   }
+  idx.assign(static_cast<std::size_t>(r), 0);
+  std::int64_t inner = shape[r - 1], outer = n / inner;
+  std::int64_t so = 0, dof = 0;
+  const auto e = static_cast<std::int64_t>(elem);
   for (std::int64_t o = 0; o < outer; ++o) {
     if (dense) {
       std::memcpy(d + dof * e, s + so * e, static_cast<std::size_t>(inner * e));
