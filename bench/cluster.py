@@ -90,9 +90,12 @@ def parse_sim(out):
     reps = []
     for line in out.splitlines():
         f = line.split()
-        if f and f[0] in ("fifo-first-fit", "backfill", "backfill-topo", "shoal"):
-            reps.append({"policy": f[0], "util": float(f[4].rstrip("%")),
-                         "goodput": float(f[5].rstrip("%")), "line": line})
+        # (the wait-reason lines under the table start with a policy too)
+        if (len(f) > 6 and f[0] in ("fifo-first-fit", "backfill", "backfill-topo", "shoal")
+                and f[5].endswith("%")):
+            # policy jobs done refused makespan util goodput ...
+            reps.append({"policy": f[0], "util": float(f[5].rstrip("%")),
+                         "goodput": float(f[6].rstrip("%")), "line": line})
     return reps
 
 

@@ -311,6 +311,8 @@ int run_simulate(const ClusterFlags& f) {
   }
   fmt::print("cluster: {} nodes, {} switches, {} chips, {} CPUs; trace: {}\n", t->nodes.size(),
              t->switches.size(), t->total_accels(), t->total_cpus(), trace.source);
+  fmt::print("goodput ceiling: {:.1f}% (every job from its submit, whole, on ideal chips)\n",
+             100 * cluster::goodput_ceiling(*t, trace));
   std::vector<cluster::SimReport> reports;
   for (auto p : *policies) reports.push_back(cluster::simulate(*t, trace, p, f.sim));
   fmt::print("{}{}", cluster::format_reports(reports), cluster::format_wait_reasons(reports));

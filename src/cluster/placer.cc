@@ -14,21 +14,33 @@ namespace shoal::cluster {
 
 namespace {
 
+// The order in which a node's free chips are handed out. Counting chips
+// only: lowest first. On a chip ring, with adjacency: the shortest free
+// arcs first, each from its start, so that the long arcs a ring job needs
+// stay whole (a lone chip taken from the middle of an 8-arc leaves none).
+std::vector<int> chip_order(const Node& node, std::uint64_t free, bool adjacency) {
+  if (!adjacency || node.links != ChipLinks::kRing) return chips_of(free);
+  auto arcs = free_arcs(free, node.accels);
+  std::stable_sort(arcs.begin(), arcs.end(),
+                   [](const Arc& a, const Arc& b) { return a.length < b.length; });
+  std::vector<int> out;
+  for (const Arc& a : arcs)
+    for (int i = 0; i < a.length; ++i) out.push_back((a.start + i) % node.accels);
+  return out;
+}
+
 // Fills `ranks` ranks of j onto the nodes in `order`, each as full as it
-// goes; chips lowest first.
+// goes; chips in chip_order.
 std::optional<Placement> fill(const ClusterState& s, const JobSpec& j, int ranks,
-                              const std::vector<int>& order) {
+                              const std::vector<int>& order, bool adjacency) {
   Placement p;
   for (int n : order) {
     int cap = std::min(s.capacity(n, j), ranks - static_cast<int>(p.ranks.size()));
-    std::uint64_t chips = s.free_accels(n);
+    const auto chips = chip_order(s.topology().nodes[n], s.free_accels(n), adjacency);
+    std::size_t next = 0;
     for (int r = 0; r < cap; ++r) {
       std::uint64_t mine = 0;
-      for (int a = 0; a < j.accels_per_rank; ++a) {
-        std::uint64_t low = chips & (~chips + 1);
-        mine |= low;
-        chips &= ~low;
-      }
+      for (int a = 0; a < j.accels_per_rank; ++a) mine |= 1ull << chips[next++];
       p.ranks.push_back({n, mine});
     }
     if (static_cast<int>(p.ranks.size()) == ranks) return p;
@@ -43,7 +55,7 @@ std::optional<Placement> place_spread(const ClusterState& s, const JobSpec& j, i
   if (!o.best_fit) {
     std::vector<int> order(nodes);
     std::iota(order.begin(), order.end(), 0);
-    return fill(s, j, ranks, order);
+    return fill(s, j, ranks, order, false);
   }
   // One node: the one left with the least after the job (best fit).
   int best = -1;
@@ -53,7 +65,7 @@ std::optional<Placement> place_spread(const ClusterState& s, const JobSpec& j, i
     long left = static_cast<long>(std::popcount(s.free_accels(n))) * 1000000 + s.free_cpus(n);
     if (best < 0 || left < best_left) best = n, best_left = left;
   }
-  if (best >= 0) return fill(s, j, ranks, {best});
+  if (best >= 0) return fill(s, j, ranks, {best}, o.adjacency);
   // One switch: the one with the least room that still holds the job.
   std::vector<long> room(t.switches.size(), 0);
   for (int n = 0; n < nodes; ++n) room[t.nodes[n].leaf] += s.capacity(n, j);
@@ -65,7 +77,7 @@ std::optional<Placement> place_spread(const ClusterState& s, const JobSpec& j, i
                      [&](int a, int b) { return s.capacity(a, j) > s.capacity(b, j); });
     return order;
   };
-  if (sw >= 0) return fill(s, j, ranks, fullest_first(t.switches[sw].nodes));
+  if (sw >= 0) return fill(s, j, ranks, fullest_first(t.switches[sw].nodes), o.adjacency);
   // Across switches: the roomiest switches first, so the job spans fewest.
   std::vector<int> sws(t.switches.size());
   std::iota(sws.begin(), sws.end(), 0);
@@ -75,7 +87,7 @@ std::optional<Placement> place_spread(const ClusterState& s, const JobSpec& j, i
     auto part = fullest_first(t.switches[i].nodes);
     order.insert(order.end(), part.begin(), part.end());
   }
-  return fill(s, j, ranks, order);
+  return fill(s, j, ranks, order, o.adjacency);
 }
 
 // Ranks of j over `chips` in ring order, one node.
@@ -98,11 +110,12 @@ std::optional<Placement> ring_in_node(const ClusterState& s, const JobSpec& j,
   Arc best_arc;
   for (int n = 0; n < static_cast<int>(t.nodes.size()); ++n) {
     const Node& node = t.nodes[n];
-    if (node.links != ChipLinks::kRing || node.accels < k || !s.up(n)) continue;
+    const std::uint64_t free = s.free_accels(n);
+    if (node.links != ChipLinks::kRing || std::popcount(free) < k || !s.up(n)) continue;
     JobSpec host_only = j;  // CPUs and memory for every rank; chips checked as arcs
     host_only.accels_per_rank = 0;
     if (s.capacity(n, host_only) < j.ranks) continue;
-    for (const Arc& a : free_arcs(s.free_accels(n), node.accels)) {
+    for (const Arc& a : free_arcs(free, node.accels)) {
       if (a.length < k) continue;
       if (best < 0 || a.length < best_arc.length) best = n, best_arc = a;
       if (!o.best_fit || a.length == k) break;
@@ -193,13 +206,13 @@ std::optional<Placement> place_workers(const ClusterState& s, const JobSpec& j, 
     return p ? p : ring_of_nodes(s, j, o);
   }
   if (o.adjacency && j.links == LinkNeed::kMesh && ranks == j.ranks) return place_mesh(s, j, o);
-  if (o.adjacency && o.best_fit && j.links == LinkNeed::kNone && j.kind == JobKind::kSync &&
-      ranks == j.ranks && j.total_accels() > 1) {
+  if (o.adjacency && o.best_fit && j.links == LinkNeed::kNone && ranks * j.accels_per_rank > 1) {
     // A gang that did not ask for links still all-reduces over its chips:
     // on linked ones where they are free now, else wherever it fits. (In
     // the simulator: goodput 68.6% -> 72.8% on the default trace.)
     JobSpec ring = j;
     ring.links = LinkNeed::kRing;
+    ring.ranks = ranks;
     auto p = ring_in_node(s, ring, o);
     if (!p) p = ring_of_nodes(s, ring, o);
     if (p) return p;

@@ -27,6 +27,7 @@ Engine::Engine(const Topology& t, const Trace& tr, Policy p, const SimOptions& o
   place_.best_fit = p == Policy::kShoal || p == Policy::kTopoBackfill;
   place_.adjacency = p == Policy::kShoal || o.baseline_adjacency;
   jobs_.resize(tr.jobs.size());
+  node_ends_.resize(t.nodes.size());
   for (std::size_t j = 0; j < tr.jobs.size(); ++j) {
     auto [it, fresh] =
         queue_index_.emplace(tr.jobs[j].spec.queue, static_cast<int>(queue_index_.size()));
@@ -120,6 +121,7 @@ void Engine::update_progress(int j) {
 }
 
 void Engine::drop_end(int j) {
+  ++version_;
   Job& job = jobs_[j];
   if (job.planned_end < 0) return;
   for (auto it = ends_.lower_bound(job.planned_end); it != ends_.end(); ++it)
@@ -127,6 +129,8 @@ void Engine::drop_end(int j) {
       ends_.erase(it);
       break;
     }
+  for (int n : job.end_nodes) node_ends_[n].erase(node_ends_[n].find(job.planned_end));
+  job.end_nodes.clear();
   job.planned_end = -1;
 }
 
@@ -144,6 +148,10 @@ void Engine::set_rate(int j) {
   job.planned_end =
       tj.spec.max_runtime_s > 0 ? std::max(end, job.run_start + tj.spec.max_runtime_s) : end;
   ends_.emplace(job.planned_end, j);
+  for (const RankSlot& r : job.p.ranks)
+    if (std::find(job.end_nodes.begin(), job.end_nodes.end(), r.node) == job.end_nodes.end())
+      job.end_nodes.push_back(r.node);
+  for (int n : job.end_nodes) node_ends_[n].insert(job.planned_end);
   events_.push({end, kFinish, j, ++job.gen});
 }
 
@@ -267,6 +275,7 @@ void Engine::finish(int j) {
 
 void Engine::fail(int n) {
   if (!s_.up(n)) return;
+  ++version_;  // linked_at_ is stale
   s_.set_up(n, false);
   const std::vector<int> running(running_.begin(), running_.end());
   for (int j : running) {
@@ -287,7 +296,10 @@ void Engine::fail(int n) {
   }
 }
 
-void Engine::repair(int n) { s_.set_up(n, true); }
+void Engine::repair(int n) {
+  ++version_;
+  s_.set_up(n, true);
+}
 
 SimReport Engine::run() {
   auto wall0 = std::chrono::steady_clock::now();

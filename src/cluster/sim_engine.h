@@ -37,7 +37,9 @@ class Engine {
     double last = 0;       // when remaining was last brought up to date
     double run_start = 0, first_start = -1, planned_end = -1;
     int gen = 0, ranks = 0;
-    bool adjacent_never = false;           // its links cannot be had on this cluster
+    bool adjacent_never = false;  // its links cannot be had on this cluster
+    std::vector<int> end_nodes;   // where planned_end is noted in node_ends_
+    double declined = 0;  // > 0: declined a start this much slower than ideal (worth_waiting)
     WaitReason why = WaitReason::kQueued;  // of its last failed try
     Placement p;
   };
@@ -70,7 +72,31 @@ class Engine {
   void pass_fifo();
   void pass_backfill(bool drf);
   int pick_queue(const std::vector<std::set<Key>::iterator>& it) const;
-  std::optional<Placement> try_place(int j) const;
+  // Under Shoal, nullopt with *declined > 0 when the job waits for linked
+  // chips rather than run slowly (worth_waiting).
+  std::optional<Placement> try_place(int j, double* declined = nullptr) const;
+  // Whether a gang without links, offered `p`, does better to wait for
+  // linked chips: they free up (linked_at, from running jobs' limits)
+  // before its own wait plus now would exceed what p's slowdown costs.
+  // Returns p's slowdown - 1 if so, else 0.
+  double worth_waiting(int j, const Placement& p) const;
+  // Whether a job that declined stays declined: no ring node has the chips
+  // free (nor whole nodes idle), and waiting is still worth it. Cheap: a
+  // declined job is asked again after every event.
+  bool still_declined(int j) const;
+  std::optional<Placement> elastic_place(int j) const;
+  // When `s`'s chips could be linked: a ring node, or enough consecutive
+  // ones of one switch, all idle by their jobs' planned ends. Conservative
+  // for a ring inside a node (an arc may free up before the whole node).
+  double linked_at(const JobSpec& s) const;
+  double time_limit(int j) const;  // max_runtime_s, else the duration
+  struct LinkedAtCache {                   // valid while nothing starts, stops or is re-planned
+    std::pair<long, double> stamp{-1, 0};  // (version_, now_)
+    int most_free = 0;                     // free chips of the freest ring node
+    std::map<int, double> by_chips;
+  };
+  mutable LinkedAtCache linked_at_;
+  long version_ = 0;                      // bumped by set_rate and drop_end
   PlaceOptions options_for(int j) const;  // place_, without adjacency it can never have
   void blame(int j);                      // its try failed: no room, or no room in its shape
   bool preempt_for(int j);
@@ -91,9 +117,10 @@ class Engine {
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   std::vector<std::set<Key>> pending_;  // per queue (one queue unless fair share)
   std::set<int> running_;
-  std::multiset<int> running_prio_;  // priorities of running jobs
-  int holder_ = -1;                  // the job holding the backfill reservation
-  std::multimap<double, int> ends_;  // planned end → running job
+  std::multiset<int> running_prio_;               // priorities of running jobs
+  int holder_ = -1;                               // the job holding the backfill reservation
+  std::multimap<double, int> ends_;               // planned end → running job
+  std::vector<std::multiset<double>> node_ends_;  // per node: its jobs' planned ends
   std::map<std::string, int> queue_index_;
   std::vector<int> backlog_;                  // pending jobs per real queue
   std::vector<std::array<double, 3>> usage_;  // per real queue: CPUs, MB, chips in use

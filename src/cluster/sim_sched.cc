@@ -6,8 +6,12 @@
 // gang is never starved. Shoal adds fair share (the queue with the smallest
 // dominant share goes next), best-fit adjacent placement, elastic jobs
 // that start smaller, and for a higher-priority job: shrink elastic jobs
-// first, kill (back to checkpoint) only when shrinking is not enough.
+// first, kill (back to checkpoint) only when shrinking is not enough. It
+// also weighs time: a gang without links waits for linked chips when they
+// free up before running spread would cost it more (worth_waiting), and an
+// elastic job takes the rank count that does the most work a second.
 #include <algorithm>
+#include <bit>
 #include <limits>
 
 #include "cluster/sim_engine.h"
@@ -26,25 +30,97 @@ PlaceOptions Engine::options_for(int j) const {
   return po;
 }
 
-std::optional<Placement> Engine::try_place(int j) const {
+std::optional<Placement> Engine::try_place(int j, double* declined) const {
   const JobSpec& s = tr_.jobs[j].spec;
   const PlaceOptions po = options_for(j);
+  if (s.kind == JobKind::kElastic && policy_ == Policy::kShoal) return elastic_place(j);
   auto p = place(s_, s, s.ranks, po);
-  if (p || s.kind == JobKind::kSync || policy_ != Policy::kShoal) return p;
-  // Elastic: the most ranks that fit, at least its minimum.
-  int lo = s.min_ranks, hi = s.ranks - 1;
-  auto best = place(s_, s, lo, po);
-  if (!best) return best;
-  while (lo < hi) {
-    int mid = (lo + hi + 1) / 2;
-    if (auto q = place(s_, s, mid, po)) {
-      best = q;
-      lo = mid;
-    } else {
-      hi = mid - 1;
+  if (p && policy_ == Policy::kShoal) {
+    if (double lost = worth_waiting(j, *p); lost > 0) {
+      if (declined) *declined = lost;
+      return std::nullopt;
     }
   }
+  return p;
+}
+
+std::optional<Placement> Engine::elastic_place(int j) const {
+  // The rank count, at least its minimum, whose placement does the most
+  // work a second (ranks over slowdown): four ranks on linked chips beat
+  // eight spread over the leaf switch. Counted down; no count below the
+  // best rate found can beat it (the rate never exceeds the count).
+  const JobSpec& s = tr_.jobs[j].spec;
+  const PlaceOptions po = options_for(j);
+  std::optional<Placement> best;
+  double best_rate = 0;
+  for (int c = s.ranks; c >= s.min_ranks && c > best_rate; --c) {
+    auto q = place(s_, s, c, po);
+    if (!q) continue;
+    const double rate = c / slowdown(t_, s, *q);
+    if (rate > best_rate) best = std::move(q), best_rate = rate;
+  }
   return best;
+}
+
+double Engine::time_limit(int j) const {
+  const TraceJob& tj = tr_.jobs[j];
+  return tj.spec.max_runtime_s > 0 ? tj.spec.max_runtime_s : tj.duration;
+}
+
+double Engine::linked_at(const JobSpec& s) const {
+  const int k = s.total_accels();
+  if (linked_at_.stamp != std::pair{version_, now_}) {
+    linked_at_.most_free = 0;
+    for (std::size_t n = 0; n < t_.nodes.size(); ++n)
+      if (s_.up(static_cast<int>(n)) && t_.nodes[n].links == ChipLinks::kRing)
+        linked_at_.most_free =
+            std::max(linked_at_.most_free, std::popcount(s_.free_accels(static_cast<int>(n))));
+    linked_at_.by_chips.clear();
+    linked_at_.stamp = {version_, now_};
+  }
+  if (auto it = linked_at_.by_chips.find(k); it != linked_at_.by_chips.end()) return it->second;
+  const double never = std::numeric_limits<double>::infinity();
+  auto idle_at = [&](int n) {
+    if (!s_.up(n) || t_.nodes[n].links != ChipLinks::kRing) return never;
+    // When the node is next idle: its jobs' planned ends (their limits).
+    return node_ends_[n].empty() ? now_ : std::max(now_, *node_ends_[n].rbegin());
+  };
+  double best = never;
+  for (const Switch& sw : t_.switches) {
+    if (sw.nodes.empty()) continue;
+    const int a = t_.nodes[sw.nodes[0]].accels;
+    if (a <= 0 || (k > a && k % a != 0)) continue;
+    // The earliest m consecutive nodes of the switch are all idle.
+    const std::size_t m = k <= a ? 1 : static_cast<std::size_t>(k / a);
+    for (std::size_t i = 0; i + m <= sw.nodes.size(); ++i) {
+      double at = 0;
+      for (std::size_t q = i; q < i + m; ++q) at = std::max(at, idle_at(sw.nodes[q]));
+      best = std::min(best, at);
+    }
+  }
+  return linked_at_.by_chips[k] = best;
+}
+
+double Engine::worth_waiting(int j, const Placement& p) const {
+  const TraceJob& tj = tr_.jobs[j];
+  const JobSpec& s = tj.spec;
+  if (s.links != LinkNeed::kNone || s.kind != JobKind::kSync || s.total_accels() < 2 ||
+      !place_.adjacency)
+    return 0;
+  const double lost = slowdown(t_, s, p) - 1;
+  if (lost <= 1e-9) return 0;
+  const double limit = time_limit(j);
+  // Waited so far and still to wait, against what running slow would cost.
+  return linked_at(s) - tj.submit < lost * limit ? lost : 0;
+}
+
+bool Engine::still_declined(int j) const {
+  const TraceJob& tj = tr_.jobs[j];
+  const JobSpec& s = tj.spec;
+  const double at = linked_at(s);  // refreshes linked_at_.most_free
+  if (at <= now_ || linked_at_.most_free >= s.total_accels()) return false;
+  const double limit = time_limit(j);
+  return at - tj.submit < jobs_[j].declined * limit;
 }
 
 void Engine::blame(int j) {
@@ -76,6 +152,7 @@ int Engine::pick_queue(const std::vector<std::set<Key>::iterator>& it) const {
 
 Engine::Reservation Engine::reserve(int j) const {
   const JobSpec& s = tr_.jobs[j].spec;
+
   const double need = units(s, s.ranks + s.servers);
   double free = chips_ ? s_.free_accels_total() : s_.free_cpus_total();
   // Counted from the next end on: when enough is free now but the job
@@ -135,7 +212,7 @@ void Engine::pass_backfill(bool drf) {
     const TraceJob& tj = tr_.jobs[j];
     const JobSpec& s = tj.spec;
     const double need = units(s, s.ranks + s.servers);
-    const double limit = s.max_runtime_s > 0 ? s.max_runtime_s : tj.duration;
+    const double limit = time_limit(j);
     const bool before_shadow = res && now_ + limit <= res->shadow;
     if (res && !before_shadow && need > res->extra) {
       jobs_[j].why = WaitReason::kReservation;
@@ -146,12 +223,16 @@ void Engine::pass_backfill(bool drf) {
       blame(j);
       continue;
     }
+    if (jobs_[j].declined > 0 && still_declined(j)) continue;
     ++tries;
-    if (auto p = try_place(j); p && start(j, *p)) {
+    double declined = 0;
+    if (auto p = try_place(j, &declined); p && start(j, *p)) {
       if (res && !before_shadow) res->extra -= need;
       continue;
     }
     blame(j);
+    jobs_[j].declined = declined;
+    if (declined > 0) continue;  // it could start, slowly: no reservation for it
     failed.insert(shape);
     // A job of higher priority than some running one may preempt, with or
     // without a reservation in place.
@@ -228,17 +309,23 @@ bool Engine::preempt_for(int j) {
 void Engine::grow_elastic() {
   for (const auto& q : pending_)
     if (!q.empty()) return;  // room goes to waiting jobs first
-  const std::vector<int> running(running_.begin(), running_.end());
-  for (int j : running) {
+  for (int j : running_) {   // growing changes jobs and s_, never running_
     Job& job = jobs_[j];
     const JobSpec& s = tr_.jobs[j].spec;
     if (s.kind != JobKind::kElastic || job.ranks >= s.ranks) continue;
     std::optional<Placement> more;
     for (int extra = s.ranks - job.ranks; extra > 0 && !more; extra /= 2)
       more = place(s_, s, extra, place_);
-    if (!more || !s_.take(s, more->ranks).ok()) continue;
+    if (!more) continue;
+    // Only when the job then does more work a second (under Shoal's
+    // placer a spread-out growth can slow every step by more than it adds).
+    Placement grown = job.p;
+    grown.ranks.insert(grown.ranks.end() - s.servers, more->ranks.begin(), more->ranks.end());
+    const int n = job.ranks + static_cast<int>(more->ranks.size());
+    if (n / slowdown(t_, s, grown) <= job.ranks / slowdown(t_, s, job.p)) continue;
+    if (!s_.take(s, more->ranks).ok()) continue;
     update_progress(j);
-    job.p.ranks.insert(job.p.ranks.end(), more->ranks.begin(), more->ranks.end());
+    job.p = std::move(grown);  // workers before servers, as shrink() expects
     note_slots(j, more->ranks, +1);
     job.ranks += static_cast<int>(more->ranks.size());
     set_rate(j);

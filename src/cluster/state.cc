@@ -27,12 +27,17 @@ bool ClusterState::idle(int n) const {
 int ClusterState::capacity(int n, const JobSpec& j) const {
   const Free& f = free_[n];
   if (!f.up) return 0;
-  int cap = 1 << 20;
-  if (j.cpus_per_rank > 0) cap = std::min(cap, f.cpus / j.cpus_per_rank);
-  if (j.mem_mb_per_rank > 0)
-    cap = static_cast<int>(std::min<std::int64_t>(cap, f.mem / j.mem_mb_per_rank));
-  if (j.accels_per_rank > 0) cap = std::min(cap, std::popcount(f.accels) / j.accels_per_rank);
-  return cap;
+  // Chips first: most often the bound, and zero on a full node. A division
+  // only where a bound binds (the placer asks every node, many times).
+  std::int64_t cap = 1 << 20;
+  if (j.accels_per_rank > 0) {
+    const int chips = std::popcount(f.accels);
+    cap = j.accels_per_rank == 1 ? chips : chips / j.accels_per_rank;
+    if (cap == 0) return 0;
+  }
+  if (j.cpus_per_rank > 0 && f.cpus < cap * j.cpus_per_rank) cap = f.cpus / j.cpus_per_rank;
+  if (j.mem_mb_per_rank > 0 && f.mem < cap * j.mem_mb_per_rank) cap = f.mem / j.mem_mb_per_rank;
+  return static_cast<int>(cap);
 }
 
 Status ClusterState::take(const JobSpec& j, const std::vector<RankSlot>& ranks) {

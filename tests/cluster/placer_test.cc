@@ -107,6 +107,45 @@ TEST(Placer, AnUnlinkedGangTakesLinkedChipsWhenFree) {
             0b01110100ull);
 }
 
+// A lone chip comes from the shortest free arc, so the long arc a ring
+// job needs stays whole; a scheduler that counts chips takes the lowest.
+TEST(Placer, ALoneChipKeepsTheLongestArcWhole) {
+  Topology t = generate_topology(1, 1, 16, 64000, 8, ChipLinks::kRing);
+  ClusterState s(t);
+  // Chips 2 and 5 in use: free arcs 3-4 (two) and 6-7-0-1 (four).
+  ASSERT_TRUE(s.take(job("used", 2, 1), {{0, 1ull << 2}, {0, 1ull << 5}}).ok());
+  const JobSpec one = job("one", 1, 1);
+  auto p = place(s, one, 1, {});
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->ranks[0].accels, 1ull << 3) << "the start of the arc of two";
+  ASSERT_TRUE(s.take(one, p->ranks).ok());
+  const JobSpec ring = job("ring", 4, 1, LinkNeed::kRing);
+  auto r = place(s, ring, 4, {});
+  ASSERT_TRUE(r) << "the arc of four was kept";
+  EXPECT_TRUE(adjacent(t, ring, *r));
+  PlaceOptions counts_only;
+  counts_only.adjacency = false;
+  ClusterState c(t);
+  ASSERT_TRUE(c.take(job("used", 2, 1), {{0, 1ull << 2}, {0, 1ull << 5}}).ok());
+  EXPECT_EQ(place(c, one, 1, counts_only)->ranks[0].accels, 1ull);
+}
+
+// An elastic gang placed with fewer ranks than it asked for also gets a
+// free arc of that many chips when there is one.
+TEST(Placer, FewerRanksOfAnUnlinkedGangStillTakeAnArc) {
+  Topology t = generate_topology(1, 1, 16, 64000, 8, ChipLinks::kRing);
+  ClusterState s(t);
+  ASSERT_TRUE(s.take(job("used", 2, 1), {{0, 1ull << 0}, {0, 1ull << 3}}).ok());
+  JobSpec e = job("elastic", 8, 1);
+  e.kind = JobKind::kElastic;
+  e.min_ranks = 2;
+  auto p = place(s, e, 4, {});
+  ASSERT_TRUE(p);
+  std::uint64_t mask = 0;
+  for (const RankSlot& r : p->ranks) mask |= r.accels;
+  EXPECT_EQ(mask, 0b11110000ull) << "the free arc 4-7, not the lowest chips 1,2,4,5";
+}
+
 TEST(Placer, BestFitKeepsWholeNodesFree) {
   Topology t = generate_topology(4, 4, 16, 64000, 8, ChipLinks::kNone);
   ClusterState best(t), first(t);

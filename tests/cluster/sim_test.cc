@@ -43,9 +43,13 @@ TEST(Simulator, TenThousandJobsOnAThousandNodes) {
   Topology t = generate_topology(1000, 32, 64, 512000, 8, ChipLinks::kRing);
   Trace tr = synthetic_trace(t, {});
   ASSERT_EQ(tr.jobs.size(), 10000u);
+  const double ceiling = goodput_ceiling(t, tr);
+  EXPECT_GT(ceiling, 0.8);
+  EXPECT_LT(ceiling, 0.9);
   for (Policy p : {Policy::kFifoFirstFit, Policy::kBackfill, Policy::kShoal}) {
     SimReport r = simulate(t, tr, p, {});
     expect_sound(r);
+    EXPECT_LE(r.goodput, ceiling) << r.policy;
     std::printf("%s", format_reports({r}).c_str());
     if (p == Policy::kShoal) {
       EXPECT_GT(r.linked_jobs, 500);
@@ -250,6 +254,64 @@ TEST(PaiTrace, LoadsJobsFromTaskRows) {
                                         "has 10"),
             std::string::npos)
       << bad.status().message();
+}
+
+// A gang without links that would run spread over two nodes waits for a
+// node's chip ring when one frees up before running slowly would cost it
+// more; when the wait would be longer, it starts at once, spread.
+TEST(Simulator, AGangWaitsForLinkedChipsOnlyWhenThatIsSooner) {
+  Topology t = generate_topology(2, 2, 64, 512000, 8, ChipLinks::kRing);
+  for (double blocker : {100.0, 100000.0}) {
+    Trace tr;
+    tr.jobs.push_back(tj("a", 0, blocker, 5));  // n0 (five of eight chips)
+    tr.jobs.push_back(tj("b", 0, 1e6, 5));      // n1
+    tr.jobs.push_back(tj("gang", 1, 1000, 6));  // 3 + 3 free: spread now
+    tr.jobs[2].spec.comm_fraction = 0.3;        // spread: 3.1x as long (leaf vs chip ring)
+    for (Policy p : {Policy::kTopoBackfill, Policy::kShoal}) {
+      SimReport r = simulate(t, tr, p, {});
+      expect_sound(r);
+      const bool waits = p == Policy::kShoal && blocker < 1000;
+      EXPECT_DOUBLE_EQ(r.first_start[2], waits ? blocker : 1) << r.policy << " " << blocker;
+      // Linked, it ends 1000 s after its start; spread, it runs longer.
+      if (waits) {
+        EXPECT_EQ(r.wait_reason[2], WaitReason::kShape);
+        EXPECT_NEAR(r.end[2], blocker + 1000, 1e-6);
+      } else {
+        EXPECT_GT(r.end[2], 1 + 1000 * 1.5) << r.policy;
+      }
+    }
+  }
+}
+
+// An elastic job takes the rank count that does the most work a second:
+// four ranks on a free arc, not seven spread over two nodes.
+TEST(Simulator, AnElasticJobTakesTheCountThatWorksFastest) {
+  Topology t = generate_topology(2, 2, 64, 512000, 8, ChipLinks::kRing);
+  Trace tr;
+  tr.jobs.push_back(tj("a", 0, 1e6, 4));  // n0: chips 0-3
+  tr.jobs.push_back(tj("b", 0, 1e6, 5));  // n1: chips 0-4
+  tr.jobs.push_back(tj("elastic", 1, 1000, 8, JobKind::kElastic));
+  tr.jobs[2].spec.min_ranks = 2;
+  tr.jobs[2].spec.comm_fraction = 0.3;
+  SimReport r = simulate(t, tr, Policy::kShoal, {});
+  expect_sound(r);
+  EXPECT_DOUBLE_EQ(r.first_start[2], 1);
+  // Four linked ranks of eight: half the rate, no slowdown (2000 s); seven
+  // spread would take 1000 * 8/7 * 3.1 (the leaf's cost over the ring's).
+  EXPECT_NEAR(r.end[2], 1 + 2000, 1e-6) << format_reports({r});
+}
+
+// The ceiling: each job's chips from its submit to its end or the last
+// submit, over the cluster's chips for the window.
+TEST(Simulator, TheGoodputCeilingCountsWorkInsideTheWindow) {
+  Topology t = generate_topology(1, 1, 64, 512000, 8, ChipLinks::kRing);
+  Trace tr;
+  tr.jobs.push_back(tj("a", 0, 100, 4));   // 4 chips x 100 s, all inside
+  tr.jobs.push_back(tj("b", 50, 200, 2));  // 2 chips x 50 s inside (to 100)
+  tr.jobs.push_back(tj("c", 100, 50, 8));  // submitted at the window's end
+  EXPECT_DOUBLE_EQ(goodput_ceiling(t, tr), (4 * 100 + 2 * 50) / (8.0 * 100));
+  SimReport r = simulate(t, tr, Policy::kShoal, {});
+  EXPECT_NEAR(r.goodput, goodput_ceiling(t, tr), 1e-9) << "nothing waits, nothing is slowed";
 }
 
 // Fair share: two tenants with the same demand, one submitting a moment
