@@ -192,8 +192,13 @@ void Engine::pass_backfill(bool drf) {
   // that moved with it would starve the big gangs of every queue in turn.
   if (holder_ >= 0 && !jobs_[holder_].pending) holder_ = -1;
   if (holder_ >= 0) {
-    auto p = try_place(holder_);
-    if ((p && start(holder_, *p)) || (drf && preempt_for(holder_))) {
+    double declined = 0;
+    auto p = try_place(holder_, &declined);
+    if ((p && start(holder_, *p)) || (drf && declined == 0 && preempt_for(holder_))) {
+      holder_ = -1;
+    } else if (declined > 0) {  // it can start now, slowly: it holds nothing
+      blame(holder_);
+      jobs_[holder_].declined = declined;
       holder_ = -1;
     } else {
       blame(holder_);
@@ -302,7 +307,10 @@ bool Engine::preempt_for(int j) {
       ++r_.kills;
     }
   }
-  auto p = try_place(j);
+  // It takes what it preempted for, linked or not: declining it now
+  // (worth_waiting) would leave the victims' chips idle, and they would
+  // restart where they were, to be preempted again.
+  auto p = h.kind == JobKind::kElastic ? try_place(j) : place(s_, h, h.ranks, options_for(j));
   return p && start(j, *p);
 }
 

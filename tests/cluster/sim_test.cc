@@ -301,6 +301,24 @@ TEST(Simulator, AnElasticJobTakesTheCountThatWorksFastest) {
   EXPECT_NEAR(r.end[2], 1 + 2000, 1e-6) << format_reports({r});
 }
 
+// A gang that preempts takes the chips it preempted for, linked or not:
+// declining them (to wait for linked chips) would kill the victims for
+// nothing, and they would be killed again each time they restart there.
+TEST(Simulator, AGangThatPreemptsTakesWhatItPreemptedFor) {
+  Topology t = generate_topology(2, 2, 64, 512000, 8, ChipLinks::kRing);
+  Trace tr;
+  tr.jobs.push_back(tj("hi0", 0, 100, 5, JobKind::kSync, 10));  // n0, not a victim
+  tr.jobs.push_back(tj("hi1", 0, 100, 5, JobKind::kSync, 10));  // n1
+  tr.jobs.push_back(tj("lo0", 0, 1e5, 3));                      // the rest of n0
+  tr.jobs.push_back(tj("lo1", 0, 1e5, 3));                      // of n1
+  tr.jobs.push_back(tj("urgent", 1, 1000, 6, JobKind::kSync, 10));
+  tr.jobs[4].spec.comm_fraction = 0.3;  // spread over two nodes: 3.1x as long
+  SimReport r = simulate(t, tr, Policy::kShoal, {});
+  expect_sound(r);
+  EXPECT_DOUBLE_EQ(r.first_start[4], 1);
+  EXPECT_EQ(r.kills, 2) << format_reports({r});
+}
+
 // The ceiling: each job's chips from its submit to its end or the last
 // submit, over the cluster's chips for the window.
 TEST(Simulator, TheGoodputCeilingCountsWorkInsideTheWindow) {
