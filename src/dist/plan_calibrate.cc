@@ -263,7 +263,7 @@ Status read_splits(comm::Communicator& c, const graph::Graph& forward, Calibrati
     if (c.rank() != 0) continue;
     cal.tp[t] = tp_shape(forward, t, collective::register_communicator(grp, false));
     cal.pp[t] = pp_shape(forward, t);
-    cal.pp_interleaved[t] = pp_shape(forward, t, 2);
+    for (int v : kPpVirtual) cal.pp_interleaved[v][t] = pp_shape(forward, t, v);
   }
   return ok_status();
 }

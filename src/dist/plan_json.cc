@@ -63,14 +63,17 @@ std::string calibration_json(const Calibration& c) {
                        {"param_ratio", s.param_ratio},
                        {"arena_ratio", s.arena_ratio},
                        {"collective_bytes_per_row", s.collective_bytes_per_row}});
-  for (int chunks : {1, 2})
-    for (const auto& [p, s] : chunks == 1 ? c.pp : c.pp_interleaved)
+  auto put_pp = [&j](int chunks, const std::map<int, PpShape>& by_size) {
+    for (const auto& [p, s] : by_size)
       j["pp"].push_back({{"size", p},
                          {"chunks", chunks},
                          {"refused", s.refused},
                          {"stage_share", s.stage_share},
                          {"param_share", s.param_share},
                          {"boundary_bytes_per_row", s.boundary_bytes_per_row}});
+  };
+  put_pp(1, c.pp);
+  for (const auto& [v, by_size] : c.pp_interleaved) put_pp(v, by_size);
   for (const auto& [g, f] : c.allreduce)
     j["allreduce"].push_back({{"group", g.size},
                               {"stride", g.stride},
@@ -120,9 +123,9 @@ Result<Calibration> parse_calibration(const std::string& text) {
       s.param_share = e.at("param_share").get<double>();
       s.boundary_bytes_per_row = e.at("boundary_bytes_per_row").get<double>();
       const int chunks = e.value("chunks", 1);
-      if (chunks != 1 && chunks != 2)
+      if (chunks < 1 || chunks > 64)
         return invalid_argument("plan calibration: a pipeline of {} chunks a rank", chunks);
-      (chunks == 1 ? c.pp : c.pp_interleaved)[e.at("size").get<int>()] = s;
+      (chunks == 1 ? c.pp : c.pp_interleaved[chunks])[e.at("size").get<int>()] = s;
     }
     c.cores = j.value("cores", 1);
     c.hosts = j.value("hosts", 1);

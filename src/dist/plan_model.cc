@@ -176,8 +176,10 @@ std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r) {
         if (P > 1) {
           ways.push_back(l);
           ways.back().pp_schedule = "gpipe";
-          ways.push_back(l);
-          ways.back().pp_virtual = 2;
+          for (int v : kPpVirtual) {
+            ways.push_back(l);
+            ways.back().pp_virtual = v;
+          }
         }
         for (const Layout& w : ways)
           for (int zero = 0; zero <= (D > 1 ? 3 : 0); ++zero) {
@@ -339,7 +341,7 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
   s.rows = k.batch / s.m;
   s.p = variant_at(c, s.rows, variant_key(k.precision, k.recompute));
   if (s.T > 1) s.tp = c.tp.at(s.T);
-  if (s.P > 1) s.pp = s.v > 1 ? c.pp_interleaved.at(s.P) : c.pp.at(s.P);
+  if (s.P > 1) s.pp = s.v > 1 ? c.pp_interleaved.at(s.v).at(s.P) : c.pp.at(s.P);
   s.share = s.tp.param_ratio * s.pp.param_share;
   price_step(c, s, k);
   k.memory_bytes = price_memory(s, l, zero);
@@ -357,7 +359,9 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r, const Calibration& c) 
     variants.emplace_back(key.substr(0, key.find('/')), key.substr(key.find('/') + 1));
   std::vector<Candidate> out;
   for (const auto& [l, zero] : job_layouts(r)) {
-    if (!splits(c.tp, l.tp) || !splits(l.pp_virtual > 1 ? c.pp_interleaved : c.pp, l.pp)) continue;
+    const int v = l.pp_virtual;
+    if (v > 1 && !c.pp_interleaved.count(v)) continue;  // not calibrated
+    if (!splits(c.tp, l.tp) || !splits(v > 1 ? c.pp_interleaved.at(v) : c.pp, l.pp)) continue;
     for (const auto& [precision, recompute] : variants) {
       // The trainer recomputes only a step it differentiates whole; and
       // what recomputing saves is measured under data parallelism alone:

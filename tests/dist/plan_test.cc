@@ -64,7 +64,10 @@ Calibration calibration(int ranks, int cores) {
     c.pp[p] = s;
     s.stage_share = 1.05 / p;  // finer pieces balance better
     if (p == 4) s.refused = "8 pieces of a 6-layer model";
-    c.pp_interleaved[p] = s;
+    c.pp_interleaved[2][p] = s;
+    s.stage_share = 1.02 / p;  // finer still (3 is not calibrated here: never listed)
+    if (p == 4) s.refused = "16 pieces of a 6-layer model";
+    c.pp_interleaved[4][p] = s;
   }
   for (const Group g : job_groups(request(ranks, 64))) {
     c.allreduce[g] = g.size == 2 ? LinkFit{10e-6, 0.2e-9, {}} : LinkFit{20e-6, 0.3e-9, {}};
@@ -95,7 +98,10 @@ TEST(Plan, EveryLayoutTheJobAllowsAndNoOther) {
     if (c.layout.pp_virtual > 1) {
       EXPECT_EQ(c.layout.pp, 2) << "an interleaving the calibration refused: " << c.flags();
       EXPECT_EQ(m % c.layout.pp, 0) << c.flags();
-      EXPECT_NE(c.flags().find("--pp-virtual 2"), std::string::npos) << c.flags();
+      EXPECT_NE(c.flags().find(fmt::format("--pp-virtual {}", c.layout.pp_virtual)),
+                std::string::npos)
+          << c.flags();
+      EXPECT_NE(c.layout.pp_virtual, 3) << "a split the calibration did not measure";
     }
     EXPECT_TRUE(seen.insert({c.dp, c.layout.tp, c.layout.pp, c.zero, m, c.layout.pp_schedule,
                              c.layout.pp_virtual})
@@ -105,8 +111,8 @@ TEST(Plan, EveryLayoutTheJobAllowsAndNoOther) {
   // Counted apart: (tp, pp) in {1x1: dp 4, 1x2: dp 2, 1x4: dp 1, 2x1: dp 2,
   // 2x2: dp 1}; micro-batches 1, 2, 4 (x pp with a pipeline); ZeRO 0-2 where
   // dp > 1, and 3 with one micro-batch and no pipeline; a pipeline as
-  // 1F1B, GPipe and (2 stages only) interleaved.
-  const int dp4 = 3 * 3 + 1, dp2_pp = 3 * 3 * 3, pp4 = 3 * 2, tp2 = 3 * 3 + 1, tp2pp2 = 3 * 3;
+  // 1F1B, GPipe and (2 stages only) interleaved by 2 and by 4.
+  const int dp4 = 3 * 3 + 1, dp2_pp = 3 * 3 * 4, pp4 = 3 * 2, tp2 = 3 * 3 + 1, tp2pp2 = 3 * 4;
   EXPECT_EQ(cs.size(), static_cast<std::size_t>(dp4 + dp2_pp + pp4 + tp2 + tp2pp2));
   for (std::size_t i = 1; i < cs.size(); ++i) EXPECT_LE(cs[i - 1].step_s, cs[i].step_s);
 }
@@ -161,6 +167,15 @@ TEST(Plan, GPipeHoldsMoreAndInterleavingShrinksTheBubble) {
   // gradients are alike): 4 : 2 : 2.5.
   const double fixed = a.memory_bytes - (g.memory_bytes - a.memory_bytes);
   EXPECT_NEAR((v.memory_bytes - fixed) / (a.memory_bytes - fixed), 2.5 * 1.05 / 1.1 / 2, 1e-9);
+  // Four pieces a rank: the bubble shrinks again, the hops grow again, and
+  // the first stage holds 9 pieces of a quarter stage (2 (P - 1) + 3 P + 1).
+  Layout fourfold = one;
+  fourfold.pp_virtual = 4;
+  const Candidate v4 = predict(r, c, fourfold, 0);
+  EXPECT_LT(v4.compute_s, v.compute_s);
+  EXPECT_GT(v4.transfer_s, v.transfer_s);
+  EXPECT_NEAR((v4.memory_bytes - fixed) / (a.memory_bytes - fixed), 2.25 * 1.02 / 1.1 / 2, 1e-9);
+  EXPECT_NE(v4.flags().find("--pp-virtual 4"), std::string::npos) << v4.flags();
   const std::string yaml = plan_yaml(v, r, train::TrainSettings{});
   EXPECT_NE(yaml.find("pp-virtual: 2"), std::string::npos) << yaml;
   EXPECT_NE(plan_yaml(g, r, train::TrainSettings{}).find("pp-schedule: gpipe"), std::string::npos);
@@ -300,8 +315,9 @@ TEST(Plan, TheCalibrationRoundTripsAndBadTextIsNamed) {
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(calibration_json(*back), calibration_json(c));
   EXPECT_EQ(back->tp.at(4).refused, "heads do not divide");
-  EXPECT_EQ(back->pp_interleaved.at(4).refused, "8 pieces of a 6-layer model");
-  EXPECT_EQ(back->pp_interleaved.at(2).stage_share, 1.05 / 2);
+  EXPECT_EQ(back->pp_interleaved.at(2).at(4).refused, "8 pieces of a 6-layer model");
+  EXPECT_EQ(back->pp_interleaved.at(2).at(2).stage_share, 1.05 / 2);
+  EXPECT_EQ(back->pp_interleaved.at(4).at(2).stage_share, 1.02 / 2);
   EXPECT_EQ(back->hosts, 2);
   EXPECT_EQ(back->allreduce.size(), 7u);
   c.hosts = 3;  // 4 ranks cannot be spread evenly over 3 hosts

@@ -98,8 +98,9 @@ struct Calibration {
   std::map<std::int64_t, train::StepProfile> steps;  // by micro-batch rows
   std::map<int, TpShape> tp;                         // by --tp
   std::map<int, PpShape> pp;                         // by --pp
-  std::map<int, PpShape> pp_interleaved;             // by --pp, with --pp-virtual 2
-  std::map<Group, LinkFit> allreduce;                // measured in the ranks' places
+  // Interleaved: by --pp-virtual (kPpVirtual), then by --pp.
+  std::map<int, std::map<int, PpShape>> pp_interleaved;
+  std::map<Group, LinkFit> allreduce;  // measured in the ranks' places
   // What a collective inside the step costs beyond its transfer: waiting
   // for the group's ranks while all of them compute (on a host with more
   // ranks x threads than cores, for a core), by group.
@@ -146,8 +147,10 @@ const std::vector<PlanKey>& plan_keys();
 // ZeRO stage: --tp x --pp dividing the ranks, a data-parallel share that
 // divides the samples, micro-batches 1, 2, 4 (x pp under a pipeline), ZeRO
 // 0-3 where there is a data-parallel group (3 only without micro-batches
-// or a pipeline); a pipeline also under --pp-schedule gpipe and with
-// --pp-virtual 2. Whether the model splits so is the calibration's to say.
+// or a pipeline); a pipeline also under --pp-schedule gpipe and with each
+// --pp-virtual of kPpVirtual. Whether the model splits so is the
+// calibration's to say.
+inline constexpr int kPpVirtual[] = {2, 3, 4};
 std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r);
 // The distinct micro-batch sizes those layouts use, and the groups they
 // communicate in.
