@@ -11,6 +11,7 @@
 #include <span>
 
 #include "runtime/cpu/kernels_internal.h"
+#include "runtime/cpu/layer_norm_rows.h"
 #include "runtime/cpu/vec_math.h"
 
 namespace shoal::runtime::cpu {
@@ -31,22 +32,17 @@ void row_to_bf16(std::uint16_t* y, std::int64_t n, Fill fill) {
 
 // Layer norm over rows of d: each row normalized in f32, stored bf16.
 void layer_norm_to_bf16(double eps, std::span<const Tensor> in, Tensor& out) {
-  const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
-  const float* x = in[0].data<float>();
-  const float* g = in[1].data<float>();
-  const float* b = in[2].data<float>();
+  const std::int64_t d = in[0].shape().back();
   auto* y = static_cast<std::uint16_t*>(out.raw_data());
-  const auto feps = static_cast<float>(eps);
-#pragma omp parallel for if (rows * d > kParallelGrain) schedule(static)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* p = x + r * d;
-    float m = 0, rstd = 0;
-    vec::row_stats(p, d, feps, &m, &rstd);
-    row_to_bf16(y + r * d, d, [&](std::int64_t lo, std::int64_t k, float* t) {
+  layer_norm_rows(
+      eps, in,
+      [d, y](std::int64_t r, const float* p, float m, float rstd, const float* g, const float* b) {
+        row_to_bf16(y + r * d, d, [&](std::int64_t lo, std::int64_t k, float* t) {
 #pragma omp simd
-      for (std::int64_t i = 0; i < k; ++i) t[i] = (p[lo + i] - m) * rstd * g[lo + i] + b[lo + i];
-    });
-  }
+          for (std::int64_t i = 0; i < k; ++i)
+            t[i] = (p[lo + i] - m) * rstd * g[lo + i] + b[lo + i];
+        });
+      });
 }
 
 // dx = scale * y * (dy - sum(dy * y)) along rows of n, stored bf16.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/cpu/kernels_internal.h"
+#include "runtime/cpu/layer_norm_rows.h"
 #include "runtime/cpu/vec_math.h"
 
 namespace shoal::runtime::cpu {
@@ -277,21 +278,15 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
 using vec::row_stats;
 
 void layer_norm_fwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
-  const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
-  const float* x = in[0].data<float>();
-  const float* g = in[1].data<float>();
-  const float* b = in[2].data<float>();
+  const std::int64_t d = in[0].shape().back();
   float* y = out[0].data<float>();
-  const auto feps = static_cast<float>(eps);
-#pragma omp parallel for if (rows * d > kParallelGrain) schedule(static)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* p = x + r * d;
-    float* q = y + r * d;
-    float m = 0, rstd = 0;
-    row_stats(p, d, feps, &m, &rstd);
+  layer_norm_rows(
+      eps, in,
+      [d, y](std::int64_t r, const float* p, float m, float rstd, const float* g, const float* b) {
+        float* q = y + r * d;
 #pragma omp simd
-    for (std::int64_t i = 0; i < d; ++i) q[i] = (p[i] - m) * rstd * g[i] + b[i];
-  }
+        for (std::int64_t i = 0; i < d; ++i) q[i] = (p[i] - m) * rstd * g[i] + b[i];
+      });
 }
 
 void layer_norm_bwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
