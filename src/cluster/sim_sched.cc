@@ -152,7 +152,6 @@ int Engine::pick_queue(const std::vector<std::set<Key>::iterator>& it) const {
 
 Engine::Reservation Engine::reserve(int j) const {
   const JobSpec& s = tr_.jobs[j].spec;
-
   const double need = units(s, s.ranks + s.servers);
   double free = chips_ ? s_.free_accels_total() : s_.free_cpus_total();
   // Counted from the next end on: when enough is free now but the job
