@@ -17,19 +17,6 @@
 namespace shoal::runtime::cpu {
 namespace {
 
-// n values of one row stored as bf16 at y, computed in f32 by
-// fill(lo, k, tmp) (tmp[i] = value lo + i) in chunks that stay in L1.
-template <typename Fill>
-void row_to_bf16(std::uint16_t* y, std::int64_t n, Fill fill) {
-  constexpr std::int64_t kChunk = 512;
-  alignas(64) float tmp[kChunk];
-  for (std::int64_t lo = 0; lo < n; lo += kChunk) {
-    const std::int64_t k = std::min(kChunk, n - lo);
-    fill(lo, k, tmp);
-    to_bf16_serial(tmp, y + lo, k);
-  }
-}
-
 // Layer norm over rows of d: each row normalized in f32, stored bf16.
 void layer_norm_to_bf16(double eps, std::span<const Tensor> in, Tensor& out) {
   const std::int64_t d = in[0].shape().back();
@@ -37,7 +24,7 @@ void layer_norm_to_bf16(double eps, std::span<const Tensor> in, Tensor& out) {
   layer_norm_rows(
       eps, in,
       [d, y](std::int64_t r, const float* p, float m, float rstd, const float* g, const float* b) {
-        row_to_bf16(y + r * d, d, [&](std::int64_t lo, std::int64_t k, float* t) {
+        chunks_to_bf16(y + r * d, d, [&](std::int64_t lo, std::int64_t k, float* t) {
 #pragma omp simd
           for (std::int64_t i = 0; i < k; ++i)
             t[i] = (p[lo + i] - m) * rstd * g[lo + i] + b[lo + i];
@@ -55,7 +42,7 @@ void softmax_grad_to_bf16(const float* y, const float* dy, std::uint16_t* dx, st
     float dot = 0;
 #pragma omp simd reduction(+ : dot)
     for (std::int64_t j = 0; j < n; ++j) dot += gr[j] * yr[j];
-    row_to_bf16(dx + r * n, n, [&](std::int64_t lo, std::int64_t k, float* t) {
+    chunks_to_bf16(dx + r * n, n, [&](std::int64_t lo, std::int64_t k, float* t) {
 #pragma omp simd
       for (std::int64_t j = 0; j < k; ++j) t[j] = scale * yr[lo + j] * (gr[lo + j] - dot);
     });

@@ -74,21 +74,20 @@ void gelu_grad_f32(const float* x, const float* dy, float* dx, std::int64_t n) {
     dx[i] = dy[i] * (phi_scalar(x[i]) + x[i] * kInvSqrt2Pi * std::exp(-0.5f * x[i] * x[i]));
 }
 
-// `f` over blocks of kBlock elements (in parallel when large), each
-// written into an L1 buffer and stored as bf16 where `y16` is set.
+// `f` over blocks of kBlock elements (in parallel when large), written
+// straight into y32, or stored as bf16 at y16 (chunks_to_bf16).
 constexpr std::int64_t kBlock = 1024;
 template <typename F>
 void blocks(std::int64_t n, float* y32, std::uint16_t* y16, F f) {
   const std::int64_t count = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for if (n > kParallelGrain) schedule(static)
   for (std::int64_t b = 0; b < count; ++b) {
-    alignas(64) float tmp[kBlock];
     const std::int64_t lo = b * kBlock, m = std::min(kBlock, n - lo);
     if (y16 == nullptr) {
       f(lo, m, y32 + lo);
     } else {
-      f(lo, m, tmp);
-      to_bf16_serial(tmp, y16 + lo, m);
+      chunks_to_bf16(y16 + lo, m,
+                     [&](std::int64_t sub, std::int64_t k, float* t) { f(lo + sub, k, t); });
     }
   }
 }

@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "shoal/runtime/kernel.h"
@@ -130,6 +131,19 @@ void add_writer(KernelRegistry& r, const char* op, KernelFactory bf16);
 // parallel above kParallelGrain, or on the calling thread.
 void to_bf16(const float* x, std::uint16_t* y, std::int64_t n);
 void to_bf16_serial(const float* x, std::uint16_t* y, std::int64_t n);
+// n values stored as bf16 at y, computed in f32 by fill(lo, k, tmp)
+// (tmp[i] = value lo + i) in chunks that stay in L1: the one way the bf16
+// writers (bf16_writers.cc, gelu.cc) store what they compute.
+template <typename Fill>
+void chunks_to_bf16(std::uint16_t* y, std::int64_t n, Fill fill) {
+  constexpr std::int64_t kChunk = 512;
+  alignas(64) float tmp[kChunk];
+  for (std::int64_t lo = 0; lo < n; lo += kChunk) {
+    const std::int64_t k = std::min(kChunk, n - lo);
+    fill(lo, k, tmp);
+    to_bf16_serial(tmp, y + lo, k);
+  }
+}
 void register_shape_ops(KernelRegistry& r);
 void register_nn(KernelRegistry& r);
 void register_norms(KernelRegistry& r);  // norm_ref.cc
