@@ -8,6 +8,31 @@
 
 namespace shoal::cluster {
 
+namespace {
+
+// What `slots` ranks of s hold of what the report counts: chips (workers
+// only), or CPUs on a chipless cluster.
+double units_of(const JobSpec& s, int slots, bool chips) {
+  return chips ? static_cast<double>(slots - s.servers) * s.accels_per_rank
+               : static_cast<double>(slots) * s.cpus_per_rank;
+}
+
+}  // namespace
+
+double goodput_ceiling(const Topology& t, const Trace& tr) {
+  if (tr.jobs.empty()) return 0;
+  const bool chips = t.total_accels() > 0;
+  const double first = tr.jobs.front().submit, last = tr.jobs.back().submit;
+  const double cap = (chips ? t.total_accels() : t.total_cpus()) * (last - first);
+  if (cap <= 0) return 0;
+  double work = 0;
+  for (const TraceJob& j : tr.jobs) {
+    const double held = std::min(last, j.submit + j.duration) - j.submit;
+    if (held > 0) work += held * units_of(j.spec, j.spec.ranks + j.spec.servers, chips);
+  }
+  return std::min(1.0, work / cap);
+}
+
 const char* policy_name(Policy p) {
   switch (p) {
     case Policy::kFifoFirstFit:
@@ -40,10 +65,7 @@ Engine::Engine(const Topology& t, const Trace& tr, Policy p, const SimOptions& o
             static_cast<double>(t.total_accels())};
 }
 
-double Engine::units(const JobSpec& s, int slots) const {
-  return chips_ ? static_cast<double>(slots - s.servers) * s.accels_per_rank
-                : static_cast<double>(slots) * s.cpus_per_rank;
-}
+double Engine::units(const JobSpec& s, int slots) const { return units_of(s, slots, chips_); }
 
 double Engine::dominant_share(int q) const {
   const auto& u = usage_[q];

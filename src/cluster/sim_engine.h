@@ -89,14 +89,16 @@ class Engine {
   // ones of one switch, all idle by their jobs' planned ends. Conservative
   // for a ring inside a node (an arc may free up before the whole node).
   double linked_at(const JobSpec& s) const;
-  double time_limit(int j) const;  // max_runtime_s, else the duration
+  double time_limit(int j) const;          // max_runtime_s, else the duration
   struct LinkedAtCache {                   // valid while nothing starts, stops or is re-planned
     std::pair<long, double> stamp{-1, 0};  // (version_, now_)
     int most_free = 0;                     // free chips of the freest ring node
     std::map<int, double> by_chips;
   };
   mutable LinkedAtCache linked_at_;
-  long version_ = 0;                      // bumped by set_rate and drop_end
+  // Bumped when a planned end or a node's state changes (drop_end, which
+  // set_rate and stop call; fail; repair).
+  long version_ = 0;
   PlaceOptions options_for(int j) const;  // place_, without adjacency it can never have
   void blame(int j);                      // its try failed: no room, or no room in its shape
   bool preempt_for(int j);

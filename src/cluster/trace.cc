@@ -20,22 +20,6 @@ int widest_node_chips(const Topology& t) {
 
 }  // namespace
 
-double goodput_ceiling(const Topology& t, const Trace& tr) {
-  if (tr.jobs.empty()) return 0;
-  const bool chips = t.total_accels() > 0;
-  const double first = tr.jobs.front().submit, last = tr.jobs.back().submit;
-  const double cap = (chips ? t.total_accels() : t.total_cpus()) * (last - first);
-  if (cap <= 0) return 0;
-  double work = 0;
-  for (const TraceJob& j : tr.jobs) {
-    const double held = std::min(last, j.submit + j.duration) - j.submit;
-    const int units = chips ? j.spec.ranks * j.spec.accels_per_rank
-                            : (j.spec.ranks + j.spec.servers) * j.spec.cpus_per_rank;
-    if (held > 0) work += held * units;
-  }
-  return std::min(1.0, work / cap);
-}
-
 Trace synthetic_trace(const Topology& t, const SyntheticOptions& o) {
   std::mt19937_64 rng(o.seed);
   std::uniform_real_distribution<double> u(0, 1);

@@ -12,7 +12,6 @@
 
 #include "runtime/cpu/kernels_internal.h"
 #include "runtime/cpu/layer_norm_rows.h"
-#include "runtime/cpu/vec_math.h"
 
 namespace shoal::runtime::cpu {
 namespace {
