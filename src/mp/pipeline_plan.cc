@@ -20,6 +20,35 @@ double node_cost(const graph::Graph& g, const graph::Node& n) {
   return out;
 }
 
+// A collective of the graph's inputs alone (sequence parallelism's
+// tp_copy of a norm's scale: its gradient summed over the tensor group) is
+// ready from the start, and a topological order may put it pieces before
+// the op that reads it: that piece would hold the parameter, the reader's
+// none, and every cut between them would carry two values. Each such node
+// goes right before its first reader.
+std::vector<int> beside_readers(const graph::Graph& g, const std::vector<int>& order) {
+  std::set<int> early;
+  for (int id : order) {
+    const graph::Node& n = g.node(id);
+    if (n.op == "input" || !n.attrs.has("comm")) continue;
+    const bool inputs_only = std::all_of(n.inputs.begin(), n.inputs.end(), [&](graph::Value v) {
+      return g.node(v.node).op == "input" || g.node(v.node).op == "constant";
+    });
+    if (inputs_only) early.insert(id);
+  }
+  std::vector<int> out;
+  std::set<int> placed;
+  for (int id : order) {
+    if (early.count(id)) continue;
+    for (const graph::Value& v : g.node(id).inputs)
+      if (early.count(v.node) && placed.insert(v.node).second) out.push_back(v.node);
+    out.push_back(id);
+  }
+  for (int id : order)  // read by nothing
+    if (early.count(id) && placed.insert(id).second) out.push_back(id);
+  return out;
+}
+
 }  // namespace
 
 bool from_inputs_only(const graph::Graph& g, int id) {
@@ -197,7 +226,8 @@ Result<PipelinePlan> plan_pipeline(const graph::Graph& g, const std::vector<grap
                                    int stages, const std::vector<std::size_t>& cuts,
                                    const Interleave& il) {
   if (stages < 1) return invalid_argument("pipeline: {} stages", stages);
-  SHOAL_ASSIGN_OR_RETURN(std::vector<int> all, g.topo_order());
+  SHOAL_ASSIGN_OR_RETURN(std::vector<int> sorted, g.topo_order());
+  const std::vector<int> all = beside_readers(g, sorted);
   std::vector<bool> needed(static_cast<std::size_t>(g.num_nodes()), false);
   for (const auto& v : outputs) needed[static_cast<std::size_t>(v.node)] = true;
   for (auto it = all.rbegin(); it != all.rend(); ++it)

@@ -169,10 +169,17 @@ TEST(TpCli, SequenceParallelismEqualsOneProcess) {
         << r.out;
     expect_same(one.dir, r.dir, 36);
   }
-  // Stages of sequence-parallel tensor ranks (4 micro-batches of 2 rows).
-  TrainRun pp = train(tmpdir("sppp"), 4, 6, "--tp 2 --pp 2 --sequence-parallel");
-  ASSERT_EQ(pp.code, 0) << pp.out;
-  expect_same(one.dir, pp.dir, 36);
+  // Stages of sequence-parallel tensor ranks (4 micro-batches of 2 rows),
+  // also interleaved: 6 pieces of this 2-layer model, each holding the
+  // norms' scales it reads (their tp_copy placed beside the norm, not where
+  // a topological order left it: "stage 1 of 6 holds no parameter").
+  for (const char* pp_flags : {"", " --pp-virtual 3"}) {
+    SCOPED_TRACE(pp_flags);
+    TrainRun pp =
+        train(tmpdir("sppp"), 4, 6, std::string("--tp 2 --pp 2 --sequence-parallel") + pp_flags);
+    ASSERT_EQ(pp.code, 0) << pp.out;
+    expect_same(one.dir, pp.dir, 36);
+  }
   TrainRun o16 = one_process("sp16", 16, 6);
   ASSERT_EQ(o16.code, 0) << o16.out;
   const std::string one16 = o16.dir;
