@@ -83,6 +83,7 @@ def run_layout(args, model_flags, cand, ranks, tmp, i):
             "zero": cand["zero"], "micro-batches": cand["micro_batches"],
             "pp-schedule": cand.get("pp_schedule", "1f1b"), "pp-virtual": cand.get("pp_virtual", 1),
             "precision": cand["precision"], "recompute": cand["recompute"],
+            "sequence-parallel": "true" if cand.get("sequence_parallel") else "false",
             "plan-ranks": ranks, "plan-step-seconds": cand["step_s"],
             "plan-compute-seconds": cand["compute_s"], "plan-comm-seconds": cand["comm_s"],
             "plan-memory-bytes": int(cand["memory_bytes"])}

@@ -150,6 +150,9 @@ int run_plan(PlanFlags& f) {
     }
   for (const auto& [t, s] : cal->tp)
     if (!s.refused.empty()) fmt::print("  --tp {}: not possible: {}\n", t, s.refused);
+  for (const auto& [t, s] : cal->tp_sequence)
+    if (!s.refused.empty() && cal->tp.count(t) && cal->tp.at(t).refused.empty())
+      fmt::print("  --tp {} --sequence-parallel: not possible: {}\n", t, s.refused);
   for (const auto& [p, s] : cal->pp)
     if (!s.refused.empty()) fmt::print("  --pp {}: not possible: {}\n", p, s.refused);
   const auto cands = dist::plan_layouts(r, *cal);

@@ -261,7 +261,9 @@ Status read_splits(comm::Communicator& c, const graph::Graph& forward, Calibrati
       grp = groups.back().get();
     }
     if (c.rank() != 0) continue;
-    cal.tp[t] = tp_shape(forward, t, collective::register_communicator(grp, false));
+    const std::int64_t id = collective::register_communicator(grp, false);
+    cal.tp[t] = tp_shape(forward, t, id);
+    cal.tp_sequence[t] = tp_shape(forward, t, id, true);
     cal.pp[t] = pp_shape(forward, t);
     for (int v : kPpVirtual) cal.pp_interleaved[v][t] = pp_shape(forward, t, v);
   }

@@ -11,8 +11,9 @@ namespace shoal::dist {
 
 std::int64_t forward_rows(const graph::Graph& g);  // input x's first dimension
 // `comm_id`: a registered communicator of T ranks (the rewrite reads its
-// rank and size; nothing is sent).
-TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id);
+// rank and size; nothing is sent). `sequence`: with mp::shard_sequence
+// after the split (--sequence-parallel).
+TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id, bool sequence = false);
 PpShape pp_shape(const graph::Graph& g, int P, int chunks = 1);
 // The sub-communicator of `world` ranks that `g` puts `rank` in (a split's
 // color; -1: none, the rank sits out).

@@ -55,14 +55,21 @@ std::string calibration_json(const Calibration& c) {
     e["rows"] = rows;
     j["steps"].push_back(e);
   }
-  for (const auto& [t, s] : c.tp)
-    j["tp"].push_back({{"size", t},
-                       {"refused", s.refused},
-                       {"product_ratio", s.product_ratio},
-                       {"other_ratio", s.other_ratio},
-                       {"param_ratio", s.param_ratio},
-                       {"arena_ratio", s.arena_ratio},
-                       {"collective_bytes_per_row", s.collective_bytes_per_row}});
+  auto put_tp = [&j](bool sequence, const std::map<int, TpShape>& by_size) {
+    for (const auto& [t, s] : by_size)
+      j["tp"].push_back({{"size", t},
+                         {"sequence_parallel", sequence},
+                         {"refused", s.refused},
+                         {"product_ratio", s.product_ratio},
+                         {"other_ratio", s.other_ratio},
+                         {"param_ratio", s.param_ratio},
+                         {"arena_ratio", s.arena_ratio},
+                         {"collective_bytes_per_row", s.collective_bytes_per_row},
+                         {"shard_bytes_per_row", s.shard_bytes_per_row},
+                         {"param_sum_bytes", s.param_sum_bytes}});
+  };
+  put_tp(false, c.tp);
+  put_tp(true, c.tp_sequence);
   auto put_pp = [&j](int chunks, const std::map<int, PpShape>& by_size) {
     for (const auto& [p, s] : by_size)
       j["pp"].push_back({{"size", p},
@@ -114,7 +121,9 @@ Result<Calibration> parse_calibration(const std::string& text) {
       s.param_ratio = e.at("param_ratio").get<double>();
       s.arena_ratio = e.value("arena_ratio", 0.0);
       s.collective_bytes_per_row = e.at("collective_bytes_per_row").get<std::vector<double>>();
-      c.tp[e.at("size").get<int>()] = s;
+      s.shard_bytes_per_row = e.value("shard_bytes_per_row", std::vector<double>{});
+      s.param_sum_bytes = e.value("param_sum_bytes", std::vector<double>{});
+      (e.value("sequence_parallel", false) ? c.tp_sequence : c.tp)[e.at("size").get<int>()] = s;
     }
     for (const auto& e : j.value("pp", nlohmann::json::array())) {
       PpShape s;

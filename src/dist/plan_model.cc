@@ -148,6 +148,7 @@ std::string variant_key(const std::string& precision, const std::string& recompu
 
 std::string Candidate::flags() const {
   std::string s = fmt::format("--dp {} --tp {} --pp {}", dp, layout.tp, layout.pp);
+  if (layout.sequence_parallel) s += " --sequence-parallel";
   if (zero > 0) s += fmt::format(" --zero {}", zero);
   s += fmt::format(" --micro-batches {} --batch {}", micro_batches(layout), batch);
   if (layout.pp_schedule != "1f1b") s += " --pp-schedule " + layout.pp_schedule;
@@ -171,7 +172,8 @@ std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r) {
         l.micro_batches = P > 1 ? P * k : k;
         if (b % l.micro_batches != 0) continue;
         // A pipeline also as GPipe (every forward first) and interleaved
-        // (two pieces a rank, Megatron's 1F1B over them).
+        // (v pieces a rank, Megatron's 1F1B over them); tensor parallelism
+        // each of those also with sequence parallelism.
         std::vector<Layout> ways = {l};
         if (P > 1) {
           ways.push_back(l);
@@ -181,6 +183,11 @@ std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r) {
             ways.back().pp_virtual = v;
           }
         }
+        if (T > 1)
+          for (std::size_t i = 0, n = ways.size(); i < n; ++i) {
+            ways.push_back(ways[i]);
+            ways.back().sequence_parallel = true;
+          }
         for (const Layout& w : ways)
           for (int zero = 0; zero <= (D > 1 ? 3 : 0); ++zero) {
             dp::DpOptions d;
@@ -235,9 +242,24 @@ void price_step(const Calibration& c, const Split& s, Candidate& k) {
   const int T = s.T, P = s.P, D = s.D, m = s.m, zero = k.zero;
   const train::StepProfile& p = s.p;
   const Group tp_group{T, 1}, pp_group{2, T, 0, T * P}, dp_group{D, T * P};
+  const double rows = static_cast<double>(s.rows);
   double tp_mb = 0;
   for (double b : s.tp.collective_bytes_per_row)
-    tp_mb += allreduce_s(c, tp_group, b * static_cast<double>(s.rows)) + sync_s(c, tp_group);
+    tp_mb += allreduce_s(c, tp_group, b * rows) + sync_s(c, tp_group);
+  // A reduce-scatter or all-gather moves half an all-reduce's bytes (a
+  // ring's one phase of two): priced as half of the measured all-reduce.
+  for (double b : s.tp.shard_bytes_per_row)
+    tp_mb += 0.5 * allreduce_s(c, tp_group, b * rows) + sync_s(c, tp_group);
+  // Parameters' gradient sums: one all-reduce of them all where sequence
+  // parallelism buckets them (one micro-batch, no pipeline), else one each.
+  if (!s.tp.shard_bytes_per_row.empty() && m == 1 && P == 1) {
+    double all = 0;
+    for (double b : s.tp.param_sum_bytes) all += b;
+    if (all > 0) tp_mb += allreduce_s(c, tp_group, all) + sync_s(c, tp_group);
+  } else {
+    for (double b : s.tp.param_sum_bytes)
+      tp_mb += allreduce_s(c, tp_group, b) + sync_s(c, tp_group);
+  }
   k.update_s = p.update_s * s.share / (zero >= 1 ? D : 1);
   const double stage = P > 1 ? s.pp.stage_share : 1.0;
   k.product_s = m * p.product_s * s.tp.product_ratio * stage;
@@ -340,7 +362,7 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
   s.v = l.pp_virtual;
   s.rows = k.batch / s.m;
   s.p = variant_at(c, s.rows, variant_key(k.precision, k.recompute));
-  if (s.T > 1) s.tp = c.tp.at(s.T);
+  if (s.T > 1) s.tp = l.sequence_parallel ? c.tp_sequence.at(s.T) : c.tp.at(s.T);
   if (s.P > 1) s.pp = s.v > 1 ? c.pp_interleaved.at(s.v).at(s.P) : c.pp.at(s.P);
   s.share = s.tp.param_ratio * s.pp.param_share;
   price_step(c, s, k);
@@ -361,7 +383,9 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r, const Calibration& c) 
   for (const auto& [l, zero] : job_layouts(r)) {
     const int v = l.pp_virtual;
     if (v > 1 && !c.pp_interleaved.count(v)) continue;  // not calibrated
-    if (!splits(c.tp, l.tp) || !splits(v > 1 ? c.pp_interleaved.at(v) : c.pp, l.pp)) continue;
+    if (!splits(l.sequence_parallel ? c.tp_sequence : c.tp, l.tp) ||
+        !splits(v > 1 ? c.pp_interleaved.at(v) : c.pp, l.pp))
+      continue;
     for (const auto& [precision, recompute] : variants) {
       // The trainer recomputes only a step it differentiates whole; and
       // what recomputing saves is measured under data parallelism alone:
@@ -400,6 +424,7 @@ std::string candidates_json(const std::vector<Candidate>& cs) {
     j.push_back({{"flags", c.flags()},
                  {"dp", c.dp},
                  {"tp", c.layout.tp},
+                 {"sequence_parallel", c.layout.sequence_parallel},
                  {"pp", c.layout.pp},
                  {"zero", c.zero},
                  {"micro_batches", micro_batches(c.layout)},
@@ -439,6 +464,7 @@ std::string plan_yaml(const Candidate& c, const PlanRequest& r, const train::Tra
   e << YAML::Key << "batch" << YAML::Value << c.batch;
   e << YAML::Key << "dp" << YAML::Value << c.dp;
   e << YAML::Key << "tp" << YAML::Value << c.layout.tp;
+  if (c.layout.sequence_parallel) e << YAML::Key << "sequence-parallel" << YAML::Value << true;
   e << YAML::Key << "pp" << YAML::Value << c.layout.pp;
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   e << YAML::Key << "micro-batches" << YAML::Value << micro_batches(c.layout);

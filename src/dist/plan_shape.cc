@@ -17,10 +17,13 @@ double bytes_of(const graph::TensorType& t) {
 }
 
 // Products' FLOPs, other ops' output elements, parameter bytes, and the
-// bytes of each tensor-parallel collective.
+// bytes of each tensor-parallel collective: all-reduces (tp_copy's in the
+// backward, tp_allreduce's in the forward), sequence parallelism's
+// reduce-scatters and all-gathers (the whole tensor's bytes), and its sums
+// of parameter gradients (a bucket's outputs).
 struct Sums {
   double flops = 0, elements = 0, params = 0;
-  std::vector<double> collectives;
+  std::vector<double> collectives, shards, param_sums;
 };
 
 Sums sums(const graph::Graph& g) {
@@ -33,7 +36,21 @@ Sums sums(const graph::Graph& g) {
     }
     if (n.op == "constant") continue;
     if (n.op == "tp_copy" || n.op == "tp_allreduce") {
-      s.collectives.push_back(bytes_of(n.outputs[0]));
+      const bool param = n.op == "tp_copy" && g.node(n.inputs[0].node).op == "input" &&
+                         g.node(n.inputs[0].node).name.starts_with("param/");
+      (param ? s.param_sums : s.collectives).push_back(bytes_of(n.outputs[0]));
+      continue;
+    }
+    if (n.op == "tp_copy_bucket") {
+      for (const auto& t : n.outputs) s.param_sums.push_back(bytes_of(t));
+      continue;
+    }
+    if (n.op == "reduce_scatter") {  // the whole input's bytes
+      s.shards.push_back(bytes_of(g.type(n.inputs[0])));
+      continue;
+    }
+    if (n.op == "allgather") {
+      s.shards.push_back(bytes_of(n.outputs[0]));
       continue;
     }
     if (const double f = graph::node_flops(g, n); f > 0) {
@@ -77,7 +94,7 @@ std::int64_t forward_rows(const graph::Graph& g) {
   return std::max<std::int64_t>(g.type(*x).shape[0], 1);
 }
 
-TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id) {
+TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id, bool sequence) {
   TpShape s;
   mp::register_tensor_parallel_ops();
   auto plan = mp::plan_tensor_parallel(g, T);
@@ -94,6 +111,21 @@ TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id) {
     s.refused = st.message();
     return s;
   }
+  if (sequence) {
+    // As the trainer rewrites a step of one micro-batch (its parameters'
+    // gradient sums in one bucket).
+    std::vector<std::string> why;
+    auto regions = mp::shard_sequence(split, comm_id, &why, true);
+    if (!regions.ok()) {
+      s.refused = regions.status().message();
+      return s;
+    }
+    if (*regions == 0) {
+      s.refused = why.empty() ? "no row-wise ops between the tensor-parallel regions"
+                              : "no region of row-wise ops splits: " + why.front();
+      return s;
+    }
+  }
   const Sums whole = sums(g), mine = sums(split);
   s.product_ratio = ratio(mine.flops, whole.flops);
   s.other_ratio = ratio(mine.elements, whole.elements);
@@ -104,6 +136,8 @@ TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id) {
   if (arena_whole > 0 && arena_mine > 0) s.arena_ratio = arena_mine / arena_whole;
   const double rows = static_cast<double>(forward_rows(g));
   for (double b : mine.collectives) s.collective_bytes_per_row.push_back(b / rows);
+  for (double b : mine.shards) s.shard_bytes_per_row.push_back(b / rows);
+  s.param_sum_bytes = mine.param_sums;
   return s;
 }
 

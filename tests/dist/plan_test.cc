@@ -54,7 +54,17 @@ Calibration calibration(int ranks, int cores) {
   t2.arena_ratio = 0.6;
   t2.collective_bytes_per_row = {4096, 4096, 4096, 4096};
   c.tp[2] = t2;
-  if (ranks >= 4) c.tp[4].refused = "heads do not divide";
+  // With sequence parallelism the norms and residual adds run on half the
+  // rows: less other work and arena, each all-reduce a reduce-scatter and
+  // an all-gather, and the parameters the rows read summed.
+  TpShape sp = t2;
+  sp.other_ratio = 0.55;
+  sp.arena_ratio = 0.5;
+  sp.collective_bytes_per_row = {};
+  sp.shard_bytes_per_row = {4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096};
+  sp.param_sum_bytes = {512, 512, 2048};
+  c.tp_sequence[2] = sp;
+  if (ranks >= 4) c.tp[4].refused = c.tp_sequence[4].refused = "heads do not divide";
   for (int p : {2, 4}) {
     if (p > ranks) continue;
     PpShape s;
@@ -79,7 +89,7 @@ Calibration calibration(int ranks, int cores) {
 TEST(Plan, EveryLayoutTheJobAllowsAndNoOther) {
   const PlanRequest r = request(4, 64);
   const auto cs = plan_layouts(r, calibration(4, 64));
-  std::set<std::tuple<int, int, int, int, int, std::string, int>> seen;
+  std::set<std::tuple<int, int, int, int, int, std::string, int, bool>> seen;
   for (const Candidate& c : cs) {
     const int m = micro_batches(c.layout);
     EXPECT_EQ(c.dp * c.layout.tp * c.layout.pp, 4) << c.flags();
@@ -103,16 +113,22 @@ TEST(Plan, EveryLayoutTheJobAllowsAndNoOther) {
           << c.flags();
       EXPECT_NE(c.layout.pp_virtual, 3) << "a split the calibration did not measure";
     }
+    if (c.layout.sequence_parallel) {
+      EXPECT_EQ(c.layout.tp, 2) << c.flags();
+      EXPECT_NE(c.flags().find("--sequence-parallel"), std::string::npos) << c.flags();
+    }
     EXPECT_TRUE(seen.insert({c.dp, c.layout.tp, c.layout.pp, c.zero, m, c.layout.pp_schedule,
-                             c.layout.pp_virtual})
+                             c.layout.pp_virtual, c.layout.sequence_parallel})
                     .second)
         << "listed twice: " << c.flags();
   }
   // Counted apart: (tp, pp) in {1x1: dp 4, 1x2: dp 2, 1x4: dp 1, 2x1: dp 2,
   // 2x2: dp 1}; micro-batches 1, 2, 4 (x pp with a pipeline); ZeRO 0-2 where
   // dp > 1, and 3 with one micro-batch and no pipeline; a pipeline as
-  // 1F1B, GPipe and (2 stages only) interleaved by 2 and by 4.
-  const int dp4 = 3 * 3 + 1, dp2_pp = 3 * 3 * 4, pp4 = 3 * 2, tp2 = 3 * 3 + 1, tp2pp2 = 3 * 4;
+  // 1F1B, GPipe and (2 stages only) interleaved by 2 and by 4; tensor
+  // parallelism with and without sequence parallelism.
+  const int dp4 = 3 * 3 + 1, dp2_pp = 3 * 3 * 4, pp4 = 3 * 2, tp2 = 2 * (3 * 3 + 1),
+            tp2pp2 = 2 * 3 * 4;
   EXPECT_EQ(cs.size(), static_cast<std::size_t>(dp4 + dp2_pp + pp4 + tp2 + tp2pp2));
   for (std::size_t i = 1; i < cs.size(); ++i) EXPECT_LE(cs[i - 1].step_s, cs[i].step_s);
 }
@@ -179,6 +195,39 @@ TEST(Plan, GPipeHoldsMoreAndInterleavingShrinksTheBubble) {
   const std::string yaml = plan_yaml(v, r, train::TrainSettings{});
   EXPECT_NE(yaml.find("pp-virtual: 2"), std::string::npos) << yaml;
   EXPECT_NE(plan_yaml(g, r, train::TrainSettings{}).find("pp-schedule: gpipe"), std::string::npos);
+}
+
+// Sequence parallelism: half the rows' norms and adds, half the arena's
+// share, the same bytes on the wire in twice the collectives at half the
+// price each, plus the parameters' sums (one bucket with one micro-batch).
+TEST(Plan, SequenceParallelismSplitsTheRowWiseWork) {
+  const PlanRequest r = request(2, 64);  // no data-parallel all-reduce
+  const Calibration c = calibration(4, 64);
+  Layout tp;
+  tp.tp = 2;
+  Layout sp = tp;
+  sp.sequence_parallel = true;
+  const Candidate a = predict(r, c, tp, 0), b = predict(r, c, sp, 0);
+  EXPECT_NEAR(b.other_s / a.other_s, 0.55 / 0.7, 1e-9);
+  EXPECT_EQ(b.product_s, a.product_s);
+  EXPECT_LT(b.memory_bytes, a.memory_bytes);
+  // Per micro-batch: 4 all-reduces of 4096 x 64 rows against 8 halves of
+  // them, the syncs of 4 more collectives, and one bucket of 3 KiB.
+  const Group g{2, 1};
+  const double rows = 64, ar = c.allreduce.at(g).time(4096 * rows), sync = c.sync_s.at(g);
+  EXPECT_NEAR(a.allreduce_s, 4 * (ar + sync), 1e-12);
+  EXPECT_NEAR(b.allreduce_s, 8 * (ar / 2 + sync) + c.allreduce.at(g).time(3072) + sync, 1e-12);
+  // With micro-batches the parameters are summed one by one.
+  sp.micro_batches = 2;
+  const Candidate m2 = predict(r, c, sp, 0);
+  const double one = 8 * (c.allreduce.at(g).time(4096 * 32) / 2 + sync);
+  double each = 0;
+  for (double bytes : {512.0, 512.0, 2048.0}) each += c.allreduce.at(g).time(bytes) + sync;
+  EXPECT_NEAR(m2.allreduce_s, 2 * (one + each), 1e-12);
+  const std::string yaml = plan_yaml(b, r, train::TrainSettings{});
+  EXPECT_NE(yaml.find("sequence-parallel: true"), std::string::npos) << yaml;
+  EXPECT_EQ(plan_yaml(a, r, train::TrainSettings{}).find("sequence-parallel"), std::string::npos);
+  EXPECT_NE(candidates_json({b}).find("\"sequence_parallel\": true"), std::string::npos);
 }
 
 TEST(Plan, AMemoryBudgetPutsWhatFitsFirst) {
@@ -315,6 +364,9 @@ TEST(Plan, TheCalibrationRoundTripsAndBadTextIsNamed) {
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(calibration_json(*back), calibration_json(c));
   EXPECT_EQ(back->tp.at(4).refused, "heads do not divide");
+  EXPECT_EQ(back->tp_sequence.at(2).shard_bytes_per_row.size(), 8u);
+  EXPECT_EQ(back->tp_sequence.at(2).param_sum_bytes, (std::vector<double>{512, 512, 2048}));
+  EXPECT_EQ(back->tp.at(2).other_ratio, 0.7);
   EXPECT_EQ(back->pp_interleaved.at(2).at(4).refused, "8 pieces of a 6-layer model");
   EXPECT_EQ(back->pp_interleaved.at(2).at(2).stage_share, 1.05 / 2);
   EXPECT_EQ(back->pp_interleaved.at(4).at(2).stage_share, 1.02 / 2);
@@ -394,6 +446,35 @@ TEST(PlanShape, TensorParallelismHalvesTheProductsOnRealCommunicators) {
     // Per block: the attention and MLP regions' sums, forward and backward;
     // the embedding's sum.
     EXPECT_GE(s->collective_bytes_per_row.size(), 2u * 2 + 1);
+  }
+}
+
+// The same split with sequence parallelism: the norms and residual adds
+// on half the rows, every region's sum a reduce-scatter and each region's
+// input an all-gather, the norms' scales and biases summed.
+TEST(PlanShape, SequenceParallelismHalvesTheRowWiseWork) {
+  auto gpt = train::gpt_model(small_gpt(), 40);
+  ASSERT_TRUE(gpt.ok());
+  const graph::Graph g = forward(*gpt, {4, 8}, 32);
+  auto shapes = testing::run_on_ranks<std::pair<TpShape, TpShape>>(
+      2, "plan", [&](int, comm::Communicator& c) {
+        const std::int64_t id = collective::register_communicator(&c, false);
+        return Result<std::pair<TpShape, TpShape>>(
+            std::pair{tp_shape(g, 2, id), tp_shape(g, 2, id, true)});
+      });
+  for (const auto& s : shapes) {
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    const auto& [tp, sp] = *s;
+    ASSERT_EQ(sp.refused, "");
+    EXPECT_EQ(sp.product_ratio, tp.product_ratio);
+    EXPECT_LT(sp.other_ratio, tp.other_ratio);
+    EXPECT_LT(sp.arena_ratio, tp.arena_ratio);
+    EXPECT_TRUE(tp.shard_bytes_per_row.empty());
+    // Two regions a block, each opened by an all-gather and closed by a
+    // reduce-scatter.
+    EXPECT_GE(sp.shard_bytes_per_row.size(), 2u * 2 * 2);
+    EXPECT_LT(sp.collective_bytes_per_row.size(), tp.collective_bytes_per_row.size());
+    EXPECT_FALSE(sp.param_sum_bytes.empty());  // the norms' scales, at least
   }
 }
 

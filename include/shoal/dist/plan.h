@@ -72,6 +72,12 @@ struct TpShape {
   double product_ratio = 1, other_ratio = 1, param_ratio = 1;
   double arena_ratio = 0;  // the planned arena's (0: unknown, from the others)
   std::vector<double> collective_bytes_per_row;  // each all-reduce, fwd or bwd
+  // With --sequence-parallel (mp::shard_sequence): each reduce-scatter or
+  // all-gather (the whole tensor's bytes per row; half an all-reduce's
+  // traffic), and the parameters the split rows read, whose gradients are
+  // summed over the group (one all-reduce of them all with one
+  // micro-batch and no pipeline, else one each).
+  std::vector<double> shard_bytes_per_row, param_sum_bytes;
 };
 // What cutting the model into P pipeline stages leaves the largest stage
 // (interleaved, --pp-virtual v: P x v pieces, rank s holding pieces s,
@@ -97,6 +103,7 @@ struct Calibration {
   std::string precision = "f32";
   std::map<std::int64_t, train::StepProfile> steps;  // by micro-batch rows
   std::map<int, TpShape> tp;                         // by --tp
+  std::map<int, TpShape> tp_sequence;                // by --tp, with --sequence-parallel
   std::map<int, PpShape> pp;                         // by --pp
   // Interleaved: by --pp-virtual (kPpVirtual), then by --pp.
   std::map<int, std::map<int, PpShape>> pp_interleaved;
@@ -148,7 +155,8 @@ const std::vector<PlanKey>& plan_keys();
 // divides the samples, micro-batches 1, 2, 4 (x pp under a pipeline), ZeRO
 // 0-3 where there is a data-parallel group (3 only without micro-batches
 // or a pipeline); a pipeline also under --pp-schedule gpipe and with each
-// --pp-virtual of kPpVirtual. Whether the model splits so is the
+// --pp-virtual of kPpVirtual; tensor parallelism also with
+// --sequence-parallel. Whether the model splits so is the
 // calibration's to say.
 inline constexpr int kPpVirtual[] = {2, 3, 4};
 std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r);
