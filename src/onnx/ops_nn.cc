@@ -1,8 +1,8 @@
 // Convolution (and its transpose), pooling, normalization and dropout. Shoal's conv and pool
 // ops take symmetric 2-D padding; ONNX's asymmetric pads, auto_pad and
 // ceil_mode become an explicit pad of the input (zeros for conv and
-// average pooling, the lowest float for max pooling), and 1-D inputs a
-// height-1 image.
+// average pooling, the lowest float for max pooling), 1-D inputs a
+// height-1 image, and a 3-D convolution 2-D ones over its depth taps.
 #include <cfloat>
 #include <cmath>
 
@@ -81,6 +81,41 @@ void to_2d(Window& w) {
   w.end.insert(w.end.begin(), 0);
 }
 
+// 3-D convolution (NCDHW input, OIDHW weight) as 2-D ones: the depth axis
+// joins the batch, and each of the kernel's depth taps is a 2-D
+// convolution of the frames that tap reads (a strided slice of the padded
+// depth) with the tap's weights; the taps' sum is the output. Each piece
+// (pad, transpose, slice, reshape, conv2d, add) has its own gradient.
+Result<Value> conv3d(Ctx& c, Value x, Value wt, Value bias, Window w, std::int64_t groups) {
+  auto& b = c.b();
+  const Shape ws = b.shape(wt);
+  const bool even = w.begin[1] == w.end[1] && w.begin[2] == w.end[2];
+  Window pad = w;  // depth always explicit; height and width where uneven
+  if (even) pad.begin[1] = pad.end[1] = pad.begin[2] = pad.end[2] = 0;
+  x = pad_spatial(b, x, pad, 0.0);
+  const Shape xs = b.shape(x);  // N, C, D', H', W'
+  const std::int64_t taps = ws[2], stride = w.stride[0], dil = w.dilation[0];
+  const std::int64_t depth = (xs[2] - dil * (taps - 1) - 1) / stride + 1;
+  if (xs[2] - dil * (taps - 1) - 1 < 0)
+    return c.fail("3-D convolution: a depth of {} (padded) is shorter than the kernel's {}", xs[2],
+                  dil * (taps - 1) + 1);
+  const Value frames = b.transpose(x, {0, 2, 1, 3, 4});  // N, D', C, H', W'
+  const std::vector<std::int64_t> stride2 = {w.stride[1], w.stride[2]},
+                                  dil2 = {w.dilation[1], w.dilation[2]};
+  const std::vector<std::int64_t> pad2 =
+      even ? std::vector<std::int64_t>{w.begin[1], w.begin[2]} : std::vector<std::int64_t>{0, 0};
+  Value y;
+  for (std::int64_t k = 0; k < taps; ++k) {
+    Value xk = b.slice(frames, 1, k * dil, k * dil + (depth - 1) * stride + 1, stride);
+    xk = b.reshape(xk, {xs[0] * depth, xs[1], xs[3], xs[4]});
+    Value wk = b.reshape(b.slice(wt, 2, k, k + 1), {ws[0], ws[1], ws[3], ws[4]});
+    Value yk = b.conv2d(xk, wk, k == 0 ? bias : Value{}, stride2, pad2, dil2, groups);
+    y = k == 0 ? yk : b.add(y, yk);
+  }
+  const Shape ys = b.shape(y);  // N x D, O, H, W
+  return b.transpose(b.reshape(y, {xs[0], depth, ys[1], ys[2], ys[3]}), {0, 2, 1, 3, 4});
+}
+
 Status conv(Ctx& c) {
   auto& b = c.b();
   SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
@@ -90,13 +125,18 @@ Status conv(Ctx& c) {
     SHOAL_ASSIGN_OR_RETURN(bias, c.in(2));
   }
   Shape xs = b.shape(x), ws = b.shape(wt);
-  if ((xs.size() != 3 && xs.size() != 4) || ws.size() != xs.size())
+  if (xs.size() < 3 || xs.size() > 5 || ws.size() != xs.size())
     return c.fail(
-        "only 1-D and 2-D convolution (NCL/NCHW input, OIL/OIHW weight) is imported; input "
-        "is {}, weight {}",
+        "only 1-D, 2-D and 3-D convolution (NCL/NCHW/NCDHW input, OIL/OIHW/OIDHW weight) is "
+        "imported; input is {}, weight {}",
         fmt::join(xs, "x"), fmt::join(ws, "x"));
   const bool one_d = xs.size() == 3;
   SHOAL_ASSIGN_OR_RETURN(Window w, window_of(c, xs, Shape(ws.begin() + 2, ws.end())));
+  if (xs.size() == 5) {
+    SHOAL_ASSIGN_OR_RETURN(Value y, conv3d(c, x, wt, bias, w, c.attr_i("group", 1)));
+    c.out(0, y);
+    return ok_status();
+  }
   if (one_d) {
     x = as_2d(b, x);
     wt = b.reshape(wt, {ws[0], ws[1], 1, ws[2]});

@@ -1,6 +1,6 @@
 // ONNX import against PyTorch: models written in PyTorch (the project's MLP,
 // CNN, ResNet-20 and a small transformer encoder; torchvision's resnet18 and mobilenet_v2;
-// the benchmark zoo's LeNet, Mixer, 1-D conv net, depthwise-separable net, GRU, LSTM,
+// the benchmark zoo's LeNet, Mixer, 1-D and 3-D conv nets, depthwise-separable net, GRU, LSTM,
 // torchvision's VisionTransformer and mobilenet_v3_small) are
 // exported by Debian's torch 1.13 (tests/python/onnx_export.py), imported, and run: eval-mode
 // logits must match PyTorch's within 1e-4 (relative to the largest logit), and one training step's
@@ -172,8 +172,8 @@ INSTANTIATE_TEST_SUITE_P(Onnx, MatchesPyTorch,
                          ::testing::Values("mlp", "cnn", "resnet20", "transformer", "resnet18",
                                            "mobilenet_v2",
                                            // the benchmark zoo (tests/python/zoo.py)
-                                           "lenet", "mixer", "conv1d", "dwsep", "gru", "lstm",
-                                           "vit", "mobilenet_v3_small"));
+                                           "lenet", "mixer", "conv1d", "conv3d", "dwsep", "gru",
+                                           "lstm", "vit", "mobilenet_v3_small"));
 
 // torch.onnx.export (opset 13) writes every nn.LayerNorm as nine nodes and every
 // exact GELU as five; the importer puts each back together as one op. The

@@ -1,6 +1,7 @@
 """The benchmark zoo: small networks of shapes nobody tuned Shoal for, as a
 user exports them from PyTorch. Each takes Fashion-MNIST's [N, 1, 28, 28]
-(the recurrent and 1-D nets read it as 28 steps of 28 features) or, for
+(the recurrent and 1-D nets read it as 28 steps of 28 features, the 3-D
+net as 4 frames of 7 rows) or, for
 torchvision's image nets, [N, 3, 32, 32]. Random init, no downloads.
 """
 import torch
@@ -64,6 +65,22 @@ class Conv1dNet(nn.Module):
         return self.f(x.reshape(x.shape[0], 28, 28))
 
 
+class Conv3dNet(nn.Module):
+    """A video-style 3-D net: the image's 28 rows as 4 frames of 7 rows; a
+    strided, a padded and a dilated grouped 3-D convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Conv3d(1, 8, 3, padding=1), nn.ReLU(),
+                               nn.Conv3d(8, 16, (2, 3, 3), stride=2, padding=(0, 1, 1)),
+                               nn.ReLU(),
+                               nn.Conv3d(16, 16, 3, padding=2, dilation=2, groups=4), nn.ReLU(),
+                               nn.Flatten(), nn.Linear(16 * 2 * 4 * 14, 10))
+
+    def forward(self, x):
+        return self.f(x.reshape(x.shape[0], 1, 4, 7, 28))
+
+
 class DwSep(nn.Module):
     """Depthwise-separable blocks, MobileNet v1 style, at 28x28."""
 
@@ -115,6 +132,7 @@ MODELS = {
     "lenet": (LeNet, GRAY),
     "mixer": (Mixer, GRAY),
     "conv1d": (Conv1dNet, GRAY),
+    "conv3d": (Conv3dNet, GRAY),
     "dwsep": (DwSep, GRAY),
     "gru": (lambda: Recurrent("gru"), GRAY),
     "lstm": (lambda: Recurrent("lstm"), GRAY),
