@@ -10,7 +10,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "dist/plan_internal.h"
 #include "shoal/collective/registry.h"
@@ -247,6 +249,54 @@ Status measure_variants(comm::Communicator& c, const train::TrainOptions& base,
   return ok_status();
 }
 
+// What the largest rank of each interleaved pipeline the layouts use holds,
+// from the step the trainer builds for it on these ranks (compiled, not
+// run; tp 1, ZeRO 0, data parallelism over the other ranks). A split the
+// model refuses is refused alike on every rank, and left to the formula.
+Status measure_interleaved(comm::Communicator& c, const train::TrainOptions& plain,
+                           const PlanRequest& r, const std::string& dir, Calibration& cal) {
+  std::set<std::tuple<int, int, int>> keys;
+  for (const auto& [l, zero] : job_layouts(r))
+    if (l.pp_virtual > 1) keys.insert({l.pp, l.pp_virtual, micro_batches(l)});
+  int n = 0;
+  for (const auto& [P, v, m] : keys) {
+    const std::int64_t batch = r.global_batch / (r.ranks / P);
+    if (batch % m != 0) continue;  // only with tensor parallelism's larger share
+    Layout l;
+    l.pp = P;
+    l.pp_virtual = v;
+    l.micro_batches = m;
+    train::TrainOptions o = plain;
+    o.rank = c.rank();
+    o.world = c.size();
+    o.batch = batch;
+    o.max_steps = 0;
+    o.limit_test = batch;
+    o.quiet = true;
+    o.plot = false;
+    o.checkpoints = false;
+    o.resume = false;
+    o.out = fmt::format("{}/pp.{}.{}", dir, c.rank(), n++);
+    SHOAL_RETURN_IF_ERROR(c.barrier());
+    Status st = attach(o, c, l, dp::DpOptions{});
+    std::unique_ptr<train::Trainer> t;
+    if (st.ok()) {
+      auto made = train::Trainer::create(o);
+      st = made.status();
+      if (made.ok()) t = std::move(*made);
+    }
+    double held = st.ok() ? static_cast<double>(t->step_profile(0).bytes()) : -1;
+    SHOAL_RETURN_IF_ERROR(c.allreduce(&held, &held, 1, DType::kF64, comm::ReduceOp::kMax));
+    if (!st.ok() || held <= 0) {
+      SHOAL_LOG_DEBUG("plan: --pp {} --pp-virtual {} --micro-batches {} not built: {}", P, v, m,
+                      st.to_string());
+      continue;
+    }
+    cal.pp_held[{P, v, m}] = held;
+  }
+  return ok_status();
+}
+
 // What each split leaves a rank (rank 0 reads them into `cal`). Tensor
 // parallelism's rewrite reads its group from a registered communicator: a
 // real one of T ranks, split off collectively and kept in `groups`.
@@ -309,6 +359,7 @@ Result<Calibration> measure(comm::Communicator& c, const train::TrainOptions& ba
   SHOAL_RETURN_IF_ERROR(measure_steps(c, plain, micro_batch_rows(r), dir, cal, forward));
   SHOAL_RETURN_IF_ERROR(measure_variants(c, plain, r, dir, cal));
   SHOAL_RETURN_IF_ERROR(read_splits(c, *forward, cal, groups));
+  SHOAL_RETURN_IF_ERROR(measure_interleaved(c, plain, r, dir, cal));
   SHOAL_ASSIGN_OR_RETURN(cal.contention, measure_contention(c, plain.threads));
   if (Status st = measure_links(c, job_groups(r), cal); !st.ok())
     return st.with_context("timing all-reduces");

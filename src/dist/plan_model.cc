@@ -342,6 +342,38 @@ double price_memory(const Split& s, const Layout& l, int zero) {
          static_cast<double>(p.buffer_bytes);
 }
 
+// What layout `l` leaves one rank of `r`'s job.
+Split split_of(const PlanRequest& r, const Calibration& c, const Layout& l,
+               const std::string& variant) {
+  Split s;
+  s.T = l.tp;
+  s.P = l.pp;
+  s.D = r.ranks / (s.T * s.P);
+  s.m = micro_batches(l);
+  s.v = l.pp_virtual;
+  s.rows = r.global_batch / s.D / s.m;
+  s.p = variant_at(c, s.rows, variant);
+  if (s.T > 1) s.tp = l.sequence_parallel ? c.tp_sequence.at(s.T) : c.tp.at(s.T);
+  if (s.P > 1) s.pp = s.v > 1 ? c.pp_interleaved.at(s.v).at(s.P) : c.pp.at(s.P);
+  s.share = s.tp.param_ratio * s.pp.param_share;
+  return s;
+}
+
+// An interleaved pipeline's memory: the formula scaled by what the step the
+// trainer built held against the formula's price of that same step (tp 1,
+// ZeRO 0, the calibration's precision), where the calibration built it.
+double interleaved_scale(const PlanRequest& r, const Calibration& c, const Layout& l) {
+  if (l.pp_virtual < 2) return 1;
+  auto it = c.pp_held.find({l.pp, l.pp_virtual, micro_batches(l)});
+  if (it == c.pp_held.end()) return 1;
+  Layout plain = l;
+  plain.tp = 1;
+  plain.sequence_parallel = false;
+  const Split s = split_of(r, c, plain, variant_key(c.precision, "none"));
+  const double formula = price_memory(s, plain, 0);
+  return formula > 0 ? it->second / formula : 1;
+}
+
 }  // namespace
 
 Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, int zero,
@@ -351,22 +383,12 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
   k.zero = zero;
   k.precision = precision.empty() ? c.precision : precision;
   k.recompute = recompute.empty() ? c.recompute : recompute;
-  Split s;
-  s.T = l.tp;
-  s.P = l.pp;
-  s.D = r.ranks / (s.T * s.P);
-  s.m = micro_batches(l);
+  const Split s = split_of(r, c, l, variant_key(k.precision, k.recompute));
   k.dp = s.D;
   k.layout.dp = s.D;
   k.batch = r.global_batch / s.D;
-  s.v = l.pp_virtual;
-  s.rows = k.batch / s.m;
-  s.p = variant_at(c, s.rows, variant_key(k.precision, k.recompute));
-  if (s.T > 1) s.tp = l.sequence_parallel ? c.tp_sequence.at(s.T) : c.tp.at(s.T);
-  if (s.P > 1) s.pp = s.v > 1 ? c.pp_interleaved.at(s.v).at(s.P) : c.pp.at(s.P);
-  s.share = s.tp.param_ratio * s.pp.param_share;
   price_step(c, s, k);
-  k.memory_bytes = price_memory(s, l, zero);
+  k.memory_bytes = price_memory(s, l, zero) * interleaved_scale(r, c, l);
   k.fits = r.mem_per_rank <= 0 || k.memory_bytes <= r.mem_per_rank;
   return k;
 }

@@ -230,6 +230,33 @@ TEST(Plan, SequenceParallelismSplitsTheRowWiseWork) {
   EXPECT_NE(candidates_json({b}).find("\"sequence_parallel\": true"), std::string::npos);
 }
 
+// An interleaved pipeline the calibration built: the layout of that build
+// (tp 1, ZeRO 0) holds what it measured; others of the same stages, pieces
+// and micro-batches are scaled alike; the rest keep the formula.
+TEST(Plan, AnInterleavedPipelineHoldsWhatItsBuiltStepHeld) {
+  const PlanRequest r = request(4, 64);
+  Calibration c = calibration(4, 64);
+  Layout l;
+  l.pp = 2;
+  l.pp_virtual = 2;
+  l.micro_batches = 4;
+  const Candidate before = predict(r, c, l, 0), before_z1 = predict(r, c, l, 1);
+  c.pp_held[{2, 2, 4}] = 0.8 * before.memory_bytes;
+  EXPECT_NEAR(predict(r, c, l, 0).memory_bytes, 0.8 * before.memory_bytes, 1e-6);
+  EXPECT_NEAR(predict(r, c, l, 1).memory_bytes, 0.8 * before_z1.memory_bytes, 1e-6);
+  EXPECT_EQ(predict(r, c, l, 0).step_s, before.step_s);
+  Layout other = l;
+  other.micro_batches = 8;  // not built: the formula
+  Calibration plain = calibration(4, 64);
+  EXPECT_EQ(predict(r, c, other, 0).memory_bytes, predict(r, plain, other, 0).memory_bytes);
+  Layout one = l;
+  one.pp_virtual = 1;  // 1F1B: the formula
+  EXPECT_EQ(predict(r, c, one, 0).memory_bytes, predict(r, plain, one, 0).memory_bytes);
+  auto back = parse_calibration(calibration_json(c));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->pp_held, c.pp_held);
+}
+
 TEST(Plan, AMemoryBudgetPutsWhatFitsFirst) {
   PlanRequest r = request(4, 64);
   const Calibration c = calibration(4, 64);

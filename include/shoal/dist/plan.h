@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -107,6 +108,14 @@ struct Calibration {
   std::map<int, PpShape> pp;                         // by --pp
   // Interleaved: by --pp-virtual (kPpVirtual), then by --pp.
   std::map<int, std::map<int, PpShape>> pp_interleaved;
+  // What the largest rank of an interleaved pipeline holds (bytes: arena,
+  // parameters, state), read from the step the trainer builds for --pp P
+  // --pp-virtual v --micro-batches m without tensor parallelism or ZeRO,
+  // data parallelism over the other ranks; keyed (P, v, m). The model's
+  // arena x a stage's share x the pieces in flight misjudges it (pieces
+  // are balanced by cost, not by what they keep for the backward): every
+  // interleaved layout of that key is priced by the formula scaled to it.
+  std::map<std::tuple<int, int, int>, double> pp_held;
   std::map<Group, LinkFit> allreduce;  // measured in the ranks' places
   // What a collective inside the step costs beyond its transfer: waiting
   // for the group's ranks while all of them compute (on a host with more
