@@ -81,11 +81,12 @@ void to_2d(Window& w) {
   w.end.insert(w.end.begin(), 0);
 }
 
-// 3-D convolution (NCDHW input, OIDHW weight) as 2-D ones: the depth axis
-// joins the batch, and each of the kernel's depth taps is a 2-D
-// convolution of the frames that tap reads (a strided slice of the padded
-// depth) with the tap's weights; the taps' sum is the output. Each piece
-// (pad, transpose, slice, reshape, conv2d, add) has its own gradient.
+// 3-D convolution (NCDHW input, OIDHW weight) as one 2-D convolution: the
+// depth axis joins the batch, and the KD frames each output frame reads
+// (strided slices of the padded depth, one per tap) are stacked as
+// channels, group by group; the weight's taps become input channels the
+// same way ([O, C/g, KD, KH, KW] -> [O, KD x C/g, KH, KW]). Each piece
+// (pad, slice, concat, transpose, reshape, conv2d) has its own gradient.
 Result<Value> conv3d(Ctx& c, Value x, Value wt, Value bias, Window w, std::int64_t groups) {
   auto& b = c.b();
   const Shape ws = b.shape(wt);
@@ -95,25 +96,30 @@ Result<Value> conv3d(Ctx& c, Value x, Value wt, Value bias, Window w, std::int64
   x = pad_spatial(b, x, pad, 0.0);
   const Shape xs = b.shape(x);  // N, C, D', H', W'
   const std::int64_t taps = ws[2], stride = w.stride[0], dil = w.dilation[0];
-  const std::int64_t depth = (xs[2] - dil * (taps - 1) - 1) / stride + 1;
   if (xs[2] - dil * (taps - 1) - 1 < 0)
     return c.fail("3-D convolution: a depth of {} (padded) is shorter than the kernel's {}", xs[2],
                   dil * (taps - 1) + 1);
+  const std::int64_t n = xs[0], ch = xs[1], h = xs[3], wd = xs[4];
+  const std::int64_t depth = (xs[2] - dil * (taps - 1) - 1) / stride + 1;
   const Value frames = b.transpose(x, {0, 2, 1, 3, 4});  // N, D', C, H', W'
-  const std::vector<std::int64_t> stride2 = {w.stride[1], w.stride[2]},
-                                  dil2 = {w.dilation[1], w.dilation[2]};
+  std::vector<Value> tap;  // each [N, D, 1, C, H', W']: the frames tap k reads
+  for (std::int64_t k = 0; k < taps; ++k)
+    tap.push_back(b.reshape(b.slice(frames, 1, k * dil, k * dil + (depth - 1) * stride + 1, stride),
+                            {n, depth, 1, ch, h, wd}));
+  Value stacked = taps == 1 ? tap[0] : b.concat(tap, 2);  // N, D, KD, C, H', W'
+  Value wk = b.transpose(wt, {0, 2, 1, 3, 4});            // O, KD, C/g, KH, KW
+  if (groups > 1 && taps > 1) {  // each group's channels together: (g, KD, C/g)
+    stacked = b.transpose(b.reshape(stacked, {n, depth, taps, groups, ch / groups, h, wd}),
+                          {0, 1, 3, 2, 4, 5, 6});
+  }
+  stacked = b.reshape(stacked, {n * depth, taps * ch, h, wd});
+  wk = b.reshape(wk, {ws[0], taps * ws[1], ws[3], ws[4]});
   const std::vector<std::int64_t> pad2 =
       even ? std::vector<std::int64_t>{w.begin[1], w.begin[2]} : std::vector<std::int64_t>{0, 0};
-  Value y;
-  for (std::int64_t k = 0; k < taps; ++k) {
-    Value xk = b.slice(frames, 1, k * dil, k * dil + (depth - 1) * stride + 1, stride);
-    xk = b.reshape(xk, {xs[0] * depth, xs[1], xs[3], xs[4]});
-    Value wk = b.reshape(b.slice(wt, 2, k, k + 1), {ws[0], ws[1], ws[3], ws[4]});
-    Value yk = b.conv2d(xk, wk, k == 0 ? bias : Value{}, stride2, pad2, dil2, groups);
-    y = k == 0 ? yk : b.add(y, yk);
-  }
+  Value y = b.conv2d(stacked, wk, bias, {w.stride[1], w.stride[2]}, pad2,
+                     {w.dilation[1], w.dilation[2]}, groups);
   const Shape ys = b.shape(y);  // N x D, O, H, W
-  return b.transpose(b.reshape(y, {xs[0], depth, ys[1], ys[2], ys[3]}), {0, 2, 1, 3, 4});
+  return b.transpose(b.reshape(y, {n, depth, ys[1], ys[2], ys[3]}), {0, 2, 1, 3, 4});
 }
 
 Status conv(Ctx& c) {
