@@ -249,12 +249,42 @@ Status measure_variants(comm::Communicator& c, const train::TrainOptions& base,
   return ok_status();
 }
 
-// What the largest rank of each interleaved pipeline the layouts use holds,
-// from the step the trainer builds for it on these ranks (compiled, not
-// run; tp 1, ZeRO 0, data parallelism over the other ranks). A split the
-// model refuses is refused alike on every rank, and left to the formula.
-Status measure_interleaved(comm::Communicator& c, const train::TrainOptions& plain,
-                           const PlanRequest& r, const std::string& dir, Calibration& cal) {
+// What the largest rank of layout `l` (ZeRO 0) holds with `batch` samples
+// per data-parallel rank, from the step the trainer builds for it on these
+// ranks (compiled, memory planned, not run); -1 where the layout is
+// refused (alike on every rank: the model does not split so).
+Result<double> built_bytes(comm::Communicator& c, train::TrainOptions o, const Layout& l,
+                           std::int64_t batch, const std::string& out) {
+  o.rank = c.rank();
+  o.world = c.size();
+  o.batch = batch;
+  o.max_steps = 0;
+  o.limit_test = batch;
+  o.quiet = true;
+  o.plot = false;
+  o.checkpoints = false;
+  o.resume = false;
+  o.out = out;
+  SHOAL_RETURN_IF_ERROR(c.barrier());
+  Status st = attach(o, c, l, dp::DpOptions{});
+  std::unique_ptr<train::Trainer> t;
+  if (st.ok()) {
+    auto made = train::Trainer::create(o);
+    st = made.status();
+    if (made.ok()) t = std::move(*made);
+  }
+  double held = st.ok() ? static_cast<double>(t->step_profile(0).bytes()) : -1;
+  SHOAL_RETURN_IF_ERROR(c.allreduce(&held, &held, 1, DType::kF64, comm::ReduceOp::kMax));
+  if (!st.ok()) SHOAL_LOG_DEBUG("plan: a layout not built for its memory: {}", st.to_string());
+  return st.ok() ? held : -1.0;
+}
+
+// The steps the trainer builds where the formula misjudges memory: each
+// interleaved pipeline the layouts use (tp 1, data parallelism over the
+// other ranks), and each recomputation with data parallelism over every
+// rank, its memory measured alone otherwise (docs/plan.md).
+Status measure_built(comm::Communicator& c, const train::TrainOptions& plain, const PlanRequest& r,
+                     const graph::Graph& forward, const std::string& dir, Calibration& cal) {
   std::set<std::tuple<int, int, int>> keys;
   for (const auto& [l, zero] : job_layouts(r))
     if (l.pp_virtual > 1) keys.insert({l.pp, l.pp_virtual, micro_batches(l)});
@@ -262,37 +292,25 @@ Status measure_interleaved(comm::Communicator& c, const train::TrainOptions& pla
   for (const auto& [P, v, m] : keys) {
     const std::int64_t batch = r.global_batch / (r.ranks / P);
     if (batch % m != 0) continue;  // only with tensor parallelism's larger share
+    // A split the model refuses (batch norm's statistics, too few places to
+    // cut) is refused alike on every rank: not built.
+    if (!pp_shape(forward, P, v).refused.empty()) continue;
     Layout l;
     l.pp = P;
     l.pp_virtual = v;
     l.micro_batches = m;
+    SHOAL_ASSIGN_OR_RETURN(double held, built_bytes(c, plain, l, batch,
+                                                    fmt::format("{}/b.{}.{}", dir, c.rank(), n++)));
+    if (held > 0) cal.pp_held[{P, v, m}] = held;
+  }
+  for (const auto& [key, profile] : cal.variants) {
+    const std::string precision = key.substr(0, key.find('/')), rc = key.substr(key.find('/') + 1);
+    if (rc == "none" || precision != cal.precision) continue;
     train::TrainOptions o = plain;
-    o.rank = c.rank();
-    o.world = c.size();
-    o.batch = batch;
-    o.max_steps = 0;
-    o.limit_test = batch;
-    o.quiet = true;
-    o.plot = false;
-    o.checkpoints = false;
-    o.resume = false;
-    o.out = fmt::format("{}/pp.{}.{}", dir, c.rank(), n++);
-    SHOAL_RETURN_IF_ERROR(c.barrier());
-    Status st = attach(o, c, l, dp::DpOptions{});
-    std::unique_ptr<train::Trainer> t;
-    if (st.ok()) {
-      auto made = train::Trainer::create(o);
-      st = made.status();
-      if (made.ok()) t = std::move(*made);
-    }
-    double held = st.ok() ? static_cast<double>(t->step_profile(0).bytes()) : -1;
-    SHOAL_RETURN_IF_ERROR(c.allreduce(&held, &held, 1, DType::kF64, comm::ReduceOp::kMax));
-    if (!st.ok() || held <= 0) {
-      SHOAL_LOG_DEBUG("plan: --pp {} --pp-virtual {} --micro-batches {} not built: {}", P, v, m,
-                      st.to_string());
-      continue;
-    }
-    cal.pp_held[{P, v, m}] = held;
+    o.recompute = rc;
+    SHOAL_ASSIGN_OR_RETURN(double held, built_bytes(c, o, Layout{}, r.global_batch / r.ranks,
+                                                    fmt::format("{}/b.{}.{}", dir, c.rank(), n++)));
+    if (held > 0) cal.recompute_held[rc] = held;
   }
   return ok_status();
 }
@@ -359,7 +377,7 @@ Result<Calibration> measure(comm::Communicator& c, const train::TrainOptions& ba
   SHOAL_RETURN_IF_ERROR(measure_steps(c, plain, micro_batch_rows(r), dir, cal, forward));
   SHOAL_RETURN_IF_ERROR(measure_variants(c, plain, r, dir, cal));
   SHOAL_RETURN_IF_ERROR(read_splits(c, *forward, cal, groups));
-  SHOAL_RETURN_IF_ERROR(measure_interleaved(c, plain, r, dir, cal));
+  SHOAL_RETURN_IF_ERROR(measure_built(c, plain, r, *forward, dir, cal));
   SHOAL_ASSIGN_OR_RETURN(cal.contention, measure_contention(c, plain.threads));
   if (Status st = measure_links(c, job_groups(r), cal); !st.ok())
     return st.with_context("timing all-reduces");

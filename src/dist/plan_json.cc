@@ -86,6 +86,7 @@ std::string calibration_json(const Calibration& c) {
                             {"chunks", std::get<1>(key)},
                             {"micro_batches", std::get<2>(key)},
                             {"bytes", bytes}});
+  for (const auto& [rc, bytes] : c.recompute_held) j["recompute_held"][rc] = bytes;
   for (const auto& [g, f] : c.allreduce)
     j["allreduce"].push_back({{"group", g.size},
                               {"stride", g.stride},
@@ -144,6 +145,8 @@ Result<Calibration> parse_calibration(const std::string& text) {
     for (const auto& e : j.value("pp_held", nlohmann::json::array()))
       c.pp_held[{e.at("size").get<int>(), e.at("chunks").get<int>(),
                  e.at("micro_batches").get<int>()}] = e.at("bytes").get<double>();
+    const nlohmann::json held = j.value("recompute_held", nlohmann::json::object());
+    for (const auto& [rc, bytes] : held.items()) c.recompute_held[rc] = bytes.get<double>();
     c.cores = j.value("cores", 1);
     c.hosts = j.value("hosts", 1);
     c.contention = j.value("contention", 0.0);

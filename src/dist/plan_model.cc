@@ -359,19 +359,34 @@ Split split_of(const PlanRequest& r, const Calibration& c, const Layout& l,
   return s;
 }
 
-// An interleaved pipeline's memory: the formula scaled by what the step the
-// trainer built held against the formula's price of that same step (tp 1,
-// ZeRO 0, the calibration's precision), where the calibration built it.
-double interleaved_scale(const PlanRequest& r, const Calibration& c, const Layout& l) {
-  if (l.pp_virtual < 2) return 1;
-  auto it = c.pp_held.find({l.pp, l.pp_virtual, micro_batches(l)});
-  if (it == c.pp_held.end()) return 1;
-  Layout plain = l;
-  plain.tp = 1;
-  plain.sequence_parallel = false;
-  const Split s = split_of(r, c, plain, variant_key(c.precision, "none"));
-  const double formula = price_memory(s, plain, 0);
-  return formula > 0 ? it->second / formula : 1;
+// The formula scaled by what a step the calibration built held against the
+// formula's price of that same step (ZeRO 0, the calibration's precision):
+// an interleaved pipeline's of the same stages, pieces and micro-batches
+// (built at tp 1), a recomputation's (built with data parallelism over
+// every rank); 1 where none was built.
+double built_scale(const PlanRequest& r, const Calibration& c, const Layout& l,
+                   const std::string& recompute) {
+  double held = 0;
+  Layout built;
+  std::string rc = "none";
+  if (l.pp_virtual > 1) {
+    auto it = c.pp_held.find({l.pp, l.pp_virtual, micro_batches(l)});
+    if (it == c.pp_held.end()) return 1;
+    held = it->second;
+    built = l;
+    built.tp = 1;
+    built.sequence_parallel = false;
+  } else if (recompute != "none") {
+    auto it = c.recompute_held.find(recompute);
+    if (it == c.recompute_held.end()) return 1;
+    held = it->second;
+    rc = recompute;
+  } else {
+    return 1;
+  }
+  const Split s = split_of(r, c, built, variant_key(c.precision, rc));
+  const double formula = price_memory(s, built, 0);
+  return formula > 0 ? held / formula : 1;
 }
 
 }  // namespace
@@ -388,7 +403,7 @@ Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, i
   k.layout.dp = s.D;
   k.batch = r.global_batch / s.D;
   price_step(c, s, k);
-  k.memory_bytes = price_memory(s, l, zero) * interleaved_scale(r, c, l);
+  k.memory_bytes = price_memory(s, l, zero) * built_scale(r, c, l, k.recompute);
   k.fits = r.mem_per_rank <= 0 || k.memory_bytes <= r.mem_per_rank;
   return k;
 }

@@ -311,6 +311,16 @@ TEST(Plan, PrecisionAndRecomputationAreSearchedWhereTheyApply) {
   EXPECT_EQ(halves, static_cast<int>(plan_layouts(r, calibration(4, 64)).size()));
   const std::string yaml = plan_yaml(rec, r, train::TrainSettings{});
   EXPECT_NE(yaml.find("recompute: full"), std::string::npos) << yaml;
+  // Built with data parallelism over every rank, the step held 15% more
+  // than the formula: every recomputing layout is scaled alike.
+  const Candidate rec0 = predict(r, c, plain, 0, "f32", "full");
+  c.recompute_held["full"] = 1.15 * rec0.memory_bytes;
+  EXPECT_NEAR(predict(r, c, plain, 0, "f32", "full").memory_bytes, 1.15 * rec0.memory_bytes, 1e-6);
+  EXPECT_NEAR(predict(r, c, plain, 1, "f32", "full").memory_bytes, 1.15 * rec.memory_bytes, 1e-6);
+  EXPECT_EQ(predict(r, c, plain, 1).memory_bytes, base.memory_bytes);  // no recomputation
+  auto back = parse_calibration(calibration_json(c));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->recompute_held, c.recompute_held);
 }
 
 TEST(Plan, MicroBatchSizesAreThoseTheLayoutsUse) {

@@ -116,6 +116,10 @@ struct Calibration {
   // are balanced by cost, not by what they keep for the backward): every
   // interleaved layout of that key is priced by the formula scaled to it.
   std::map<std::tuple<int, int, int>, double> pp_held;
+  // Likewise for --recompute R (at the calibration's precision) with data
+  // parallelism over every rank: what recomputing saves is measured on a
+  // step alone, and the data-parallel step keeps more (measured: +15%).
+  std::map<std::string, double> recompute_held;
   std::map<Group, LinkFit> allreduce;  // measured in the ranks' places
   // What a collective inside the step costs beyond its transfer: waiting
   // for the group's ranks while all of them compute (on a host with more
