@@ -21,6 +21,7 @@
 #include "shoal/core/logging.h"
 #include "shoal/dp/data_parallel.h"
 #include "shoal/mp/accumulate.h"
+#include "shoal/mp/tensor_parallel.h"
 #include "shoal/net/store.h"
 #include "shoal/runtime/kernel.h"
 
@@ -279,29 +280,43 @@ Result<double> built_bytes(comm::Communicator& c, train::TrainOptions o, const L
   return st.ok() ? held : -1.0;
 }
 
-// The steps the trainer builds where the formula misjudges memory: each
-// interleaved pipeline the layouts use (tp 1, data parallelism over the
-// other ranks), and each recomputation with data parallelism over every
-// rank, its memory measured alone otherwise (docs/plan.md).
+// Whether every rank builds `l` from `forward` (the splits are the same on
+// all: a refused one is refused alike, and not built).
+bool buildable(const graph::Graph& forward, const Layout& l) {
+  if (l.pp > 1 && !pp_shape(forward, l.pp, l.pp_virtual).refused.empty()) return false;
+  if (l.tp > 1) {
+    mp::register_tensor_parallel_ops();
+    auto plan = mp::plan_tensor_parallel(forward, l.tp);
+    if (!plan.ok() || (plan->regions.empty() && plan->tables.empty() && plan->heads.empty()))
+      return false;
+  }
+  return true;
+}
+
+// The steps the trainer builds where the formula misjudges memory
+// (Calibration::built_held): each interleaved pipeline the layouts use (tp
+// 1, data parallelism over the other ranks), each tensor-parallel layout
+// of micro-batches without a pipeline, and each recomputation with data
+// parallelism over every rank (its saving is measured on a step alone).
 Status measure_built(comm::Communicator& c, const train::TrainOptions& plain, const PlanRequest& r,
                      const graph::Graph& forward, const std::string& dir, Calibration& cal) {
-  std::set<std::tuple<int, int, int>> keys;
-  for (const auto& [l, zero] : job_layouts(r))
-    if (l.pp_virtual > 1) keys.insert({l.pp, l.pp_virtual, micro_batches(l)});
+  std::map<std::string, Layout> families;
+  for (auto [l, zero] : job_layouts(r)) {
+    if (l.pp_virtual > 1) {
+      l.tp = 1;
+      l.sequence_parallel = false;
+    } else if (l.tp == 1 || l.pp > 1 || micro_batches(l) == 1) {
+      continue;
+    }
+    const std::int64_t batch = r.global_batch / (r.ranks / (l.tp * l.pp));
+    if (batch % micro_batches(l) == 0 && buildable(forward, l)) families[family_key(l)] = l;
+  }
   int n = 0;
-  for (const auto& [P, v, m] : keys) {
-    const std::int64_t batch = r.global_batch / (r.ranks / P);
-    if (batch % m != 0) continue;  // only with tensor parallelism's larger share
-    // A split the model refuses (batch norm's statistics, too few places to
-    // cut) is refused alike on every rank: not built.
-    if (!pp_shape(forward, P, v).refused.empty()) continue;
-    Layout l;
-    l.pp = P;
-    l.pp_virtual = v;
-    l.micro_batches = m;
+  for (const auto& [key, l] : families) {
+    const std::int64_t batch = r.global_batch / (r.ranks / (l.tp * l.pp));
     SHOAL_ASSIGN_OR_RETURN(double held, built_bytes(c, plain, l, batch,
                                                     fmt::format("{}/b.{}.{}", dir, c.rank(), n++)));
-    if (held > 0) cal.pp_held[{P, v, m}] = held;
+    if (held > 0) cal.built_held[key] = held;
   }
   for (const auto& [key, profile] : cal.variants) {
     const std::string precision = key.substr(0, key.find('/')), rc = key.substr(key.find('/') + 1);

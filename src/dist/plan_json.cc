@@ -81,11 +81,7 @@ std::string calibration_json(const Calibration& c) {
   };
   put_pp(1, c.pp);
   for (const auto& [v, by_size] : c.pp_interleaved) put_pp(v, by_size);
-  for (const auto& [key, bytes] : c.pp_held)
-    j["pp_held"].push_back({{"size", std::get<0>(key)},
-                            {"chunks", std::get<1>(key)},
-                            {"micro_batches", std::get<2>(key)},
-                            {"bytes", bytes}});
+  for (const auto& [family, bytes] : c.built_held) j["built_held"][family] = bytes;
   for (const auto& [rc, bytes] : c.recompute_held) j["recompute_held"][rc] = bytes;
   for (const auto& [g, f] : c.allreduce)
     j["allreduce"].push_back({{"group", g.size},
@@ -142,9 +138,8 @@ Result<Calibration> parse_calibration(const std::string& text) {
         return invalid_argument("plan calibration: a pipeline of {} chunks a rank", chunks);
       (chunks == 1 ? c.pp : c.pp_interleaved[chunks])[e.at("size").get<int>()] = s;
     }
-    for (const auto& e : j.value("pp_held", nlohmann::json::array()))
-      c.pp_held[{e.at("size").get<int>(), e.at("chunks").get<int>(),
-                 e.at("micro_batches").get<int>()}] = e.at("bytes").get<double>();
+    const nlohmann::json built = j.value("built_held", nlohmann::json::object());
+    for (const auto& [family, bytes] : built.items()) c.built_held[family] = bytes.get<double>();
     const nlohmann::json held = j.value("recompute_held", nlohmann::json::object());
     for (const auto& [rc, bytes] : held.items()) c.recompute_held[rc] = bytes.get<double>();
     c.cores = j.value("cores", 1);

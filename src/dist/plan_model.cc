@@ -361,35 +361,31 @@ Split split_of(const PlanRequest& r, const Calibration& c, const Layout& l,
 
 // The formula scaled by what a step the calibration built held against the
 // formula's price of that same step (ZeRO 0, the calibration's precision):
-// an interleaved pipeline's of the same stages, pieces and micro-batches
-// (built at tp 1), a recomputation's (built with data parallelism over
-// every rank); 1 where none was built.
+// the layout's family's (an interleaved pipeline's at tp 1), or for a
+// recomputation the one built with data parallelism over every rank; 1
+// where none was built.
 double built_scale(const PlanRequest& r, const Calibration& c, const Layout& l,
                    const std::string& recompute) {
-  double held = 0;
-  Layout built;
-  std::string rc = "none";
+  Layout built = l;
   if (l.pp_virtual > 1) {
-    auto it = c.pp_held.find({l.pp, l.pp_virtual, micro_batches(l)});
-    if (it == c.pp_held.end()) return 1;
-    held = it->second;
-    built = l;
     built.tp = 1;
     built.sequence_parallel = false;
-  } else if (recompute != "none") {
-    auto it = c.recompute_held.find(recompute);
-    if (it == c.recompute_held.end()) return 1;
-    held = it->second;
-    rc = recompute;
-  } else {
-    return 1;
   }
-  const Split s = split_of(r, c, built, variant_key(c.precision, rc));
+  auto it =
+      recompute != "none" ? c.recompute_held.find(recompute) : c.built_held.find(family_key(built));
+  if (it == (recompute != "none" ? c.recompute_held.end() : c.built_held.end())) return 1;
+  if (recompute != "none") built = Layout{};
+  const Split s = split_of(r, c, built, variant_key(c.precision, recompute));
   const double formula = price_memory(s, built, 0);
-  return formula > 0 ? held / formula : 1;
+  return formula > 0 ? it->second / formula : 1;
 }
 
 }  // namespace
+
+std::string family_key(const Layout& l) {
+  return fmt::format("tp{}{}/pp{}/{}/v{}/m{}", l.tp, l.sequence_parallel ? "+sp" : "", l.pp,
+                     l.pp_schedule, l.pp_virtual, micro_batches(l));
+}
 
 Candidate predict(const PlanRequest& r, const Calibration& c, const Layout& l, int zero,
                   const std::string& precision, const std::string& recompute) {

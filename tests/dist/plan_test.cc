@@ -241,7 +241,8 @@ TEST(Plan, AnInterleavedPipelineHoldsWhatItsBuiltStepHeld) {
   l.pp_virtual = 2;
   l.micro_batches = 4;
   const Candidate before = predict(r, c, l, 0), before_z1 = predict(r, c, l, 1);
-  c.pp_held[{2, 2, 4}] = 0.8 * before.memory_bytes;
+  c.built_held[family_key(l)] = 0.8 * before.memory_bytes;
+  EXPECT_EQ(family_key(l), "tp1/pp2/1f1b/v2/m4");
   EXPECT_NEAR(predict(r, c, l, 0).memory_bytes, 0.8 * before.memory_bytes, 1e-6);
   EXPECT_NEAR(predict(r, c, l, 1).memory_bytes, 0.8 * before_z1.memory_bytes, 1e-6);
   EXPECT_EQ(predict(r, c, l, 0).step_s, before.step_s);
@@ -254,7 +255,21 @@ TEST(Plan, AnInterleavedPipelineHoldsWhatItsBuiltStepHeld) {
   EXPECT_EQ(predict(r, c, one, 0).memory_bytes, predict(r, plain, one, 0).memory_bytes);
   auto back = parse_calibration(calibration_json(c));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->pp_held, c.pp_held);
+  EXPECT_EQ(back->built_held, c.built_held);
+  // Its tensor-parallel twin takes the same scale (built at tp 1 only).
+  Layout twin = l;
+  twin.tp = 2;
+  EXPECT_NEAR(predict(request(4, 64), c, twin, 0).memory_bytes,
+              0.8 * predict(request(4, 64), plain, twin, 0).memory_bytes, 1e-6);
+  // A tensor-parallel family built on its own.
+  Layout tp;
+  tp.tp = 2;
+  tp.micro_batches = 2;
+  const double formula = predict(r, plain, tp, 0).memory_bytes;
+  c.built_held[family_key(tp)] = 1.1 * formula;
+  EXPECT_NEAR(predict(r, c, tp, 0).memory_bytes, 1.1 * formula, 1e-6);
+  tp.sequence_parallel = true;  // another family: not built
+  EXPECT_EQ(predict(r, c, tp, 0).memory_bytes, predict(r, plain, tp, 0).memory_bytes);
 }
 
 TEST(Plan, AMemoryBudgetPutsWhatFitsFirst) {

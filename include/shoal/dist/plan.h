@@ -108,14 +108,14 @@ struct Calibration {
   std::map<int, PpShape> pp;                         // by --pp
   // Interleaved: by --pp-virtual (kPpVirtual), then by --pp.
   std::map<int, std::map<int, PpShape>> pp_interleaved;
-  // What the largest rank of an interleaved pipeline holds (bytes: arena,
-  // parameters, state), read from the step the trainer builds for --pp P
-  // --pp-virtual v --micro-batches m without tensor parallelism or ZeRO,
-  // data parallelism over the other ranks; keyed (P, v, m). The model's
-  // arena x a stage's share x the pieces in flight misjudges it (pieces
-  // are balanced by cost, not by what they keep for the backward): every
-  // interleaved layout of that key is priced by the formula scaled to it.
-  std::map<std::tuple<int, int, int>, double> pp_held;
+  // What the largest rank holds (bytes: arena, parameters, state) in the
+  // step the trainer builds for a family of layouts (family_key), at ZeRO
+  // 0, the calibration's precision, no recomputation, on the calibration's
+  // ranks (compiled, not run); every layout of the family (ZeRO, bf16) is
+  // the formula scaled to it. Built where the formula is known to misjudge
+  // memory: interleaved pipelines (at tp 1; their tensor-parallel twins
+  // take the same scale) and tensor parallelism with micro-batches.
+  std::map<std::string, double> built_held;
   // Likewise for --recompute R (at the calibration's precision) with data
   // parallelism over every rank: what recomputing saves is measured on a
   // step alone, and the data-parallel step keeps more (measured: +15%).
@@ -189,6 +189,10 @@ Result<Calibration> calibrate(const train::TrainOptions& base, const PlanRequest
 // the splits, and every rank's the rest.
 Result<Calibration> calibrate_job(const train::TrainOptions& base, const PlanRequest& r,
                                   comm::Communicator& c);
+
+// What a layout's memory depends on besides ZeRO, precision and
+// recomputation: "tp2+sp/pp2/1f1b/v1/m4".
+std::string family_key(const Layout& l);
 
 // Every layout of `r` the model allows, predicted from `c`, fastest first
 // (those over the memory budget after those within it).
