@@ -10,9 +10,7 @@
 
 #include <chrono>
 #include <filesystem>
-#include <set>
 #include <thread>
-#include <tuple>
 
 #include "dist/plan_internal.h"
 #include "shoal/collective/registry.h"
@@ -21,7 +19,6 @@
 #include "shoal/core/logging.h"
 #include "shoal/dp/data_parallel.h"
 #include "shoal/mp/accumulate.h"
-#include "shoal/mp/tensor_parallel.h"
 #include "shoal/net/store.h"
 #include "shoal/runtime/kernel.h"
 
@@ -284,13 +281,7 @@ Result<double> built_bytes(comm::Communicator& c, train::TrainOptions o, const L
 // all: a refused one is refused alike, and not built).
 bool buildable(const graph::Graph& forward, const Layout& l) {
   if (l.pp > 1 && !pp_shape(forward, l.pp, l.pp_virtual).refused.empty()) return false;
-  if (l.tp > 1) {
-    mp::register_tensor_parallel_ops();
-    auto plan = mp::plan_tensor_parallel(forward, l.tp);
-    if (!plan.ok() || (plan->regions.empty() && plan->tables.empty() && plan->heads.empty()))
-      return false;
-  }
-  return true;
+  return l.tp == 1 || tp_plan(forward, l.tp).ok();
 }
 
 // The steps the trainer builds where the formula misjudges memory
@@ -300,7 +291,7 @@ bool buildable(const graph::Graph& forward, const Layout& l) {
 // parallelism over every rank (its saving is measured on a step alone).
 Status measure_built(comm::Communicator& c, const train::TrainOptions& plain, const PlanRequest& r,
                      const graph::Graph& forward, const std::string& dir, Calibration& cal) {
-  std::map<std::string, Layout> families;
+  std::map<std::string, std::pair<Layout, std::int64_t>> families;  // with its batch
   for (auto [l, zero] : job_layouts(r)) {
     if (l.pp_virtual > 1) {
       l.tp = 1;
@@ -309,11 +300,12 @@ Status measure_built(comm::Communicator& c, const train::TrainOptions& plain, co
       continue;
     }
     const std::int64_t batch = r.global_batch / (r.ranks / (l.tp * l.pp));
-    if (batch % micro_batches(l) == 0 && buildable(forward, l)) families[family_key(l)] = l;
+    if (batch % micro_batches(l) == 0 && buildable(forward, l))
+      families[family_key(l)] = {l, batch};
   }
   int n = 0;
-  for (const auto& [key, l] : families) {
-    const std::int64_t batch = r.global_batch / (r.ranks / (l.tp * l.pp));
+  for (const auto& [key, family] : families) {
+    const auto& [l, batch] = family;
     SHOAL_ASSIGN_OR_RETURN(double held, built_bytes(c, plain, l, batch,
                                                     fmt::format("{}/b.{}.{}", dir, c.rank(), n++)));
     if (held > 0) cal.built_held[key] = held;

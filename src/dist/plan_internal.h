@@ -6,10 +6,14 @@
 
 #include "shoal/dist/plan.h"
 #include "shoal/graph/graph.h"
+#include "shoal/mp/tensor_parallel.h"
 
 namespace shoal::dist {
 
 std::int64_t forward_rows(const graph::Graph& g);  // input x's first dimension
+// Tensor parallelism's plan of `g` over T ranks, or why the model does not
+// split so (its message is what the plan shows).
+Result<mp::TpPlan> tp_plan(const graph::Graph& g, int T);
 // `comm_id`: a registered communicator of T ranks (the rewrite reads its
 // rank and size; nothing is sent). `sequence`: with mp::shard_sequence
 // after the split (--sequence-parallel).

@@ -366,15 +366,15 @@ Split split_of(const PlanRequest& r, const Calibration& c, const Layout& l,
 // where none was built.
 double built_scale(const PlanRequest& r, const Calibration& c, const Layout& l,
                    const std::string& recompute) {
-  Layout built = l;
+  const bool recomputes = recompute != "none";
+  Layout built = recomputes ? Layout{} : l;
   if (l.pp_virtual > 1) {
     built.tp = 1;
     built.sequence_parallel = false;
   }
-  auto it =
-      recompute != "none" ? c.recompute_held.find(recompute) : c.built_held.find(family_key(built));
-  if (it == (recompute != "none" ? c.recompute_held.end() : c.built_held.end())) return 1;
-  if (recompute != "none") built = Layout{};
+  const auto& held = recomputes ? c.recompute_held : c.built_held;
+  auto it = held.find(recomputes ? recompute : family_key(built));
+  if (it == held.end()) return 1;
   const Split s = split_of(r, c, built, variant_key(c.precision, recompute));
   const double formula = price_memory(s, built, 0);
   return formula > 0 ? it->second / formula : 1;

@@ -94,16 +94,19 @@ std::int64_t forward_rows(const graph::Graph& g) {
   return std::max<std::int64_t>(g.type(*x).shape[0], 1);
 }
 
+Result<mp::TpPlan> tp_plan(const graph::Graph& g, int T) {
+  mp::register_tensor_parallel_ops();
+  SHOAL_ASSIGN_OR_RETURN(mp::TpPlan plan, mp::plan_tensor_parallel(g, T));
+  if (plan.regions.empty() && plan.tables.empty() && plan.heads.empty())
+    return invalid_argument("nothing in the model splits across tensor-parallel ranks");
+  return plan;
+}
+
 TpShape tp_shape(const graph::Graph& g, int T, std::int64_t comm_id, bool sequence) {
   TpShape s;
-  mp::register_tensor_parallel_ops();
-  auto plan = mp::plan_tensor_parallel(g, T);
+  auto plan = tp_plan(g, T);
   if (!plan.ok()) {
     s.refused = plan.status().message();
-    return s;
-  }
-  if (plan->regions.empty() && plan->tables.empty() && plan->heads.empty()) {
-    s.refused = "nothing in the model splits across tensor-parallel ranks";
     return s;
   }
   graph::Graph split = g;
