@@ -172,10 +172,13 @@ TEST(PlanCli, AStepOffItsPlanNamesTheClassThatWasOff) {
   const double step = plan_value(*text, "plan-step-seconds");
   const double products = plan_value(*text, "plan-products-seconds");
   ASSERT_GT(products, 0.3 * step) << *text;  // the GPT's step is mostly products
+  // Products said 10x too slow: their error (9x their time) outweighs any
+  // wait for a core that a loaded machine adds to the rest of the step (a
+  // plan that said them 10x too fast erred by 0.9x, which such waits beat).
   std::string off = std::regex_replace(*text, std::regex(R"(plan-step-seconds: [\d.]+)"),
-                                       fmt::format("plan-step-seconds: {:.6f}", step / 2));
+                                       fmt::format("plan-step-seconds: {:.6f}", step * 4));
   off = std::regex_replace(off, std::regex(R"(plan-products-seconds: [\d.]+)"),
-                           fmt::format("plan-products-seconds: {:.6f}", products / 10));
+                           fmt::format("plan-products-seconds: {:.6f}", products * 10));
   ASSERT_TRUE(write_file_atomic(dir + "/off.yaml", off).ok());
   auto t = train(dir, dir + "/off.yaml");
   ASSERT_EQ(t.code, 0) << t.out;
