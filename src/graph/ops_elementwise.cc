@@ -29,11 +29,12 @@ void register_unary_ops(OpRegistry& r) {
           return {g.b.op("gelu_grad", {X(0), DY})};
         });
     // --precision bf16 makes a GELU whose only reader is a cast to bf16
-    // write bf16 itself (graph/precision.cc): "dst" names the output type.
+    // write bf16 itself (graph/precision.cc): "dst" names the output type;
+    // and one whose input a product wrote read bf16 (read_as_float).
     d.attrs = {"dst"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_RETURN_IF_ERROR(need_float(in[0], 0));
-      SHOAL_ASSIGN_OR_RETURN(TensorType y, with_dst(n, in[0]));
+      SHOAL_ASSIGN_OR_RETURN(TensorType x, read_as_float(in));
+      SHOAL_ASSIGN_OR_RETURN(TensorType y, with_dst(n, x));
       return Types{y};
     };
     r.add(d);
@@ -57,9 +58,15 @@ void register_unary_ops(OpRegistry& r) {
   r.add(unary("sign", nullptr));
   {
     OpDef d = binary("gelu_grad", nullptr);
-    d.attrs = {"dst"};  // --precision bf16 (with_dst)
+    d.attrs = {"dst"};  // --precision bf16 (with_dst, read_as_float)
     d.infer = [infer = d.infer](const Node& n, const Types& in) -> InferResult {
-      SHOAL_ASSIGN_OR_RETURN(Types t, infer(n, in));
+      Types t;
+      if (in[0].dtype == DType::kBF16 || in[1].dtype == DType::kBF16) {
+        SHOAL_ASSIGN_OR_RETURN(TensorType x, read_as_float(in));
+        t = {x};
+      } else {
+        SHOAL_ASSIGN_OR_RETURN(t, infer(n, in));
+      }
       SHOAL_ASSIGN_OR_RETURN(t[0], with_dst(n, t[0]));
       return t;
     };

@@ -42,6 +42,29 @@ inline Result<TensorType> with_dst(const Node& n, TensorType t) {
   return t;
 }
 
+// The inputs of an op --precision bf16 lets read bf16 (graph/precision.cc's
+// bf16 readers: GELU, softmax and their gradients): f32 or bf16 in any mix,
+// each read into f32, or all f64. The result's type before "dst": f32
+// where any input is bf16, else the inputs'. Where they differ, the shapes
+// must agree (no broadcasting across dtypes).
+inline Result<TensorType> read_as_float(const Types& in) {
+  bool bf16 = false;
+  for (const TensorType& t : in) bf16 = bf16 || t.dtype == DType::kBF16;
+  if (!bf16) {
+    SHOAL_RETURN_IF_ERROR(need_same_float(in));
+    return in[0];
+  }
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (in[i].dtype != DType::kF32 && in[i].dtype != DType::kBF16)
+      return invalid_argument("input {} must be f32 or bf16 beside a bf16 input, got {}", i,
+                              in[i].str());
+    if (in[i].shape != in[0].shape)
+      return invalid_argument("input {} {} differs in shape from input 0 {}", i, in[i].str(),
+                              in[0].str());
+  }
+  return TensorType{DType::kF32, in[0].shape};
+}
+
 inline Result<std::int64_t> norm_axis(std::int64_t axis, std::size_t rank) {
   auto r = static_cast<std::int64_t>(rank);
   if (axis < -r || axis >= std::max<std::int64_t>(r, 1))

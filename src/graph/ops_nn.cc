@@ -23,6 +23,20 @@ Status check_softmax_attrs(const Node& n, const Shape& s) {
   return ok_status();
 }
 
+// A softmax or its gradient that reads or writes bf16 runs along the last
+// axis (the kernels' rows; attention's scores).
+Status bf16_on_last_axis(const Node& n, const Types& in) {
+  bool bf16 = n.attrs.has("dst");
+  for (const TensorType& t : in) bf16 = bf16 || t.dtype == DType::kBF16;
+  const auto rank = static_cast<std::int64_t>(in[0].shape.size());
+  SHOAL_ASSIGN_OR_RETURN(const std::int64_t axis,
+                         norm_axis(n.attrs.get_int_or("axis", -1), in[0].shape.size()));
+  if (bf16 && axis != rank - 1)
+    return invalid_argument("a {} in bf16 runs along the last axis, not axis {} of {}", n.op, axis,
+                            shape_str(in[0].shape));
+  return ok_status();
+}
+
 Result<Shape> conv_out_shape(const Node& n, const Shape& x, const Shape& w) {
   if (x.size() != 4) return invalid_argument("input must be NCHW (rank 4)");
   if (w.size() != 4) return invalid_argument("weight must be [O, I/groups, kH, kW] (rank 4)");
@@ -408,7 +422,15 @@ void register_loss_ops(OpRegistry& r) {
     };
     if (name == "softmax") {
       // softmax(scale * x + causal mask): attention's scores in one op.
-      d.attrs = {"axis", "scale", "causal"};
+      // --precision bf16 lets it read bf16 scores and write bf16 (dst).
+      d.attrs = {"axis", "scale", "causal", "dst"};
+      d.infer = [](const Node& n, const Types& in) -> InferResult {
+        SHOAL_ASSIGN_OR_RETURN(TensorType y, read_as_float(in));
+        SHOAL_RETURN_IF_ERROR(check_softmax_attrs(n, in[0].shape));
+        SHOAL_RETURN_IF_ERROR(bf16_on_last_axis(n, in));
+        SHOAL_ASSIGN_OR_RETURN(y, with_dst(n, y));
+        return Types{y};
+      };
       // One fused pass, dx = scale * y * (dy - sum(dy * y)), not four.
       d.grad = GRAD {
         Attrs a = {{"axis", g.node.attrs.get_int_or("axis", -1)}};
@@ -430,13 +452,14 @@ void register_loss_ops(OpRegistry& r) {
     d.min_inputs = d.max_inputs = 2;
     d.attrs = {"axis", "scale", "dst"};  // dst: --precision bf16 (with_dst)
     d.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_RETURN_IF_ERROR(need_same_float(in));
       if (in[0].shape != in[1].shape)
         return invalid_argument("y {} and dy {} differ in shape", shape_str(in[0].shape),
                                 shape_str(in[1].shape));
+      SHOAL_ASSIGN_OR_RETURN(TensorType dx, read_as_float(in));
       SHOAL_RETURN_IF_ERROR(norm_axis(n.attrs.get_int_or("axis", -1), in[0].shape.size()).status());
       SHOAL_RETURN_IF_ERROR(check_softmax_attrs(n, in[0].shape));
-      SHOAL_ASSIGN_OR_RETURN(TensorType dx, with_dst(n, in[0]));
+      SHOAL_RETURN_IF_ERROR(bf16_on_last_axis(n, in));
+      SHOAL_ASSIGN_OR_RETURN(dx, with_dst(n, dx));
       return Types{dx};
     };
     r.add(d);

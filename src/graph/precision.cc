@@ -1,6 +1,8 @@
 // Counting a graph's products, and mixed precision as a pass over them
 // (graph/passes.h): the step graph's matmuls read bf16 and accumulate f32.
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "shoal/graph/passes.h"
@@ -60,48 +62,101 @@ double graph_flops(const Graph& g) {
 
 namespace {
 
-// Ops with a kernel that computes in f32 and stores bf16 (runtime/cpu's
-// bf16 writers): GELU and its gradient, layer norm, and softmax's gradient
-// along its last axis (attention's scores).
-bool writes_bf16(const Graph& g, const Node& n) {
-  if (n.op == "gelu" || n.op == "gelu_grad" || n.op == "layer_norm") return true;
-  if (n.op != "softmax_grad") return false;
+// Softmax and its gradient run in bf16 along the last axis only.
+bool on_last_axis(const Graph& g, const Node& n) {
   const auto rank = static_cast<std::int64_t>(g.type(n.inputs[0]).shape.size());
   const std::int64_t axis = n.attrs.get_int_or("axis", -1);
   return axis == -1 || axis == rank - 1;
 }
 
+// Ops with a kernel that computes in f32 and stores bf16 (runtime/cpu's
+// bf16 writers): GELU and its gradient, layer norm, and softmax and its
+// gradient along the last axis (attention's probabilities and scores).
+bool writes_bf16(const Graph& g, const Node& n) {
+  if (n.op == "gelu" || n.op == "gelu_grad" || n.op == "layer_norm") return true;
+  return (n.op == "softmax" || n.op == "softmax_grad") && on_last_axis(g, n);
+}
+
+// Ops with a kernel that reads bf16 inputs into f32 and computes there
+// (runtime/cpu's bf16 readers), as autocast's GELU and softmax read the
+// bf16 a product wrote: GELU and its gradient (x, dy), softmax and its
+// gradient along the last axis (scores; probabilities and their gradient).
+bool reads_bf16(const Graph& g, const Node& n) {
+  if (n.op == "gelu" || n.op == "gelu_grad") return true;
+  return (n.op == "softmax" || n.op == "softmax_grad") && on_last_axis(g, n);
+}
+
+// The nodes that read v, one entry per use, or nullopt where a use is not
+// a node's (v is an output of the graph).
+std::optional<std::vector<int>> readers(const Graph& g, Value v, const std::map<Value, int>& uses) {
+  std::vector<int> ids;
+  for (const Node& n : g.nodes()) {
+    if (!n.alive) continue;
+    for (const Value& in : n.inputs)
+      if (in == v) ids.push_back(n.id);
+  }
+  auto it = uses.find(v);
+  if (it == uses.end() || it->second != static_cast<int>(ids.size())) return std::nullopt;
+  return ids;
+}
+
 // A bf16 writer read by cast `c` and otherwise only by sums (the MLP's
 // GELU gradient: the bias gradient sums it, the two products read its
-// cast): it writes bf16, the sums read that and add in f32 (dst f32), as
-// autocast's bias gradient reads the bf16 gradient. False where anything
-// else reads it.
-Result<bool> narrow_with_sums(Graph& g, int c, const std::map<Value, int>& uses) {
+// cast) or bf16 readers (attention's probabilities: the product reads
+// them through the cast, their gradient reads them too): it writes bf16,
+// the sums read that and add in f32 (dst f32), as autocast's bias
+// gradient reads the bf16 gradient; the readers read it into f32. False
+// where anything else reads it.
+Result<bool> narrow_with_readers(Graph& g, int c, const std::map<Value, int>& uses) {
   const Value v = g.node(c).inputs[0];
   const Node& p = g.node(v.node);
   if (!writes_bf16(g, p) || p.attrs.has("dst") || g.type(v).dtype != DType::kF32) return false;
-  std::vector<int> sums;
-  for (const Node& n : g.nodes()) {
-    if (!n.alive || n.id == c) continue;
-    for (const Value& in : n.inputs) {
-      if (in != v) continue;
-      if (n.op != "reduce_sum" || n.attrs.has("dst") || n.inputs.size() != 1) return false;
-      sums.push_back(n.id);
-    }
+  const auto ids = readers(g, v, uses);
+  if (!ids || ids->size() < 2) return false;
+  std::vector<int> sums, others;
+  for (int id : *ids) {
+    const Node& n = g.node(id);
+    if (id == c) continue;
+    if (n.op == "reduce_sum" && !n.attrs.has("dst") && n.inputs.size() == 1)
+      sums.push_back(id);
+    else if (reads_bf16(g, n))
+      others.push_back(id);
+    else
+      return false;
   }
-  // Every use accounted for (a graph output is a use no node makes).
-  auto it = uses.find(v);
-  if (sums.empty() || it == uses.end() || it->second != static_cast<int>(sums.size()) + 1)
-    return false;
   g.mutable_node(p.id).attrs.set("dst", std::string("bf16"));
   SHOAL_RETURN_IF_ERROR(g.reinfer(p.id));
   for (int s : sums) {
     g.mutable_node(s).attrs.set("dst", std::string("f32"));
     SHOAL_RETURN_IF_ERROR(g.reinfer(s));
   }
+  for (int r : others) SHOAL_RETURN_IF_ERROR(g.reinfer(r));
   g.replace_all_uses(Value{c, 0}, v);
   g.mutable_node(c).alive = false;
   return true;
+}
+
+// A product (dst f32) whose every reader is a bf16 reader writes bf16
+// (dst bf16), as autocast's products do: the MLP's first linear (GELU and
+// its gradient read it), the gradient product GELU's gradient reads, the
+// attention scores (softmax reads them) and their gradient's product.
+// Returns how many.
+Result<int> narrow_for_readers(Graph& g) {
+  int narrowed = 0;
+  const std::map<Value, int> uses = g.use_counts();
+  for (int id = 0; id < g.num_nodes(); ++id) {
+    const Node& p = g.node(id);
+    if (!p.alive || !is_product(p.op) || p.attrs.get_string_or("dst", "") != "f32") continue;
+    const Value v{id, 0};
+    const auto ids = readers(g, v, uses);
+    if (!ids || ids->empty()) continue;
+    if (!std::ranges::all_of(*ids, [&](int r) { return reads_bf16(g, g.node(r)); })) continue;
+    g.mutable_node(id).attrs.set("dst", std::string("bf16"));
+    SHOAL_RETURN_IF_ERROR(g.reinfer(id));
+    for (int r : *ids) SHOAL_RETURN_IF_ERROR(g.reinfer(r));
+    ++narrowed;
+  }
+  return narrowed;
 }
 
 // A product or a bf16 writer whose output reaches one of the casts only
@@ -110,13 +165,13 @@ Result<bool> narrow_with_sums(Graph& g, int c, const std::map<Value, int>& uses)
 // half the bytes. (The MLP's GELU output is read only by its cast: the
 // gradient reads the GELU's input; so is a layer norm's, whose gradient
 // reads x; and the attention scores' gradient, read only by the two
-// products' casts.) A bf16 writer also read by sums: narrow_with_sums.
+// products' casts.) A bf16 writer also read by sums or bf16 readers: narrow_with_readers.
 Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
   int narrowed = 0;
   for (int c : casts) {
     const std::map<Value, int> uses = g.use_counts();
-    SHOAL_ASSIGN_OR_RETURN(const bool summed, narrow_with_sums(g, c, uses));
-    if (summed) {
+    SHOAL_ASSIGN_OR_RETURN(const bool shared, narrow_with_readers(g, c, uses));
+    if (shared) {
       ++narrowed;
       continue;
     }
@@ -199,6 +254,7 @@ Result<PrecisionReport> autocast_bf16(Graph& g) {
     SHOAL_RETURN_IF_ERROR(g.reinfer(id));
     ++r.products;
   }
+  SHOAL_ASSIGN_OR_RETURN(r.read_bf16, narrow_for_readers(g));
   SHOAL_ASSIGN_OR_RETURN(r.narrowed, narrow_producers(g, casts));
   r.casts -= r.narrowed;
   return r;

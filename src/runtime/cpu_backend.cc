@@ -37,6 +37,7 @@ KernelRegistry& KernelRegistry::cpu() {
     cpu::register_onednn(*r);
     cpu::register_bf16_writers(*r);
     cpu::register_gelu(*r);
+    cpu::register_softmax_bf16(*r);
     return r;
   }();
   return *reg;

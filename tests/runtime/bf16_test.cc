@@ -145,14 +145,17 @@ TEST(Bf16, AGeluReadOnlyByItsCastWritesBf16) {
   // the second linear's cast (its gradient reads the GELU's input), so the
   // GELU writes bf16 itself; so does the GELU's gradient, read by the
   // first linear's products (through their cast) and by its bias
-  // gradient's sum, which adds the bf16 in f32. Forward and gradients as
-  // before.
+  // gradient's sum, which adds the bf16 in f32. The first linear and the
+  // product that takes the gradient back to the GELU write bf16 too: only
+  // the GELU and its gradient read them, and those read bf16 (as
+  // autocast's do). Forward and gradients as before.
   const Fn mlp = [](Builder& b, auto x) {
     return b.linear(b.gelu(b.linear(x[0], x[1], x[2])), x[3], Value{});
   };
   const std::vector<Shape> shapes = {{37, 8}, {24, 8}, {24}, {5, 24}};
   const graph::PrecisionReport r = compare("mlp", shapes, mlp, 6);
   EXPECT_EQ(r.narrowed, 2) << "the GELU or its gradient still writes f32";
+  EXPECT_EQ(r.read_bf16, 2) << "a product the GELU reads still writes f32";
   const auto b16 = run(shapes, mlp, DType::kF32, true);
   EXPECT_EQ(b16.impls.at("gelu"), "bf16-writer");
   EXPECT_EQ(b16.impls.at("gelu_grad"), "bf16-writer");
@@ -203,16 +206,22 @@ TEST(Bf16, AttentionScoresGradientWritesBf16) {
   SKIP_WITHOUT_BF16();
   // softmax(q k^T * scale, causal) v: the scores' gradient is read only by
   // the casts of the two products that take it back to q and k, so the
-  // softmax gradient writes bf16 itself (the forward softmax's output is
-  // also read by its gradient and stays f32).
+  // softmax gradient writes bf16 itself; the probabilities, read by the
+  // product's cast and by the gradient (which reads bf16), are stored bf16
+  // too. The scores' product and the one that makes the probabilities'
+  // gradient are read only by the softmax and its gradient: they write
+  // bf16 (as autocast's do).
   const Fn attention = [](Builder& b, auto x) {
     Value s = b.attention_softmax(b.matmul(x[0], x[1], false, true), 0.3, true);
     return b.matmul(s, x[2]);
   };
   const std::vector<Shape> shapes = {{2, 3, 11, 5}, {2, 3, 11, 5}, {2, 3, 11, 7}};
   const graph::PrecisionReport r = compare("attention", shapes, attention, 6);
-  EXPECT_EQ(r.narrowed, 1) << "the scores' gradient still writes f32";
-  EXPECT_EQ(run(shapes, attention, DType::kF32, true).impls.at("softmax_grad"), "bf16-writer");
+  EXPECT_EQ(r.narrowed, 2) << "the probabilities or the scores' gradient still write f32";
+  EXPECT_EQ(r.read_bf16, 2) << "a product the softmax reads still writes f32";
+  const auto b16 = run(shapes, attention, DType::kF32, true);
+  EXPECT_EQ(b16.impls.at("softmax"), "bf16-writer");
+  EXPECT_EQ(b16.impls.at("softmax_grad"), "bf16-writer");
 }
 
 // The bf16 GELU kernel itself, over the whole range (the negative tail
@@ -244,6 +253,73 @@ TEST(Bf16, GeluKernelIsWithinBf16RoundingOfF64) {
       ASSERT_LT(y.get(i), 0.0) << "the negative tail keeps its sign: x = " << v;
     }
   }
+}
+
+// One op of `attrs` on `feeds` (their dtypes as given), its f32 output.
+Tensor run_one(const std::string& op, const graph::Attrs& attrs, const std::vector<Tensor>& feeds) {
+  Graph g;
+  Builder b(g);
+  std::vector<Value> xs;
+  for (std::size_t i = 0; i < feeds.size(); ++i)
+    xs.push_back(b.input("in" + std::to_string(i), feeds[i].dtype(), feeds[i].shape()));
+  g.mark_output(b.op(op, xs, attrs));
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  auto exe = (*make_backend("cpu"))->compile(std::move(g), {});
+  EXPECT_TRUE(exe.ok()) << exe.status().to_string();
+  if (!exe.ok()) return Tensor{};
+  for (std::size_t i = 0; i < feeds.size(); ++i)
+    EXPECT_TRUE((*exe)->bind("in" + std::to_string(i), feeds[i]).ok());
+  EXPECT_TRUE((*exe)->run().ok());
+  if (feeds[0].dtype() == DType::kBF16) {
+    EXPECT_EQ((*exe)->kernel_impls().at(op), "bf16-reader");
+  }
+  return (*exe)->output(0);
+}
+
+// The bf16 readers (GELU, the scaled causal softmax and their gradients)
+// given bf16 operands, alone or beside f32 ones, compute in f32 what the
+// f32 kernels compute from the same (bf16-valued) inputs, on rows of 13
+// (no vector width divides them). A softmax reading bf16 off the last axis
+// is refused by name.
+TEST(Bf16, ReadersWidenBf16IntoF32) {
+  SKIP_WITHOUT_BF16();
+  struct Case {
+    std::string op;
+    graph::Attrs attrs;
+    int inputs;
+  };
+  const std::vector<Case> cases = {{"gelu", {}, 1},
+                                   {"gelu_grad", {}, 2},
+                                   {"softmax", {{"scale", 0.3}, {"causal", std::int64_t{1}}}, 1},
+                                   {"softmax_grad", {{"scale", 0.3}}, 2}};
+  PhiloxRng rng(5, 2);
+  for (const Case& c : cases) {
+    std::vector<Tensor> narrow, mixed, wide;
+    for (int i = 0; i < c.inputs; ++i) {
+      Tensor t = Tensor::empty({3, 2, 13, 13}, DType::kF64);
+      rng.fill_normal(t, 0, 2);
+      narrow.push_back(t.cast(DType::kBF16));
+      wide.push_back(narrow.back().cast(DType::kF32));
+      mixed.push_back(i == 0 ? narrow.back() : wide.back());
+    }
+    const Tensor want = run_one(c.op, c.attrs, wide);
+    for (const auto* feeds : {&narrow, &mixed}) {
+      if (feeds == &mixed && c.inputs == 1) continue;
+      const Tensor got = run_one(c.op, c.attrs, *feeds);
+      ASSERT_EQ(got.dtype(), DType::kF32) << c.op;
+      ASSERT_EQ(got.numel(), want.numel()) << c.op;
+      for (std::int64_t i = 0; i < want.numel(); ++i)
+        ASSERT_NEAR(got.get(i), want.get(i), 1e-6 * (1 + std::abs(want.get(i))))
+            << c.op << " element " << i;
+    }
+  }
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kBF16, {4, 6});
+  auto r = g.add("softmax", {x}, {{"axis", std::int64_t{0}}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("runs along the last axis, not axis 0"), std::string::npos)
+      << r.status().message();
 }
 
 TEST(Bf16, LinearWithBiasAndRelu) {

@@ -76,6 +76,7 @@ struct PrecisionReport {
   int kept = 0;          // products left in f32
   int convolutions = 0;  // convolution nodes marked precision=bf16
   int narrowed = 0;      // products that write bf16 themselves (dst bf16)
+  int read_bf16 = 0;     // products writing bf16 that GELU or softmax reads
 };
 Result<PrecisionReport> autocast_bf16(Graph& g);
 

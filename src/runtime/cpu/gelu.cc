@@ -74,41 +74,32 @@ void gelu_grad_f32(const float* x, const float* dy, float* dx, std::int64_t n) {
     dx[i] = dy[i] * (phi_scalar(x[i]) + x[i] * kInvSqrt2Pi * std::exp(-0.5f * x[i] * x[i]));
 }
 
-// `f` over blocks of kBlock elements (in parallel when large), written
-// straight into y32, or stored as bf16 at y16 (chunks_to_bf16).
+// GELU's or its gradient's kernel over blocks of kBlock elements (in
+// parallel when large): each input read as f32 (a bf16 one widened in L1),
+// the result written as f32 or stored bf16, by the node's types.
 constexpr std::int64_t kBlock = 1024;
-template <typename F>
-void blocks(std::int64_t n, float* y32, std::uint16_t* y16, F f) {
-  const std::int64_t count = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for if (n > kParallelGrain) schedule(static)
-  for (std::int64_t b = 0; b < count; ++b) {
-    const std::int64_t lo = b * kBlock, m = std::min(kBlock, n - lo);
-    if (y16 == nullptr) {
-      f(lo, m, y32 + lo);
-    } else {
-      chunks_to_bf16(y16 + lo, m,
-                     [&](std::int64_t sub, std::int64_t k, float* t) { f(lo + sub, k, t); });
-    }
-  }
-}
-
-// GELU's or its gradient's kernel: f32 or bf16 out, by the node's type.
-Result<std::unique_ptr<Kernel>> gelu_kernel(bool grad, bool bf16) {
+Result<std::unique_ptr<Kernel>> gelu_kernel(bool grad, const char* impl) {
   return make_fn(
-      [grad, bf16](const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) {
-        const float* x = in[0].data<float>();
-        const float* dy = grad ? in[1].data<float>() : nullptr;
-        float* y32 = bf16 ? nullptr : out[0].data<float>();
-        auto* y16 = bf16 ? static_cast<std::uint16_t*>(out[0].raw_data()) : nullptr;
-        blocks(in[0].numel(), y32, y16, [&](std::int64_t lo, std::int64_t m, float* y) {
+      [grad](const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) {
+        const std::int64_t n = in[0].numel(), count = (n + kBlock - 1) / kBlock;
+        const bool wide = out[0].dtype() == DType::kF32;
+        float* y32 = wide ? out[0].data<float>() : nullptr;
+        auto* y16 = wide ? nullptr : static_cast<std::uint16_t*>(out[0].raw_data());
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+        for (std::int64_t b = 0; b < count; ++b) {
+          const std::int64_t lo = b * kBlock, m = std::min(kBlock, n - lo);
+          alignas(64) float tx[kBlock], tdy[kBlock], ty[kBlock];
+          const float* x = as_f32(in[0], lo, m, tx);
+          float* y = wide ? y32 + lo : ty;
           if (grad)
-            gelu_grad_f32(x + lo, dy + lo, y, m);
+            gelu_grad_f32(x, as_f32(in[1], lo, m, tdy), y, m);
           else
-            gelu_f32(x + lo, y, m);
-        });
+            gelu_f32(x, y, m);
+          if (!wide) to_bf16_serial(ty, y16 + lo, m);
+        }
         return ok_status();
       },
-      bf16 ? "bf16-writer" : "vector");
+      impl);
 }
 
 }  // namespace
@@ -125,14 +116,24 @@ void register_gelu(KernelRegistry& r) {
         in[1].dtype != DType::kF32 || in[0].shape != in[1].shape ||
         blocked_input(n, 0) != blocked || blocked_input(n, 1) != blocked)
       return before(n, in);
-    return gelu_kernel(true, false);
+    return gelu_kernel(true, "vector");
   });
-  add_writer(r, "gelu", [](const Node&, const Inputs&) { return gelu_kernel(false, true); });
-  add_writer(r, "gelu_grad", [](const Node&, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
-    if (in[0].shape != in[1].shape)
-      return failed_precondition("a bf16 GELU gradient takes x and dy of one shape");
-    return gelu_kernel(true, true);
-  });
+  // bf16 in or out: what the node reads bf16 it widens, what it writes
+  // bf16 it stores (graph/precision.cc's bf16 readers and writers).
+  auto impl = [](const Node& n) {
+    return n.outputs[0].dtype == DType::kBF16 ? "bf16-writer" : "bf16-reader";
+  };
+  add_writer(
+      r, "gelu", [impl](const Node& n, const Inputs&) { return gelu_kernel(false, impl(n)); },
+      true);
+  add_writer(
+      r, "gelu_grad",
+      [impl](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
+        if (in[0].shape != in[1].shape)
+          return failed_precondition("a bf16 GELU gradient takes x and dy of one shape");
+        return gelu_kernel(true, impl(n));
+      },
+      true);
 }
 
 }  // namespace shoal::runtime::cpu

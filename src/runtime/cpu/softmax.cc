@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "runtime/cpu/kernels_internal.h"
 #include "runtime/cpu/vec_math.h"
@@ -185,7 +186,50 @@ void softmax_grad_all(const T* y, const T* dy, T* dx, const AxisView& v, T scale
   }
 }
 
+// Softmax or its gradient along the last axis, rows of len, any operand
+// f32 or bf16 (--precision bf16: the scores a product wrote bf16, the
+// probabilities stored bf16 for the product that reads them and for the
+// gradient). Each row widened into f32 scratch, computed as the f32
+// kernels do, stored at the output's width.
+Result<std::unique_ptr<Kernel>> softmax_bf16_kernel(const Node& n, const Inputs& in, bool grad) {
+  const std::int64_t len = in[0].shape.empty() ? 1 : in[0].shape.back();
+  const std::int64_t rows = len == 0 ? 0 : num_elements(in[0].shape) / len;
+  const SoftmaxSpec p = SoftmaxSpec::of(n, in[0].shape, false);
+  const auto scale = static_cast<float>(p.scale);
+  const char* impl = n.outputs[0].dtype == DType::kBF16 ? "bf16-writer" : "bf16-reader";
+  return make_fn(
+      [=](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> out) {
+        const bool wide = out[0].dtype() == DType::kF32;
+#pragma omp parallel if (rows * len > kParallelGrain)
+        {
+          std::vector<float> a(len), b(len), y(len);
+#pragma omp for schedule(static)
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t at = r * len;
+            float* yr = wide ? out[0].data<float>() + at : y.data();
+            const float* u = as_f32(x[0], at, len, a.data());
+            if (grad)
+              softmax_grad_row(u, as_f32(x[1], at, len, b.data()), yr, len, 1, scale);
+            else
+              softmax_row(u, yr, p.seen(r), len, scale, false);
+            if (!wide) to_bf16_serial(yr, static_cast<std::uint16_t*>(out[0].raw_data()) + at, len);
+          }
+        }
+        return ok_status();
+      },
+      impl);
+}
+
 }  // namespace
+
+void register_softmax_bf16(KernelRegistry& r) {
+  add_writer(
+      r, "softmax",
+      [](const Node& n, const Inputs& in) { return softmax_bf16_kernel(n, in, false); }, true);
+  add_writer(
+      r, "softmax_grad",
+      [](const Node& n, const Inputs& in) { return softmax_bf16_kernel(n, in, true); }, true);
+}
 
 void register_softmax(KernelRegistry& r) {
   for (std::string op : {"softmax", "log_softmax"}) {
