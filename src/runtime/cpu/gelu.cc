@@ -11,10 +11,13 @@
 #include <span>
 
 #include "runtime/cpu/kernels_internal.h"
+#include "runtime/cpu/vec_bf16.h"
 #include "runtime/cpu/vec_math.h"
 
 namespace shoal::runtime::cpu {
 namespace {
+
+using namespace vec;  // NOLINT: this directory's own vector helpers
 
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
@@ -29,7 +32,11 @@ inline __m512 phi16(__m512 v, __m512* e) {
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 z = _mm512_mul_ps(v, _mm512_set1_ps(kInvSqrt2));
   const __m512 a = _mm512_abs_ps(z);
-  const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f), one));
+  // t = 1/d, d >= 1: the 14-bit reciprocal and one Newton step (2^-28,
+  // below f32's rounding) cost a third of a division's latency.
+  const __m512 d = _mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f), one);
+  __m512 t = _mm512_rcp14_ps(d);
+  t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, _mm512_set1_ps(2.0f)));
   __m512 p = _mm512_set1_ps(1.061405429f);
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
@@ -45,58 +52,56 @@ inline __m512 phi16(__m512 v, __m512* e) {
 
 inline float phi_scalar(float x) { return 0.5f * std::erfc(-x * kInvSqrt2); }
 
-// GELU of n floats into y.
-void gelu_f32(const float* x, float* y, std::int64_t n) {
-  std::int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    __m512 e;
-    _mm512_storeu_ps(y + i, _mm512_mul_ps(v, phi16(v, &e)));
-  }
-#endif
-  for (; i < n; ++i) y[i] = x[i] * phi_scalar(x[i]);
-}
-
-// dx = dy * GELU'(x) over n floats.
-void gelu_grad_f32(const float* x, const float* dy, float* dx, std::int64_t n) {
-  std::int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
+// GELU of n values of x into y, or (dy given) dy * GELU'(x); each operand
+// f32 or bf16 (vec_bf16.h), computed in f32.
+template <typename X, typename D, typename Y>
+void gelu_span(const X* x, const D* dy, Y* y, std::int64_t n) {
+#if defined(SHOAL_VEC_BF16)
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = first(n - i);
+    const __m512 v = load16(x + i, m);
     __m512 e;
     const __m512 cdf = phi16(v, &e);
-    const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(v, _mm512_set1_ps(kInvSqrt2Pi)), e, cdf);
-    _mm512_storeu_ps(dx + i, _mm512_mul_ps(_mm512_loadu_ps(dy + i), d));
+    if (dy == nullptr) {
+      store16(y + i, _mm512_mul_ps(v, cdf), m);
+    } else {
+      const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(v, _mm512_set1_ps(kInvSqrt2Pi)), e, cdf);
+      store16(y + i, _mm512_mul_ps(load16(dy + i, m), d), m);
+    }
+  }
+#else
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = widen(x[i]);
+    if (dy == nullptr)
+      put(y + i, v * phi_scalar(v));
+    else
+      put(y + i, widen(dy[i]) * (phi_scalar(v) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v)));
   }
 #endif
-  for (; i < n; ++i)
-    dx[i] = dy[i] * (phi_scalar(x[i]) + x[i] * kInvSqrt2Pi * std::exp(-0.5f * x[i] * x[i]));
 }
 
 // GELU's or its gradient's kernel over blocks of kBlock elements (in
-// parallel when large): each input read as f32 (a bf16 one widened in L1),
-// the result written as f32 or stored bf16, by the node's types.
-constexpr std::int64_t kBlock = 1024;
+// parallel when large), every operand f32 or bf16 by the node's types.
+constexpr std::int64_t kBlock = 4096;
 Result<std::unique_ptr<Kernel>> gelu_kernel(bool grad, const char* impl) {
   return make_fn(
       [grad](const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) {
         const std::int64_t n = in[0].numel(), count = (n + kBlock - 1) / kBlock;
-        const bool wide = out[0].dtype() == DType::kF32;
-        float* y32 = wide ? out[0].data<float>() : nullptr;
-        auto* y16 = wide ? nullptr : static_cast<std::uint16_t*>(out[0].raw_data());
+        auto run = [&](const auto* x, const auto* dy, auto* y) {
 #pragma omp parallel for if (n > kParallelGrain) schedule(static)
-        for (std::int64_t b = 0; b < count; ++b) {
-          const std::int64_t lo = b * kBlock, m = std::min(kBlock, n - lo);
-          alignas(64) float tx[kBlock], tdy[kBlock], ty[kBlock];
-          const float* x = as_f32(in[0], lo, m, tx);
-          float* y = wide ? y32 + lo : ty;
-          if (grad)
-            gelu_grad_f32(x, as_f32(in[1], lo, m, tdy), y, m);
-          else
-            gelu_f32(x, y, m);
-          if (!wide) to_bf16_serial(ty, y16 + lo, m);
-        }
+          for (std::int64_t b = 0; b < count; ++b) {
+            const std::int64_t lo = b * kBlock, m = std::min(kBlock, n - lo);
+            gelu_span(x + lo, dy == nullptr ? dy : dy + lo, y + lo, m);
+          }
+        };
+        typed_in(in[0], [&](const auto* x) {
+          typed_out(out[0], [&](auto* y) {
+            if (grad)
+              typed_in(in[1], [&](const auto* dy) { run(x, dy, y); });
+            else
+              run(x, static_cast<const float*>(nullptr), y);
+          });
+        });
         return ok_status();
       },
       impl);

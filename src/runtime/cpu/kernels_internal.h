@@ -126,17 +126,25 @@ void register_softmax_bf16(KernelRegistry& r);  // softmax.cc, after register_on
 // Replaces op's factory with one that builds `bf16` where the node's
 // output is bf16 (its inputs plain f32, checked) and the previous factory
 // elsewhere (bf16_writers.cc). With `reads`, also where an input is bf16
-// (every input plain f32 or bf16): `bf16` reads them through as_f32.
+// (every input plain f32 or bf16): `bf16` reads them (typed_in).
 void add_writer(KernelRegistry& r, const char* op, KernelFactory bf16, bool reads = false);
 
-// Elements [lo, lo + k) of t (f32 or bf16, plain) as f32: t's own data,
-// or (bf16) widened into tmp, k floats.
-inline const float* as_f32(const Tensor& t, std::int64_t lo, std::int64_t k, float* tmp) {
-  if (t.dtype() == DType::kF32) return t.data<float>() + lo;
-  const auto* h = static_cast<const std::uint16_t*>(t.raw_data()) + lo;
-#pragma omp simd
-  for (std::int64_t i = 0; i < k; ++i) tmp[i] = bf16_to_float(BF16{h[i]});
-  return tmp;
+// f(p) with p the data of t (f32 or bf16) as const float* or as the bf16
+// bits, const std::uint16_t*: a kernel templated on its operand types
+// (vec_bf16.h's load16/store16, widen/put) instantiated per type.
+template <typename F>
+void typed_in(const Tensor& t, F f) {
+  if (t.dtype() == DType::kBF16)
+    f(static_cast<const std::uint16_t*>(t.raw_data()));
+  else
+    f(t.data<float>());
+}
+template <typename F>
+void typed_out(Tensor& t, F f) {
+  if (t.dtype() == DType::kBF16)
+    f(static_cast<std::uint16_t*>(t.raw_data()));
+  else
+    f(t.data<float>());
 }
 
 // f32 -> bf16 bits, rounding to nearest even (elementwise.cc): in

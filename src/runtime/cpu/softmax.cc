@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/cpu/kernels_internal.h"
+#include "runtime/cpu/vec_bf16.h"
 #include "runtime/cpu/vec_math.h"
 
 namespace shoal::runtime::cpu {
@@ -186,11 +187,75 @@ void softmax_grad_all(const T* y, const T* dy, T* dx, const AxisView& v, T scale
   }
 }
 
-// Softmax or its gradient along the last axis, rows of len, any operand
-// f32 or bf16 (--precision bf16: the scores a product wrote bf16, the
-// probabilities stored bf16 for the product that reads them and for the
-// gradient). Each row widened into f32 scratch, computed as the f32
-// kernels do, stored at the output's width.
+// The softmax family's rows with any operand f32 or bf16 (vec_bf16.h;
+// --precision bf16: the scores a product wrote bf16, the probabilities
+// stored bf16 for the product that reads them and for the gradient),
+// computed in f32 as the f32 kernels do. A row's exponentials wait in
+// `e` (len floats, L1) for the normalization.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers
+template <typename X, typename Y>
+void softmax_row_any(const X* x, Y* y, float* e, std::int64_t seen, std::int64_t len, float scale) {
+  if (seen == 0) {
+    for (std::int64_t j = 0; j < len; ++j) put(y + j, 0.0f);
+    return;
+  }
+#if defined(SHOAL_VEC_BF16)
+  const __m512 low = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 vmx = low;
+  for (std::int64_t j = 0; j < seen; j += 16) {
+    const __mmask16 m = first(seen - j);
+    vmx = _mm512_max_ps(vmx, _mm512_mask_mov_ps(low, m, load16(x + j, m)));
+  }
+  const float mx = lanes_max(vmx);
+  const __m512 vs = _mm512_set1_ps(scale), vb = _mm512_set1_ps(-scale * mx);
+  __m512 vsum = _mm512_setzero_ps();
+  for (std::int64_t j = 0; j < seen; j += 16) {
+    const __mmask16 m = first(seen - j);
+    const __m512 v = _mm512_maskz_mov_ps(m, exp16(_mm512_fmadd_ps(load16(x + j, m), vs, vb)));
+    _mm512_storeu_ps(e + j, v);
+    vsum = _mm512_add_ps(vsum, v);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / lanes_sum(vsum));
+  for (std::int64_t j = 0; j < len; j += 16) {
+    const __mmask16 m = first(len - j);
+    const __m512 v = j < seen ? _mm512_mul_ps(_mm512_loadu_ps(e + j), inv) : _mm512_setzero_ps();
+    store16(y + j, v, m);
+  }
+#else
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < seen; ++j) mx = std::max(mx, widen(x[j]));
+  float sum = 0;
+  for (std::int64_t j = 0; j < seen; ++j) sum += e[j] = exp_f32(scale * (widen(x[j]) - mx));
+  for (std::int64_t j = 0; j < len; ++j) put(y + j, j < seen ? e[j] / sum : 0.0f);
+#endif
+}
+
+// dx = scale * y * (dy - sum(dy * y)) along one row of n.
+template <typename A, typename B, typename Y>
+void softmax_grad_row_any(const A* y, const B* dy, Y* dx, std::int64_t n, float scale) {
+#if defined(SHOAL_VEC_BF16)
+  __m512 vdot = _mm512_setzero_ps();
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = first(n - j);
+    vdot = _mm512_fmadd_ps(load16(y + j, m), load16(dy + j, m), vdot);
+  }
+  const __m512 dot = _mm512_set1_ps(lanes_sum(vdot)), vs = _mm512_set1_ps(scale);
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = first(n - j);
+    const __m512 g = _mm512_sub_ps(load16(dy + j, m), dot);
+    store16(dx + j, _mm512_mul_ps(_mm512_mul_ps(vs, load16(y + j, m)), g), m);
+  }
+#else
+  float dot = 0;
+  for (std::int64_t j = 0; j < n; ++j) dot += widen(y[j]) * widen(dy[j]);
+  for (std::int64_t j = 0; j < n; ++j) put(dx + j, scale * widen(y[j]) * (widen(dy[j]) - dot));
+#endif
+}
+#pragma GCC diagnostic pop
+
+// Softmax (grad false: x) or its gradient (y, dy) along the last axis,
+// rows of len, as the node's operand types say.
 Result<std::unique_ptr<Kernel>> softmax_bf16_kernel(const Node& n, const Inputs& in, bool grad) {
   const std::int64_t len = in[0].shape.empty() ? 1 : in[0].shape.back();
   const std::int64_t rows = len == 0 ? 0 : num_elements(in[0].shape) / len;
@@ -199,22 +264,28 @@ Result<std::unique_ptr<Kernel>> softmax_bf16_kernel(const Node& n, const Inputs&
   const char* impl = n.outputs[0].dtype == DType::kBF16 ? "bf16-writer" : "bf16-reader";
   return make_fn(
       [=](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> out) {
-        const bool wide = out[0].dtype() == DType::kF32;
+        auto forward = [&](const auto* a, auto* y) {
 #pragma omp parallel if (rows * len > kParallelGrain)
-        {
-          std::vector<float> a(len), b(len), y(len);
+          {
+            std::vector<float> e((len + 15) / 16 * 16);
 #pragma omp for schedule(static)
-          for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t at = r * len;
-            float* yr = wide ? out[0].data<float>() + at : y.data();
-            const float* u = as_f32(x[0], at, len, a.data());
-            if (grad)
-              softmax_grad_row(u, as_f32(x[1], at, len, b.data()), yr, len, 1, scale);
-            else
-              softmax_row(u, yr, p.seen(r), len, scale, false);
-            if (!wide) to_bf16_serial(yr, static_cast<std::uint16_t*>(out[0].raw_data()) + at, len);
+            for (std::int64_t r = 0; r < rows; ++r)
+              softmax_row_any(a + r * len, y + r * len, e.data(), p.seen(r), len, scale);
           }
-        }
+        };
+        auto backward = [&](const auto* a, const auto* b, auto* y) {
+#pragma omp parallel for if (rows * len > kParallelGrain) schedule(static)
+          for (std::int64_t r = 0; r < rows; ++r)
+            softmax_grad_row_any(a + r * len, b + r * len, y + r * len, len, scale);
+        };
+        typed_in(x[0], [&](const auto* a) {
+          typed_out(out[0], [&](auto* y) {
+            if (grad)
+              typed_in(x[1], [&](const auto* b) { backward(a, b, y); });
+            else
+              forward(a, y);
+          });
+        });
         return ok_status();
       },
       impl);
