@@ -241,41 +241,74 @@ Status conv_transpose(Ctx& c) {
   return ok_status();
 }
 
+// 2-D pooling of NCHW x over window w (2 dims), as ONNX pads it.
+Value pool2d(graph::Builder& b, Value x, Window w, bool is_max, bool include_pad) {
+  if (is_max) {
+    // Shoal's pool pads at most half a kernel; beyond that, pad explicitly.
+    bool fits = symmetric(w);
+    for (std::size_t i = 0; i < w.begin.size(); ++i) fits = fits && 2 * w.begin[i] <= w.kernel[i];
+    if (!fits) x = pad_spatial(b, x, w, -FLT_MAX), w.begin = w.end = {0, 0};
+    return b.max_pool2d(x, w.kernel, w.stride, w.begin);
+  }
+  Value y = b.avg_pool2d(pad_spatial(b, x, w, 0.0), w.kernel, w.stride, {0, 0});
+  bool padded = false;
+  for (std::size_t i = 0; i < w.begin.size(); ++i) padded = padded || w.begin[i] || w.end[i];
+  if (include_pad || !padded) return y;
+  // Divide by the count of real (unpadded) elements in each window: the
+  // average of a padded ones-image, folded to a constant.
+  Tensor ones = Tensor::full(b.shape(x), b.dtype_of(x), 1.0);
+  Value frac = b.avg_pool2d(pad_spatial(b, b.constant(ones), w, 0.0), w.kernel, w.stride, {0, 0});
+  return b.div(y, frac);
+}
+
+// Dims `dims` of a 3-D window as a 2-D one.
+Window window_dims(const Window& w, std::size_t i, std::size_t j) {
+  auto pick = [&](const std::vector<std::int64_t>& v) {
+    return std::vector<std::int64_t>{v[i], v[j]};
+  };
+  return {pick(w.kernel), pick(w.stride), pick(w.dilation), pick(w.begin), pick(w.end)};
+}
+
+// 3-D pooling (NCDHW) as two 2-D poolings: over (H, W) with the depth
+// joined to the channels, then over (D, 1) with H x W as one axis. A box's
+// maximum is the maximum over depth of the planes' maxima, and its average
+// the average over depth of the planes' averages: every plane's window
+// holds as many real elements (padding excluded or counted), so the
+// division by the box's count splits into the two.
+Value pool3d(graph::Builder& b, Value x, const Window& w, bool is_max, bool include_pad) {
+  const Shape xs = b.shape(x);
+  Value planes = b.reshape(x, {xs[0], xs[1] * xs[2], xs[3], xs[4]});
+  Value y = pool2d(b, planes, window_dims(w, 1, 2), is_max, include_pad);
+  const Shape ys = b.shape(y);
+  y = b.reshape(y, {xs[0], xs[1], xs[2], ys[2] * ys[3]});
+  Window depth = window_dims(w, 0, 0);
+  depth.kernel[1] = depth.stride[1] = depth.dilation[1] = 1;
+  depth.begin[1] = depth.end[1] = 0;
+  y = pool2d(b, y, depth, is_max, include_pad);
+  return b.reshape(y, {xs[0], xs[1], b.shape(y)[2], ys[2], ys[3]});
+}
+
 Converter pool(bool is_max) {
   return [is_max](Ctx& c) -> Status {
     auto& b = c.b();
     SHOAL_ASSIGN_OR_RETURN(Value x, c.in(0));
     Shape xs = b.shape(x);
-    if (xs.size() != 3 && xs.size() != 4) return c.fail("only 1-D and 2-D pooling is imported");
+    if (xs.size() < 3 || xs.size() > 5)
+      return c.fail("only 1-D, 2-D and 3-D pooling is imported, not input {}", shape_str(xs));
     if (c.wants_output(1)) return c.fail("the Indices output of MaxPool is not supported");
     SHOAL_ASSIGN_OR_RETURN(Window w, window_of(c, xs, c.attr_ints("kernel_shape")));
+    if (w.kernel.size() != xs.size() - 2)
+      return c.fail("kernel_shape has {} dims for {} spatial dims", w.kernel.size(), xs.size() - 2);
     for (auto d : w.dilation)
       if (d != 1) return c.fail("pooling dilations other than 1 are not supported");
-    bool one_d = xs.size() == 3;
-    x = as_2d(b, x);
-    if (one_d) to_2d(w);
-    bool include_pad = c.attr_i("count_include_pad", 0) != 0;
-    Value y;
-    if (is_max) {
-      // Shoal's pool pads at most half a kernel; beyond that, pad explicitly.
-      bool fits = symmetric(w);
-      for (std::size_t i = 0; i < w.begin.size(); ++i) fits = fits && 2 * w.begin[i] <= w.kernel[i];
-      if (!fits) x = pad_spatial(b, x, w, -FLT_MAX), w.begin = w.end = {0, 0};
-      y = b.max_pool2d(x, w.kernel, w.stride, w.begin);
-    } else {
-      Value xp = pad_spatial(b, x, w, 0.0);
-      y = b.avg_pool2d(xp, w.kernel, w.stride, {0, 0});
-      bool padded = false;
-      for (std::size_t i = 0; i < w.begin.size(); ++i) padded = padded || w.begin[i] || w.end[i];
-      if (!include_pad && padded) {
-        // Divide by the count of real (unpadded) elements in each window: the
-        // average of a padded ones-image, folded to a constant.
-        Tensor ones = Tensor::full(b.shape(x), b.dtype_of(x), 1.0);
-        Value frac =
-            b.avg_pool2d(pad_spatial(b, b.constant(ones), w, 0.0), w.kernel, w.stride, {0, 0});
-        y = b.div(y, frac);
-      }
+    const bool include_pad = c.attr_i("count_include_pad", 0) != 0;
+    if (xs.size() == 5) {
+      c.out(0, pool3d(b, x, w, is_max, include_pad));
+      return ok_status();
     }
+    const bool one_d = xs.size() == 3;
+    if (one_d) to_2d(w);
+    Value y = pool2d(b, as_2d(b, x), w, is_max, include_pad);
     if (one_d) {
       Shape ys = b.shape(y);
       y = b.reshape(y, {ys[0], ys[1], ys[3]});

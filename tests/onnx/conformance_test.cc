@@ -34,15 +34,13 @@ TEST(OnnxConformance, EveryNodeTestOfEveryClaimedOperatorPasses) {
 
 // The node tests of the partially supported operators that fail, by name:
 // what each lacks is a dtype or a variant Shoal does not import (bf16 and
-// string casts, int8 clips, 3-D pooling, dilated or argmax max-pooling,
+// string casts, int8 clips, dilated or argmax max-pooling,
 // edge/reflect padding, negative slice steps, dropout's mask output,
 // optional and sequence identities, integer powers). Measured 2026-11-26:
 // 77 of 109 pass. A test of this list that passes, or one outside it that
 // fails, fails this test: a fix is recorded here, a regression is named.
 const std::set<std::string>& known_failing() {
   static const std::set<std::string> k = {
-      // AveragePool
-      "test_averagepool_3d_default",
       // Cast
       "test_cast_BFLOAT16_to_FLOAT",
       "test_cast_FLOAT_to_BFLOAT16",
@@ -69,7 +67,6 @@ const std::set<std::string>& known_failing() {
       // MaxPool
       "test_maxpool_2d_dilations",
       "test_maxpool_2d_uint8",
-      "test_maxpool_3d_default",
       "test_maxpool_with_argmax_2d_precomputed_pads",
       "test_maxpool_with_argmax_2d_precomputed_strides",
       // Pad

@@ -81,6 +81,23 @@ class Conv3dNet(nn.Module):
         return self.f(x.reshape(x.shape[0], 1, 4, 7, 28))
 
 
+class Pool3dNet(nn.Module):
+    """3-D pooling after a 3-D convolution: a max pool with padding and
+    ceil_mode, an average pool with padding left out of the count."""
+
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Conv3d(1, 8, 3, padding=1), nn.ReLU(),
+                               nn.MaxPool3d((2, 3, 3), stride=(1, 2, 2), padding=1,
+                                            ceil_mode=True),
+                               nn.AvgPool3d(2, stride=2, padding=(1, 0, 1),
+                                            count_include_pad=False),
+                               nn.Flatten(), nn.Linear(8 * 3 * 2 * 8, 10))
+
+    def forward(self, x):
+        return self.f(x.reshape(x.shape[0], 1, 4, 7, 28))
+
+
 class DwSep(nn.Module):
     """Depthwise-separable blocks, MobileNet v1 style, at 28x28."""
 
@@ -133,6 +150,7 @@ MODELS = {
     "mixer": (Mixer, GRAY),
     "conv1d": (Conv1dNet, GRAY),
     "conv3d": (Conv3dNet, GRAY),
+    "pool3d": (Pool3dNet, GRAY),
     "dwsep": (DwSep, GRAY),
     "gru": (lambda: Recurrent("gru"), GRAY),
     "lstm": (lambda: Recurrent("lstm"), GRAY),
