@@ -179,6 +179,45 @@ TEST(OneDnn, Pooling) {
   compare("max uneven", {{2, 3, 5, 5}}, [](Builder& b, auto x) {
     return std::vector<Value>{b.max_pool2d(x[0], {2, 2}, {2, 2})};
   });
+  // The plain layout's gradient searches 16 outputs of a row at once: rows
+  // of 20 and 37 outputs (a full block and a partial one), overlapping
+  // windows.
+  compare("max wide", {{2, 3, 9, 40}}, [](Builder& b, auto x) {
+    return std::vector<Value>{b.max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1})};
+  });
+  compare("max overlapping", {{2, 2, 7, 37}}, [](Builder& b, auto x) {
+    return std::vector<Value>{b.max_pool2d(x[0], {3, 2}, {1, 1}, {1, 1})};
+  });
+}
+
+// Max pooling's gradient where windows tie (inputs of three values): the
+// first maximum in scan order takes the gradient, in the f32 kernel (16
+// outputs at once) as in the f64 reference.
+TEST(OneDnn, MaxPoolingGradientGoesToTheFirstOfTiedMaxima) {
+  PhiloxRng rng(3, 1);
+  Tensor x = Tensor::empty({2, 3, 8, 41}, DType::kF64),
+         dy = Tensor::empty({2, 3, 8, 41}, DType::kF64);
+  rng.fill_normal(x, 0, 1);
+  rng.fill_normal(dy, 0, 1);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.set(i, std::floor(std::abs(x.get(i)) * 1.5));
+  auto grad = [&](DType t) {
+    Graph g;
+    Builder b(g);
+    Value xv = b.input("x", t, x.shape()), dv = b.input("dy", t, dy.shape());
+    g.mark_output(b.op("max_pool2d_grad", {xv, dv},
+                       {{"kernel", std::vector<std::int64_t>{3, 3}},
+                        {"stride", std::vector<std::int64_t>{1, 1}},
+                        {"padding", std::vector<std::int64_t>{1, 1}}}));
+    auto exe = (*make_backend("cpu"))->compile(std::move(g), {});
+    EXPECT_TRUE(exe.ok()) << exe.status().to_string();
+    EXPECT_TRUE((*exe)->bind("x", x.cast(t)).ok());
+    EXPECT_TRUE((*exe)->bind("dy", dy.cast(t)).ok());
+    EXPECT_TRUE((*exe)->run().ok());
+    return (*exe)->output(0).cast(DType::kF64);
+  };
+  const Tensor want = grad(DType::kF64), got = grad(DType::kF32);
+  for (std::int64_t i = 0; i < want.numel(); ++i)
+    ASSERT_NEAR(got.get(i), want.get(i), 1e-5) << "element " << i;
   compare("avg", {{2, 3, 9, 8}}, [](Builder& b, auto x) {
     return std::vector<Value>{b.avg_pool2d(x[0], {3, 2}, {2, 1}, {1, 1})};
   });

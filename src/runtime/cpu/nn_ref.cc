@@ -2,15 +2,21 @@
 // convolution and pooling loops (the norms are in norm_ref.cc). f32
 // matmul, linear, conv and pooling are overridden by oneDNN (onednn.cc);
 // these stay the f64 path (gradient checks) and the oracle the oneDNN
-// kernels are tested against.
+// kernels are tested against. Max pooling's f32 gradient on the plain
+// layout is here, vectorized (oneDNN's needs the forward's workspace).
 #include <cblas.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "runtime/cpu/kernels_internal.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace shoal::runtime::cpu {
 namespace {
@@ -134,6 +140,65 @@ struct PoolGeom {
   }
 };
 
+#if defined(__AVX512F__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers
+// Max pooling's gradient on the plain layout, f32, any window: each
+// window's first maximum in scan order (as pool_ref) found for 16 outputs
+// of a row at once, the taps gathered, then the 16 gradients added one by
+// one (overlapping windows can share a maximum). The scalar search ran a
+// compare-and-select chain per tap, ~10 cycles each.
+void max_pool_grad_f32(const PoolGeom& geo, const float* x, const float* dy, float* dx,
+                       std::int64_t nc, std::int64_t h, std::int64_t w, std::int64_t oh,
+                       std::int64_t ow) {
+  const auto& k = geo.k;
+  const auto& st = geo.st;
+  const auto& pd = geo.pd;
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 low = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+#pragma omp parallel for schedule(static)
+  for (std::int64_t p = 0; p < nc; ++p) {
+    const float* px = x + p * h * w;
+    float* q = dx + p * h * w;
+    const float* g = dy + p * oh * ow;
+    std::fill(q, q + h * w, 0.0f);
+    alignas(64) std::int32_t best[16];
+    for (std::int64_t oy = 0; oy < oh; ++oy)
+      for (std::int64_t ox = 0; ox < ow; ox += 16) {
+        const __mmask16 lanes =
+            static_cast<__mmask16>(ow - ox >= 16 ? 0xffff : (1u << (ow - ox)) - 1);
+        const __m512i ix0 = _mm512_sub_epi32(
+            _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(ox))),
+                               _mm512_set1_epi32(static_cast<int>(st[1]))),
+            _mm512_set1_epi32(static_cast<int>(pd[1])));
+        __m512 acc = low;
+        __m512i at = _mm512_set1_epi32(-1);
+        for (std::int64_t ky = 0; ky < k[0]; ++ky) {
+          const std::int64_t iy = oy * st[0] - pd[0] + ky;
+          if (iy < 0 || iy >= h) continue;
+          const __m512i row = _mm512_set1_epi32(static_cast<int>(iy * w));
+          for (std::int64_t kx = 0; kx < k[1]; ++kx) {
+            const __m512i ix = _mm512_add_epi32(ix0, _mm512_set1_epi32(static_cast<int>(kx)));
+            const __mmask16 in =
+                lanes & _mm512_cmpge_epi32_mask(ix, _mm512_setzero_si512()) &
+                _mm512_cmplt_epi32_mask(ix, _mm512_set1_epi32(static_cast<int>(w)));
+            const __m512i off = _mm512_add_epi32(row, ix);
+            const __m512 v = _mm512_mask_i32gather_ps(low, in, off, px, 4);
+            const __mmask16 take = in & (_mm512_cmp_ps_mask(v, acc, _CMP_GT_OQ) |
+                                         _mm512_cmplt_epi32_mask(at, _mm512_setzero_si512()));
+            acc = _mm512_mask_mov_ps(acc, take, v);
+            at = _mm512_mask_mov_epi32(at, take, off);
+          }
+        }
+        _mm512_store_si512(best, at);
+        for (std::int64_t l = 0; l < std::min<std::int64_t>(16, ow - ox); ++l)
+          if (best[l] >= 0) q[best[l]] += g[oy * ow + ox + l];
+      }
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
 template <typename T>
 void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& out, bool is_max,
               bool backward) {
@@ -221,6 +286,12 @@ void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& ou
       }
     return;
   }
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (backward && is_max && h * w < (std::int64_t{1} << 31))
+      return max_pool_grad_f32(geo, px, dy->data<T>(), po, nc, h, w, oh, ow);
+  }
+#endif
   if (backward) std::fill(po, po + out.numel(), T(0));
 #pragma omp parallel for schedule(static)
   for (std::int64_t p = 0; p < nc; ++p)
