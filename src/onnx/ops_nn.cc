@@ -261,7 +261,7 @@ Value pool2d(graph::Builder& b, Value x, Window w, bool is_max, bool include_pad
   return b.div(y, frac);
 }
 
-// Dims `dims` of a 3-D window as a 2-D one.
+// Dims i and j of a window as a 2-D one.
 Window window_dims(const Window& w, std::size_t i, std::size_t j) {
   auto pick = [&](const std::vector<std::int64_t>& v) {
     return std::vector<std::int64_t>{v[i], v[j]};

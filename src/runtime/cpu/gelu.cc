@@ -125,18 +125,15 @@ void register_gelu(KernelRegistry& r) {
   });
   // bf16 in or out: what the node reads bf16 it widens, what it writes
   // bf16 it stores (graph/precision.cc's bf16 readers and writers).
-  auto impl = [](const Node& n) {
-    return n.outputs[0].dtype == DType::kBF16 ? "bf16-writer" : "bf16-reader";
-  };
   add_writer(
-      r, "gelu", [impl](const Node& n, const Inputs&) { return gelu_kernel(false, impl(n)); },
+      r, "gelu", [](const Node& n, const Inputs&) { return gelu_kernel(false, bf16_impl(n)); },
       true);
   add_writer(
       r, "gelu_grad",
-      [impl](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
+      [](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
         if (in[0].shape != in[1].shape)
           return failed_precondition("a bf16 GELU gradient takes x and dy of one shape");
-        return gelu_kernel(true, impl(n));
+        return gelu_kernel(true, bf16_impl(n));
       },
       true);
 }

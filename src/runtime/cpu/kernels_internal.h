@@ -128,6 +128,11 @@ void register_softmax_bf16(KernelRegistry& r);  // softmax.cc, after register_on
 // elsewhere (bf16_writers.cc). With `reads`, also where an input is bf16
 // (every input plain f32 or bf16): `bf16` reads them (typed_in).
 void add_writer(KernelRegistry& r, const char* op, KernelFactory bf16, bool reads = false);
+// What kernel_impls says of such a kernel: "bf16-writer" where the node
+// writes bf16, "bf16-reader" where it only reads it.
+inline const char* bf16_impl(const Node& n) {
+  return n.outputs[0].dtype == DType::kBF16 ? "bf16-writer" : "bf16-reader";
+}
 
 // f(p) with p the data of t (f32 or bf16) as const float* or as the bf16
 // bits, const std::uint16_t*: a kernel templated on its operand types
@@ -152,8 +157,8 @@ void typed_out(Tensor& t, F f) {
 void to_bf16(const float* x, std::uint16_t* y, std::int64_t n);
 void to_bf16_serial(const float* x, std::uint16_t* y, std::int64_t n);
 // n values stored as bf16 at y, computed in f32 by fill(lo, k, tmp)
-// (tmp[i] = value lo + i) in chunks that stay in L1: the one way the bf16
-// writers (bf16_writers.cc, gelu.cc) store what they compute.
+// (tmp[i] = value lo + i) in chunks that stay in L1 (layer norm's bf16
+// writer; GELU and softmax store through vec_bf16.h's store16).
 template <typename Fill>
 void chunks_to_bf16(std::uint16_t* y, std::int64_t n, Fill fill) {
   constexpr std::int64_t kChunk = 512;

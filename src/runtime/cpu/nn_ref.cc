@@ -13,10 +13,7 @@
 #include <type_traits>
 
 #include "runtime/cpu/kernels_internal.h"
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "runtime/cpu/vec_math.h"
 
 namespace shoal::runtime::cpu {
 namespace {
@@ -165,8 +162,7 @@ void max_pool_grad_f32(const PoolGeom& geo, const float* x, const float* dy, flo
     alignas(64) std::int32_t best[16];
     for (std::int64_t oy = 0; oy < oh; ++oy)
       for (std::int64_t ox = 0; ox < ow; ox += 16) {
-        const __mmask16 lanes =
-            static_cast<__mmask16>(ow - ox >= 16 ? 0xffff : (1u << (ow - ox)) - 1);
+        const __mmask16 lanes = vec::first(ow - ox);
         const __m512i ix0 = _mm512_sub_epi32(
             _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(ox))),
                                _mm512_set1_epi32(static_cast<int>(st[1]))),

@@ -21,35 +21,73 @@ namespace {
 
 using namespace vec;  // NOLINT: this directory's own vector helpers
 
-#if defined(__AVX512F__)
+// The softmax family's rows with any operand f32 or bf16 (vec_bf16.h;
+// --precision bf16: the scores a product wrote bf16, the probabilities
+// stored bf16 for the product that reads them and for the gradient),
+// computed in f32. A row's exponentials wait in `e` (len floats, L1) for
+// the normalization; an f32 row passes its own output as `e`.
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// softmax_row for f32 in 16-lane pieces, the row's tail and the mask's
-// edge as lane masks.
-void softmax_row_f32(const float* x, float* y, std::int64_t seen, std::int64_t len, float scale) {
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers
+template <typename X, typename Y>
+void softmax_row_any(const X* x, Y* y, float* e, std::int64_t seen, std::int64_t len, float scale) {
+  if (seen == 0) {
+    for (std::int64_t j = 0; j < len; ++j) put(y + j, 0.0f);
+    return;
+  }
+#if defined(SHOAL_VEC_BF16)
   const __m512 low = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 vmx = low;
-  for (std::int64_t j = 0; j < seen; j += 16)
-    vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(low, first(seen - j), x + j));
+  for (std::int64_t j = 0; j < seen; j += 16) {
+    const __mmask16 m = first(seen - j);
+    vmx = _mm512_max_ps(vmx, _mm512_mask_mov_ps(low, m, load16(x + j, m)));
+  }
   const float mx = lanes_max(vmx);
   const __m512 vs = _mm512_set1_ps(scale), vb = _mm512_set1_ps(-scale * mx);
   __m512 vsum = _mm512_setzero_ps();
   for (std::int64_t j = 0; j < seen; j += 16) {
     const __mmask16 m = first(seen - j);
-    const __m512 e =
-        _mm512_maskz_mov_ps(m, exp16(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + j), vs, vb)));
-    _mm512_mask_storeu_ps(y + j, m, e);
-    vsum = _mm512_add_ps(vsum, e);
+    const __m512 v = _mm512_maskz_mov_ps(m, exp16(_mm512_fmadd_ps(load16(x + j, m), vs, vb)));
+    _mm512_mask_storeu_ps(e + j, m, v);
+    vsum = _mm512_add_ps(vsum, v);
   }
   const __m512 inv = _mm512_set1_ps(1.0f / lanes_sum(vsum));
-  for (std::int64_t j = 0; j < seen; j += 16) {
-    const __mmask16 m = first(seen - j);
-    _mm512_mask_storeu_ps(y + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + j), inv));
+  for (std::int64_t j = 0; j < len; j += 16) {
+    // Lanes past `seen` (the mask's) come out 0.
+    const __mmask16 live = first(std::max<std::int64_t>(seen - j, 0));
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, e + j), inv);
+    store16(y + j, v, first(len - j));
   }
-  std::fill(y + seen, y + len, 0.0f);
+#else
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < seen; ++j) mx = std::max(mx, widen(x[j]));
+  float sum = 0;
+  for (std::int64_t j = 0; j < seen; ++j) sum += e[j] = exp_f32(scale * (widen(x[j]) - mx));
+  for (std::int64_t j = 0; j < len; ++j) put(y + j, j < seen ? e[j] / sum : 0.0f);
+#endif
+}
+
+// dx = scale * y * (dy - sum(dy * y)) along one row of n.
+template <typename A, typename B, typename Y>
+void softmax_grad_row_any(const A* y, const B* dy, Y* dx, std::int64_t n, float scale) {
+#if defined(SHOAL_VEC_BF16)
+  __m512 vdot = _mm512_setzero_ps();
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = first(n - j);
+    vdot = _mm512_fmadd_ps(load16(y + j, m), load16(dy + j, m), vdot);
+  }
+  const __m512 dot = _mm512_set1_ps(lanes_sum(vdot)), vs = _mm512_set1_ps(scale);
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = first(n - j);
+    const __m512 g = _mm512_sub_ps(load16(dy + j, m), dot);
+    store16(dx + j, _mm512_mul_ps(_mm512_mul_ps(vs, load16(y + j, m)), g), m);
+  }
+#else
+  float dot = 0;
+  for (std::int64_t j = 0; j < n; ++j) dot += widen(y[j]) * widen(dy[j]);
+  for (std::int64_t j = 0; j < n; ++j) put(dx + j, scale * widen(y[j]) * (widen(dy[j]) - dot));
+#endif
 }
 #pragma GCC diagnostic pop
-#endif
 
 // (outer, len, inner) view of a tensor around `axis`.
 struct AxisView {
@@ -99,9 +137,9 @@ struct SoftmaxSpec {
 // length differs by one from the next).
 template <typename T>
 void softmax_row(const T* x, T* y, std::int64_t seen, std::int64_t len, T scale, bool log) {
-#if defined(__AVX512F__)
+#if defined(SHOAL_VEC_BF16)
   if constexpr (std::is_same_v<T, float>) {
-    if (!log) return softmax_row_f32(x, y, seen, len, scale);
+    if (!log) return softmax_row_any(x, y, y, seen, len, scale);
   }
 #endif
   constexpr T kLow = -std::numeric_limits<T>::infinity();
@@ -187,73 +225,6 @@ void softmax_grad_all(const T* y, const T* dy, T* dx, const AxisView& v, T scale
   }
 }
 
-// The softmax family's rows with any operand f32 or bf16 (vec_bf16.h;
-// --precision bf16: the scores a product wrote bf16, the probabilities
-// stored bf16 for the product that reads them and for the gradient),
-// computed in f32 as the f32 kernels do. A row's exponentials wait in
-// `e` (len floats, L1) for the normalization.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers
-template <typename X, typename Y>
-void softmax_row_any(const X* x, Y* y, float* e, std::int64_t seen, std::int64_t len, float scale) {
-  if (seen == 0) {
-    for (std::int64_t j = 0; j < len; ++j) put(y + j, 0.0f);
-    return;
-  }
-#if defined(SHOAL_VEC_BF16)
-  const __m512 low = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 vmx = low;
-  for (std::int64_t j = 0; j < seen; j += 16) {
-    const __mmask16 m = first(seen - j);
-    vmx = _mm512_max_ps(vmx, _mm512_mask_mov_ps(low, m, load16(x + j, m)));
-  }
-  const float mx = lanes_max(vmx);
-  const __m512 vs = _mm512_set1_ps(scale), vb = _mm512_set1_ps(-scale * mx);
-  __m512 vsum = _mm512_setzero_ps();
-  for (std::int64_t j = 0; j < seen; j += 16) {
-    const __mmask16 m = first(seen - j);
-    const __m512 v = _mm512_maskz_mov_ps(m, exp16(_mm512_fmadd_ps(load16(x + j, m), vs, vb)));
-    _mm512_storeu_ps(e + j, v);
-    vsum = _mm512_add_ps(vsum, v);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / lanes_sum(vsum));
-  for (std::int64_t j = 0; j < len; j += 16) {
-    const __mmask16 m = first(len - j);
-    const __m512 v = j < seen ? _mm512_mul_ps(_mm512_loadu_ps(e + j), inv) : _mm512_setzero_ps();
-    store16(y + j, v, m);
-  }
-#else
-  float mx = -std::numeric_limits<float>::infinity();
-  for (std::int64_t j = 0; j < seen; ++j) mx = std::max(mx, widen(x[j]));
-  float sum = 0;
-  for (std::int64_t j = 0; j < seen; ++j) sum += e[j] = exp_f32(scale * (widen(x[j]) - mx));
-  for (std::int64_t j = 0; j < len; ++j) put(y + j, j < seen ? e[j] / sum : 0.0f);
-#endif
-}
-
-// dx = scale * y * (dy - sum(dy * y)) along one row of n.
-template <typename A, typename B, typename Y>
-void softmax_grad_row_any(const A* y, const B* dy, Y* dx, std::int64_t n, float scale) {
-#if defined(SHOAL_VEC_BF16)
-  __m512 vdot = _mm512_setzero_ps();
-  for (std::int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = first(n - j);
-    vdot = _mm512_fmadd_ps(load16(y + j, m), load16(dy + j, m), vdot);
-  }
-  const __m512 dot = _mm512_set1_ps(lanes_sum(vdot)), vs = _mm512_set1_ps(scale);
-  for (std::int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = first(n - j);
-    const __m512 g = _mm512_sub_ps(load16(dy + j, m), dot);
-    store16(dx + j, _mm512_mul_ps(_mm512_mul_ps(vs, load16(y + j, m)), g), m);
-  }
-#else
-  float dot = 0;
-  for (std::int64_t j = 0; j < n; ++j) dot += widen(y[j]) * widen(dy[j]);
-  for (std::int64_t j = 0; j < n; ++j) put(dx + j, scale * widen(y[j]) * (widen(dy[j]) - dot));
-#endif
-}
-#pragma GCC diagnostic pop
-
 // Softmax (grad false: x) or its gradient (y, dy) along the last axis,
 // rows of len, as the node's operand types say.
 Result<std::unique_ptr<Kernel>> softmax_bf16_kernel(const Node& n, const Inputs& in, bool grad) {
@@ -261,7 +232,7 @@ Result<std::unique_ptr<Kernel>> softmax_bf16_kernel(const Node& n, const Inputs&
   const std::int64_t rows = len == 0 ? 0 : num_elements(in[0].shape) / len;
   const SoftmaxSpec p = SoftmaxSpec::of(n, in[0].shape, false);
   const auto scale = static_cast<float>(p.scale);
-  const char* impl = n.outputs[0].dtype == DType::kBF16 ? "bf16-writer" : "bf16-reader";
+  const char* impl = bf16_impl(n);
   return make_fn(
       [=](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> out) {
         auto forward = [&](const auto* a, auto* y) {
