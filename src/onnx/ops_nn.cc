@@ -81,31 +81,69 @@ void to_2d(Window& w) {
   w.end.insert(w.end.begin(), 0);
 }
 
+// The depth taps a 3-D convolution computes. A tap whose frames are padding
+// for every output frame adds zeros times its weights, so the taps kept are
+// the span from the first that reads a real frame to the last (their
+// weights' gradient outside it is zero, as it is in the full convolution),
+// and the depth is padded only as far as the kept taps read.
+struct DepthTaps {
+  std::int64_t first = 0, count = 0;                           // taps [first, first + count)
+  std::int64_t begin = 0, end = 0;                             // depth padding they read
+  std::int64_t out = 0;                                        // output frames
+  std::int64_t start(std::int64_t k, const Window& w) const {  // tap k's first frame
+    return k * w.dilation[0] - w.begin[0] + begin;
+  }
+};
+
+Result<DepthTaps> depth_taps(Ctx& c, std::int64_t in, const Window& w, std::int64_t taps) {
+  const std::int64_t pb = w.begin[0], dil = w.dilation[0], s = w.stride[0];
+  const std::int64_t span = in + pb + w.end[0] - dil * (taps - 1) - 1;
+  if (span < 0)
+    return c.fail("3-D convolution: a depth of {} (padded) is shorter than the kernel's {}",
+                  in + pb + w.end[0], dil * (taps - 1) + 1);
+  DepthTaps t;
+  t.out = span / s + 1;
+  auto real = [&](std::int64_t k) {  // does tap k read a real frame for some output?
+    const std::int64_t lo = k * dil, d = lo >= pb ? 0 : (pb - lo + s - 1) / s;
+    return d < t.out && lo + d * s < pb + in;
+  };
+  std::int64_t last = -1;
+  t.first = taps;
+  for (std::int64_t k = 0; k < taps; ++k)
+    if (real(k)) t.first = std::min(t.first, k), last = k;
+  if (last < 0) t.first = last = 0;  // all padding: one tap, an output of zeros (plus bias)
+  t.count = last - t.first + 1;
+  t.begin = std::max<std::int64_t>(0, pb - t.first * dil);
+  t.end = std::max<std::int64_t>(0, last * dil + (t.out - 1) * s - (pb + in - 1));
+  return t;
+}
+
 // 3-D convolution (NCDHW input, OIDHW weight) as one 2-D convolution: the
-// depth axis joins the batch, and the KD frames each output frame reads
-// (strided slices of the padded depth, one per tap) are stacked as
-// channels, group by group; the weight's taps become input channels the
+// depth axis joins the batch, and the frames each output frame reads (one
+// strided slice of the padded depth per kept tap, depth_taps) are stacked
+// as channels, group by group; the weight's taps become input channels the
 // same way ([O, C/g, KD, KH, KW] -> [O, KD x C/g, KH, KW]). Each piece
 // (pad, slice, concat, transpose, reshape, conv2d) has its own gradient.
 Result<Value> conv3d(Ctx& c, Value x, Value wt, Value bias, Window w, std::int64_t groups) {
   auto& b = c.b();
+  SHOAL_ASSIGN_OR_RETURN(DepthTaps dt, depth_taps(c, b.shape(x)[2], w, b.shape(wt)[2]));
+  if (dt.count < b.shape(wt)[2]) wt = b.slice(wt, 2, dt.first, dt.first + dt.count);
   const Shape ws = b.shape(wt);
   const bool even = w.begin[1] == w.end[1] && w.begin[2] == w.end[2];
-  Window pad = w;  // depth always explicit; height and width where uneven
+  Window pad = w;  // the depth as far as the taps read; height and width where uneven
+  pad.begin[0] = dt.begin, pad.end[0] = dt.end;
   if (even) pad.begin[1] = pad.end[1] = pad.begin[2] = pad.end[2] = 0;
   x = pad_spatial(b, x, pad, 0.0);
   const Shape xs = b.shape(x);  // N, C, D', H', W'
-  const std::int64_t taps = ws[2], stride = w.stride[0], dil = w.dilation[0];
-  if (xs[2] - dil * (taps - 1) - 1 < 0)
-    return c.fail("3-D convolution: a depth of {} (padded) is shorter than the kernel's {}", xs[2],
-                  dil * (taps - 1) + 1);
-  const std::int64_t n = xs[0], ch = xs[1], h = xs[3], wd = xs[4];
-  const std::int64_t depth = (xs[2] - dil * (taps - 1) - 1) / stride + 1;
+  const std::int64_t n = xs[0], ch = xs[1], h = xs[3], wd = xs[4], taps = dt.count;
+  const std::int64_t depth = dt.out, stride = w.stride[0];
   const Value frames = b.transpose(x, {0, 2, 1, 3, 4});  // N, D', C, H', W'
   std::vector<Value> tap;  // each [N, D, 1, C, H', W']: the frames tap k reads
-  for (std::int64_t k = 0; k < taps; ++k)
-    tap.push_back(b.reshape(b.slice(frames, 1, k * dil, k * dil + (depth - 1) * stride + 1, stride),
+  for (std::int64_t k = dt.first; k < dt.first + taps; ++k) {
+    const std::int64_t at = dt.start(k, w);
+    tap.push_back(b.reshape(b.slice(frames, 1, at, at + (depth - 1) * stride + 1, stride),
                             {n, depth, 1, ch, h, wd}));
+  }
   Value stacked = taps == 1 ? tap[0] : b.concat(tap, 2);  // N, D, KD, C, H', W'
   Value wk = b.transpose(wt, {0, 2, 1, 3, 4});            // O, KD, C/g, KH, KW
   if (groups > 1 && taps > 1) {  // each group's channels together: (g, KD, C/g)

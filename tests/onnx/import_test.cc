@@ -71,8 +71,10 @@ struct Built {
 
 // Emits the model with its initializers as fed inputs (so autodiff can
 // take gradients with respect to them).
-Value emit(const onnx::Model& m, Built& bt, Builder& b, const Tensor& x, bool training) {
+Value emit(const onnx::Model& m, Built& bt, Builder& b, const Tensor& x, bool training,
+           Value* x_value = nullptr) {
   Value xv = b.input("x", DType::kF32, x.shape());
+  if (x_value) *x_value = xv;
   bt.feeds["x"] = x;
   onnx::Bindings bind;
   bind.training = training;
@@ -235,6 +237,110 @@ TEST(Onnx, UnsupportedOperatorsAreNamedAllAtOnce) {
   EXPECT_NE(msg.find("2 node(s)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("node 1 'hm' (Hardmax, opset 13)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("node 2 'es' (Einsum, opset 13)"), std::string::npos) << msg;
+}
+
+// A direct 3-D convolution (NCDHW, OIDHW): calls f(x index or -1 where the
+// window reads padding, weight index, output index) for every product.
+struct Conv3dCase {
+  Shape x, w;
+  std::vector<std::int64_t> stride, pads, dil;  // pads: begins, then ends
+  std::int64_t group;
+  std::int64_t kept;  // depth taps the import computes
+};
+
+Shape conv3d_out(const Conv3dCase& c) {
+  Shape y = {c.x[0], c.w[0]};
+  for (int i = 0; i < 3; ++i)
+    y.push_back((c.x[2 + i] + c.pads[i] + c.pads[3 + i] - c.dil[i] * (c.w[2 + i] - 1) - 1) /
+                    c.stride[i] +
+                1);
+  return y;
+}
+
+template <typename F>
+void conv3d_products(const Conv3dCase& c, F f) {
+  const Shape y = conv3d_out(c);
+  const std::int64_t cg = c.w[1], og = c.w[0] / c.group;
+  std::int64_t yi = 0;
+  for (std::int64_t n = 0; n < y[0]; ++n)
+    for (std::int64_t o = 0; o < y[1]; ++o)
+      for (std::int64_t od = 0; od < y[2] * y[3] * y[4]; ++od, ++yi)
+        for (std::int64_t wi = o * cg * c.w[2] * c.w[3] * c.w[4], ci = 0; ci < cg; ++ci)
+          for (std::int64_t k = 0; k < c.w[2] * c.w[3] * c.w[4]; ++k, ++wi) {
+            const std::int64_t at[3] = {od / (y[3] * y[4]), od / y[4] % y[3], od % y[4]};
+            const std::int64_t tap[3] = {k / (c.w[3] * c.w[4]), k / c.w[4] % c.w[3], k % c.w[4]};
+            std::int64_t xi = n * c.x[1] + o / og * cg + ci;
+            for (int i = 0; i < 3 && xi >= 0; ++i) {
+              const std::int64_t p = at[i] * c.stride[i] + tap[i] * c.dil[i] - c.pads[i];
+              xi = p < 0 || p >= c.x[2 + i] ? -1 : xi * c.x[2 + i] + p;
+            }
+            f(xi, wi, yi);
+          }
+}
+
+// A 3-D convolution's depth taps that read only padding are left out
+// (depth_taps, src/onnx/ops_nn.cc). Against the direct convolution above: the
+// output and, for the loss sum(y * r), the input's and weight's gradients,
+// where the outer taps, the middle tap or every tap read only padding, and
+// where every tap reads real frames.
+TEST(Onnx, Conv3dTapsThatReadOnlyPaddingAreLeftOut) {
+  if (run_sh("/usr/bin/python3 -c 'import onnx, numpy'").code != 0)
+    GTEST_SKIP() << "python3-onnx is not installed";
+  const std::vector<Conv3dCase> cases = {
+      {{2, 8, 2, 4, 6}, {8, 2, 3, 3, 3}, {1, 1, 1}, {2, 2, 2, 2, 2, 2}, {2, 2, 2}, 4, 1},
+      {{2, 3, 1, 5, 4}, {4, 3, 3, 2, 3}, {2, 1, 2}, {2, 0, 1, 2, 1, 1}, {1, 1, 1}, 1, 3},
+      {{1, 2, 1, 3, 3}, {3, 2, 2, 3, 3}, {4, 1, 1}, {3, 1, 1, 3, 1, 1}, {1, 1, 1}, 1, 1},
+      {{2, 4, 5, 3, 4}, {6, 2, 3, 2, 2}, {2, 1, 1}, {1, 0, 1, 0, 1, 0}, {2, 1, 1}, 2, 2}};
+  std::string dir = testing::scratch_dir("onnx_conv3d");
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Conv3dCase& c = cases[i];
+    auto r = run_sh(fmt::format(
+        "/usr/bin/python3 -c 'import numpy as np, onnx, onnx.helper as h, onnx.numpy_helper as nh\n"
+        "T = onnx.TensorProto.FLOAT\n"
+        "w = np.random.default_rng({0}).standard_normal([{2}]).astype(np.float32)\n"
+        "n = h.make_node(\"Conv\", [\"x\", \"w\"], [\"y\"], strides=[{3}], pads=[{4}], "
+        "dilations=[{5}], group={6})\n"
+        "g = h.make_graph([n], \"g\", [h.make_tensor_value_info(\"x\", T, [{1}])], "
+        "[h.make_tensor_value_info(\"y\", T, [{8}])], [nh.from_array(w, \"w\")])\n"
+        "onnx.save(h.make_model(g, opset_imports=[h.make_opsetid(\"\", 13)]), \"{7}/{0}.onnx\")'",
+        i, fmt::join(c.x, ","), fmt::join(c.w, ","), fmt::join(c.stride, ","),
+        fmt::join(c.pads, ","), fmt::join(c.dil, ","), c.group, dir,
+        fmt::join(conv3d_out(c), ",")));
+    ASSERT_EQ(r.code, 0) << r.out;
+    auto m = onnx::import(fmt::format("{}/{}.onnx", dir, i));
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    Tensor x = Tensor::empty(c.x, DType::kF32), rt = Tensor::empty(conv3d_out(c), DType::kF32);
+    for (std::int64_t j = 0; j < x.numel(); ++j) x.set(j, std::sin(0.7 * j + 0.3));
+    for (std::int64_t j = 0; j < rt.numel(); ++j) rt.set(j, std::cos(1.3 * j));
+    Built bt;
+    Builder b(bt.g);
+    Value xv;
+    Value y = emit(*m, bt, b, x, true, &xv);
+    Value loss = b.reduce_sum(b.mul(y, b.constant(rt)), {0, 1, 2, 3, 4});
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    for (const auto& n : bt.g.nodes())  // the one 2-D convolution's weight: [O, kept x C/g, ...]
+      if (n.op == "conv2d") {
+        EXPECT_EQ(b.shape(n.inputs[1])[1], c.kept * c.w[1]) << "case " << i;
+      }
+    auto grads = graph::autodiff(bt.g, loss, {xv, bt.param_values[0]});
+    ASSERT_TRUE(grads.ok()) << grads.status().to_string();
+    bt.g.mark_output(y);
+    for (Value v : *grads) bt.g.mark_output(v);
+    const Tensor w = bt.feeds.at("param/w");
+    auto out = run(std::move(bt.g), bt.feeds);
+    ASSERT_EQ(out.size(), 3u);
+    Tensor want_y = Tensor::empty(rt.shape(), DType::kF32), dx = Tensor::empty(c.x, DType::kF32),
+           dw = Tensor::empty(c.w, DType::kF32);
+    conv3d_products(c, [&](std::int64_t xi, std::int64_t wi, std::int64_t yi) {
+      if (xi < 0) return;
+      want_y.set(yi, want_y.get(yi) + x.get(xi) * w.get(wi));
+      dx.set(xi, dx.get(xi) + rt.get(yi) * w.get(wi));
+      dw.set(wi, dw.get(wi) + rt.get(yi) * x.get(xi));
+    });
+    EXPECT_LE(rel_diff(out[0], want_y), 1e-5) << "case " << i << ": output";
+    EXPECT_LE(rel_diff(out[1], dx), 1e-5) << "case " << i << ": input gradient";
+    EXPECT_LE(rel_diff(out[2], dw), 1e-5) << "case " << i << ": weight gradient";
+  }
 }
 
 TEST(Onnx, MalformedFilesAreRefusedByName) {
