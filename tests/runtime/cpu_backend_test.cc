@@ -425,6 +425,50 @@ TEST(CpuBackend, TransposesAndConcatsMoveEveryElementWhereItBelongs) {
   }
 }
 
+// Reductions merge neighbouring dims that are both reduced or both kept, and
+// long rows go through partial results in lanes (reduce.cc): sums, means and
+// maxima of a [4, 3, 1, 9, 23] tensor over axis sets that make rows of 1 to
+// 621 elements, against a loop in double.
+TEST(CpuBackend, ReductionsOverMergedDimsMatchALoopInDouble) {
+  const Shape shape = {4, 3, 1, 9, 23};
+  Tensor xs = Tensor::empty(shape, DType::kF32);
+  for (std::int64_t i = 0; i < xs.numel(); ++i) xs.set(i, std::sin(0.37 * i) + 0.01 * (i % 7));
+  const std::vector<std::vector<std::int64_t>> axis_sets = {
+      {0, 2, 3, 4}, {1}, {3, 4}, {}, {0, 1}, {2}, {0, 3}, {1, 2, 3, 4}, {4}};
+  for (const char* op : {"reduce_sum", "reduce_mean", "reduce_max"}) {
+    for (const auto& axes : axis_sets) {
+      SCOPED_TRACE(fmt::format("{} over [{}]", op, fmt::join(axes, ",")));
+      std::vector<bool> red(shape.size(), axes.empty());
+      for (auto a : axes) red[static_cast<std::size_t>(a)] = true;
+      Shape ost(shape.size(), 0);  // output strides of the kept dims
+      std::int64_t m = 1;
+      for (std::size_t d = shape.size(); d-- > 0;)
+        if (!red[d]) ost[d] = m, m *= shape[d];
+      const bool max = std::string(op) == "reduce_max";
+      std::vector<double> want(static_cast<std::size_t>(m), max ? -1e300 : 0.0);
+      for (std::int64_t i = 0; i < xs.numel(); ++i) {
+        std::int64_t at = 0, rest = i;
+        for (std::size_t d = shape.size(); d-- > 0; rest /= shape[d])
+          at += rest % shape[d] * ost[d];
+        auto& w = want[static_cast<std::size_t>(at)];
+        w = max ? std::max(w, xs.get(i)) : w + xs.get(i);
+      }
+      if (std::string(op) == "reduce_mean")
+        for (double& w : want) w /= static_cast<double>(xs.numel() / m);
+      Graph g;
+      Builder b(g);
+      g.mark_output(b.op(op, {b.input("x", DType::kF32, shape)}, {{"axes", axes}}));
+      auto exe = compile(g);
+      ASSERT_TRUE(exe && exe->bind("x", xs).ok());
+      ASSERT_TRUE(exe->run().ok());
+      const Tensor& y = exe->output(0);
+      ASSERT_EQ(y.numel(), m);
+      for (std::int64_t j = 0; j < m; ++j)
+        ASSERT_NEAR(y.get(j), want[static_cast<std::size_t>(j)], max ? 0.0 : 1e-4) << j;
+    }
+  }
+}
+
 TEST(CpuBackend, SteadyStateTrainingStepDoesNotAllocate) {
   // A small CNN training step: conv+bias+relu, pool, batch norm, global
   // average pool, linear, cross entropy, and all parameter gradients.

@@ -19,6 +19,26 @@ inline T widen(T v) {
 }
 inline float widen(BF16 h) { return bf16_to_float(h); }
 
+// op over a contiguous row, from acc. Long rows go through kLanes partial
+// results (independent chains the compiler keeps in vector registers), so a
+// sum is not one chain of dependent adds; they are combined in lane order.
+template <typename T, typename In, typename Op>
+T reduce_row(const In* src, std::int64_t len, T acc, Op op) {
+  constexpr std::int64_t kLanes = 32;
+  std::int64_t i = 0;
+  if (len >= 2 * kLanes) {
+    T lane[kLanes];
+    for (std::int64_t l = 0; l < kLanes; ++l) lane[l] = widen(src[l]);
+    for (i = kLanes; i + kLanes <= len; i += kLanes) {
+#pragma omp simd
+      for (std::int64_t l = 0; l < kLanes; ++l) lane[l] = op(lane[l], widen(src[i + l]));
+    }
+    for (std::int64_t l = 0; l < kLanes; ++l) acc = op(acc, lane[l]);
+  }
+  for (; i < len; ++i) acc = op(acc, widen(src[i]));
+  return acc;
+}
+
 // y[map(i)] = op(y[map(i)], x[i]) for every element of contiguous x, where
 // ostride[d] is the output stride of input dim d (0 for reduced dims).
 template <typename T, typename In, typename Op>
@@ -43,9 +63,7 @@ void reduce_into(const In* x, const Shape& xs, const Shape& ostride, T* y, Op op
   for (std::int64_t o = 0; o < outer; ++o) {
     const In* src = x + o * inner;
     if (ist == 0) {
-      T acc = y[off];
-      for (std::int64_t i = 0; i < inner; ++i) acc = op(acc, widen(src[i]));
-      y[off] = acc;
+      y[off] = reduce_row(src, inner, y[off], op);
     } else {
       T* dst = y + off;
 #pragma omp simd
@@ -59,6 +77,26 @@ void reduce_into(const In* x, const Shape& xs, const Shape& ostride, T* y, Op op
       idx[d] = 0;
     }
   }
+}
+
+// Neighbouring dims both reduced or both kept are one dim to the reduction
+// (a bias gradient's [N, C, H, W] over N, H, W is [N, C, H x W]), so rows are
+// as long as the memory allows.
+void merge_dims(Shape& xs, std::vector<bool>& red) {
+  Shape ms;
+  std::vector<bool> mr;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (xs[i] == 1 && xs.size() > 1) continue;  // a unit dim is either
+    if (!ms.empty() && mr.back() == red[i]) {
+      ms.back() *= xs[i];
+    } else {
+      ms.push_back(xs[i]);
+      mr.push_back(red[i]);
+    }
+  }
+  if (ms.empty() && !xs.empty()) ms = {1}, mr = {true};
+  xs = ms;
+  red = mr;
 }
 
 // Output strides for reducing xs over `red` dims into a contiguous output of
@@ -84,17 +122,28 @@ std::vector<bool> reduced_dims(const Node& n, std::size_t rank) {
 
 void add_reduce(KernelRegistry& r, const std::string& op) {
   r.add(op, [op](const Node& n, const Inputs& in) {
-    std::vector<bool> red = reduced_dims(n, in[0].shape.size());
-    Shape ost = reduce_ostrides(in[0].shape, red);
-    return make_fn([op, ost](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+    const std::vector<bool> red = reduced_dims(n, in[0].shape.size());
+    // The merged dims for the shape compiled; worked out again (allocating)
+    // only for an input of another shape.
+    auto plan = [red](const Shape& shape) {
+      Shape xs = shape;
+      std::vector<bool> merged = red;
+      merge_dims(xs, merged);
+      return std::pair{xs, reduce_ostrides(xs, merged)};
+    };
+    return make_fn([op, plan, shape = in[0].shape, built = plan(in[0].shape)](
+                       const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+      std::pair<Shape, Shape> other;
+      const std::pair<Shape, Shape>* use = &built;
+      if (x[0].shape() != shape) use = &(other = plan(x[0].shape()));
+      const auto& [xs, ost] = *use;
       if (x[0].dtype() == DType::kBF16) {  // reduce_sum with dst f32 (graph/precision.cc)
         if (op != "reduce_sum" || y[0].dtype() != DType::kF32)
           return invalid_argument("{} of bf16 into {}: only reduce_sum into f32", op,
                                   dtype_name(y[0].dtype()));
         float* py = y[0].data<float>();
         std::fill(py, py + y[0].numel(), 0.0f);
-        reduce_into(x[0].data<BF16>(), x[0].shape(), ost, py,
-                    [](float a, float b) { return a + b; });
+        reduce_into(x[0].data<BF16>(), xs, ost, py, [](float a, float b) { return a + b; });
         return ok_status();
       }
       return dispatch_float(x[0].dtype(), [&](auto tag) {
@@ -103,11 +152,10 @@ void add_reduce(KernelRegistry& r, const std::string& op) {
         std::int64_t m = y[0].numel();
         if (op == "reduce_max") {
           std::fill(py, py + m, -std::numeric_limits<T>::infinity());
-          reduce_into(x[0].data<T>(), x[0].shape(), ost, py,
-                      [](T a, T b) { return a > b ? a : b; });
+          reduce_into(x[0].data<T>(), xs, ost, py, [](T a, T b) { return a > b ? a : b; });
         } else {
           std::fill(py, py + m, T(0));
-          reduce_into(x[0].data<T>(), x[0].shape(), ost, py, [](T a, T b) { return a + b; });
+          reduce_into(x[0].data<T>(), xs, ost, py, [](T a, T b) { return a + b; });
           if (op == "reduce_mean" && m > 0) {
             T inv = T(static_cast<double>(m) /
                       static_cast<double>(std::max<std::int64_t>(x[0].numel(), 1)));
