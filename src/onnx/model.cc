@@ -9,6 +9,7 @@
 #include "onnx/context.h"
 #include "shoal/core/file.h"
 #include "shoal/core/logging.h"
+#include "shoal/graph/passes.h"
 
 namespace shoal::onnx {
 
@@ -189,6 +190,7 @@ Result<std::vector<Value>> Model::emit(graph::Builder& b, const std::map<std::st
   for (const auto& v : inputs_)
     if (!feeds.count(v.name) && !known.count(v.name))
       return invalid_argument("{}: input '{}' was not fed", path_, v.name);
+  const int first = b.graph().num_nodes();
   for (int i = 0; i < g.node_size(); ++i) {
     Ctx c(env, g.node(i), i, opset_);
     const auto& table = g.node(i).domain() == kFusedDomain ? fused_converters() : converters();
@@ -196,6 +198,9 @@ Result<std::vector<Value>> Model::emit(graph::Builder& b, const std::map<std::st
     if (s.ok() && !b.ok()) s = b.status();
     if (!s.ok()) return s.with_context(fmt::format("{}: importing {}", path_, c.label()));
   }
+  // A value read through a transpose and its inverse (3-D convolutions in a
+  // row) is read directly; the values below keep their meaning either way.
+  SHOAL_RETURN_IF_ERROR(graph::cancel_transposes(b.graph(), first).status());
   std::vector<Value> outs;
   for (const auto& o : g.output()) {
     auto v = env.values.find(o.name());

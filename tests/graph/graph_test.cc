@@ -69,6 +69,33 @@ TEST(Graph, DeadCodeEliminationKeepsWhatOutputsNeed) {
   EXPECT_EQ(order->size(), 2u);
 }
 
+// transpose(relu(transpose(x, p)), q) is relu(x) when q undoes p; a
+// transpose that does not undo the first, or a softmax (it reads a whole
+// row) between them, is left alone.
+TEST(Graph, TransposesThatUndoEachOtherAcrossAPointwiseOpCancel) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {2, 3, 4});
+  Value t = b.transpose(x, {1, 2, 0});                   // [3, 4, 2]
+  Value back = b.transpose(b.relu(t), {2, 0, 1});        // undoes it: [2, 3, 4]
+  Value other = b.transpose(b.tanh(t), {1, 0, 2});       // does not: [4, 3, 2]
+  Value row = b.transpose(b.softmax(t, -1), {2, 0, 1});  // softmax is not pointwise
+  Value y = b.exp(back);
+  g.mark_output(y);
+  g.mark_output(other);
+  g.mark_output(row);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto done = cancel_transposes(g);
+  ASSERT_TRUE(done.ok()) << done.status().to_string();
+  EXPECT_EQ(*done, 1);
+  const Node& relu = g.node(g.node(y.node).inputs[0].node);
+  EXPECT_EQ(relu.op, "relu");
+  EXPECT_EQ(relu.inputs[0], x);
+  EXPECT_EQ(g.type(relu.inputs[0]).shape, (Shape{2, 3, 4}));
+  EXPECT_EQ(eliminate_dead_code(g), 2);  // the old relu and the transpose after it
+  ASSERT_TRUE(verify(g).ok());
+}
+
 TEST(Graph, MemoryPlanReusesBuffersOfDeadValues) {
   Graph g;
   Builder b(g);

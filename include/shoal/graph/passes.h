@@ -22,6 +22,14 @@ Result<std::vector<Value>> autodiff(Graph& g, Value loss, const std::vector<Valu
 // Marks nodes that no graph output depends on as dead; returns how many.
 int eliminate_dead_code(Graph& g);
 
+// transpose(f(transpose(x, p)), q), where f maps each element on its own
+// (relu, tanh, ...) and q undoes p, becomes f(x): the ONNX import lowers a
+// 3-D convolution through its frames (N, D, C, H, W) and back, so the
+// activation between two of them sat between a transpose and its inverse.
+// Looks at nodes from `first` on; returns how many it rewrote. The
+// transposes are left for dead-code elimination when nothing else reads them.
+Result<int> cancel_transposes(Graph& g, int first = 0);
+
 // Checks every alive node: known op, inputs alive, attrs allowed, stored
 // types equal to re-inferred ones, no cycle. Errors name the node and shapes.
 Status verify(const Graph& g);

@@ -1,0 +1,53 @@
+// Forward-graph simplifications that leave every value's contents as they
+// were (passes.h).
+#include <set>
+
+#include "shoal/graph/passes.h"
+
+namespace shoal::graph {
+namespace {
+
+// Ops that map each element on its own, whatever its position: their result
+// does not depend on the order of the elements they are given.
+bool pointwise(const std::string& op) {
+  static const std::set<std::string> kOps = {"neg",     "exp",  "log",  "sqrt", "rsqrt",
+                                             "abs",     "relu", "gelu", "erf",  "tanh",
+                                             "sigmoid", "step", "sign"};
+  return kOps.count(op) != 0;
+}
+
+// Whether transposing by q puts back what transposing by p moved.
+bool undoes(const std::vector<std::int64_t>& p, const std::vector<std::int64_t>& q) {
+  if (p.size() != q.size()) return false;
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    if (q[i] < 0 || q[i] >= static_cast<std::int64_t>(p.size())) return false;
+    if (p[static_cast<std::size_t>(q[i])] != static_cast<std::int64_t>(i)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<int> cancel_transposes(Graph& g, int first) {
+  int done = 0;
+  const int end = g.num_nodes();
+  for (int id = std::max(first, 0); id < end; ++id) {
+    const Node& q = g.node(id);
+    if (!q.alive || q.op != "transpose") continue;
+    const Node& f = g.node(q.inputs[0].node);
+    if (!f.alive || !pointwise(f.op) || f.inputs.size() != 1 || f.outputs.size() != 1) continue;
+    const Node& p = g.node(f.inputs[0].node);
+    if (!p.alive || p.op != "transpose" ||
+        !undoes(p.attrs.get_ints_or("perm", {}), q.attrs.get_ints_or("perm", {})))
+      continue;
+    const std::string op = f.op, name = f.name;  // g.add may move the nodes
+    const Attrs attrs = f.attrs;
+    const Value x = p.inputs[0];
+    SHOAL_ASSIGN_OR_RETURN(Value y, g.add(op, {x}, attrs, name.empty() ? name : name + "/direct"));
+    g.replace_all_uses(Value{id, 0}, y);
+    ++done;
+  }
+  return done;
+}
+
+}  // namespace shoal::graph
