@@ -102,7 +102,7 @@ def torch_ips(model, data, threads, images, batch):
     return best
 
 
-ZOO = ("cnn,resnet18,mobilenet_v2,lenet,mixer,conv1d,conv3d,pool3d,dwsep,gru,lstm,vit,mnasnet0_5,"
+ZOO = ("cnn,resnet18,mobilenet_v2,lenet,mixer,conv1d,conv3d,pool3d,convt3d,dwsep,gru,lstm,vit,mnasnet0_5,"
        "squeezenet1_1,shufflenet_v2_x0_5,mobilenet_v3_small")
 
 

@@ -199,6 +199,42 @@ Status conv(Ctx& c) {
   return ok_status();
 }
 
+// The full 3-D transposed convolution (no padding, no output window) of
+// NCDHW x by the [C, O/g, KD, KH, KW] weight, as one 2-D one: the depth joins
+// the batch, and the weight's depth taps become output channels, (g, KD, O/g),
+// so every input frame yields the KD frames it adds to. Frame d's tap k lands
+// on output frame d x stride + k x dilation: each tap's frames are spread
+// `stride` apart (zeros between), shifted by k x dilation, and the KD of
+// them summed.
+Value conv_transpose3d(graph::Builder& b, Value x, Value wt,
+                       const std::vector<std::int64_t>& stride,
+                       const std::vector<std::int64_t>& dil, std::int64_t groups) {
+  const Shape xs = b.shape(x), ws = b.shape(wt);
+  const std::int64_t n = xs[0], ch = xs[1], d = xs[2], taps = ws[2], og = ws[1];
+  const std::int64_t s = stride[0], depth = (d - 1) * s + (taps - 1) * dil[0] + 1;
+  Value frames = b.reshape(b.transpose(x, {0, 2, 1, 3, 4}), {n * d, ch, xs[3], xs[4]});
+  Value wk = b.reshape(b.transpose(wt, {0, 2, 1, 3, 4}), {ws[0], taps * og, ws[3], ws[4]});
+  Value y = b.conv_transpose2d(frames, wk, {}, {stride[1], stride[2]}, {0, 0}, {0, 0},
+                               {dil[1], dil[2]}, groups);
+  const std::int64_t h = b.shape(y)[2], w = b.shape(y)[3];
+  y = b.reshape(y, {n, d, groups, taps, og, h, w});
+  Value sum;
+  for (std::int64_t k = 0; k < taps; ++k) {
+    Value t = b.reshape(b.slice(y, 3, k, k + 1), {n, d, 1, groups * og, h, w});
+    if (s > 1) {  // frame i at i x s: s - 1 frames of zeros after each
+      Tensor zeros = Tensor::full({n, d, s - 1, groups * og, h, w}, b.dtype_of(t), 0.0);
+      t = b.slice(b.reshape(b.concat({t, b.constant(zeros)}, 2), {n, d * s, groups * og, h, w}), 1,
+                  0, (d - 1) * s + 1);
+    } else {
+      t = b.reshape(t, {n, d, groups * og, h, w});
+    }
+    const std::int64_t at = k * dil[0];
+    t = pad_axes(b, t, {0, at}, {0, depth - at - ((d - 1) * s + 1)}, 0.0);
+    sum = k == 0 ? t : b.add(sum, t);
+  }
+  return b.transpose(sum, {0, 2, 1, 3, 4});  // N, O, D, H, W
+}
+
 // ConvTranspose: the full transposed convolution (no padding), then the
 // ONNX output window cut from it (pads, output_padding, output_shape,
 // auto_pad), zeros where the window passes its end, then the bias. PyTorch's
@@ -212,8 +248,8 @@ Status conv_transpose(Ctx& c) {
     SHOAL_ASSIGN_OR_RETURN(bias, c.in(2));
   }
   Shape xs = b.shape(x), ws = b.shape(wt);
-  if ((xs.size() != 3 && xs.size() != 4) || ws.size() != xs.size())
-    return c.fail("only 1-D and 2-D transposed convolution is imported; input is {}",
+  if (xs.size() < 3 || xs.size() > 5 || ws.size() != xs.size())
+    return c.fail("only 1-D, 2-D and 3-D transposed convolution is imported; input is {}",
                   fmt::join(xs, "x"));
   const bool one_d = xs.size() == 3;
   const std::size_t n = xs.size() - 2;
@@ -251,6 +287,19 @@ Status conv_transpose(Ctx& c) {
           "before the output",
           begin[i], size[i], i);
   }
+  const std::int64_t groups = c.attr_i("group", 1);
+  if (n == 3) {  // the full output, then the window cut from it, then the bias
+    Value y = conv_transpose3d(b, x, wt, stride, dil, groups);
+    std::vector<std::int64_t> lo = {0, 0}, hi = {0, 0};
+    for (std::size_t i = 0; i < n; ++i) {
+      lo.push_back(-begin[i]);
+      hi.push_back(size[i] - (full[i] - begin[i]));
+    }
+    y = pad_axes(b, y, lo, hi, 0.0);
+    if (bias.valid()) y = b.add(y, b.reshape(bias, {1, ws[1] * groups, 1, 1, 1}));
+    c.out(0, y);
+    return ok_status();
+  }
   if (one_d) {
     x = b.reshape(x, {xs[0], xs[1], 1, xs[2]});
     wt = b.reshape(wt, {ws[0], ws[1], 1, ws[2]});
@@ -258,7 +307,6 @@ Status conv_transpose(Ctx& c) {
         out_pad.insert(out_pad.begin(), 0);
     begin.insert(begin.begin(), 0), size.insert(size.begin(), 1), full.insert(full.begin(), 1);
   }
-  const std::int64_t groups = c.attr_i("group", 1);
   bool direct = true;
   for (std::size_t i = 0; i < 2; ++i)
     direct = direct && out_pad[i] < stride[i] && size[i] == full[i] + out_pad[i] - 2 * begin[i];

@@ -54,8 +54,6 @@ const std::set<std::string>& known_failing() {
       "test_clip_default_int8_inbounds",
       "test_clip_default_int8_max",
       "test_clip_default_int8_min",
-      // ConvTranspose
-      "test_convtranspose_3d",
       // Dropout
       "test_training_dropout",
       "test_training_dropout_default",

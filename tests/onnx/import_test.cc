@@ -174,8 +174,9 @@ INSTANTIATE_TEST_SUITE_P(Onnx, MatchesPyTorch,
                          ::testing::Values("mlp", "cnn", "resnet20", "transformer", "resnet18",
                                            "mobilenet_v2",
                                            // the benchmark zoo (tests/python/zoo.py)
-                                           "lenet", "mixer", "conv1d", "conv3d", "pool3d", "dwsep",
-                                           "gru", "lstm", "vit", "mobilenet_v3_small"));
+                                           "lenet", "mixer", "conv1d", "conv3d", "pool3d",
+                                           "convt3d", "dwsep", "gru", "lstm", "vit",
+                                           "mobilenet_v3_small"));
 
 // torch.onnx.export (opset 13) writes every nn.LayerNorm as nine nodes and every
 // exact GELU as five; the importer puts each back together as one op. The

@@ -81,6 +81,24 @@ class Conv3dNet(nn.Module):
         return self.f(x.reshape(x.shape[0], 1, 4, 7, 28))
 
 
+class ConvT3dNet(nn.Module):
+    """A 3-D encoder-decoder: a strided Conv3d down, then two ConvTranspose3d
+    up (strided with padding, output_padding and groups; strided in H and W
+    with a dilated depth)."""
+
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Conv3d(1, 8, 3, stride=2, padding=1), nn.ReLU(),
+                               nn.ConvTranspose3d(8, 8, 3, stride=2, padding=1, output_padding=1,
+                                                  groups=2), nn.ReLU(),
+                               nn.ConvTranspose3d(8, 2, (3, 2, 2), stride=(1, 2, 2),
+                                                  dilation=(2, 1, 1)), nn.ReLU(),
+                               nn.Flatten(), nn.Linear(2 * 8 * 16 * 56, 10))
+
+    def forward(self, x):
+        return self.f(x.reshape(x.shape[0], 1, 4, 7, 28))
+
+
 class Pool3dNet(nn.Module):
     """3-D pooling after a 3-D convolution: a max pool with padding and
     ceil_mode, an average pool with padding left out of the count."""
@@ -151,6 +169,7 @@ MODELS = {
     "conv1d": (Conv1dNet, GRAY),
     "conv3d": (Conv3dNet, GRAY),
     "pool3d": (Pool3dNet, GRAY),
+    "convt3d": (ConvT3dNet, GRAY),
     "dwsep": (DwSep, GRAY),
     "gru": (lambda: Recurrent("gru"), GRAY),
     "lstm": (lambda: Recurrent("lstm"), GRAY),
