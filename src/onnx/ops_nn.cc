@@ -203,9 +203,8 @@ Status conv(Ctx& c) {
 // NCDHW x by the [C, O/g, KD, KH, KW] weight, as one 2-D one: the depth joins
 // the batch, and the weight's depth taps become output channels, (g, KD, O/g),
 // so every input frame yields the KD frames it adds to. Frame d's tap k lands
-// on output frame d x stride + k x dilation: each tap's frames are spread
-// `stride` apart (zeros between), shifted by k x dilation, and the KD of
-// them summed.
+// on output frame d x stride + k x dilation: each tap's frames are scattered
+// there into zeros (slice_scatter), and the KD of them summed.
 Value conv_transpose3d(graph::Builder& b, Value x, Value wt,
                        const std::vector<std::int64_t>& stride,
                        const std::vector<std::int64_t>& dil, std::int64_t groups) {
@@ -218,18 +217,17 @@ Value conv_transpose3d(graph::Builder& b, Value x, Value wt,
                                {dil[1], dil[2]}, groups);
   const std::int64_t h = b.shape(y)[2], w = b.shape(y)[3];
   y = b.reshape(y, {n, d, groups, taps, og, h, w});
+  const Shape whole = {n, depth, groups * og, h, w};
   Value sum;
-  for (std::int64_t k = 0; k < taps; ++k) {
-    Value t = b.reshape(b.slice(y, 3, k, k + 1), {n, d, 1, groups * og, h, w});
-    if (s > 1) {  // frame i at i x s: s - 1 frames of zeros after each
-      Tensor zeros = Tensor::full({n, d, s - 1, groups * og, h, w}, b.dtype_of(t), 0.0);
-      t = b.slice(b.reshape(b.concat({t, b.constant(zeros)}, 2), {n, d * s, groups * og, h, w}), 1,
-                  0, (d - 1) * s + 1);
-    } else {
-      t = b.reshape(t, {n, d, groups * og, h, w});
-    }
+  for (std::int64_t k = 0; k < taps; ++k) {  // frame i of tap k at k x dilation + i x stride
+    Value t = b.reshape(b.slice(y, 3, k, k + 1), {n, d, groups * og, h, w});
     const std::int64_t at = k * dil[0];
-    t = pad_axes(b, t, {0, at}, {0, depth - at - ((d - 1) * s + 1)}, 0.0);
+    t = b.op("slice_scatter", {t},
+             {{"axis", std::int64_t{1}},
+              {"start", at},
+              {"end", at + (d - 1) * s + 1},
+              {"step", s},
+              {"shape", whole}});
     sum = k == 0 ? t : b.add(sum, t);
   }
   return b.transpose(sum, {0, 2, 1, 3, 4});  // N, O, D, H, W

@@ -426,16 +426,16 @@ TEST(CpuBackend, TransposesAndConcatsMoveEveryElementWhereItBelongs) {
 }
 
 // Reductions merge neighbouring dims that are both reduced or both kept, and
-// long rows go through partial results in lanes (reduce.cc): sums, means and
-// maxima of a [4, 3, 1, 9, 23] tensor over axis sets that make rows of 1 to
-// 621 elements, against a loop in double.
+// long rows go through partial results in lanes (reduce.cc): sums, means,
+// maxima and sum_to (a broadcast's gradient) of a [4, 3, 1, 9, 23] tensor over axis sets that make
+// rows of 1 to 621 elements, against a loop in double.
 TEST(CpuBackend, ReductionsOverMergedDimsMatchALoopInDouble) {
   const Shape shape = {4, 3, 1, 9, 23};
   Tensor xs = Tensor::empty(shape, DType::kF32);
   for (std::int64_t i = 0; i < xs.numel(); ++i) xs.set(i, std::sin(0.37 * i) + 0.01 * (i % 7));
   const std::vector<std::vector<std::int64_t>> axis_sets = {
       {0, 2, 3, 4}, {1}, {3, 4}, {}, {0, 1}, {2}, {0, 3}, {1, 2, 3, 4}, {4}};
-  for (const char* op : {"reduce_sum", "reduce_mean", "reduce_max"}) {
+  for (const char* op : {"reduce_sum", "reduce_mean", "reduce_max", "sum_to"}) {
     for (const auto& axes : axis_sets) {
       SCOPED_TRACE(fmt::format("{} over [{}]", op, fmt::join(axes, ",")));
       std::vector<bool> red(shape.size(), axes.empty());
@@ -457,7 +457,12 @@ TEST(CpuBackend, ReductionsOverMergedDimsMatchALoopInDouble) {
         for (double& w : want) w /= static_cast<double>(xs.numel() / m);
       Graph g;
       Builder b(g);
-      g.mark_output(b.op(op, {b.input("x", DType::kF32, shape)}, {{"axes", axes}}));
+      Shape to = shape;  // sum_to's target: 1 where reduced
+      for (std::size_t d = 0; d < shape.size(); ++d)
+        if (red[d]) to[d] = 1;
+      Value x = b.input("x", DType::kF32, shape);
+      g.mark_output(std::string(op) == "sum_to" ? b.sum_to(x, to)
+                                                : b.op(op, {x}, {{"axes", axes}}));
       auto exe = compile(g);
       ASSERT_TRUE(exe && exe->bind("x", xs).ok());
       ASSERT_TRUE(exe->run().ok());

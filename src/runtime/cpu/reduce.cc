@@ -191,13 +191,15 @@ void register_reduce(KernelRegistry& r) {
   add_reduce(r, "reduce_max");
 
   r.add("sum_to", [](const Node& n, const Inputs& in) {
-    const Shape& xs = in[0].shape;
+    // The leading dims and the ones y keeps as 1 are reduced; y's other dims
+    // are in x's order, so its layout is reduce_ostrides' over merged dims.
+    Shape xs = in[0].shape;
     const Shape& ys = n.outputs[0].shape;
-    std::size_t lead = xs.size() - ys.size();
-    Shape ycs = contiguous_strides(ys);
-    Shape ost(xs.size(), 0);
-    for (std::size_t d = lead; d < xs.size(); ++d)
-      ost[d] = (ys[d - lead] == 1 && xs[d] != 1) ? 0 : ycs[d - lead];
+    const std::size_t lead = xs.size() - ys.size();
+    std::vector<bool> red(xs.size(), true);
+    for (std::size_t d = lead; d < xs.size(); ++d) red[d] = ys[d - lead] == 1 && xs[d] != 1;
+    merge_dims(xs, red);
+    const Shape ost = reduce_ostrides(xs, red);
     return make_fn([xs, ost](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
       return dispatch_float(x[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
