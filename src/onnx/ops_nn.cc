@@ -233,6 +233,66 @@ Value conv_transpose3d(graph::Builder& b, Value x, Value wt,
   return b.transpose(sum, {0, 2, 1, 3, 4});  // N, O, D, H, W
 }
 
+// A transposed convolution's attributes, one entry per spatial dim (pads:
+// the begins, then the ends).
+struct TransposedAttrs {
+  std::vector<std::int64_t> stride, dil, out_pad, pads, out_shape;
+  std::string auto_pad;
+};
+
+Result<TransposedAttrs> transposed_attrs(Ctx& c, std::size_t n) {
+  auto v = [&](const char* name, std::int64_t d) {
+    return c.attr_ints(name, std::vector<std::int64_t>(n, d));
+  };
+  TransposedAttrs a{v("strides", 1),
+                    v("dilations", 1),
+                    v("output_padding", 0),
+                    c.attr_ints("pads", std::vector<std::int64_t>(2 * n, 0)),
+                    c.attr_ints("output_shape"),
+                    c.attr_s("auto_pad", "NOTSET")};
+  if (a.stride.size() != n || a.dil.size() != n || a.out_pad.size() != n ||
+      a.pads.size() != 2 * n || (!a.out_shape.empty() && a.out_shape.size() != n))
+    return c.fail("strides, dilations, output_padding, pads and output_shape must cover {} dims",
+                  n);
+  return a;
+}
+
+// Where the ONNX output window starts in the full (unpadded) transposed
+// convolution, its size, and the full size, per spatial dim.
+struct OutWindow {
+  std::vector<std::int64_t> begin, size, full;
+};
+
+Result<OutWindow> out_window(Ctx& c, const Shape& xs, const Shape& ws, const TransposedAttrs& a) {
+  const std::size_t n = xs.size() - 2;
+  const std::string& ap = a.auto_pad;
+  OutWindow o{std::vector<std::int64_t>(n), std::vector<std::int64_t>(n),
+              std::vector<std::int64_t>(n)};
+  for (std::size_t i = 0; i < n; ++i) {
+    std::int64_t eff = (ws[2 + i] - 1) * a.dil[i] + 1;
+    o.full[i] = (xs[2 + i] - 1) * a.stride[i] + eff;
+    std::int64_t want = -1;
+    if (!a.out_shape.empty()) want = a.out_shape[i];
+    if (want < 0 && (ap == "SAME_UPPER" || ap == "SAME_LOWER")) want = xs[2 + i] * a.stride[i];
+    if (want >= 0) {
+      std::int64_t total = o.full[i] + a.out_pad[i] - want;
+      // A window past the full output (total < 0) grows at the end, as
+      // output_padding does.
+      o.begin[i] = total < 0 ? 0 : (ap == "SAME_UPPER" ? total / 2 : total - total / 2);
+      o.size[i] = want;
+    } else {
+      o.begin[i] = a.pads[i];
+      o.size[i] = o.full[i] + a.out_pad[i] - a.pads[i] - a.pads[n + i];
+    }
+    if (o.begin[i] < 0 || o.size[i] <= 0)
+      return c.fail(
+          "the output window (start {}, size {}) of spatial dim {} is empty or starts "
+          "before the output",
+          o.begin[i], o.size[i], i);
+  }
+  return o;
+}
+
 // ConvTranspose: the full transposed convolution (no padding), then the
 // ONNX output window cut from it (pads, output_padding, output_shape,
 // auto_pad), zeros where the window passes its end, then the bias. PyTorch's
@@ -251,40 +311,10 @@ Status conv_transpose(Ctx& c) {
                   fmt::join(xs, "x"));
   const bool one_d = xs.size() == 3;
   const std::size_t n = xs.size() - 2;
-  auto v = [&](const char* name, std::int64_t d) {
-    return c.attr_ints(name, std::vector<std::int64_t>(n, d));
-  };
-  auto stride = v("strides", 1), dil = v("dilations", 1), out_pad = v("output_padding", 0);
-  auto pads = c.attr_ints("pads", std::vector<std::int64_t>(2 * n, 0));
-  auto out_shape = c.attr_ints("output_shape");
-  std::string ap = c.attr_s("auto_pad", "NOTSET");
-  if (stride.size() != n || dil.size() != n || out_pad.size() != n || pads.size() != 2 * n ||
-      (!out_shape.empty() && out_shape.size() != n))
-    return c.fail("strides, dilations, output_padding, pads and output_shape must cover {} dims",
-                  n);
-  std::vector<std::int64_t> begin(n), size(n), full(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    std::int64_t eff = (ws[2 + i] - 1) * dil[i] + 1;
-    full[i] = (xs[2 + i] - 1) * stride[i] + eff;
-    std::int64_t want = -1;
-    if (!out_shape.empty()) want = out_shape[i];
-    if (want < 0 && (ap == "SAME_UPPER" || ap == "SAME_LOWER")) want = xs[2 + i] * stride[i];
-    if (want >= 0) {
-      std::int64_t total = full[i] + out_pad[i] - want;
-      // A window past the full output (total < 0) grows at the end, as
-      // output_padding does.
-      begin[i] = total < 0 ? 0 : (ap == "SAME_UPPER" ? total / 2 : total - total / 2);
-      size[i] = want;
-    } else {
-      begin[i] = pads[i];
-      size[i] = full[i] + out_pad[i] - pads[i] - pads[n + i];
-    }
-    if (begin[i] < 0 || size[i] <= 0)
-      return c.fail(
-          "the output window (start {}, size {}) of spatial dim {} is empty or starts "
-          "before the output",
-          begin[i], size[i], i);
-  }
+  SHOAL_ASSIGN_OR_RETURN(TransposedAttrs a, transposed_attrs(c, n));
+  SHOAL_ASSIGN_OR_RETURN(OutWindow ow, out_window(c, xs, ws, a));
+  auto &stride = a.stride, &dil = a.dil, &out_pad = a.out_pad;
+  auto &begin = ow.begin, &size = ow.size, &full = ow.full;
   const std::int64_t groups = c.attr_i("group", 1);
   if (n == 3) {  // the full output, then the window cut from it, then the bias
     Value y = conv_transpose3d(b, x, wt, stride, dil, groups);
