@@ -287,6 +287,8 @@ TEST(Elastic, AFrozenRankIsDroppedAndKilledAndTheJobFinishes) {
 // count; the newcomer joins at a step boundary with rank 0's state, and the
 // job ends as one that ran 2 ranks to that step, wrote a checkpoint and
 // resumed on 3 (the same global batch of 48), within 1e-5.
+// 6 epochs (1,500 steps): 2 ended in 0.4 s on a fast host, before the join
+// took effect.
 TEST(Elastic, ShoalJoinAddsRanksUpToMax) {
   const std::string dir = testing::scratch_dir("elastic_join");
   const std::string env = "SHOAL_DETERMINISTIC=1 ";
@@ -298,7 +300,7 @@ TEST(Elastic, ShoalJoinAddsRanksUpToMax) {
       dir, SHOAL_BINARY);
   auto r = run_sh(fmt::format(
       "{}{} run -n 2 --elastic 1:3 --job-dir {}/job --timeout 300 -- sh -c '{} exec {} {} --batch "
-      "24 --epochs 2 --out {}/elastic'",
+      "24 --epochs 6 --out {}/elastic'",
       env, SHOAL_BINARY, dir, ask, SHOAL_BINARY, kTrain, dir));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "more ranks join with `shoal join --job " + dir + "/job`")) << r.out;
@@ -314,10 +316,10 @@ TEST(Elastic, ShoalJoinAddsRanksUpToMax) {
   EXPECT_EQ(m[0]["world"], 3);
   const std::int64_t grow = m[0]["step"];
   ASSERT_GT(grow, 0);
-  ASSERT_LT(grow, 500);
-  const std::string ref = dir + "/ref", train = std::string(kTrain) + " --epochs 2";
+  ASSERT_LT(grow, 1500);
+  const std::string ref = dir + "/ref", train = std::string(kTrain) + " --epochs 6";
   run_on_purpose(env, train, ref, {{2, "--batch 24", grow}, {3, "--batch 16", 0}});
-  expect_same_end(dir + "/elastic", ref, "500");
+  expect_same_end(dir + "/elastic", ref, "1500");
   // A rank started by hand has no place in a job whose launcher starts its
   // own: refused by name (it would wait for a place that never comes).
   auto claim = run_sh("cat " + dir + "/claim.log");

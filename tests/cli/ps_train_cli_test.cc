@@ -223,10 +223,12 @@ TEST(PsTrainCli, ASyncJobNamesAFailedWorkerAndStops) {
   EXPECT_LT(r.seconds, 60) << r.out;
 }
 
+// 40 epochs: the victim is killed after the server's first metrics line (a
+// line a second); 8 epochs ended before it on a fast host.
 TEST(PsTrainCli, AnAsyncJobGoesOnWithoutAKilledWorker) {
   const std::string dir = testing::scratch_dir("ps_asynckill");
   const std::string train =
-      fmt::format("{} train --dist ps --ps-mode async {} --batch 16 --epochs 8 --out {}/run",
+      fmt::format("{} train --dist ps --ps-mode async {} --batch 16 --epochs 40 --out {}/run",
                   SHOAL_BINARY, kAsyncMlp, dir);
   auto r = run_shoal(
       fmt::format("run --ps 1,2 --timeout 120 --ps-snapshots {0}/ps -- sh -c 'if mkdir {0}/victim "
@@ -400,12 +402,15 @@ TEST(PsTrainCli, AKilledServerRestartsFromItsSnapshotAndNothingIsLostOrDoubled) 
   EXPECT_EQ(params, 6);
 }
 
-// Without snapshots (the default) a dead server stops the job, named.
+// Without snapshots (the default) a dead server stops the job, named. The
+// epochs are many so the job still trains when the server's first metrics
+// line (a line a second) says it updated and the server is killed.
 TEST(PsTrainCli, WithoutSnapshotsADeadServerStopsTheJobNamed) {
   const std::string dir = testing::scratch_dir("ps_server_dies");
   auto r = run_sh(fmt::format(
       "{1} run --ps 1,2 --timeout 120 --ps-snapshots {0}/ps -- {1} train --dist ps {2} --batch 16 "
-      "--max-steps 100000 --out {0}/run & l=$!; i=0; while [ $i -lt 200 ] && ! grep -qs "
+      "--epochs 1000 --max-steps 100000 --out {0}/run & l=$!; i=0; while [ $i -lt 200 ] && ! grep "
+      "-qs "
       "'\"updates\":[1-9]' {0}/ps/server0.metrics.jsonl; do sleep 0.05; i=$((i+1)); done; "
       "pkill -9 -f '{0}/ps/[s]erver0.metrics.jsonl'; wait $l",
       dir, SHOAL_BINARY, kMlp));
