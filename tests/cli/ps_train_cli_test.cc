@@ -315,9 +315,11 @@ TEST(PsTrainCli, AFrozenWorkerIsDroppedAfterItsHeartbeatDeadline) {
   for (std::string mode : {"sync", "async"}) {
     SCOPED_TRACE(mode);
     const std::string dir = testing::scratch_dir("ps_frozen_" + mode);
-    const std::string train = fmt::format(
-        "{} train --dist ps --ps-mode {} {} --batch 16 --epochs {} --out {}/run", SHOAL_BINARY,
-        mode, kAsyncMlp, mode == "sync" ? 6 : 20, dir);  // async: outlives the deadline
+    // Epochs enough to train past the freeze at 1 s and, async, past the
+    // deadline (sync 6 ended in 0.5 s on a fast host; the freeze ends sync).
+    const std::string train =
+        fmt::format("{} train --dist ps --ps-mode {} {} --batch 16 --epochs {} --out {}/run",
+                    SHOAL_BINARY, mode, kAsyncMlp, mode == "sync" ? 60 : 100, dir);
     auto r = run_sh(fmt::format(
         "SHOAL_PS_HEARTBEAT=2 {2} run --ps 1,2 --timeout 100 --ps-snapshots {0}/ps -- sh -c 'if "
         "mkdir {0}/victim "
