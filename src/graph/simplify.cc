@@ -1,5 +1,6 @@
 // Forward-graph simplifications that leave every value's contents as they
 // were (passes.h).
+#include <algorithm>
 #include <set>
 
 #include "shoal/graph/passes.h"
