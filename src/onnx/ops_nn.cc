@@ -293,6 +293,17 @@ Result<OutWindow> out_window(Ctx& c, const Shape& xs, const Shape& ws, const Tra
   return o;
 }
 
+// The ONNX output window of the full transposed convolution y (NC + spatial
+// dims): slices where it starts inside, zeros where it runs past the end.
+Value cut_window(graph::Builder& b, Value y, const OutWindow& o) {
+  std::vector<std::int64_t> lo = {0, 0}, hi = {0, 0};
+  for (std::size_t i = 0; i < o.begin.size(); ++i) {
+    lo.push_back(-o.begin[i]);
+    hi.push_back(o.size[i] - (o.full[i] - o.begin[i]));
+  }
+  return pad_axes(b, y, lo, hi, 0.0);
+}
+
 // ConvTranspose: the full transposed convolution (no padding), then the
 // ONNX output window cut from it (pads, output_padding, output_shape,
 // auto_pad), zeros where the window passes its end, then the bias. PyTorch's
@@ -317,13 +328,7 @@ Status conv_transpose(Ctx& c) {
   auto &begin = ow.begin, &size = ow.size, &full = ow.full;
   const std::int64_t groups = c.attr_i("group", 1);
   if (n == 3) {  // the full output, then the window cut from it, then the bias
-    Value y = conv_transpose3d(b, x, wt, stride, dil, groups);
-    std::vector<std::int64_t> lo = {0, 0}, hi = {0, 0};
-    for (std::size_t i = 0; i < n; ++i) {
-      lo.push_back(-begin[i]);
-      hi.push_back(size[i] - (full[i] - begin[i]));
-    }
-    y = pad_axes(b, y, lo, hi, 0.0);
+    Value y = cut_window(b, conv_transpose3d(b, x, wt, stride, dil, groups), ow);
     if (bias.valid()) y = b.add(y, b.reshape(bias, {1, ws[1] * groups, 1, 1, 1}));
     c.out(0, y);
     return ok_status();
@@ -342,9 +347,7 @@ Status conv_transpose(Ctx& c) {
   if (direct) {
     y = b.conv_transpose2d(x, wt, {}, stride, begin, out_pad, dil, groups);
   } else {
-    y = b.conv_transpose2d(x, wt, {}, stride, {0, 0}, {0, 0}, dil, groups);
-    y = pad_axes(b, y, {0, 0, -begin[0], -begin[1]},
-                 {0, 0, size[0] - (full[0] - begin[0]), size[1] - (full[1] - begin[1])}, 0.0);
+    y = cut_window(b, b.conv_transpose2d(x, wt, {}, stride, {0, 0}, {0, 0}, dil, groups), ow);
   }
   if (bias.valid()) y = b.add(y, b.reshape(bias, {1, ws[1] * groups, 1, 1}));
   if (one_d) {
