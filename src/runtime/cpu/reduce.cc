@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "runtime/cpu/kernels_internal.h"
 #include "runtime/cpu/vec_math.h"
@@ -112,6 +113,13 @@ Shape reduce_ostrides(const Shape& xs, const std::vector<bool>& red) {
   return st;
 }
 
+// The shape a reduction walks (merge_dims) and its output strides.
+std::pair<Shape, Shape> reduce_plan(Shape xs, std::vector<bool> red) {
+  merge_dims(xs, red);
+  Shape ost = reduce_ostrides(xs, red);
+  return {std::move(xs), std::move(ost)};
+}
+
 std::vector<bool> reduced_dims(const Node& n, std::size_t rank) {
   auto axes = n.attrs.get_ints_or("axes", {});
   std::vector<bool> red(rank, axes.empty());
@@ -125,12 +133,7 @@ void add_reduce(KernelRegistry& r, const std::string& op) {
     const std::vector<bool> red = reduced_dims(n, in[0].shape.size());
     // The merged dims for the shape compiled; worked out again (allocating)
     // only for an input of another shape.
-    auto plan = [red](const Shape& shape) {
-      Shape xs = shape;
-      std::vector<bool> merged = red;
-      merge_dims(xs, merged);
-      return std::pair{xs, reduce_ostrides(xs, merged)};
-    };
+    auto plan = [red](const Shape& shape) { return reduce_plan(shape, red); };
     return make_fn([op, plan, shape = in[0].shape, built = plan(in[0].shape)](
                        const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
       std::pair<Shape, Shape> other;
@@ -193,13 +196,12 @@ void register_reduce(KernelRegistry& r) {
   r.add("sum_to", [](const Node& n, const Inputs& in) {
     // The leading dims and the ones y keeps as 1 are reduced; y's other dims
     // are in x's order, so its layout is reduce_ostrides' over merged dims.
-    Shape xs = in[0].shape;
     const Shape& ys = n.outputs[0].shape;
-    const std::size_t lead = xs.size() - ys.size();
-    std::vector<bool> red(xs.size(), true);
-    for (std::size_t d = lead; d < xs.size(); ++d) red[d] = ys[d - lead] == 1 && xs[d] != 1;
-    merge_dims(xs, red);
-    const Shape ost = reduce_ostrides(xs, red);
+    const std::size_t lead = in[0].shape.size() - ys.size();
+    std::vector<bool> red(in[0].shape.size(), true);
+    for (std::size_t d = lead; d < red.size(); ++d)
+      red[d] = ys[d - lead] == 1 && in[0].shape[d] != 1;
+    const auto [xs, ost] = reduce_plan(in[0].shape, red);
     return make_fn([xs, ost](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
       return dispatch_float(x[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
