@@ -8,15 +8,6 @@
 namespace shoal::graph {
 namespace {
 
-// Ops that map each element on its own, whatever its position: their result
-// does not depend on the order of the elements they are given.
-bool pointwise(const std::string& op) {
-  static const std::set<std::string> kOps = {"neg",     "exp",  "log",  "sqrt", "rsqrt",
-                                             "abs",     "relu", "gelu", "erf",  "tanh",
-                                             "sigmoid", "step", "sign"};
-  return kOps.count(op) != 0;
-}
-
 // Whether transposing by q puts back what transposing by p moved.
 bool undoes(const std::vector<std::int64_t>& p, const std::vector<std::int64_t>& q) {
   if (p.size() != q.size()) return false;
@@ -29,6 +20,14 @@ bool undoes(const std::vector<std::int64_t>& p, const std::vector<std::int64_t>&
 
 }  // namespace
 
+bool elementwise(const std::string& op) {
+  static const std::set<std::string> kOps = {
+      "neg",       "exp",  "log",  "sqrt", "rsqrt",   "abs",  "relu",
+      "step",      "sign", "tanh", "erf",  "sigmoid", "gelu", "gelu_grad",
+      "relu_grad", "add",  "sub",  "mul",  "div",     "pow",  "equal"};
+  return kOps.count(op) != 0;
+}
+
 Result<int> cancel_transposes(Graph& g, int first) {
   int done = 0;
   const int end = g.num_nodes();
@@ -36,7 +35,7 @@ Result<int> cancel_transposes(Graph& g, int first) {
     const Node& q = g.node(id);
     if (!q.alive || q.op != "transpose") continue;
     const Node& f = g.node(q.inputs[0].node);
-    if (!f.alive || !pointwise(f.op) || f.inputs.size() != 1 || f.outputs.size() != 1) continue;
+    if (!f.alive || !elementwise(f.op) || f.inputs.size() != 1 || f.outputs.size() != 1) continue;
     const Node& p = g.node(f.inputs[0].node);
     if (!p.alive || p.op != "transpose" ||
         !undoes(p.attrs.get_ints_or("perm", {}), q.attrs.get_ints_or("perm", {})))

@@ -22,7 +22,12 @@ Result<std::vector<Value>> autodiff(Graph& g, Value loss, const std::vector<Valu
 // Marks nodes that no graph output depends on as dead; returns how many.
 int eliminate_dead_code(Graph& g);
 
-// transpose(f(transpose(x, p)), q), where f maps each element on its own
+// Ops whose output element i depends only on element i of each same-shaped
+// input, whatever its position (relu, add, ...): any order of the elements,
+// any layout all full-size operands share, gives the same values.
+bool elementwise(const std::string& op);
+
+// transpose(f(transpose(x, p)), q), where f is elementwise with one input
 // (relu, tanh, ...) and q undoes p, becomes f(x): the ONNX import lowers a
 // 3-D convolution through its frames (N, D, C, H, W) and back, so the
 // activation between two of them sat between a transpose and its inverse.

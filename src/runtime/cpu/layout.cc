@@ -17,6 +17,7 @@
 
 #include "runtime/cpu/kernels_internal.h"
 #include "shoal/graph/op_registry.h"
+#include "shoal/graph/passes.h"
 #include "shoal/runtime/backend.h"
 
 namespace shoal::runtime {
@@ -29,16 +30,6 @@ using graph::Value;
 bool blockable(const graph::TensorType& t) {
   return t.dtype == DType::kF32 && t.shape.size() == 4 && t.shape[1] > 0 &&
          t.shape[1] % kBlockChannels == 0 && num_elements(t.shape) > 0;
-}
-
-// Element-wise ops whose output element i depends only on input element i
-// (so any layout works when all full-size operands share it).
-const std::set<std::string>& elementwise_ops() {
-  static const std::set<std::string> s = {
-      "neg",       "exp",  "log",  "sqrt", "rsqrt",   "abs",  "relu",
-      "step",      "sign", "tanh", "erf",  "sigmoid", "gelu", "gelu_grad",
-      "relu_grad", "add",  "sub",  "mul",  "div",     "pow",  "equal"};
-  return s;
 }
 
 enum class In { kPlain, kBlocked, kAny };
@@ -118,7 +109,7 @@ Result<int> assign_blocked_layouts(Graph& g) {
                blockable(n.outputs[0])) {
       want[0] = want[1] = In::kBlocked;
       out_blocked[0] = true;
-    } else if (elementwise_ops().count(n.op) && n.outputs.size() == 1 && blockable(n.outputs[0])) {
+    } else if (graph::elementwise(n.op) && n.outputs.size() == 1 && blockable(n.outputs[0])) {
       // Full-size operands share the output's layout; size-1 ones broadcast
       // the same value everywhere. Any other broadcast keeps it plain.
       bool shape_ok = true, any_blocked = false;
