@@ -59,6 +59,8 @@ void gelu_span(const X* x, const D* dy, Y* y, std::int64_t n) {
 #if defined(SHOAL_VEC_BF16)
   for (std::int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = first(n - i);
+    prefetch_ahead(x + i);
+    if (dy != nullptr) prefetch_ahead(dy + i);
     const __m512 v = load16(x + i, m);
     __m512 e;
     const __m512 cdf = phi16(v, &e);

@@ -36,6 +36,16 @@ inline __m512 load16(const bf16_t* p, __mmask16 m) {
   const __m256i h = _mm256_maskz_loadu_epi16(m, p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+// Asks for the cache line 512 bytes past p. GELU's gradient read its
+// operands from DRAM at 0.67 ms for the base GPT's [2048, 512] in bf16 and
+// from cache at 0.41 ms: the compute between loads left the hardware
+// prefetcher behind (Zen 4 VM); a software prefetch per vector hides it.
+// Past the end of an array it is harmless (prefetches do not fault).
+template <typename T>
+inline void prefetch_ahead(const T* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(p) + 512),
+               _MM_HINT_T0);
+}
 inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
 // Rounded to nearest even. VCVTNEPS2BF16 where the CPU has AVX-512 BF16
 // (it reads f32 subnormals as zero, as the casts do); else the same
