@@ -382,14 +382,50 @@ void register_norm_ops(OpRegistry& r) {
     };
     r.add(d);
     OpDef gd;
-    gd.name = "layer_norm_grad";  // (x, gamma, dy) -> dx, dgamma, dbeta
-    gd.min_inputs = gd.max_inputs = 3;
+    // (x, gamma, dy[, r]) -> dx (+ r), dgamma, dbeta: r, where given, is the
+    // residual stream's gradient from x's other readers, added as dx is
+    // stored (runtime::fuse_residual_norms).
+    gd.name = "layer_norm_grad";
+    gd.min_inputs = 3;
+    gd.max_inputs = 4;
     gd.attrs = {"eps"};
     gd.infer = [](const Node&, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      if (in[2].shape != in[0].shape || (in.size() == 4 && in[3].shape != in[0].shape))
+        return invalid_argument("dy and r must match x");
       return Types{in[0], in[1], in[1]};
     };
     r.add(gd);
+  }
+  {
+    // (a, b, gamma, beta) -> (layer_norm(a + b), a + b): a pre-norm
+    // transformer's residual add and the layer norm that reads it in one
+    // pass over the rows (runtime::fuse_residual_norms writes it).
+    OpDef d;
+    d.name = "add_layer_norm";
+    d.min_inputs = d.max_inputs = 4;
+    d.attrs = {"eps", "dst"};  // dst: the normalized output's (with_dst)
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
+      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      if (in[0].shape.empty() || in[1].shape != in[0].shape)
+        return invalid_argument("a and b must have one shape of rank >= 1");
+      Shape c = {in[0].shape.back()};
+      if (in[2].shape != c || in[3].shape != c)
+        return invalid_argument("gamma and beta must be [{}]", c[0]);
+      SHOAL_ASSIGN_OR_RETURN(TensorType y, with_dst(n, in[0]));
+      return Types{y, in[0]};
+    };
+    // The sum's gradient is its readers' (Y(1), where any) plus layer
+    // norm's; a and b each receive it.
+    d.grad = GRAD {
+      const Attrs a = {{"eps", g.node.attrs.get_float_or("eps", 1e-5)}};
+      std::vector<Value> in = {Y(1), X(2), DY};
+      if (g.output_grads.size() > 1 && g.output_grads[1].valid()) in.push_back(g.output_grads[1]);
+      auto outs = g.b.op_multi("layer_norm_grad", in, a);
+      if (outs.size() != 3) return {Value{}, Value{}, Value{}, Value{}};
+      return {outs[0], outs[0], outs[1], outs[2]};
+    };
+    r.add(d);
   }
   {
     OpDef d;

@@ -1,6 +1,7 @@
 // Graph passes the CPU backend runs before it makes kernels (compile(),
 // cpu_backend.cc): constant folding, by running the CPU kernels on the
-// constants, and ReLU fused into the linear or convolution before it.
+// constants, ReLU fused into the linear or convolution before it, and a
+// residual add fused into the layer norm after it.
 #include "runtime/cpu/kernels_internal.h"
 #include "shoal/graph/op_registry.h"
 #include "shoal/runtime/backend.h"
@@ -62,6 +63,87 @@ int fuse_activations(Graph& g) {
     g.replace_all_uses(Value{id, 0}, v);
     ++fused;
   }
+  return fused;
+}
+
+namespace {
+
+// Whether `to` depends on node `from` (a path of alive edges from -> to).
+bool depends_on(const Graph& g, int to, int from) {
+  std::vector<std::vector<int>> users(static_cast<std::size_t>(g.num_nodes()));
+  for (const Node& n : g.nodes())
+    if (n.alive)
+      for (const Value& v : n.inputs) users[static_cast<std::size_t>(v.node)].push_back(n.id);
+  std::vector<char> seen(users.size(), 0);
+  std::vector<int> stack = {from};
+  while (!stack.empty()) {
+    const int id = stack.back();
+    stack.pop_back();
+    if (id == to) return true;
+    for (int u : users[static_cast<std::size_t>(id)])
+      if (!seen[static_cast<std::size_t>(u)]) {
+        seen[static_cast<std::size_t>(u)] = 1;
+        stack.push_back(u);
+      }
+  }
+  return false;
+}
+
+// An add of two f32 operands of its own shape (no broadcast, no dst).
+bool plain_add(const Graph& g, const Node& n) {
+  if (!n.alive || n.op != "add" || n.inputs.size() != 2 || n.outputs.size() != 1) return false;
+  const graph::TensorType& t = n.outputs[0];
+  return t.dtype == DType::kF32 && g.type(n.inputs[0]) == t && g.type(n.inputs[1]) == t;
+}
+
+// s = add(a, b); y = layer_norm(s, gamma, beta) -> (y, s) = add_layer_norm(...).
+bool fuse_forward(Graph& g, int id) {
+  const Node& l = g.node(id);
+  if (l.op != "layer_norm" || l.inputs.size() != 3) return false;
+  const int add = l.inputs[0].node;
+  if (!plain_add(g, g.node(add)) || depends_on(g, l.inputs[1].node, add) ||
+      depends_on(g, l.inputs[2].node, add))
+    return false;
+  const Node& a = g.node(add);
+  Node& n = g.mutable_node(id);
+  n.op = "add_layer_norm";
+  n.inputs = {a.inputs[0], a.inputs[1], n.inputs[1], n.inputs[2]};
+  n.outputs.push_back(a.outputs[0]);
+  g.mutable_node(add).alive = false;
+  g.replace_all_uses(Value{add, 0}, Value{id, 1});
+  return true;
+}
+
+// (dx, ...) = layer_norm_grad(s, gamma, dy); add(dx, r) -> layer_norm_grad(s, gamma, dy, r).
+bool fuse_backward(Graph& g, int id, const std::map<Value, int>& uses) {
+  const Node& l = g.node(id);
+  const Value dx{id, 0};
+  if (l.op != "layer_norm_grad" || l.inputs.size() != 3 || l.outputs[0].dtype != DType::kF32)
+    return false;
+  auto u = uses.find(dx);
+  if (u == uses.end() || u->second != 1) return false;
+  for (const Node& r : g.nodes()) {
+    if (!plain_add(g, r) || (r.inputs[0] != dx && r.inputs[1] != dx)) continue;
+    const Value res = r.inputs[0] == dx ? r.inputs[1] : r.inputs[0];
+    if (res == dx || g.type(res) != l.outputs[0] || depends_on(g, res.node, id)) return false;
+    const int sum = r.id;
+    g.mutable_node(id).inputs.push_back(res);
+    g.mutable_node(sum).alive = false;
+    g.replace_all_uses(Value{sum, 0}, dx);
+    return true;
+  }
+  return false;  // dx's one use is a graph output
+}
+
+}  // namespace
+
+int fuse_residual_norms(Graph& g) {
+  int fused = 0;
+  for (int id = 0; id < g.num_nodes(); ++id)
+    if (g.node(id).alive && fuse_forward(g, id)) ++fused;
+  const auto uses = g.use_counts();
+  for (int id = 0; id < g.num_nodes(); ++id)
+    if (g.node(id).alive && fuse_backward(g, id, uses)) ++fused;
   return fused;
 }
 

@@ -34,6 +34,7 @@ KernelRegistry& KernelRegistry::cpu() {
     cpu::register_shape_ops(*r);
     cpu::register_nn(*r);
     cpu::register_norms(*r);
+    cpu::register_residual_norm(*r);
     cpu::register_onednn(*r);
     cpu::register_bf16_writers(*r);
     cpu::register_gelu(*r);
@@ -259,7 +260,10 @@ class CpuExecutable final : public Executable {
   Status compile(Graph g) {
     if (g.outputs().empty()) return invalid_argument("compile: graph has no outputs");
     SHOAL_RETURN_IF_ERROR(graph::verify(g));
-    if (opts_.fuse) fuse_activations(g);
+    if (opts_.fuse) {
+      fuse_activations(g);
+      fuse_residual_norms(g);
+    }
     if (opts_.constant_fold) SHOAL_RETURN_IF_ERROR(constant_fold(g).status());
     graph::eliminate_dead_code(g);
     SHOAL_ASSIGN_OR_RETURN(bool blocked, env::get_bool("SHOAL_BLOCKED_LAYOUT", true));

@@ -287,6 +287,21 @@ TEST(GradCheck, LayerNorm) {
   }
 }
 
+// The fused residual add + layer norm (runtime::fuse_residual_norms): with
+// the sum read again (its gradient joins layer norm's in layer_norm_grad's
+// fourth input) and without (three inputs).
+TEST(GradCheck, AddLayerNorm) {
+  for (Shape s : {Shape{3, 7}, Shape{2, 1, 5}}) {
+    const std::vector<In> ins = {{s}, {s}, {{s.back()}}, {{s.back()}}};
+    for (bool sum_read : {true, false})
+      gradcheck("add_layer_norm " + shape_str(s) + (sum_read ? " (sum read)" : ""), ins,
+                [sum_read](Builder& b, const std::vector<Value>& x) {
+                  auto o = b.op_multi("add_layer_norm", x, {{"eps", 1e-5}});
+                  return sum_read ? b.add(o[0], b.mul(o[1], o[1])) : o[0];
+                });
+  }
+}
+
 TEST(GradCheck, Dropout) {
   gradcheck("dropout", {{{5, 7}}},
             [](Builder& b, const std::vector<Value>& x) { return b.dropout(x[0], 0.3, 42); });
@@ -432,6 +447,7 @@ TEST(GradCheck, EveryRegisteredOpIsCoveredOrAHelper) {
                                    "global_avg_pool",
                                    "batch_norm",
                                    "layer_norm",
+                                   "add_layer_norm",
                                    "dropout",
                                    "softmax",
                                    "log_softmax",

@@ -119,6 +119,13 @@ Result<int> constant_fold(graph::Graph& g);
 // Rewrites relu(linear|conv2d(...)) into the producer's "activation" attr
 // when the pre-activation has no other use. Returns how many were fused.
 int fuse_activations(graph::Graph& g);
+// Fuses a residual add into the layer norm that reads it, in the step as
+// autodiff left it (f32, operands of one shape):
+//   s = add(a, b); y = layer_norm(s, g, beta)  ->  (y, s) = add_layer_norm(a, b, g, beta)
+//   (dx, dg, db) = layer_norm_grad(s, g, dy); add(dx, r)  ->  layer_norm_grad(s, g, dy, r)
+// where the rewrite cannot close a cycle (gamma, beta and r do not depend
+// on the node they join). Returns how many of both were fused.
+int fuse_residual_norms(graph::Graph& g);
 // Lets oneDNN's channel-blocked layout (nChw16c) flow between convolutions,
 // batch norms and element-wise ops, inserting `layout` conversions where a
 // blocked value meets another op or is a graph output. Returns how many

@@ -14,24 +14,6 @@
 #include "runtime/cpu/layer_norm_rows.h"
 
 namespace shoal::runtime::cpu {
-namespace {
-
-// Layer norm over rows of d: each row normalized in f32, stored bf16.
-void layer_norm_to_bf16(double eps, std::span<const Tensor> in, Tensor& out) {
-  const std::int64_t d = in[0].shape().back();
-  auto* y = static_cast<std::uint16_t*>(out.raw_data());
-  layer_norm_rows(
-      eps, in,
-      [d, y](std::int64_t r, const float* p, float m, float rstd, const float* g, const float* b) {
-        chunks_to_bf16(y + r * d, d, [&](std::int64_t lo, std::int64_t k, float* t) {
-#pragma omp simd
-          for (std::int64_t i = 0; i < k; ++i)
-            t[i] = (p[lo + i] - m) * rstd * g[lo + i] + b[lo + i];
-        });
-      });
-}
-
-}  // namespace
 
 void add_writer(KernelRegistry& r, const char* op, KernelFactory bf16, bool reads) {
   const KernelFactory* prev = r.find(op);
@@ -58,7 +40,7 @@ void register_bf16_writers(KernelRegistry& r) {
     const double eps = n.attrs.get_float_or("eps", 1e-5);
     return make_fn(
         [eps](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
-          layer_norm_to_bf16(eps, x, y[0]);
+          layer_norm_f32(eps, x, y[0]);
           return ok_status();
         },
         "bf16-writer");

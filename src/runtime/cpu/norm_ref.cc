@@ -277,23 +277,12 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
 
 using vec::row_stats;
 
-void layer_norm_fwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
-  const std::int64_t d = in[0].shape().back();
-  float* y = out[0].data<float>();
-  layer_norm_rows(
-      eps, in,
-      [d, y](std::int64_t r, const float* p, float m, float rstd, const float* g, const float* b) {
-        float* q = y + r * d;
-#pragma omp simd
-        for (std::int64_t i = 0; i < d; ++i) q[i] = (p[i] - m) * rstd * g[i] + b[i];
-      });
-}
-
 void layer_norm_bwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
   const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
   const float* x = in[0].data<float>();
   const float* g = in[1].data<float>();
   const float* dy = in[2].data<float>();
+  const float* res = in.size() == 4 ? in[3].data<float>() : nullptr;
   float* dx = out[0].data<float>();
   // gamma/beta partials per fixed block of rows (not per thread), added in
   // block order: the same sums on any thread count.
@@ -320,9 +309,16 @@ void layer_norm_bwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor
       s1 /= fd;
       s2 /= fd;
       float* q = dx + r * d;
+      if (res == nullptr) {
 #pragma omp simd
-      for (std::int64_t i = 0; i < d; ++i)
-        q[i] = rstd * (gy[i] * g[i] - s1 - (p[i] - m) * rstd * s2);
+        for (std::int64_t i = 0; i < d; ++i)
+          q[i] = rstd * (gy[i] * g[i] - s1 - (p[i] - m) * rstd * s2);
+      } else {
+        const float* pr = res + r * d;
+#pragma omp simd
+        for (std::int64_t i = 0; i < d; ++i)
+          q[i] = rstd * (gy[i] * g[i] - s1 - (p[i] - m) * rstd * s2) + pr[i];
+      }
     }
   }
   float* og = out[1].data<float>();
@@ -340,7 +336,7 @@ void layer_norm_bwd_f32(double eps, std::span<const Tensor> in, std::span<Tensor
 
 template <typename T>
 void layer_norm_fwd(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
-  if constexpr (std::is_same_v<T, float>) return layer_norm_fwd_f32(eps, in, out);
+  if constexpr (std::is_same_v<T, float>) return layer_norm_f32(eps, in, out[0]);
   std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
   const T* x = in[0].data<T>();
   const T* g = in[1].data<T>();
@@ -359,7 +355,7 @@ void layer_norm_fwd(double eps, std::span<const Tensor> in, std::span<Tensor> ou
   }
 }
 
-// in: x, gamma, dy -> dx, dgamma, dbeta.
+// in: x, gamma, dy[, r] -> dx (+ r), dgamma, dbeta.
 template <typename T>
 void layer_norm_bwd(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
   if constexpr (std::is_same_v<T, float>) return layer_norm_bwd_f32(eps, in, out);
@@ -367,6 +363,7 @@ void layer_norm_bwd(double eps, std::span<const Tensor> in, std::span<Tensor> ou
   const T* x = in[0].data<T>();
   const T* g = in[1].data<T>();
   const T* dy = in[2].data<T>();
+  const T* res = in.size() == 4 ? in[3].data<T>() : nullptr;
   T* dx = out[0].data<T>();
   std::vector<double> dg(static_cast<std::size_t>(d), 0.0), db(static_cast<std::size_t>(d), 0.0);
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -388,7 +385,8 @@ void layer_norm_bwd(double eps, std::span<const Tensor> in, std::span<Tensor> ou
     for (std::int64_t i = 0; i < d; ++i) {
       double xh = (p[i] - m) * rstd, dxh = gy[i] * g[i];
       dx[r * d + i] = static_cast<T>(
-          rstd * (dxh - s1 / static_cast<double>(d) - xh * s2 / static_cast<double>(d)));
+          rstd * (dxh - s1 / static_cast<double>(d) - xh * s2 / static_cast<double>(d)) +
+          (res == nullptr ? 0.0 : static_cast<double>(res[r * d + i])));
     }
   }
   for (std::int64_t i = 0; i < d; ++i) {
