@@ -137,6 +137,22 @@ Value post_act_grad(Builder& b, const Node& n, Value y, Value dy) {
   return dy;
 }
 
+// A convolution pass's result type: its operands' float type, or under
+// --precision bf16 (the "precision" attribute autocast_bf16 sets) f32, its
+// operands each f32 or bf16 (the pass casts the activations once and
+// shares the cast between the passes that read them).
+Result<DType> conv_type(const Node& n, const Types& in) {
+  if (n.attrs.get_string_or("precision", "") != "bf16") {
+    SHOAL_RETURN_IF_ERROR(need_same_float(in));
+    return in[0].dtype;
+  }
+  for (std::size_t i = 0; i < in.size(); ++i)
+    if (in[i].dtype != DType::kF32 && in[i].dtype != DType::kBF16)
+      return invalid_argument("a bf16 convolution reads f32 or bf16: input {} is {}", i,
+                              in[i].str());
+  return DType::kF32;
+}
+
 }  // namespace
 
 void register_linear_ops(OpRegistry& r) {
@@ -209,13 +225,13 @@ void register_conv_ops(OpRegistry& r) {
     d.max_inputs = 3;
     d.attrs = {"stride", "padding", "dilation", "groups", "activation", "precision"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(DType t, conv_type(n, in));
       SHOAL_ASSIGN_OR_RETURN(Shape s, conv_out_shape(n, in[0].shape, in[1].shape));
       if (in.size() == 3 && in[2].shape != Shape{in[1].shape[0]})
         return invalid_argument("bias must be [{}]", in[1].shape[0]);
       auto act = n.attrs.get_string_or("activation", "");
       if (!act.empty() && act != "relu") return invalid_argument("unknown activation '{}'", act);
-      return Types{{in[0].dtype, s}};
+      return Types{{t, s}};
     };
     d.grad = GRAD {
       Value dy = post_act_grad(g.b, g.node, Y(0), DY);
@@ -236,11 +252,11 @@ void register_conv_ops(OpRegistry& r) {
     gi.min_inputs = gi.max_inputs = 2;
     gi.attrs = {"stride", "padding", "dilation", "groups", "input_shape", "precision"};
     gi.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(DType t, conv_type(n, in));
       SHOAL_ASSIGN_OR_RETURN(Shape xs, n.attrs.get_ints("input_shape"));
       SHOAL_ASSIGN_OR_RETURN(Shape ys, conv_out_shape(n, xs, in[1].shape));
       if (ys != in[0].shape) return invalid_argument("dy must be {}", shape_str(ys));
-      return Types{{in[0].dtype, xs}};
+      return Types{{t, xs}};
     };
     // Also the transposed convolution (Builder::conv_transpose2d). It is
     // linear in dy and in w: its adjoint in dy is the convolution with w,
@@ -259,11 +275,11 @@ void register_conv_ops(OpRegistry& r) {
     gw.min_inputs = gw.max_inputs = 2;
     gw.attrs = {"stride", "padding", "dilation", "groups", "weight_shape", "precision"};
     gw.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(DType t, conv_type(n, in));
       SHOAL_ASSIGN_OR_RETURN(Shape ws, n.attrs.get_ints("weight_shape"));
       SHOAL_ASSIGN_OR_RETURN(Shape ys, conv_out_shape(n, in[0].shape, ws));
       if (ys != in[1].shape) return invalid_argument("dy must be {}", shape_str(ys));
-      return Types{{in[0].dtype, ws}};
+      return Types{{t, ws}};
     };
     r.add(gw);
   }

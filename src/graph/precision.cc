@@ -213,12 +213,41 @@ Result<PrecisionReport> autocast_bf16(Graph& g) {
   PrecisionReport r;
   std::map<Value, Value> bf16_of;  // one cast per value, shared by its users
   std::vector<int> casts;
+  // v's bf16 cast, made for the first user (scheduled in the earliest
+  // user's slot) and shared by the others.
+  auto bf16_operand = [&](Value v, std::int64_t slot, const std::string& name) -> Result<Value> {
+    auto it = bf16_of.find(v);
+    if (it == bf16_of.end()) {
+      const std::string cname = (name.empty() ? "" : name + "/") + "bf16";
+      SHOAL_ASSIGN_OR_RETURN(Value c, g.add("cast", {v}, {{"dtype", std::string("bf16")}}, cname));
+      g.mutable_node(c.node).slot = slot;
+      it = bf16_of.emplace(v, c).first;
+      casts.push_back(c.node);
+      ++r.casts;
+    } else if (slot < g.node(it->second.node).slot) {
+      g.mutable_node(it->second.node).slot = slot;  // ready for its earliest user
+    }
+    return it->second;
+  };
   const int count = g.num_nodes();  // the casts appended below are not visited
   for (int id = 0; id < count; ++id) {
     const Node& n = g.node(id);
     if (n.alive && n.op.starts_with("conv2d") && !n.attrs.has("precision") &&
         g.type(n.inputs[0]).dtype == DType::kF32) {
+      // The activations (the forward's x, the gradients' dy and x) are
+      // cast once and the cast shared: the forward and the weight gradient
+      // read one bf16 x, both gradients one bf16 dy. Weights stay f32 (the
+      // kernel converts them while reordering them into its layout).
+      const std::int64_t slot = n.slot;
+      const std::string name = n.name;
+      std::vector<Value> acts = {n.inputs[0]};
+      if (n.op == "conv2d_grad_weight") acts.push_back(n.inputs[1]);
       g.mutable_node(id).attrs.set("precision", std::string("bf16"));
+      for (std::size_t i = 0; i < acts.size(); ++i) {
+        SHOAL_ASSIGN_OR_RETURN(Value c, bf16_operand(acts[i], slot, name));
+        g.mutable_node(id).inputs[i] = c;
+      }
+      SHOAL_RETURN_IF_ERROR(g.reinfer(id));
       ++r.convolutions;
       continue;
     }
@@ -233,19 +262,7 @@ Result<PrecisionReport> autocast_bf16(Graph& g) {
     const std::string name = n.name;
     Value operands[2] = {n.inputs[0], n.inputs[1]};
     for (Value& v : operands) {
-      auto it = bf16_of.find(v);
-      if (it == bf16_of.end()) {
-        const std::string cname = (name.empty() ? "" : name + "/") + "bf16";
-        SHOAL_ASSIGN_OR_RETURN(Value c,
-                               g.add("cast", {v}, {{"dtype", std::string("bf16")}}, cname));
-        g.mutable_node(c.node).slot = slot;
-        it = bf16_of.emplace(v, c).first;
-        casts.push_back(c.node);
-        ++r.casts;
-      } else if (slot < g.node(it->second.node).slot) {
-        g.mutable_node(it->second.node).slot = slot;  // ready for its earliest user
-      }
-      v = it->second;
+      SHOAL_ASSIGN_OR_RETURN(v, bf16_operand(v, slot, name));
     }
     Node& m = g.mutable_node(id);
     m.inputs[0] = operands[0];

@@ -78,8 +78,9 @@ Run run(const std::vector<Shape>& shapes, const Fn& fn, DType dt, bool bf16) {
 // 2^-8 * sqrt(K) against a result of size sqrt(K). 2% of the largest
 // element covers it with margin; an f32 result that never met bf16
 // is 1000x closer, which the last check uses to tell them apart.
+// A chain of two products (tol) doubles it.
 graph::PrecisionReport compare(const std::string& what, const std::vector<Shape>& shapes,
-                               const Fn& fn, int products) {
+                               const Fn& fn, int products, double tol = 2e-2) {
   SCOPED_TRACE(what);
   const Run ref = run(shapes, fn, DType::kF64, false);
   const Run f32 = run(shapes, fn, DType::kF32, false);
@@ -94,8 +95,8 @@ graph::PrecisionReport compare(const std::string& what, const std::vector<Shape>
     for (std::int64_t i = 0; i < r.numel(); ++i) scale = std::max(scale, std::abs(r.get(i)));
     for (std::int64_t i = 0; i < r.numel(); ++i) {
       const double e = std::abs(b16.out[k].get(i) - r.get(i)) / scale;
-      EXPECT_LE(e, 2e-2) << what << " output " << k << " element " << i;
-      if (e > 2e-2) return b16.report;
+      EXPECT_LE(e, tol) << what << " output " << k << " element " << i;
+      if (e > tol) return b16.report;
       worst_bf16 = std::max(worst_bf16, e);
       worst_f32 = std::max(worst_f32, std::abs(f32.out[k].get(i) - r.get(i)) / scale);
     }
@@ -332,6 +333,31 @@ TEST(Bf16, LinearWithBiasAndRelu) {
   compare(
       "linear + bias + relu", {{31, 19}, {7, 19}, {7}},
       [](Builder& b, auto x) { return b.relu(b.linear(x[0], x[1], x[2])); }, 3);
+}
+
+// Convolutions read bf16 activations cast once: the forward and the
+// weight gradient share x's cast, both gradients share dy's; the weights
+// stay f32. One convolution (its three passes within one product's
+// tolerance), then two: the second reads the first's blocked output (16
+// channels; the cast keeps the layout) or plain (5), and the gradient of x
+// crosses two bf16 products, up to 3x one product's error.
+TEST(Bf16, ConvolutionsShareTheirActivationCasts) {
+  SKIP_WITHOUT_BF16();
+  const auto one = [](Builder& b, auto x) { return b.conv2d(x[0], x[1], {}, {2, 1}, {1, 0}); };
+  const auto two = [](Builder& b, auto x) {
+    Value h = b.tanh(b.conv2d(x[0], x[1], {}, {1, 1}, {1, 1}));
+    return b.conv2d(h, x[2], {}, {2, 2}, {1, 1});
+  };
+  for (std::int64_t c : {16, 5}) {
+    const std::string at = " over " + std::to_string(c) + " channels";
+    graph::PrecisionReport rep = compare("conv" + at, {{3, c, 9, 7}, {7, c, 3, 3}}, one, 0);
+    EXPECT_EQ(rep.convolutions, 3);
+    EXPECT_EQ(rep.casts, 2);  // x, dy
+    rep = compare("conv, tanh, strided conv" + at, {{3, c, 9, 7}, {c, c, 3, 3}, {5, c, 3, 3}}, two,
+                  0, 6e-2);
+    EXPECT_EQ(rep.convolutions, 6);
+    EXPECT_EQ(rep.casts, 4);  // x, the tanh's output, both output gradients
+  }
 }
 
 TEST(Bf16, CastsAreSharedAndVisibleInTheGraph) {

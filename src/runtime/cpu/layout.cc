@@ -8,8 +8,9 @@
 // layout (convolutions, batch norm, max pooling), and inserts one explicit `layout`
 // conversion where a blocked value meets any other op or leaves the graph.
 //
-// Only f32 4-D tensors whose channel count is a multiple of 16 are blocked,
-// so the blocked buffer has exactly the plain one's size and the memory
+// Only f32 4-D tensors whose channel count is a multiple of 16 are blocked
+// (and the bf16 casts --precision bf16 makes of them for convolutions), so
+// the blocked buffer has exactly the plain one's size and the memory
 // planner needs no change. Kernels learn the layouts from the node
 // annotations "_blocked_in" and "_blocked_out" (one 0/1 per input/output).
 #include <mutex>
@@ -61,6 +62,16 @@ Result<int> assign_blocked_layouts(Graph& g) {
   std::set<Value> blocked;  // values whose buffer holds the blocked layout
   std::map<std::pair<Value, bool>, Value> converted;  // (value, to blocked) -> conversion
   int conversions = 0;
+  std::map<Value, std::vector<std::string>> readers;  // value -> ops that read it
+  for (const graph::Node& n : g.nodes())
+    if (n.alive)
+      for (const Value& v : n.inputs) readers[v].push_back(n.op);
+  for (const Value& v : g.outputs()) readers[v].push_back("");
+  auto conv_readers_only = [&](Value v) {
+    for (const std::string& op : readers[v])
+      if (!op.starts_with("conv2d")) return false;
+    return true;
+  };
   auto convert = [&](Value v, bool to_blocked) -> Result<Value> {
     auto key = std::make_pair(v, to_blocked);
     auto it = converted.find(key);
@@ -108,6 +119,13 @@ Result<int> assign_blocked_layouts(Graph& g) {
     } else if (n.op == "max_pool2d_grad" && (in_blocked(0) || in_blocked(1)) &&
                blockable(n.outputs[0])) {
       want[0] = want[1] = In::kBlocked;
+      out_blocked[0] = true;
+    } else if (n.op == "cast" && in_blocked(0) && n.outputs[0].dtype == DType::kBF16 &&
+               conv_readers_only(Value{id, 0})) {
+      // --precision bf16's cast of a convolution's activation: a flat
+      // conversion, so it keeps the layout, and the convolutions read the
+      // blocked bf16 (their kernels know it from the annotation).
+      want[0] = In::kBlocked;
       out_blocked[0] = true;
     } else if (graph::elementwise(n.op) && n.outputs.size() == 1 && blockable(n.outputs[0])) {
       // Full-size operands share the output's layout; size-1 ones broadcast

@@ -186,17 +186,19 @@ std::pair<bool, bool> conv_layouts(int mode, const Node& n) {
 class ConvKernel final : public DnnlKernel {
  public:
   // bf16: operands read in bf16 (converted by the reorders into the
-  // primitive's layouts), the result written in f32.
+  // primitive's layouts where they arrive f32), the result written in f32.
+  // xt, yt: the types the x-shaped and y-shaped operands arrive or leave in
+  // (bf16 where --precision bf16 cast them; the result is f32).
   ConvKernel(int mode, const Node& n, const Shape& x, const Shape& w, const Shape& y, bool bias,
-             bool relu, dnnl::algorithm alg, bool bf16 = false)
+             bool relu, dnnl::algorithm alg, bool bf16 = false, dt xt = dt::f32, dt yt = dt::f32)
       : mode_(mode), bias_(bias) {
     const dt c = bf16 ? dt::bf16 : dt::f32;
     std::int64_t groups = n.attrs.get_int_or("groups", 1);
     ConvParams p = ConvParams::make(n, x, w, y);
     // Activations arrive and leave in the layout assign_blocked_layouts chose.
     const auto [x_blocked, y_blocked] = conv_layouts(mode, n);
-    memory::desc xp(dims_of(x), dt::f32, x_blocked ? tag::nChw16c : tag::nchw),
-        yp(dims_of(y), dt::f32, y_blocked ? tag::nChw16c : tag::nchw);
+    memory::desc xp(dims_of(x), xt, x_blocked ? tag::nChw16c : tag::nchw),
+        yp(dims_of(y), yt, y_blocked ? tag::nChw16c : tag::nchw);
     memory::desc wp = weights_plain(w, groups);
     auto fwd = conv_fwd_pd(p, x, w, y, groups, bias && mode == 0, attr(mode == 0 && relu), alg, c);
     if (mode == 0) {
@@ -271,17 +273,23 @@ class ConvKernel final : public DnnlKernel {
 // training step 1.3x faster with the same loss curve (docs/runtime.md).
 // SHOAL_CONV_ALGO=direct turns it off.
 std::unique_ptr<Kernel> make_conv(int mode, const Node& n, const Shape& x, const Shape& w,
-                                  const Shape& y, bool bias, bool relu) {
-  // --precision bf16 (graph::autocast_bf16 marks the node): direct bf16
-  // where oneDNN has it for the shape, else the f32 kernels below (the
-  // trace and `kernel_impls` tell "onednn:bf16" from "onednn").
-  if (n.attrs.get_string_or("precision", "f32") == "bf16") {
+                                  const Shape& y, bool bias, bool relu, dt xt = dt::f32,
+                                  dt yt = dt::f32) {
+  // --precision bf16 (graph::autocast_bf16 marks the node and casts its
+  // activations): direct bf16 where oneDNN has it for the shape, else f32
+  // direct with the reorders widening the bf16 operands (the trace and
+  // `kernel_impls` tell "onednn:bf16" from "onednn").
+  const bool bf16_in = xt == dt::bf16 || yt == dt::bf16;
+  if (bf16_in || n.attrs.get_string_or("precision", "f32") == "bf16") {
     try {
       return std::make_unique<ConvKernel>(mode, n, x, w, y, bias, relu,
-                                          dnnl::algorithm::convolution_direct, true);
+                                          dnnl::algorithm::convolution_direct, true, xt, yt);
     } catch (const dnnl::error& e) {
       SHOAL_LOG_DEBUG("{}: no bf16 convolution in oneDNN ({}); f32", n.label(), e.what());
     }
+    if (bf16_in)
+      return std::make_unique<ConvKernel>(mode, n, x, w, y, bias, relu,
+                                          dnnl::algorithm::convolution_direct, false, xt, yt);
   }
   static const bool direct_only = [] {
     const char* e = std::getenv("SHOAL_CONV_ALGO");
@@ -508,17 +516,20 @@ void register_onednn(KernelRegistry& r) {
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
                  if (num_elements(y.shape) == 0) return nullptr;
                  return make_conv(0, n, in[0].shape, in[1].shape, y.shape, in.size() == 3,
-                                  n.attrs.get_string_or("activation", "") == "relu");
+                                  n.attrs.get_string_or("activation", "") == "relu",
+                                  dnnl_type(in[0].dtype));
                });
   override_f32(r, "conv2d_grad_input",
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
                  if (num_elements(in[0].shape) == 0) return nullptr;
-                 return make_conv(1, n, y.shape, in[1].shape, in[0].shape, false, false);
+                 return make_conv(1, n, y.shape, in[1].shape, in[0].shape, false, false, dt::f32,
+                                  dnnl_type(in[0].dtype));
                });
   override_f32(r, "conv2d_grad_weight",
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
                  if (num_elements(in[1].shape) == 0) return nullptr;
-                 return make_conv(2, n, in[0].shape, y.shape, in[1].shape, false, false);
+                 return make_conv(2, n, in[0].shape, y.shape, in[1].shape, false, false,
+                                  dnnl_type(in[0].dtype), dnnl_type(in[1].dtype));
                });
   register_layout_op();
   r.add("layout", [](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
