@@ -368,11 +368,12 @@ void register_norm_ops(OpRegistry& r) {
     OpDef gd;
     gd.name = "batch_norm_grad";  // (x, gamma, mean, var, dy) -> dx, dgamma, dbeta
     gd.min_inputs = gd.max_inputs = 5;
-    gd.attrs = {"training", "eps"};
-    gd.infer = [](const Node&, const Types& in) -> InferResult {
+    gd.attrs = {"training", "eps", "dst"};  // dst: dx's (--precision bf16, with_dst)
+    gd.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
       if (in[4].shape != in[0].shape) return invalid_argument("dy must match x");
-      return Types{in[0], in[1], in[1]};
+      SHOAL_ASSIGN_OR_RETURN(TensorType dx, with_dst(n, in[0]));
+      return Types{dx, in[1], in[1]};
     };
     r.add(gd);
   }

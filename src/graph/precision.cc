@@ -70,10 +70,13 @@ bool on_last_axis(const Graph& g, const Node& n) {
 }
 
 // Ops with a kernel that computes in f32 and stores bf16 (runtime/cpu's
-// bf16 writers): GELU and its gradient, layer norm, and softmax and its
-// gradient along the last axis (attention's probabilities and scores).
+// bf16 writers): GELU and its gradient, layer norm, softmax and its
+// gradient along the last axis (attention's probabilities and scores), and
+// batch norm's input gradient (its dx, output 0, which the convolutions
+// before it read in bf16).
 bool writes_bf16(const Graph& g, const Node& n) {
-  if (n.op == "gelu" || n.op == "gelu_grad" || n.op == "layer_norm") return true;
+  if (n.op == "gelu" || n.op == "gelu_grad" || n.op == "layer_norm" || n.op == "batch_norm_grad")
+    return true;
   return (n.op == "softmax" || n.op == "softmax_grad") && on_last_axis(g, n);
 }
 
@@ -110,7 +113,8 @@ std::optional<std::vector<int>> readers(const Graph& g, Value v, const std::map<
 Result<bool> narrow_with_readers(Graph& g, int c, const std::map<Value, int>& uses) {
   const Value v = g.node(c).inputs[0];
   const Node& p = g.node(v.node);
-  if (!writes_bf16(g, p) || p.attrs.has("dst") || g.type(v).dtype != DType::kF32) return false;
+  if (!writes_bf16(g, p) || p.attrs.has("dst") || v.index != 0 || g.type(v).dtype != DType::kF32)
+    return false;
   const auto ids = readers(g, v, uses);
   if (!ids || ids->size() < 2) return false;
   std::vector<int> sums, others;
@@ -190,8 +194,8 @@ Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
         continue;
       }
       const bool product = is_product(p.op) && p.attrs.get_string_or("dst", "") == "f32";
-      const bool writer =
-          writes_bf16(g, p) && !p.attrs.has("dst") && g.type(u).dtype == DType::kF32;
+      const bool writer = writes_bf16(g, p) && !p.attrs.has("dst") && u.index == 0 &&
+                          g.type(u).dtype == DType::kF32;
       if (product || writer) {
         g.mutable_node(p.id).attrs.set("dst", std::string("bf16"));
         SHOAL_RETURN_IF_ERROR(g.reinfer(p.id));

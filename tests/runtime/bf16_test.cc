@@ -360,6 +360,25 @@ TEST(Bf16, ConvolutionsShareTheirActivationCasts) {
   }
 }
 
+// Batch norm's input gradient, read only by the convolution before it (its
+// cast), is written in bf16 by the batch norm gradient itself (blocked at
+// 16 channels, plain at 5): the cast goes.
+TEST(Bf16, BatchNormGradientWritesBf16ForTheConvolutionBeforeIt) {
+  SKIP_WITHOUT_BF16();
+  const auto net = [](Builder& b, auto x) {
+    Value h = b.conv2d(x[0], x[1], {}, {1, 1}, {1, 1});
+    return b.batch_norm(h, x[2], x[3], x[4], x[5], true)[0];
+  };
+  for (std::int64_t c : {16, 5}) {
+    const std::vector<Shape> shapes = {{3, c, 9, 7}, {c, c, 3, 3}, {c}, {c}, {c}, {c}};
+    graph::PrecisionReport rep =
+        compare("conv, batch norm over " + std::to_string(c) + " channels", shapes, net, 0, 6e-2);
+    EXPECT_EQ(rep.convolutions, 3);
+    EXPECT_EQ(rep.narrowed, 1) << "batch_norm_grad writes dx in bf16";
+    EXPECT_EQ(rep.casts, 1);  // x; dx needs none
+  }
+}
+
 TEST(Bf16, CastsAreSharedAndVisibleInTheGraph) {
   Graph g;
   Builder b(g);

@@ -9,7 +9,7 @@
 // conversion where a blocked value meets any other op or leaves the graph.
 //
 // Only f32 4-D tensors whose channel count is a multiple of 16 are blocked
-// (and the bf16 casts --precision bf16 makes of them for convolutions), so
+// (and their bf16 copies --precision bf16 makes for convolutions), so
 // the blocked buffer has exactly the plain one's size and the memory
 // planner needs no change. Kernels learn the layouts from the node
 // annotations "_blocked_in" and "_blocked_out" (one 0/1 per input/output).
@@ -67,7 +67,13 @@ Result<int> assign_blocked_layouts(Graph& g) {
     if (n.alive)
       for (const Value& v : n.inputs) readers[v].push_back(n.op);
   for (const Value& v : g.outputs()) readers[v].push_back("");
-  auto conv_readers_only = [&](Value v) {
+  // A bf16 value of a blockable shape read only by convolutions: --precision
+  // bf16's activations (casts, batch norm's dx) may stay blocked.
+  auto bf16_for_convs = [&](Value v) {
+    graph::TensorType t = g.type(v);
+    if (t.dtype != DType::kBF16) return false;
+    t.dtype = DType::kF32;
+    if (!blockable(t)) return false;
     for (const std::string& op : readers[v])
       if (!op.starts_with("conv2d")) return false;
     return true;
@@ -109,7 +115,8 @@ Result<int> assign_blocked_layouts(Graph& g) {
         out_blocked[0] = true;
       }
     } else if (n.op == "batch_norm_grad" && ni == 5) {
-      if ((in_blocked(0) || in_blocked(4)) && blockable(n.outputs[0])) {
+      if ((in_blocked(0) || in_blocked(4)) &&
+          (blockable(n.outputs[0]) || bf16_for_convs(Value{id, 0}))) {
         want[0] = want[4] = In::kBlocked;
         out_blocked[0] = true;
       }
@@ -120,8 +127,7 @@ Result<int> assign_blocked_layouts(Graph& g) {
                blockable(n.outputs[0])) {
       want[0] = want[1] = In::kBlocked;
       out_blocked[0] = true;
-    } else if (n.op == "cast" && in_blocked(0) && n.outputs[0].dtype == DType::kBF16 &&
-               conv_readers_only(Value{id, 0})) {
+    } else if (n.op == "cast" && in_blocked(0) && bf16_for_convs(Value{id, 0})) {
       // --precision bf16's cast of a convolution's activation: a flat
       // conversion, so it keeps the layout, and the convolutions read the
       // blocked bf16 (their kernels know it from the annotation).

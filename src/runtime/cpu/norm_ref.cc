@@ -4,6 +4,7 @@
 // the thread count.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/kernels_internal.h"
@@ -111,8 +112,35 @@ void batch_norm_fwd_blocked(bool training, double eps, std::span<const Tensor> i
     }
 }
 
-// in: x, gamma, mean, var, dy -> dx, dgamma, dbeta; x, dy and dx blocked.
-template <typename T>
+// dx = A dy + B x + C over n values of one channel (A, B, C scalars) or of
+// one blocked row (lanes: A, B, C per lane), stored as T or, under
+// --precision bf16 (a bf16 writer: the convolutions read dx in bf16), as
+// bf16 bits in chunks that stay in L1.
+template <typename T, typename Coef>
+void bn_dx(const T* p, const T* g, Coef A, Coef B, Coef C, std::int64_t n, T* q) {
+  if constexpr (std::is_pointer_v<Coef>) {
+    for (std::int64_t s = 0; s < n / kB; ++s) {
+#pragma omp simd
+      for (std::int64_t l = 0; l < kB; ++l)
+        q[s * kB + l] = A[l] * g[s * kB + l] + B[l] * p[s * kB + l] + C[l];
+    }
+  } else {
+#pragma omp simd
+    for (std::int64_t s = 0; s < n; ++s) q[s] = A * g[s] + B * p[s] + C;
+  }
+}
+template <typename Coef>
+void bn_dx(const float* p, const float* g, Coef A, Coef B, Coef C, std::int64_t n,
+           std::uint16_t* q) {
+  // Chunks of 512 keep a blocked row's lanes in place (512 % 16 == 0).
+  chunks_to_bf16(q, n, [&](std::int64_t lo, std::int64_t k, float* t) {
+    bn_dx(p + lo, g + lo, A, B, C, k, t);
+  });
+}
+
+// in: x, gamma, mean, var, dy -> dx, dgamma, dbeta; x, dy and dx blocked;
+// dx of type O (T, or bf16 bits from f32).
+template <typename T, typename O = T>
 void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> in,
                             std::span<Tensor> out) {
   const Shape& xs = in[0].shape();
@@ -120,7 +148,7 @@ void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> i
   const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
   const T* x = in[0].data<T>();
   const T* dy = in[4].data<T>();
-  T* dx = out[0].data<T>();
+  O* dx = static_cast<O*>(out[0].raw_data());
   std::vector<double>& part = bn_scratch(static_cast<std::size_t>(2 * n * c + 3 * c));
   double* p1 = part.data();  // [n][c] sum(dy)
   double* p2 = p1 + n * c;   // [n][c] sum(dy * (x - mean))
@@ -171,14 +199,8 @@ void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> i
         B[l] = static_cast<T>(cbb[b * kB + l]);
         C[l] = static_cast<T>(cc[b * kB + l]);
       }
-      const T* p = x + (i * cb + b) * sp * kB;
-      const T* g = dy + (i * cb + b) * sp * kB;
-      T* q = dx + (i * cb + b) * sp * kB;
-      for (std::int64_t s = 0; s < sp; ++s) {
-#pragma omp simd
-        for (std::int64_t l = 0; l < kB; ++l)
-          q[s * kB + l] = A[l] * g[s * kB + l] + B[l] * p[s * kB + l] + C[l];
-      }
+      const std::int64_t at = (i * cb + b) * sp * kB;
+      bn_dx(x + at, dy + at, A, B, C, sp * kB, dx + at);
     }
 }
 
@@ -224,7 +246,7 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
 }
 
 // in: x, gamma, mean, var, dy -> dx, dgamma, dbeta.
-template <typename T>
+template <typename T, typename O = T>
 void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tensor> out) {
   bool training = node.attrs.get_int_or("training", 1) != 0;
   double eps = node.attrs.get_float_or("eps", 1e-5);
@@ -233,7 +255,7 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
   double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
   const T* x = in[0].data<T>();
   const T* dy = in[4].data<T>();
-  T* dx = out[0].data<T>();
+  O* dx = static_cast<O*>(out[0].raw_data());
 #pragma omp parallel for schedule(static)
   for (std::int64_t ch = 0; ch < c; ++ch) {
     double m = in[2].data<T>()[ch],
@@ -261,11 +283,8 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
     const T B = static_cast<T>(training ? -gr * rstd * sdyx / cnt : 0.0);
     const T C = static_cast<T>(training ? -gr * sdy / cnt + gr * rstd * sdyx / cnt * m : 0.0);
     for (std::int64_t i = 0; i < n; ++i) {
-      const T* p = x + (i * c + ch) * sp;
-      const T* g = dy + (i * c + ch) * sp;
-      T* q = dx + (i * c + ch) * sp;
-#pragma omp simd
-      for (std::int64_t s = 0; s < sp; ++s) q[s] = A * g[s] + B * p[s] + C;
+      const std::int64_t at = (i * c + ch) * sp;
+      bn_dx(x + at, dy + at, A, B, C, sp, dx + at);
     }
   }
 }
@@ -408,12 +427,26 @@ void register_norms(KernelRegistry& r) {
     }
     return FLOAT_KERNEL(batch_norm_fwd<T>(c.node, in, out));
   });
-  r.add("batch_norm_grad", [](const Node& n, const Inputs&) {
-    if (blocked_input(n, 0)) {
-      const bool training = n.attrs.get_int_or("training", 1) != 0;
-      const double eps = n.attrs.get_float_or("eps", 1e-5);
-      return FLOAT_KERNEL(batch_norm_bwd_blocked<T>(training, eps, in, out));
+  r.add("batch_norm_grad", [](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
+    const bool blocked = blocked_input(n, 0);
+    const bool training = n.attrs.get_int_or("training", 1) != 0;
+    const double eps = n.attrs.get_float_or("eps", 1e-5);
+    if (n.outputs[0].dtype == DType::kBF16) {  // dst bf16 (graph/precision.cc)
+      if (in[0].dtype != DType::kF32)
+        return failed_precondition("{}: a bf16 dx comes from f32 operands, not {}", n.label(),
+                                   in[0].str());
+      return make_fn(
+          [blocked, training, eps](const KernelContext& c, std::span<const Tensor> x,
+                                   std::span<Tensor> y) {
+            if (blocked)
+              batch_norm_bwd_blocked<float, std::uint16_t>(training, eps, x, y);
+            else
+              batch_norm_bwd<float, std::uint16_t>(c.node, x, y);
+            return ok_status();
+          },
+          "bf16-writer");
     }
+    if (blocked) return FLOAT_KERNEL(batch_norm_bwd_blocked<T>(training, eps, in, out));
     return FLOAT_KERNEL(batch_norm_bwd<T>(c.node, in, out));
   });
   r.add("layer_norm", [](const Node& n, const Inputs&) {
