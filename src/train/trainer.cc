@@ -289,7 +289,7 @@ Result<runtime::Executable*> Trainer::eval_exe(const Shape& images) {
   if (o_.precision == "bf16") {
     SHOAL_ASSIGN_OR_RETURN(graph::PrecisionReport pr, graph::autocast_bf16(g));
     if (o_.rank == 0 && m.eval_exes.size() == 1)
-      SHOAL_LOG_INFO("evaluation in bf16: {} matmuls read bf16, {} convolutions convert",
+      SHOAL_LOG_INFO("evaluation in bf16: {} matmuls read bf16, {} convolutions",
                      pr.products, pr.convolutions);
   }
   SHOAL_ASSIGN_OR_RETURN(auto backend, runtime::make_backend("cpu"));

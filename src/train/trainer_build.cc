@@ -347,10 +347,10 @@ Status Trainer::compile_step(StepBuild& sb) {
     SHOAL_ASSIGN_OR_RETURN(graph::PrecisionReport pr, graph::autocast_bf16(sb.g));
     if (o.rank == 0)
       SHOAL_LOG_INFO(
-          "precision bf16: {} matmuls read bf16 through {} casts ({} write bf16 themselves, {} "
-          "for GELU or softmax to read){}, {} convolutions convert as they reorder",
-          pr.products, pr.casts, pr.narrowed, pr.read_bf16,
-          pr.kept ? fmt::format(", {} left in f32", pr.kept) : "", pr.convolutions);
+          "precision bf16: {} matmuls and {} convolution passes read bf16 through {} casts ({} "
+          "write bf16 themselves, {} for GELU or softmax to read){}",
+          pr.products, pr.convolutions, pr.casts, pr.narrowed, pr.read_bf16,
+          pr.kept ? fmt::format(", {} left in f32", pr.kept) : "");
   }
   auto peak = runtime::host_gemm_peak(o.precision == "bf16" ? DType::kBF16 : DType::kF32);
   if (peak.ok())
