@@ -350,28 +350,42 @@ void register_norm_ops(OpRegistry& r) {
     OpDef d;
     d.name = "batch_norm";  // running mean/var (inputs 3, 4) are buffers: no gradient
     d.min_inputs = d.max_inputs = 5;
-    d.attrs = {"training", "eps"};
-    d.infer = [](const Node&, const Types& in) -> InferResult {
+    // activation "relu": the output is ReLU'd as stored (fuse_activations).
+    d.attrs = {"training", "eps", "activation"};
+    d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
       if (in[0].shape.size() < 2) return invalid_argument("input must be [N, C, ...]");
       Shape c = {in[0].shape[1]};
       for (int i = 1; i < 5; ++i)
         if (in[i].shape != c) return invalid_argument("input {} must be [{}]", i, c[0]);
+      auto act = n.attrs.get_string_or("activation", "");
+      if (!act.empty() && act != "relu") return invalid_argument("unknown activation '{}'", act);
       return Types{in[0], {in[0].dtype, c}, {in[0].dtype, c}};
     };
     d.grad = GRAD {
-      auto outs = g.b.op_multi("batch_norm_grad", {X(0), X(1), Y(1), Y(2), DY}, g.node.attrs);
+      Attrs a;
+      for (const char* k : {"training", "eps"})
+        if (g.node.attrs.has(k)) a.set(k, g.node.attrs.all().at(k));
+      Value dy = post_act_grad(g.b, g.node, Y(0), DY);
+      auto outs = g.b.op_multi("batch_norm_grad", {X(0), X(1), Y(1), Y(2), dy}, a);
       if (outs.size() != 3) return {Value{}, Value{}, Value{}, Value{}, Value{}};
       return {outs[0], outs[1], outs[2], Value{}, Value{}};
     };
     r.add(d);
     OpDef gd;
-    gd.name = "batch_norm_grad";  // (x, gamma, mean, var, dy) -> dx, dgamma, dbeta
-    gd.min_inputs = gd.max_inputs = 5;
-    gd.attrs = {"training", "eps", "dst"};  // dst: dx's (--precision bf16, with_dst)
+    // (x, gamma, mean, var, dy[, y]) -> dx, dgamma, dbeta. With activation
+    // "relu", y is the forward's ReLU'd output and dy counts where y > 0
+    // (relu_grad fused in: fuse_activations).
+    gd.name = "batch_norm_grad";
+    gd.min_inputs = 5;
+    gd.max_inputs = 6;
+    gd.attrs = {"training", "eps", "dst", "activation"};  // dst: dx's (--precision bf16, with_dst)
     gd.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
       if (in[4].shape != in[0].shape) return invalid_argument("dy must match x");
+      const bool relu = n.attrs.get_string_or("activation", "") == "relu";
+      if (relu != (in.size() == 6) || (relu && in[5].shape != in[0].shape))
+        return invalid_argument("activation relu takes y, shaped as x, as input 5");
       SHOAL_ASSIGN_OR_RETURN(TensorType dx, with_dst(n, in[0]));
       return Types{dx, in[1], in[1]};
     };

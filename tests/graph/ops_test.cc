@@ -279,6 +279,24 @@ TEST(GradCheck, BatchNorm) {
   }
 }
 
+// A batch norm with the ReLU after it fused (fuse_activations sets the
+// attribute on the step graph; built with it here, its gradient rule runs).
+TEST(GradCheck, BatchNormWithRelu) {
+  const Shape s = {4, 3, 5, 2};
+  gradcheck(
+      "batch_norm + relu " + shape_str(s),
+      {{s},
+       {{s[1]}},
+       {{s[1]}},
+       {{s[1]}, DType::kF64, Init::kNormal, 0, false},
+       {{s[1]}, DType::kF64, Init::kPositive, 0, false}},
+      [&](Builder& b, const std::vector<Value>& x) {
+        return b.op_multi(
+            "batch_norm", x,
+            {{"training", std::int64_t{1}}, {"eps", 1e-5}, {"activation", std::string("relu")}})[0];
+      });
+}
+
 TEST(GradCheck, LayerNorm) {
   for (Shape s : {Shape{3, 7}, Shape{2, 1, 5}, Shape{4}}) {
     gradcheck(

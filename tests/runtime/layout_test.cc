@@ -1,7 +1,7 @@
 // Blocked activation layouts (assign_blocked_layouts): a residual block's
 // forward and all gradients must match the same graph compiled with plain
-// layouts only, and the f64 reference; conversions appear only where a
-// blocked value meets an op that reads plain data or leaves the graph.
+// layouts only, without fusing batch norm and ReLU, and the f64 reference; conversions appear only
+// where a blocked value meets an op that reads plain data or leaves the graph.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -67,17 +67,26 @@ Built residual_block(DType dt, std::int64_t c_in) {
   return r;
 }
 
+// fused: how many batch norms took the ReLU after them, and batch norm
+// gradients the ReLU's gradient (fuse_activations; fuse = false: none).
 std::vector<Tensor> run(DType dt, bool blocked, std::int64_t c_in, int* conversions = nullptr,
-                        std::map<std::string, std::string>* impls = nullptr) {
+                        std::map<std::string, std::string>* impls = nullptr, bool fuse = true,
+                        int* fused = nullptr) {
   Built r = residual_block(dt, c_in);
   CompileOptions o;
   o.blocked_layouts = blocked;
+  o.fuse = fuse;
   auto exe = (*make_backend("cpu"))->compile(r.g, o);
   EXPECT_TRUE(exe.ok()) << exe.status().to_string();
   if (!exe.ok()) return {};
   if (conversions) {
     *conversions = 0;
     for (const auto& n : (*exe)->graph().nodes()) *conversions += n.alive && n.op == "layout";
+  }
+  if (fused) {
+    *fused = 0;
+    for (const auto& n : (*exe)->graph().nodes())
+      *fused += n.alive && n.op.starts_with("batch_norm") && n.attrs.has("activation");
   }
   if (impls) *impls = (*exe)->kernel_impls();
   PhiloxRng rng(7, 1);
@@ -119,6 +128,14 @@ TEST(BlockedLayout, ResidualBlockMatchesPlainAndReference) {
     auto ref = run(DType::kF64, false, c_in);
     expect_close(blocked, plain, 2e-5, "blocked vs plain f32");
     expect_close(blocked, ref, 1e-4, "blocked f32 vs f64 reference");
+    // The first batch norm takes the ReLU after it, its gradient the
+    // ReLU's gradient; compiled without fusion the numbers agree.
+    int fused = 0;
+    auto plain_fused = run(DType::kF32, false, c_in, nullptr, nullptr, true, &fused);
+    EXPECT_EQ(fused, 2);
+    for (bool b : {true, false})
+      expect_close(b ? blocked : plain_fused, run(DType::kF32, b, c_in, nullptr, nullptr, false),
+                   2e-5, b ? "blocked, fused vs unfused" : "plain, fused vs unfused");
     // Conversions only at the edges: the block output (a graph output, max
     // pool, global pool) and the gradients coming back from both pools.
     EXPECT_GT(conversions, 0);

@@ -116,8 +116,11 @@ class Executor {
 // Folds nodes whose inputs are all constants into constants (runs them on
 // the CPU kernels). Returns how many were folded.
 Result<int> constant_fold(graph::Graph& g);
-// Rewrites relu(linear|conv2d(...)) into the producer's "activation" attr
-// when the pre-activation has no other use. Returns how many were fused.
+// Rewrites relu(linear|conv2d|batch_norm(...)) into the producer's
+// "activation" attr when the pre-activation has no other use, and
+// batch_norm_grad(..., relu_grad(dy, y)) into batch_norm_grad(..., dy, y)
+// with "activation" relu when relu_grad's result has no other use.
+// Returns how many were fused.
 int fuse_activations(graph::Graph& g);
 // Fuses a residual add into the layer norm that reads it, in the step as
 // autodiff left it (f32, operands of one shape):
