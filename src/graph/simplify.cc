@@ -28,18 +28,34 @@ bool elementwise(const std::string& op) {
   return kOps.count(op) != 0;
 }
 
-Result<int> cancel_transposes(Graph& g, int first) {
+namespace {
+
+// Whether q undoes p, p and q both transposes or both reshapes: q's perm
+// inverts p's, or q reshapes back to the shape p's input had.
+bool undoes_node(const Graph& g, const Node& p, const Node& q) {
+  if (p.op != q.op) return false;
+  if (p.op == "transpose")
+    return undoes(p.attrs.get_ints_or("perm", {}), q.attrs.get_ints_or("perm", {}));
+  return p.op == "reshape" && q.outputs[0].shape == g.type(p.inputs[0]).shape;
+}
+
+}  // namespace
+
+Result<int> cancel_shape_pairs(Graph& g, int first) {
   int done = 0;
   const int end = g.num_nodes();
   for (int id = std::max(first, 0); id < end; ++id) {
     const Node& q = g.node(id);
-    if (!q.alive || q.op != "transpose") continue;
+    if (!q.alive || (q.op != "transpose" && q.op != "reshape")) continue;
     const Node& f = g.node(q.inputs[0].node);
+    if (f.alive && undoes_node(g, f, q)) {  // the pair with nothing between
+      g.replace_all_uses(Value{id, 0}, f.inputs[0]);
+      ++done;
+      continue;
+    }
     if (!f.alive || !elementwise(f.op) || f.inputs.size() != 1 || f.outputs.size() != 1) continue;
     const Node& p = g.node(f.inputs[0].node);
-    if (!p.alive || p.op != "transpose" ||
-        !undoes(p.attrs.get_ints_or("perm", {}), q.attrs.get_ints_or("perm", {})))
-      continue;
+    if (!p.alive || !undoes_node(g, p, q)) continue;
     const std::string op = f.op, name = f.name;  // g.add may move the nodes
     const Attrs attrs = f.attrs;
     const Value x = p.inputs[0];

@@ -199,8 +199,9 @@ Result<std::vector<Value>> Model::emit(graph::Builder& b, const std::map<std::st
     if (!s.ok()) return s.with_context(fmt::format("{}: importing {}", path_, c.label()));
   }
   // A value read through a transpose and its inverse (3-D convolutions in a
-  // row) is read directly; the values below keep their meaning either way.
-  SHOAL_RETURN_IF_ERROR(graph::cancel_transposes(b.graph(), first).status());
+  // row) or a reshape and its inverse (a 1-D net's activations between its
+  // 4-D ops) is read directly; the values below keep their meaning either way.
+  SHOAL_RETURN_IF_ERROR(graph::cancel_shape_pairs(b.graph(), first).status());
   std::vector<Value> outs;
   for (const auto& o : g.output()) {
     auto v = env.values.find(o.name());

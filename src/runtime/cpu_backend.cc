@@ -260,6 +260,9 @@ class CpuExecutable final : public Executable {
   Status compile(Graph g) {
     if (g.outputs().empty()) return invalid_argument("compile: graph has no outputs");
     SHOAL_RETURN_IF_ERROR(graph::verify(g));
+    // Dead readers (what a graph pass left behind) must not count as uses
+    // that keep a fusion from happening.
+    graph::eliminate_dead_code(g);
     if (opts_.fuse) {
       fuse_activations(g);
       fuse_residual_norms(g);

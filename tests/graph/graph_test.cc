@@ -85,7 +85,7 @@ TEST(Graph, TransposesThatUndoEachOtherAcrossAPointwiseOpCancel) {
   g.mark_output(other);
   g.mark_output(row);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
-  auto done = cancel_transposes(g);
+  auto done = cancel_shape_pairs(g);
   ASSERT_TRUE(done.ok()) << done.status().to_string();
   EXPECT_EQ(*done, 1);
   const Node& relu = g.node(g.node(y.node).inputs[0].node);
@@ -93,6 +93,33 @@ TEST(Graph, TransposesThatUndoEachOtherAcrossAPointwiseOpCancel) {
   EXPECT_EQ(relu.inputs[0], x);
   EXPECT_EQ(g.type(relu.inputs[0]).shape, (Shape{2, 3, 4}));
   EXPECT_EQ(eliminate_dead_code(g), 2);  // the old relu and the transpose after it
+  ASSERT_TRUE(verify(g).ok());
+}
+
+// A 1-D net's activations between its 4-D ops: [N, C, 1, L] -> [N, C, L],
+// a pointwise op, and back; or back with nothing between.
+TEST(Graph, ReshapesThatUndoEachOtherCancel) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {2, 3, 1, 4});
+  Value back = b.reshape(b.relu(b.reshape(x, {2, 3, 4})), {2, 3, 1, 4});
+  Value direct = b.reshape(b.reshape(x, {6, 4}), {2, 3, 1, 4});
+  Value other = b.reshape(b.tanh(b.reshape(x, {2, 3, 4})), {3, 2, 4});  // not x's shape
+  Value y = b.exp(back);
+  Value z = b.neg(direct);
+  g.mark_output(y);
+  g.mark_output(z);
+  g.mark_output(other);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto done = cancel_shape_pairs(g);
+  ASSERT_TRUE(done.ok()) << done.status().to_string();
+  EXPECT_EQ(*done, 2);
+  const Node& relu = g.node(g.node(y.node).inputs[0].node);
+  EXPECT_EQ(relu.op, "relu");
+  EXPECT_EQ(relu.inputs[0], x);
+  EXPECT_EQ(g.node(z.node).inputs[0], x);
+  EXPECT_EQ(g.node(g.node(other.node).inputs[0].node).op, "tanh");
+  EXPECT_EQ(eliminate_dead_code(g), 5);  // the old relu, its reshapes, the direct pair
   ASSERT_TRUE(verify(g).ok());
 }
 

@@ -28,12 +28,16 @@ int eliminate_dead_code(Graph& g);
 bool elementwise(const std::string& op);
 
 // transpose(f(transpose(x, p)), q), where f is elementwise with one input
-// (relu, tanh, ...) and q undoes p, becomes f(x): the ONNX import lowers a
-// 3-D convolution through its frames (N, D, C, H, W) and back, so the
-// activation between two of them sat between a transpose and its inverse.
-// Looks at nodes from `first` on; returns how many it rewrote. The
-// transposes are left for dead-code elimination when nothing else reads them.
-Result<int> cancel_transposes(Graph& g, int first = 0);
+// (relu, tanh, ...) and q undoes p, becomes f(x); so does
+// reshape(f(reshape(x)), back to x's shape), and either pair with no f
+// between becomes x. The ONNX import lowers a 3-D
+// convolution through its frames (N, D, C, H, W) and back, so the
+// activation between two of them sat between a transpose and its inverse;
+// a 1-D net's [N, C, L] activation sat between reshapes from and to the
+// [N, C, 1, L] of its 2-D convolutions, batch norms and pools. Looks at
+// nodes from `first` on; returns how many it rewrote. The pairs are left
+// for dead-code elimination when nothing else reads them.
+Result<int> cancel_shape_pairs(Graph& g, int first = 0);
 
 // Checks every alive node: known op, inputs alive, attrs allowed, stored
 // types equal to re-inferred ones, no cycle. Errors name the node and shapes.
