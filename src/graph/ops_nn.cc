@@ -373,19 +373,12 @@ void register_norm_ops(OpRegistry& r) {
     };
     r.add(d);
     OpDef gd;
-    // (x, gamma, mean, var, dy[, y]) -> dx, dgamma, dbeta. With activation
-    // "relu", y is the forward's ReLU'd output and dy counts where y > 0
-    // (relu_grad fused in: fuse_activations).
-    gd.name = "batch_norm_grad";
-    gd.min_inputs = 5;
-    gd.max_inputs = 6;
-    gd.attrs = {"training", "eps", "dst", "activation"};  // dst: dx's (--precision bf16, with_dst)
+    gd.name = "batch_norm_grad";  // (x, gamma, mean, var, dy) -> dx, dgamma, dbeta
+    gd.min_inputs = gd.max_inputs = 5;
+    gd.attrs = {"training", "eps", "dst"};  // dst: dx's (--precision bf16, with_dst)
     gd.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
       if (in[4].shape != in[0].shape) return invalid_argument("dy must match x");
-      const bool relu = n.attrs.get_string_or("activation", "") == "relu";
-      if (relu != (in.size() == 6) || (relu && in[5].shape != in[0].shape))
-        return invalid_argument("activation relu takes y, shaped as x, as input 5");
       SHOAL_ASSIGN_OR_RETURN(TensorType dx, with_dst(n, in[0]));
       return Types{dx, in[1], in[1]};
     };

@@ -1,7 +1,7 @@
 // Graph passes the CPU backend runs before it makes kernels (compile(),
 // cpu_backend.cc): constant folding, by running the CPU kernels on the
 // constants, ReLU fused into the linear, convolution or batch norm before
-// it (and its gradient into batch norm's), and a
+// it, and a
 // residual add fused into the layer norm after it.
 #include "runtime/cpu/kernels_internal.h"
 #include "shoal/graph/op_registry.h"
@@ -62,24 +62,6 @@ int fuse_activations(Graph& g) {
     p.attrs.set("activation", std::string("relu"));
     r.alive = false;
     g.replace_all_uses(Value{id, 0}, v);
-    ++fused;
-  }
-  // relu_grad(dy, y) read only as a batch norm gradient's dy: the gradient
-  // masks dy by y > 0 itself (one pass over dy and y fewer).
-  uses = g.use_counts();
-  for (int id : *order) {
-    Node& n = g.mutable_node(id);
-    if (!n.alive || n.op != "batch_norm_grad" || n.inputs.size() != 5) continue;
-    const Value d = n.inputs[4];
-    const Node& r = g.node(d.node);
-    if (r.op != "relu_grad" || uses[d] != 1 || g.type(r.inputs[0]) != g.type(d) ||
-        g.type(r.inputs[1]) != g.type(d))
-      continue;
-    const Value dy = r.inputs[0], y = r.inputs[1];
-    g.mutable_node(d.node).alive = false;
-    n.inputs[4] = dy;
-    n.inputs.push_back(y);
-    n.attrs.set("activation", std::string("relu"));
     ++fused;
   }
   return fused;

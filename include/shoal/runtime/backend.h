@@ -117,10 +117,10 @@ class Executor {
 // the CPU kernels). Returns how many were folded.
 Result<int> constant_fold(graph::Graph& g);
 // Rewrites relu(linear|conv2d|batch_norm(...)) into the producer's
-// "activation" attr when the pre-activation has no other use, and
-// batch_norm_grad(..., relu_grad(dy, y)) into batch_norm_grad(..., dy, y)
-// with "activation" relu when relu_grad's result has no other use.
-// Returns how many were fused.
+// "activation" attr when the pre-activation has no other use. Returns how
+// many were fused. (ReLU's gradient stays its own pass: folded into batch
+// norm's gradient, which then reads y in both of its passes, it cost as
+// much as it saved: ResNet-20 -0.1 ms, resnet18 +0.1 ms a step.)
 int fuse_activations(graph::Graph& g);
 // Fuses a residual add into the layer norm that reads it, in the step as
 // autodiff left it (f32, operands of one shape):

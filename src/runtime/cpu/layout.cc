@@ -114,12 +114,10 @@ Result<int> assign_blocked_layouts(Graph& g) {
         want[0] = In::kBlocked;
         out_blocked[0] = true;
       }
-    } else if (n.op == "batch_norm_grad" && (ni == 5 || ni == 6)) {
-      // Input 5: a fused ReLU's output (fuse_activations), laid out as dy.
-      if ((in_blocked(0) || in_blocked(4) || (ni == 6 && in_blocked(5))) &&
+    } else if (n.op == "batch_norm_grad" && ni == 5) {
+      if ((in_blocked(0) || in_blocked(4)) &&
           (blockable(n.outputs[0]) || bf16_for_convs(Value{id, 0}))) {
         want[0] = want[4] = In::kBlocked;
-        if (ni == 6) want[5] = In::kBlocked;
         out_blocked[0] = true;
       }
     } else if (n.op == "max_pool2d" && in_blocked(0) && blockable(n.outputs[0])) {

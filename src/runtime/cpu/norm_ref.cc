@@ -49,6 +49,7 @@ std::pair<T, T> bn_channel(bool training, double eps, std::span<const Tensor> in
   return {scale, static_cast<T>(in[2].data<T>()[ch] - m * scale)};
 }
 
+// relu: the output ReLU'd as stored (activation "relu", fuse_activations).
 template <typename T>
 void batch_norm_fwd_blocked(bool training, double eps, bool relu, std::span<const Tensor> in,
                             std::span<Tensor> out) {
@@ -115,46 +116,33 @@ void batch_norm_fwd_blocked(bool training, double eps, bool relu, std::span<cons
     }
 }
 
-// f(dy_at): dy_at(k) is dy's element k, or where a ReLU was fused into the
-// batch norm (its gradient's activation "relu", y its output) relu_grad's
-// dy * (y > 0).
-template <typename T, typename F>
-void with_dy(const T* g, const T* ym, F f) {
-  if (ym == nullptr)
-    f([g](std::int64_t k) { return g[k]; });
-  else
-    f([g, ym](std::int64_t k) { return g[k] * static_cast<T>(ym[k] > T(0)); });
-}
-
 // dx = A dy + B x + C over n values of one channel (A, B, C scalars) or of
-// one blocked row (lanes: A, B, C per lane), dy masked by ym where given,
-// stored as T or, under --precision bf16 (a bf16 writer: the convolutions
-// read dx in bf16), as bf16 bits in chunks that stay in L1.
+// one blocked row (lanes: A, B, C per lane), stored as T or, under
+// --precision bf16 (a bf16 writer: the convolutions read dx in bf16), as
+// bf16 bits in chunks that stay in L1.
 template <typename T, typename Coef>
-void bn_dx(const T* p, const T* g, const T* ym, Coef A, Coef B, Coef C, std::int64_t n, T* q) {
-  with_dy(g, ym, [&](auto dy) {
-    if constexpr (std::is_pointer_v<Coef>) {
-      for (std::int64_t s = 0; s < n / kB; ++s) {
+void bn_dx(const T* p, const T* g, Coef A, Coef B, Coef C, std::int64_t n, T* q) {
+  if constexpr (std::is_pointer_v<Coef>) {
+    for (std::int64_t s = 0; s < n / kB; ++s) {
 #pragma omp simd
-        for (std::int64_t l = 0; l < kB; ++l)
-          q[s * kB + l] = A[l] * dy(s * kB + l) + B[l] * p[s * kB + l] + C[l];
-      }
-    } else {
-#pragma omp simd
-      for (std::int64_t s = 0; s < n; ++s) q[s] = A * dy(s) + B * p[s] + C;
+      for (std::int64_t l = 0; l < kB; ++l)
+        q[s * kB + l] = A[l] * g[s * kB + l] + B[l] * p[s * kB + l] + C[l];
     }
-  });
+  } else {
+#pragma omp simd
+    for (std::int64_t s = 0; s < n; ++s) q[s] = A * g[s] + B * p[s] + C;
+  }
 }
 template <typename Coef>
-void bn_dx(const float* p, const float* g, const float* ym, Coef A, Coef B, Coef C, std::int64_t n,
+void bn_dx(const float* p, const float* g, Coef A, Coef B, Coef C, std::int64_t n,
            std::uint16_t* q) {
   // Chunks of 512 keep a blocked row's lanes in place (512 % 16 == 0).
   chunks_to_bf16(q, n, [&](std::int64_t lo, std::int64_t k, float* t) {
-    bn_dx(p + lo, g + lo, ym == nullptr ? ym : ym + lo, A, B, C, k, t);
+    bn_dx(p + lo, g + lo, A, B, C, k, t);
   });
 }
 
-// in: x, gamma, mean, var, dy[, y] -> dx, dgamma, dbeta; x, dy, y and dx blocked;
+// in: x, gamma, mean, var, dy -> dx, dgamma, dbeta; x, dy and dx blocked;
 // dx of type O (T, or bf16 bits from f32).
 template <typename T, typename O = T>
 void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> in,
@@ -164,7 +152,6 @@ void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> i
   const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
   const T* x = in[0].data<T>();
   const T* dy = in[4].data<T>();
-  const T* ym = in.size() == 6 ? in[5].data<T>() : nullptr;  // fused ReLU's output
   O* dx = static_cast<O*>(out[0].raw_data());
   std::vector<double>& part = bn_scratch(static_cast<std::size_t>(2 * n * c + 3 * c));
   double* p1 = part.data();  // [n][c] sum(dy)
@@ -177,17 +164,15 @@ void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> i
     for (std::int64_t b = 0; b < cb; ++b) {
       T mt[kB], a[kB] = {}, q[kB] = {};
       for (std::int64_t l = 0; l < kB; ++l) mt[l] = in[2].data<T>()[b * kB + l];
-      const std::int64_t at = (i * cb + b) * sp * kB;
-      const T* p = x + at;
-      with_dy(dy + at, ym == nullptr ? ym : ym + at, [&](auto g) {
-        for (std::int64_t s = 0; s < sp; ++s) {
+      const T* p = x + (i * cb + b) * sp * kB;
+      const T* g = dy + (i * cb + b) * sp * kB;
+      for (std::int64_t s = 0; s < sp; ++s) {
 #pragma omp simd
-          for (std::int64_t l = 0; l < kB; ++l) {
-            a[l] += g(s * kB + l);
-            q[l] += g(s * kB + l) * (p[s * kB + l] - mt[l]);
-          }
+        for (std::int64_t l = 0; l < kB; ++l) {
+          a[l] += g[s * kB + l];
+          q[l] += g[s * kB + l] * (p[s * kB + l] - mt[l]);
         }
-      });
+      }
       for (std::int64_t l = 0; l < kB; ++l) {
         p1[i * c + b * kB + l] = a[l];
         p2[i * c + b * kB + l] = q[l];
@@ -219,7 +204,7 @@ void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> i
         C[l] = static_cast<T>(cc[b * kB + l]);
       }
       const std::int64_t at = (i * cb + b) * sp * kB;
-      bn_dx(x + at, dy + at, ym == nullptr ? ym : ym + at, A, B, C, sp * kB, dx + at);
+      bn_dx(x + at, dy + at, A, B, C, sp * kB, dx + at);
     }
 }
 
@@ -270,7 +255,7 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
   }
 }
 
-// in: x, gamma, mean, var, dy[, y] -> dx, dgamma, dbeta (y: a fused ReLU's output).
+// in: x, gamma, mean, var, dy -> dx, dgamma, dbeta.
 template <typename T, typename O = T>
 void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tensor> out) {
   bool training = node.attrs.get_int_or("training", 1) != 0;
@@ -280,7 +265,6 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
   double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
   const T* x = in[0].data<T>();
   const T* dy = in[4].data<T>();
-  const T* ym = in.size() == 6 ? in[5].data<T>() : nullptr;  // fused ReLU's output
   O* dx = static_cast<O*>(out[0].raw_data());
 #pragma omp parallel for schedule(static)
   for (std::int64_t ch = 0; ch < c; ++ch) {
@@ -289,16 +273,14 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
     const T mt = static_cast<T>(m);
     double sdy = 0, sdyx = 0;  // sum(dy), sum(dy * (x - m)); rows in T, vectorized
     for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t at = (i * c + ch) * sp;
-      const T* p = x + at;
+      const T* p = x + (i * c + ch) * sp;
+      const T* g = dy + (i * c + ch) * sp;
       T a = 0, b = 0;
-      with_dy(dy + at, ym == nullptr ? ym : ym + at, [&](auto g) {
 #pragma omp simd reduction(+ : a, b)
-        for (std::int64_t s = 0; s < sp; ++s) {
-          a += g(s);
-          b += g(s) * (p[s] - mt);
-        }
-      });
+      for (std::int64_t s = 0; s < sp; ++s) {
+        a += g[s];
+        b += g[s] * (p[s] - mt);
+      }
       sdy += a;
       sdyx += b;
     }
@@ -312,7 +294,7 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
     const T C = static_cast<T>(training ? -gr * sdy / cnt + gr * rstd * sdyx / cnt * m : 0.0);
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t at = (i * c + ch) * sp;
-      bn_dx(x + at, dy + at, ym == nullptr ? ym : ym + at, A, B, C, sp, dx + at);
+      bn_dx(x + at, dy + at, A, B, C, sp, dx + at);
     }
   }
 }
