@@ -3,7 +3,7 @@
 // (mnasnet's and MobileNet's 5x5 stages over 2x2 maps at 32x32 images, most
 // often the weight gradient) it falls back to im2col and one GEMM per
 // channel: 2.6-7.9 ms for 64 images of 288 channels, where the direct loops
-// here do the ~0.5 MFLOP in microseconds. make_conv (onednn.cc) takes them
+// here do the ~0.5 MFLOP in microseconds. make_conv (onednn_conv.cc) takes them
 // only for such passes (SHOAL_DEPTHWISE=direct: for every small-map
 // depthwise pass); where oneDNN has its JIT kernel it is 3x faster than
 // these loops (mobilenet_v2's 3x3 over 8x8). Maps of at most 8x8 in and out.

@@ -109,6 +109,14 @@ class SrcDstKernel : public DnnlKernel {
   ExecArgs args_;
 };
 
+// A convolution pass on oneDNN (onednn_conv.cc): mode 0 forward (x, w[, b])
+// -> y, 1 input gradient (dy, w) -> dx, 2 weight gradient (x, dy) -> dw;
+// x, w, y the x-, weight- and y-shaped operands' shapes; xt, yt the types
+// the x- and y-shaped operands arrive or leave in (bf16 where --precision
+// bf16 cast them). Throws dnnl::error where oneDNN builds nothing.
+std::unique_ptr<Kernel> make_conv(int mode, const Node& n, const Shape& x, const Shape& w,
+                                  const Shape& y, bool bias, bool relu, dt xt = dt::f32,
+                                  dt yt = dt::f32);
 // A oneDNN kernel for convolutions whose input and output maps are 1x1 (the
 // last stage of a ResNet on small images), as matmuls with the one kernel
 // tap that reads the input; null when the node is not such a convolution.
