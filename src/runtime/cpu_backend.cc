@@ -34,7 +34,6 @@ KernelRegistry& KernelRegistry::cpu() {
     cpu::register_shape_ops(*r);
     cpu::register_nn(*r);
     cpu::register_norms(*r);
-    cpu::register_residual_norm(*r);
     cpu::register_onednn(*r);
     cpu::register_bf16_writers(*r);
     cpu::register_gelu(*r);

@@ -171,8 +171,7 @@ void chunks_to_bf16(std::uint16_t* y, std::int64_t n, Fill fill) {
 }
 void register_shape_ops(KernelRegistry& r);
 void register_nn(KernelRegistry& r);
-void register_norms(KernelRegistry& r);          // norm_ref.cc
-void register_residual_norm(KernelRegistry& r);  // residual_norm.cc
+void register_norms(KernelRegistry& r);  // norm_ref.cc
 void register_onednn(KernelRegistry& r);
 void register_layout_op();  // the graph op `layout` (layout.cc)
 std::string onednn_version();

@@ -1,7 +1,6 @@
-// Layer norm's forward row loop, shared by the f32 kernel (norm_ref.cc),
-// the bf16 writer (bf16_writers.cc) and the residual add fused before it
-// (residual_norm.cc): they differ only in where a row comes from and how
-// it is stored.
+// Layer norm's forward row loop, shared by the f32 kernel and the residual
+// add fused before it (norm_ref.cc) and the bf16 writer (bf16_writers.cc):
+// they differ only in where a row comes from and how it is stored.
 #pragma once
 
 #include <algorithm>
@@ -68,16 +67,23 @@ void layer_norm_rows(double eps, std::int64_t rows, std::int64_t d, Rows src, co
   }
 }
 
-// Layer norm of x (in[0]) with gamma in[1] and beta in[2] into y, f32 or
-// bf16 by y's dtype.
-inline void layer_norm_f32(double eps, std::span<const Tensor> in, Tensor& y) {
-  const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
-  const PlainRows src{in[0].data<float>()};
-  const float *g = in[1].data<float>(), *b = in[2].data<float>();
+// Layer norm of the rows of src, gamma g, beta b, into y: f32 or bf16 by
+// y's dtype.
+template <typename Rows>
+void layer_norm_into(double eps, std::int64_t rows, std::int64_t d, Rows src, const float* g,
+                     const float* b, Tensor& y) {
   if (y.dtype() == DType::kBF16)
     layer_norm_rows(eps, rows, d, src, g, b, StoreBF16{static_cast<std::uint16_t*>(y.raw_data())});
   else
     layer_norm_rows(eps, rows, d, src, g, b, StoreF32{y.data<float>()});
+}
+
+// Layer norm of x (in[0]) with gamma in[1] and beta in[2] into y, f32 or
+// bf16 by y's dtype.
+inline void layer_norm_f32(double eps, std::span<const Tensor> in, Tensor& y) {
+  const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
+  layer_norm_into(eps, rows, d, PlainRows{in[0].data<float>()}, in[1].data<float>(),
+                  in[2].data<float>(), y);
 }
 
 }  // namespace shoal::runtime::cpu

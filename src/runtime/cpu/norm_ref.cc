@@ -212,7 +212,10 @@ template <typename T>
 void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tensor> out) {
   bool training = node.attrs.get_int_or("training", 1) != 0;
   double eps = node.attrs.get_float_or("eps", 1e-5);
-  const bool relu = node.attrs.get_string_or("activation", "") == "relu";
+  // A fused ReLU (activation "relu") stores max(0, y); else max(-inf, y) = y.
+  const T low = node.attrs.get_string_or("activation", "") == "relu"
+                    ? T(0)
+                    : -std::numeric_limits<T>::infinity();
   const Shape& xs = in[0].shape();
   std::int64_t n = xs[0], c = xs[1], sp = num_elements(xs) / std::max<std::int64_t>(n * c, 1);
   const T* x = in[0].data<T>();
@@ -244,13 +247,8 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
     for (std::int64_t i = 0; i < n; ++i) {
       const T* p = x + (i * c + ch) * sp;
       T* q = y + (i * c + ch) * sp;
-      if (relu) {
 #pragma omp simd
-        for (std::int64_t s = 0; s < sp; ++s) q[s] = std::max(p[s] * scale + shift, T(0));
-      } else {
-#pragma omp simd
-        for (std::int64_t s = 0; s < sp; ++s) q[s] = p[s] * scale + shift;
-      }
+      for (std::int64_t s = 0; s < sp; ++s) q[s] = std::max(p[s] * scale + shift, low);
     }
   }
 }
@@ -424,6 +422,25 @@ void layer_norm_bwd(double eps, std::span<const Tensor> in, std::span<Tensor> ou
   }
 }
 
+// add_layer_norm (runtime::fuse_residual_norms): a, b, gamma, beta -> y =
+// layer_norm(a + b), s = a + b. f32: each row of the sum written and
+// normalized while in L1, y f32 or bf16; other types: the sum, then the
+// reference layer norm of it (the gradient checks' f64).
+template <typename T>
+void add_layer_norm(double eps, std::span<const Tensor> in, std::span<Tensor> out) {
+  const std::int64_t d = in[0].shape().back(), rows = in[0].numel() / std::max<std::int64_t>(d, 1);
+  if constexpr (std::is_same_v<T, float>) {
+    const SumRows src{in[0].data<float>(), in[1].data<float>(), out[1].data<float>()};
+    layer_norm_into(eps, rows, d, src, in[2].data<float>(), in[3].data<float>(), out[0]);
+  } else {
+    const T *a = in[0].data<T>(), *b = in[1].data<T>();
+    T* s = out[1].data<T>();
+    for (std::int64_t i = 0; i < rows * d; ++i) s[i] = a[i] + b[i];
+    const Tensor norm_in[3] = {out[1], in[2], in[3]};
+    layer_norm_fwd<T>(eps, norm_in, out.first(1));
+  }
+}
+
 }  // namespace
 
 void register_norms(KernelRegistry& r) {
@@ -467,6 +484,24 @@ void register_norms(KernelRegistry& r) {
   r.add("layer_norm_grad", [](const Node& n, const Inputs&) {
     double eps = n.attrs.get_float_or("eps", 1e-5);
     return FLOAT_KERNEL(layer_norm_bwd<T>(eps, in, out));
+  });
+  r.add("add_layer_norm", [](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
+    const double eps = n.attrs.get_float_or("eps", 1e-5);
+    for (std::size_t i = 0; i < in.size(); ++i)
+      if (blocked_input(n, i))
+        return failed_precondition("{}: add_layer_norm reads the plain layout", n.label());
+    if (in[0].dtype == DType::kF32)
+      return make_fn(
+          [eps](const KernelContext&, std::span<const Tensor> x, std::span<Tensor> y) {
+            add_layer_norm<float>(eps, x, y);
+            return ok_status();
+          },
+          n.outputs[0].dtype == DType::kBF16 ? "bf16-writer" : "rows");
+    if (n.outputs[0].dtype != in[0].dtype)
+      return failed_precondition("{}: a {} add_layer_norm writes {}, not {}", n.label(),
+                                 dtype_name(in[0].dtype), dtype_name(in[0].dtype),
+                                 dtype_name(n.outputs[0].dtype));
+    return FLOAT_KERNEL(add_layer_norm<T>(eps, in, out));
   });
 }
 
