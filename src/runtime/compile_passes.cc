@@ -1,8 +1,10 @@
 // Graph passes the CPU backend runs before it makes kernels (compile(),
 // cpu_backend.cc): constant folding, by running the CPU kernels on the
 // constants, ReLU fused into the linear, convolution or batch norm before
-// it, and a
-// residual add fused into the layer norm after it.
+// it, and a residual add fused into the layer norm after it.
+#include <algorithm>
+#include <initializer_list>
+
 #include "runtime/cpu/kernels_internal.h"
 #include "shoal/graph/op_registry.h"
 #include "shoal/runtime/backend.h"
@@ -69,8 +71,9 @@ int fuse_activations(Graph& g) {
 
 namespace {
 
-// Whether `to` depends on node `from` (a path of alive edges from -> to).
-bool depends_on(const Graph& g, int to, int from) {
+// Whether any of the nodes `to` depends on node `from` (a path of alive
+// edges from -> to).
+bool depends_on(const Graph& g, std::initializer_list<int> to, int from) {
   std::vector<std::vector<int>> users(static_cast<std::size_t>(g.num_nodes()));
   for (const Node& n : g.nodes())
     if (n.alive)
@@ -80,7 +83,7 @@ bool depends_on(const Graph& g, int to, int from) {
   while (!stack.empty()) {
     const int id = stack.back();
     stack.pop_back();
-    if (id == to) return true;
+    if (std::find(to.begin(), to.end(), id) != to.end()) return true;
     for (int u : users[static_cast<std::size_t>(id)])
       if (!seen[static_cast<std::size_t>(u)]) {
         seen[static_cast<std::size_t>(u)] = 1;
@@ -102,8 +105,7 @@ bool fuse_forward(Graph& g, int id) {
   const Node& l = g.node(id);
   if (l.op != "layer_norm" || l.inputs.size() != 3) return false;
   const int add = l.inputs[0].node;
-  if (!plain_add(g, g.node(add)) || depends_on(g, l.inputs[1].node, add) ||
-      depends_on(g, l.inputs[2].node, add))
+  if (!plain_add(g, g.node(add)) || depends_on(g, {l.inputs[1].node, l.inputs[2].node}, add))
     return false;
   const Node& a = g.node(add);
   Node& n = g.mutable_node(id);
@@ -126,7 +128,7 @@ bool fuse_backward(Graph& g, int id, const std::map<Value, int>& uses) {
   for (const Node& r : g.nodes()) {
     if (!plain_add(g, r) || (r.inputs[0] != dx && r.inputs[1] != dx)) continue;
     const Value res = r.inputs[0] == dx ? r.inputs[1] : r.inputs[0];
-    if (res == dx || g.type(res) != l.outputs[0] || depends_on(g, res.node, id)) return false;
+    if (res == dx || g.type(res) != l.outputs[0] || depends_on(g, {res.node}, id)) return false;
     const int sum = r.id;
     g.mutable_node(id).inputs.push_back(res);
     g.mutable_node(sum).alive = false;
