@@ -262,39 +262,30 @@ TEST(GradCheck, Pooling) {
             [](Builder& b, const std::vector<Value>& x) { return b.global_avg_pool(x[0]); });
 }
 
+// relu: with the ReLU after it fused (fuse_activations sets the attribute
+// on the step graph; built with it here, its gradient rule runs).
 TEST(GradCheck, BatchNorm) {
   for (bool training : {true, false}) {
-    for (Shape s : {Shape{4, 3, 5, 2}, Shape{7, 5}}) {
-      gradcheck(std::string("batch_norm ") + (training ? "train " : "eval ") + shape_str(s),
-                // Running stats are buffers, as in PyTorch: no gradient flows to them.
-                {{s},
-                 {{s[1]}},
-                 {{s[1]}},
-                 {{s[1]}, DType::kF64, Init::kNormal, 0, false},
-                 {{s[1]}, DType::kF64, Init::kPositive, 0, false}},
-                [&](Builder& b, const std::vector<Value>& x) {
-                  return b.batch_norm(x[0], x[1], x[2], x[3], x[4], training)[0];
-                });
+    for (bool relu : {false, true}) {
+      for (Shape s : {Shape{4, 3, 5, 2}, Shape{7, 5}}) {
+        gradcheck(std::string("batch_norm ") + (training ? "train " : "eval ") +
+                      (relu ? "+ relu " : "") + shape_str(s),
+                  // Running stats are buffers, as in PyTorch: no gradient flows to them.
+                  {{s},
+                   {{s[1]}},
+                   {{s[1]}},
+                   {{s[1]}, DType::kF64, Init::kNormal, 0, false},
+                   {{s[1]}, DType::kF64, Init::kPositive, 0, false}},
+                  [&](Builder& b, const std::vector<Value>& x) {
+                    if (!relu) return b.batch_norm(x[0], x[1], x[2], x[3], x[4], training)[0];
+                    const Attrs a = {{"training", std::int64_t{training ? 1 : 0}},
+                                     {"eps", 1e-5},
+                                     {"activation", std::string("relu")}};
+                    return b.op_multi("batch_norm", x, a)[0];
+                  });
+      }
     }
   }
-}
-
-// A batch norm with the ReLU after it fused (fuse_activations sets the
-// attribute on the step graph; built with it here, its gradient rule runs).
-TEST(GradCheck, BatchNormWithRelu) {
-  const Shape s = {4, 3, 5, 2};
-  gradcheck(
-      "batch_norm + relu " + shape_str(s),
-      {{s},
-       {{s[1]}},
-       {{s[1]}},
-       {{s[1]}, DType::kF64, Init::kNormal, 0, false},
-       {{s[1]}, DType::kF64, Init::kPositive, 0, false}},
-      [&](Builder& b, const std::vector<Value>& x) {
-        return b.op_multi(
-            "batch_norm", x,
-            {{"training", std::int64_t{1}}, {"eps", 1e-5}, {"activation", std::string("relu")}})[0];
-      });
 }
 
 TEST(GradCheck, LayerNorm) {
