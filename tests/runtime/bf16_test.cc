@@ -4,6 +4,7 @@
 // pass puts its casts; that f32 stays untouched where the pass does not
 // reach; and the refusal on a CPU without bf16 products.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 
@@ -124,6 +125,17 @@ TEST(Bf16, MatmulForwardAndGradients) {
   compare(
       "batched (attention's scores)", {{3, 5, 7, 11}, {3, 5, 13, 11}},
       [](Builder& b, auto x) { return b.matmul(x[0], x[1], false, true); }, 3);
+  // On two threads: the forward's shared dimension cut in two, the batched
+  // products cut over their 3 batches (onednn_matmul.cc).
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(2);
+  compare(
+      "A^T B cut across threads", {{1031, 7}, {1031, 5}},
+      [](Builder& b, auto x) { return b.matmul(x[0], x[1], true, false); }, 3);
+  compare(
+      "batched, cut across threads", {{3, 5, 7, 11}, {3, 5, 13, 11}},
+      [](Builder& b, auto x) { return b.matmul(x[0], x[1], false, true); }, 3);
+  omp_set_num_threads(before);
 }
 
 TEST(Bf16, AProductWritingBf16ThroughShapeOps) {

@@ -2,6 +2,7 @@
 // forward and both convolution gradients, pooling, matmul and linear with
 // fused bias/ReLU, including odd sizes, strides, dilation and groups.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <dnnl.hpp>
@@ -77,6 +78,35 @@ TEST(OneDnn, Matmul) {
           [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1])}; });
   compare("broadcast batch (reference path)", {{2, 1, 5, 7}, {3, 7, 2}},
           [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1])}; });
+}
+
+// On more than one thread a weight gradient's long shared dimension, or a
+// batched matmul's first batch dimension, is cut into one piece per thread
+// (onednn_matmul.cc). Cuts that do not divide evenly, at 2 and 3 threads.
+TEST(OneDnn, MatmulCutAcrossThreads) {
+  const int before = omp_get_max_threads();
+  for (int threads : {2, 3}) {
+    omp_set_num_threads(threads);
+    const std::string at = " at " + std::to_string(threads) + " threads";
+    compare("A^T B, 1031 rows" + at, {{1031, 7}, {1031, 5}},
+            [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1], true)}; }, true,
+            {{"matmul", "onednn:split-k"}});
+    compare("batched, 5 of them" + at, {{5, 2, 6, 4}, {5, 2, 4, 3}},
+            [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1])}; }, true,
+            {{"matmul", "onednn:split-batch"}});
+    compare(
+        "batched, B transposed" + at, {{4, 3, 5, 7}, {4, 3, 9, 7}},
+        [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1], false, true)}; },
+        true, {{"matmul", "onednn:split-batch"}});
+    compare("A^T B^T: not cut" + at, {{1031, 7}, {5, 1031}},
+            [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1], true, true)}; },
+            true, {{"matmul", "onednn"}});
+  }
+  omp_set_num_threads(1);
+  compare("one thread: not cut", {{1031, 7}, {1031, 5}},
+          [](Builder& b, auto x) { return std::vector<Value>{b.matmul(x[0], x[1], true)}; }, true,
+          {{"matmul", "onednn"}});
+  omp_set_num_threads(before);
 }
 
 TEST(OneDnn, LinearWithFusedBiasAndRelu) {

@@ -1,8 +1,7 @@
-// Kernels on oneDNN: matmul and linear (bias and ReLU as post-ops; f32,
-// or bf16 operands under --precision bf16), the layout conversion, max/avg
-// pooling, and the factories that put them (and the convolutions of
-// onednn_conv.cc) in front of the reference kernels; GELU and softmax are
-// in onednn_eltwise.cc.
+// Kernels on oneDNN: the layout conversion, max/avg pooling, and the
+// factories that put them (and the matmuls of onednn_matmul.cc, the
+// convolutions of onednn_conv.cc) in front of the reference kernels; GELU
+// and softmax are in onednn_eltwise.cc.
 // Primitives, reorders, scratch buffers and memory objects are created
 // once per node at compile time; a run only swaps data handles. oneDNN
 // throws: every call stays inside these files, and a primitive oneDNN
@@ -19,73 +18,6 @@ namespace shoal::runtime::cpu {
 namespace {
 
 using namespace dnnl_detail;  // NOLINT: this file's own shared pieces
-
-// y = op(A) op(B) (+ bias) (relu), batched when both share one batch shape.
-// A and B are `src` (f32, or bf16 under --precision bf16); y and the bias `dst`.
-class MatmulKernel final : public DnnlKernel {
- public:
-  MatmulKernel(const Shape& as, const Shape& /*bs*/, const Shape& ys, bool ta, bool tb,
-               bool has_bias, bool relu, bool linear, dt src = dt::f32, dt dst = dt::f32,
-               dt bias_t = dt::f32) {
-    // Linear: x [N, in] times w [out, in]^T.
-    std::size_t r = ys.size();
-    memory::dims batch(ys.begin(), ys.end() - 2);
-    memory::dim m = ys[r - 2], n = ys[r - 1];
-    memory::dim k = linear ? as[1] : (ta ? as[as.size() - 2] : as[as.size() - 1]);
-    auto md = [&](memory::dim rows, memory::dim cols, bool trans, dt type) {
-      memory::dims d = batch, st;
-      d.push_back(rows);
-      d.push_back(cols);
-      memory::dims s(d.size());
-      memory::dim mat = rows * cols;
-      for (std::size_t i = batch.size(); i-- > 0;)
-        s[i] = (i + 1 < batch.size() ? s[i + 1] * d[i + 1] : mat);
-      s[d.size() - 2] = trans ? 1 : cols;
-      s[d.size() - 1] = trans ? rows : 1;
-      return memory::desc(d, type, s);
-    };
-    memory::desc a_md = md(m, k, ta, src), b_md = md(k, n, tb || linear, src),
-                 y_md = md(m, n, false, dst);
-    memory::desc bias_md;
-    if (has_bias) {
-      memory::dims bd(r, 1);
-      bd[r - 1] = n;
-      bias_md = memory::desc(bd, bias_t, tag::ab);
-    }
-    dnnl::matmul::desc d = has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, y_md)
-                                    : dnnl::matmul::desc(a_md, b_md, y_md);
-    dnnl::matmul::primitive_desc pd(d, attr(relu), engine());
-    prim_ = dnnl::matmul(pd);
-    init_scratch(pd);
-    a_ = memory(a_md, engine(), DNNL_MEMORY_NONE);
-    b_ = memory(b_md, engine(), DNNL_MEMORY_NONE);
-    y_ = memory(y_md, engine(), DNNL_MEMORY_NONE);
-    if (has_bias) bias_ = memory(bias_md, engine(), DNNL_MEMORY_NONE);
-    has_bias_ = has_bias;
-    // memory objects are handles: the args are built once, run() swaps pointers.
-    exec_args_ = {{DNNL_ARG_SRC, &a_},
-                  {DNNL_ARG_WEIGHTS, &b_},
-                  {DNNL_ARG_DST, &y_},
-                  {DNNL_ARG_SCRATCHPAD, &scratch_}};
-    if (has_bias) exec_args_.add(DNNL_ARG_BIAS, bias_);
-    if (src == dt::bf16) mark_bf16();
-  }
-  Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
-    a_.set_data_handle(in[0].raw_data());
-    b_.set_data_handle(in[1].raw_data());
-    y_.set_data_handle(out[0].raw_data());
-    if (has_bias_) bias_.set_data_handle(in[2].raw_data());
-    exec_args_.execute(prim_);
-    stream().wait();
-    return ok_status();
-  }
-
- private:
-  dnnl::matmul prim_;
-  memory a_, b_, y_, bias_;
-  bool has_bias_ = false;
-  ExecArgs exec_args_;
-};
 
 // The `layout` op: plain NCHW <-> blocked nChw16c (attr blocked: 1 = to
 // blocked), one oneDNN reorder.
@@ -244,19 +176,17 @@ void register_onednn(KernelRegistry& r) {
                      bb(in[1].shape.begin(), in[1].shape.end() - 2);
                  if (ab != bb || num_elements(y.shape) == 0 || in[0].shape.back() == 0)
                    return nullptr;
-                 return std::make_unique<MatmulKernel>(
-                     in[0].shape, in[1].shape, y.shape, n.attrs.get_int_or("transpose_a", 0) != 0,
-                     n.attrs.get_int_or("transpose_b", 0) != 0, false, false, false,
-                     dnnl_type(in[0].dtype), dnnl_type(y.dtype));
+                 return make_matmul(in[0].shape, y.shape, n.attrs.get_int_or("transpose_a", 0) != 0,
+                                    n.attrs.get_int_or("transpose_b", 0) != 0, false, false, false,
+                                    dnnl_type(in[0].dtype), dnnl_type(y.dtype));
                });
   override_f32(r, "linear",
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {
                  if (num_elements(y.shape) == 0 || in[0].shape[1] == 0) return nullptr;
-                 return std::make_unique<MatmulKernel>(
-                     in[0].shape, in[1].shape, y.shape, false, true, in.size() == 3,
-                     n.attrs.get_string_or("activation", "") == "relu", true,
-                     dnnl_type(in[0].dtype), dnnl_type(y.dtype),
-                     in.size() == 3 ? dnnl_type(in[2].dtype) : dt::f32);
+                 return make_matmul(in[0].shape, y.shape, false, true, in.size() == 3,
+                                    n.attrs.get_string_or("activation", "") == "relu", true,
+                                    dnnl_type(in[0].dtype), dnnl_type(y.dtype),
+                                    in.size() == 3 ? dnnl_type(in[2].dtype) : dt::f32);
                });
   override_f32(r, "conv2d",
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {

@@ -49,6 +49,18 @@ inline memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.e
 // oneDNN's name for a Shoal element type of the products (f32, bf16).
 inline dt dnnl_type(DType t) { return t == DType::kBF16 ? dt::bf16 : dt::f32; }
 
+// A user scratchpad (each kernel owns its buffer), and ReLU as a post-op.
+inline dnnl::primitive_attr user_scratch_attr(bool relu) {
+  dnnl::primitive_attr a;
+  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (relu) {
+    dnnl::post_ops po;
+    po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    a.set_post_ops(po);
+  }
+  return a;
+}
+
 class DnnlKernel : public Kernel {
  public:
   // "onednn", or "onednn:ref" where oneDNN chose its scalar reference loop.
@@ -56,21 +68,13 @@ class DnnlKernel : public Kernel {
 
  protected:
   void init_scratch(const dnnl::primitive_desc_base& pd) {
-    if (std::string_view(pd.impl_info_str()).starts_with("ref")) impl_ = "onednn:ref";
+    if (std::string_view(pd.impl_info_str()).starts_with("ref")) mark_reference();
     auto md = pd.scratchpad_desc();
     scratch_buf_ = Storage::allocate(md.get_size());
     scratch_ = memory(md, engine(), scratch_buf_->data());
   }
-  static dnnl::primitive_attr attr(bool relu) {
-    dnnl::primitive_attr a;
-    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (relu) {
-      dnnl::post_ops po;
-      po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-      a.set_post_ops(po);
-    }
-    return a;
-  }
+  static dnnl::primitive_attr attr(bool relu) { return user_scratch_attr(relu); }
+  void mark_reference() { impl_ = "onednn:ref"; }
   // A kernel computing in bf16: "onednn:bf16" (unless oneDNN fell back to its reference loop).
   void mark_bf16() {
     if (std::string_view(impl_) == "onednn") impl_ = "onednn:bf16";
@@ -109,6 +113,13 @@ class SrcDstKernel : public DnnlKernel {
   ExecArgs args_;
 };
 
+// y = op(A) op(B) (+ bias) (relu) on oneDNN (onednn_matmul.cc): a the first
+// operand's shape, y the result's; ta, tb read A, B transposed; linear: x
+// [N, in] times w [out, in]^T. src the operands' type, dst the result's.
+// Throws dnnl::error where oneDNN builds nothing.
+std::unique_ptr<Kernel> make_matmul(const Shape& a, const Shape& y, bool ta, bool tb, bool bias,
+                                    bool relu, bool linear, dt src = dt::f32, dt dst = dt::f32,
+                                    dt bias_t = dt::f32);
 // A convolution pass on oneDNN (onednn_conv.cc): mode 0 forward (x, w[, b])
 // -> y, 1 input gradient (dy, w) -> dx, 2 weight gradient (x, dy) -> dw;
 // x, w, y the x-, weight- and y-shaped operands' shapes; xt, yt the types
