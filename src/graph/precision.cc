@@ -103,6 +103,22 @@ std::optional<std::vector<int>> readers(const Graph& g, Value v, const std::map<
   return ids;
 }
 
+// The readers of v other than cast `c` when each is a plain sum
+// (reduce_sum of v alone, no dst), as ids; nullopt where another reads v.
+std::optional<std::vector<int>> sums_beside(const Graph& g, Value v, int c,
+                                            const std::map<Value, int>& uses) {
+  const auto ids = readers(g, v, uses);
+  if (!ids) return std::nullopt;
+  std::vector<int> sums;
+  for (int id : *ids) {
+    const Node& n = g.node(id);
+    if (id == c) continue;
+    if (n.op != "reduce_sum" || n.attrs.has("dst") || n.inputs.size() != 1) return std::nullopt;
+    sums.push_back(id);
+  }
+  return sums;
+}
+
 // A bf16 writer read by cast `c` and otherwise only by sums (the MLP's
 // GELU gradient: the bias gradient sums it, the two products read its
 // cast) or bf16 readers (attention's probabilities: the product reads
@@ -169,7 +185,8 @@ Result<int> narrow_for_readers(Graph& g) {
 // half the bytes. (The MLP's GELU output is read only by its cast: the
 // gradient reads the GELU's input; so is a layer norm's, whose gradient
 // reads x; and the attention scores' gradient, read only by the two
-// products' casts.) A bf16 writer also read by sums or bf16 readers: narrow_with_readers.
+// products' casts.) Sums may read the cast's input too (sums_beside). A bf16
+// writer also read by bf16 readers: narrow_with_readers.
 Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
   int narrowed = 0;
   for (int c : casts) {
@@ -184,9 +201,14 @@ Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
       return it != uses.end() && it->second == 1;
     };
     const Value v = g.node(c).inputs[0];
+    // Beside the cast, sums may read v (the bias gradients of attention's
+    // q, k and v projections sum the gradient its product wrote): they read
+    // the bf16 and add in f32, as in narrow_with_readers.
+    const auto sums = sums_beside(g, v, c, uses);
+    if (!sums) continue;
     std::vector<int> chain;  // shape nodes, the cast's side first
     Value u = v;
-    while (once(u)) {
+    while (u == v || once(u)) {
       const Node& p = g.node(u.node);
       if (p.op == "reshape" || p.op == "transpose" || p.op == "flatten") {
         chain.push_back(p.id);
@@ -201,6 +223,10 @@ Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
         SHOAL_RETURN_IF_ERROR(g.reinfer(p.id));
         for (auto it = chain.rbegin(); it != chain.rend(); ++it)
           SHOAL_RETURN_IF_ERROR(g.reinfer(*it));
+        for (int sum : *sums) {
+          g.mutable_node(sum).attrs.set("dst", std::string("f32"));
+          SHOAL_RETURN_IF_ERROR(g.reinfer(sum));
+        }
         g.replace_all_uses(Value{c, 0}, v);
         g.mutable_node(c).alive = false;
         ++narrowed;

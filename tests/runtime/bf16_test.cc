@@ -152,6 +152,42 @@ TEST(Bf16, AProductWritingBf16ThroughShapeOps) {
   EXPECT_GE(r.narrowed, 1) << "the linear still writes f32";
 }
 
+TEST(Bf16, AProductWritesBf16ForItsCastAndTheBiasGradientsSum) {
+  // The heads' gradient: matmul -> transpose -> reshape, read by the
+  // linear's products (through their cast) and by its bias gradient's sum.
+  // The matmul writes bf16, the sum reads it into f32 (dst f32), as
+  // autocast's bias gradient sums the bf16 gradient; no cast is left.
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {12, 8});
+  Value w = b.input("param/w", DType::kF32, {8, 8});
+  Value bias = b.input("param/b", DType::kF32, {8});
+  Value k = b.input("k", DType::kF32, {3, 2, 4, 5});
+  Value h = b.transpose(b.reshape(b.linear(x, w, bias), {3, 4, 2, 4}), {0, 2, 1, 3});
+  Value loss = b.reduce_sum(b.matmul(h, k), {});
+  auto grads = graph::autodiff(g, loss, {x, w, bias});
+  ASSERT_TRUE(grads.ok()) << grads.status().to_string();
+  for (Value v : *grads) g.mark_output(v);
+  auto rep = graph::autocast_bf16(g);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  int bf16_sums = 0;
+  for (const auto& n : g.nodes()) {
+    if (!n.alive) continue;
+    if (n.op == "reduce_sum" && g.type(n.inputs[0]).dtype == DType::kBF16) {
+      EXPECT_EQ(n.outputs[0].dtype, DType::kF32) << n.label();
+      const graph::Node& p = g.node(n.inputs[0].node);
+      EXPECT_TRUE(p.op == "reshape" || p.op == "transpose") << p.label();
+      ++bf16_sums;
+    }
+    if (n.op == "cast") {
+      const graph::Node& p = g.node(n.inputs[0].node);
+      EXPECT_FALSE(p.op == "reshape" || p.op == "transpose") << n.label() << " casts " << p.label();
+    }
+  }
+  EXPECT_EQ(bf16_sums, 1) << "the bias gradient's sum reads the bf16 the product wrote";
+  EXPECT_TRUE(graph::verify(g).ok());
+}
+
 TEST(Bf16, AGeluReadOnlyByItsCastWritesBf16) {
   SKIP_WITHOUT_BF16();
   // The MLP: linear -> GELU -> linear. The GELU's output is read only by
