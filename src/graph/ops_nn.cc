@@ -153,6 +153,20 @@ Result<DType> conv_type(const Node& n, const Types& in) {
   return DType::kF32;
 }
 
+// Batch norm's and its gradient's inputs: one float type, the one they
+// compute in; or, under --precision bf16, x (input 0) in bf16 (a
+// convolution wrote it so) beside f32 others: f32.
+Result<DType> bn_type(const Types& in) {
+  if (in[0].dtype != DType::kBF16) {
+    SHOAL_RETURN_IF_ERROR(need_same_float(in));
+    return in[0].dtype;
+  }
+  for (std::size_t i = 1; i < in.size(); ++i)
+    if (in[i].dtype != DType::kF32)
+      return invalid_argument("a bf16 x goes with f32 operands: input {} is {}", i, in[i].str());
+  return DType::kF32;
+}
+
 }  // namespace
 
 void register_linear_ops(OpRegistry& r) {
@@ -223,7 +237,9 @@ void register_conv_ops(OpRegistry& r) {
     d.name = "conv2d";
     d.min_inputs = 2;
     d.max_inputs = 3;
-    d.attrs = {"stride", "padding", "dilation", "groups", "activation", "precision"};
+    // dst: bf16, where --precision bf16 lets the convolution write the
+    // batch norm after it its input in bf16 (graph/precision.cc).
+    d.attrs = {"stride", "padding", "dilation", "groups", "activation", "precision", "dst"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_ASSIGN_OR_RETURN(DType t, conv_type(n, in));
       SHOAL_ASSIGN_OR_RETURN(Shape s, conv_out_shape(n, in[0].shape, in[1].shape));
@@ -231,7 +247,10 @@ void register_conv_ops(OpRegistry& r) {
         return invalid_argument("bias must be [{}]", in[1].shape[0]);
       auto act = n.attrs.get_string_or("activation", "");
       if (!act.empty() && act != "relu") return invalid_argument("unknown activation '{}'", act);
-      return Types{{t, s}};
+      if (n.attrs.has("dst") && n.attrs.get_string_or("precision", "") != "bf16")
+        return invalid_argument("dst only for a convolution --precision bf16 runs in bf16");
+      SHOAL_ASSIGN_OR_RETURN(TensorType y, with_dst(n, {t, s}));
+      return Types{y};
     };
     d.grad = GRAD {
       Value dy = post_act_grad(g.b, g.node, Y(0), DY);
@@ -353,14 +372,14 @@ void register_norm_ops(OpRegistry& r) {
     // activation "relu": the output is ReLU'd as stored (fuse_activations).
     d.attrs = {"training", "eps", "activation"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(DType t, bn_type(in));
       if (in[0].shape.size() < 2) return invalid_argument("input must be [N, C, ...]");
       Shape c = {in[0].shape[1]};
       for (int i = 1; i < 5; ++i)
         if (in[i].shape != c) return invalid_argument("input {} must be [{}]", i, c[0]);
       auto act = n.attrs.get_string_or("activation", "");
       if (!act.empty() && act != "relu") return invalid_argument("unknown activation '{}'", act);
-      return Types{in[0], {in[0].dtype, c}, {in[0].dtype, c}};
+      return Types{{t, in[0].shape}, {t, c}, {t, c}};
     };
     d.grad = GRAD {
       Attrs a;
@@ -377,9 +396,9 @@ void register_norm_ops(OpRegistry& r) {
     gd.min_inputs = gd.max_inputs = 5;
     gd.attrs = {"training", "eps", "dst"};  // dst: dx's (--precision bf16, with_dst)
     gd.infer = [](const Node& n, const Types& in) -> InferResult {
-      SHOAL_RETURN_IF_ERROR(need_same_float(in));
+      SHOAL_ASSIGN_OR_RETURN(DType t, bn_type(in));
       if (in[4].shape != in[0].shape) return invalid_argument("dy must match x");
-      SHOAL_ASSIGN_OR_RETURN(TensorType dx, with_dst(n, in[0]));
+      SHOAL_ASSIGN_OR_RETURN(TensorType dx, with_dst(n, {t, in[0].shape}));
       return Types{dx, in[1], in[1]};
     };
     r.add(gd);

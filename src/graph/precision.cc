@@ -237,6 +237,37 @@ Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
   return narrowed;
 }
 
+// A bf16 convolution (precision bf16, f32 result) whose result only
+// batch norms read, as their x (the forward's and the gradient's), writes
+// it in bf16 (dst bf16), as autocast's convolutions do; the norms read it
+// into f32 and keep their statistics there. Returns how many.
+Result<int> narrow_for_norms(Graph& g) {
+  int narrowed = 0;
+  const std::map<Value, int> uses = g.use_counts();
+  for (int id = 0; id < g.num_nodes(); ++id) {
+    const Node& p = g.node(id);
+    if (!p.alive || p.op != "conv2d" || p.attrs.get_string_or("precision", "") != "bf16" ||
+        p.attrs.has("dst") || p.outputs[0].dtype != DType::kF32)
+      continue;
+    const Value v{id, 0};
+    const auto ids = readers(g, v, uses);
+    if (!ids || ids->empty()) continue;
+    const bool norms_only = std::ranges::all_of(*ids, [&](int r) {
+      const Node& n = g.node(r);
+      if (n.op != "batch_norm" && n.op != "batch_norm_grad") return false;
+      for (std::size_t i = 1; i < n.inputs.size(); ++i)
+        if (n.inputs[i] == v) return false;
+      return true;
+    });
+    if (!norms_only) continue;
+    g.mutable_node(id).attrs.set("dst", std::string("bf16"));
+    SHOAL_RETURN_IF_ERROR(g.reinfer(id));
+    for (int r : *ids) SHOAL_RETURN_IF_ERROR(g.reinfer(r));
+    ++narrowed;
+  }
+  return narrowed;
+}
+
 }  // namespace
 
 Result<PrecisionReport> autocast_bf16(Graph& g) {
@@ -302,6 +333,7 @@ Result<PrecisionReport> autocast_bf16(Graph& g) {
     ++r.products;
   }
   SHOAL_ASSIGN_OR_RETURN(r.read_bf16, narrow_for_readers(g));
+  SHOAL_ASSIGN_OR_RETURN(r.norms_read_bf16, narrow_for_norms(g));
   SHOAL_ASSIGN_OR_RETURN(r.narrowed, narrow_producers(g, casts));
   r.casts -= r.narrowed;
   return r;

@@ -348,8 +348,9 @@ Status Trainer::compile_step(StepBuild& sb) {
     if (o.rank == 0)
       SHOAL_LOG_INFO(
           "precision bf16: {} matmuls and {} convolution passes read bf16 through {} casts ({} "
-          "write bf16 themselves, {} for GELU or softmax to read){}",
-          pr.products, pr.convolutions, pr.casts, pr.narrowed, pr.read_bf16,
+          "write bf16 themselves, {} for GELU or softmax to read, {} convolutions for batch "
+          "norms){}",
+          pr.products, pr.convolutions, pr.casts, pr.narrowed, pr.read_bf16, pr.norms_read_bf16,
           pr.kept ? fmt::format(", {} left in f32", pr.kept) : "");
   }
   auto peak = runtime::host_gemm_peak(o.precision == "bf16" ? DType::kBF16 : DType::kF32);

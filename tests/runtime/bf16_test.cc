@@ -410,7 +410,9 @@ TEST(Bf16, ConvolutionsShareTheirActivationCasts) {
 
 // Batch norm's input gradient, read only by the convolution before it (its
 // cast), is written in bf16 by the batch norm gradient itself (blocked at
-// 16 channels, plain at 5): the cast goes.
+// 16 channels, plain at 5): the cast goes. The convolution's result, read
+// only by the batch norm and its gradient (as x), is written in bf16 by
+// the convolution and read into f32 by both.
 TEST(Bf16, BatchNormGradientWritesBf16ForTheConvolutionBeforeIt) {
   SKIP_WITHOUT_BF16();
   const auto net = [](Builder& b, auto x) {
@@ -423,8 +425,27 @@ TEST(Bf16, BatchNormGradientWritesBf16ForTheConvolutionBeforeIt) {
         compare("conv, batch norm over " + std::to_string(c) + " channels", shapes, net, 0, 6e-2);
     EXPECT_EQ(rep.convolutions, 3);
     EXPECT_EQ(rep.narrowed, 1) << "batch_norm_grad writes dx in bf16";
+    EXPECT_EQ(rep.norms_read_bf16, 1) << "the convolution writes the batch norm's x in bf16";
     EXPECT_EQ(rep.casts, 1);  // x; dx needs none
   }
+}
+
+// A convolution's result that anything but batch norms reads (here also
+// the output) stays f32.
+TEST(Bf16, AConvolutionReadByMoreThanBatchNormsWritesF32) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {2, 16, 5, 5});
+  Value w = b.input("param/w", DType::kF32, {16, 16, 3, 3});
+  Value c16 = b.input("param/g", DType::kF32, {16});
+  Value h = b.conv2d(x, w, {}, {1, 1}, {1, 1});
+  Value y = b.batch_norm(h, c16, c16, c16, c16, true)[0];
+  g.mark_output(y);
+  g.mark_output(h);
+  auto rep = graph::autocast_bf16(g);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  EXPECT_EQ(rep->norms_read_bf16, 0);
+  EXPECT_EQ(g.type(h).dtype, DType::kF32);
 }
 
 TEST(Bf16, CastsAreSharedAndVisibleInTheGraph) {

@@ -88,12 +88,13 @@ double graph_flops(const Graph& g);
 // (attention's heads: linear -> reshape -> transpose) writes bf16 itself
 // and that cast goes.
 struct PrecisionReport {
-  int products = 0;      // matmuls and linears that now read bf16
-  int casts = 0;         // cast nodes added
-  int kept = 0;          // products left in f32
-  int convolutions = 0;  // convolution nodes marked precision=bf16
-  int narrowed = 0;      // products that write bf16 themselves (dst bf16)
-  int read_bf16 = 0;     // products writing bf16 that GELU or softmax reads
+  int products = 0;         // matmuls and linears that now read bf16
+  int casts = 0;            // cast nodes added
+  int kept = 0;             // products left in f32
+  int convolutions = 0;     // convolution nodes marked precision=bf16
+  int narrowed = 0;         // products that write bf16 themselves (dst bf16)
+  int read_bf16 = 0;        // products writing bf16 that GELU or softmax reads
+  int norms_read_bf16 = 0;  // convolutions writing bf16 that batch norms read
 };
 Result<PrecisionReport> autocast_bf16(Graph& g);
 

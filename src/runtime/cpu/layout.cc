@@ -67,15 +67,16 @@ Result<int> assign_blocked_layouts(Graph& g) {
     if (n.alive)
       for (const Value& v : n.inputs) readers[v].push_back(n.op);
   for (const Value& v : g.outputs()) readers[v].push_back("");
-  // A bf16 value of a blockable shape read only by convolutions: --precision
-  // bf16's activations (casts, batch norm's dx) may stay blocked.
+  // A bf16 value of a blockable shape read only by convolutions and batch
+  // norms: --precision bf16's activations (casts, batch norm's dx, a
+  // convolution's result its batch norm reads) may stay blocked.
   auto bf16_for_convs = [&](Value v) {
     graph::TensorType t = g.type(v);
     if (t.dtype != DType::kBF16) return false;
     t.dtype = DType::kF32;
     if (!blockable(t)) return false;
     for (const std::string& op : readers[v])
-      if (!op.starts_with("conv2d")) return false;
+      if (!op.starts_with("conv2d") && !op.starts_with("batch_norm")) return false;
     return true;
   };
   auto convert = [&](Value v, bool to_blocked) -> Result<Value> {
@@ -106,7 +107,7 @@ Result<int> assign_blocked_layouts(Graph& g) {
     // the conversions around each depthwise conv were 11% of its step).
     if (n.op == "conv2d" || n.op == "conv2d_grad_input") {
       want[0] = In::kAny;  // the kernel reorders a plain input itself
-      out_blocked[0] = blockable(n.outputs[0]);
+      out_blocked[0] = blockable(n.outputs[0]) || bf16_for_convs(Value{id, 0});
     } else if (n.op == "conv2d_grad_weight") {
       want[0] = want[1] = In::kAny;
     } else if (n.op == "batch_norm" && ni >= 3) {

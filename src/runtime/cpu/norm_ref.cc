@@ -3,6 +3,7 @@
 // backward. Sums are taken in a fixed order, so results do not depend on
 // the thread count.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -21,6 +22,16 @@ namespace {
 // in parallel over (image, block), then summed over images in a fixed order
 // in double, so the result does not depend on the thread count.
 constexpr std::int64_t kB = kBlockChannels;
+
+// x as T: as stored, or (--precision bf16: a convolution wrote it in bf16)
+// bf16 bits widened to f32.
+template <typename T, typename X>
+inline T wide(X v) {
+  if constexpr (std::is_same_v<X, std::uint16_t>)
+    return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16);
+  else
+    return v;
+}
 
 std::vector<double>& bn_scratch(std::size_t n) {
   thread_local std::vector<double> v;
@@ -50,12 +61,13 @@ std::pair<T, T> bn_channel(bool training, double eps, std::span<const Tensor> in
 }
 
 // relu: the output ReLU'd as stored (activation "relu", fuse_activations).
-template <typename T>
+// x of type X (T, or bf16 bits).
+template <typename T, typename X = T>
 void batch_norm_fwd_blocked(bool training, double eps, bool relu, std::span<const Tensor> in,
                             std::span<Tensor> out) {
   const Shape& xs = in[0].shape();
   const std::int64_t n = xs[0], c = xs[1], cb = c / kB, sp = xs[2] * xs[3];
-  const T* x = in[0].data<T>();
+  const X* x = static_cast<const X*>(in[0].raw_data());
   T* y = out[0].data<T>();
   T* mean = out[1].data<T>();
   T* var = out[2].data<T>();
@@ -68,13 +80,14 @@ void batch_norm_fwd_blocked(bool training, double eps, bool relu, std::span<cons
 #pragma omp parallel for collapse(2) schedule(static)
     for (std::int64_t i = 0; i < n; ++i)
       for (std::int64_t b = 0; b < cb; ++b) {
-        const T* k0 = x + b * sp * kB;  // image 0, first pixel: the shift
-        const T* p = x + (i * cb + b) * sp * kB;
-        T a[kB] = {}, q[kB] = {};
+        const X* k0 = x + b * sp * kB;  // image 0, first pixel: the shift
+        const X* p = x + (i * cb + b) * sp * kB;
+        T a[kB] = {}, q[kB] = {}, k[kB];
+        for (std::int64_t l = 0; l < kB; ++l) k[l] = wide<T>(k0[l]);
         for (std::int64_t s = 0; s < sp; ++s) {
 #pragma omp simd
           for (std::int64_t l = 0; l < kB; ++l) {
-            T d = p[s * kB + l] - k0[l];
+            T d = wide<T>(p[s * kB + l]) - k[l];
             a[l] += d;
             q[l] += d * d;
           }
@@ -92,7 +105,7 @@ void batch_norm_fwd_blocked(bool training, double eps, bool relu, std::span<cons
       s1 += p1[i * c + ch];
       s2 += p2[i * c + ch];
     }
-    const double k0 = x[(ch / kB) * sp * kB + ch % kB];
+    const double k0 = wide<T>(x[(ch / kB) * sp * kB + ch % kB]);
     auto [sc, sh] = bn_channel<T>(training, eps, in, ch, k0, s1, s2, cnt, mean, var);
     scale[ch] = sc;
     shift[ch] = sh;
@@ -105,13 +118,13 @@ void batch_norm_fwd_blocked(bool training, double eps, bool relu, std::span<cons
         sc[l] = static_cast<T>(scale[b * kB + l]);
         sh[l] = static_cast<T>(shift[b * kB + l]);
       }
-      const T* p = x + (i * cb + b) * sp * kB;
+      const X* p = x + (i * cb + b) * sp * kB;
       T* q = y + (i * cb + b) * sp * kB;
       const T low = relu ? T(0) : -std::numeric_limits<T>::infinity();
       for (std::int64_t s = 0; s < sp; ++s) {
 #pragma omp simd
         for (std::int64_t l = 0; l < kB; ++l)
-          q[s * kB + l] = std::max(p[s * kB + l] * sc[l] + sh[l], low);
+          q[s * kB + l] = std::max(wide<T>(p[s * kB + l]) * sc[l] + sh[l], low);
       }
     }
 }
@@ -120,22 +133,21 @@ void batch_norm_fwd_blocked(bool training, double eps, bool relu, std::span<cons
 // one blocked row (lanes: A, B, C per lane), stored as T or, under
 // --precision bf16 (a bf16 writer: the convolutions read dx in bf16), as
 // bf16 bits in chunks that stay in L1.
-template <typename T, typename Coef>
-void bn_dx(const T* p, const T* g, Coef A, Coef B, Coef C, std::int64_t n, T* q) {
+template <typename T, typename X, typename Coef>
+void bn_dx(const X* p, const T* g, Coef A, Coef B, Coef C, std::int64_t n, T* q) {
   if constexpr (std::is_pointer_v<Coef>) {
     for (std::int64_t s = 0; s < n / kB; ++s) {
 #pragma omp simd
       for (std::int64_t l = 0; l < kB; ++l)
-        q[s * kB + l] = A[l] * g[s * kB + l] + B[l] * p[s * kB + l] + C[l];
+        q[s * kB + l] = A[l] * g[s * kB + l] + B[l] * wide<T>(p[s * kB + l]) + C[l];
     }
   } else {
 #pragma omp simd
-    for (std::int64_t s = 0; s < n; ++s) q[s] = A * g[s] + B * p[s] + C;
+    for (std::int64_t s = 0; s < n; ++s) q[s] = A * g[s] + B * wide<T>(p[s]) + C;
   }
 }
-template <typename Coef>
-void bn_dx(const float* p, const float* g, Coef A, Coef B, Coef C, std::int64_t n,
-           std::uint16_t* q) {
+template <typename X, typename Coef>
+void bn_dx(const X* p, const float* g, Coef A, Coef B, Coef C, std::int64_t n, std::uint16_t* q) {
   // Chunks of 512 keep a blocked row's lanes in place (512 % 16 == 0).
   chunks_to_bf16(q, n, [&](std::int64_t lo, std::int64_t k, float* t) {
     bn_dx(p + lo, g + lo, A, B, C, k, t);
@@ -143,14 +155,14 @@ void bn_dx(const float* p, const float* g, Coef A, Coef B, Coef C, std::int64_t 
 }
 
 // in: x, gamma, mean, var, dy -> dx, dgamma, dbeta; x, dy and dx blocked;
-// dx of type O (T, or bf16 bits from f32).
-template <typename T, typename O = T>
+// dx of type O (T, or bf16 bits from f32), x of type X (T, or bf16 bits).
+template <typename T, typename O = T, typename X = T>
 void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> in,
                             std::span<Tensor> out) {
   const Shape& xs = in[0].shape();
   const std::int64_t n = xs[0], c = xs[1], cb = c / kB, sp = xs[2] * xs[3];
   const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
-  const T* x = in[0].data<T>();
+  const X* x = static_cast<const X*>(in[0].raw_data());
   const T* dy = in[4].data<T>();
   O* dx = static_cast<O*>(out[0].raw_data());
   std::vector<double>& part = bn_scratch(static_cast<std::size_t>(2 * n * c + 3 * c));
@@ -164,13 +176,13 @@ void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> i
     for (std::int64_t b = 0; b < cb; ++b) {
       T mt[kB], a[kB] = {}, q[kB] = {};
       for (std::int64_t l = 0; l < kB; ++l) mt[l] = in[2].data<T>()[b * kB + l];
-      const T* p = x + (i * cb + b) * sp * kB;
+      const X* p = x + (i * cb + b) * sp * kB;
       const T* g = dy + (i * cb + b) * sp * kB;
       for (std::int64_t s = 0; s < sp; ++s) {
 #pragma omp simd
         for (std::int64_t l = 0; l < kB; ++l) {
           a[l] += g[s * kB + l];
-          q[l] += g[s * kB + l] * (p[s * kB + l] - mt[l]);
+          q[l] += g[s * kB + l] * (wide<T>(p[s * kB + l]) - mt[l]);
         }
       }
       for (std::int64_t l = 0; l < kB; ++l) {
@@ -208,7 +220,7 @@ void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> i
     }
 }
 
-template <typename T>
+template <typename T, typename X = T>
 void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tensor> out) {
   bool training = node.attrs.get_int_or("training", 1) != 0;
   double eps = node.attrs.get_float_or("eps", 1e-5);
@@ -218,7 +230,7 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
                     : -std::numeric_limits<T>::infinity();
   const Shape& xs = in[0].shape();
   std::int64_t n = xs[0], c = xs[1], sp = num_elements(xs) / std::max<std::int64_t>(n * c, 1);
-  const T* x = in[0].data<T>();
+  const X* x = static_cast<const X*>(in[0].raw_data());
   T* y = out[0].data<T>();
   T* mean = out[1].data<T>();
   T* var = out[2].data<T>();
@@ -227,15 +239,15 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
   for (std::int64_t ch = 0; ch < c; ++ch) {
     // One pass, shifted by the channel's first value: vectorized partial
     // sums per row in T, rows summed in double.
-    const T k0 = n * sp > 0 ? x[ch * sp] : T(0);
+    const T k0 = n * sp > 0 ? wide<T>(x[ch * sp]) : T(0);
     double s1 = 0, s2 = 0;
     if (training) {
       for (std::int64_t i = 0; i < n; ++i) {
-        const T* p = x + (i * c + ch) * sp;
+        const X* p = x + (i * c + ch) * sp;
         T a = 0, b = 0;
 #pragma omp simd reduction(+ : a, b)
         for (std::int64_t s = 0; s < sp; ++s) {
-          T d = p[s] - k0;
+          T d = wide<T>(p[s]) - k0;
           a += d;
           b += d * d;
         }
@@ -245,23 +257,23 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
     }
     auto [scale, shift] = bn_channel<T>(training, eps, in, ch, k0, s1, s2, cnt, mean, var);
     for (std::int64_t i = 0; i < n; ++i) {
-      const T* p = x + (i * c + ch) * sp;
+      const X* p = x + (i * c + ch) * sp;
       T* q = y + (i * c + ch) * sp;
 #pragma omp simd
-      for (std::int64_t s = 0; s < sp; ++s) q[s] = std::max(p[s] * scale + shift, low);
+      for (std::int64_t s = 0; s < sp; ++s) q[s] = std::max(wide<T>(p[s]) * scale + shift, low);
     }
   }
 }
 
-// in: x, gamma, mean, var, dy -> dx, dgamma, dbeta.
-template <typename T, typename O = T>
+// in: x, gamma, mean, var, dy -> dx, dgamma, dbeta; dx of type O, x of type X.
+template <typename T, typename O = T, typename X = T>
 void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tensor> out) {
   bool training = node.attrs.get_int_or("training", 1) != 0;
   double eps = node.attrs.get_float_or("eps", 1e-5);
   const Shape& xs = in[0].shape();
   std::int64_t n = xs[0], c = xs[1], sp = num_elements(xs) / std::max<std::int64_t>(n * c, 1);
   double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
-  const T* x = in[0].data<T>();
+  const X* x = static_cast<const X*>(in[0].raw_data());
   const T* dy = in[4].data<T>();
   O* dx = static_cast<O*>(out[0].raw_data());
 #pragma omp parallel for schedule(static)
@@ -271,13 +283,13 @@ void batch_norm_bwd(const Node& node, std::span<const Tensor> in, std::span<Tens
     const T mt = static_cast<T>(m);
     double sdy = 0, sdyx = 0;  // sum(dy), sum(dy * (x - m)); rows in T, vectorized
     for (std::int64_t i = 0; i < n; ++i) {
-      const T* p = x + (i * c + ch) * sp;
+      const X* p = x + (i * c + ch) * sp;
       const T* g = dy + (i * c + ch) * sp;
       T a = 0, b = 0;
 #pragma omp simd reduction(+ : a, b)
       for (std::int64_t s = 0; s < sp; ++s) {
         a += g[s];
-        b += g[s] * (p[s] - mt);
+        b += g[s] * (wide<T>(p[s]) - mt);
       }
       sdy += a;
       sdyx += b;
@@ -446,33 +458,48 @@ void add_layer_norm(double eps, std::span<const Tensor> in, std::span<Tensor> ou
 void register_norms(KernelRegistry& r) {
   // The layout is fixed at compile time (reading attributes in a run would
   // allocate).
-  r.add("batch_norm", [](const Node& n, const Inputs&) {
-    if (blocked_input(n, 0)) {
-      const bool training = n.attrs.get_int_or("training", 1) != 0;
-      const double eps = n.attrs.get_float_or("eps", 1e-5);
-      const bool relu = n.attrs.get_string_or("activation", "") == "relu";
-      return FLOAT_KERNEL(batch_norm_fwd_blocked<T>(training, eps, relu, in, out));
-    }
+  r.add("batch_norm", [](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
+    const bool blocked = blocked_input(n, 0);
+    const bool training = n.attrs.get_int_or("training", 1) != 0;
+    const double eps = n.attrs.get_float_or("eps", 1e-5);
+    const bool relu = n.attrs.get_string_or("activation", "") == "relu";
+    if (in[0].dtype == DType::kBF16)  // a convolution wrote x in bf16 (graph/precision.cc)
+      return make_fn(
+          [blocked, training, eps, relu](const KernelContext& c, std::span<const Tensor> x,
+                                         std::span<Tensor> y) {
+            if (blocked)
+              batch_norm_fwd_blocked<float, std::uint16_t>(training, eps, relu, x, y);
+            else
+              batch_norm_fwd<float, std::uint16_t>(c.node, x, y);
+            return ok_status();
+          },
+          "bf16-reader");
+    if (blocked) return FLOAT_KERNEL(batch_norm_fwd_blocked<T>(training, eps, relu, in, out));
     return FLOAT_KERNEL(batch_norm_fwd<T>(c.node, in, out));
   });
   r.add("batch_norm_grad", [](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
     const bool blocked = blocked_input(n, 0);
     const bool training = n.attrs.get_int_or("training", 1) != 0;
     const double eps = n.attrs.get_float_or("eps", 1e-5);
-    if (n.outputs[0].dtype == DType::kBF16) {  // dst bf16 (graph/precision.cc)
-      if (in[0].dtype != DType::kF32)
-        return failed_precondition("{}: a bf16 dx comes from f32 operands, not {}", n.label(),
-                                   in[0].str());
+    const bool x16 = in[0].dtype == DType::kBF16, dx16 = n.outputs[0].dtype == DType::kBF16;
+    if (x16 || dx16) {  // x read or dx written in bf16 (graph/precision.cc)
+      if (in[4].dtype != DType::kF32)
+        return failed_precondition("{}: bf16 x or dx goes with an f32 dy, not {}", n.label(),
+                                   in[4].str());
       return make_fn(
-          [blocked, training, eps](const KernelContext& c, std::span<const Tensor> x,
-                                   std::span<Tensor> y) {
-            if (blocked)
-              batch_norm_bwd_blocked<float, std::uint16_t>(training, eps, x, y);
-            else
-              batch_norm_bwd<float, std::uint16_t>(c.node, x, y);
+          [blocked, training, eps, x16, dx16](const KernelContext& c, std::span<const Tensor> x,
+                                              std::span<Tensor> y) {
+            using U = std::uint16_t;
+            if (blocked && x16 && dx16) batch_norm_bwd_blocked<float, U, U>(training, eps, x, y);
+            if (blocked && x16 && !dx16)
+              batch_norm_bwd_blocked<float, float, U>(training, eps, x, y);
+            if (blocked && !x16) batch_norm_bwd_blocked<float, U>(training, eps, x, y);
+            if (!blocked && x16 && dx16) batch_norm_bwd<float, U, U>(c.node, x, y);
+            if (!blocked && x16 && !dx16) batch_norm_bwd<float, float, U>(c.node, x, y);
+            if (!blocked && !x16) batch_norm_bwd<float, U>(c.node, x, y);
             return ok_status();
           },
-          "bf16-writer");
+          dx16 ? "bf16-writer" : "bf16-reader");
     }
     if (blocked) return FLOAT_KERNEL(batch_norm_bwd_blocked<T>(training, eps, in, out));
     return FLOAT_KERNEL(batch_norm_bwd<T>(c.node, in, out));

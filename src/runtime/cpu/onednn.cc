@@ -193,7 +193,7 @@ void register_onednn(KernelRegistry& r) {
                  if (num_elements(y.shape) == 0) return nullptr;
                  return make_conv(0, n, in[0].shape, in[1].shape, y.shape, in.size() == 3,
                                   n.attrs.get_string_or("activation", "") == "relu",
-                                  dnnl_type(in[0].dtype));
+                                  dnnl_type(in[0].dtype), dnnl_type(y.dtype));
                });
   override_f32(r, "conv2d_grad_input",
                [](const Node& n, const Inputs& in, const TensorType& y) -> std::unique_ptr<Kernel> {

@@ -78,14 +78,15 @@ memory::desc weights_any(const Shape& w, std::int64_t groups, dt t = dt::f32) {
 }
 
 // `c`: the type the convolution reads its operands in (f32, or bf16 under
-// --precision bf16, whose result is still f32: the reorders into the
-// primitive's layout convert on the way).
+// --precision bf16: the reorders into the primitive's layout convert on
+// the way); `dst` the result's (f32, or bf16 for a batch norm to read).
 dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvParams& p, const Shape& x,
                                                       const Shape& w, const Shape& y,
                                                       std::int64_t groups, bool bias,
                                                       const dnnl::primitive_attr& a,
-                                                      dnnl::algorithm alg, dt c = dt::f32) {
-  memory::desc xa(dims_of(x), c, tag::any), ya(dims_of(y), dt::f32, tag::any);
+                                                      dnnl::algorithm alg, dt c = dt::f32,
+                                                      dt dst = dt::f32) {
+  memory::desc xa(dims_of(x), c, tag::any), ya(dims_of(y), dst, tag::any);
   memory::desc wa = weights_any(w, groups, c);
   if (bias) {
     memory::desc ba({w[0]}, dt::f32, tag::x);
@@ -127,7 +128,10 @@ class ConvKernel final : public DnnlKernel {
     memory::desc xp(dims_of(x), xt, x_blocked ? tag::nChw16c : tag::nchw),
         yp(dims_of(y), yt, y_blocked ? tag::nChw16c : tag::nchw);
     memory::desc wp = weights_plain(w, groups);
-    auto fwd = conv_fwd_pd(p, x, w, y, groups, bias && mode == 0, attr(mode == 0 && relu), alg, c);
+    // A forward whose batch norm reads bf16 (yt bf16) writes it directly.
+    const dt dst = mode == 0 && bf16 ? yt : dt::f32;
+    auto fwd =
+        conv_fwd_pd(p, x, w, y, groups, bias && mode == 0, attr(mode == 0 && relu), alg, c, dst);
     if (mode == 0) {
       prim_ = dnnl::convolution_forward(fwd);
       impl_ = fwd.impl_info_str();
