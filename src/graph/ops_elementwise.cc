@@ -19,10 +19,21 @@ void register_unary_ops(OpRegistry& r) {
       }));
   r.add(unary(
       "abs", GRAD { return {g.b.mul(DY, g.b.op("sign", {X(0)}))}; }));
-  r.add(unary(
-      "relu", GRAD {
-        return {g.b.op("relu_grad", {DY, Y(0)})};
-      }));
+  {
+    OpDef d = unary(
+        "relu", GRAD {
+          return {g.b.op("relu_grad", {DY, Y(0)})};
+        });
+    // --precision bf16: a ReLU read by its cast and its gradient writes
+    // bf16 itself (graph/precision.cc); the gradient reads that y.
+    d.attrs = {"dst"};
+    d.infer = [infer = d.infer](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(Types t, infer(n, in));
+      SHOAL_ASSIGN_OR_RETURN(t[0], with_dst(n, t[0]));
+      return t;
+    };
+    r.add(d);
+  }
   {
     OpDef d = unary(
         "gelu", GRAD {
@@ -78,10 +89,20 @@ void register_unary_ops(OpRegistry& r) {
 }
 
 void register_binary_ops(OpRegistry& r) {
-  r.add(binary(
-      "relu_grad", GRAD {
-        return {g.b.op("relu_grad", {DY, X(1)}), Value{}};
-      }));
+  {
+    OpDef d = binary(
+        "relu_grad", GRAD {
+          return {g.b.op("relu_grad", {DY, X(1)}), Value{}};
+        });
+    // (dy, y): y may be the bf16 a ReLU wrote under --precision bf16, dy the
+    // bf16 a product wrote (read_as_float).
+    d.infer = [infer = d.infer](const Node& n, const Types& in) -> InferResult {
+      if (in[0].dtype != DType::kBF16 && in[1].dtype != DType::kBF16) return infer(n, in);
+      SHOAL_ASSIGN_OR_RETURN(TensorType dx, read_as_float(in));
+      return Types{dx};
+    };
+    r.add(d);
+  }
 
   r.add(binary(
       "add", GRAD {

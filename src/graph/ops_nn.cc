@@ -370,7 +370,8 @@ void register_norm_ops(OpRegistry& r) {
     d.name = "batch_norm";  // running mean/var (inputs 3, 4) are buffers: no gradient
     d.min_inputs = d.max_inputs = 5;
     // activation "relu": the output is ReLU'd as stored (fuse_activations).
-    d.attrs = {"training", "eps", "activation"};
+    // dst: bf16, a ReLU's --precision bf16 let write bf16, fused (fuse_activations).
+    d.attrs = {"training", "eps", "activation", "dst"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_ASSIGN_OR_RETURN(DType t, bn_type(in));
       if (in[0].shape.size() < 2) return invalid_argument("input must be [N, C, ...]");
@@ -379,7 +380,8 @@ void register_norm_ops(OpRegistry& r) {
         if (in[i].shape != c) return invalid_argument("input {} must be [{}]", i, c[0]);
       auto act = n.attrs.get_string_or("activation", "");
       if (!act.empty() && act != "relu") return invalid_argument("unknown activation '{}'", act);
-      return Types{{t, in[0].shape}, {t, c}, {t, c}};
+      SHOAL_ASSIGN_OR_RETURN(TensorType y, with_dst(n, {t, in[0].shape}));
+      return Types{y, {t, c}, {t, c}};
     };
     d.grad = GRAD {
       Attrs a;

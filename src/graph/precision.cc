@@ -71,11 +71,13 @@ bool on_last_axis(const Graph& g, const Node& n) {
 
 // Ops with a kernel that computes in f32 and stores bf16 (runtime/cpu's
 // bf16 writers): GELU and its gradient, layer norm, softmax and its
-// gradient along the last axis (attention's probabilities and scores), and
+// gradient along the last axis (attention's probabilities and scores),
 // batch norm's input gradient (its dx, output 0, which the convolutions
-// before it read in bf16).
+// before it read in bf16), and ReLU (a batch norm's or a product's, fused
+// into it by the backend: the ReLU'd result written in bf16).
 bool writes_bf16(const Graph& g, const Node& n) {
-  if (n.op == "gelu" || n.op == "gelu_grad" || n.op == "layer_norm" || n.op == "batch_norm_grad")
+  if (n.op == "gelu" || n.op == "gelu_grad" || n.op == "layer_norm" || n.op == "batch_norm_grad" ||
+      n.op == "relu")
     return true;
   return (n.op == "softmax" || n.op == "softmax_grad") && on_last_axis(g, n);
 }
@@ -83,9 +85,10 @@ bool writes_bf16(const Graph& g, const Node& n) {
 // Ops with a kernel that reads bf16 inputs into f32 and computes there
 // (runtime/cpu's bf16 readers), as autocast's GELU and softmax read the
 // bf16 a product wrote: GELU and its gradient (x, dy), softmax and its
-// gradient along the last axis (scores; probabilities and their gradient).
+// gradient along the last axis (scores; probabilities and their gradient),
+// and ReLU's gradient (dy, and y, whose sign bf16 keeps).
 bool reads_bf16(const Graph& g, const Node& n) {
-  if (n.op == "gelu" || n.op == "gelu_grad") return true;
+  if (n.op == "gelu" || n.op == "gelu_grad" || n.op == "relu_grad") return true;
   return (n.op == "softmax" || n.op == "softmax_grad") && on_last_axis(g, n);
 }
 

@@ -56,12 +56,25 @@ int fuse_activations(Graph& g) {
   int fused = 0;
   for (int id : *order) {
     Node& r = g.mutable_node(id);
-    if (!r.alive || r.op != "relu" || r.attrs.has("dst")) continue;
+    if (!r.alive || r.op != "relu") continue;
     Value v = r.inputs[0];
     Node& p = g.mutable_node(v.node);
     const bool producer = p.op == "linear" || p.op == "conv2d" || p.op == "batch_norm";
     if (!producer || v.index != 0 || p.attrs.has("activation") || uses[v] != 1) continue;
+    // A ReLU that writes bf16 (--precision bf16): the producer writes the
+    // ReLU'd result in bf16 (a bf16 linear's or convolution's dst, batch
+    // norm's dst); one whose input is not f32 stays.
+    const bool bf16 = r.attrs.get_string_or("dst", "") == "bf16";
+    const graph::Attrs before = p.attrs;
     p.attrs.set("activation", std::string("relu"));
+    if (bf16) {
+      p.attrs.set("dst", std::string("bf16"));
+      if (!g.reinfer(p.id).ok() || p.outputs[0].dtype != DType::kBF16) {
+        p.attrs = before;  // this producer cannot write bf16: the ReLU stays
+        (void)g.reinfer(p.id);
+        continue;
+      }
+    }
     r.alive = false;
     g.replace_all_uses(Value{id, 0}, v);
     ++fused;

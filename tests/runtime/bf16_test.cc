@@ -430,6 +430,52 @@ TEST(Bf16, BatchNormGradientWritesBf16ForTheConvolutionBeforeIt) {
   }
 }
 
+// conv -> batch norm -> ReLU -> conv, ResNet's block: the ReLU's result,
+// read by the next convolution (its cast) and by ReLU's gradient, is
+// written in bf16 by the batch norm the backend fuses the ReLU into (no
+// cast), and ReLU's gradient reads its sign from the bf16; blocked at 16
+// channels, plain at 5.
+TEST(Bf16, ABatchNormsReluWritesBf16ForTheNextConvolution) {
+  SKIP_WITHOUT_BF16();
+  const auto net = [](Builder& b, auto x) {
+    Value h = b.conv2d(x[0], x[1], {}, {1, 1}, {1, 1});
+    h = b.relu(b.batch_norm(h, x[2], x[3], x[4], x[5], true)[0]);
+    return b.conv2d(h, x[6], {}, {1, 1}, {1, 1});
+  };
+  for (std::int64_t c : {16, 5}) {
+    const std::vector<Shape> shapes = {{3, c, 9, 7}, {c, c, 3, 3}, {c},         {c},
+                                       {c},          {c},          {4, c, 3, 3}};
+    const std::string at = " over " + std::to_string(c) + " channels";
+    graph::PrecisionReport rep = compare("conv, batch norm, relu, conv" + at, shapes, net, 0, 6e-2);
+    EXPECT_EQ(rep.convolutions, 6);
+    EXPECT_EQ(rep.norms_read_bf16, 1);
+    EXPECT_EQ(rep.casts, 2) << "x and the last convolution's dy; the ReLU writes bf16";
+    const struct Run r = run(shapes, net, DType::kF32, true);
+    EXPECT_EQ(r.impls.count("relu"), 0u) << "the ReLU is fused into the batch norm" << at;
+    EXPECT_EQ(r.impls.at("batch_norm"), "bf16") << "reads x and writes y in bf16" << at;
+    EXPECT_EQ(r.impls.at("relu_grad"), "bf16-reader") << at;
+  }
+}
+
+// A ReLU whose result an add reads as well (a residual block's last) keeps
+// writing f32.
+TEST(Bf16, AReluThatAnAddReadsStaysF32) {
+  Graph g;
+  Builder b(g);
+  Value x = b.input("x", DType::kF32, {2, 16, 5, 5});
+  Value w = b.input("param/w", DType::kF32, {16, 16, 3, 3});
+  Value y = b.relu(b.add(x, b.conv2d(x, w, {}, {1, 1}, {1, 1})));
+  Value z = b.add(y, b.conv2d(y, w, {}, {1, 1}, {1, 1}));
+  Value loss = b.reduce_sum(z, {});
+  auto grads = graph::autodiff(g, loss, {w});
+  ASSERT_TRUE(grads.ok()) << grads.status().to_string();
+  g.mark_output((*grads)[0]);
+  auto rep = graph::autocast_bf16(g);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  EXPECT_EQ(g.type(y).dtype, DType::kF32);
+  EXPECT_TRUE(graph::verify(g).ok());
+}
+
 // A convolution's result that anything but batch norms reads (here also
 // the output) stays f32.
 TEST(Bf16, AConvolutionReadByMoreThanBatchNormsWritesF32) {

@@ -32,6 +32,11 @@ bool blockable(const graph::TensorType& t) {
   return t.dtype == DType::kF32 && t.shape.size() == 4 && t.shape[1] > 0 &&
          t.shape[1] % kBlockChannels == 0 && num_elements(t.shape) > 0;
 }
+// What the `layout` op converts: f32, or --precision bf16's activations.
+bool convertible(graph::TensorType t) {
+  if (t.dtype == DType::kBF16) t.dtype = DType::kF32;
+  return blockable(t);
+}
 
 enum class In { kPlain, kBlocked, kAny };
 
@@ -46,9 +51,9 @@ void cpu::register_layout_op() {
     d.infer =
         [](const graph::Node& n,
            const std::vector<graph::TensorType>& in) -> Result<std::vector<graph::TensorType>> {
-      if (!blockable(in[0]))
+      if (!convertible(in[0]))
         return invalid_argument(
-            "{}: {} has no blocked layout (needs f32 [N, C, H, W], C % {} == 0)", n.label(),
+            "{}: {} has no blocked layout (needs f32 or bf16 [N, C, H, W], C % {} == 0)", n.label(),
             in[0].str(), kBlockChannels);
       return in;
     };
@@ -67,16 +72,16 @@ Result<int> assign_blocked_layouts(Graph& g) {
     if (n.alive)
       for (const Value& v : n.inputs) readers[v].push_back(n.op);
   for (const Value& v : g.outputs()) readers[v].push_back("");
-  // A bf16 value of a blockable shape read only by convolutions and batch
-  // norms: --precision bf16's activations (casts, batch norm's dx, a
-  // convolution's result its batch norm reads) may stay blocked.
+  // A bf16 value of a blockable shape read only by convolutions, batch
+  // norms and ReLU's gradient: --precision bf16's activations (casts, batch
+  // norm's dx, a convolution's result its batch norm reads, a batch norm's
+  // ReLU'd result) may stay blocked.
   auto bf16_for_convs = [&](Value v) {
-    graph::TensorType t = g.type(v);
-    if (t.dtype != DType::kBF16) return false;
-    t.dtype = DType::kF32;
-    if (!blockable(t)) return false;
+    const graph::TensorType& t = g.type(v);
+    if (t.dtype != DType::kBF16 || !convertible(t)) return false;
     for (const std::string& op : readers[v])
-      if (!op.starts_with("conv2d") && !op.starts_with("batch_norm")) return false;
+      if (!op.starts_with("conv2d") && !op.starts_with("batch_norm") && op != "relu_grad")
+        return false;
     return true;
   };
   auto convert = [&](Value v, bool to_blocked) -> Result<Value> {
@@ -102,6 +107,7 @@ Result<int> assign_blocked_layouts(Graph& g) {
     std::vector<In> want(ni, In::kPlain);
     std::vector<bool> out_blocked(n.outputs.size(), false);
     auto in_blocked = [&](std::size_t i) { return blocked.count(n.inputs[i]) != 0; };
+    const bool relu = n.op == "relu" || n.op == "relu_grad";
     // Grouped and depthwise convolutions too: oneDNN's depthwise kernels
     // read nChw16c natively (a depthwise-separable net: 771 -> 1,294 img/s,
     // the conversions around each depthwise conv were 11% of its step).
@@ -134,14 +140,18 @@ Result<int> assign_blocked_layouts(Graph& g) {
       // blocked bf16 (their kernels know it from the annotation).
       want[0] = In::kBlocked;
       out_blocked[0] = true;
-    } else if (graph::elementwise(n.op) && n.outputs.size() == 1 && blockable(n.outputs[0])) {
+    } else if (graph::elementwise(n.op) && n.outputs.size() == 1 &&
+               (blockable(n.outputs[0]) || (relu && convertible(n.outputs[0])))) {
       // Full-size operands share the output's layout; size-1 ones broadcast
       // the same value everywhere. Any other broadcast keeps it plain.
+      // ReLU's bf16 writer and its gradient's bf16 reader are flat loops:
+      // their bf16 operands (of the output's shape) may be blocked too.
       bool shape_ok = true, any_blocked = false;
       for (std::size_t i = 0; i < ni; ++i) {
         const graph::TensorType& t = g.type(n.inputs[i]);
         if (num_elements(t.shape) == 1) continue;
-        shape_ok = shape_ok && t == n.outputs[0];
+        shape_ok =
+            shape_ok && t.shape == n.outputs[0].shape && (t.dtype == n.outputs[0].dtype || relu);
         any_blocked = any_blocked || in_blocked(i);
       }
       if (shape_ok && any_blocked) {

@@ -60,15 +60,38 @@ std::pair<T, T> bn_channel(bool training, double eps, std::span<const Tensor> in
   return {scale, static_cast<T>(in[2].data<T>()[ch] - m * scale)};
 }
 
+// y = max(x sc + sh, low) over n values of one blocked row (sc, sh per
+// lane) or of one channel (scalars), stored as T or, under --precision
+// bf16 (a fused ReLU that writes bf16), as bf16 bits in chunks in L1.
+template <typename T, typename X, typename Coef>
+void bn_y(const X* p, Coef sc, Coef sh, T low, std::int64_t n, T* q) {
+  if constexpr (std::is_pointer_v<Coef>) {
+    for (std::int64_t s = 0; s < n / kB; ++s) {
+#pragma omp simd
+      for (std::int64_t l = 0; l < kB; ++l)
+        q[s * kB + l] = std::max(wide<T>(p[s * kB + l]) * sc[l] + sh[l], low);
+    }
+  } else {
+#pragma omp simd
+    for (std::int64_t s = 0; s < n; ++s) q[s] = std::max(wide<T>(p[s]) * sc + sh, low);
+  }
+}
+template <typename X, typename Coef>
+void bn_y(const X* p, Coef sc, Coef sh, float low, std::int64_t n, std::uint16_t* q) {
+  // Chunks of 512 keep a blocked row's lanes in place (512 % 16 == 0).
+  chunks_to_bf16(
+      q, n, [&](std::int64_t lo, std::int64_t k, float* t) { bn_y(p + lo, sc, sh, low, k, t); });
+}
+
 // relu: the output ReLU'd as stored (activation "relu", fuse_activations).
-// x of type X (T, or bf16 bits).
-template <typename T, typename X = T>
+// x of type X, y of type Y (T, or bf16 bits).
+template <typename T, typename X = T, typename Y = T>
 void batch_norm_fwd_blocked(bool training, double eps, bool relu, std::span<const Tensor> in,
                             std::span<Tensor> out) {
   const Shape& xs = in[0].shape();
   const std::int64_t n = xs[0], c = xs[1], cb = c / kB, sp = xs[2] * xs[3];
   const X* x = static_cast<const X*>(in[0].raw_data());
-  T* y = out[0].data<T>();
+  Y* y = static_cast<Y*>(out[0].raw_data());
   T* mean = out[1].data<T>();
   T* var = out[2].data<T>();
   std::vector<double>& part = bn_scratch(static_cast<std::size_t>(2 * n * c + 2 * c));
@@ -118,14 +141,9 @@ void batch_norm_fwd_blocked(bool training, double eps, bool relu, std::span<cons
         sc[l] = static_cast<T>(scale[b * kB + l]);
         sh[l] = static_cast<T>(shift[b * kB + l]);
       }
-      const X* p = x + (i * cb + b) * sp * kB;
-      T* q = y + (i * cb + b) * sp * kB;
       const T low = relu ? T(0) : -std::numeric_limits<T>::infinity();
-      for (std::int64_t s = 0; s < sp; ++s) {
-#pragma omp simd
-        for (std::int64_t l = 0; l < kB; ++l)
-          q[s * kB + l] = std::max(wide<T>(p[s * kB + l]) * sc[l] + sh[l], low);
-      }
+      const std::int64_t at = (i * cb + b) * sp * kB;
+      bn_y(x + at, sc, sh, low, sp * kB, y + at);
     }
 }
 
@@ -220,7 +238,7 @@ void batch_norm_bwd_blocked(bool training, double eps, std::span<const Tensor> i
     }
 }
 
-template <typename T, typename X = T>
+template <typename T, typename X = T, typename Y = T>
 void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tensor> out) {
   bool training = node.attrs.get_int_or("training", 1) != 0;
   double eps = node.attrs.get_float_or("eps", 1e-5);
@@ -231,7 +249,7 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
   const Shape& xs = in[0].shape();
   std::int64_t n = xs[0], c = xs[1], sp = num_elements(xs) / std::max<std::int64_t>(n * c, 1);
   const X* x = static_cast<const X*>(in[0].raw_data());
-  T* y = out[0].data<T>();
+  Y* y = static_cast<Y*>(out[0].raw_data());
   T* mean = out[1].data<T>();
   T* var = out[2].data<T>();
   const double cnt = static_cast<double>(std::max<std::int64_t>(n * sp, 1));
@@ -257,10 +275,8 @@ void batch_norm_fwd(const Node& node, std::span<const Tensor> in, std::span<Tens
     }
     auto [scale, shift] = bn_channel<T>(training, eps, in, ch, k0, s1, s2, cnt, mean, var);
     for (std::int64_t i = 0; i < n; ++i) {
-      const X* p = x + (i * c + ch) * sp;
-      T* q = y + (i * c + ch) * sp;
-#pragma omp simd
-      for (std::int64_t s = 0; s < sp; ++s) q[s] = std::max(wide<T>(p[s]) * scale + shift, low);
+      const std::int64_t at = (i * c + ch) * sp;
+      bn_y(x + at, scale, shift, low, sp, y + at);
     }
   }
 }
@@ -453,6 +469,21 @@ void add_layer_norm(double eps, std::span<const Tensor> in, std::span<Tensor> ou
   }
 }
 
+// Batch norm in f32 reading x of type X and writing y of type Y.
+template <typename X, typename Y>
+Result<std::unique_ptr<Kernel>> bn_fwd_kernel(bool blocked, bool training, double eps, bool relu,
+                                              const char* impl) {
+  return make_fn(
+      [=](const KernelContext& c, std::span<const Tensor> x, std::span<Tensor> y) {
+        if (blocked)
+          batch_norm_fwd_blocked<float, X, Y>(training, eps, relu, x, y);
+        else
+          batch_norm_fwd<float, X, Y>(c.node, x, y);
+        return ok_status();
+      },
+      impl);
+}
+
 }  // namespace
 
 void register_norms(KernelRegistry& r) {
@@ -463,17 +494,13 @@ void register_norms(KernelRegistry& r) {
     const bool training = n.attrs.get_int_or("training", 1) != 0;
     const double eps = n.attrs.get_float_or("eps", 1e-5);
     const bool relu = n.attrs.get_string_or("activation", "") == "relu";
-    if (in[0].dtype == DType::kBF16)  // a convolution wrote x in bf16 (graph/precision.cc)
-      return make_fn(
-          [blocked, training, eps, relu](const KernelContext& c, std::span<const Tensor> x,
-                                         std::span<Tensor> y) {
-            if (blocked)
-              batch_norm_fwd_blocked<float, std::uint16_t>(training, eps, relu, x, y);
-            else
-              batch_norm_fwd<float, std::uint16_t>(c.node, x, y);
-            return ok_status();
-          },
-          "bf16-reader");
+    // --precision bf16 (graph/precision.cc): x a convolution wrote in bf16,
+    // y a fused ReLU writes in bf16.
+    using U = std::uint16_t;
+    const bool x16 = in[0].dtype == DType::kBF16, y16 = n.outputs[0].dtype == DType::kBF16;
+    if (x16 && y16) return bn_fwd_kernel<U, U>(blocked, training, eps, relu, "bf16");
+    if (x16) return bn_fwd_kernel<U, float>(blocked, training, eps, relu, "bf16-reader");
+    if (y16) return bn_fwd_kernel<float, U>(blocked, training, eps, relu, "bf16-writer");
     if (blocked) return FLOAT_KERNEL(batch_norm_fwd_blocked<T>(training, eps, relu, in, out));
     return FLOAT_KERNEL(batch_norm_fwd<T>(c.node, in, out));
   });

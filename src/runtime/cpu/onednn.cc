@@ -23,8 +23,8 @@ using namespace dnnl_detail;  // NOLINT: this file's own shared pieces
 // blocked), one oneDNN reorder.
 class LayoutKernel final : public DnnlKernel {
  public:
-  LayoutKernel(const Shape& s, bool to_blocked) {
-    memory::desc plain(dims_of(s), dt::f32, tag::nchw), blk(dims_of(s), dt::f32, tag::nChw16c);
+  LayoutKernel(const Shape& s, bool to_blocked, dt t = dt::f32) {
+    memory::desc plain(dims_of(s), t, tag::nchw), blk(dims_of(s), t, tag::nChw16c);
     src_ = memory(to_blocked ? plain : blk, engine(), DNNL_MEMORY_NONE);
     dst_ = memory(to_blocked ? blk : plain, engine(), DNNL_MEMORY_NONE);
     prim_ = dnnl::reorder(src_, dst_);
@@ -210,8 +210,8 @@ void register_onednn(KernelRegistry& r) {
   register_layout_op();
   r.add("layout", [](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
     try {
-      return std::unique_ptr<Kernel>(
-          std::make_unique<LayoutKernel>(in[0].shape, n.attrs.get_int_or("blocked", 0) != 0));
+      return std::unique_ptr<Kernel>(std::make_unique<LayoutKernel>(
+          in[0].shape, n.attrs.get_int_or("blocked", 0) != 0, dnnl_type(in[0].dtype)));
     } catch (const dnnl::error& e) {
       return internal_error("{}: oneDNN cannot reorder {}: {}", n.label(), in[0].str(), e.what());
     }
