@@ -63,7 +63,7 @@ int fuse_activations(Graph& g) {
     if (!producer || v.index != 0 || p.attrs.has("activation") || uses[v] != 1) continue;
     // A ReLU that writes bf16 (--precision bf16): the producer writes the
     // ReLU'd result in bf16 (a bf16 linear's or convolution's dst, batch
-    // norm's dst); one whose input is not f32 stays.
+    // norm's dst); where the producer cannot (an f32 product), the ReLU stays.
     const bool bf16 = r.attrs.get_string_or("dst", "") == "bf16";
     const graph::Attrs before = p.attrs;
     p.attrs.set("activation", std::string("relu"));
