@@ -159,27 +159,37 @@ Result<bool> narrow_with_readers(Graph& g, int c, const std::map<Value, int>& us
   return true;
 }
 
-// A product (dst f32) whose every reader is a bf16 reader writes bf16
-// (dst bf16), as autocast's products do: the MLP's first linear (GELU and
-// its gradient read it), the gradient product GELU's gradient reads, the
-// attention scores (softmax reads them) and their gradient's product.
+// Every node `wants` picks whose output 0 each of its readers `takes`
+// (v, the reader) writes bf16 (dst bf16); the readers are re-typed.
 // Returns how many.
-Result<int> narrow_for_readers(Graph& g) {
+template <typename Wants, typename Takes>
+Result<int> narrow_where(Graph& g, Wants wants, Takes takes) {
   int narrowed = 0;
   const std::map<Value, int> uses = g.use_counts();
   for (int id = 0; id < g.num_nodes(); ++id) {
     const Node& p = g.node(id);
-    if (!p.alive || !is_product(p.op) || p.attrs.get_string_or("dst", "") != "f32") continue;
+    if (!p.alive || !wants(p)) continue;
     const Value v{id, 0};
     const auto ids = readers(g, v, uses);
     if (!ids || ids->empty()) continue;
-    if (!std::ranges::all_of(*ids, [&](int r) { return reads_bf16(g, g.node(r)); })) continue;
+    if (!std::ranges::all_of(*ids, [&](int r) { return takes(v, g.node(r)); })) continue;
     g.mutable_node(id).attrs.set("dst", std::string("bf16"));
     SHOAL_RETURN_IF_ERROR(g.reinfer(id));
     for (int r : *ids) SHOAL_RETURN_IF_ERROR(g.reinfer(r));
     ++narrowed;
   }
   return narrowed;
+}
+
+// A product (dst f32) whose every reader is a bf16 reader writes bf16
+// (dst bf16), as autocast's products do: the MLP's first linear (GELU and
+// its gradient read it), the gradient product GELU's gradient reads, the
+// attention scores (softmax reads them) and their gradient's product.
+Result<int> narrow_for_readers(Graph& g) {
+  return narrow_where(
+      g,
+      [](const Node& p) { return is_product(p.op) && p.attrs.get_string_or("dst", "") == "f32"; },
+      [&](Value, const Node& r) { return reads_bf16(g, r); });
 }
 
 // A product or a bf16 writer whose output reaches one of the casts only
@@ -243,32 +253,18 @@ Result<int> narrow_producers(Graph& g, const std::vector<int>& casts) {
 // A bf16 convolution (precision bf16, f32 result) whose result only
 // batch norms read, as their x (the forward's and the gradient's), writes
 // it in bf16 (dst bf16), as autocast's convolutions do; the norms read it
-// into f32 and keep their statistics there. Returns how many.
+// into f32 and keep their statistics there.
 Result<int> narrow_for_norms(Graph& g) {
-  int narrowed = 0;
-  const std::map<Value, int> uses = g.use_counts();
-  for (int id = 0; id < g.num_nodes(); ++id) {
-    const Node& p = g.node(id);
-    if (!p.alive || p.op != "conv2d" || p.attrs.get_string_or("precision", "") != "bf16" ||
-        p.attrs.has("dst") || p.outputs[0].dtype != DType::kF32)
-      continue;
-    const Value v{id, 0};
-    const auto ids = readers(g, v, uses);
-    if (!ids || ids->empty()) continue;
-    const bool norms_only = std::ranges::all_of(*ids, [&](int r) {
-      const Node& n = g.node(r);
-      if (n.op != "batch_norm" && n.op != "batch_norm_grad") return false;
-      for (std::size_t i = 1; i < n.inputs.size(); ++i)
-        if (n.inputs[i] == v) return false;
-      return true;
-    });
-    if (!norms_only) continue;
-    g.mutable_node(id).attrs.set("dst", std::string("bf16"));
-    SHOAL_RETURN_IF_ERROR(g.reinfer(id));
-    for (int r : *ids) SHOAL_RETURN_IF_ERROR(g.reinfer(r));
-    ++narrowed;
-  }
-  return narrowed;
+  return narrow_where(
+      g,
+      [](const Node& p) {
+        return p.op == "conv2d" && p.attrs.get_string_or("precision", "") == "bf16" &&
+               !p.attrs.has("dst") && p.outputs[0].dtype == DType::kF32;
+      },
+      [](Value v, const Node& n) {
+        if (n.op != "batch_norm" && n.op != "batch_norm_grad") return false;
+        return std::find(n.inputs.begin() + 1, n.inputs.end(), v) == n.inputs.end();
+      });
 }
 
 // A depthwise convolution pass (one input channel a group): it stays f32.
