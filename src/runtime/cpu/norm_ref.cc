@@ -3,7 +3,6 @@
 // backward. Sums are taken in a fixed order, so results do not depend on
 // the thread count.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -28,7 +27,7 @@ constexpr std::int64_t kB = kBlockChannels;
 template <typename T, typename X>
 inline T wide(X v) {
   if constexpr (std::is_same_v<X, std::uint16_t>)
-    return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16);
+    return bf16_to_float(BF16{v});
   else
     return v;
 }
@@ -484,6 +483,21 @@ Result<std::unique_ptr<Kernel>> bn_fwd_kernel(bool blocked, bool training, doubl
       impl);
 }
 
+// Batch norm's gradient in f32 reading x of type X and writing dx of type O.
+template <typename O, typename X>
+Result<std::unique_ptr<Kernel>> bn_bwd_kernel(bool blocked, bool training, double eps,
+                                              const char* impl) {
+  return make_fn(
+      [=](const KernelContext& c, std::span<const Tensor> x, std::span<Tensor> y) {
+        if (blocked)
+          batch_norm_bwd_blocked<float, O, X>(training, eps, x, y);
+        else
+          batch_norm_bwd<float, O, X>(c.node, x, y);
+        return ok_status();
+      },
+      impl);
+}
+
 }  // namespace
 
 void register_norms(KernelRegistry& r) {
@@ -513,20 +527,10 @@ void register_norms(KernelRegistry& r) {
       if (in[4].dtype != DType::kF32)
         return failed_precondition("{}: bf16 x or dx goes with an f32 dy, not {}", n.label(),
                                    in[4].str());
-      return make_fn(
-          [blocked, training, eps, x16, dx16](const KernelContext& c, std::span<const Tensor> x,
-                                              std::span<Tensor> y) {
-            using U = std::uint16_t;
-            if (blocked && x16 && dx16) batch_norm_bwd_blocked<float, U, U>(training, eps, x, y);
-            if (blocked && x16 && !dx16)
-              batch_norm_bwd_blocked<float, float, U>(training, eps, x, y);
-            if (blocked && !x16) batch_norm_bwd_blocked<float, U>(training, eps, x, y);
-            if (!blocked && x16 && dx16) batch_norm_bwd<float, U, U>(c.node, x, y);
-            if (!blocked && x16 && !dx16) batch_norm_bwd<float, float, U>(c.node, x, y);
-            if (!blocked && !x16) batch_norm_bwd<float, U>(c.node, x, y);
-            return ok_status();
-          },
-          dx16 ? "bf16-writer" : "bf16-reader");
+      using U = std::uint16_t;
+      if (x16 && dx16) return bn_bwd_kernel<U, U>(blocked, training, eps, "bf16-writer");
+      if (x16) return bn_bwd_kernel<float, U>(blocked, training, eps, "bf16-reader");
+      return bn_bwd_kernel<U, float>(blocked, training, eps, "bf16-writer");
     }
     if (blocked) return FLOAT_KERNEL(batch_norm_bwd_blocked<T>(training, eps, in, out));
     return FLOAT_KERNEL(batch_norm_bwd<T>(c.node, in, out));
