@@ -30,6 +30,13 @@ inline Status need_same_float(const Types& in) {
   return ok_status();
 }
 
+// The gradient through a fused activation (attribute "activation": relu
+// stored the output ReLU'd; linear, conv2d and batch_norm): dy masked by y.
+inline Value post_act_grad(Builder& b, const Node& n, Value y, Value dy) {
+  if (n.attrs.get_string_or("activation", "") == "relu") return b.op("relu_grad", {dy, y});
+  return dy;
+}
+
 // An op that --precision bf16 lets write bf16 itself where its only
 // reader was a cast (graph/precision.cc's narrow_producers): "dst" names
 // its output type, only bf16 from an f32 computation.
