@@ -76,7 +76,7 @@ Result<int> assign_blocked_layouts(Graph& g) {
   // norms and ReLU's gradient: --precision bf16's activations (casts, batch
   // norm's dx, a convolution's result its batch norm reads, a batch norm's
   // ReLU'd result) may stay blocked.
-  auto bf16_for_convs = [&](Value v) {
+  auto bf16_stays_blocked = [&](Value v) {
     const graph::TensorType& t = g.type(v);
     if (t.dtype != DType::kBF16 || !convertible(t)) return false;
     for (const std::string& op : readers[v])
@@ -113,7 +113,7 @@ Result<int> assign_blocked_layouts(Graph& g) {
     // the conversions around each depthwise conv were 11% of its step).
     if (n.op == "conv2d" || n.op == "conv2d_grad_input") {
       want[0] = In::kAny;  // the kernel reorders a plain input itself
-      out_blocked[0] = blockable(n.outputs[0]) || bf16_for_convs(Value{id, 0});
+      out_blocked[0] = blockable(n.outputs[0]) || bf16_stays_blocked(Value{id, 0});
     } else if (n.op == "conv2d_grad_weight") {
       want[0] = want[1] = In::kAny;
     } else if (n.op == "batch_norm" && ni >= 3) {
@@ -123,7 +123,7 @@ Result<int> assign_blocked_layouts(Graph& g) {
       }
     } else if (n.op == "batch_norm_grad" && ni == 5) {
       if ((in_blocked(0) || in_blocked(4)) &&
-          (blockable(n.outputs[0]) || bf16_for_convs(Value{id, 0}))) {
+          (blockable(n.outputs[0]) || bf16_stays_blocked(Value{id, 0}))) {
         want[0] = want[4] = In::kBlocked;
         out_blocked[0] = true;
       }
@@ -134,7 +134,7 @@ Result<int> assign_blocked_layouts(Graph& g) {
                blockable(n.outputs[0])) {
       want[0] = want[1] = In::kBlocked;
       out_blocked[0] = true;
-    } else if (n.op == "cast" && in_blocked(0) && bf16_for_convs(Value{id, 0})) {
+    } else if (n.op == "cast" && in_blocked(0) && bf16_stays_blocked(Value{id, 0})) {
       // --precision bf16's cast of a convolution's activation: a flat
       // conversion, so it keeps the layout, and the convolutions read the
       // blocked bf16 (their kernels know it from the annotation).

@@ -74,9 +74,10 @@ struct Piece {
   std::int64_t a_off = 0, b_off = 0, y_off = 0;
   Tensor partial;  // a split of the shared dimension: this piece's sum (but the first's)
   bool has_partial = false;
+  std::string impl;  // oneDNN's implementation's name
 
-  Piece(const Geometry& g, memory::dim b0, memory::dim kn) {
-    const memory::dim bn = g.batch.empty() ? 1 : b0;
+  // bn: the slice's entries of batch[0] (ignored without a batch); kn its rows of k.
+  Piece(const Geometry& g, memory::dim bn, memory::dim kn) {
     // ta: A is stored [k, m]; tb or linear: B is stored [n, k].
     const memory::desc a_md = g.md(bn, g.m, kn, g.ta, g.src, g.ta ? g.m : g.k),
                        b_md =
@@ -122,7 +123,6 @@ struct Piece {
     if (st != dnnl_success) throw dnnl::error(st, "dnnl_primitive_execute");
     s.wait();
   }
-  std::string impl;
 };
 
 class MatmulKernel final : public DnnlKernel {
@@ -140,8 +140,8 @@ class MatmulKernel final : public DnnlKernel {
       const memory::dim total = split_k ? g.k : g.batch[0];
       for (int t = 0; t < threads; ++t) {
         const memory::dim lo = total * t / threads, hi = total * (t + 1) / threads;
-        Piece& p = pieces_.emplace_back(g, split_k ? g.batch.empty() ? 1 : g.batch[0] : hi - lo,
-                                        split_k ? hi - lo : g.k);
+        // A cut of k has no batch (split_k above).
+        Piece& p = pieces_.emplace_back(g, split_k ? 1 : hi - lo, split_k ? hi - lo : g.k);
         if (split_k) {
           p.a_off = lo * g.m;  // A [k, m]
           p.b_off = lo * g.n;  // B [k, n]
