@@ -29,8 +29,9 @@ Status write_chrome_trace(const std::string& path, const Graph& g,
       name = g.node(e.node).name;
     s += fmt::format(
         ",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},"
-        "\"dur\":{:.3f},\"args\":{{\"node\":{}}}}}",
-        name, e.name, pid, e.lane, e.start_us, e.dur_us, e.node);
+        "\"dur\":{:.3f},\"args\":{{\"node\":{}{}}}}}",
+        name, e.name, pid, e.lane, e.start_us, e.dur_us, e.node,
+        e.impl ? fmt::format(",\"impl\":\"{}\"", e.impl) : "");
   }
   s += "\n],\"displayTimeUnit\":\"ms\"}\n";
   return write_file_atomic(path, s).with_context("writing trace");

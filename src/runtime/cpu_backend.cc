@@ -188,7 +188,8 @@ class CpuExecutable final : public Executable {
       }
       if (!st.ok()) return st.with_context(fmt::format("running {}", n.label()));
       if (s.kernel->is_async()) pending_[i] = true;
-      if (tracing_) trace_.push_back(TraceEvent{s.op_name, s.node, 0, t0, now_us() - t0});
+      if (tracing_)
+        trace_.push_back(TraceEvent{s.op_name, s.node, 0, t0, now_us() - t0, s.kernel->impl()});
     }
     for (std::size_t i = 0; i < steps_.size(); ++i)
       if (pending_[i]) SHOAL_RETURN_IF_ERROR(finish(static_cast<int>(i), dl));

@@ -225,7 +225,15 @@ TEST(CpuBackend, AsyncNodeOverlapsAndConsumersWait) {
   ASSERT_FALSE(j.is_discarded());
   // The last run only: three kernels and one wait (plus two thread names).
   int spans = 0;
-  for (const auto& e : j["traceEvents"]) spans += e["ph"] == "X";
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    ++spans;
+    // Each kernel's span names the implementation that ran it; a wait none.
+    const std::string cat = e["cat"];
+    EXPECT_EQ(e["args"].contains("impl"), cat != "wait") << cat;
+    if (cat == "wait") continue;
+    EXPECT_EQ(e["args"]["impl"], exe->kernel_impls().at(cat)) << cat;
+  }
   EXPECT_EQ(spans, 4);
 }
 

@@ -47,6 +47,7 @@ struct TraceEvent {
   int node;          // graph node, or -1 (then name says what it is)
   int lane;          // 0: the executing thread; 1: the communication thread
   double start_us, dur_us;
+  const char* impl = nullptr;  // the kernel that ran it ("onednn:bf16"), if known
 };
 double trace_clock_us();  // now, on the trace clock
 double trace_clock_us(std::chrono::steady_clock::time_point t);
