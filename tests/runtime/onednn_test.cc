@@ -186,7 +186,8 @@ TEST(OneDnn, DepthwiseConvOverSmallMapsIsDirect) {
   };
   for (C c :
        {C{{8, 32, 2, 2}, 5, 1, 2, 1}, C{{8, 32, 2, 2}, 5, 2, 2, 1}, C{{3, 6, 4, 4}, 3, 1, 1, 1},
-        C{{3, 16, 4, 3}, 3, 2, 2, 2}, C{{2, 5, 7, 6}, 3, 1, 0, 1}, C{{64, 288, 2, 2}, 5, 2, 2, 1}})
+        C{{3, 16, 4, 3}, 3, 2, 2, 2}, C{{2, 5, 7, 6}, 3, 1, 0, 1}, C{{64, 288, 2, 2}, 5, 2, 2, 1},
+        C{{5, 40, 4, 4}, 5, 1, 2, 1}, C{{4, 24, 8, 8}, 5, 2, 2, 1}})
     compare_depthwise(c.x, c.k, c.st, c.pd, c.dl, "depthwise-small");
   unsetenv("SHOAL_DEPTHWISE");
 }

@@ -9,9 +9,16 @@
 // these loops (mobilenet_v2's 3x3 over 8x8). Maps of at most 8x8 in and out.
 // Plain NCHW or the blocked nChw16c layout, as the layout pass annotated
 // each operand.
+#include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "runtime/cpu/onednn_internal.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace shoal::runtime::cpu::dnnl_detail {
 
@@ -110,22 +117,86 @@ class DepthwiseSmallKernel final : public Kernel {
       }
   }
 
-  void grad_weight(const float* x, const float* dy, float* dw) const {
-    const std::int64_t k = kh_ * kw_;
+  // The weight gradient, kLanes channels at a time: x and dy are copied
+  // channel-last ([n, y, x, c], channels padded with zeros to whole lane
+  // groups), so each tap's sum over the batch and the map is a run of
+  // kLanes-wide FMAs into one accumulator. A per-channel loop adding into
+  // dw[c, tap] for each product kept the sum in memory: mnasnet's 5x5 pass
+  // over 72 channels of 4x4 maps took 1.8 ms for 0.9 M products.
+  void grad_weight(const float* x, const float* dy, float* dw) {
+    const std::int64_t k = kh_ * kw_, c = x_.c, cp = (c + kLanes - 1) / kLanes * kLanes;
+    const std::int64_t xs = x_.h * x_.w, ys = y_.h * y_.w;
+    xt_.assign(static_cast<std::size_t>(batch_ * xs * cp), 0.0f);
+    yt_.assign(static_cast<std::size_t>(batch_ * ys * cp), 0.0f);
+    channels_last(x, x_, xt_.data(), cp);
+    channels_last(dy, y_, yt_.data(), cp);
+    std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> at(static_cast<std::size_t>(k));
+    taps([&](std::int64_t iy, std::int64_t ix, std::int64_t oy, std::int64_t ox, std::int64_t t) {
+      at[static_cast<std::size_t>(t)].emplace_back((iy * x_.w + ix) * cp, (oy * y_.w + ox) * cp);
+    });
+    const float* xc = xt_.data();
+    const float* yc = yt_.data();
+#pragma omp parallel for schedule(static) collapse(2)
+    for (std::int64_t c0 = 0; c0 < cp; c0 += kLanes)
+      for (std::int64_t t = 0; t < k; ++t) {
+        float acc[kLanes];
+        tap_sum(xc + c0, yc + c0, xs * cp, ys * cp, at[static_cast<std::size_t>(t)], acc);
+        for (std::int64_t l = 0; l < kLanes && c0 + l < c; ++l) dw[(c0 + l) * k + t] = acc[l];
+      }
+  }
+
+  // acc[l] = sum over the batch and the (x, dy) offset pairs of one tap of
+  // dy[yo + l] x[xo + l], the images xn and yn elements apart.
+  void tap_sum(const float* x, const float* dy, std::int64_t xn, std::int64_t yn,
+               const std::vector<std::pair<std::int64_t, std::int64_t>>& pairs, float* acc) const {
+#if defined(__AVX512F__)
+    static_assert(kLanes == 16);
+    // Two images at a time into two sums: one chain of FMAs waits on each.
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    std::int64_t n = 0;
+    for (; n + 1 < batch_; n += 2, x += 2 * xn, dy += 2 * yn)
+      for (const auto& [xo, yo] : pairs) {
+        a = _mm512_fmadd_ps(_mm512_loadu_ps(dy + yo), _mm512_loadu_ps(x + xo), a);
+        b = _mm512_fmadd_ps(_mm512_loadu_ps(dy + yn + yo), _mm512_loadu_ps(x + xn + xo), b);
+      }
+    if (n < batch_)
+      for (const auto& [xo, yo] : pairs)
+        a = _mm512_fmadd_ps(_mm512_loadu_ps(dy + yo), _mm512_loadu_ps(x + xo), a);
+    _mm512_storeu_ps(acc, _mm512_add_ps(a, b));
+#else
+    std::fill(acc, acc + kLanes, 0.0f);
+    for (std::int64_t n = 0; n < batch_; ++n, x += xn, dy += yn)
+      for (const auto& [xo, yo] : pairs)
+        for (std::int64_t l = 0; l < kLanes; ++l) acc[l] += dy[yo + l] * x[xo + l];
+#endif
+  }
+
+  // src (plain or blocked, as `p` says) into dst [n, y, x, cp]; the padding
+  // channels stay as they are (zero).
+  void channels_last(const float* src, const Plane& p, float* dst, std::int64_t cp) const {
+    const std::int64_t hw = p.h * p.w;
 #pragma omp parallel for schedule(static)
-    for (std::int64_t c = 0; c < x_.c; ++c) {
-      float* g = dw + c * k;
-      std::fill(g, g + k, 0.0f);
-      for (std::int64_t n = 0; n < batch_; ++n)
-        taps([&](std::int64_t iy, std::int64_t ix, std::int64_t oy, std::int64_t ox,
-                 std::int64_t t) { g[t] += dy[y_.at(n, c, oy, ox)] * x[x_.at(n, c, iy, ix)]; });
+    for (std::int64_t n = 0; n < batch_; ++n) {
+      float* d = dst + n * hw * cp;
+      if (p.blocked) {  // [c / 16, hw, 16]: whole blocks of 16 channels
+        const float* s = src + n * p.c * hw;
+        for (std::int64_t cb = 0; cb < p.c; cb += kBlockChannels)
+          for (std::int64_t i = 0; i < hw; ++i)
+            std::copy_n(s + cb * hw + i * kBlockChannels, kBlockChannels, d + i * cp + cb);
+      } else {  // [c, hw]
+        const float* s = src + n * p.c * hw;
+        for (std::int64_t i = 0; i < hw; ++i)
+          for (std::int64_t ch = 0; ch < p.c; ++ch) d[i * cp + ch] = s[ch * hw + i];
+      }
     }
   }
 
+  static constexpr std::int64_t kLanes = 16;
   int mode_;
   bool bias_, relu_;
   std::int64_t batch_, kh_, kw_;
   Plane x_, y_;
+  std::vector<float> xt_, yt_;  // the weight gradient's channel-last copies
   std::int64_t st_[2] = {1, 1}, pd_[2] = {0, 0}, dl_[2] = {1, 1};
 };
 
