@@ -239,12 +239,12 @@ std::unique_ptr<Kernel> make_conv(int mode, const Node& n, const Shape& x, const
   const auto [x_blocked, y_blocked] = conv_layouts(mode, n);
   std::unique_ptr<Kernel> small_dw =
       make_small_depthwise(mode, n, x, w, y, x_blocked, y_blocked, bias, relu);
-  // Its kernels block 16 output channels: a convolution of fewer (an
+  // Its kernels block 16 channels: a convolution of fewer outputs (an
   // imported 3-D convolution's first layer, 3 stacked channels to 8 on
-  // 7x28 maps) pads them to 16 and ran 1.6x slower than direct. (Fewer
-  // input channels alone do not: ResNet-20's first layer, 1 to 16, is
-  // faster in Winograd.)
-  const bool few_channels = w[0] < 16;
+  // 7x28 maps) pads them to 16 and ran 1.6x slower than direct, and one of
+  // fewer inputs 10x (ResNet-20's first layer, 1 to 16 on 28x28: 1.0 ms
+  // forward and 1.0 ms weight gradient, 0.1 ms each direct).
+  const bool few_channels = w[0] < 16 || w[1] < 16;
   if (!direct_only && !few_channels && w[2] == 3 && w[3] == 3 && y[2] >= min_map &&
       y[3] >= min_map) {
     try {
