@@ -267,15 +267,33 @@ Result<int> narrow_for_norms(Graph& g) {
       });
 }
 
-// A depthwise convolution pass (one input channel a group): it stays f32.
-// Its few FLOPs a byte gain nothing from bf16, and oneDNN's bf16 depthwise
-// weight gradient on small maps ran 13 ms where Shoal's f32 loops take 0.7
-// (mobilenet_v2 at 32x32: a bf16 step of 134 ms against 41 ms in f32).
-bool depthwise(const Graph& g, const Node& n) {
-  if (n.attrs.get_int_or("groups", 1) <= 1) return false;
-  const Shape w = n.op == "conv2d_grad_weight" ? n.attrs.get_ints_or("weight_shape", {})
-                                               : g.type(n.inputs[1]).shape;
-  return w.size() == 4 && w[1] == 1;
+// Convolution passes that stay f32 under bf16, where oneDNN's bf16 kernels
+// were slower than f32 ones (measured one thread, 64 images):
+// - depthwise (one input channel a group): few FLOPs a byte to gain, and
+//   the bf16 weight gradient on small maps ran 13 ms where Shoal's f32 loops
+//   take 0.7 (mobilenet_v2 at 32x32: a bf16 step of 134 ms against 41);
+// - fewer than 16 output channels: the bf16 kernels block 16 and pad the
+//   rest (the 3-D pooling net's 3-to-8 layer: weight gradient 1.08 ms
+//   against 0.33). Few input channels alone cost nothing (ResNet-20's first
+//   layer, 1 to 16, is as fast in bf16);
+// - 1x1 maps in and out: f32 runs them as one matmul of the tap that reads
+//   the input (conv_point.cc); bf16 took 2-4x as long (mnasnet's 96-to-576
+//   weight gradient 0.60 ms against 0.16).
+bool conv_stays_f32(const Graph& g, const Node& n) {
+  Shape x, w, y;
+  if (n.op == "conv2d") {
+    x = g.type(n.inputs[0]).shape, w = g.type(n.inputs[1]).shape, y = g.type(Value{n.id, 0}).shape;
+  } else if (n.op == "conv2d_grad_input") {
+    y = g.type(n.inputs[0]).shape, w = g.type(n.inputs[1]).shape;
+    x = n.attrs.get_ints_or("input_shape", {});
+  } else {
+    x = g.type(n.inputs[0]).shape, y = g.type(n.inputs[1]).shape;
+    w = n.attrs.get_ints_or("weight_shape", {});
+  }
+  if (x.size() != 4 || w.size() != 4 || y.size() != 4) return false;
+  const bool depthwise = n.attrs.get_int_or("groups", 1) > 1 && w[1] == 1;
+  const bool one_by_one = x[2] == 1 && x[3] == 1 && y[2] == 1 && y[3] == 1;
+  return depthwise || w[0] < 16 || one_by_one;
 }
 
 }  // namespace
@@ -304,7 +322,7 @@ Result<PrecisionReport> autocast_bf16(Graph& g) {
   for (int id = 0; id < count; ++id) {
     const Node& n = g.node(id);
     if (n.alive && n.op.starts_with("conv2d") && !n.attrs.has("precision") &&
-        g.type(n.inputs[0]).dtype == DType::kF32 && !depthwise(g, n)) {
+        g.type(n.inputs[0]).dtype == DType::kF32 && !conv_stays_f32(g, n)) {
       // The activations (the forward's x, the gradients' dy and x) are
       // cast once and the cast shared: the forward and the weight gradient
       // read one bf16 x, both gradients one bf16 dy. Weights stay f32 (the
