@@ -224,6 +224,45 @@ void register_layout_ops(OpRegistry& r) {
       return {g.b.op("slice", {DY}, sa)};
     };
     r.add(sc);
+    // Zeros of `shape` with input k added at its slice (starts[k], ends[k],
+    // steps[k]) along `axis`: the CPU backend's fusion of an add tree of
+    // slice_scatters (compile_passes.cc), one pass over the result where
+    // each scatter and add made one or two.
+    OpDef ss;
+    ss.name = "slice_scatter_sum";
+    ss.max_inputs = -1;
+    ss.attrs = {"axis", "shape", "starts", "ends", "steps"};
+    ss.infer = [slice_shape](const Node& n, const Types& in) -> InferResult {
+      SHOAL_ASSIGN_OR_RETURN(Shape full, n.attrs.get_ints("shape"));
+      SHOAL_ASSIGN_OR_RETURN(auto starts, n.attrs.get_ints("starts"));
+      SHOAL_ASSIGN_OR_RETURN(auto ends, n.attrs.get_ints("ends"));
+      SHOAL_ASSIGN_OR_RETURN(auto steps, n.attrs.get_ints("steps"));
+      if (starts.size() != in.size() || ends.size() != in.size() || steps.size() != in.size())
+        return invalid_argument(
+            "starts, ends and steps need one entry per input ({}), not {}, {}, {}", in.size(),
+            starts.size(), ends.size(), steps.size());
+      for (std::size_t k = 0; k < in.size(); ++k) {
+        Node one = n;
+        one.attrs.set("start", starts[k]);
+        one.attrs.set("end", ends[k]);
+        one.attrs.set("step", steps[k]);
+        SHOAL_ASSIGN_OR_RETURN(Shape s, slice_shape(one, full));
+        if (s != in[k].shape || in[k].dtype != in[0].dtype)
+          return invalid_argument("input {} must be {}, not {}", k,
+                                  TensorType{in[0].dtype, s}.str(), in[k].str());
+      }
+      return Types{{in[0].dtype, full}};
+    };
+    ss.grad = GRAD {
+      const Attrs& a = g.node.attrs;
+      const auto starts = *a.get_ints("starts"), ends = *a.get_ints("ends"),
+                 steps = *a.get_ints("steps");
+      std::vector<Value> out;
+      for (std::size_t k = 0; k < starts.size(); ++k)
+        out.push_back(g.b.slice(DY, a.get_int_or("axis", 0), starts[k], ends[k], steps[k]));
+      return out;
+    };
+    r.add(ss);
   }
 }
 

@@ -1,7 +1,8 @@
 // Graph passes the CPU backend runs before it makes kernels (compile(),
 // cpu_backend.cc): constant folding, by running the CPU kernels on the
 // constants, ReLU fused into the linear, convolution or batch norm before
-// it, and a residual add fused into the layer norm after it.
+// it, a residual add fused into the layer norm after it, and sums of
+// slice_scatters made one op.
 #include <algorithm>
 #include <initializer_list>
 
@@ -160,6 +161,87 @@ int fuse_residual_norms(Graph& g) {
   const auto uses = g.use_counts();
   for (int id = 0; id < g.num_nodes(); ++id)
     if (g.node(id).alive && fuse_backward(g, id, uses)) ++fused;
+  return fused;
+}
+
+namespace {
+
+// A slice_scatter or slice_scatter_sum whose result has one reader.
+bool scatter_operand(const Graph& g, Value v, const std::map<Value, int>& uses) {
+  const Node& n = g.node(v.node);
+  if (n.op != "slice_scatter" && n.op != "slice_scatter_sum") return false;
+  auto u = uses.find(v);
+  return u != uses.end() && u->second == 1;
+}
+
+// The pieces of the scatters an add tree sums: each one's input and slice.
+struct Pieces {
+  std::vector<Value> inputs;
+  std::vector<std::int64_t> starts, ends, steps;
+  void add(const Node& n) {
+    inputs.insert(inputs.end(), n.inputs.begin(), n.inputs.end());
+    if (n.op == "slice_scatter_sum") {
+      for (auto [name, to] : {std::pair{"starts", &starts}, {"ends", &ends}, {"steps", &steps}}) {
+        const auto v = n.attrs.get_ints_or(name, {});
+        to->insert(to->end(), v.begin(), v.end());
+      }
+      return;
+    }
+    const Shape full = n.attrs.get_ints_or("shape", {});
+    const std::int64_t ax = n.attrs.get_int_or("axis", 0);
+    starts.push_back(n.attrs.get_int_or("start", 0));
+    ends.push_back(n.attrs.get_int_or(
+        "end", full[static_cast<std::size_t>(ax < 0 ? ax + std::ssize(full) : ax)]));
+    steps.push_back(n.attrs.get_int_or("step", 1));
+  }
+};
+
+std::int64_t scatter_axis(const Node& n) {
+  const std::int64_t ax = n.attrs.get_int_or("axis", 0);
+  return ax < 0 ? ax + std::ssize(n.outputs[0].shape) : ax;
+}
+
+}  // namespace
+
+int fuse_slice_scatters(Graph& g) {
+  auto order = g.topo_order();
+  if (!order.ok()) return 0;
+  const auto uses = g.use_counts();
+  int fused = 0;
+  for (int id : *order) {
+    const Node& a = g.node(id);
+    if (!a.alive || a.op != "add" || a.inputs.size() != 2 || a.attrs.has("dst")) continue;
+    const graph::TensorType& t = a.outputs[0];
+    if ((t.dtype != DType::kF32 && t.dtype != DType::kF64) || a.inputs[0] == a.inputs[1] ||
+        g.type(a.inputs[0]) != t || g.type(a.inputs[1]) != t)
+      continue;
+    if (!scatter_operand(g, a.inputs[0], uses) || !scatter_operand(g, a.inputs[1], uses)) continue;
+    const Node& l = g.node(a.inputs[0].node);
+    const Node& r = g.node(a.inputs[1].node);
+    if (scatter_axis(l) != scatter_axis(r)) continue;
+    Pieces p;
+    p.add(l);
+    p.add(r);
+    const std::int64_t axis = scatter_axis(l);
+    const int left = l.id, right = r.id;
+    const Node before = a;
+    Node& n = g.mutable_node(id);
+    n.op = "slice_scatter_sum";
+    n.inputs = p.inputs;
+    n.attrs = {};
+    n.attrs.set("axis", axis);
+    n.attrs.set("shape", t.shape);
+    n.attrs.set("starts", p.starts);
+    n.attrs.set("ends", p.ends);
+    n.attrs.set("steps", p.steps);
+    if (!g.reinfer(id).ok()) {  // pieces the op cannot take: the add stays
+      g.mutable_node(id) = before;
+      continue;
+    }
+    g.mutable_node(left).alive = false;
+    g.mutable_node(right).alive = false;
+    ++fused;
+  }
   return fused;
 }
 

@@ -266,6 +266,7 @@ class CpuExecutable final : public Executable {
     if (opts_.fuse) {
       fuse_activations(g);
       fuse_residual_norms(g);
+      fuse_slice_scatters(g);
     }
     if (opts_.constant_fold) SHOAL_RETURN_IF_ERROR(constant_fold(g).status());
     graph::eliminate_dead_code(g);

@@ -381,6 +381,16 @@ TEST(GradCheck, ShapeOps) {
                  {"step", std::int64_t{2}},
                  {"shape", Shape{7, 3}}});
   });
+  // Overlapping pieces (rows 2 and 4 take two) and an uncovered row (5).
+  gradcheck("slice_scatter_sum", {{{3, 3}}, {{2, 3}}, {{1, 3}}},
+            [](Builder& b, const std::vector<Value>& x) {
+              return b.op("slice_scatter_sum", {x[0], x[1], x[2]},
+                          {{"axis", std::int64_t{0}},
+                           {"shape", Shape{7, 3}},
+                           {"starts", std::vector<std::int64_t>{0, 2, 6}},
+                           {"ends", std::vector<std::int64_t>{5, 5, 7}},
+                           {"steps", std::vector<std::int64_t>{2, 2, 1}}});
+            });
   gradcheck("embedding", {{{7, 3}}, {{2, 5}, DType::kI64, Init::kLabels, 7}},
             [](Builder& b, const std::vector<Value>& x) { return b.embedding(x[0], x[1]); });
   // A vocabulary shard (tensor parallelism): rows 3..9 of a 12-id
@@ -473,6 +483,7 @@ TEST(GradCheck, EveryRegisteredOpIsCoveredOrAHelper) {
                                    "concat",
                                    "slice",
                                    "slice_scatter",
+                                   "slice_scatter_sum",
                                    "embedding"};
   std::set<std::string> helpers = {"input",
                                    "constant",

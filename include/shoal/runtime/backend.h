@@ -130,6 +130,11 @@ int fuse_activations(graph::Graph& g);
 // where the rewrite cannot close a cycle (gamma, beta and r do not depend
 // on the node they join). Returns how many of both were fused.
 int fuse_residual_norms(graph::Graph& g);
+// Rewrites an add tree of slice_scatters of one shape and axis (f32 or
+// f64, each read only by the tree) into one slice_scatter_sum: an imported
+// 3-D convolution's gradient (and a 3-D transposed convolution) sums its
+// depth taps' frames so. Returns how many adds were folded.
+int fuse_slice_scatters(graph::Graph& g);
 // Lets oneDNN's channel-blocked layout (nChw16c) flow between convolutions,
 // batch norms and element-wise ops, inserting `layout` conversions where a
 // blocked value meets another op or is a graph output. Returns how many

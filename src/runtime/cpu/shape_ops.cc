@@ -1,5 +1,5 @@
-// Shape kernels: reshape, flatten, transpose, concat, slice, slice_scatter,
-// embedding lookups and their scatter-add gradient.
+// Shape kernels: reshape, flatten, transpose, concat, slice, slice_scatter
+// (and the sum of several), embedding lookups and their scatter-add gradient.
 #include <cstring>
 
 #include "runtime/cpu/kernels_internal.h"
@@ -113,6 +113,65 @@ void move_rows(char* d, const char* s, std::int64_t rows, std::int64_t bytes, st
       std::memcpy(d + i * ds, s + i * ss, static_cast<std::size_t>(bytes));
   }
 }
+
+// slice_scatter_sum: the result as [outer, A, inner] around the axis (A
+// its length); each of its rows [o, a] is written once: zeros where no input
+// covers position a, else the first covering input's row, the others added.
+class SliceScatterSumKernel final : public Kernel {
+ public:
+  SliceScatterSumKernel(const Node& n, const Inputs& in) {
+    const Shape full = n.attrs.get_ints_or("shape", {});
+    const auto ax = static_cast<std::size_t>(slice_axis(n, full.size()));
+    const auto starts = n.attrs.get_ints_or("starts", {}), steps = n.attrs.get_ints_or("steps", {});
+    axis_ = full[ax];
+    outer_ = 1, inner_ = 1;
+    for (std::size_t k = 0; k < full.size(); ++k) {
+      if (k < ax) outer_ *= full[k];
+      if (k > ax) inner_ *= full[k];
+    }
+    cover_.resize(static_cast<std::size_t>(axis_));
+    for (std::size_t k = 0; k < in.size(); ++k)
+      for (std::int64_t j = 0; j < in[k].shape[ax]; ++j)
+        cover_[static_cast<std::size_t>(starts[k] + j * steps[k])].push_back(
+            {static_cast<int>(k), j, in[k].shape[ax]});
+  }
+
+  Status run(const KernelContext&, std::span<const Tensor> in, std::span<Tensor> out) override {
+    return dispatch_float(out[0].dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      T* y = out[0].data<T>();
+      const std::int64_t rows = outer_ * axis_, inner = inner_;
+#pragma omp parallel for if (rows * inner > kParallelGrain) schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t o = r / axis_;
+        T* d = y + r * inner;
+        const auto& cov = cover_[static_cast<std::size_t>(r % axis_)];
+        if (cov.empty()) {
+          std::fill(d, d + inner, T(0));
+          continue;
+        }
+        auto src = [&](const Piece& p) {
+          return in[p.input].data<T>() + (o * p.len + p.at) * inner;
+        };
+        std::copy_n(src(cov[0]), inner, d);
+        for (std::size_t i = 1; i < cov.size(); ++i) {
+          const T* s = src(cov[i]);
+#pragma omp simd
+          for (std::int64_t e = 0; e < inner; ++e) d[e] += s[e];
+        }
+      }
+      return ok_status();
+    });
+  }
+
+ private:
+  struct Piece {
+    int input;
+    std::int64_t at, len;  // row `at` of the input's `len` along the axis
+  };
+  std::int64_t axis_ = 0, outer_ = 1, inner_ = 1;
+  std::vector<std::vector<Piece>> cover_;  // per position along the axis
+};
 
 }  // namespace
 
@@ -253,6 +312,10 @@ void register_shape_ops(KernelRegistry& r) {
       return ok_status();
     });
   });
+  r.add("slice_scatter_sum",
+        [](const Node& n, const Inputs& in) -> Result<std::unique_ptr<Kernel>> {
+          return std::unique_ptr<Kernel>(std::make_unique<SliceScatterSumKernel>(n, in));
+        });
   r.add("embedding", [](const Node&, const Inputs&) {
     return make_fn([](const KernelContext& c, std::span<const Tensor> x, std::span<Tensor> y) {
       if (x[1].dtype() == DType::kI32) return gather_rows<std::int32_t>(x[0], x[1], y[0], c.node);
