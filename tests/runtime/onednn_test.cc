@@ -151,6 +151,30 @@ TEST(OneDnn, ConvForwardAndGradients) {
   }
 }
 
+// A convolution whose stride is its kernel, of fewer than 16 channels in
+// or out (an imported 3-D transposed convolution's 2x2/2 to 6 channels):
+// its input gradient runs as direct loops (conv_patch.cc), rows and
+// columns no patch reaches left zero; with 16 both ways, oneDNN's.
+TEST(OneDnn, InputGradientOfAStrideOfItsKernelIsDirectForFewChannels) {
+  struct C {
+    Shape x, w;
+    std::string impl;
+  };
+  for (const C& c :
+       {C{{3, 6, 9, 11}, {5, 6, 2, 3}, "patch"}, C{{2, 3, 8, 6}, {8, 3, 2, 2}, "patch"},
+        C{{2, 16, 4, 4}, {16, 16, 2, 2}, "onednn"}}) {
+    const std::vector<std::int64_t> st = {c.w[2], c.w[3]}, zero = {0, 0}, one = {1, 1};
+    compare("stride of the kernel " + shape_str(c.x) + shape_str(c.w), {c.x, c.w},
+            [&](Builder& b, auto x) {
+              Value y = b.conv2d(x[0], x[1], {}, st, zero, one, 1);
+              graph::Attrs a{{"stride", st}, {"padding", zero}, {"dilation", one}, {"groups", 1}};
+              a.set("input_shape", c.x);
+              return std::vector<Value>{y, b.op("conv2d_grad_input", {b.mul(y, y), x[1]}, a)};
+            },
+            true, {{"conv2d", "onednn"}, {"conv2d_grad_input", c.impl}});
+  }
+}
+
 // A depthwise convolution (ReLU, bias), its input and weight gradients
 // against the f64 reference, each pass run by the kernel named `impl`.
 void compare_depthwise(const Shape& x, std::int64_t k, std::int64_t st, std::int64_t pd,

@@ -237,6 +237,8 @@ std::unique_ptr<Kernel> make_conv(int mode, const Node& n, const Shape& x, const
   }();
   if (auto k = make_point_conv(mode, n, x, w, y, bias, relu)) return k;
   const auto [x_blocked, y_blocked] = conv_layouts(mode, n);
+  if (mode == 1)
+    if (auto k = make_patch_grad_input(n, x, w, y, x_blocked, y_blocked)) return k;
   std::unique_ptr<Kernel> small_dw =
       make_small_depthwise(mode, n, x, w, y, x_blocked, y_blocked, bias, relu);
   // Its kernels block 16 channels: a convolution of fewer outputs (an

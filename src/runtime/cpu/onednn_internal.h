@@ -141,6 +141,12 @@ std::unique_ptr<Kernel> make_small_depthwise(int mode, const Node& n, const Shap
                                              const Shape& w, const Shape& y, bool x_blocked,
                                              bool y_blocked, bool bias, bool relu);
 
+// The input gradient of a convolution whose stride is its kernel (no
+// padding or dilation, one group, plain layouts) of fewer than 16 input or
+// output channels, as direct loops (conv_patch.cc), or null.
+std::unique_ptr<Kernel> make_patch_grad_input(const Node& n, const Shape& x, const Shape& w,
+                                              const Shape& y, bool x_blocked, bool y_blocked);
+
 // GELU over `count` elements (grad: the node (x, dy) -> dx), and softmax or
 // log-softmax over `axis` of `shape`, on oneDNN (onednn_eltwise.cc).
 // An eltwise algorithm's forward (x -> y) or, with grad, backward ((x, dy) -> dx).
