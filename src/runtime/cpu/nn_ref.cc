@@ -320,11 +320,59 @@ void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& ou
       }
 }
 
+// Max pooling's gradient over the blocked layout where the windows do not
+// overlap (stride = kernel, no padding: the CNN's 2x2/2): each element of
+// dx is one window's tap, so each is written once, dy where it is the
+// window's first maximum in scan order and 0 elsewhere, 16 lanes at a time
+// with no zero fill and no scatter (the general loop's took 1.15 ms for the
+// CNN's first pooling, 64 x 32 x 28 x 28).
+template <typename T>
+void max_pool_grad_blocked_disjoint(const PoolGeom& geo, const Tensor& x, const Tensor& dy,
+                                    Tensor& out) {
+  constexpr std::int64_t L = kBlockChannels;
+  const std::int64_t kh = geo.k[0], kw = geo.k[1];
+  const Shape& xs = x.shape();
+  const std::int64_t planes = xs[0] * (xs[1] / L), h = xs[2], w = xs[3];
+  const std::int64_t oh = h / kh, ow = w / kw;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t p = 0; p < planes; ++p) {
+    const T* px = x.data<T>() + p * h * w * L;
+    T* q = out.data<T>() + p * h * w * L;
+    const T* g = dy.data<T>() + p * oh * ow * L;
+    for (std::int64_t oy = 0; oy < oh; ++oy)
+      for (std::int64_t ox = 0; ox < ow; ++ox) {
+        T acc[L];
+        std::int32_t best[L];
+        for (std::int64_t t = 0; t < kh * kw; ++t) {
+          const T* v = px + ((oy * kh + t / kw) * w + ox * kw + t % kw) * L;
+#pragma omp simd
+          for (std::int64_t l = 0; l < L; ++l) {
+            const bool take = t == 0 || v[l] > acc[l];
+            acc[l] = take ? v[l] : acc[l];
+            best[l] = take ? static_cast<std::int32_t>(t) : best[l];
+          }
+        }
+        const T* gw = g + (oy * ow + ox) * L;
+        for (std::int64_t t = 0; t < kh * kw; ++t) {
+          T* d = q + ((oy * kh + t / kw) * w + ox * kw + t % kw) * L;
+#pragma omp simd
+          for (std::int64_t l = 0; l < L; ++l) d[l] = best[l] == t ? gw[l] : T(0);
+        }
+      }
+    // Rows and columns no window reaches.
+    for (std::int64_t y = 0; y < h; ++y)
+      for (std::int64_t c = y < oh * kh ? ow * kw : 0; c < w; ++c)
+        std::fill(q + (y * w + c) * L, q + (y * w + c + 1) * L, T(0));
+  }
+}
+
 // Max pooling and its gradient over the blocked layout (16 channels as SIMD
 // lanes); the first maximum of a window in scan order wins, as in pool_ref.
 template <typename T>
 void max_pool_blocked(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& out,
                       bool backward) {
+  if (backward && geo.st == geo.k && geo.pd[0] == 0 && geo.pd[1] == 0)
+    return max_pool_grad_blocked_disjoint<T>(geo, x, *dy, out);
   constexpr std::int64_t L = kBlockChannels;
   const auto& k = geo.k;
   const auto& st = geo.st;
