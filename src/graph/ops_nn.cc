@@ -307,7 +307,9 @@ void register_conv_ops(OpRegistry& r) {
     OpDef d;
     d.name = "max_pool2d_grad";
     d.min_inputs = d.max_inputs = 2;
-    d.attrs = {"kernel", "stride", "padding"};
+    // relu = 1: also through the ReLU whose output x is (the CPU backend's
+    // fusion of relu_grad(max_pool2d_grad(y, dy), y)).
+    d.attrs = {"kernel", "stride", "padding", "relu"};
     d.infer = [](const Node& n, const Types& in) -> InferResult {
       SHOAL_RETURN_IF_ERROR(need_same_float(in));
       SHOAL_ASSIGN_OR_RETURN(Shape s, pool_out_shape(n, in[0].shape));

@@ -1,8 +1,8 @@
 // Graph passes the CPU backend runs before it makes kernels (compile(),
 // cpu_backend.cc): constant folding, by running the CPU kernels on the
 // constants, ReLU fused into the linear, convolution or batch norm before
-// it, a residual add fused into the layer norm after it, and sums of
-// slice_scatters made one op.
+// it, a residual add fused into the layer norm after it, sums of
+// slice_scatters made one op, and a pooled ReLU's gradient one pass.
 #include <algorithm>
 #include <initializer_list>
 
@@ -240,6 +240,26 @@ int fuse_slice_scatters(Graph& g) {
     }
     g.mutable_node(left).alive = false;
     g.mutable_node(right).alive = false;
+    ++fused;
+  }
+  return fused;
+}
+
+int fuse_pool_relu_grads(Graph& g) {
+  const auto uses = g.use_counts();
+  int fused = 0;
+  for (int id = 0; id < g.num_nodes(); ++id) {
+    const Node& r = g.node(id);
+    if (!r.alive || r.op != "relu_grad" || r.inputs.size() != 2 || !r.attrs.all().empty()) continue;
+    const Value pooled = r.inputs[0];
+    const Node& m = g.node(pooled.node);
+    auto u = uses.find(pooled);
+    if (m.op != "max_pool2d_grad" || m.attrs.has("relu") || m.inputs[0] != r.inputs[1] ||
+        u == uses.end() || u->second != 1 || m.outputs[0] != r.outputs[0])
+      continue;
+    g.mutable_node(pooled.node).attrs.set("relu", std::int64_t{1});
+    g.mutable_node(id).alive = false;
+    g.replace_all_uses(Value{id, 0}, pooled);
     ++fused;
   }
   return fused;

@@ -267,6 +267,7 @@ class CpuExecutable final : public Executable {
       fuse_activations(g);
       fuse_residual_norms(g);
       fuse_slice_scatters(g);
+      fuse_pool_relu_grads(g);
     }
     if (opts_.constant_fold) SHOAL_RETURN_IF_ERROR(constant_fold(g).status());
     graph::eliminate_dead_code(g);

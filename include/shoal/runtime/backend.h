@@ -135,6 +135,11 @@ int fuse_residual_norms(graph::Graph& g);
 // 3-D convolution's gradient (and a 3-D transposed convolution) sums its
 // depth taps' frames so. Returns how many adds were folded.
 int fuse_slice_scatters(graph::Graph& g);
+// Rewrites relu_grad(max_pool2d_grad(y, dy), y), the pooled ReLU's
+// gradient (a CNN's conv, batch norm, ReLU, pool), into max_pool2d_grad with
+// attr relu = 1: one pass over dx where two read and wrote it whole.
+// Returns how many were fused.
+int fuse_pool_relu_grads(graph::Graph& g);
 // Lets oneDNN's channel-blocked layout (nChw16c) flow between convolutions,
 // batch norms and element-wise ops, inserting `layout` conversions where a
 // blocked value meets another op or is a graph output. Returns how many

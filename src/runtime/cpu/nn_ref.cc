@@ -129,11 +129,20 @@ void conv_ref(const ConvGeom& g, T* x, T* w, T* y, int mode) {
 // Pooling window geometry, read from the node's attributes at compile time.
 struct PoolGeom {
   std::array<std::int64_t, 2> k{}, st{}, pd{};
+  // Max pooling's gradient through the ReLU whose output x is (attr relu,
+  // fuse_pool_relu_grads): a window whose maximum is not above 0 passes none.
+  bool relu = false;
   static PoolGeom make(const Node& node) {
     auto k = node.attrs.get_ints_or("kernel", {1, 1});
     auto st = node.attrs.get_ints_or("stride", k);
     auto pd = node.attrs.get_ints_or("padding", {0, 0});
-    return PoolGeom{{k[0], k[1]}, {st[0], st[1]}, {pd[0], pd[1]}};
+    return PoolGeom{
+        {k[0], k[1]}, {st[0], st[1]}, {pd[0], pd[1]}, node.attrs.get_int_or("relu", 0) != 0};
+  }
+  // The gradient a window of maximum m passes to it.
+  template <typename T>
+  T passed(T g, T m) const {
+    return relu && !(m > T(0)) ? T(0) : g;
   }
 };
 
@@ -160,6 +169,7 @@ void max_pool_grad_f32(const PoolGeom& geo, const float* x, const float* dy, flo
     const float* g = dy + p * oh * ow;
     std::fill(q, q + h * w, 0.0f);
     alignas(64) std::int32_t best[16];
+    alignas(64) float top[16];
     for (std::int64_t oy = 0; oy < oh; ++oy)
       for (std::int64_t ox = 0; ox < ow; ox += 16) {
         const __mmask16 lanes = vec::first(ow - ox);
@@ -187,8 +197,9 @@ void max_pool_grad_f32(const PoolGeom& geo, const float* x, const float* dy, flo
           }
         }
         _mm512_store_si512(best, at);
+        _mm512_store_ps(top, acc);
         for (std::int64_t l = 0; l < std::min<std::int64_t>(16, ow - ox); ++l)
-          if (best[l] >= 0) q[best[l]] += g[oy * ow + ox + l];
+          if (best[l] >= 0) q[best[l]] += geo.passed(g[oy * ow + ox + l], top[l]);
       }
   }
 }
@@ -230,7 +241,7 @@ void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& ou
             // First maximum in window order (a, b, c, d), as the forward.
             T mab = b > a ? b : a, mcd = d > c2 ? d : c2;
             bool right = mcd > mab;
-            T g = gy[oy * ow + ox], z = T(0);
+            T g = geo.passed(gy[oy * ow + ox], right ? mcd : mab), z = T(0);
             q0[i] = (!right && !(b > a)) ? g : z;
             q0[i + 1] = (!right && (b > a)) ? g : z;
             q1[i] = (right && !(d > c2)) ? g : z;
@@ -250,7 +261,7 @@ void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& ou
               std::int64_t off = (oy * k[0] + ky) * w + ox * k[1] + kx;
               if (xin[off] > xin[best]) best = off;
             }
-          plane[best] = pdy[(p * oh + oy) * ow + ox];
+          plane[best] = geo.passed(pdy[(p * oh + oy) * ow + ox], xin[best]);
         }
     }
     return;
@@ -315,7 +326,7 @@ void pool_ref(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Tensor& ou
             }
           }
         }
-        if (backward && is_max && best >= 0) po[best] += g;
+        if (backward && is_max && best >= 0) po[best] += geo.passed(g, acc);
         if (!backward) po[(p * oh + oy) * ow + ox] = is_max ? acc : acc * inv;
       }
 }
@@ -353,10 +364,12 @@ void max_pool_grad_blocked_disjoint(const PoolGeom& geo, const Tensor& x, const 
           }
         }
         const T* gw = g + (oy * ow + ox) * L;
+        T pass[L];
+        for (std::int64_t l = 0; l < L; ++l) pass[l] = geo.passed(gw[l], acc[l]);
         for (std::int64_t t = 0; t < kh * kw; ++t) {
           T* d = q + ((oy * kh + t / kw) * w + ox * kw + t % kw) * L;
 #pragma omp simd
-          for (std::int64_t l = 0; l < L; ++l) d[l] = best[l] == t ? gw[l] : T(0);
+          for (std::int64_t l = 0; l < L; ++l) d[l] = best[l] == t ? pass[l] : T(0);
         }
       }
     // Rows and columns no window reaches.
@@ -416,7 +429,7 @@ void max_pool_blocked(const PoolGeom& geo, const Tensor& x, const Tensor* dy, Te
           for (std::int64_t l = 0; l < L; ++l) q[o + l] = acc[l];
         } else {
           for (std::int64_t l = 0; l < L; ++l)
-            if (best[l] >= 0) q[best[l] * L + l] += g[o + l];
+            if (best[l] >= 0) q[best[l] * L + l] += geo.passed(g[o + l], acc[l]);
         }
       }
   }
