@@ -24,7 +24,8 @@ graph::Attrs scatter(std::int64_t axis, std::int64_t start, std::int64_t end, st
 
 // x [3, 9, 5]: three strided slices along axis 1 that overlap (taps of a
 // stride-2 window), each through tanh times its own weights; the loss's
-// gradient of x sums the three slices' scatters. A second output places
+// gradient of x sums the three slices' scatters, and the gradient of
+// `gates` four pieces of its last axis. A third output places
 // three [3, 2, 5] pieces into [3, 11, 5]: rows 0 and 2, 4 and 5, 7 and 9
 // (rows 1, 3, 6, 8 and 10 covered by none).
 Graph step(DType dt) {
@@ -38,9 +39,19 @@ Graph step(DType dt) {
     Value s = b.reduce_sum(t, {});
     loss = k == 0 ? s : b.add(loss, s);
   }
-  auto grads = graph::autodiff(g, loss, {x});
+  // A GRU's gates: pieces of the last axis (one element a row), contiguous
+  // and one strided across them.
+  Value gates = b.input("gates", dt, {3, 5, 12});
+  const std::int64_t pieces[4][3] = {{0, 4, 1}, {4, 8, 1}, {8, 12, 1}, {1, 12, 3}};
+  for (const auto& p : pieces) {
+    Value t = b.slice(gates, 2, p[0], p[1], p[2]);
+    Value w = b.input("v" + std::to_string(p[0]) + std::to_string(p[2]), dt, b.shape(t));
+    loss = b.add(loss, b.reduce_sum(b.mul(b.tanh(t), w), {}));
+  }
+  auto grads = graph::autodiff(g, loss, {x, gates});
   EXPECT_TRUE(grads.ok()) << grads.status().to_string();
   g.mark_output((*grads)[0]);
+  g.mark_output((*grads)[1]);
   Value placed;
   const std::int64_t at[3][3] = {{0, 3, 2}, {4, 6, 1}, {7, 10, 2}};  // start, end, step
   for (std::int64_t k = 0; k < 3; ++k) {
@@ -79,12 +90,12 @@ TEST(SliceScatterSum, FusedStepMatchesUnfused) {
     std::map<std::string, std::string> fused_impls, plain_impls;
     const auto fused = run(g, true, &fused_impls);
     const auto plain = run(g, false, &plain_impls);
-    ASSERT_EQ(fused.size(), 2u);
-    ASSERT_EQ(plain.size(), 2u);
+    ASSERT_EQ(fused.size(), 3u);
+    ASSERT_EQ(plain.size(), 3u);
     EXPECT_TRUE(fused_impls.count("slice_scatter_sum")) << dtype_name(dt);
     EXPECT_FALSE(fused_impls.count("slice_scatter")) << "every scatter joined a sum";
     EXPECT_TRUE(plain_impls.count("slice_scatter"));
-    for (std::size_t o = 0; o < 2; ++o) {
+    for (std::size_t o = 0; o < 3; ++o) {
       ASSERT_EQ(fused[o].shape(), plain[o].shape());
       // The same adds in the same order: equal, not merely close.
       for (std::int64_t i = 0; i < plain[o].numel(); ++i)
@@ -95,7 +106,7 @@ TEST(SliceScatterSum, FusedStepMatchesUnfused) {
     for (std::int64_t row : {1, 3, 6, 8, 10})
       for (std::int64_t n = 0; n < 3; ++n)
         for (std::int64_t c = 0; c < 5; ++c)
-          EXPECT_EQ(fused[1].get((n * 11 + row) * 5 + c), 0.0) << row;
+          EXPECT_EQ(fused[2].get((n * 11 + row) * 5 + c), 0.0) << row;
   }
 }
 
