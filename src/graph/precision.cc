@@ -279,6 +279,10 @@ Result<int> narrow_for_norms(Graph& g) {
 // - 1x1 maps in and out: f32 runs them as one matmul of the tap that reads
 //   the input (conv_point.cc); bf16 took 2-4x as long (mnasnet's 96-to-576
 //   weight gradient 0.60 ms against 0.16).
+// - a weight gradient of at most 4x4 output pixels an image: oneDNN's bf16
+//   backward-weights kernel there does not use a second thread (resnet18's
+//   256-channel 3x3 over 2x2 maps: 2.2 ms at one thread, 3.0 at two; f32
+//   2.4 and 1.2), and at one thread is no faster than f32.
 bool conv_stays_f32(const Graph& g, const Node& n) {
   Shape x, w, y;
   if (n.op == "conv2d") {
@@ -293,7 +297,8 @@ bool conv_stays_f32(const Graph& g, const Node& n) {
   if (x.size() != 4 || w.size() != 4 || y.size() != 4) return false;
   const bool depthwise = n.attrs.get_int_or("groups", 1) > 1 && w[1] == 1;
   const bool one_by_one = x[2] == 1 && x[3] == 1 && y[2] == 1 && y[3] == 1;
-  return depthwise || w[0] < 16 || one_by_one;
+  const bool small_weight_gradient = n.op == "conv2d_grad_weight" && y[2] * y[3] <= 16;
+  return depthwise || w[0] < 16 || one_by_one || small_weight_gradient;
 }
 
 }  // namespace
