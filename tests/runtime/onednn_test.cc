@@ -154,7 +154,8 @@ TEST(OneDnn, ConvForwardAndGradients) {
 // A convolution whose stride is its kernel, of fewer than 16 channels in
 // or out (an imported 3-D transposed convolution's 2x2/2 to 6 channels):
 // its input gradient runs as direct loops (conv_patch.cc), rows and
-// columns no patch reaches left zero; with 16 both ways, oneDNN's.
+// columns no patch reaches left zero; with 16 both ways, or 1x1 (a matmul),
+// oneDNN's.
 TEST(OneDnn, InputGradientOfAStrideOfItsKernelIsDirectForFewChannels) {
   struct C {
     Shape x, w;
@@ -162,7 +163,7 @@ TEST(OneDnn, InputGradientOfAStrideOfItsKernelIsDirectForFewChannels) {
   };
   for (const C& c :
        {C{{3, 6, 9, 11}, {5, 6, 2, 3}, "patch"}, C{{2, 3, 8, 6}, {8, 3, 2, 2}, "patch"},
-        C{{2, 16, 4, 4}, {16, 16, 2, 2}, "onednn"}}) {
+        C{{2, 16, 4, 4}, {16, 16, 2, 2}, "onednn"}, C{{2, 24, 5, 5}, {8, 24, 1, 1}, "onednn"}}) {
     const std::vector<std::int64_t> st = {c.w[2], c.w[3]}, zero = {0, 0}, one = {1, 1};
     compare("stride of the kernel " + shape_str(c.x) + shape_str(c.w), {c.x, c.w},
             [&](Builder& b, auto x) {
