@@ -5,10 +5,10 @@
 // padded 3x3/2 ones, on maps no window divides, in f32 and f64.
 #include <gtest/gtest.h>
 
+#include "compiled_step.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/passes.h"
 #include "shoal/runtime/backend.h"
-#include "shoal/tensor/philox.h"
 
 namespace shoal::runtime {
 namespace {
@@ -38,25 +38,10 @@ Graph step(DType dt, std::int64_t channels, Pool p) {
 }
 
 std::vector<Tensor> run(const Graph& g, bool fuse, int* relu_grads) {
-  PhiloxRng rng(20261207, 17);
-  std::map<std::string, Tensor> feeds;
-  for (int id : g.input_nodes()) {
-    const graph::Node& n = g.node(id);
-    Tensor t = Tensor::empty(n.outputs[0].shape, n.outputs[0].dtype);
-    rng.fill_normal(t, 0, 1);
-    feeds[n.name] = t;
-  }
-  CompileOptions o;
-  o.fuse = fuse;
-  auto exe = (*make_backend("cpu"))->compile(g, o);
-  EXPECT_TRUE(exe.ok()) << exe.status().to_string();
-  if (!exe.ok()) return {};
-  *relu_grads = 0;
-  for (const auto& n : (*exe)->graph().nodes()) *relu_grads += n.alive && n.op == "relu_grad";
-  Executor ex(**exe);
-  auto out = ex.run(feeds);
-  EXPECT_TRUE(out.ok()) << out.status().to_string();
-  return out.ok() ? *out : std::vector<Tensor>{};
+  return testing::compiled_step(g, fuse, 17, [&](Executable& exe) {
+    *relu_grads = 0;
+    for (const auto& n : exe.graph().nodes()) *relu_grads += n.alive && n.op == "relu_grad";
+  });
 }
 
 TEST(PoolReluGrad, FusedStepMatchesUnfused) {

@@ -5,10 +5,10 @@
 // sizes no vector width divides; adds the fusion cannot take are left.
 #include <gtest/gtest.h>
 
+#include "compiled_step.h"
 #include "shoal/graph/builder.h"
 #include "shoal/graph/passes.h"
 #include "shoal/runtime/backend.h"
-#include "shoal/tensor/philox.h"
 
 namespace shoal::runtime {
 namespace {
@@ -64,24 +64,7 @@ Graph step(DType dt) {
 }
 
 std::vector<Tensor> run(const Graph& g, bool fuse, std::map<std::string, std::string>* impls) {
-  PhiloxRng rng(20261207, 11);
-  std::map<std::string, Tensor> feeds;
-  for (int id : g.input_nodes()) {
-    const graph::Node& n = g.node(id);
-    Tensor t = Tensor::empty(n.outputs[0].shape, n.outputs[0].dtype);
-    rng.fill_normal(t, 0, 1);
-    feeds[n.name] = t;
-  }
-  CompileOptions o;
-  o.fuse = fuse;
-  auto exe = (*make_backend("cpu"))->compile(g, o);
-  EXPECT_TRUE(exe.ok()) << exe.status().to_string();
-  if (!exe.ok()) return {};
-  *impls = (*exe)->kernel_impls();
-  Executor ex(**exe);
-  auto out = ex.run(feeds);
-  EXPECT_TRUE(out.ok()) << out.status().to_string();
-  return out.ok() ? *out : std::vector<Tensor>{};
+  return testing::compiled_step(g, fuse, 11, [&](Executable& exe) { *impls = exe.kernel_impls(); });
 }
 
 TEST(SliceScatterSum, FusedStepMatchesUnfused) {
