@@ -166,6 +166,12 @@ int fuse_residual_norms(Graph& g) {
 
 namespace {
 
+// The axis a slice_scatter or slice_scatter_sum places along, from 0.
+std::int64_t scatter_axis(const Node& n) {
+  const std::int64_t ax = n.attrs.get_int_or("axis", 0);
+  return ax < 0 ? ax + std::ssize(n.outputs[0].shape) : ax;
+}
+
 // A slice_scatter or slice_scatter_sum whose result has one reader.
 bool scatter_operand(const Graph& g, Value v, const std::map<Value, int>& uses) {
   const Node& n = g.node(v.node);
@@ -187,19 +193,12 @@ struct Pieces {
       }
       return;
     }
-    const Shape full = n.attrs.get_ints_or("shape", {});
-    const std::int64_t ax = n.attrs.get_int_or("axis", 0);
     starts.push_back(n.attrs.get_int_or("start", 0));
-    ends.push_back(n.attrs.get_int_or(
-        "end", full[static_cast<std::size_t>(ax < 0 ? ax + std::ssize(full) : ax)]));
+    ends.push_back(
+        n.attrs.get_int_or("end", n.outputs[0].shape[static_cast<std::size_t>(scatter_axis(n))]));
     steps.push_back(n.attrs.get_int_or("step", 1));
   }
 };
-
-std::int64_t scatter_axis(const Node& n) {
-  const std::int64_t ax = n.attrs.get_int_or("axis", 0);
-  return ax < 0 ? ax + std::ssize(n.outputs[0].shape) : ax;
-}
 
 }  // namespace
 
