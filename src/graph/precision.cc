@@ -23,6 +23,20 @@ bool bf16_runs(const Graph& g, const Node& n) {
   return a.size() == b.size() && std::equal(a.begin(), a.end() - 2, b.begin());
 }
 
+// A convolution pass's x-, weight- and y-shaped operands, whichever of them
+// it reads and which it writes: conv2d (x, w) -> y, conv2d_grad_input
+// (dy, w) -> dx, conv2d_grad_weight (x, dy) -> dw.
+struct ConvShapes {
+  Shape x, w, y;
+};
+ConvShapes conv_shapes(const Graph& g, const Node& n) {
+  const Shape& out = n.outputs[0].shape;
+  if (n.op == "conv2d") return {g.type(n.inputs[0]).shape, g.type(n.inputs[1]).shape, out};
+  if (n.op == "conv2d_grad_input")
+    return {out, g.type(n.inputs[1]).shape, g.type(n.inputs[0]).shape};
+  return {g.type(n.inputs[0]).shape, out, g.type(n.inputs[1]).shape};
+}
+
 }  // namespace
 
 double node_flops(const Graph& g, const Node& n) {
@@ -36,21 +50,11 @@ double node_flops(const Graph& g, const Node& n) {
   }
   // Each convolution pass multiplies every output-gradient element of the
   // forward by Cin/groups·kH·kW weights: the same count three ways.
-  const Shape* w = nullptr;
-  Shape ws;
-  double y = out;
-  if (n.op == "conv2d") {
-    w = &g.type(n.inputs[1]).shape;
-  } else if (n.op == "conv2d_grad_input") {
-    w = &g.type(n.inputs[1]).shape;
-    y = static_cast<double>(num_elements(g.type(n.inputs[0]).shape));
-  } else if (n.op == "conv2d_grad_weight") {
-    ws = n.attrs.get_ints_or("weight_shape", {});
-    w = &ws;
-    y = static_cast<double>(num_elements(g.type(n.inputs[1]).shape));
-  }
-  if (w == nullptr || w->size() != 4 || (*w)[0] <= 0) return 0;
-  return 2.0 * y * static_cast<double>(num_elements(*w) / (*w)[0]);
+  if (n.op != "conv2d" && n.op != "conv2d_grad_input" && n.op != "conv2d_grad_weight") return 0;
+  const ConvShapes s = conv_shapes(g, n);
+  if (s.w.size() != 4 || s.w[0] <= 0) return 0;
+  return 2.0 * static_cast<double>(num_elements(s.y)) *
+         static_cast<double>(num_elements(s.w) / s.w[0]);
 }
 
 double graph_flops(const Graph& g) {
@@ -284,16 +288,7 @@ Result<int> narrow_for_norms(Graph& g) {
 //   256-channel 3x3 over 2x2 maps: 2.2 ms at one thread, 3.0 at two; f32
 //   2.4 and 1.2), and at one thread is no faster than f32.
 bool conv_stays_f32(const Graph& g, const Node& n) {
-  Shape x, w, y;
-  if (n.op == "conv2d") {
-    x = g.type(n.inputs[0]).shape, w = g.type(n.inputs[1]).shape, y = g.type(Value{n.id, 0}).shape;
-  } else if (n.op == "conv2d_grad_input") {
-    y = g.type(n.inputs[0]).shape, w = g.type(n.inputs[1]).shape;
-    x = n.attrs.get_ints_or("input_shape", {});
-  } else {
-    x = g.type(n.inputs[0]).shape, y = g.type(n.inputs[1]).shape;
-    w = n.attrs.get_ints_or("weight_shape", {});
-  }
+  const auto [x, w, y] = conv_shapes(g, n);
   if (x.size() != 4 || w.size() != 4 || y.size() != 4) return false;
   const bool depthwise = n.attrs.get_int_or("groups", 1) > 1 && w[1] == 1;
   const bool one_by_one = x[2] == 1 && x[3] == 1 && y[2] == 1 && y[3] == 1;

@@ -378,5 +378,29 @@ TEST(Bf16, FlopsCountProductsOnly) {
   EXPECT_DOUBLE_EQ(graph::graph_flops(g), 2.0 * 5 * 4 * 3);
 }
 
+// Each convolution pass counts 2 x its y-shaped operand's elements x the
+// weights one output reads (Cin/groups x kH x kW): forward, input and weight
+// gradient alike, grouped or not.
+TEST(Bf16, FlopsCountConvolutionPasses) {
+  for (std::int64_t groups : {1, 2}) {
+    Graph g;
+    Builder b(g);
+    Value x = b.input("x", DType::kF32, {2, 4, 7, 7});
+    Value w = b.input("w", DType::kF32, {6, 4 / groups, 3, 3});
+    Value y = b.conv2d(x, w, {}, {1, 1}, {1, 1}, {1, 1}, groups);  // [2, 6, 7, 7]
+    graph::Attrs a{{"stride", std::vector<std::int64_t>{1, 1}},
+                   {"padding", std::vector<std::int64_t>{1, 1}},
+                   {"dilation", std::vector<std::int64_t>{1, 1}},
+                   {"groups", groups}};
+    graph::Attrs ai = a, aw = a;
+    ai.set("input_shape", Shape{2, 4, 7, 7});
+    aw.set("weight_shape", Shape{6, 4 / groups, 3, 3});
+    g.mark_output(b.op("conv2d_grad_input", {y, w}, ai));
+    g.mark_output(b.op("conv2d_grad_weight", {x, y}, aw));
+    const double pass = 2.0 * (2 * 6 * 7 * 7) * (4 / groups * 3 * 3);
+    EXPECT_DOUBLE_EQ(graph::graph_flops(g), 3 * pass) << groups << " groups";
+  }
+}
+
 }  // namespace
 }  // namespace shoal::runtime
