@@ -173,6 +173,11 @@ ClusterCommand add_cluster_commands(CLI::App& app) {
   c.simulate->add_option("--max-tries", f.sim.max_tries, "Jobs looked at per scheduling pass")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
+  c.simulate
+      ->add_option("--move-s", f.sim.move_s,
+                   "Shoal's policy: seconds a running job loses when moved to make room for a "
+                   "gang (checkpoint and restart); negative: never move")
+      ->capture_default_str();
   c.simulate->add_flag("--baseline-adjacency", f.sim.baseline_adjacency,
                        "The baselines also keep ring jobs on linked chips (first fit), so the "
                        "comparison is of scheduling alone");

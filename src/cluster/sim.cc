@@ -230,6 +230,7 @@ void Engine::stop(int j, bool requeue) {
   useful_units_ -= job.useful;
   job.useful = 0;
   job.running = false;
+  job.borrowed = -1;
   ++job.gen;  // its finish event is void
   job.p.ranks.clear();
   if (requeue) enqueue(j);
@@ -398,19 +399,20 @@ SimReport simulate(const Topology& t, const Trace& trace, Policy p, const SimOpt
 std::string format_reports(const std::vector<SimReport>& rs) {
   std::string out = fmt::format(
       "{:<15} {:>6} {:>6} {:>7} {:>9} {:>7} {:>7} {:>15} {:>9} {:>9} {:>9} {:>6} {:>6} {:>8} "
-      "{:>9} {:>8} {:>16} {:>7}\n",
+      "{:>9} {:>8} {:>26} {:>7}\n",
       "policy", "jobs", "done", "refused", "makespan", "util", "goodput", "waiting: util/good",
       "wait p50", "wait p90", "wait p99", "frag", "jain", "partial", "adjacent", "slowdown",
-      "shrink/kill/rest", "wall s");
+      "shrink/kill/rest/move/susp", "wall s");
   for (const SimReport& r : rs)
     out += fmt::format(
         "{:<15} {:>6} {:>6} {:>7} {:>8.0f}s {:>6.1f}% {:>6.1f}% {:>6.1f}%/{:>5.1f}% {:>8.0f}s "
-        "{:>8.0f}s {:>8.0f}s {:>6.2f} {:>6.3f} {:>8} {:>4}/{:<4} {:>8.3f} {:>16} {:>7.3f}\n",
+        "{:>8.0f}s {:>8.0f}s {:>6.2f} {:>6.3f} {:>8} {:>4}/{:<4} {:>8.3f} {:>26} {:>7.3f}\n",
         r.policy, r.jobs, r.finished, r.never_fit, r.makespan_s, 100 * r.utilization,
         100 * r.goodput, 100 * r.backlog_utilization, 100 * r.backlog_goodput, r.wait_p50,
         r.wait_p90, r.wait_p99, r.fragmentation, r.jain, r.partial_gangs + r.overcommits,
         r.linked_adjacent, r.linked_jobs, r.mean_slowdown,
-        fmt::format("{}/{}/{}", r.shrinks, r.kills, r.restarts), r.wall_s);
+        fmt::format("{}/{}/{}/{}/{}", r.shrinks, r.kills, r.restarts, r.moves, r.suspends),
+        r.wall_s);
   return out + report_legend();
 }
 
@@ -455,8 +457,9 @@ std::string report_legend() {
          "  partial: gangs started short or resources overcommitted (must be 0)\n"
          "  adjacent: ring/mesh jobs placed on linked chips / all ring/mesh jobs started\n"
          "  slowdown: mean step time over the ideal placement's, multi-rank jobs\n"
-         "  shrink/kill/rest: elastic shrinks, preemptions back to a checkpoint, restarts after "
-         "failures\n"
+         "  shrink/kill/rest/move/susp: elastic shrinks, preemptions back to a checkpoint, "
+         "restarts after\n    failures, running jobs moved to make room for a gang, jobs on a "
+         "reservation's chips\n    stopped for its holder (a checkpoint each)\n"
          "  wall s: the simulation's own run time\n";
 }
 

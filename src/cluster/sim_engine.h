@@ -37,6 +37,8 @@ class Engine {
     double last = 0;       // when remaining was last brought up to date
     double run_start = 0, first_start = -1, planned_end = -1;
     int gen = 0, ranks = 0;
+    int disturbed = 0;            // times moved or suspended (sim_move.cc)
+    int borrowed = -1;            // the reservation_ whose chips it started on; -1: none
     bool adjacent_never = false;  // its links cannot be had on this cluster
     std::vector<int> end_nodes;   // where planned_end is noted in node_ends_
     double declined = 0;  // > 0: declined a start this much slower than ideal (worth_waiting)
@@ -102,6 +104,24 @@ class Engine {
   PlaceOptions options_for(int j) const;  // place_, without adjacency it can never have
   void blame(int j);                      // its try failed: no room, or no room in its shape
   bool preempt_for(int j);
+  // sim_move.cc. Under Shoal: a gang that waits for linked chips while
+  // enough are free in all gets them by moving running jobs off a run of
+  // nodes, each to a place where it runs no slower (see the file).
+  // `lost`: for a gang without links, how much slower than ideal it would
+  // run where it can start now, or the placement it declined
+  // (worth_waiting); it moves others only when lost > 0.
+  bool move_for(int j, double lost);
+  // slowdown - 1 of a sync gang without links under p; else 0.
+  double spread_cost(int j, const Placement& p) const;
+  void move(const std::vector<std::pair<int, Placement>>& moves);
+  // Whether j can be stopped at a moment's notice (a checkpoint written
+  // then, SimOptions::move_s lost) and go back to the queue.
+  bool can_suspend(int j) const;
+  // The holder of the reservation starts as soon as it fits with the jobs
+  // that borrowed its chips suspended (the latest started first).
+  bool reclaim_for(int j);
+  void suspend(int j);
+  void lose_move_time(int j);  // move_s of j's time, to redo
   void grow_elastic();
   struct Reservation {
     double shadow = 0, extra = 0;
@@ -119,8 +139,11 @@ class Engine {
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   std::vector<std::set<Key>> pending_;  // per queue (one queue unless fair share)
   std::set<int> running_;
-  std::multiset<int> running_prio_;               // priorities of running jobs
-  int holder_ = -1;                               // the job holding the backfill reservation
+  std::multiset<int> running_prio_;  // priorities of running jobs
+  int holder_ = -1;                  // the job holding the backfill reservation
+  // Jobs started on holder_'s reserved chips (Shoal) are marked with the
+  // reservation's number; a new holder, a new number.
+  int reservation_ = 0;
   std::multimap<double, int> ends_;               // planned end → running job
   std::vector<std::multiset<double>> node_ends_;  // per node: its jobs' planned ends
   std::map<std::string, int> queue_index_;

@@ -193,7 +193,10 @@ void Engine::pass_backfill(bool drf) {
   if (holder_ >= 0) {
     double declined = 0;
     auto p = try_place(holder_, &declined);
-    if ((p && start(holder_, *p)) || (drf && declined == 0 && preempt_for(holder_))) {
+    const double lost = p ? spread_cost(holder_, *p) : declined;
+    if ((drf && (!p || lost > 0) && move_for(holder_, lost)) || (p && start(holder_, *p)) ||
+        (drf && declined == 0 && reclaim_for(holder_)) ||
+        (drf && declined == 0 && preempt_for(holder_))) {
       holder_ = -1;
     } else if (declined > 0) {  // it can start now, slowly: it holds nothing
       blame(holder_);
@@ -218,7 +221,10 @@ void Engine::pass_backfill(bool drf) {
     const double need = units(s, s.ranks + s.servers);
     const double limit = time_limit(j);
     const bool before_shadow = res && now_ + limit <= res->shadow;
-    if (res && !before_shadow && need > res->extra) {
+    // Under Shoal a job that would delay the reservation may borrow its
+    // chips until the holder can start (reclaim_for).
+    const bool borrow = res && !before_shadow && need > res->extra;
+    if (borrow && !(drf && holder_ >= 0 && can_suspend(j))) {
       jobs_[j].why = WaitReason::kReservation;
       continue;
     }
@@ -230,8 +236,15 @@ void Engine::pass_backfill(bool drf) {
     if (jobs_[j].declined > 0 && still_declined(j)) continue;
     ++tries;
     double declined = 0;
-    if (auto p = try_place(j, &declined); p && start(j, *p)) {
-      if (res && !before_shadow) res->extra -= need;
+    auto p = try_place(j, &declined);
+    // Shoal moves running jobs before it starts a gang spread out, or to
+    // give it its shape (move_for).
+    const double lost = p ? spread_cost(j, *p) : declined;
+    if ((drf && !borrow && (!p || lost > 0) && move_for(j, lost)) || (p && start(j, *p))) {
+      if (borrow)
+        jobs_[j].borrowed = reservation_;
+      else if (res && !before_shadow)
+        res->extra -= need;
       continue;
     }
     blame(j);
@@ -245,6 +258,7 @@ void Engine::pass_backfill(bool drf) {
     if (res) continue;
     res = reserve(j);
     holder_ = j;
+    ++reservation_;  // whoever borrowed before holds its chips as any job does
   }
 }
 

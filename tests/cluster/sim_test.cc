@@ -319,6 +319,106 @@ TEST(Simulator, AGangThatPreemptsTakesWhatItPreemptedFor) {
   EXPECT_EQ(r.kills, 2) << format_reports({r});
 }
 
+// A ring gang of a whole node's chips, with enough chips free in all but
+// three on each node: Shoal moves the running job off one node (to chips
+// where it runs no slower) and the gang starts at once; the moved job loses
+// move_s. A job that would run slower where it could go is not moved.
+TEST(Simulator, MovesRunningJobsToGiveAGangWholeNodes) {
+  Topology t = generate_topology(3, 3, 64, 512000, 8, ChipLinks::kRing);
+  auto trace = [](double comm) {
+    Trace tr;
+    for (int n = 0; n < 3; ++n) {  // five chips of each node, n0 to n2 (best fit)
+      tr.jobs.push_back(tj("a" + std::to_string(n), 0, 1e6, 5));
+      tr.jobs.back().spec.checkpoint_every_s = 1800;
+      tr.jobs.back().spec.comm_fraction = comm;
+    }
+    tr.jobs.push_back(tj("ring", 1, 1000, 8));
+    tr.jobs.back().spec.links = LinkNeed::kRing;
+    return tr;
+  };
+  for (double move_s : {300.0, 60.0}) {
+    SimOptions o;
+    o.move_s = move_s;
+    SimReport r = simulate(t, trace(0), Policy::kShoal, o);
+    expect_sound(r);
+    EXPECT_EQ(r.moves, 1) << format_reports({r});
+    EXPECT_DOUBLE_EQ(r.first_start[3], 1);
+    EXPECT_EQ(r.linked_adjacent, r.linked_jobs);
+    // One of the three lost move_s; the others end on time.
+    std::vector<double> ends(r.end.begin(), r.end.begin() + 3);
+    std::sort(ends.begin(), ends.end());
+    EXPECT_NEAR(ends[0], 1e6, 1e-6);
+    EXPECT_NEAR(ends[1], 1e6, 1e-6);
+    EXPECT_NEAR(ends[2], 1e6 + move_s, 1e-6);
+  }
+  SimOptions never;
+  never.move_s = -1;
+  SimReport r = simulate(t, trace(0), Policy::kShoal, never);
+  EXPECT_EQ(r.moves, 0);
+  EXPECT_DOUBLE_EQ(r.first_start[3], 1e6);
+  // Spread over two nodes a five-rank job would run 3.1x as long: stays.
+  r = simulate(t, trace(0.3), Policy::kShoal, {});
+  expect_sound(r);
+  EXPECT_EQ(r.moves, 0) << format_reports({r});
+  EXPECT_DOUBLE_EQ(r.first_start[3], 1e6);
+}
+
+// A job that would delay the backfill reservation borrows the holder's
+// chips under Shoal, and is suspended (a checkpoint, move_s lost) the
+// moment the holder can start: the holder starts no later than without
+// it. Under topology-aware backfill it waits for the holder to finish.
+TEST(Simulator, AJobOnAReservationsChipsIsSuspendedForItsHolder) {
+  Topology t = generate_topology(1, 1, 64, 512000, 8, ChipLinks::kNone);
+  Trace tr;
+  tr.jobs.push_back(tj("long", 0, 1000, 6));
+  tr.jobs.push_back(tj("gang", 1, 100, 8));  // waits for `long`: holds the reservation
+  tr.jobs.push_back(tj("small", 2, 5000, 2));
+  tr.jobs[2].spec.checkpoint_every_s = 1800;
+  SimReport r = simulate(t, tr, Policy::kShoal, {});
+  expect_sound(r);
+  EXPECT_DOUBLE_EQ(r.first_start[1], 1000);
+  EXPECT_DOUBLE_EQ(r.first_start[2], 2);
+  EXPECT_EQ(r.suspends, 1) << format_reports({r});
+  // 998 s ran; 4002 + 300 left when it restarts after the gang (1100).
+  EXPECT_NEAR(r.end[2], 1100 + 4002 + 300, 1e-6);
+  SimReport b = simulate(t, tr, Policy::kTopoBackfill, {});
+  expect_sound(b);
+  EXPECT_DOUBLE_EQ(b.first_start[1], 1000);
+  EXPECT_DOUBLE_EQ(b.first_start[2], 1100);
+  EXPECT_GT(b.waited[static_cast<int>(WaitReason::kReservation)] +
+                b.waited[static_cast<int>(WaitReason::kNoRoom)],
+            0);
+  // Without a checkpoint it cannot be stopped at will: it waits, as there.
+  tr.jobs[2].spec.checkpoint_every_s = 0;
+  r = simulate(t, tr, Policy::kShoal, {});
+  EXPECT_DOUBLE_EQ(r.first_start[2], 1100);
+  EXPECT_EQ(r.suspends, 0);
+}
+
+// The goal of issue 36 on one seed of the 64-node cluster, where gangs of
+// 16-64 chips are a real part of the load (docs/BENCHMARKS.md has seeds
+// 1-4 and the 1,000-node cluster): Shoal ahead of topology-aware backfill on
+// goodput, p90 wait and Jain's index, and level on utilization within a
+// point. It also runs every move and suspension path thousands of times.
+TEST(Simulator, ShoalAgainstTopologyAwareBackfillOn64Nodes) {
+  Topology t = generate_topology(64, 16, 64, 512000, 8, ChipLinks::kRing);
+  SyntheticOptions so;
+  so.seed = 2;
+  Trace tr = synthetic_trace(t, so);
+  SimReport b = simulate(t, tr, Policy::kTopoBackfill, {});
+  SimReport s = simulate(t, tr, Policy::kShoal, {});
+  expect_sound(b);
+  expect_sound(s);
+  const std::string both = format_reports({b, s});
+  EXPECT_GE(s.goodput, b.goodput + 0.10) << both;
+  EXPECT_LE(s.wait_p90, b.wait_p90) << both;
+  EXPECT_GE(s.jain, b.jain) << both;
+  EXPECT_GE(s.utilization, b.utilization - 0.01) << both;
+  EXPECT_GT(s.moves, 100) << both;
+  EXPECT_GT(s.suspends, 100) << both;
+  EXPECT_EQ(s.linked_adjacent, s.linked_jobs) << both;
+}
+
 // The ceiling: each job's chips from its submit to its end or the last
 // submit, over the cluster's chips for the window.
 TEST(Simulator, TheGoodputCeilingCountsWorkInsideTheWindow) {

@@ -77,6 +77,10 @@ struct SimOptions {
   // knows only chip counts does (the cost shows as slowdown); true: they
   // honour adjacency too (first fit), to compare the scheduling alone.
   bool baseline_adjacency = false;
+  // Shoal's policy: seconds a running job loses when it is moved (a
+  // checkpoint written, its ranks restarted elsewhere) to give a waiting
+  // gang whole linked nodes; a negative value: never move.
+  double move_s = 300;
 };
 
 // Why a job waited: the reason of its last failed try before it first
@@ -108,7 +112,9 @@ struct SimReport {
   int linked_never = 0;      // of them, those whose links this cluster cannot give (run unlinked)
   double mean_slowdown = 1;  // over multi-rank jobs
   int shrinks = 0, kills = 0, restarts = 0;
-  double wall_s = 0;                     // the simulation's own run time
+  int moves = 0;      // running jobs moved to make room for a gang (Shoal's policy)
+  int suspends = 0;   // jobs on a reservation's chips stopped for its holder (Shoal's policy)
+  double wall_s = 0;  // the simulation's own run time
   std::vector<double> first_start, end;  // per job (−1: never)
   std::vector<WaitReason> wait_reason;   // per job; meaningful where it waited
   // Jobs that waited, and their waits' sum in seconds, by WaitReason.

@@ -1,0 +1,191 @@
+// Moving running jobs to make room for a gang, under Shoal's policy.
+//
+// As jobs end at random times the free chips of a busy cluster scatter: a
+// ring gang that needs whole linked nodes, or a gang without links that
+// waits for them rather than run spread (worth_waiting), can wait for days
+// while enough chips are free in all, and those chips stay idle. Gandiva
+// (OSDI '18) moves running jobs to defragment; so does this: the jobs on a
+// run of nodes of one switch go to free chips elsewhere, each where it runs
+// no slower than now, and the gang starts on the nodes they left. A moved
+// job loses SimOptions::move_s of its time (a checkpoint written, its ranks
+// restarted elsewhere), added back to its work. The run of nodes whose
+// moves lose the fewest chip-seconds goes first; moving pays only when that
+// loss is less than the gang's chips idle until its nodes free up by
+// themselves (linked_at, from the running jobs' limits).
+#include <algorithm>
+#include <bit>
+
+#include "cluster/sim_engine.h"
+
+namespace shoal::cluster {
+
+namespace {
+
+// No job is moved or suspended more often: each costs it move_s, and a
+// job stopped again and again would never end.
+constexpr int kMaxDisturbed = 2;
+constexpr std::size_t kRunsTried = 8;  // trial re-placements per call, cheapest first
+constexpr double kSlower = 1 + 1e-9;   // "no slower", up to rounding
+
+struct NodeRun {
+  double lost = 0;          // chip-seconds the moves cost
+  std::vector<int> nodes;   // to be emptied for the gang
+  std::vector<int> movers;  // the running jobs on them
+};
+
+}  // namespace
+
+double Engine::spread_cost(int j, const Placement& p) const {
+  const JobSpec& s = tr_.jobs[j].spec;
+  if (s.kind != JobKind::kSync || s.links != LinkNeed::kNone || s.total_accels() < 2) return 0;
+  return std::max(0.0, slowdown(t_, s, p) - 1);
+}
+
+bool Engine::move_for(int j, double lost) {
+  const JobSpec& h = tr_.jobs[j].spec;
+  const bool linked = h.links != LinkNeed::kNone;
+  if (policy_ != Policy::kShoal || o_.move_s < 0 || !chips_ || !place_.adjacency ||
+      h.kind != JobKind::kSync || h.servers > 0 || jobs_[j].adjacent_never ||
+      (!linked && lost <= 0))
+    return false;
+  const int k = h.total_accels();
+  if (s_.free_accels_total() < k) return false;
+  // What the moves may cost: its chips idle until its nodes free up by
+  // themselves, or (a gang without links that can start now) the time it
+  // would lose running spread, whichever is less.
+  double gain = linked_at(h) - now_;
+  if (!linked) gain = std::min(gain, lost * time_limit(j));
+  if (gain <= 0) return false;
+  gain *= k;
+
+  std::vector<std::vector<int>> on(t_.nodes.size());  // node -> its running jobs
+  for (int r : running_)
+    for (const RankSlot& slot : jobs_[r].p.ranks) {
+      auto& v = on[static_cast<std::size_t>(slot.node)];
+      if (std::find(v.begin(), v.end(), r) == v.end()) v.push_back(r);
+    }
+  auto movable = [&](int r) {
+    const JobSpec& s = tr_.jobs[r].spec;
+    return jobs_[r].disturbed < kMaxDisturbed && s.servers == 0 && s.checkpoint_every_s > 0;
+  };
+  std::vector<NodeRun> runs;
+  for (const Switch& sw : t_.switches) {
+    if (sw.nodes.empty()) continue;
+    const int a = t_.nodes[sw.nodes[0]].accels;
+    if (a <= 0 || (k > a && k % a != 0)) continue;
+    const std::size_t m = k <= a ? 1 : static_cast<std::size_t>(k / a);
+    for (std::size_t i = 0; i + m <= sw.nodes.size(); ++i) {
+      NodeRun run;
+      bool ok = true;
+      for (std::size_t q = i; q < i + m && ok; ++q) {
+        const int n = sw.nodes[q];
+        ok = s_.up(n) && (!linked || t_.nodes[n].links == ChipLinks::kRing);
+        run.nodes.push_back(n);
+        for (int r : on[static_cast<std::size_t>(n)]) {
+          if (std::find(run.movers.begin(), run.movers.end(), r) != run.movers.end()) continue;
+          ok = ok && movable(r);
+          run.movers.push_back(r);
+          run.lost += units(tr_.jobs[r].spec, jobs_[r].ranks) * o_.move_s;
+        }
+      }
+      if (ok && !run.movers.empty() && run.lost < gain) runs.push_back(std::move(run));
+    }
+  }
+  std::sort(runs.begin(), runs.end(),
+            [](const NodeRun& x, const NodeRun& y) { return x.lost < y.lost; });
+  for (std::size_t w = 0; w < std::min(runs.size(), kRunsTried); ++w) {
+    NodeRun& run = runs[w];
+    ClusterState trial = s_;
+    for (int r : run.movers) trial.give(tr_.jobs[r].spec, jobs_[r].p.ranks);
+    for (int n : run.nodes) trial.set_up(n, false);  // none of them may land there
+    // The biggest first: they have the fewest places to go.
+    std::sort(run.movers.begin(), run.movers.end(), [&](int x, int y) {
+      return std::tie(jobs_[y].ranks, y) < std::tie(jobs_[x].ranks, x);
+    });
+    std::vector<std::pair<int, Placement>> plan;
+    for (int r : run.movers) {
+      const JobSpec& s = tr_.jobs[r].spec;
+      auto q = place(trial, s, jobs_[r].ranks, options_for(r));
+      if (!q || slowdown(t_, s, *q) > kSlower * slowdown(t_, s, jobs_[r].p) ||
+          !trial.take(s, q->ranks).ok())
+        break;
+      plan.emplace_back(r, std::move(*q));
+    }
+    if (plan.size() != run.movers.size()) continue;
+    for (int n : run.nodes) trial.set_up(n, true);
+    auto p = place(trial, h, h.ranks, options_for(j));
+    // A gang without links moves others only for the placement it waits for.
+    if (!p || (!linked && slowdown(t_, h, *p) > kSlower)) continue;
+    move(plan);
+    return start(j, *p);
+  }
+  return false;
+}
+
+void Engine::lose_move_time(int j) {
+  // Work to redo, not capped at the whole job: a job moved a second after
+  // its start still spends move_s writing and reading its checkpoint. Those
+  // seconds are no work done: out of the goodput already counted for them.
+  Job& job = jobs_[j];
+  job.remaining += job.rate * o_.move_s;
+  useful_ -= job.useful * std::max(0.0, std::min(o_.move_s, window_end_ - now_));
+}
+
+bool Engine::can_suspend(int j) const {
+  const JobSpec& s = tr_.jobs[j].spec;
+  return o_.move_s >= 0 && jobs_[j].disturbed < kMaxDisturbed && s.servers == 0 &&
+         s.checkpoint_every_s > 0;
+}
+
+bool Engine::reclaim_for(int j) {
+  std::vector<int> borrowers;  // the latest started first
+  for (int r : running_)
+    if (jobs_[r].borrowed == reservation_) borrowers.push_back(r);
+  if (borrowers.empty()) return false;
+  std::sort(borrowers.begin(), borrowers.end(), [&](int x, int y) {
+    return std::tie(jobs_[y].run_start, y) < std::tie(jobs_[x].run_start, x);
+  });
+  const JobSpec& h = tr_.jobs[j].spec;
+  ClusterState trial = s_;
+  for (std::size_t n = 0; n < borrowers.size(); ++n) {
+    const int r = borrowers[n];
+    trial.give(tr_.jobs[r].spec, jobs_[r].p.ranks);
+    auto p = place(trial, h, h.ranks, options_for(j));
+    // Not for a placement it would decline (spread while linked chips come).
+    if (!p || worth_waiting(j, *p) > 0) continue;
+    for (std::size_t q = 0; q <= n; ++q) suspend(borrowers[q]);
+    return start(j, *p);  // planned on a copy of s_ as it now is
+  }
+  return false;
+}
+
+void Engine::suspend(int j) {
+  Job& job = jobs_[j];
+  update_progress(j);
+  lose_move_time(j);
+  stop(j, true);
+  ++job.disturbed;
+  ++r_.suspends;
+}
+
+void Engine::move(const std::vector<std::pair<int, Placement>>& moves) {
+  // All leave first: one may go where another was.
+  for (const auto& [r, q] : moves) {
+    update_progress(r);
+    s_.give(tr_.jobs[r].spec, jobs_[r].p.ranks);
+    note_slots(r, jobs_[r].p.ranks, -1);
+  }
+  for (const auto& [r, q] : moves) {
+    Job& job = jobs_[r];
+    if (!s_.take(tr_.jobs[r].spec, q.ranks).ok()) ++r_.overcommits;  // planned on a copy of s_
+    note_slots(r, q.ranks, +1);
+    lose_move_time(r);
+    job.p = q;
+    job.run_start = now_;  // restarted from a fresh checkpoint
+    ++job.disturbed;
+    ++r_.moves;
+    set_rate(r);
+  }
+}
+
+}  // namespace shoal::cluster
