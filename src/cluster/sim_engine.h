@@ -111,6 +111,15 @@ class Engine {
   // run where it can start now, or the placement it declined
   // (worth_waiting); it moves others only when lost > 0.
   bool move_for(int j, double lost);
+  struct NodeRun {
+    double lost = 0;          // chip-seconds the moves cost
+    std::vector<int> nodes;   // to be emptied for the gang
+    std::vector<int> movers;  // the running jobs on them
+  };
+  // Runs of nodes of one switch that k linked chips (or not) could take
+  // if their jobs moved, the moves losing less than `gain` chip-seconds;
+  // cheapest first.
+  std::vector<NodeRun> runs_to_empty(int k, bool linked, double gain) const;
   // slowdown - 1 of a sync gang without links under p; else 0.
   double spread_cost(int j, const Placement& p) const;
   void move(const std::vector<std::pair<int, Placement>>& moves);
@@ -144,6 +153,9 @@ class Engine {
   // Jobs started on holder_'s reserved chips (Shoal) are marked with the
   // reservation's number; a new holder, a new number.
   int reservation_ = 0;
+  // reclaim_for's last try that failed: (holder, reservation_, chips it
+  // could have, borrowers).
+  std::tuple<int, int, double, std::size_t> reclaim_failed_{-1, -1, 0, 0};
   std::multimap<double, int> ends_;               // planned end → running job
   std::vector<std::multiset<double>> node_ends_;  // per node: its jobs' planned ends
   std::map<std::string, int> queue_index_;

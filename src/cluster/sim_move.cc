@@ -27,18 +27,72 @@ constexpr int kMaxDisturbed = 2;
 constexpr std::size_t kRunsTried = 8;  // trial re-placements per call, cheapest first
 constexpr double kSlower = 1 + 1e-9;   // "no slower", up to rounding
 
-struct NodeRun {
-  double lost = 0;          // chip-seconds the moves cost
-  std::vector<int> nodes;   // to be emptied for the gang
-  std::vector<int> movers;  // the running jobs on them
-};
-
 }  // namespace
 
 double Engine::spread_cost(int j, const Placement& p) const {
   const JobSpec& s = tr_.jobs[j].spec;
   if (s.kind != JobKind::kSync || s.links != LinkNeed::kNone || s.total_accels() < 2) return 0;
   return std::max(0.0, slowdown(t_, s, p) - 1);
+}
+
+std::vector<Engine::NodeRun> Engine::runs_to_empty(int k, bool linked, double gain) const {
+  // First from the free chips alone: a run's moves lose at least its held
+  // chips' move_s, so most runs are ruled out before its jobs are looked at.
+  struct Candidate {
+    double least;
+    const Switch* sw;
+    std::size_t first, m;
+  };
+  std::vector<Candidate> cands;
+  for (const Switch& sw : t_.switches) {
+    if (sw.nodes.empty()) continue;
+    const int a = t_.nodes[sw.nodes[0]].accels;
+    if (a <= 0 || (k > a && k % a != 0)) continue;
+    const std::size_t m = k <= a ? 1 : static_cast<std::size_t>(k / a);
+    for (std::size_t i = 0; i + m <= sw.nodes.size(); ++i) {
+      int held = 0;
+      bool ok = true;
+      for (std::size_t q = i; q < i + m && ok; ++q) {
+        const int n = sw.nodes[q];
+        ok = s_.up(n) && (!linked || t_.nodes[n].links == ChipLinks::kRing);
+        held += t_.nodes[n].accels - std::popcount(s_.free_accels(n));
+      }
+      if (ok && held > 0 && held * o_.move_s < gain) cands.push_back({held * o_.move_s, &sw, i, m});
+    }
+  }
+  std::stable_sort(cands.begin(), cands.end(),
+                   [](const Candidate& x, const Candidate& y) { return x.least < y.least; });
+  std::vector<NodeRun> runs;
+  if (cands.empty()) return runs;
+  std::vector<char> wanted(t_.nodes.size(), 0);
+  for (const Candidate& c : cands)
+    for (std::size_t q = c.first; q < c.first + c.m; ++q) wanted[c.sw->nodes[q]] = 1;
+  std::vector<std::vector<int>> on(t_.nodes.size());  // node -> its running jobs
+  for (int r : running_)
+    for (const RankSlot& slot : jobs_[r].p.ranks) {
+      if (!wanted[slot.node]) continue;
+      auto& v = on[static_cast<std::size_t>(slot.node)];
+      if (std::find(v.begin(), v.end(), r) == v.end()) v.push_back(r);
+    }
+  for (const Candidate& c : cands) {
+    NodeRun run;
+    bool ok = true;
+    for (std::size_t q = c.first; q < c.first + c.m && ok; ++q) {
+      const int n = c.sw->nodes[q];
+      run.nodes.push_back(n);
+      for (int r : on[static_cast<std::size_t>(n)]) {
+        if (std::find(run.movers.begin(), run.movers.end(), r) != run.movers.end()) continue;
+        const JobSpec& s = tr_.jobs[r].spec;
+        ok = ok && jobs_[r].disturbed < kMaxDisturbed && s.servers == 0 && s.checkpoint_every_s > 0;
+        run.movers.push_back(r);
+        run.lost += units(s, jobs_[r].ranks) * o_.move_s;
+      }
+    }
+    if (ok && run.lost < gain) runs.push_back(std::move(run));
+  }
+  std::stable_sort(runs.begin(), runs.end(),
+                   [](const NodeRun& x, const NodeRun& y) { return x.lost < y.lost; });
+  return runs;
 }
 
 bool Engine::move_for(int j, double lost) {
@@ -52,47 +106,16 @@ bool Engine::move_for(int j, double lost) {
   if (s_.free_accels_total() < k) return false;
   // What the moves may cost: its chips idle until its nodes free up by
   // themselves, or (a gang without links that can start now) the time it
-  // would lose running spread, whichever is less.
-  double gain = linked_at(h) - now_;
-  if (!linked) gain = std::min(gain, lost * time_limit(j));
+  // would lose running spread, whichever is less. linked_at last: the
+  // dearest to ask.
+  double gain = linked ? linked_at(h) - now_ : lost * time_limit(j);
   if (gain <= 0) return false;
-  gain *= k;
-
-  std::vector<std::vector<int>> on(t_.nodes.size());  // node -> its running jobs
-  for (int r : running_)
-    for (const RankSlot& slot : jobs_[r].p.ranks) {
-      auto& v = on[static_cast<std::size_t>(slot.node)];
-      if (std::find(v.begin(), v.end(), r) == v.end()) v.push_back(r);
-    }
-  auto movable = [&](int r) {
-    const JobSpec& s = tr_.jobs[r].spec;
-    return jobs_[r].disturbed < kMaxDisturbed && s.servers == 0 && s.checkpoint_every_s > 0;
-  };
-  std::vector<NodeRun> runs;
-  for (const Switch& sw : t_.switches) {
-    if (sw.nodes.empty()) continue;
-    const int a = t_.nodes[sw.nodes[0]].accels;
-    if (a <= 0 || (k > a && k % a != 0)) continue;
-    const std::size_t m = k <= a ? 1 : static_cast<std::size_t>(k / a);
-    for (std::size_t i = 0; i + m <= sw.nodes.size(); ++i) {
-      NodeRun run;
-      bool ok = true;
-      for (std::size_t q = i; q < i + m && ok; ++q) {
-        const int n = sw.nodes[q];
-        ok = s_.up(n) && (!linked || t_.nodes[n].links == ChipLinks::kRing);
-        run.nodes.push_back(n);
-        for (int r : on[static_cast<std::size_t>(n)]) {
-          if (std::find(run.movers.begin(), run.movers.end(), r) != run.movers.end()) continue;
-          ok = ok && movable(r);
-          run.movers.push_back(r);
-          run.lost += units(tr_.jobs[r].spec, jobs_[r].ranks) * o_.move_s;
-        }
-      }
-      if (ok && !run.movers.empty() && run.lost < gain) runs.push_back(std::move(run));
-    }
+  std::vector<NodeRun> runs = runs_to_empty(k, linked, gain * k);
+  if (!linked && !runs.empty()) {
+    gain = std::min(gain, linked_at(h) - now_) * k;
+    std::erase_if(runs, [&](const NodeRun& r) { return r.lost >= gain; });
   }
-  std::sort(runs.begin(), runs.end(),
-            [](const NodeRun& x, const NodeRun& y) { return x.lost < y.lost; });
+
   for (std::size_t w = 0; w < std::min(runs.size(), kRunsTried); ++w) {
     NodeRun& run = runs[w];
     ClusterState trial = s_;
@@ -146,10 +169,32 @@ bool Engine::reclaim_for(int j) {
     return std::tie(jobs_[y].run_start, y) < std::tie(jobs_[x].run_start, x);
   });
   const JobSpec& h = tr_.jobs[j].spec;
+  const double need = units(h, h.ranks + h.servers);
+  auto free = [&](const ClusterState& c) {
+    return chips_ ? c.free_accels_total() : c.free_cpus_total();
+  };
+  double could = free(s_);
+  for (int r : borrowers)
+    could += units(tr_.jobs[r].spec, static_cast<int>(jobs_[r].p.ranks.size()));
+  if (could < need) return false;  // not even with every borrower gone
+  // Most often it does not fit even then (its shape): one try, and none
+  // again until the chips it could have change.
+  const std::tuple<int, int, double, std::size_t> tried{j, reservation_, could, borrowers.size()};
+  if (tried == reclaim_failed_) return false;
+  {
+    ClusterState all = s_;
+    for (int r : borrowers) all.give(tr_.jobs[r].spec, jobs_[r].p.ranks);
+    auto p = place(all, h, h.ranks, options_for(j));
+    if (!p || worth_waiting(j, *p) > 0) {
+      reclaim_failed_ = tried;
+      return false;
+    }
+  }
   ClusterState trial = s_;
   for (std::size_t n = 0; n < borrowers.size(); ++n) {
     const int r = borrowers[n];
     trial.give(tr_.jobs[r].spec, jobs_[r].p.ranks);
+    if (free(trial) < need) continue;
     auto p = place(trial, h, h.ranks, options_for(j));
     // Not for a placement it would decline (spread while linked chips come).
     if (!p || worth_waiting(j, *p) > 0) continue;
