@@ -125,6 +125,8 @@ void Engine::advance(double t) {
     sq += x * x;
     ++n;
   }
+  const double total = chips_ ? total_[2] : total_[0];
+  (n >= 1 ? r_.idle_waiting : r_.idle_none_waiting) += (total - used_units_) * in_window;
   if (n >= 1) {  // someone waits: every idle chip now is the policy's doing
     backlog_busy_ += used_units_ * dt;
     backlog_useful_ += useful_units_ * dt;
@@ -441,6 +443,10 @@ std::string format_wait_reasons(const std::vector<SimReport>& rs) {
                          r.waited[k] ? r.wait_s[k] / r.waited[k] : 0.0);
     out += "\n";
   }
+  out += "idle chip-hours (CPU-hours on a chipless cluster) in the arrival window:\n";
+  for (const SimReport& r : rs)
+    out += fmt::format("  {:<15} {:.0f} while some job waited, {:.0f} while none did\n", r.policy,
+                       r.idle_waiting / 3600, r.idle_none_waiting / 3600);
   return out;
 }
 

@@ -417,6 +417,13 @@ TEST(Simulator, ShoalAgainstTopologyAwareBackfillOn64Nodes) {
   EXPECT_GT(s.moves, 100) << both;
   EXPECT_GT(s.suspends, 100) << both;
   EXPECT_EQ(s.linked_adjacent, s.linked_jobs) << both;
+  // The idle chip-seconds, split by whether some job waited, are what
+  // utilization leaves over the arrival window.
+  const double capacity = 512 * (tr.jobs.back().submit - tr.jobs.front().submit);
+  for (const SimReport* r : {&b, &s}) {
+    EXPECT_NEAR((r->idle_waiting + r->idle_none_waiting) / capacity, 1 - r->utilization, 1e-9);
+    EXPECT_GT(r->idle_none_waiting, 0);  // the empty cluster fills up at the start
+  }
 }
 
 // The ceiling: each job's chips from its submit to its end or the last

@@ -103,6 +103,9 @@ struct SimReport {
   // The same two while some job waits (the time a policy can be blamed for
   // idle chips), and that time's share of the makespan.
   double backlog_utilization = 0, backlog_goodput = 0, backlog_share = 0;
+  // Idle chips (CPUs) over the arrival window, in unit-seconds: while some
+  // job waited, and while none did (the cluster filling up at the start).
+  double idle_waiting = 0, idle_none_waiting = 0;
   double wait_p50 = 0, wait_p90 = 0, wait_p99 = 0;
   double fragmentation = 0;  // time-weighted ClusterState::fragmentation, same window
   double jain = 1;           // time-weighted Jain index of backlogged queues' dominant shares
