@@ -431,20 +431,25 @@ Status Communicator::do_reduce_scatter(const void* send, void* recv,
   // to) at step s - 1. Before, every call copied the whole input to the
   // heap (ZeRO's flat gradient: its peak RSS did not fall below plain DP's).
   // Each partial is incoming op own block, as before (the ops commute).
+  // The two blocks are kept in the mesh: fresh vectors each call cost
+  // ZeRO's 3.25 MB gradient on 2 ranks 1.4 ms of page faults and zeroing.
   const std::size_t maxc = *std::max_element(counts.begin(), counts.end());
-  std::vector<std::uint8_t> acc(maxc * es), in(maxc * es);
+  std::vector<std::uint8_t>& blocks = mesh_->ring_blocks;
+  if (blocks.size() < 2 * maxc * es) blocks.resize(2 * maxc * es);
+  std::uint8_t* acc = blocks.data();
+  std::uint8_t* in = acc + maxc * es;
   auto idx = [&](int i) { return static_cast<std::size_t>((i % n + n) % n); };
   const int right = (rank_ + 1) % n, left = (rank_ - 1 + n) % n;
   for (int s = 0; s < n - 1; ++s) {
     const std::size_t sb = idx(rank_ - s - 1), rb = idx(rank_ - s - 2);
-    const std::uint8_t* out = s == 0 ? bytes(send) + off[sb] * es : acc.data();
-    SHOAL_RETURN_IF_ERROR(mesh_->sendrecv(right, out, counts[sb] * es, left, in.data(),
-                                          counts[rb] * es, fp, "reduce_scatter"));
-    reduce_into(in.data(), bytes(send) + off[rb] * es, counts[rb], dt, op);
+    const std::uint8_t* out = s == 0 ? bytes(send) + off[sb] * es : acc;
+    SHOAL_RETURN_IF_ERROR(mesh_->sendrecv(right, out, counts[sb] * es, left, in, counts[rb] * es,
+                                          fp, "reduce_scatter"));
+    reduce_into(in, bytes(send) + off[rb] * es, counts[rb], dt, op);
     std::swap(acc, in);
   }
   // The last block received was this rank's own (rb == me at s = n - 2).
-  const std::uint8_t* mine = n == 1 ? bytes(send) : acc.data();
+  const std::uint8_t* mine = n == 1 ? bytes(send) : acc;
   if (counts[me]) std::memmove(recv, mine, counts[me] * es);
   if (op == ReduceOp::kAvg) divide_by_size(recv, counts[me], dt, world_);
   return ok_status();
