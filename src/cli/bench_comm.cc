@@ -1,5 +1,6 @@
-// `shoal bench comm`: an nccl-tests-style allreduce table (bytes, count,
-// time, algbw, busbw, algorithm) from 4 B up to --max-bytes. Under a
+// `shoal bench comm`: an nccl-tests-style table of an all-reduce (or, with
+// --op, a reduce-scatter or all-gather): bytes, count, time, algbw, busbw,
+// algorithm, from 4 B up to --max-bytes. Under a
 // launcher (SHOAL_RANK, OMPI_COMM_WORLD_RANK, ...) every process is one
 // rank; otherwise it forks -n local ranks that meet in a file store.
 #include <sys/wait.h>
@@ -22,13 +23,44 @@
 namespace shoal::cli {
 namespace {
 
-int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds, bool shared) {
+// One call of the collective over `count` elements of buf: all of them
+// all-reduced in place; reduce-scattered into `part`; or each rank's share
+// gathered from `part` into all of buf. Shares as the trainer's ZeRO splits
+// a flat gradient: count / n each, the remainder to the first ranks.
+struct Collective {
+  comm::Communicator& c;
+  std::string op;
+  std::span<float> buf;
+  std::vector<float> part;
+
+  std::vector<std::size_t> shares(std::size_t count) const {
+    const auto n = static_cast<std::size_t>(c.size());
+    std::vector<std::size_t> v(n, count / n);
+    for (std::size_t r = 0; r < count % n; ++r) ++v[r];
+    return v;
+  }
+  Status run(std::size_t count) {
+    if (op == "allreduce")
+      return c.allreduce(buf.data(), buf.data(), count, DType::kF32, comm::ReduceOp::kSum);
+    const auto s = shares(count);
+    if (op == "reduce_scatter")
+      return c.reduce_scatter(buf.data(), part.data(), s, DType::kF32, comm::ReduceOp::kSum);
+    return c.allgatherv(part.data(), buf.data(), s, DType::kF32);
+  }
+  // nccl-tests' bus bandwidth: what each link carries, over algbw.
+  double bus_factor() const {
+    const double n = c.size();
+    return op == "allreduce" ? 2.0 * (n - 1) / n : (n - 1) / n;
+  }
+};
+
+int bench_rank(comm::Communicator& c, const BenchCommOptions& o) {
   const int n = c.size();
-  const std::size_t elems = std::max<std::size_t>(max_bytes / 4, 1);
+  const std::size_t elems = std::max<std::size_t>(o.max_bytes / 4, 1);
   std::vector<float> priv;
   std::shared_ptr<net::SharedRegion> region;
   float* data = nullptr;
-  if (shared) {
+  if (o.shared) {
     auto r = comm::Communicator::allocate_shared(elems * 4);
     if (!r.ok()) {
       SHOAL_LOG_ERROR("bench comm --shared: {}", r.status().to_string());
@@ -40,13 +72,14 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds,
     priv.resize(elems);
     data = priv.data();
   }
-  std::span<float> buf(data, elems);
-  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i % 7);
+  Collective coll{c, o.op, std::span<float>(data, elems), std::vector<float>(elems / n + 1, 1.0f)};
+  for (std::size_t i = 0; i < coll.buf.size(); ++i) coll.buf[i] = static_cast<float>(i % 7);
   if (c.rank() == 0) {
     fmt::print(
-        "# shoal allreduce f32 sum, {} ranks, in place, {} buffers; tuner alpha {:.2f} us, beta "
+        "# shoal {} f32{}, {} ranks, {}{} buffers; tuner alpha {:.2f} us, beta "
         "{:.3f} ns/byte{}\n",
-        n, shared ? "shared-memory" : "private", c.alpha() * 1e6, c.beta() * 1e9,
+        o.op, o.op == "allgather" ? "" : " sum", n, o.op == "allreduce" ? "in place, " : "",
+        o.shared ? "shared-memory" : "private", c.alpha() * 1e6, c.beta() * 1e9,
         c.host_alpha() > 0 ? fmt::format("; inside a host alpha {:.2f} us, beta {:.3f} ns/byte",
                                          c.host_alpha() * 1e6, c.host_beta() * 1e9)
                            : "");
@@ -54,26 +87,26 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds,
                "busbw", "algorithm");
     fmt::print("{:>12} {:>10} {:>10} {:>9} {:>9}\n", "", "", "", "(GB/s)", "(GB/s)");
   }
-  for (std::size_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
+  for (std::size_t bytes = 4; bytes <= o.max_bytes; bytes *= 4) {
     std::size_t count = bytes / 4;
     for (int w = 0; w < 3; ++w) {
-      Status st = c.allreduce(buf.data(), buf.data(), count, DType::kF32, comm::ReduceOp::kSum);
+      Status st = coll.run(count);
       if (!st.ok()) {
         SHOAL_LOG_ERROR("bench comm: {}", st.to_string());
         return 1;
       }
     }
-    // Iterations: enough for min_seconds, agreed on by all ranks (max).
+    // Iterations: enough for the timed seconds, agreed on by all ranks (max).
     auto t0 = std::chrono::steady_clock::now();
-    (void)c.allreduce(buf.data(), buf.data(), count, DType::kF32, comm::ReduceOp::kSum);
+    (void)coll.run(count);
     double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::int64_t iters = std::clamp<std::int64_t>(
-        static_cast<std::int64_t>(min_seconds / std::max(one, 1e-7)), 5, 2000);
+        static_cast<std::int64_t>(o.seconds / std::max(one, 1e-7)), 5, 2000);
     if (!c.allreduce(&iters, &iters, 1, DType::kI64, comm::ReduceOp::kMax).ok()) return 1;
     if (!c.barrier().ok()) return 1;
     t0 = std::chrono::steady_clock::now();
     for (std::int64_t i = 0; i < iters; ++i) {
-      Status st = c.allreduce(buf.data(), buf.data(), count, DType::kF32, comm::ReduceOp::kSum);
+      Status st = coll.run(count);
       if (!st.ok()) {
         SHOAL_LOG_ERROR("bench comm: {}", st.to_string());
         return 1;
@@ -82,16 +115,15 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds,
     double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
         static_cast<double>(iters);
-    // Before the max-reduction below replaces them.
-    std::string algo = c.last_algorithm();
+    // Before the max-reduction below replaces them (all-reduces only).
+    std::string algo = o.op == "allreduce" ? c.last_algorithm() : "";
     if (algo == "direct") algo += c.last_direct_mapped() ? " (mapped)" : " (cma)";
     double tmax = us;
     if (!c.allreduce(&tmax, &tmax, 1, DType::kF64, comm::ReduceOp::kMax).ok()) return 1;
     if (c.rank() == 0) {
       double algbw = static_cast<double>(bytes) / (tmax * 1e3);
-      double busbw = algbw * 2.0 * (n - 1) / n;
       fmt::print("{:>12} {:>10} {:>10.1f} {:>9.3f} {:>9.3f}  {}\n", bytes, count, tmax, algbw,
-                 busbw, algo);
+                 algbw * coll.bus_factor(), algo);
       std::fflush(stdout);
     }
   }
@@ -100,7 +132,7 @@ int bench_rank(comm::Communicator& c, std::size_t max_bytes, double min_seconds,
 
 }  // namespace
 
-int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared) {
+int run_bench_comm(const BenchCommOptions& o) {
   bool launched = env::get("SHOAL_RANK") || env::get("OMPI_COMM_WORLD_RANK") ||
                   env::get("PMI_RANK") || env::get("SLURM_PROCID") || env::get("RANK");
   if (launched) {
@@ -109,28 +141,28 @@ int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool sh
       SHOAL_LOG_ERROR("bench comm: {}", c.status().to_string());
       return 1;
     }
-    return bench_rank(**c, max_bytes, min_seconds, shared);
+    return bench_rank(**c, o);
   }
   namespace fs = std::filesystem;
   auto dir = fs::temp_directory_path() / fmt::format("shoal_bench_comm_{}", getpid());
   std::vector<pid_t> pids;
-  for (int r = 0; r < ranks; ++r) {
+  for (int r = 0; r < o.ranks; ++r) {
     pid_t pid = fork();
     if (pid < 0) {
       SHOAL_LOG_ERROR("bench comm: fork failed");
       return 1;
     }
     if (pid == 0) {
-      log::set_identity(r, ranks, "bench");
+      log::set_identity(r, o.ranks, "bench");
       net::FileStore store(dir.string());
-      auto o = comm::CommOptions::from_env();
-      if (!o.ok()) _exit(2);
-      auto c = comm::Communicator::create(r, ranks, store, *o);
+      auto co = comm::CommOptions::from_env();
+      if (!co.ok()) _exit(2);
+      auto c = comm::Communicator::create(r, o.ranks, store, *co);
       if (!c.ok()) {
         SHOAL_LOG_ERROR("bench comm: {}", c.status().to_string());
         _exit(1);
       }
-      int rc = bench_rank(**c, max_bytes, min_seconds, shared);
+      int rc = bench_rank(**c, o);
       c->reset();
       _exit(rc);
     }

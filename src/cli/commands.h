@@ -246,7 +246,14 @@ int run_simulate(const ClusterFlags& f);
 int run_place(const ClusterFlags& f);
 int run_place_serve(const ClusterFlags& f);  // place_serve.cc
 int run_submit(const ClusterFlags& f);
-int run_bench_comm(int ranks, std::size_t max_bytes, double min_seconds, bool shared);
+struct BenchCommOptions {
+  int ranks = 2;  // local ranks forked when not under a launcher
+  std::size_t max_bytes = std::size_t{256} << 20;
+  double seconds = 0.3;          // timed per size
+  bool shared = false;           // buffers in shared memory
+  std::string op = "allreduce";  // or reduce_scatter, allgather (as nccl-tests' three)
+};
+int run_bench_comm(const BenchCommOptions& o);
 // `shoal bench peak` (bench_peak.cc): threads 0 = all cores.
 int run_bench_peak(int threads, int n, double seconds);
 }  // namespace shoal::cli

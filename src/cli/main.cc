@@ -40,10 +40,8 @@ struct Cli {
   CLI::App* bench_comm = nullptr;
   CLI::App* bench_peak = nullptr;
   int peak_n = 1024;
-  int ranks = 2;
-  std::size_t max_bytes = std::size_t{256} << 20;
-  double seconds = 0.3;
-  bool shared = false;
+  shoal::cli::BenchCommOptions comm;
+  double seconds = 0.3;  // bench peak
 
   Cli() {
     app.require_subcommand(1);
@@ -138,13 +136,20 @@ struct Cli {
     bench = app.add_subcommand("bench", "Benchmarks");
     bench->require_subcommand(1);
     bench_comm = bench->add_subcommand("comm", "Allreduce table, nccl-tests style");
-    bench_comm->add_option("-n,--ranks", ranks, "Local ranks to fork (ignored under a launcher)")
+    bench_comm
+        ->add_option("-n,--ranks", comm.ranks, "Local ranks to fork (ignored under a launcher)")
         ->check(CLI::Range(1, 1024));
-    bench_comm->add_option("--max-bytes", max_bytes, "Largest message (bytes)")
+    bench_comm->add_option("--max-bytes", comm.max_bytes, "Largest message (bytes)")
         ->check(CLI::Range(std::size_t{4}, std::size_t{1} << 34));
-    bench_comm->add_option("--seconds", seconds, "Timed seconds per size")
+    bench_comm->add_option("--seconds", comm.seconds, "Timed seconds per size")
         ->check(CLI::Range(0.001, 60.0));
-    bench_comm->add_flag("--shared", shared,
+    bench_comm
+        ->add_option("--op", comm.op,
+                     "The collective: allreduce, reduce_scatter (bytes: the whole input) or "
+                     "allgather (bytes: the whole output), as nccl-tests' three")
+        ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather"}))
+        ->capture_default_str();
+    bench_comm->add_flag("--shared", comm.shared,
                          "Buffers in shared memory (Communicator::allocate_shared), as a "
                          "data-parallel arena: the direct all-reduce maps peers' buffers");
     bench_peak = bench->add_subcommand(
@@ -303,8 +308,7 @@ int main(int argc, char** argv) {
     return shoal::launch::launch(l);
   }
   if (cli->run_rank->parsed()) return shoal::launch::exec_rank(cli->run_rank_cmd);
-  if (cli->bench_comm->parsed())
-    return shoal::cli::run_bench_comm(cli->ranks, cli->max_bytes, cli->seconds, cli->shared);
+  if (cli->bench_comm->parsed()) return shoal::cli::run_bench_comm(cli->comm);
   if (cli->bench_peak->parsed())
     return shoal::cli::run_bench_peak(cli->threads, cli->peak_n, cli->seconds);
   if (cli->example->parsed())

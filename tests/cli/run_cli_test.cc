@@ -2,6 +2,7 @@
 // stop with a report naming the failed rank, no orphans, clear refusals,
 // and real collectives through the launcher's store and job token.
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -74,8 +75,23 @@ TEST(Run, CollectivesRunThroughTheLaunchersStoreAndToken) {
   Result r = shoal("run -n 3 -- " + std::string(SHOAL_BINARY) +
                    " bench comm --max-bytes 4096 --seconds 0.01");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(has(r, "[rank 0] # shoal allreduce f32 sum, 3 ranks")) << r.out;
+  EXPECT_TRUE(has(r, "[rank 0] # shoal allreduce f32 sum, 3 ranks, in place")) << r.out;
   EXPECT_TRUE(has(r, "4096")) << r.out;
+  // nccl-tests' other two, at 2 ranks (the ring) and 3 (direct where the
+  // ranks reach each other's memory); 3 ranks do not divide 4096 B evenly.
+  for (const char* op : {"reduce_scatter", "allgather"})
+    for (int n : {2, 3}) {
+      Result c =
+          shoal(fmt::format("run -n {} -- {} bench comm --op {} --max-bytes 65536 "
+                            "--seconds 0.01",
+                            n, SHOAL_BINARY, op));
+      ASSERT_EQ(c.code, 0) << c.out;
+      EXPECT_TRUE(has(c, fmt::format("[rank 0] # shoal {} f32", op))) << c.out;
+      EXPECT_TRUE(has(c, "65536")) << c.out;
+    }
+  Result bad = shoal("bench comm --op alltoall");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_TRUE(has(bad, "alltoall")) << bad.out;
 }
 
 TEST(Run, PortInUseAndUnreachableStoreAreRefused) {
