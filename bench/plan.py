@@ -204,18 +204,22 @@ def confirm(args, flags, ranks, tmp, cands, fits, first):
                 return
             steps[id(r)].append(got[0])
     med = {k: sorted(v)[len(v) // 2] for k, v in steps.items()}
-    print(f"\nconfirmed in {args.confirm} alternating rounds (median step):\n")
-    print("| layout | predicted | median measured | runs |")
-    print("|---|---|---|---|")
+    low = {k: min(v) for k, v in steps.items()}
+    print(f"\nconfirmed in {args.confirm} alternating rounds (median and fastest run):\n")
+    print("| layout | predicted | median measured | fastest run | runs |")
+    print("|---|---|---|---|---|")
     for r in chosen:
         runs = ", ".join(f"{x * 1e3:.1f}" for x in steps[id(r)])
         mark = " (plan's first choice)" if r is first else ""
         print(f"| `{r[0]['flags']}`{mark} | {r[0]['step_s'] * 1e3:.1f} ms "
-              f"| {med[id(r)] * 1e3:.1f} ms | {runs} |")
-    best = min(chosen, key=lambda r: med[id(r)])
-    print(f"\nconfirmed: first choice {med[id(first)] * 1e3:.1f} ms, fastest "
-          f"`{best[0]['flags']}` {med[id(best)] * 1e3:.1f} ms: first choice at "
-          f"{med[id(first)] / med[id(best)] * 100:.0f}% of the fastest's time")
+              f"| {med[id(r)] * 1e3:.1f} ms | {low[id(r)] * 1e3:.1f} ms | {runs} |")
+    # Two estimators: the median, and the fastest run (this VM's noise only
+    # ever adds time, so a layout's fastest run is the least disturbed).
+    for name, by in (("median", med), ("fastest run", low)):
+        best = min(chosen, key=lambda r: by[id(r)])
+        print(f"confirmed by {name}: first choice {by[id(first)] * 1e3:.1f} ms, fastest "
+              f"`{best[0]['flags']}` {by[id(best)] * 1e3:.1f} ms: first choice at "
+              f"{by[id(first)] / by[id(best)] * 100:.0f}% of the fastest's time")
 
 
 def main():

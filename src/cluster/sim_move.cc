@@ -1,4 +1,5 @@
-// Moving running jobs to make room for a gang, under Shoal's policy.
+// Moving and suspending running jobs to make room for a gang, under
+// Shoal's policy.
 //
 // As jobs end at random times the free chips of a busy cluster scatter: a
 // ring gang that needs whole linked nodes, or a gang without links that
@@ -12,6 +13,13 @@
 // moves lose the fewest chip-seconds goes first; moving pays only when that
 // loss is less than the gang's chips idle until its nodes free up by
 // themselves (linked_at, from the running jobs' limits).
+//
+// Lending: the chips an EASY backfill reservation gathers sit idle until
+// its holder fits. A job that would delay the holder may start on them
+// when it can be checkpointed at will (can_suspend; pass_backfill marks it
+// with the reservation's number); the holder starts the moment it fits
+// with borrowers suspended, the latest started first (reclaim_for), each
+// losing move_s as a moved job does.
 #include <algorithm>
 #include <bit>
 
