@@ -91,6 +91,19 @@ class Engine {
   // ones of one switch, all idle by their jobs' planned ends. Conservative
   // for a ring inside a node (an arc may free up before the whole node).
   double linked_at(const JobSpec& s) const;
+  // Each run of consecutive nodes of one switch that k linked chips would
+  // take (one node when k fits in one, k / its chips nodes when k is a
+  // multiple of them): f(the switch, the run's first index, its length).
+  template <class F>
+  void for_each_node_run(int k, F&& f) const {
+    for (const Switch& sw : t_.switches) {
+      if (sw.nodes.empty()) continue;
+      const int a = t_.nodes[sw.nodes[0]].accels;
+      if (a <= 0 || (k > a && k % a != 0)) continue;
+      const std::size_t m = k <= a ? 1 : static_cast<std::size_t>(k / a);
+      for (std::size_t i = 0; i + m <= sw.nodes.size(); ++i) f(sw, i, m);
+    }
+  }
   double time_limit(int j) const;          // max_runtime_s, else the duration
   struct LinkedAtCache {                   // valid while nothing starts, stops or is re-planned
     std::pair<long, double> stamp{-1, 0};  // (version_, now_)

@@ -52,22 +52,16 @@ std::vector<Engine::NodeRun> Engine::runs_to_empty(int k, bool linked, double ga
     std::size_t first, m;
   };
   std::vector<Candidate> cands;
-  for (const Switch& sw : t_.switches) {
-    if (sw.nodes.empty()) continue;
-    const int a = t_.nodes[sw.nodes[0]].accels;
-    if (a <= 0 || (k > a && k % a != 0)) continue;
-    const std::size_t m = k <= a ? 1 : static_cast<std::size_t>(k / a);
-    for (std::size_t i = 0; i + m <= sw.nodes.size(); ++i) {
-      int held = 0;
-      bool ok = true;
-      for (std::size_t q = i; q < i + m && ok; ++q) {
-        const int n = sw.nodes[q];
-        ok = s_.up(n) && (!linked || t_.nodes[n].links == ChipLinks::kRing);
-        held += t_.nodes[n].accels - std::popcount(s_.free_accels(n));
-      }
-      if (ok && held > 0 && held * o_.move_s < gain) cands.push_back({held * o_.move_s, &sw, i, m});
+  for_each_node_run(k, [&](const Switch& sw, std::size_t i, std::size_t m) {
+    int held = 0;
+    bool ok = true;
+    for (std::size_t q = i; q < i + m && ok; ++q) {
+      const int n = sw.nodes[q];
+      ok = s_.up(n) && (!linked || t_.nodes[n].links == ChipLinks::kRing);
+      held += t_.nodes[n].accels - std::popcount(s_.free_accels(n));
     }
-  }
+    if (ok && held > 0 && held * o_.move_s < gain) cands.push_back({held * o_.move_s, &sw, i, m});
+  });
   std::stable_sort(cands.begin(), cands.end(),
                    [](const Candidate& x, const Candidate& y) { return x.least < y.least; });
   std::vector<NodeRun> runs;

@@ -85,19 +85,12 @@ double Engine::linked_at(const JobSpec& s) const {
     // When the node is next idle: its jobs' planned ends (their limits).
     return node_ends_[n].empty() ? now_ : std::max(now_, *node_ends_[n].rbegin());
   };
-  double best = never;
-  for (const Switch& sw : t_.switches) {
-    if (sw.nodes.empty()) continue;
-    const int a = t_.nodes[sw.nodes[0]].accels;
-    if (a <= 0 || (k > a && k % a != 0)) continue;
-    // The earliest m consecutive nodes of the switch are all idle.
-    const std::size_t m = k <= a ? 1 : static_cast<std::size_t>(k / a);
-    for (std::size_t i = 0; i + m <= sw.nodes.size(); ++i) {
-      double at = 0;
-      for (std::size_t q = i; q < i + m; ++q) at = std::max(at, idle_at(sw.nodes[q]));
-      best = std::min(best, at);
-    }
-  }
+  double best = never;  // when the earliest run of nodes is all idle
+  for_each_node_run(k, [&](const Switch& sw, std::size_t i, std::size_t m) {
+    double at = 0;
+    for (std::size_t q = i; q < i + m; ++q) at = std::max(at, idle_at(sw.nodes[q]));
+    best = std::min(best, at);
+  });
   return linked_at_.by_chips[k] = best;
 }
 
