@@ -135,7 +135,8 @@ struct Cli {
     run_rank->add_option("cmd", run_rank_cmd, "Command")->required();
     bench = app.add_subcommand("bench", "Benchmarks");
     bench->require_subcommand(1);
-    bench_comm = bench->add_subcommand("comm", "Allreduce table, nccl-tests style");
+    bench_comm = bench->add_subcommand(
+        "comm", "All-reduce (or --op reduce_scatter, allgather) table, nccl-tests style");
     bench_comm
         ->add_option("-n,--ranks", comm.ranks, "Local ranks to fork (ignored under a launcher)")
         ->check(CLI::Range(1, 1024));
