@@ -17,35 +17,36 @@
 #include "shoal/comm/communicator.h"
 #include "shoal/core/env.h"
 #include "shoal/core/logging.h"
+#include "shoal/dp/sharded.h"
 #include "shoal/net/shared_memory.h"
 #include "shoal/net/store.h"
 
 namespace shoal::cli {
 namespace {
 
-// One call of the collective over `count` elements of buf: all of them
-// all-reduced in place; reduce-scattered into `part`; or each rank's share
-// gathered from `part` into all of buf. Shares as the trainer's ZeRO splits
-// a flat gradient: count / n each, the remainder to the first ranks.
+// One call of the collective over `count` elements of buf (set_count): all
+// of them all-reduced in place; reduce-scattered into `part`; or each
+// rank's share gathered from `part` into all of buf. Shares as ZeRO splits
+// a flat gradient (dp::shard_sizes), worked out once per size, not timed.
 struct Collective {
   comm::Communicator& c;
   std::string op;
   std::span<float> buf;
   std::vector<float> part;
+  std::size_t count = 0;
+  std::vector<std::size_t> shares;
 
-  std::vector<std::size_t> shares(std::size_t count) const {
-    const auto n = static_cast<std::size_t>(c.size());
-    std::vector<std::size_t> v(n, count / n);
-    for (std::size_t r = 0; r < count % n; ++r) ++v[r];
-    return v;
+  void set_count(std::size_t n) {
+    count = n;
+    const auto s = dp::shard_sizes(static_cast<std::int64_t>(n), c.size());
+    shares.assign(s.begin(), s.end());
   }
-  Status run(std::size_t count) {
+  Status run() {
     if (op == "allreduce")
       return c.allreduce(buf.data(), buf.data(), count, DType::kF32, comm::ReduceOp::kSum);
-    const auto s = shares(count);
     if (op == "reduce_scatter")
-      return c.reduce_scatter(buf.data(), part.data(), s, DType::kF32, comm::ReduceOp::kSum);
-    return c.allgatherv(part.data(), buf.data(), s, DType::kF32);
+      return c.reduce_scatter(buf.data(), part.data(), shares, DType::kF32, comm::ReduceOp::kSum);
+    return c.allgatherv(part.data(), buf.data(), shares, DType::kF32);
   }
   // nccl-tests' bus bandwidth: what each link carries, over algbw.
   double bus_factor() const {
@@ -72,7 +73,8 @@ int bench_rank(comm::Communicator& c, const BenchCommOptions& o) {
     priv.resize(elems);
     data = priv.data();
   }
-  Collective coll{c, o.op, std::span<float>(data, elems), std::vector<float>(elems / n + 1, 1.0f)};
+  Collective coll{c, o.op, std::span<float>(data, elems), std::vector<float>(elems / n + 1, 1.0f),
+                  0, {}};
   for (std::size_t i = 0; i < coll.buf.size(); ++i) coll.buf[i] = static_cast<float>(i % 7);
   if (c.rank() == 0) {
     fmt::print(
@@ -89,8 +91,9 @@ int bench_rank(comm::Communicator& c, const BenchCommOptions& o) {
   }
   for (std::size_t bytes = 4; bytes <= o.max_bytes; bytes *= 4) {
     std::size_t count = bytes / 4;
+    coll.set_count(count);
     for (int w = 0; w < 3; ++w) {
-      Status st = coll.run(count);
+      Status st = coll.run();
       if (!st.ok()) {
         SHOAL_LOG_ERROR("bench comm: {}", st.to_string());
         return 1;
@@ -98,7 +101,7 @@ int bench_rank(comm::Communicator& c, const BenchCommOptions& o) {
     }
     // Iterations: enough for the timed seconds, agreed on by all ranks (max).
     auto t0 = std::chrono::steady_clock::now();
-    (void)coll.run(count);
+    (void)coll.run();
     double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::int64_t iters = std::clamp<std::int64_t>(
         static_cast<std::int64_t>(o.seconds / std::max(one, 1e-7)), 5, 2000);
@@ -106,7 +109,7 @@ int bench_rank(comm::Communicator& c, const BenchCommOptions& o) {
     if (!c.barrier().ok()) return 1;
     t0 = std::chrono::steady_clock::now();
     for (std::int64_t i = 0; i < iters; ++i) {
-      Status st = coll.run(count);
+      Status st = coll.run();
       if (!st.ok()) {
         SHOAL_LOG_ERROR("bench comm: {}", st.to_string());
         return 1;
