@@ -125,8 +125,7 @@ void Engine::advance(double t) {
     sq += x * x;
     ++n;
   }
-  const double total = chips_ ? total_[2] : total_[0];
-  (n >= 1 ? r_.idle_waiting : r_.idle_none_waiting) += (total - used_units_) * in_window;
+  (n >= 1 ? r_.idle_waiting : r_.idle_none_waiting) += (capacity_units() - used_units_) * in_window;
   if (n >= 1) {  // someone waits: every idle chip now is the policy's doing
     backlog_busy_ += used_units_ * dt;
     backlog_useful_ += useful_units_ * dt;
@@ -363,10 +362,9 @@ SimReport Engine::run() {
 SimReport Engine::report(double wall) {
   r_.makespan_s = last_end_ - first_submit_;
   const double window = window_end_ - first_submit_;
-  const double cap = (chips_ ? t_.total_accels() : t_.total_cpus()) * window;
+  const double units_total = capacity_units(), cap = units_total * window;
   r_.utilization = cap > 0 ? busy_ / cap : 0;
   r_.goodput = cap > 0 ? useful_ / cap : 0;
-  const double units_total = chips_ ? t_.total_accels() : t_.total_cpus();
   if (backlog_time_ > 0) {
     r_.backlog_utilization = backlog_busy_ / (units_total * backlog_time_);
     r_.backlog_goodput = backlog_useful_ / (units_total * backlog_time_);

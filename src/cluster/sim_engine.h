@@ -66,6 +66,7 @@ class Engine {
   void enqueue(int j);
   void dequeue(int j);
   double units(const JobSpec& s, int ranks) const;  // chips (CPUs on a chipless cluster)
+  double capacity_units() const { return chips_ ? total_[2] : total_[0]; }  // the cluster's
   double dominant_share(int q) const;
   SimReport report(double wall);
 
@@ -137,8 +138,8 @@ class Engine {
   double spread_cost(int j, const Placement& p) const;
   void move(const std::vector<std::pair<int, Placement>>& moves);
   // Whether j can be stopped at a moment's notice (a checkpoint written
-  // then, SimOptions::move_s lost) and go back to the queue.
-  bool can_suspend(int j) const;
+  // then, SimOptions::move_s lost), to move it or send it back to the queue.
+  bool stoppable(int j) const;
   // The holder of the reservation starts as soon as it fits with the jobs
   // that borrowed its chips suspended (the latest started first).
   bool reclaim_for(int j);

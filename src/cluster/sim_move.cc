@@ -16,7 +16,7 @@
 //
 // Lending: the chips an EASY backfill reservation gathers sit idle until
 // its holder fits. A job that would delay the holder may start on them
-// when it can be checkpointed at will (can_suspend; pass_backfill marks it
+// when it can be checkpointed at will (stoppable; pass_backfill marks it
 // with the reservation's number); the holder starts the moment it fits
 // with borrowers suspended, the latest started first (reclaim_for), each
 // losing move_s as a moved job does.
@@ -84,10 +84,9 @@ std::vector<Engine::NodeRun> Engine::runs_to_empty(int k, bool linked, double ga
       run.nodes.push_back(n);
       for (int r : on[static_cast<std::size_t>(n)]) {
         if (std::find(run.movers.begin(), run.movers.end(), r) != run.movers.end()) continue;
-        const JobSpec& s = tr_.jobs[r].spec;
-        ok = ok && jobs_[r].disturbed < kMaxDisturbed && s.servers == 0 && s.checkpoint_every_s > 0;
+        ok = ok && stoppable(r);
         run.movers.push_back(r);
-        run.lost += units(s, jobs_[r].ranks) * o_.move_s;
+        run.lost += units(tr_.jobs[r].spec, jobs_[r].ranks) * o_.move_s;
       }
     }
     if (ok && run.lost < gain) runs.push_back(std::move(run));
@@ -156,7 +155,7 @@ void Engine::lose_move_time(int j) {
   useful_ -= job.useful * std::max(0.0, std::min(o_.move_s, window_end_ - now_));
 }
 
-bool Engine::can_suspend(int j) const {
+bool Engine::stoppable(int j) const {
   const JobSpec& s = tr_.jobs[j].spec;
   return o_.move_s >= 0 && jobs_[j].disturbed < kMaxDisturbed && s.servers == 0 &&
          s.checkpoint_every_s > 0;

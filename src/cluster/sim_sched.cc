@@ -217,7 +217,7 @@ void Engine::pass_backfill(bool drf) {
     // Under Shoal a job that would delay the reservation may borrow its
     // chips until the holder can start (reclaim_for).
     const bool borrow = res && !before_shadow && need > res->extra;
-    if (borrow && !(drf && holder_ >= 0 && can_suspend(j))) {
+    if (borrow && !(drf && holder_ >= 0 && stoppable(j))) {
       jobs_[j].why = WaitReason::kReservation;
       continue;
     }
