@@ -100,7 +100,9 @@ class Mesh {
   std::uint64_t bytes_sent = 0;
   // Per-call work buffers of the algorithms (grown on demand, kept).
   std::vector<std::uint8_t> scratch;
-  std::vector<std::uint8_t> ring_blocks;  // the ring reduce-scatter's two blocks
+  // The ring reduce-scatter's blocks, apart from `scratch`: fold_in sizes
+  // that to each call, so sharing it would re-zero the grown part each time.
+  std::vector<std::uint8_t> ring_blocks;
   std::vector<std::uint8_t> bounce = std::vector<std::uint8_t>(256 << 10);
 
   // Runs sends and receives on several peers at once, polling every other
