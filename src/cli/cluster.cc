@@ -176,7 +176,8 @@ ClusterCommand add_cluster_commands(CLI::App& app) {
   c.simulate
       ->add_option("--move-s", f.sim.move_s,
                    "Shoal's policy: seconds a running job loses when moved to make room for a "
-                   "gang (checkpoint and restart); negative: never move")
+                   "gang, or suspended for a reservation's holder (checkpoint and restart); "
+                   "negative: neither")
       ->capture_default_str();
   c.simulate->add_flag("--baseline-adjacency", f.sim.baseline_adjacency,
                        "The baselines also keep ring jobs on linked chips (first fit), so the "

@@ -79,7 +79,8 @@ struct SimOptions {
   bool baseline_adjacency = false;
   // Shoal's policy: seconds a running job loses when it is moved (a
   // checkpoint written, its ranks restarted elsewhere) to give a waiting
-  // gang whole linked nodes; a negative value: never move.
+  // gang whole linked nodes, or suspended for a reservation's holder; a
+  // negative value: neither.
   double move_s = 300;
 };
 
