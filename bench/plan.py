@@ -23,6 +23,7 @@ every layout.
 
 usage: bench/plan.py [--models gpt,resnet] [--ranks 2,4] [--steps 30] [--repeat N]
                      [--mem-per-rank GB] [--filter REGEX] [--confirm R [--confirm-top K]]
+                     [--save-calibration FILE | --calibration FILE]
                      [--netns HOSTS [--link 1gbit]]
 """
 import argparse
@@ -133,6 +134,10 @@ def bench(args, model, ranks):
                  "--out", os.path.join(tmp, "plan.yaml")]
         if args.mem_per_rank:
             words += ["--mem-per-rank", str(args.mem_per_rank)]
+        if args.calibration:
+            words += ["--calibration", args.calibration.format(model=model, ranks=ranks)]
+        if args.save_calibration:
+            words += ["--save-calibration", args.save_calibration.format(model=model, ranks=ranks)]
         if args.netns:
             words += ["--hosts", str(args.netns)]
             rc, out = launch(args, ranks, words, tmp)
@@ -235,6 +240,11 @@ def main():
                     help="rounds re-running the first choice and the fastest measured, alternating")
     ap.add_argument("--confirm-top", type=int, default=3,
                     help="--confirm: how many of the fastest measured layouts")
+    ap.add_argument("--calibration", default="",
+                    help="shoal plan --calibration: predict from this file ({model}, {ranks} "
+                    "replaced) instead of measuring")
+    ap.add_argument("--save-calibration", default="",
+                    help="shoal plan --save-calibration ({model}, {ranks} replaced)")
     ap.add_argument("--netns", type=int, default=0, help="hosts of a netns cluster to span")
     ap.add_argument("--link", default="1gbit", help="--netns: the hosts' link rate")
     args = ap.parse_args()

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <vector>
 
 #include "shoal/dist/plan.h"
 #include "shoal/graph/graph.h"
@@ -24,5 +26,10 @@ PpShape pp_shape(const graph::Graph& g, int P, int chunks = 1);
 int group_color(const Group& g, int rank, int world);
 // Calibration::variants' key: "bf16/none".
 std::string variant_key(const std::string& precision, const std::string& recompute);
+// What the step at rows[i] (sorted) should take by its neighbours in
+// `steps`: the line through the sizes either side (at the ends, through
+// the nearest two); 0 with fewer than three sizes (plan_calibrate.cc).
+double neighbours_period(const std::map<std::int64_t, train::StepProfile>& steps,
+                         const std::vector<std::int64_t>& rows, std::size_t i);
 
 }  // namespace shoal::dist
