@@ -248,13 +248,8 @@ void price_step(const Calibration& c, const Split& s, Candidate& k) {
     tp_mb += allreduce_s(c, tp_group, b * rows) + sync_s(c, tp_group);
   // A reduce-scatter or all-gather moves half an all-reduce's bytes (a
   // ring's one phase of two): priced as half of the measured all-reduce.
-  // They come in pairs around a region of 1/T of the rows (a norm, an
-  // add), short enough that the peers are still together at the second:
-  // a pair waits for its peers once, as the all-reduce it replaces (each
-  // charged a whole sync, sequence parallelism was priced 20-27% slow on 4
-  // ranks of 2 cores, and measured faster than without it).
   for (double b : s.tp.shard_bytes_per_row)
-    tp_mb += 0.5 * (allreduce_s(c, tp_group, b * rows) + sync_s(c, tp_group));
+    tp_mb += 0.5 * allreduce_s(c, tp_group, b * rows) + sync_s(c, tp_group);
   // Parameters' gradient sums: one all-reduce of them all where sequence
   // parallelism buckets them (one micro-batch, no pipeline), else one each.
   if (!s.tp.shard_bytes_per_row.empty() && m == 1 && P == 1) {
@@ -285,14 +280,7 @@ void price_step(const Calibration& c, const Split& s, Candidate& k) {
         1.0, c.contention > 0 ? c.contention
                               : static_cast<double>(c.ranks / std::max(c.hosts, 1) * c.threads) /
                                     std::max(c.cores, 1));
-    // Likewise a lighter stage waiting for the largest one leaves its
-    // core to it: with the cores shared the m slots take the mean stage's
-    // work (1/P of a micro-batch), never less than the largest stage's on
-    // a core of its own (the bubble's term is at least path / contention).
-    // Interleaving's cost-balanced pieces are uneven (the largest rank
-    // 0.62 of the work by 4 on 2 stages), and priced at the largest rank's
-    // share its layouts came out 17-27% slow.
-    path = std::max(path / P / stage, slots * (path / m / s.v) / contention);
+    path = std::max(path, slots * (path / m / s.v) / contention);
     // The slowest hop between neighbouring stages, twice a slot.
     const double bytes = s.pp.boundary_bytes_per_row * static_cast<double>(s.rows);
     const double hop = std::max(allreduce_s(c, pp_group, bytes),
