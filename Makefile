@@ -28,7 +28,7 @@ asan: deps
 # instrumented, so TSan cannot see its barriers.
 tsan: deps
 	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHOAL_TSAN=ON -DSHOAL_NATIVE=OFF
-	cmake --build build-tsan -j $(JOBS) --target communicator_test store_test data_test server_test frame_server_test push_pipeline_test ps_in_place_test http_server_test
+	cmake --build build-tsan -j $(JOBS) --target communicator_test comm_faults_test store_test data_test server_test frame_server_test push_pipeline_test ps_in_place_test http_server_test
 	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --output-on-failure -j $(JOBS) --timeout 900 -R "^(Comm/Transports|Allreduce|Collectives|Faults|Frames|Env|Store|FileStore|Loader|Shm|PsServer|FrameServer|PsPipeline|PsInPlace|HttpServer)\\."
 
 # libFuzzer over the network parsers (frames, store requests, handshake),
