@@ -24,7 +24,7 @@ every layout.
 usage: bench/plan.py [--models gpt,resnet] [--ranks 2,4] [--steps 30] [--repeat N]
                      [--mem-per-rank GB] [--filter REGEX] [--confirm R [--confirm-top K]]
                      [--save-calibration FILE | --calibration FILE]
-                     [--netns HOSTS [--link 1gbit]]
+                     [--netns HOSTS [--link 1gbit] [--burst MS]]
 """
 import argparse
 import json
@@ -247,6 +247,8 @@ def main():
                     help="shoal plan --save-calibration ({model}, {ranks} replaced)")
     ap.add_argument("--netns", type=int, default=0, help="hosts of a netns cluster to span")
     ap.add_argument("--link", default="1gbit", help="--netns: the hosts' link rate")
+    ap.add_argument("--burst", default="10",
+                    help="--netns: the links' token bucket, ms of traffic (netns-cluster.sh)")
     args = ap.parse_args()
     args.share = None
     args.cluster = f"bp{os.getpid() % 100000}"
@@ -254,7 +256,8 @@ def main():
         # The hosts share one directory at the same path (the runs' files).
         args.share = tempfile.mkdtemp(prefix="shoal_plan_bench_", dir="/tmp")
         subprocess.run([NETNS, "--name", args.cluster, "start", "--hosts", str(args.netns),
-                        "--link", args.link, "--share", args.share], check=True,
+                        "--link", args.link, "--burst", args.burst, "--share", args.share],
+                       check=True,
                        stdout=subprocess.DEVNULL)
     try:
         for model in args.models.split(","):

@@ -8,7 +8,7 @@
 # range for benchmark networks); no namespace has a route out.
 #
 #   tools/netns-cluster.sh start --hosts N [--racks R] [--link RATE[:DELAY]]
-#                                [--spine RATE[:DELAY]] [--share DIR]
+#                                [--spine RATE[:DELAY]] [--share DIR] [--burst MS]
 #   tools/netns-cluster.sh exec HOST CMD...   # HOST: h1..hN (or 1..N)
 #   tools/netns-cluster.sh rsh HOST WORDS...  # as ssh does: one shell line
 #   tools/netns-cluster.sh addr HOST          # the host's address
@@ -25,6 +25,10 @@
 # relay of the host's frames in user space (tools/netns_delay.py). --share DIR
 # (default $TMPDIR when it is under /tmp) stays visible at the same path on
 # every host, the way a shared file system is; the rest of /tmp is private.
+# --burst MS (default 10): the token bucket's depth in ms of the link's
+# traffic, at least 16 KiB. A link idle that long passes
+# that much at memory speed, which a real NIC never does: 0.5 makes the
+# links behave more like one (docs/cluster.md).
 # Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN), iproute2, util-linux; loss
 # needs nftables, measure needs iperf3 (tools/install-deps.sh).
 set -euo pipefail
@@ -89,7 +93,7 @@ has_netem() {
 shape() {  # netns dev rate delay
   local bps burst
   bps=$(bytes_per_s "$3")
-  burst=$(( bps / 100 > 16384 ? bps / 100 : 16384 ))  # 10 ms of traffic
+  burst=$(awk -v b="$bps" -v ms="$(cat "$DIR/burst.ms")" 'BEGIN { x = int(b * ms / 1000); print (x > 16384 ? x : 16384) }')
   if [ "$4" != 0 ]; then
     ip netns exec "$1" tc qdisc replace dev "$2" root handle 1: netem delay "${4}ms" limit 100000
     ip netns exec "$1" tc qdisc add dev "$2" parent 1:1 handle 10: tbf rate "$3" burst "$burst" latency 100ms
@@ -141,7 +145,7 @@ start_holder() {  # index share: the process whose namespaces are the host's
 }
 
 cmd_start() {
-  local hosts="" racks=1 link="" spine="" share=""
+  local hosts="" racks=1 link="" spine="" share="" burst=10
   [ "${TMPDIR:-}" != "" ] && [[ "$TMPDIR" == /tmp/* ]] && share=$TMPDIR
   while [ $# -gt 0 ]; do
     case "$1" in
@@ -150,11 +154,13 @@ cmd_start() {
       --link) link=$2; shift 2 ;;
       --spine) spine=$2; shift 2 ;;
       --share) share=$2; shift 2 ;;
+      --burst) burst=$2; shift 2 ;;
       *) die "start: unknown option '$1'" ;;
     esac
   done
   [[ "$hosts" =~ ^[0-9]+$ ]] && [ "$hosts" -ge 1 ] && [ "$hosts" -le 250 ] || die "start: --hosts N, 1 <= N <= 250"
   [[ "$racks" =~ ^[0-9]+$ ]] && [ "$racks" -ge 1 ] && [ "$racks" -le "$hosts" ] || die "start: --racks R, 1 <= R <= hosts"
+  [[ "$burst" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "start: --burst $burst: milliseconds of the link's traffic, e.g. 10 or 0.5"
   [ "$(id -u)" = 0 ] || die "start: needs root (network namespaces, mounts)"
   [ -e "$DIR" ] && die "start: cluster $NAME exists ($DIR); stop it first"
   local lrate="" ldelay=0 srate="" sdelay=0
@@ -167,6 +173,7 @@ cmd_start() {
   mkdir -p "$DIR"
   trap 'echo "netns-cluster: start failed; cleaning up" >&2; cmd_stop >/dev/null 2>&1 || true' ERR
   echo "$hosts" > "$DIR/hosts.count"
+  echo "$burst" > "$DIR/burst.ms"
   readlink /proc/self/ns/pid > "$DIR/rootns"
   { echo "127.0.0.1 localhost"; for i in $(seq 1 "$hosts"); do
       echo "198.18.$(( (i - 1) % racks + 1 )).$i h$i"; done; } > "$DIR/hosts"
