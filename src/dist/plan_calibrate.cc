@@ -232,9 +232,9 @@ Status remeasure_disturbed(comm::Communicator& c, const train::TrainOptions& bas
       train::StepProfile& kept = cal.steps.at(rows[i]);
       if (c.rank() == 0)
         SHOAL_LOG_WARN(
-            "plan: the step at {} rows took {:.1f} ms, {:.0f}% over its neighbours': "
-            "measured again, {:.1f} ms",
-            rows[i], kept.period_s * 1e3, (over - 1) * 100, p->period_s * 1e3);
+            "plan: the step at {} rows stood {:.0f}% above its neighbours' line on some rank "
+            "(the host busy?): measured again, rank 0 {:.1f} -> {:.1f} ms",
+            rows[i], (over - 1) * 100, kept.period_s * 1e3, p->period_s * 1e3);
       if (p->period_s < kept.period_s) kept = *p;
     }
   }

@@ -281,8 +281,12 @@ void price_step(const Calibration& c, const Split& s, Candidate& k) {
                               : static_cast<double>(c.ranks / std::max(c.hosts, 1) * c.threads) /
                                     std::max(c.cores, 1));
     path = std::max(path, slots * (path / m / s.v) / contention);
-    // The slowest hop between neighbouring stages, twice a slot.
-    const double bytes = s.pp.boundary_bytes_per_row * static_cast<double>(s.rows);
+    // The slowest hop between neighbouring stages, twice a slot. Under
+    // sequence parallelism the residual stream a cut carries is sharded
+    // (mp::shard_sequence): each of the T ranks sends its 1/T of the rows,
+    // where without it each sends them all.
+    const double bytes = s.pp.boundary_bytes_per_row * static_cast<double>(s.rows) /
+                         (k.layout.sequence_parallel ? T : 1);
     const double hop = std::max(allreduce_s(c, pp_group, bytes),
                                 P > 2 ? allreduce_s(c, {2, T, 1, T * P}, bytes) : 0.0);
     k.allreduce_s = slots * tp_mb * stage / s.v;

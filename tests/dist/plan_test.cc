@@ -245,6 +245,25 @@ TEST(Plan, SequenceParallelismSplitsTheRowWiseWork) {
   EXPECT_NE(candidates_json({b}).find("\"sequence_parallel\": true"), std::string::npos);
 }
 
+// A pipeline of tensor-parallel stages sends the cut's activation from
+// every rank of the group; with sequence parallelism each rank's 1/T of
+// the rows (the residual stream is sharded there).
+TEST(Plan, SequenceParallelStagesSendTheirShareOfTheRows) {
+  const PlanRequest r = request(4, 64);
+  const Calibration c = calibration(4, 64);
+  Layout tp;
+  tp.tp = 2;
+  tp.pp = 2;
+  tp.micro_batches = 4;
+  Layout sp = tp;
+  sp.sequence_parallel = true;
+  const Candidate a = predict(r, c, tp, 0), b = predict(r, c, sp, 0);
+  const Group hop{2, 2, 0, 4};
+  const double rows = 16, slots = 4 + 1;
+  EXPECT_NEAR(a.transfer_s, slots * 2 * c.allreduce.at(hop).time(8192 * rows), 1e-12);
+  EXPECT_NEAR(b.transfer_s, slots * 2 * c.allreduce.at(hop).time(8192 * rows / 2), 1e-12);
+}
+
 // An interleaved pipeline the calibration built: the layout of that build
 // (tp 1, ZeRO 0) holds what it measured; others of the same stages, pieces
 // and micro-batches are scaled alike; the rest keep the formula.
