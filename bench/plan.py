@@ -134,10 +134,13 @@ def bench(args, model, ranks):
                  "--out", os.path.join(tmp, "plan.yaml")]
         if args.mem_per_rank:
             words += ["--mem-per-rank", str(args.mem_per_rank)]
+        # Through tmp: on netns hosts only the shared directory is seen by all.
         if args.calibration:
-            words += ["--calibration", args.calibration.format(model=model, ranks=ranks)]
+            shutil.copy(args.calibration.format(model=model, ranks=ranks),
+                        os.path.join(tmp, "calibration.in.json"))
+            words += ["--calibration", os.path.join(tmp, "calibration.in.json")]
         if args.save_calibration:
-            words += ["--save-calibration", args.save_calibration.format(model=model, ranks=ranks)]
+            words += ["--save-calibration", os.path.join(tmp, "calibration.json")]
         if args.netns:
             words += ["--hosts", str(args.netns)]
             rc, out = launch(args, ranks, words, tmp)
@@ -148,6 +151,9 @@ def bench(args, model, ranks):
         print(f"\n## {model}, {ranks} ranks{where}, {batch} samples per step: "
               f"`{' '.join(words)}`")
         calib = re.search(r"calibrated in ([\d.]+) s", out)
+        if args.save_calibration and os.path.exists(os.path.join(tmp, "calibration.json")):
+            shutil.copy(os.path.join(tmp, "calibration.json"),
+                        args.save_calibration.format(model=model, ranks=ranks))
         if not os.path.exists(cj):
             print(out)
             return None

@@ -28,7 +28,8 @@ int group_color(const Group& g, int rank, int world);
 std::string variant_key(const std::string& precision, const std::string& recompute);
 // What the step at rows[i] (sorted) should take by its neighbours in
 // `steps`: the line through the sizes either side (at the ends, through
-// the nearest two); 0 with fewer than three sizes (plan_calibrate.cc).
+// the nearest two; below them, halfway up to the next size's period); 0
+// with fewer than three sizes (plan_calibrate.cc).
 double neighbours_period(const std::map<std::int64_t, train::StepProfile>& steps,
                          const std::vector<std::int64_t>& rows, std::size_t i);
 

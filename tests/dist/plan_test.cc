@@ -169,7 +169,8 @@ TEST(Plan, ADisturbedSizeStandsAboveItsNeighboursLine) {
   for (auto [r, ms] : {std::pair{4, 20.0}, {8, 60.1}, {16, 78.1}, {32, 153.7}, {64, 300.0}})
     steps[r].period_s = ms / 1e3;
   EXPECT_NEAR(neighbours_period(steps, rows, 1), 0.03937, 1e-5);  // 20 + 58.1 x 4 / 12
-  EXPECT_NEAR(neighbours_period(steps, rows, 0), 0.0601 - 0.0180 * 4 / 8, 1e-6);
+  // The smallest halfway between the line through 8 and 16 rows and 8 rows.
+  EXPECT_NEAR(neighbours_period(steps, rows, 0), (0.0601 - 0.0180 * 4 / 8 + 0.0601) / 2, 1e-6);
   EXPECT_NEAR(neighbours_period(steps, rows, 4), 0.1537 + 0.0756 * 32 / 16, 1e-6);
   EXPECT_NEAR(neighbours_period(steps, rows, 2), 0.0601 + 0.0936 * 8 / 24, 1e-6);
   EXPECT_EQ(neighbours_period(steps, {4, 8}, 0), 0);  // two sizes say nothing
