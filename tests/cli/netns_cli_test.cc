@@ -671,5 +671,31 @@ TEST_F(NetnsCluster, LoopbackIsNotAdvertisedToAnotherHost) {
       << r.out;
 }
 
+// The links' token bucket: 10 ms of traffic by default (1 Gbit/s: 1.25
+// MB), as deep as --burst asks (0.5 ms: 62,500 bytes, a NIC-like link), on
+// both ends of a host's link (tc rounds it to its clock: within 1%); a
+// depth that is no number is refused.
+TEST_F(NetnsCluster, TheLinksBucketIsAsDeepAsAsked) {
+  const auto bucket = [](const std::string& ns, const std::string& dev) -> double {
+    const std::string out =
+        run_sh(fmt::format("ip netns exec {} tc qdisc show dev {}", ns, dev)).out;
+    const auto at = out.find(" burst ");
+    return at == std::string::npos ? -1 : std::atof(out.c_str() + at + 7);
+  };
+  EXPECT_NEAR(bucket(name_ + "-h1", "eth0"), 1.25e6, 1.25e4);
+  const std::string other = fmt::format("u{}", getpid() % 10000000);
+  auto r =
+      run_sh(fmt::format("{} --name {} start --hosts 1 --link 1gbit --burst 0.5", kTool, other));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double h1 = bucket(other + "-h1", "eth0"), fab = bucket(other + "-fab", "h1");
+  run_sh(fmt::format("{} --name {} stop", kTool, other));
+  EXPECT_NEAR(h1, 62500, 625);
+  EXPECT_NEAR(fab, 62500, 625);
+  r = run_sh(fmt::format("{} --name {} start --hosts 1 --burst 1ms", kTool, other));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--burst 1ms: milliseconds of the link's traffic"), std::string::npos)
+      << r.out;
+}
+
 }  // namespace
 }  // namespace shoal
