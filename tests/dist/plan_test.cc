@@ -162,7 +162,8 @@ TEST(Plan, ShardingAndMicroBatchesLowerMemoryAndTheBubbleCosts) {
 
 // The calibration measures a size again when its step stands above the
 // line its neighbours draw (a 12-step window on a busy host): the
-// measured case of a disturbed 8 rows, the ends by the nearest two.
+// measured case of a disturbed 8 rows; the largest by the nearest two,
+// the smallest halfway up to the next size (it keeps the fixed costs).
 TEST(Plan, ADisturbedSizeStandsAboveItsNeighboursLine) {
   std::map<std::int64_t, train::StepProfile> steps;
   const std::vector<std::int64_t> rows{4, 8, 16, 32, 64};
