@@ -28,11 +28,13 @@ inline Result<std::unique_ptr<comm::Communicator>> one_rank_communicator() {
 
 // fn(rank, communicator) on `world` threads; each rank's result, or the
 // error that kept it from running. Every rank gets options `o`, its prefix
-// followed by a number per job.
+// followed by a number per job, then what `per_rank` changes in its copy.
 template <typename T>
-std::vector<Result<T>> run_on_ranks(int world, const std::string& prefix,
-                                    const std::function<Result<T>(int, comm::Communicator&)>& fn,
-                                    const comm::CommOptions& o = test_comm_options()) {
+std::vector<Result<T>> run_on_ranks(
+    int world, const std::string& prefix,
+    const std::function<Result<T>(int, comm::Communicator&)>& fn,
+    const comm::CommOptions& o = test_comm_options(),
+    const std::function<void(int, comm::CommOptions&)>& per_rank = {}) {
   std::vector<Result<T>> got(static_cast<std::size_t>(world), internal_error("not run"));
   auto srv = net::TcpStoreServer::start("127.0.0.1", 0, "");
   if (!srv.ok()) {
@@ -53,6 +55,7 @@ std::vector<Result<T>> run_on_ranks(int world, const std::string& prefix,
       }
       comm::CommOptions mine = o;
       mine.prefix = prefix + std::to_string(job);
+      if (per_rank) per_rank(r, mine);
       auto c = comm::Communicator::create(r, world, **store, mine);
       if (!c.ok()) {
         out = c.status();
