@@ -135,12 +135,13 @@ def bench(args, model, ranks):
         if args.mem_per_rank:
             words += ["--mem-per-rank", str(args.mem_per_rank)]
         # Through tmp: on netns hosts only the shared directory is seen by all.
+        cal_in = os.path.join(tmp, "calibration.in.json")
+        cal_out = os.path.join(tmp, "calibration.json")
         if args.calibration:
-            shutil.copy(args.calibration.format(model=model, ranks=ranks),
-                        os.path.join(tmp, "calibration.in.json"))
-            words += ["--calibration", os.path.join(tmp, "calibration.in.json")]
+            shutil.copy(args.calibration.format(model=model, ranks=ranks), cal_in)
+            words += ["--calibration", cal_in]
         if args.save_calibration:
-            words += ["--save-calibration", os.path.join(tmp, "calibration.json")]
+            words += ["--save-calibration", cal_out]
         if args.netns:
             words += ["--hosts", str(args.netns)]
             rc, out = launch(args, ranks, words, tmp)
@@ -151,9 +152,8 @@ def bench(args, model, ranks):
         print(f"\n## {model}, {ranks} ranks{where}, {batch} samples per step: "
               f"`{' '.join(words)}`")
         calib = re.search(r"calibrated in ([\d.]+) s", out)
-        if args.save_calibration and os.path.exists(os.path.join(tmp, "calibration.json")):
-            shutil.copy(os.path.join(tmp, "calibration.json"),
-                        args.save_calibration.format(model=model, ranks=ranks))
+        if args.save_calibration and os.path.exists(cal_out):
+            shutil.copy(cal_out, args.save_calibration.format(model=model, ranks=ranks))
         if not os.path.exists(cj):
             print(out)
             return None
