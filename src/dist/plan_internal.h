@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "shoal/dist/plan.h"
@@ -32,5 +33,13 @@ std::string variant_key(const std::string& precision, const std::string& recompu
 // with fewer than three sizes (plan_calibrate.cc).
 double neighbours_period(const std::map<std::int64_t, train::StepProfile>& steps,
                          const std::vector<std::int64_t>& rows, std::size_t i);
+
+// What a pipeline's cuts add to its step (plan_pipeline.cc): its ranks'
+// work replayed in `schedule`'s order ("1f1b", "gpipe") over P ranks, m
+// micro-batches and v pieces a rank, each `piece` seconds (a third
+// forward), with hop[r] the seconds of one message from rank r to the next
+// (the last: to rank 0), against the same replay with no hops.
+double pipeline_transfer_s(const std::string& schedule, int P, int m, int v, double piece,
+                           const std::vector<double>& hop);
 
 }  // namespace shoal::dist

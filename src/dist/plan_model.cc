@@ -281,16 +281,24 @@ void price_step(const Calibration& c, const Split& s, Candidate& k) {
                               : static_cast<double>(c.ranks / std::max(c.hosts, 1) * c.threads) /
                                     std::max(c.cores, 1));
     path = std::max(path, slots * (path / m / s.v) / contention);
-    // The slowest hop between neighbouring stages, twice a slot. Under
+    // A message across a cut: the rows' activation (its gradient back)
+    // priced as the pair's measured all-reduce of those bytes. Under
     // sequence parallelism the residual stream a cut carries is sharded
     // (mp::shard_sequence): each of the T ranks sends its 1/T of the rows,
     // where without it each sends them all.
     const double bytes = s.pp.boundary_bytes_per_row * static_cast<double>(s.rows) /
                          (k.layout.sequence_parallel ? T : 1);
-    const double hop = std::max(allreduce_s(c, pp_group, bytes),
-                                P > 2 ? allreduce_s(c, {2, T, 1, T * P}, bytes) : 0.0);
+    // Rank r's cut to r + 1: the even ones measured in pp_group, the odd
+    // ones (P > 2) between its pairs, the last (to rank 0, interleaved)
+    // like an odd one where there are more than two. What they add to the
+    // step: the ranks' work replayed in the schedule's order with them.
+    const double even = allreduce_s(c, pp_group, bytes);
+    const double odd = P > 2 ? allreduce_s(c, {2, T, 1, T * P}, bytes) : even;
+    std::vector<double> hop(static_cast<std::size_t>(P));
+    for (int r = 0; r < P; ++r)
+      hop[static_cast<std::size_t>(r)] = r % 2 == 0 && r < P - 1 ? even : odd;
     k.allreduce_s = slots * tp_mb * stage / s.v;
-    k.transfer_s = slots * 2 * hop;
+    k.transfer_s = pipeline_transfer_s(k.layout.pp_schedule, P, m, s.v, path / slots, hop);
   }
   k.compute_s = path + k.update_s;
   if (D > 1) {
