@@ -1,13 +1,13 @@
 // dist/plan.h's calibration: the job's ranks, forked on this host, each
 // train the model a few steps at every micro-batch size the layouts need
 // (all at once, so they share the cores as the job's ranks will), then
-// time all-reduces among themselves in groups of each size. Rank 0 reads
+// time their groups' collectives (plan_links.cc). Rank 0 reads
 // the forward graph's splits and writes the result as JSON for the parent.
 #include <signal.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -30,117 +30,6 @@ using Clock = std::chrono::steady_clock;
 
 // The trainer traces its last 10 steps (train/trainer_impl.h kTraceSteps).
 constexpr int kWarmSteps = 2, kTimedSteps = 10;
-
-// `group`'s all-reduce (null: this rank sits out).
-Status group_allreduce(comm::Communicator* group, float* buf, std::size_t n) {
-  return group == nullptr ? ok_status()
-                          : group->allreduce(buf, buf, n, DType::kF32, comm::ReduceOp::kSum);
-}
-
-// One all-reduce of `bytes` in every group at once: the slowest rank's
-// mean.
-Result<double> time_allreduce(comm::Communicator& world, comm::Communicator* group,
-                              std::vector<float>& buf, std::size_t bytes) {
-  const std::size_t n = std::max<std::size_t>(bytes / 4, 1);
-  for (int w = 0; w < 2; ++w) SHOAL_RETURN_IF_ERROR(group_allreduce(group, buf.data(), n));
-  // Repetitions for ~20 ms, the same on every rank (each group's ranks
-  // must make the same calls).
-  auto t0 = Clock::now();
-  SHOAL_RETURN_IF_ERROR(group_allreduce(group, buf.data(), n));
-  double one = std::chrono::duration<double>(Clock::now() - t0).count();
-  SHOAL_RETURN_IF_ERROR(world.allreduce(&one, &one, 1, DType::kF64, comm::ReduceOp::kMax));
-  const int iters = std::clamp(static_cast<int>(0.02 / std::max(one, 1e-7)), 3, 200);
-  SHOAL_RETURN_IF_ERROR(world.barrier());
-  t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) SHOAL_RETURN_IF_ERROR(group_allreduce(group, buf.data(), n));
-  double mean = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
-  SHOAL_RETURN_IF_ERROR(world.allreduce(&mean, &mean, 1, DType::kF64, comm::ReduceOp::kMax));
-  return mean;
-}
-
-// Spins for `cpu_s` of this thread's CPU time: longer on the wall clock
-// while another process holds the core.
-void busy(double cpu_s) {
-  auto now = [] {
-    timespec t{};
-    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-  };
-  const double until = now() + cpu_s;
-  volatile double x = 1;
-  while (now() < until)
-    for (int i = 0; i < 256; ++i) x = x * 1.0000001 + 1e-9;
-}
-
-// Every rank's `threads` threads spin for the same CPU time at once: the
-// mean over ranks of wall time / CPU time (how many compete for a core).
-Result<double> measure_contention(comm::Communicator& c, int threads) {
-  constexpr double kCpu = 0.03;
-  double k[3];
-  for (double& x : k) {
-    SHOAL_RETURN_IF_ERROR(c.barrier());
-    const auto t0 = Clock::now();
-#pragma omp parallel num_threads(threads)
-    busy(kCpu);
-    x = std::chrono::duration<double>(Clock::now() - t0).count() / kCpu;
-  }
-  std::sort(k, k + 3);
-  double mean = k[1];  // the median of three
-  SHOAL_RETURN_IF_ERROR(c.allreduce(&mean, &mean, 1, DType::kF64, comm::ReduceOp::kSum));
-  return std::max(1.0, mean / c.size());
-}
-
-// The cost of a small all-reduce among `group`'s ranks between bursts of
-// compute on every rank, beyond the bursts alone: what each collective
-// inside a step adds (on an oversubscribed host, mostly waiting for a
-// peer to get a core). The slowest rank's, per collective.
-Result<double> sync_cost(comm::Communicator& world, comm::Communicator* group) {
-  constexpr int kBursts = 40;
-  constexpr double kBurst = 1e-3;
-  float v[16] = {};
-  double wall[2] = {0, 0};
-  for (int with = 0; with < 2; ++with) {
-    SHOAL_RETURN_IF_ERROR(world.barrier());
-    const auto t0 = Clock::now();
-    for (int k = 0; k < kBursts; ++k) {
-      busy(kBurst);
-      if (with) SHOAL_RETURN_IF_ERROR(group_allreduce(group, v, 16));
-    }
-    SHOAL_RETURN_IF_ERROR(world.barrier());
-    wall[with] = std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-  double extra = std::max(0.0, (wall[1] - wall[0]) / kBursts);
-  SHOAL_RETURN_IF_ERROR(world.allreduce(&extra, &extra, 1, DType::kF64, comm::ReduceOp::kMax));
-  return extra;
-}
-
-// Each group the layouts use, every one of its kind at once, in the
-// ranks' own places (across hosts, over the links the job will use).
-Status measure_links(comm::Communicator& c, const std::vector<Group>& groups, Calibration& cal) {
-  const std::size_t sizes[] = {4 << 10, 64 << 10, 512 << 10, 4 << 20};
-  const std::size_t small = sizes[0], large = sizes[3];
-  std::vector<float> buf(large / 4, 1.0f);
-  const int r = c.rank();
-  for (const Group g : groups) {
-    std::unique_ptr<comm::Communicator> sub;
-    comm::Communicator* grp = &c;
-    if (g.size < c.size() || g.shift > 0) {
-      SHOAL_ASSIGN_OR_RETURN(sub, c.split(group_color(g, r, c.size()), r));
-      grp = sub.get();  // null where this rank sits out
-    }
-    LinkFit f;
-    for (std::size_t bytes : sizes) {
-      SHOAL_ASSIGN_OR_RETURN(double t, time_allreduce(c, grp, buf, bytes));
-      f.points.emplace_back(static_cast<double>(bytes), t);
-    }
-    const double t_small = f.points.front().second, t_large = f.points.back().second;
-    SHOAL_ASSIGN_OR_RETURN(cal.sync_s[g], sync_cost(c, grp));
-    f.beta = std::max(0.0, (t_large - t_small) / static_cast<double>(large - small));
-    f.alpha = std::max(1e-6, t_small - f.beta * static_cast<double>(small));
-    cal.allreduce[g] = f;
-  }
-  return ok_status();
-}
 
 // This rank trains `rows` per step for a few steps beside the others;
 // with `forward`, keeps a copy of the training graph's forward there.
@@ -440,8 +329,8 @@ Result<Calibration> measure(comm::Communicator& c, const train::TrainOptions& ba
   SHOAL_RETURN_IF_ERROR(read_splits(c, *forward, cal, groups));
   SHOAL_RETURN_IF_ERROR(measure_built(c, plain, r, *forward, dir, cal));
   SHOAL_ASSIGN_OR_RETURN(cal.contention, measure_contention(c, plain.threads));
-  if (Status st = measure_links(c, job_groups(r), cal); !st.ok())
-    return st.with_context("timing all-reduces");
+  if (Status st = measure_links(c, job_groups(r), job_shard_groups(r), cal); !st.ok())
+    return st.with_context("timing the groups' collectives");
   cal.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return cal;
 }

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "shoal/comm/communicator.h"
 #include "shoal/dist/plan.h"
 #include "shoal/graph/graph.h"
 #include "shoal/mp/tensor_parallel.h"
@@ -33,6 +35,19 @@ std::string variant_key(const std::string& precision, const std::string& recompu
 // with fewer than three sizes (plan_calibrate.cc).
 double neighbours_period(const std::map<std::int64_t, train::StepProfile>& steps,
                          const std::vector<std::int64_t>& rows, std::size_t i);
+
+// The links and cores (plan_links.cc): every group of `groups` at once,
+// its all-reduce's fit, the wait a collective inside a step adds, and in
+// those of `shards` the reduce-scatter + all-gather pair's fit.
+Status measure_links(comm::Communicator& c, const std::vector<Group>& groups,
+                     const std::vector<Group>& shards, Calibration& cal);
+// The mean over ranks of wall time over CPU time while every rank's
+// `threads` threads spin at once: how many compete for a core.
+Result<double> measure_contention(comm::Communicator& c, int threads);
+// The fit of `op(n floats)` timed at 4 KiB to 4 MiB, the slowest rank's
+// mean, a size that ran slower per byte than the one before measured again
+// (plan_links.cc). Every rank of `world` calls it alike.
+Result<LinkFit> fit_sizes(comm::Communicator& world, const std::function<Status(std::size_t)>& op);
 
 // What a pipeline's cuts add to its step (plan_pipeline.cc): its ranks'
 // work replayed in `schedule`'s order ("1f1b", "gpipe") over P ranks, m

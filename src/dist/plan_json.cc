@@ -92,6 +92,14 @@ std::string calibration_json(const Calibration& c) {
                               {"beta", f.beta},
                               {"points", f.points},
                               {"sync_s", c.sync_s.count(g) ? c.sync_s.at(g) : 0.0}});
+  for (const auto& [g, f] : c.shard)
+    j["shard"].push_back({{"group", g.size},
+                          {"stride", g.stride},
+                          {"shift", g.shift},
+                          {"span", g.span},
+                          {"alpha", f.alpha},
+                          {"beta", f.beta},
+                          {"points", f.points}});
   j["cores"] = c.cores;
   j["hosts"] = c.hosts;
   j["contention"] = c.contention;
@@ -150,16 +158,22 @@ Result<Calibration> parse_calibration(const std::string& text) {
     const nlohmann::json variants = j.value("variants", nlohmann::json::object());
     for (const auto& [key, e] : variants.items()) c.variants[key] = parse_profile(e);
     c.accumulate_s = j.value("accumulate_s", 0.0);
-    for (const auto& e : j.value("allreduce", nlohmann::json::array())) {
-      const Group g{e.at("group").get<int>(), e.value("stride", 1), e.value("shift", 0),
-                    e.value("span", 0)};
-      LinkFit f{e.at("alpha").get<double>(), e.at("beta").get<double>(), {}};
-      f.points = e.value("points", std::vector<std::pair<double, double>>{});
-      if (!std::is_sorted(f.points.begin(), f.points.end()))
-        return invalid_argument("plan calibration: a group's sizes are not in ascending order");
-      c.allreduce[g] = f;
-      c.sync_s[g] = e.value("sync_s", 0.0);
-    }
+    for (const char* kind : {"allreduce", "shard"})
+      for (const auto& e : j.value(kind, nlohmann::json::array())) {
+        const Group g{e.at("group").get<int>(), e.value("stride", 1), e.value("shift", 0),
+                      e.value("span", 0)};
+        LinkFit f{e.at("alpha").get<double>(), e.at("beta").get<double>(), {}};
+        f.points = e.value("points", std::vector<std::pair<double, double>>{});
+        if (!std::is_sorted(f.points.begin(), f.points.end()))
+          return invalid_argument("plan calibration: a group's {} sizes are not in ascending order",
+                                  kind);
+        if (std::string(kind) == "shard") {
+          c.shard[g] = f;
+          continue;
+        }
+        c.allreduce[g] = f;
+        c.sync_s[g] = e.value("sync_s", 0.0);
+      }
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument("plan calibration: {}", e.what());
   }

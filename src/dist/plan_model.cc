@@ -70,6 +70,14 @@ double allreduce_s(const Calibration& c, Group g, double bytes) {
   return f != nullptr ? f->time(bytes) : 0;
 }
 
+// A reduce-scatter then an all-gather of `bytes` within one group, where
+// the calibration measured that group's (else as its all-reduce).
+double shard_pair_s(const Calibration& c, Group g, double bytes) {
+  if (bytes <= 0) return 0;
+  auto it = c.shard.find(g);
+  return it != c.shard.end() ? it->second.time(bytes) : allreduce_s(c, g, bytes);
+}
+
 // What one collective inside the step adds beyond its transfer (waiting
 // for the group while every rank computes).
 double sync_s(const Calibration& c, Group g) {
@@ -216,6 +224,18 @@ std::vector<Group> job_groups(const PlanRequest& r) {
   return g;
 }
 
+std::vector<Group> job_shard_groups(const PlanRequest& r) {
+  std::vector<Group> g;
+  for (const auto& [l, zero] : job_layouts(r)) {
+    const int D = r.ranks / (l.tp * l.pp);
+    if (l.tp > 1 && l.sequence_parallel) g.push_back({l.tp, 1});
+    if (D > 1 && zero >= 1) g.push_back({D, l.tp * l.pp});
+  }
+  std::sort(g.begin(), g.end());
+  g.erase(std::unique(g.begin(), g.end()), g.end());
+  return g;
+}
+
 std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r) {
   std::vector<std::int64_t> rows;
   for (const auto& [l, zero] : job_layouts(r))
@@ -246,10 +266,10 @@ void price_step(const Calibration& c, const Split& s, Candidate& k) {
   double tp_mb = 0;
   for (double b : s.tp.collective_bytes_per_row)
     tp_mb += allreduce_s(c, tp_group, b * rows) + sync_s(c, tp_group);
-  // A reduce-scatter or all-gather moves half an all-reduce's bytes (a
-  // ring's one phase of two): priced as half of the measured all-reduce.
+  // A reduce-scatter or an all-gather of the forward, and its gradient's
+  // opposite in the backward: one measured pair, two waits.
   for (double b : s.tp.shard_bytes_per_row)
-    tp_mb += 0.5 * allreduce_s(c, tp_group, b * rows) + sync_s(c, tp_group);
+    tp_mb += shard_pair_s(c, tp_group, b * rows) + 2 * sync_s(c, tp_group);
   // Parameters' gradient sums: one all-reduce of them all where sequence
   // parallelism buckets them (one micro-batch, no pipeline), else one each.
   if (!s.tp.shard_bytes_per_row.empty() && m == 1 && P == 1) {
@@ -304,11 +324,15 @@ void price_step(const Calibration& c, const Split& s, Candidate& k) {
   if (D > 1) {
     const double wire = k.precision == "bf16" && zero < 3 ? 2.0 : 4.0;  // dp::wire_dtype
     const double grads = static_cast<double>(p.param_bytes) / 4.0 * wire * s.share;
-    // ZeRO-3 gathers the parameters for the forward and again for the
-    // backward, and reduce-scatters the gradients: 1.5 all-reduces.
-    double dp = allreduce_s(c, dp_group, grads) * (zero == 3 ? 1.5 : 1.0) + sync_s(c, dp_group);
-    // ZeRO's reduce-scatter and all-gather: two collectives, not one.
-    if (zero >= 1) dp += allreduce_s(c, dp_group, 1) + sync_s(c, dp_group);
+    // ZeRO reduce-scatters the gradients and all-gathers the parameters;
+    // ZeRO-3 gathers them for the forward and again for the backward: 1.5
+    // pairs. Two collectives, not one: a second wait for the group (and
+    // the second's latency where the pair was not measured).
+    const bool pair = zero >= 1 && c.shard.count(dp_group) > 0;
+    double dp = (zero >= 1 ? shard_pair_s(c, dp_group, grads) : allreduce_s(c, dp_group, grads)) *
+                    (zero == 3 ? 1.5 : 1.0) +
+                sync_s(c, dp_group);
+    if (zero >= 1) dp += (pair ? 0.0 : allreduce_s(c, dp_group, 1)) + sync_s(c, dp_group);
     // ZeRO-3 gathers each parameter where the forward uses it and again in
     // the backward: two collectives inside the step per tensor.
     if (zero == 3) dp += 2.0 * p.param_tensors * s.share * sync_s(c, dp_group);

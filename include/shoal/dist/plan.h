@@ -73,7 +73,8 @@ struct TpShape {
   double arena_ratio = 0;  // the planned arena's (0: unknown, from the others)
   std::vector<double> collective_bytes_per_row;  // each all-reduce, fwd or bwd
   // With --sequence-parallel (mp::shard_sequence): each reduce-scatter or
-  // all-gather (the whole tensor's bytes per row; half an all-reduce's
+  // all-gather of the forward (the whole tensor's bytes per row; the
+  // backward runs its opposite, so each is a pair a step, an all-reduce's
   // traffic), and the parameters the split rows read, whose gradients are
   // summed over the group (one all-reduce of them all with one
   // micro-batch and no pipeline, else one each).
@@ -120,6 +121,12 @@ struct Calibration {
   // step alone, and the data-parallel step keeps more (measured: +15%).
   std::map<std::string, double> recompute_held;
   std::map<Group, LinkFit> allreduce;  // measured in the ranks' places
+  // A reduce-scatter then an all-gather of those bytes in the groups
+  // that run them (ZeRO's data-parallel groups, sequence parallelism's
+  // tensor groups): on a ring across hosts they cost more than the
+  // all-reduce the communicator picks. Absent (an older calibration): as
+  // that all-reduce.
+  std::map<Group, LinkFit> shard;
   // What a collective inside the step costs beyond its transfer: waiting
   // for the group's ranks while all of them compute (on a host with more
   // ranks x threads than cores, for a core), by group.
@@ -176,6 +183,7 @@ std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r);
 // communicate in.
 std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r);
 std::vector<Group> job_groups(const PlanRequest& r);
+std::vector<Group> job_shard_groups(const PlanRequest& r);  // of those, the ones that shard
 
 // Runs `r.ranks` processes on this host that each train `base` for a few
 // steps at each micro-batch size, then measure all-reduces among
