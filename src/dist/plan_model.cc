@@ -257,11 +257,36 @@ struct Split {
   train::StepProfile p;  // the model's step at `rows` (precision, recompute)
 };
 
+// Data parallelism's sums over the D ranks of a group (ZeRO's
+// reduce-scatters and gathers), what the step's compute leaves showing.
+double data_parallel_s(const Calibration& c, const Split& s, const Candidate& k) {
+  const int zero = k.zero;
+  const Group dp_group{s.D, s.T * s.P};
+  const double wire = k.precision == "bf16" && zero < 3 ? 2.0 : 4.0;  // dp::wire_dtype
+  const double grads = static_cast<double>(s.p.param_bytes) / 4.0 * wire * s.share;
+  // ZeRO reduce-scatters the gradients and all-gathers the parameters;
+  // ZeRO-3 gathers them for the forward and again for the backward: 1.5
+  // pairs. Two collectives, not one: a second wait for the group (and
+  // the second's latency where the pair was not measured).
+  const bool pair = zero >= 1 && c.shard.count(dp_group) > 0;
+  double dp = (zero >= 1 ? shard_pair_s(c, dp_group, grads) : allreduce_s(c, dp_group, grads)) *
+                  (zero == 3 ? 1.5 : 1.0) +
+              sync_s(c, dp_group);
+  if (zero >= 1) dp += (pair ? 0.0 : allreduce_s(c, dp_group, 1)) + sync_s(c, dp_group);
+  // ZeRO-3 gathers each parameter where the forward uses it and again in
+  // the backward: two collectives inside the step per tensor.
+  if (zero == 3) dp += 2.0 * s.p.param_tensors * s.share * sync_s(c, dp_group);
+  // Overlapped with the backward (about 2/3 of the compute) where a
+  // core is free for it; what is left shows.
+  if (c.overlap) dp = std::max(0.1 * dp, dp - 2.0 / 3.0 * k.compute_s);
+  return dp;
+}
+
 // The step's compute and collectives, each class apart.
 void price_step(const Calibration& c, const Split& s, Candidate& k) {
   const int T = s.T, P = s.P, D = s.D, m = s.m, zero = k.zero;
   const train::StepProfile& p = s.p;
-  const Group tp_group{T, 1}, pp_group{2, T, 0, T * P}, dp_group{D, T * P};
+  const Group tp_group{T, 1}, pp_group{2, T, 0, T * P};
   const double rows = static_cast<double>(s.rows);
   double tp_mb = 0;
   for (double b : s.tp.collective_bytes_per_row)
@@ -321,26 +346,7 @@ void price_step(const Calibration& c, const Split& s, Candidate& k) {
     k.transfer_s = pipeline_transfer_s(k.layout.pp_schedule, P, m, s.v, path / slots, hop);
   }
   k.compute_s = path + k.update_s;
-  if (D > 1) {
-    const double wire = k.precision == "bf16" && zero < 3 ? 2.0 : 4.0;  // dp::wire_dtype
-    const double grads = static_cast<double>(p.param_bytes) / 4.0 * wire * s.share;
-    // ZeRO reduce-scatters the gradients and all-gathers the parameters;
-    // ZeRO-3 gathers them for the forward and again for the backward: 1.5
-    // pairs. Two collectives, not one: a second wait for the group (and
-    // the second's latency where the pair was not measured).
-    const bool pair = zero >= 1 && c.shard.count(dp_group) > 0;
-    double dp = (zero >= 1 ? shard_pair_s(c, dp_group, grads) : allreduce_s(c, dp_group, grads)) *
-                    (zero == 3 ? 1.5 : 1.0) +
-                sync_s(c, dp_group);
-    if (zero >= 1) dp += (pair ? 0.0 : allreduce_s(c, dp_group, 1)) + sync_s(c, dp_group);
-    // ZeRO-3 gathers each parameter where the forward uses it and again in
-    // the backward: two collectives inside the step per tensor.
-    if (zero == 3) dp += 2.0 * p.param_tensors * s.share * sync_s(c, dp_group);
-    // Overlapped with the backward (about 2/3 of the compute) where a
-    // core is free for it; what is left shows.
-    if (c.overlap) dp = std::max(0.1 * dp, dp - 2.0 / 3.0 * k.compute_s);
-    (zero >= 1 ? k.shard_s : k.allreduce_s) += dp;
-  }
+  if (D > 1) (zero >= 1 ? k.shard_s : k.allreduce_s) += data_parallel_s(c, s, k);
   k.comm_s = k.allreduce_s + k.transfer_s + k.shard_s;
   k.step_s = k.compute_s + k.comm_s;
 }
