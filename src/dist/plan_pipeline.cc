@@ -4,11 +4,12 @@
 // A piece's output leaves through the rank's communicator (mp::pp_send:
 // queued, not waited for), whose one progress thread sends, and receives,
 // one message at a time (comm::Communicator::run_blocking queues a receive
-// behind the sends before it). A message takes its cut's hop on the wire
-// and arrives when the hop ends. Replaying that order with the hops, and
-// again without them, gives what the cuts add to the step: on a fast link
-// only the pipeline's fill and drain; on a slow one, a transfer at every
-// micro-batch where the schedule leaves no work to hide it behind.
+// behind the sends before it). A message holds that thread for its cut's
+// hop and arrives when the hop ends. Replaying that order with the hops,
+// and again without them, gives what the cuts add to the step: on a fast
+// link GPipe's fill and drain, and under 1F1B a hop wherever a rank's
+// receive follows its own send (over 2 ranks, each micro-batch); on a slow
+// one, a transfer at every micro-batch.
 #include <algorithm>
 #include <limits>
 #include <vector>
