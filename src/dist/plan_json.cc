@@ -83,23 +83,18 @@ std::string calibration_json(const Calibration& c) {
   for (const auto& [v, by_size] : c.pp_interleaved) put_pp(v, by_size);
   for (const auto& [family, bytes] : c.built_held) j["built_held"][family] = bytes;
   for (const auto& [rc, bytes] : c.recompute_held) j["recompute_held"][rc] = bytes;
-  for (const auto& [g, f] : c.allreduce)
-    j["allreduce"].push_back({{"group", g.size},
-                              {"stride", g.stride},
-                              {"shift", g.shift},
-                              {"span", g.span},
-                              {"alpha", f.alpha},
-                              {"beta", f.beta},
-                              {"points", f.points},
-                              {"sync_s", c.sync_s.count(g) ? c.sync_s.at(g) : 0.0}});
-  for (const auto& [g, f] : c.shard)
-    j["shard"].push_back({{"group", g.size},
-                          {"stride", g.stride},
-                          {"shift", g.shift},
-                          {"span", g.span},
-                          {"alpha", f.alpha},
-                          {"beta", f.beta},
-                          {"points", f.points}});
+  // Each group's fit; the all-reduces' with the group's wait.
+  auto put_fits = [&](const char* kind, const std::map<Group, LinkFit>& fits, bool sync) {
+    for (const auto& [g, f] : fits) {
+      nlohmann::json e = {{"group", g.size},   {"stride", g.stride}, {"shift", g.shift},
+                          {"span", g.span},    {"alpha", f.alpha},   {"beta", f.beta},
+                          {"points", f.points}};
+      if (sync) e["sync_s"] = c.sync_s.count(g) ? c.sync_s.at(g) : 0.0;
+      j[kind].push_back(e);
+    }
+  };
+  put_fits("allreduce", c.allreduce, true);
+  put_fits("shard", c.shard, false);
   j["cores"] = c.cores;
   j["hosts"] = c.hosts;
   j["contention"] = c.contention;
