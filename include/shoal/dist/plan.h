@@ -186,8 +186,9 @@ std::vector<Group> job_groups(const PlanRequest& r);
 std::vector<Group> job_shard_groups(const PlanRequest& r);  // of those, the ones that shard
 
 // Runs `r.ranks` processes on this host that each train `base` for a few
-// steps at each micro-batch size, then measure all-reduces among
-// themselves. Bounded by `deadline_s`; a process that fails is named.
+// steps at each micro-batch size, then measure all-reduces (and, in the
+// groups that shard, reduce-scatter + all-gather pairs) among themselves.
+// Bounded by `deadline_s`; a process that fails is named.
 Result<Calibration> calibrate(const train::TrainOptions& base, const PlanRequest& r,
                               double deadline_s = 600);
 // The same measurement on a job's own ranks, wherever they run (several
