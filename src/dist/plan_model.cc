@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
 
@@ -210,30 +211,36 @@ std::vector<std::pair<Layout, int>> job_layouts(const PlanRequest& r) {
   return out;
 }
 
-std::vector<Group> job_groups(const PlanRequest& r) {
+namespace {
+
+// The distinct groups `add` names for each layout of the job (with its
+// ZeRO stage and data-parallel ranks), in order.
+std::vector<Group> distinct_groups(
+    const PlanRequest& r,
+    const std::function<void(const Layout&, int zero, int D, std::vector<Group>&)>& add) {
   std::vector<Group> g;
-  for (const auto& [l, zero] : job_layouts(r)) {
-    const int D = r.ranks / (l.tp * l.pp);
-    if (l.tp > 1) g.push_back({l.tp, 1});
-    if (l.pp > 1) g.push_back({2, l.tp, 0, l.tp * l.pp});
-    if (l.pp > 2) g.push_back({2, l.tp, 1, l.tp * l.pp});  // the hops between the pairs
-    if (D > 1) g.push_back({D, l.tp * l.pp});
-  }
+  for (const auto& [l, zero] : job_layouts(r)) add(l, zero, r.ranks / (l.tp * l.pp), g);
   std::sort(g.begin(), g.end());
   g.erase(std::unique(g.begin(), g.end()), g.end());
   return g;
 }
 
+}  // namespace
+
+std::vector<Group> job_groups(const PlanRequest& r) {
+  return distinct_groups(r, [](const Layout& l, int, int D, std::vector<Group>& g) {
+    if (l.tp > 1) g.push_back({l.tp, 1});
+    if (l.pp > 1) g.push_back({2, l.tp, 0, l.tp * l.pp});
+    if (l.pp > 2) g.push_back({2, l.tp, 1, l.tp * l.pp});  // the hops between the pairs
+    if (D > 1) g.push_back({D, l.tp * l.pp});
+  });
+}
+
 std::vector<Group> job_shard_groups(const PlanRequest& r) {
-  std::vector<Group> g;
-  for (const auto& [l, zero] : job_layouts(r)) {
-    const int D = r.ranks / (l.tp * l.pp);
+  return distinct_groups(r, [](const Layout& l, int zero, int D, std::vector<Group>& g) {
     if (l.tp > 1 && l.sequence_parallel) g.push_back({l.tp, 1});
     if (D > 1 && zero >= 1) g.push_back({D, l.tp * l.pp});
-  }
-  std::sort(g.begin(), g.end());
-  g.erase(std::unique(g.begin(), g.end()), g.end());
-  return g;
+  });
 }
 
 std::vector<std::int64_t> micro_batch_rows(const PlanRequest& r) {
