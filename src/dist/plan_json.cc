@@ -153,7 +153,7 @@ Result<Calibration> parse_calibration(const std::string& text) {
     const nlohmann::json variants = j.value("variants", nlohmann::json::object());
     for (const auto& [key, e] : variants.items()) c.variants[key] = parse_profile(e);
     c.accumulate_s = j.value("accumulate_s", 0.0);
-    for (const char* kind : {"allreduce", "shard"})
+    for (auto [kind, fits] : {std::pair{"allreduce", &c.allreduce}, std::pair{"shard", &c.shard}})
       for (const auto& e : j.value(kind, nlohmann::json::array())) {
         const Group g{e.at("group").get<int>(), e.value("stride", 1), e.value("shift", 0),
                       e.value("span", 0)};
@@ -162,12 +162,8 @@ Result<Calibration> parse_calibration(const std::string& text) {
         if (!std::is_sorted(f.points.begin(), f.points.end()))
           return invalid_argument("plan calibration: a group's {} sizes are not in ascending order",
                                   kind);
-        if (std::string(kind) == "shard") {
-          c.shard[g] = f;
-          continue;
-        }
-        c.allreduce[g] = f;
-        c.sync_s[g] = e.value("sync_s", 0.0);
+        (*fits)[g] = f;
+        if (fits == &c.allreduce) c.sync_s[g] = e.value("sync_s", 0.0);
       }
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument("plan calibration: {}", e.what());
